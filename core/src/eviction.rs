@@ -1,0 +1,208 @@
+//! Eviction: freeing memory by dropping the least recently used objects nobody is using.
+//!
+//! A pass runs when usage reaches the high watermark (from `tick`) or when an allocation finds
+//! no room. It frees about `eviction_ratio` of capacity (and at least what the allocation
+//! needs), oldest first by lease expiry, which is the last access plus the lease TTL, so the
+//! order is least-recently-used. Two tiers: every unpinned candidate goes before any
+//! soft-pinned one, and soft-pinned ones go only if `allow_evict_soft_pinned`. Hard-pinned,
+//! leased, held, replicating and in-progress objects are never candidates (see
+//! `Object::eviction_class`).
+//!
+//! A pass scans the whole table once and selects victims with `select_nth_unstable` rather
+//! than a full sort, so it costs O(objects) plus O(victims log victims).
+
+use smallvec::SmallVec;
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::Event;
+use crate::master::Master;
+use crate::object::EvictionClass;
+use crate::placement::{Placed, place};
+use crate::segments::block_len;
+use crate::time::Millis;
+
+/// An eviction candidate: (lease expiry, slot, bytes freed).
+type Candidate = (Millis, u32, u64);
+
+impl Master {
+    /// Whether usage has reached the high watermark.
+    pub(crate) fn over_watermark(&self) -> bool {
+        let capacity = self.segments.capacity();
+        capacity > 0
+            && self.segments.used() as f64 >= self.config.eviction_high_watermark * capacity as f64
+    }
+
+    /// The `tick` duty: one pass if usage is at the watermark, rate-limited so an unevictable
+    /// full pool does not make the driver spin.
+    pub(crate) fn evict_if_over_watermark(&mut self, now: Millis) {
+        if !self.over_watermark()
+            || now < self.counters.last_eviction_pass + self.config.eviction_retry_interval
+        {
+            return;
+        }
+        self.counters.last_eviction_pass = now;
+        let capacity = self.segments.capacity() as f64;
+        let low = (self.config.eviction_high_watermark - self.config.eviction_ratio).max(0.0);
+        let target = (self.segments.used() as f64 - low * capacity).max(1.0) as u64;
+        self.evict(target, now);
+    }
+
+    /// Places `count` replicas of a `size`-byte value, evicting (and, as a last resort,
+    /// releasing dead writers' discarded blocks) if nothing fits. Fails with
+    /// `NO_AVAILABLE_HANDLE` only if not even one replica fits afterwards.
+    pub(crate) fn place_or_evict(
+        &mut self,
+        size: u64,
+        count: usize,
+        preferred: &[String],
+        excluded: &[u32],
+        now: Millis,
+    ) -> Result<SmallVec<[Placed; 2]>> {
+        let largest = self
+            .segments
+            .iter()
+            .map(|(_, s)| s.allocator.capacity())
+            .max()
+            .unwrap_or(0);
+        if block_len(size) > largest {
+            return Err(Error::new(
+                ErrorCode::NO_AVAILABLE_HANDLE,
+                format!("a {size}-byte value does not fit in any segment (largest is {largest} bytes)"),
+            ));
+        }
+        for attempt in 0..3 {
+            let placed = place(
+                &mut self.segments,
+                &mut self.rng,
+                size,
+                count,
+                preferred,
+                excluded,
+            );
+            if !placed.is_empty() {
+                return Ok(placed);
+            }
+            match attempt {
+                0 => {
+                    let ratio = (self.config.eviction_ratio * self.segments.capacity() as f64) as u64;
+                    let need = block_len(size).saturating_mul(count as u64).max(ratio);
+                    self.evict(need, now);
+                }
+                1 => {
+                    if self.release_blocks_under_pressure() == 0 {
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Err(Error::new(
+            ErrorCode::NO_AVAILABLE_HANDLE,
+            format!(
+                "no segment has {} free contiguous bytes after eviction ({} of {} bytes in use)",
+                block_len(size),
+                self.segments.used(),
+                self.segments.capacity()
+            ),
+        ))
+    }
+
+    /// Evicts objects until about `target` bytes are freed or no candidate is left. Returns
+    /// the bytes freed.
+    pub(crate) fn evict(&mut self, target: u64, now: Millis) -> u64 {
+        let mut unpinned: Vec<Candidate> = Vec::new();
+        let mut soft_pinned: Vec<Candidate> = Vec::new();
+        for (slot, object) in self.objects.iter() {
+            let bytes = block_len(object.size) * object.replicas.len() as u64;
+            match object.eviction_class(now) {
+                Some(EvictionClass::Unpinned) => unpinned.push((object.lease_expiry, slot, bytes)),
+                Some(EvictionClass::SoftPinned) => {
+                    soft_pinned.push((object.lease_expiry, slot, bytes))
+                }
+                None => {}
+            }
+        }
+        let mut victims = oldest_covering(&mut unpinned, target);
+        let mut freed: u64 = victims.iter().map(|v| v.2).sum();
+        let first_tier = victims.len();
+        if freed < target && self.config.allow_evict_soft_pinned {
+            let more = oldest_covering(&mut soft_pinned, target - freed);
+            freed += more.iter().map(|v| v.2).sum::<u64>();
+            victims.extend(more);
+        }
+        for (i, &(_, slot, bytes)) in victims.iter().enumerate() {
+            let object = self.remove_object(slot);
+            self.release_read_blocks(&object.replicas, object.lease_expiry);
+            self.counters.evicted_objects += 1;
+            self.counters.evicted_bytes += bytes;
+            self.events.push(Event::Evicted {
+                key: object.key,
+                soft_pinned: i >= first_tier,
+                bytes,
+            });
+        }
+        freed
+    }
+}
+
+/// The oldest candidates (by lease expiry, then slot) whose bytes add up to at least `target`,
+/// or all of them if they do not. Selects in rounds with `select_nth_unstable`, sorting only
+/// the selected prefix, so a pass that evicts a few percent never sorts the whole table.
+fn oldest_covering(candidates: &mut [Candidate], target: u64) -> Vec<Candidate> {
+    let mut taken = Vec::new();
+    let mut got = 0u64;
+    let mut start = 0;
+    let mut remaining_bytes: u64 = candidates.iter().map(|c| c.2).sum();
+    while got < target && start < candidates.len() {
+        let rest = &mut candidates[start..];
+        let average = (remaining_bytes / rest.len() as u64).max(1);
+        let estimate = (target - got).div_ceil(average) as usize;
+        let k = (estimate + estimate / 4 + 16).min(rest.len());
+        if k < rest.len() {
+            rest.select_nth_unstable_by_key(k - 1, |c| (c.0, c.1));
+        }
+        let chunk = &mut rest[..k];
+        chunk.sort_unstable_by_key(|c| (c.0, c.1));
+        for &candidate in chunk.iter() {
+            if got >= target {
+                break;
+            }
+            got += candidate.2;
+            remaining_bytes -= candidate.2;
+            taken.push(candidate);
+        }
+        start += k;
+    }
+    taken
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oldest_covering_takes_exactly_the_oldest_prefix() {
+        let mut rng = crate::rng::Rng::seeded(3);
+        let mut candidates: Vec<Candidate> = (0..10_000u32)
+            .map(|slot| (Millis(rng.next_u64() % 1000), slot, 64 + rng.next_u64() % 4096))
+            .collect();
+        let mut sorted = candidates.clone();
+        sorted.sort_unstable_by_key(|c| (c.0, c.1));
+        for target in [1, 100, 50_000, 1_000_000, u64::MAX] {
+            let mut pool = candidates.clone();
+            let taken = oldest_covering(&mut pool, target);
+            let mut expected = Vec::new();
+            let mut got = 0;
+            for c in &sorted {
+                if got >= target {
+                    break;
+                }
+                got += c.2;
+                expected.push(*c);
+            }
+            assert_eq!(taken, expected, "target {target}");
+        }
+        candidates.clear();
+        assert!(oldest_covering(&mut candidates, 10).is_empty());
+    }
+}

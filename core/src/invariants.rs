@@ -1,0 +1,256 @@
+//! The core's invariants, as code every test layer calls: unit tests, the proptest model test,
+//! the fuzz target, snapshot restore, and the simulation's checks of the master's state.
+//!
+//! [`check`] verifies the state of a [`Master`] at rest (DESIGN.md invariants 2, 3, 5 and the
+//! structural half of 6). Rules about decisions over time (a leased or hard-pinned object is
+//! never evicted; soft-pinned objects go only after unpinned ones; readers never see PROCESSING
+//! replicas) are judged from events and read results by the reference model in `testkit`.
+//!
+//! The checker never panics, whatever the state: it also vets restored snapshots.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::master::Master;
+use crate::object::ReplicaStatus;
+use crate::segments::block_len;
+
+/// A broken invariant: which one, and what was seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// Short name of the invariant.
+    pub invariant: &'static str,
+    /// What was seen.
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invariant {:?} broken: {}", self.invariant, self.detail)
+    }
+}
+
+impl std::error::Error for Violation {}
+
+fn violation(invariant: &'static str, detail: impl Into<String>) -> Violation {
+    Violation {
+        invariant,
+        detail: detail.into(),
+    }
+}
+
+/// Checks every at-rest invariant of `master`.
+pub fn check(master: &Master) -> Result<(), Violation> {
+    let blocks = master
+        .segments
+        .check()
+        .map_err(|e| violation("allocator", e))?;
+    master
+        .objects
+        .check()
+        .map_err(|e| violation("object-index", e))?;
+    check_conservation(master, &blocks)?;
+    check_objects(master)?;
+    check_holds_and_tasks(master)?;
+    check_clients(master)?;
+    Ok(())
+}
+
+/// Every live block belongs to exactly one replica or discarded entry, and vice versa: no
+/// leaks, no double ownership (a double free waiting to happen), sizes match.
+fn check_conservation(master: &Master, blocks: &[(u32, u32, u64, u64)]) -> Result<(), Violation> {
+    // (segment slot, allocator node) -> (offset, len) of every live block.
+    let live: BTreeMap<(u32, u32), (u64, u64)> = blocks
+        .iter()
+        .map(|&(slot, node, offset, len)| ((slot, node), (offset, len)))
+        .collect();
+    let mut owned: BTreeMap<(u32, u32), String> = BTreeMap::new();
+    let mut claim = |slot: u32, node: u32, owner: String| -> Result<(), Violation> {
+        if !live.contains_key(&(slot, node)) {
+            return Err(violation(
+                "conservation",
+                format!("{owner} points at block ({slot}, {node}) which is not allocated"),
+            ));
+        }
+        if let Some(other) = owned.insert((slot, node), owner.clone()) {
+            return Err(violation(
+                "conservation",
+                format!("block ({slot}, {node}) owned by both {other} and {owner}"),
+            ));
+        }
+        Ok(())
+    };
+    for (_, object) in master.objects.iter() {
+        for replica in &object.replicas {
+            claim(replica.segment, replica.alloc, format!("object {:?}", object.key))?;
+            let (offset, len) = live[&(replica.segment, replica.alloc)];
+            if offset != replica.offset || len != block_len(object.size) {
+                return Err(violation(
+                    "conservation",
+                    format!(
+                        "object {:?} replica at {} (len {}) but its block is at {offset} (len {len})",
+                        object.key,
+                        replica.offset,
+                        block_len(object.size)
+                    ),
+                ));
+            }
+        }
+    }
+    for (release_at, block) in master.discarded.iter() {
+        claim(
+            block.segment,
+            block.alloc,
+            format!("discarded block due {release_at}"),
+        )?;
+    }
+    if owned.len() != live.len() {
+        let leaked = live.keys().find(|k| !owned.contains_key(k));
+        return Err(violation(
+            "conservation",
+            format!("block {leaked:?} is allocated but owned by nothing (leak)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Per-object shape: replicas on distinct segments, statuses consistent with the write/task
+/// state, every write tracked for the discard timeout.
+fn check_objects(master: &Master) -> Result<(), Violation> {
+    let mut writing = 0u64;
+    let discard_timeout = master.config.put_start_discard_timeout;
+    let deadline = master.next_deadline();
+    for (slot, object) in master.objects.iter() {
+        let key = &object.key;
+        if object.replicas.is_empty() {
+            return Err(violation("object-shape", format!("{key:?} has no replica")));
+        }
+        if object.size == 0 {
+            return Err(violation("object-shape", format!("{key:?} has size 0")));
+        }
+        for (i, replica) in object.replicas.iter().enumerate() {
+            if master.segments.get(replica.segment).is_none() {
+                return Err(violation(
+                    "object-shape",
+                    format!("{key:?} has a replica on unmounted segment slot {}", replica.segment),
+                ));
+            }
+            if object.replicas[..i]
+                .iter()
+                .any(|r| r.segment == replica.segment)
+            {
+                return Err(violation(
+                    "distinct-segments",
+                    format!("{key:?} has two replicas on segment slot {}", replica.segment),
+                ));
+            }
+        }
+        let processing = object
+            .replicas
+            .iter()
+            .filter(|r| r.status == ReplicaStatus::Processing)
+            .count();
+        if object.writing {
+            writing += 1;
+            if processing != object.replicas.len() {
+                return Err(violation(
+                    "object-shape",
+                    format!("{key:?} is being written but has complete replicas"),
+                ));
+            }
+            if object.task.is_some() {
+                return Err(violation(
+                    "object-shape",
+                    format!("{key:?} is being written and replicated at once"),
+                ));
+            }
+            let due = object.put_start + discard_timeout;
+            if !master.writes.contains(due, slot, object.write_id) {
+                return Err(violation(
+                    "liveness",
+                    format!("write of {key:?} is not tracked for its discard timeout"),
+                ));
+            }
+            if deadline.is_none_or(|d| d > due) {
+                return Err(violation(
+                    "liveness",
+                    format!("next_deadline {deadline:?} is after {key:?}'s discard at {due}"),
+                ));
+            }
+        } else if object.task.is_none() && processing > 0 {
+            return Err(violation(
+                "object-shape",
+                format!("{key:?} has PROCESSING replicas but no write or task"),
+            ));
+        } else if processing == object.replicas.len() {
+            return Err(violation(
+                "object-shape",
+                format!("{key:?} has no complete replica and no write in progress"),
+            ));
+        }
+    }
+    if writing != master.counters.writing_objects {
+        return Err(violation(
+            "object-shape",
+            format!(
+                "{writing} objects being written, counter says {}",
+                master.counters.writing_objects
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Hold counts match the hold table; task markers match the task table.
+fn check_holds_and_tasks(master: &Master) -> Result<(), Violation> {
+    let mut held: BTreeMap<u32, u32> = BTreeMap::new();
+    for (_, hold) in master.holds.iter() {
+        if master
+            .objects
+            .get(hold.slot)
+            .is_some_and(|o| o.write_id == hold.write)
+        {
+            *held.entry(hold.slot).or_default() += 1;
+        }
+    }
+    for (slot, object) in master.objects.iter() {
+        let expected = held.get(&slot).copied().unwrap_or(0);
+        if object.holds != expected {
+            return Err(violation(
+                "holds",
+                format!(
+                    "{:?} counts {} holds, the hold table has {expected}",
+                    object.key, object.holds
+                ),
+            ));
+        }
+        if let Some(task) = object.task {
+            let matches = master
+                .tasks
+                .iter()
+                .any(|(&id, t)| id == task && t.slot == slot && t.write == object.write_id);
+            if !matches {
+                return Err(violation(
+                    "tasks",
+                    format!("{:?} marks {task} which is not running on it", object.key),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every mounted segment belongs to a live client.
+fn check_clients(master: &Master) -> Result<(), Violation> {
+    for &slot in &master.segments.mounted {
+        if let Some(segment) = master.segments.get(slot)
+            && !master.clients.is_live(segment.owner)
+        {
+            return Err(violation(
+                "membership",
+                format!("segment {:?} belongs to dead client {}", segment.name, segment.owner),
+            ));
+        }
+    }
+    Ok(())
+}

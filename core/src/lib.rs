@@ -1,0 +1,66 @@
+//! # mooring-core
+//!
+//! The brain of Mooring, a distributed KV-cache store for LLM inference: the master's whole
+//! policy as a pure, deterministic state machine. It decides where replicas go, who may read
+//! and for how long, what is pinned, what an upsert does, what is evicted, and what a crashed
+//! client leaves behind. It never reads a clock, touches a socket or a file, spawns, or draws
+//! randomness it was not seeded with: time comes in as an argument to every call, effects come
+//! out as return values and [`Event`]s. Services, simulations and tests drive the same code.
+//!
+//! Start at [`Master`]. The modules, one concept each:
+//!
+//! | module | concept |
+//! | --- | --- |
+//! | `allocator` | per-segment O(1) bin-based offset allocator |
+//! | `segments`, `placement` | mounted segments; where replicas go |
+//! | `object`, `objects` | per-object metadata and predicates; the key-indexed table |
+//! | `put` | two-phase put (start / end / revoke) |
+//! | `upsert` | RFC 000 upsert, with the torn-read window closed |
+//! | `reads`, `holds` | replica lists, exist, leases; held reads (refcounts) |
+//! | `remove` | remove, remove-all, remove-by-regex |
+//! | `eviction` | watermark- and pressure-driven LRU eviction with pin tiers |
+//! | `zombies`, `discard` | timed-out writes; delayed release of discarded blocks |
+//! | `membership`, `clients` | heartbeats, mounts, client expiry |
+//! | `replication` | copy and move tasks |
+//! | `snapshot` | versioned, checksummed rkyv snapshot and restore |
+//! | [`invariants`] | the checkers every test layer calls |
+
+pub mod allocator;
+mod clients;
+pub mod config;
+mod discard;
+pub mod error;
+pub mod events;
+mod eviction;
+mod holds;
+pub mod ids;
+pub mod invariants;
+pub mod master;
+mod membership;
+pub mod object;
+mod objects;
+mod placement;
+mod put;
+mod reads;
+mod remove;
+mod replication;
+pub mod rng;
+pub mod segments;
+mod snapshot;
+pub mod time;
+mod upsert;
+mod zombies;
+
+pub use config::{MasterConfig, ReplicateConfig};
+pub use error::{Error, ErrorCode, Result};
+pub use events::{DiscardCause, Event};
+pub use ids::{ClientId, HoldId, SegmentId, TaskId, WriteId};
+pub use master::{Master, Stats};
+pub use membership::HeartbeatStatus;
+pub use object::{ReplicaDescriptor, ReplicaStatus};
+pub use put::PutGrant;
+pub use reads::ReplicaList;
+pub use replication::CopyGrant;
+pub use segments::{SegmentInfo, SegmentSpec};
+pub use snapshot::SNAPSHOT_VERSION;
+pub use time::Millis;

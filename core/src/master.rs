@@ -1,0 +1,309 @@
+//! The master: the whole metadata state and the driver-facing loop (`tick`, `next_deadline`,
+//! events). The operations live in their own modules as further `impl Master` blocks:
+//! `membership` (clients, segments), `put`, `upsert`, `reads`, `holds`, `remove`,
+//! `replication`, `eviction`, `zombies`, `snapshot`.
+//!
+//! # Driving it
+//!
+//! The master is a plain value. A driver (the async master service, a simulation, a test)
+//! calls operations with the current time, then asks [`Master::next_deadline`] when to call
+//! [`Master::tick`] next, and drains [`Master::drain_events`] to log what happened. Calling
+//! `tick` early or late is harmless; calling it late only delays cleanup. `now` may be passed
+//! non-monotonically: the master never lets its clock go backwards.
+
+use crate::clients::Clients;
+use crate::config::MasterConfig;
+use crate::discard::{DiscardReason, Discarded, DiscardedBlock};
+use crate::error::Result;
+use crate::events::{DiscardCause, Event, EventQueue};
+use crate::holds::Holds;
+use crate::ids::{SegmentId, WriteId};
+use crate::object::{Object, Replica, ReplicaStatus};
+use crate::objects::ObjectTable;
+use crate::replication::Tasks;
+use crate::rng::Rng;
+use crate::segments::{SegmentInfo, Segments};
+use crate::time::Millis;
+use crate::zombies::WriteDeadlines;
+
+/// Counters and small scalars that are part of the state.
+#[derive(Clone, Debug, Default, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub(crate) struct Counters {
+    pub next_write: u64,
+    pub next_hold: u64,
+    pub next_task: u64,
+    /// Objects with a put or upsert in progress.
+    pub writing_objects: u64,
+    /// When the last watermark-driven eviction pass ran.
+    pub last_eviction_pass: Millis,
+    pub evicted_objects: u64,
+    pub evicted_bytes: u64,
+    pub discarded_writes: u64,
+    pub lost_objects: u64,
+}
+
+/// A snapshot of the master's gauges and counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Objects in the table (complete or being written).
+    pub objects: u64,
+    /// Objects with a put or upsert in progress.
+    pub writing: u64,
+    /// Mounted segments.
+    pub segments: u64,
+    /// Live clients.
+    pub clients: u64,
+    /// Total usable segment bytes.
+    pub capacity: u64,
+    /// Allocated bytes, including discarded blocks not yet released.
+    pub used: u64,
+    /// Discarded blocks waiting for release.
+    pub discarded_blocks: u64,
+    /// Held reads outstanding.
+    pub holds: u64,
+    /// Copy and move tasks running.
+    pub tasks: u64,
+    /// Objects evicted since start.
+    pub evicted_objects: u64,
+    /// Bytes evicted since start.
+    pub evicted_bytes: u64,
+    /// Writes discarded (timed out, preempted, writer dead) since start.
+    pub discarded_writes: u64,
+    /// Objects lost with their last segment since start.
+    pub lost_objects: u64,
+    /// Events dropped because the driver did not drain them.
+    pub events_dropped: u64,
+}
+
+/// The master's metadata state machine. See the module docs for how to drive it.
+pub struct Master {
+    pub(crate) config: MasterConfig,
+    pub(crate) now: Millis,
+    pub(crate) rng: Rng,
+    pub(crate) segments: Segments,
+    pub(crate) objects: ObjectTable,
+    pub(crate) clients: Clients,
+    pub(crate) writes: WriteDeadlines,
+    pub(crate) discarded: Discarded,
+    pub(crate) holds: Holds,
+    pub(crate) tasks: Tasks,
+    pub(crate) counters: Counters,
+    pub(crate) events: EventQueue,
+}
+
+impl Master {
+    /// A master with no segments, clients or objects.
+    pub fn new(config: MasterConfig) -> Result<Master> {
+        config.validate()?;
+        Ok(Master {
+            rng: Rng::seeded(config.seed),
+            objects: ObjectTable::new(config.seed),
+            now: Millis::ZERO,
+            segments: Segments::new(),
+            clients: Clients::default(),
+            writes: WriteDeadlines::default(),
+            discarded: Discarded::default(),
+            holds: Holds::default(),
+            tasks: Tasks::default(),
+            counters: Counters::default(),
+            events: EventQueue::default(),
+            config,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MasterConfig {
+        &self.config
+    }
+
+    /// The latest time the master has seen.
+    pub fn now(&self) -> Millis {
+        self.now
+    }
+
+    /// Moves the master's clock to `now` unless it is already later; returns the clock.
+    pub(crate) fn advance(&mut self, now: Millis) -> Millis {
+        self.now = self.now.max(now);
+        self.now
+    }
+
+    /// Runs every timed duty that is due: expires silent clients, discards writes past the
+    /// discard timeout, revokes stale copy tasks, releases discarded blocks whose delay is
+    /// over, and evicts if memory is above the high watermark.
+    pub fn tick(&mut self, now: Millis) {
+        let now = self.advance(now);
+        self.expire_clients(now);
+        self.discard_expired_writes(now);
+        self.expire_tasks(now);
+        self.release_due_blocks(now);
+        self.evict_if_over_watermark(now);
+    }
+
+    /// When `tick` next has work to do, if ever. Ask again after every call: operations can
+    /// bring the deadline closer.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        let eviction = self
+            .over_watermark()
+            .then(|| self.counters.last_eviction_pass + self.config.eviction_retry_interval);
+        [
+            self.writes.next_deadline(),
+            self.discarded.next_release(),
+            self.clients.next_expiry(self.config.client_ttl),
+            self.tasks.next_deadline(self.config.put_start_discard_timeout),
+            eviction,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Takes the events recorded since the last call, oldest first.
+    pub fn drain_events(&mut self) -> Vec<Event> {
+        self.events.drain().collect()
+    }
+
+    /// Gauges and counters.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            objects: self.objects.len() as u64,
+            writing: self.counters.writing_objects,
+            segments: self.segments.mounted.len() as u64,
+            clients: self.clients.len() as u64,
+            capacity: self.segments.capacity(),
+            used: self.segments.used(),
+            discarded_blocks: self.discarded.len() as u64,
+            holds: self.holds.len() as u64,
+            tasks: self.tasks.len() as u64,
+            evicted_objects: self.counters.evicted_objects,
+            evicted_bytes: self.counters.evicted_bytes,
+            discarded_writes: self.counters.discarded_writes,
+            lost_objects: self.counters.lost_objects,
+            events_dropped: self.events.dropped(),
+        }
+    }
+
+    /// Heap bytes of the metadata: object table, key index, allocator bookkeeping. Key bytes
+    /// are not included.
+    pub fn metadata_heap_bytes(&self) -> usize {
+        self.objects.heap_bytes() + self.segments.heap_bytes()
+    }
+
+    /// What the master knows about a mounted segment: clients resolve a descriptor's segment
+    /// id to the node's endpoint with this.
+    pub fn segment_info(&self, id: SegmentId) -> Option<SegmentInfo> {
+        self.segments.slot_by_id(id).map(|slot| self.segments.at(slot).info())
+    }
+
+    /// Every mounted segment, in mount-slot order.
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        self.segments.iter().map(|(_, s)| s.info()).collect()
+    }
+
+    pub(crate) fn next_write_id(&mut self) -> WriteId {
+        self.counters.next_write += 1;
+        WriteId(self.counters.next_write)
+    }
+
+    /// Frees a replica's block now, or parks it in the discarded list until `release_at`.
+    pub(crate) fn release_block(
+        &mut self,
+        replica: &Replica,
+        release_at: Millis,
+        reason: DiscardReason,
+    ) {
+        if release_at <= self.now {
+            let freed = self.segments.free(replica.segment, replica.alloc);
+            debug_assert!(freed, "released a block that was not live");
+        } else {
+            self.discarded.push(
+                release_at,
+                DiscardedBlock {
+                    segment: replica.segment,
+                    alloc: replica.alloc,
+                    reason,
+                },
+            );
+        }
+    }
+
+    /// Releases the blocks of replicas that readers may have seen: after the object's lease
+    /// (plus grace) ends, so a reader inside its lease never sees the bytes change.
+    pub(crate) fn release_read_blocks(&mut self, replicas: &[Replica], lease_expiry: Millis) {
+        let release_at = lease_expiry + self.config.lease_grace;
+        for replica in replicas {
+            self.release_block(replica, release_at, DiscardReason::Superseded);
+        }
+    }
+
+    /// Frees the discarded blocks whose delay is over.
+    pub(crate) fn release_due_blocks(&mut self, now: Millis) {
+        for block in self.discarded.take_due(now) {
+            let freed = self.segments.free(block.segment, block.alloc);
+            debug_assert!(freed, "discarded block was not live");
+        }
+    }
+
+    /// Frees discarded blocks early to relieve memory pressure: only those whose writer is
+    /// known dead (a live writer may still be writing into them; readers' blocks wait out
+    /// their short lease). Returns how many were freed.
+    pub(crate) fn release_blocks_under_pressure(&mut self) -> usize {
+        let clients = &self.clients;
+        let early = self.discarded.take_early(|b| match b.reason {
+            DiscardReason::Preempted { writer } => !clients.is_live(writer),
+            DiscardReason::Superseded => false,
+        });
+        for block in &early {
+            let freed = self.segments.free(block.segment, block.alloc);
+            debug_assert!(freed, "discarded block was not live");
+        }
+        early.len()
+    }
+
+    /// Removes an object from the table, keeping the writing count right. The caller has
+    /// already disposed of its replicas' blocks.
+    pub(crate) fn remove_object(&mut self, slot: u32) -> Object {
+        let object = self.objects.remove(slot);
+        if object.writing {
+            self.counters.writing_objects -= 1;
+        }
+        object
+    }
+
+    /// Abandons the put or upsert in progress on `slot`: its PROCESSING replicas go to the
+    /// discarded list until `put_start + put_start_release_timeout`, and the object goes away
+    /// if no complete replica is left. Returns whether the object was removed.
+    pub(crate) fn discard_write(&mut self, slot: u32, cause: DiscardCause) -> bool {
+        let release_timeout = self.config.put_start_release_timeout;
+        let object = self.objects.at_mut(slot);
+        debug_assert!(object.writing);
+        object.writing = false;
+        let release_at = object.put_start + release_timeout;
+        let reason = DiscardReason::Preempted {
+            writer: object.writer,
+        };
+        let (processing, kept): (Vec<Replica>, Vec<Replica>) = object
+            .replicas
+            .iter()
+            .partition(|r| r.status == ReplicaStatus::Processing);
+        object.replicas = kept.into_iter().collect();
+        let write = object.write_id;
+        let removed = object.replicas.is_empty();
+        self.counters.writing_objects -= 1;
+        self.counters.discarded_writes += 1;
+        for replica in &processing {
+            self.release_block(replica, release_at, reason);
+        }
+        let key = if removed {
+            self.objects.remove(slot).key
+        } else {
+            self.objects.at(slot).key.clone()
+        };
+        self.events.push(Event::WriteDiscarded {
+            key,
+            write,
+            cause,
+            object_removed: removed,
+        });
+        removed
+    }
+}

@@ -1,0 +1,134 @@
+//! Membership: clients heartbeating, nodes mounting and unmounting segments, and what happens
+//! when either goes away.
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::{DiscardCause, Event};
+use crate::ids::{ClientId, SegmentId};
+use crate::master::Master;
+use crate::segments::SegmentSpec;
+use crate::time::Millis;
+
+/// What a heartbeat tells its client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug, PartialEq, Eq))]
+pub enum HeartbeatStatus {
+    /// The master knew the client; nothing changed.
+    Known,
+    /// The master did not know the client (first contact, or it had expired and its segments,
+    /// writes and held reads were dropped). A node must mount its segments again.
+    Registered,
+}
+
+impl Master {
+    /// Records a sign of life from `client`.
+    pub fn heartbeat(&mut self, client: ClientId, now: Millis) -> HeartbeatStatus {
+        let now = self.advance(now);
+        if self.clients.touch(client, now) {
+            HeartbeatStatus::Registered
+        } else {
+            HeartbeatStatus::Known
+        }
+    }
+
+    /// Any call from a client also counts as a heartbeat.
+    pub(crate) fn touch(&mut self, client: ClientId, now: Millis) {
+        self.clients.touch(client, now);
+    }
+
+    /// Mounts a segment that `client` contributes. Repeating an identical mount returns the
+    /// same id (safe to retry).
+    pub fn mount_segment(
+        &mut self,
+        client: ClientId,
+        spec: &SegmentSpec,
+        now: Millis,
+    ) -> Result<SegmentId> {
+        let now = self.advance(now);
+        self.touch(client, now);
+        self.segments.mount(client, spec)
+    }
+
+    /// Unmounts a segment of `client`'s. Replicas on it are dropped at once, and objects left
+    /// without a replica disappear. Readers that already hold descriptors may still read it
+    /// until their leases end, so the node should keep the memory mapped for a lease TTL.
+    pub fn unmount_segment(&mut self, client: ClientId, name: &str, now: Millis) -> Result<()> {
+        let now = self.advance(now);
+        self.touch(client, now);
+        let slot = self.segments.slot_by_name(name).ok_or_else(|| {
+            Error::new(
+                ErrorCode::SEGMENT_NOT_FOUND,
+                format!("no segment named {name:?}"),
+            )
+        })?;
+        let owner = self.segments.at(slot).owner;
+        if owner != client {
+            return Err(Error::new(
+                ErrorCode::ILLEGAL_CLIENT,
+                format!("segment {name:?} belongs to client {owner}"),
+            ));
+        }
+        self.drop_segment(slot);
+        Ok(())
+    }
+
+    /// Forgets every client silent for the client TTL: unmounts its segments, discards its
+    /// writes in progress, releases its held reads and abandons its copy tasks.
+    pub(crate) fn expire_clients(&mut self, now: Millis) {
+        for client in self.clients.take_expired(now, self.config.client_ttl) {
+            self.events.push(Event::ClientExpired { client });
+            let owned: Vec<u32> = self
+                .segments
+                .iter()
+                .filter(|(_, s)| s.owner == client)
+                .map(|(slot, _)| slot)
+                .collect();
+            for slot in owned {
+                self.drop_segment(slot);
+            }
+            let writing: Vec<u32> = self
+                .objects
+                .iter()
+                .filter(|(_, o)| o.writing && o.writer == client)
+                .map(|(slot, _)| slot)
+                .collect();
+            for slot in writing {
+                self.discard_write(slot, DiscardCause::WriterDead);
+            }
+            self.release_client_holds(client);
+            self.abandon_client_tasks(client);
+        }
+    }
+
+    /// Removes a segment and every replica on it.
+    fn drop_segment(&mut self, slot: u32) {
+        let segment_id = self.segments.at(slot).id;
+        let affected: Vec<u32> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| o.has_replica_on(slot))
+            .map(|(object_slot, _)| object_slot)
+            .collect();
+        let mut replicas_dropped = 0;
+        for object_slot in affected {
+            let object = self.objects.at_mut(object_slot);
+            let before = object.replicas.len();
+            object.replicas.retain(|r| r.segment != slot);
+            replicas_dropped += (before - object.replicas.len()) as u64;
+            if object.replicas.is_empty() {
+                let object = self.remove_object(object_slot);
+                self.counters.lost_objects += 1;
+                self.events.push(Event::ObjectLost {
+                    key: object.key,
+                    segment: segment_id,
+                });
+            }
+        }
+        self.discarded.forget_segment(slot);
+        let segment = self.segments.remove(slot);
+        self.events.push(Event::SegmentUnmounted {
+            segment: segment.id,
+            name: segment.name,
+            replicas_dropped,
+        });
+    }
+}

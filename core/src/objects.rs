@@ -1,0 +1,176 @@
+//! The object table: a slab of object metadata indexed by key.
+//!
+//! Objects live in a `Vec` slab addressed by a `u32` slot; a hash table maps key hashes to slots
+//! without storing the key twice. Iteration is in slot order, which depends only on the
+//! sequence of operations, so everything that walks the table (eviction, regex queries) is
+//! deterministic. The hash is seeded from the master's seed.
+
+use std::hash::BuildHasher;
+
+use foldhash::fast::FixedState;
+use hashbrown::HashTable;
+
+use crate::object::Object;
+
+/// All objects, by slot and by key.
+#[derive(Clone)]
+pub(crate) struct ObjectTable {
+    slots: Vec<Option<Object>>,
+    free_slots: Vec<u32>,
+    index: HashTable<u32>,
+    hasher: FixedState,
+    len: usize,
+}
+
+impl ObjectTable {
+    pub(crate) fn new(seed: u64) -> ObjectTable {
+        ObjectTable {
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            index: HashTable::new(),
+            hasher: FixedState::with_seed(seed),
+            len: 0,
+        }
+    }
+
+    /// Rebuilds a table from its slab, as saved by a snapshot.
+    pub(crate) fn from_slots(seed: u64, slots: Vec<Option<Object>>, free_slots: Vec<u32>) -> Self {
+        let mut table = ObjectTable::new(seed);
+        table.slots = slots;
+        table.free_slots = free_slots;
+        let (slots, hasher, index) = (&table.slots, &table.hasher, &mut table.index);
+        let rehash = |&s: &u32| hasher.hash_one(&*slots[s as usize].as_ref().expect("live").key);
+        for (slot, object) in slots.iter().enumerate() {
+            if let Some(object) = object {
+                index.insert_unique(hasher.hash_one(&*object.key), slot as u32, rehash);
+            }
+        }
+        table.len = table.index.len();
+        table
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The slot holding `key`.
+    pub(crate) fn find(&self, key: &str) -> Option<u32> {
+        let hash = self.hasher.hash_one(key);
+        let slots = &self.slots;
+        self.index
+            .find(hash, |&slot| {
+                slots[slot as usize]
+                    .as_ref()
+                    .is_some_and(|o| &*o.key == key)
+            })
+            .copied()
+    }
+
+    /// Adds an object whose key is not in the table; returns its slot.
+    pub(crate) fn insert(&mut self, object: Object) -> u32 {
+        debug_assert!(self.find(&object.key).is_none());
+        let hash = self.hasher.hash_one(&*object.key);
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some(object);
+                slot
+            }
+            None => {
+                let slot = u32::try_from(self.slots.len()).expect("more than 4 billion objects");
+                self.slots.push(Some(object));
+                slot
+            }
+        };
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        self.index.insert_unique(hash, slot, |&s| {
+            hasher.hash_one(&*slots[s as usize].as_ref().expect("indexed slot is live").key)
+        });
+        self.len += 1;
+        slot
+    }
+
+    /// Removes and returns the object in `slot`.
+    pub(crate) fn remove(&mut self, slot: u32) -> Object {
+        let object = self.slots[slot as usize].take().expect("removing a live slot");
+        let hash = self.hasher.hash_one(&*object.key);
+        match self.index.find_entry(hash, |&s| s == slot) {
+            Ok(entry) => {
+                entry.remove();
+            }
+            Err(_) => unreachable!("live slot missing from the key index"),
+        }
+        self.free_slots.push(slot);
+        self.len -= 1;
+        object
+    }
+
+    pub(crate) fn get(&self, slot: u32) -> Option<&Object> {
+        self.slots.get(slot as usize).and_then(Option::as_ref)
+    }
+
+    pub(crate) fn get_mut(&mut self, slot: u32) -> Option<&mut Object> {
+        self.slots.get_mut(slot as usize).and_then(Option::as_mut)
+    }
+
+    /// The object in a slot known to be live.
+    pub(crate) fn at(&self, slot: u32) -> &Object {
+        self.slots[slot as usize].as_ref().expect("live slot")
+    }
+
+    /// The object in a slot known to be live.
+    pub(crate) fn at_mut(&mut self, slot: u32) -> &mut Object {
+        self.slots[slot as usize].as_mut().expect("live slot")
+    }
+
+    /// Live objects in slot order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &Object)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, o)| o.as_ref().map(|o| (slot as u32, o)))
+    }
+
+    /// The slab and free list, for snapshots.
+    pub(crate) fn parts(&self) -> (&[Option<Object>], &[u32]) {
+        (&self.slots, &self.free_slots)
+    }
+
+    /// Heap bytes used by the table itself (not counting key bytes).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let spilled: usize = self
+            .iter()
+            .filter(|(_, o)| o.replicas.spilled())
+            .map(|(_, o)| o.replicas.capacity() * size_of::<crate::object::Replica>())
+            .sum();
+        self.slots.capacity() * size_of::<Option<Object>>()
+            + self.free_slots.capacity() * size_of::<u32>()
+            + self.index.allocation_size()
+            + spilled
+    }
+
+    /// Checks that the index and the slab agree.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let live = self.slots.iter().filter(|s| s.is_some()).count();
+        if live != self.len || self.index.len() != self.len {
+            return Err(format!(
+                "object table: {live} live slots, len {}, index {}",
+                self.len,
+                self.index.len()
+            ));
+        }
+        for (slot, object) in self.iter() {
+            if self.find(&object.key) != Some(slot) {
+                return Err(format!("key {:?} does not index its slot {slot}", object.key));
+            }
+        }
+        for &slot in &self.free_slots {
+            if self.get(slot).is_some() {
+                return Err(format!("free slot {slot} is live"));
+            }
+        }
+        if self.free_slots.len() + live != self.slots.len() {
+            return Err("object table: free list does not cover the dead slots".into());
+        }
+        Ok(())
+    }
+}

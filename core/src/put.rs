@@ -1,0 +1,280 @@
+//! The two-phase put: PutStart allocates PROCESSING replicas, the client writes the bytes
+//! straight to the nodes, PutEnd makes them COMPLETE (readable) or PutRevoke frees them.
+//!
+//! Objects are immutable: PutStart on an existing key fails with `OBJECT_ALREADY_EXISTS`
+//! (upsert replaces values). A PutStart that nobody ended within `put_start_discard_timeout`
+//! is a zombie: a new PutStart preempts it with fresh space (see `zombies`).
+//!
+//! Every start hands out a [`WriteId`]; End and Revoke must present it. A preempted writer's
+//! late End therefore fails (`ILLEGAL_CLIENT` if another client took over, `OBJECT_NOT_FOUND`
+//! if its write is gone) instead of completing replicas someone else is still writing.
+
+use crate::config::ReplicateConfig;
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::DiscardCause;
+use crate::ids::{ClientId, WriteId};
+use crate::master::Master;
+use crate::object::{Object, Replica, ReplicaDescriptor, ReplicaStatus};
+use crate::time::Millis;
+
+/// A started put or upsert: where to write, and the token that ends it.
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub struct PutGrant {
+    /// Present this to PutEnd or PutRevoke.
+    pub write_id: WriteId,
+    /// Write the whole value to every one of these (all PROCESSING).
+    pub replicas: Vec<ReplicaDescriptor>,
+}
+
+impl Master {
+    /// Starts a put of a `size`-byte value under `key`.
+    pub fn put_start(
+        &mut self,
+        client: ClientId,
+        key: &str,
+        size: u64,
+        config: &ReplicateConfig,
+        now: Millis,
+    ) -> Result<PutGrant> {
+        let now = self.advance(now);
+        self.touch(client, now);
+        self.check_put(key, size, config)?;
+        if let Some(slot) = self.objects.find(key) {
+            if !self.write_expired(slot, now) {
+                let detail = if self.objects.at(slot).writing {
+                    "another put of this key is in progress"
+                } else {
+                    "objects are immutable; use upsert to replace the value"
+                };
+                return Err(Error::new(ErrorCode::OBJECT_ALREADY_EXISTS, detail));
+            }
+            // A zombie: take over with fresh space.
+            if !self.discard_write(slot, DiscardCause::Preempted) {
+                return Err(Error::new(
+                    ErrorCode::OBJECT_ALREADY_EXISTS,
+                    "the object still has complete replicas",
+                ));
+            }
+        }
+        self.create_object(client, key, size, config, config.with_hard_pin, now)
+    }
+
+    /// [`Master::put_start`] for many keys with one config.
+    pub fn batch_put_start<K: AsRef<str>>(
+        &mut self,
+        client: ClientId,
+        items: &[(K, u64)],
+        config: &ReplicateConfig,
+        now: Millis,
+    ) -> Vec<Result<PutGrant>> {
+        items
+            .iter()
+            .map(|(key, size)| self.put_start(client, key.as_ref(), *size, config, now))
+            .collect()
+    }
+
+    /// Ends a put (or upsert): its replicas become readable. Ending a write that already ended
+    /// succeeds again (a retried RPC).
+    pub fn put_end(&mut self, client: ClientId, key: &str, write: WriteId, now: Millis) -> Result<()> {
+        let now = self.advance(now);
+        self.touch(client, now);
+        let slot = self.owned_write(client, key, write)?;
+        let object = self.objects.at_mut(slot);
+        if !object.writing {
+            return Ok(());
+        }
+        object.writing = false;
+        for replica in object.replicas.iter_mut() {
+            replica.status = ReplicaStatus::Complete;
+        }
+        // A completed write counts as an access for LRU purposes; it grants no reader lease.
+        object.lease_expiry = object.lease_expiry.max(now);
+        object.refresh_soft_pin(now);
+        self.counters.writing_objects -= 1;
+        Ok(())
+    }
+
+    /// [`Master::put_end`] for many keys.
+    pub fn batch_put_end<K: AsRef<str>>(
+        &mut self,
+        client: ClientId,
+        items: &[(K, WriteId)],
+        now: Millis,
+    ) -> Vec<Result<()>> {
+        items
+            .iter()
+            .map(|(key, write)| self.put_end(client, key.as_ref(), *write, now))
+            .collect()
+    }
+
+    /// Revokes a put (or upsert) whose transfer failed: its replicas are freed at once, so call
+    /// it only after every transfer of the write has stopped. The object goes away if nothing
+    /// complete is left (for an in-place upsert that means the old value is lost, as in
+    /// Mooncake).
+    pub fn put_revoke(
+        &mut self,
+        client: ClientId,
+        key: &str,
+        write: WriteId,
+        now: Millis,
+    ) -> Result<()> {
+        let now = self.advance(now);
+        self.touch(client, now);
+        let slot = self.owned_write(client, key, write)?;
+        let object = self.objects.at_mut(slot);
+        if !object.writing {
+            return Err(Error::new(
+                ErrorCode::INVALID_WRITE,
+                "the write already ended; remove the object instead",
+            ));
+        }
+        object.writing = false;
+        let processing: Vec<Replica> = object
+            .replicas
+            .iter()
+            .filter(|r| r.status == ReplicaStatus::Processing)
+            .copied()
+            .collect();
+        object.replicas.retain(|r| r.status != ReplicaStatus::Processing);
+        let empty = object.replicas.is_empty();
+        self.counters.writing_objects -= 1;
+        for replica in &processing {
+            let freed = self.segments.free(replica.segment, replica.alloc);
+            debug_assert!(freed);
+        }
+        if empty {
+            self.objects.remove(slot);
+        }
+        Ok(())
+    }
+
+    /// [`Master::put_revoke`] for many keys.
+    pub fn batch_put_revoke<K: AsRef<str>>(
+        &mut self,
+        client: ClientId,
+        items: &[(K, WriteId)],
+        now: Millis,
+    ) -> Vec<Result<()>> {
+        items
+            .iter()
+            .map(|(key, write)| self.put_revoke(client, key.as_ref(), *write, now))
+            .collect()
+    }
+
+    /// Validates a put or upsert request.
+    pub(crate) fn check_put(&self, key: &str, size: u64, config: &ReplicateConfig) -> Result<()> {
+        self.check_key(key)?;
+        if size == 0 {
+            return Err(Error::new(ErrorCode::INVALID_PARAMS, "value size is zero"));
+        }
+        let replicas = config.replica_num as usize;
+        if replicas == 0 || replicas > self.config.max_replicas {
+            return Err(Error::new(
+                ErrorCode::INVALID_PARAMS,
+                format!(
+                    "replica_num must be 1 to {}, got {replicas}",
+                    self.config.max_replicas
+                ),
+            ));
+        }
+        if config.soft_pin_ttl == Some(Millis::ZERO) {
+            return Err(Error::new(ErrorCode::INVALID_PARAMS, "soft_pin_ttl is zero"));
+        }
+        Ok(())
+    }
+
+    /// The slot of `key` if `client` owns its current write `write`. Otherwise
+    /// `OBJECT_NOT_FOUND` (no such key, or the write was superseded) or `ILLEGAL_CLIENT`
+    /// (another client's write).
+    fn owned_write(&self, client: ClientId, key: &str, write: WriteId) -> Result<u32> {
+        self.check_key(key)?;
+        let slot = self
+            .objects
+            .find(key)
+            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let object = self.objects.at(slot);
+        if object.writer != client {
+            return Err(Error::new(
+                ErrorCode::ILLEGAL_CLIENT,
+                format!("the current write of {key:?} belongs to client {}", object.writer),
+            ));
+        }
+        if object.write_id != write {
+            return Err(Error::new(
+                ErrorCode::OBJECT_NOT_FOUND,
+                format!("{write} was superseded by {}", object.write_id),
+            ));
+        }
+        Ok(slot)
+    }
+
+    /// The soft-pin TTL a config asks for (zero: none).
+    pub(crate) fn soft_pin_ttl(&self, config: &ReplicateConfig) -> Millis {
+        if config.with_soft_pin {
+            config.soft_pin_ttl.unwrap_or(self.config.default_soft_pin_ttl)
+        } else {
+            Millis::ZERO
+        }
+    }
+
+    /// Allocates replicas for a new object and inserts it, PROCESSING, owned by `client`.
+    pub(crate) fn create_object(
+        &mut self,
+        client: ClientId,
+        key: &str,
+        size: u64,
+        config: &ReplicateConfig,
+        hard_pinned: bool,
+        now: Millis,
+    ) -> Result<PutGrant> {
+        let placed = self.place_or_evict(
+            size,
+            config.replica_num as usize,
+            &config.preferred_segments,
+            &[],
+            now,
+        )?;
+        let write_id = self.next_write_id();
+        let soft_pin_ttl = self.soft_pin_ttl(config);
+        let object = Object {
+            key: key.into(),
+            size,
+            replicas: placed
+                .iter()
+                .map(|&(segment, allocation)| Replica {
+                    offset: allocation.offset,
+                    segment,
+                    alloc: allocation.node,
+                    status: ReplicaStatus::Processing,
+                })
+                .collect(),
+            lease_expiry: Millis::ZERO,
+            soft_pin_ttl,
+            soft_pin_expiry: now + soft_pin_ttl,
+            writer: client,
+            write_id,
+            put_start: now,
+            task: None,
+            holds: 0,
+            writing: true,
+            hard_pinned,
+        };
+        let slot = self.objects.insert(object);
+        self.track_write(slot);
+        Ok(self.grant(slot))
+    }
+
+    /// The grant for the write in progress on `slot`.
+    pub(crate) fn grant(&self, slot: u32) -> PutGrant {
+        let object = self.objects.at(slot);
+        PutGrant {
+            write_id: object.write_id,
+            replicas: object
+                .replicas
+                .iter()
+                .map(|r| self.segments.describe(r, object.size))
+                .collect(),
+        }
+    }
+}

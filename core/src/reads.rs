@@ -1,0 +1,159 @@
+//! Reads: replica lists, existence, sizes and regex queries, each granting a lease.
+//!
+//! A lease is the reader's protection. Until it ends the object is not removed or evicted, and
+//! its bytes are not overwritten in place: an upsert that arrives during a lease writes fresh
+//! buffers instead (see `upsert`), and replaced buffers are only reused after the lease ends.
+//! The reader's side of the bargain: it must finish its transfer within the lease (measured
+//! from before it sent the request) or throw the data away (`LEASE_EXPIRED`).
+
+use regex::{Regex, RegexBuilder};
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::master::Master;
+use crate::object::ReplicaDescriptor;
+use crate::time::Millis;
+
+/// The readable replicas of an object and how long the reader may use them.
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub struct ReplicaList {
+    /// Complete replicas only; read any one.
+    pub replicas: Vec<ReplicaDescriptor>,
+    /// The lease granted with this list. The reader must finish within this long of sending
+    /// its request, or discard what it read.
+    pub lease_ttl: Millis,
+}
+
+/// Longest regular expression accepted, in bytes.
+const MAX_PATTERN_LEN: usize = 4096;
+
+impl Master {
+    /// The complete replicas of `key`, with a lease. `OBJECT_NOT_FOUND` if there is no such
+    /// object, `REPLICA_IS_NOT_READY` while it is being written.
+    pub fn get_replica_list(&mut self, key: &str, now: Millis) -> Result<ReplicaList> {
+        let now = self.advance(now);
+        let slot = self.readable_slot(key)?;
+        Ok(self.read_replicas(slot, now))
+    }
+
+    /// [`Master::get_replica_list`] for many keys.
+    pub fn batch_get_replica_list<K: AsRef<str>>(
+        &mut self,
+        keys: &[K],
+        now: Millis,
+    ) -> Vec<Result<ReplicaList>> {
+        keys.iter()
+            .map(|k| self.get_replica_list(k.as_ref(), now))
+            .collect()
+    }
+
+    /// Whether `key` has a complete replica; if so, grants a lease.
+    pub fn exist(&mut self, key: &str, now: Millis) -> Result<bool> {
+        let now = self.advance(now);
+        self.check_key(key)?;
+        match self.objects.find(key) {
+            Some(slot) if self.objects.at(slot).has_complete_replica() => {
+                let lease_ttl = self.config.lease_ttl;
+                self.objects.at_mut(slot).grant_lease(now, lease_ttl);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// [`Master::exist`] for many keys.
+    pub fn batch_exist<K: AsRef<str>>(&mut self, keys: &[K], now: Millis) -> Vec<Result<bool>> {
+        keys.iter().map(|k| self.exist(k.as_ref(), now)).collect()
+    }
+
+    /// The size of `key`'s value. No lease.
+    pub fn get_size(&self, key: &str) -> Result<u64> {
+        let slot = self.readable_slot(key)?;
+        Ok(self.objects.at(slot).size)
+    }
+
+    /// Every readable object whose key matches `pattern`, sorted by key, each with a lease.
+    pub fn query_by_regex(
+        &mut self,
+        pattern: &str,
+        now: Millis,
+    ) -> Result<Vec<(String, ReplicaList)>> {
+        let now = self.advance(now);
+        let regex = compile_pattern(pattern)?;
+        let mut matched: Vec<(String, u32)> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| o.has_complete_replica() && regex.is_match(&o.key))
+            .map(|(slot, o)| (o.key.to_string(), slot))
+            .collect();
+        matched.sort_unstable();
+        Ok(matched
+            .into_iter()
+            .map(|(key, slot)| (key, self.read_replicas(slot, now)))
+            .collect())
+    }
+
+    /// Rejects keys no object could have.
+    pub(crate) fn check_key(&self, key: &str) -> Result<()> {
+        if key.is_empty() {
+            return Err(Error::new(ErrorCode::INVALID_PARAMS, "key is empty"));
+        }
+        if key.len() > self.config.max_key_len {
+            return Err(Error::new(
+                ErrorCode::INVALID_PARAMS,
+                format!(
+                    "key is {} bytes, the limit is {}",
+                    key.len(),
+                    self.config.max_key_len
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The slot of `key` if it can be read now.
+    pub(crate) fn readable_slot(&self, key: &str) -> Result<u32> {
+        self.check_key(key)?;
+        let slot = self
+            .objects
+            .find(key)
+            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        if !self.objects.at(slot).has_complete_replica() {
+            return Err(ErrorCode::REPLICA_IS_NOT_READY.into());
+        }
+        Ok(slot)
+    }
+
+    /// Grants a lease on the object in `slot` and lists its complete replicas.
+    pub(crate) fn read_replicas(&mut self, slot: u32, now: Millis) -> ReplicaList {
+        let lease_ttl = self.config.lease_ttl;
+        let object = self.objects.at_mut(slot);
+        object.grant_lease(now, lease_ttl);
+        let object = self.objects.at(slot);
+        let replicas = object
+            .replicas
+            .iter()
+            .filter(|r| r.is_complete())
+            .map(|r| self.segments.describe(r, object.size))
+            .collect();
+        ReplicaList {
+            replicas,
+            lease_ttl,
+        }
+    }
+}
+
+/// Compiles a user's key pattern with limits that keep a hostile one cheap.
+pub(crate) fn compile_pattern(pattern: &str) -> Result<Regex> {
+    if pattern.len() > MAX_PATTERN_LEN {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!("pattern is {} bytes, the limit is {MAX_PATTERN_LEN}", pattern.len()),
+        ));
+    }
+    RegexBuilder::new(pattern)
+        .size_limit(1 << 20)
+        .dfa_size_limit(1 << 20)
+        .build()
+        .map_err(|e| Error::new(ErrorCode::INVALID_PARAMS, format!("bad pattern: {e}")))
+}

@@ -1,0 +1,348 @@
+//! Copy and move tasks: adding replicas to an existing object, or moving one to another
+//! segment (Mooncake's CopyStart/CopyEnd and MoveStart/MoveEnd).
+//!
+//! The master allocates the target blocks (PROCESSING) and names a complete source replica;
+//! the client that asked copies the bytes and reports the end. While a task runs the object
+//! cannot be upserted or removed (`OBJECT_HAS_REPLICATION_TASK`) or evicted, so its source
+//! stays put. A task that is not ended within the put discard timeout, or whose client dies,
+//! is abandoned like a zombie put: its target blocks wait out the release timeout.
+
+use std::collections::BTreeMap;
+
+use smallvec::SmallVec;
+
+use crate::discard::DiscardReason;
+use crate::error::{Error, ErrorCode, Result};
+use crate::ids::{ClientId, TaskId, WriteId};
+use crate::master::Master;
+use crate::object::{Replica, ReplicaDescriptor, ReplicaStatus};
+use crate::time::Millis;
+
+/// What a task does when it ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub(crate) enum TaskKind {
+    /// Keep the source; the targets become extra replicas.
+    Copy,
+    /// Drop the replica on segment slot `source` once the target is complete.
+    Move { source: u32 },
+}
+
+/// A running copy or move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub(crate) struct Task {
+    pub client: ClientId,
+    pub slot: u32,
+    /// The object's write when the task started; identifies the object if the slot is reused.
+    pub write: WriteId,
+    pub kind: TaskKind,
+    pub started: Millis,
+}
+
+/// Running tasks.
+#[derive(Clone, Debug, Default, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub(crate) struct Tasks {
+    by_id: BTreeMap<TaskId, Task>,
+}
+
+impl Tasks {
+    pub(crate) fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub(crate) fn next_deadline(&self, timeout: Millis) -> Option<Millis> {
+        self.by_id.values().map(|t| t.started + timeout).min()
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&TaskId, &Task)> {
+        self.by_id.iter()
+    }
+
+    pub(crate) fn rebase(&mut self, shift: impl Fn(Millis) -> Millis) {
+        for task in self.by_id.values_mut() {
+            task.started = shift(task.started);
+        }
+    }
+}
+
+/// A started copy or move: where to read and where to write.
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub struct CopyGrant {
+    /// Present this to end or revoke the task.
+    pub task: TaskId,
+    /// A complete replica to read from.
+    pub source: ReplicaDescriptor,
+    /// The new replicas to write (PROCESSING until the task ends).
+    pub targets: Vec<ReplicaDescriptor>,
+}
+
+/// How a task finishes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Finish {
+    /// The copy is done: targets become complete.
+    Complete,
+    /// The client gave up after its transfers stopped: targets are freed now.
+    Revoked,
+    /// The client vanished or ran out of time: targets wait out the release timeout.
+    Abandoned,
+}
+
+impl Master {
+    /// Copies `key` to each segment in `targets` (which must not already hold a replica).
+    pub fn copy_start(
+        &mut self,
+        client: ClientId,
+        key: &str,
+        targets: &[String],
+        now: Millis,
+    ) -> Result<CopyGrant> {
+        self.start_task(client, key, None, targets, now)
+    }
+
+    /// Moves `key`'s replica on segment `source` to segment `target`.
+    pub fn move_start(
+        &mut self,
+        client: ClientId,
+        key: &str,
+        source: &str,
+        target: &str,
+        now: Millis,
+    ) -> Result<CopyGrant> {
+        self.start_task(client, key, Some(source), &[target.to_string()], now)
+    }
+
+    /// Ends a task whose transfers succeeded: the targets become readable (and a move drops its
+    /// source once current readers' leases end).
+    pub fn task_end(&mut self, client: ClientId, task: TaskId, now: Millis) -> Result<()> {
+        let now = self.advance(now);
+        self.touch(client, now);
+        self.finish_task(client, task, Finish::Complete)
+    }
+
+    /// Revokes a task whose transfers failed. Call it only after every transfer has stopped:
+    /// the targets are freed at once.
+    pub fn task_revoke(&mut self, client: ClientId, task: TaskId, now: Millis) -> Result<()> {
+        let now = self.advance(now);
+        self.touch(client, now);
+        self.finish_task(client, task, Finish::Revoked)
+    }
+
+    fn start_task(
+        &mut self,
+        client: ClientId,
+        key: &str,
+        source: Option<&str>,
+        targets: &[String],
+        now: Millis,
+    ) -> Result<CopyGrant> {
+        let now = self.advance(now);
+        self.touch(client, now);
+        self.check_key(key)?;
+        let slot = self
+            .objects
+            .find(key)
+            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let object = self.objects.at(slot);
+        if object.task.is_some() {
+            return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK.into());
+        }
+        if object.writing || !object.has_complete_replica() {
+            return Err(ErrorCode::REPLICA_IS_NOT_READY.into());
+        }
+        let source_replica = match source {
+            Some(name) => {
+                let seg = self.segments.slot_by_name(name).ok_or_else(|| {
+                    Error::new(ErrorCode::SEGMENT_NOT_FOUND, format!("no segment named {name:?}"))
+                })?;
+                *object
+                    .replicas
+                    .iter()
+                    .find(|r| r.segment == seg && r.is_complete())
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorCode::REPLICA_NOT_FOUND,
+                            format!("{key:?} has no complete replica on {name:?}"),
+                        )
+                    })?
+            }
+            None => *object
+                .replicas
+                .iter()
+                .find(|r| r.is_complete())
+                .expect("checked above"),
+        };
+        if targets.is_empty() {
+            return Err(Error::new(ErrorCode::INVALID_PARAMS, "no target segments"));
+        }
+        let mut target_slots: SmallVec<[u32; 2]> = SmallVec::new();
+        for name in targets {
+            let seg = self.segments.slot_by_name(name).ok_or_else(|| {
+                Error::new(ErrorCode::SEGMENT_NOT_FOUND, format!("no segment named {name:?}"))
+            })?;
+            if target_slots.contains(&seg) {
+                return Err(Error::new(
+                    ErrorCode::INVALID_PARAMS,
+                    format!("segment {name:?} is named twice"),
+                ));
+            }
+            if object.has_replica_on(seg) {
+                return Err(Error::new(
+                    ErrorCode::REPLICA_ALREADY_EXISTS,
+                    format!("{key:?} already has a replica on {name:?}"),
+                ));
+            }
+            target_slots.push(seg);
+        }
+        let size = object.size;
+        let mut placed: SmallVec<[Replica; 2]> = SmallVec::new();
+        for &seg in &target_slots {
+            match self.segments.allocate_on(seg, size) {
+                Some(allocation) => placed.push(Replica {
+                    offset: allocation.offset,
+                    segment: seg,
+                    alloc: allocation.node,
+                    status: ReplicaStatus::Processing,
+                }),
+                None => {
+                    for replica in &placed {
+                        self.segments.free(replica.segment, replica.alloc);
+                    }
+                    let name = &self.segments.at(seg).name;
+                    return Err(Error::new(
+                        ErrorCode::NO_AVAILABLE_HANDLE,
+                        format!("segment {name:?} has no room for {size} bytes"),
+                    ));
+                }
+            }
+        }
+        self.counters.next_task += 1;
+        let id = TaskId(self.counters.next_task);
+        let kind = match source {
+            Some(_) => TaskKind::Move {
+                source: source_replica.segment,
+            },
+            None => TaskKind::Copy,
+        };
+        let object = self.objects.at_mut(slot);
+        object.replicas.extend(placed.iter().copied());
+        object.task = Some(id);
+        let write = object.write_id;
+        self.tasks.by_id.insert(
+            id,
+            Task {
+                client,
+                slot,
+                write,
+                kind,
+                started: now,
+            },
+        );
+        Ok(CopyGrant {
+            task: id,
+            source: self.segments.describe(&source_replica, size),
+            targets: placed
+                .iter()
+                .map(|r| self.segments.describe(r, size))
+                .collect(),
+        })
+    }
+
+    fn finish_task(&mut self, client: ClientId, id: TaskId, finish: Finish) -> Result<()> {
+        let task = *self.tasks.by_id.get(&id).ok_or_else(|| {
+            Error::new(ErrorCode::OBJECT_NO_REPLICATION_TASK, format!("no running {id}"))
+        })?;
+        if task.client != client && finish != Finish::Abandoned {
+            return Err(Error::new(
+                ErrorCode::ILLEGAL_CLIENT,
+                format!("{id} belongs to client {}", task.client),
+            ));
+        }
+        self.tasks.by_id.remove(&id);
+        let alive = self
+            .objects
+            .get(task.slot)
+            .is_some_and(|o| o.write_id == task.write && o.task == Some(id));
+        if !alive {
+            // The object went away with a segment; there is nothing left to finish.
+            return match finish {
+                Finish::Complete => Err(Error::new(
+                    ErrorCode::OBJECT_NOT_FOUND,
+                    "the object was lost while the task ran",
+                )),
+                _ => Ok(()),
+            };
+        }
+        let object = self.objects.at_mut(task.slot);
+        object.task = None;
+        let lease_expiry = object.lease_expiry;
+        let (targets, kept): (Vec<Replica>, Vec<Replica>) = object
+            .replicas
+            .iter()
+            .partition(|r| r.status == ReplicaStatus::Processing);
+        match finish {
+            Finish::Complete => {
+                let mut dropped = Vec::new();
+                for replica in object.replicas.iter_mut() {
+                    replica.status = ReplicaStatus::Complete;
+                }
+                if let TaskKind::Move { source } = task.kind
+                    && !targets.is_empty()
+                {
+                    dropped.extend(object.replicas.iter().filter(|r| r.segment == source).copied());
+                    object.replicas.retain(|r| r.segment != source);
+                }
+                self.release_read_blocks(&dropped, lease_expiry);
+                if targets.is_empty() {
+                    return Err(Error::new(
+                        ErrorCode::REPLICA_NOT_FOUND,
+                        "every target segment went away while the task ran",
+                    ));
+                }
+            }
+            Finish::Revoked | Finish::Abandoned => {
+                object.replicas = kept.into_iter().collect();
+                let release_at = if finish == Finish::Revoked {
+                    Millis::ZERO
+                } else {
+                    task.started + self.config.put_start_release_timeout
+                };
+                let reason = DiscardReason::Preempted {
+                    writer: task.client,
+                };
+                for replica in &targets {
+                    self.release_block(replica, release_at, reason);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Abandons tasks past the discard timeout.
+    pub(crate) fn expire_tasks(&mut self, now: Millis) {
+        let timeout = self.config.put_start_discard_timeout;
+        let stale: Vec<(TaskId, ClientId)> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.started + timeout <= now)
+            .map(|(&id, t)| (id, t.client))
+            .collect();
+        for (id, client) in stale {
+            self.finish_task(client, id, Finish::Abandoned)
+                .expect("abandoning never fails");
+        }
+    }
+
+    /// Abandons every task of a dead client.
+    pub(crate) fn abandon_client_tasks(&mut self, client: ClientId) {
+        let mine: Vec<TaskId> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.client == client)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in mine {
+            self.finish_task(client, id, Finish::Abandoned)
+                .expect("abandoning never fails");
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Snapshots: the whole metadata state (hard pins included) as bytes, and back.
+//!
+//! Layout: `MAGIC (8) | version u32 | payload length u64 | crc32c(payload) u32 | payload`, all
+//! little-endian; the payload is an rkyv archive of the state. Restore checks the envelope,
+//! the checksum, then rkyv's validation, then the invariant checker, so a truncated, corrupt
+//! or hand-crafted snapshot is refused with a reason instead of producing a broken master.
+//!
+//! Times in the state are the old process's clock. Restore shifts them onto the new clock so
+//! that every lease, pin, timeout and deadline keeps the time it had left.
+
+use rkyv::rancor;
+use rkyv::util::AlignedVec;
+
+use crate::clients::Clients;
+use crate::config::MasterConfig;
+use crate::discard::Discarded;
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::EventQueue;
+use crate::holds::Holds;
+use crate::invariants;
+use crate::master::{Counters, Master};
+use crate::object::Object;
+use crate::objects::ObjectTable;
+use crate::replication::Tasks;
+use crate::rng::Rng;
+use crate::segments::Segments;
+use crate::time::Millis;
+use crate::zombies::WriteDeadlines;
+
+const MAGIC: [u8; 8] = *b"MOORSNAP";
+/// The snapshot format this build writes and reads.
+pub const SNAPSHOT_VERSION: u32 = 1;
+const HEADER_LEN: usize = 8 + 4 + 8 + 4;
+
+/// Everything a restored master needs.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+struct State {
+    taken_at: Millis,
+    rng: Rng,
+    segments: Segments,
+    object_slots: Vec<Option<Object>>,
+    object_free: Vec<u32>,
+    clients: Clients,
+    writes: WriteDeadlines,
+    discarded: Discarded,
+    holds: Holds,
+    tasks: Tasks,
+    counters: Counters,
+}
+
+impl Master {
+    /// Serializes the whole state.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let (slots, free) = self.objects.parts();
+        let state = State {
+            taken_at: self.now,
+            rng: self.rng.clone(),
+            segments: self.segments.clone(),
+            object_slots: slots.to_vec(),
+            object_free: free.to_vec(),
+            clients: self.clients.clone(),
+            writes: self.writes.clone(),
+            discarded: self.discarded.clone(),
+            holds: self.holds.clone(),
+            tasks: self.tasks.clone(),
+            counters: self.counters.clone(),
+        };
+        let payload = rkyv::to_bytes::<rancor::Error>(&state).expect("in-memory serialization");
+        let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+        out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        out.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
+        out.extend_from_slice(&payload);
+        out
+    }
+
+    /// Rebuilds a master from [`Master::snapshot`] bytes, with `config` (which may differ from
+    /// the one that took the snapshot) and the new clock reading `now`.
+    pub fn restore(config: MasterConfig, bytes: &[u8], now: Millis) -> Result<Master> {
+        config.validate()?;
+        let bad = |what: &str| Error::new(ErrorCode::INVALID_PARAMS, format!("snapshot {what}"));
+        if bytes.len() < HEADER_LEN || bytes[..8] != MAGIC {
+            return Err(bad("is not a Mooring snapshot (bad magic or too short)"));
+        }
+        let version = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+        if version != SNAPSHOT_VERSION {
+            return Err(Error::new(
+                ErrorCode::INVALID_VERSION,
+                format!("snapshot version {version}, this build reads {SNAPSHOT_VERSION}"),
+            ));
+        }
+        let len = u64::from_le_bytes(bytes[12..20].try_into().expect("8 bytes"));
+        let crc = u32::from_le_bytes(bytes[20..24].try_into().expect("4 bytes"));
+        let payload = &bytes[HEADER_LEN..];
+        if payload.len() as u64 != len {
+            return Err(bad(&format!(
+                "is truncated or padded: header says {len} payload bytes, found {}",
+                payload.len()
+            )));
+        }
+        if crc32c::crc32c(payload) != crc {
+            return Err(bad("checksum mismatch (corrupt)"));
+        }
+        let mut aligned = AlignedVec::<16>::with_capacity(payload.len());
+        aligned.extend_from_slice(payload);
+        let mut state = rkyv::from_bytes::<State, rancor::Error>(&aligned)
+            .map_err(|e| bad(&format!("does not decode: {e}")))?;
+        let (from, to) = (state.taken_at, now);
+        let shift = move |t: Millis| {
+            if t >= from {
+                to + (t - from)
+            } else {
+                to - (from - t)
+            }
+        };
+        for object in state.object_slots.iter_mut().flatten() {
+            object.lease_expiry = shift(object.lease_expiry);
+            object.soft_pin_expiry = shift(object.soft_pin_expiry);
+            object.put_start = shift(object.put_start);
+        }
+        state.clients.rebase(shift);
+        state.writes.rebase(shift);
+        state.discarded.rebase(shift);
+        state.tasks.rebase(shift);
+        state.counters.last_eviction_pass = shift(state.counters.last_eviction_pass);
+        let master = Master {
+            objects: ObjectTable::from_slots(config.seed, state.object_slots, state.object_free),
+            now: to,
+            rng: state.rng,
+            segments: state.segments,
+            clients: state.clients,
+            writes: state.writes,
+            discarded: state.discarded,
+            holds: state.holds,
+            tasks: state.tasks,
+            counters: state.counters,
+            events: EventQueue::default(),
+            config,
+        };
+        invariants::check(&master).map_err(|v| bad(&format!("is inconsistent: {v}")))?;
+        Ok(master)
+    }
+}

@@ -1,0 +1,244 @@
+//! Upsert: write a key whether or not it exists (RFC 000).
+//!
+//! UpsertStart follows the RFC's flow chart:
+//!
+//! 1. Validate (`INVALID_PARAMS`). A missing key is **Case A**: a plain put.
+//! 2. A copy/move on the key: `OBJECT_HAS_REPLICATION_TASK`.
+//! 3. A put or upsert in progress is **preempted**: its PROCESSING replicas go to the
+//!    discarded list until `put_start + put_start_release_timeout` (its writer may still be
+//!    writing), and its End will fail. If nothing complete is left, continue as Case A.
+//! 4. Held reads (replica refcount): `OBJECT_REPLICA_BUSY`.
+//! 5. Same size, **Case B**: the same buffers go back to PROCESSING and are returned for
+//!    overwriting in place; client, write id and start time are refreshed; the soft pin is
+//!    reconciled with the new config; a hard pin is kept.
+//! 6. Different size, **Case C**: fresh buffers are allocated, then the old ones are released
+//!    once current readers' leases end.
+//!
+//! UpsertEnd and UpsertRevoke are PutEnd and PutRevoke.
+//!
+//! # Closing the RFC's torn-read window
+//!
+//! The RFC's Case B lets a reader that fetched descriptors just before the upsert read while
+//! the same buffer is overwritten, and return torn bytes. We do not allow that. Mechanism:
+//! **a reader's lease protects the bytes, not just the object.** If a lease (plus grace) may
+//! still be running, Case B becomes copy-on-write: fresh buffers are allocated for the new
+//! value and the old ones are released only after the lease ends, so every reader inside its
+//! lease reads the old value intact, and readers that arrive later get
+//! `REPLICA_IS_NOT_READY` until UpsertEnd, then the new value. Only if no room can be found
+//! for the copy does the upsert fail with `OBJECT_REPLICA_BUSY` (retry once the lease ends,
+//! at most `lease_ttl` later).
+//!
+//! Why this and not the alternatives: treating every lease as busy would make upserts of a
+//! key that is read continuously (a hot weight shard) fail forever, since every read extends
+//! the lease; a per-replica version re-checked after the transfer costs every get a second
+//! RPC. Copy-on-write costs memory only while readers are actually active, and falls back to
+//! in-place (the RFC's 1x memory) whenever nobody is reading, which is the coordinated
+//! weight-update case the RFC was written for. Readers already must finish inside their
+//! lease (`LEASE_EXPIRED` otherwise), so this adds no rule for them.
+//!
+//! Two more departures from the RFC, both so a failed upsert never loses data: Case C and the
+//! copy-on-write path allocate the new buffers *before* releasing the old ones, and if that
+//! allocation fails the old value stays readable (the RFC erases it first).
+
+use crate::config::ReplicateConfig;
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::DiscardCause;
+use crate::ids::{ClientId, WriteId};
+use crate::master::Master;
+use crate::object::{Replica, ReplicaStatus};
+use crate::put::PutGrant;
+use crate::time::Millis;
+
+impl Master {
+    /// Starts an upsert of a `size`-byte value under `key` (see the module docs).
+    pub fn upsert_start(
+        &mut self,
+        client: ClientId,
+        key: &str,
+        size: u64,
+        config: &ReplicateConfig,
+        now: Millis,
+    ) -> Result<PutGrant> {
+        let now = self.advance(now);
+        self.touch(client, now);
+        self.check_put(key, size, config)?;
+        let Some(slot) = self.objects.find(key) else {
+            return self.create_object(client, key, size, config, config.with_hard_pin, now);
+        };
+        let object = self.objects.at(slot);
+        if object.task.is_some() {
+            return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK.into());
+        }
+        let hard_pinned = object.hard_pinned || config.with_hard_pin;
+        if object.writing && self.discard_write(slot, DiscardCause::Preempted) {
+            return self.create_object(client, key, size, config, hard_pinned, now);
+        }
+        let object = self.objects.at(slot);
+        if object.holds > 0 {
+            return Err(Error::new(
+                ErrorCode::OBJECT_REPLICA_BUSY,
+                format!("{} held read(s) on {key:?}", object.holds),
+            ));
+        }
+        if object.size != size {
+            return self.upsert_reallocate(slot, client, size, config, hard_pinned, now);
+        }
+        if now < object.lease_expiry + self.config.lease_grace {
+            return self.upsert_copy_on_write(slot, client, config, hard_pinned, now);
+        }
+        self.upsert_in_place(slot, client, config, hard_pinned, now);
+        Ok(self.grant(slot))
+    }
+
+    /// [`Master::upsert_start`] for many keys with one config.
+    pub fn batch_upsert_start<K: AsRef<str>>(
+        &mut self,
+        client: ClientId,
+        items: &[(K, u64)],
+        config: &ReplicateConfig,
+        now: Millis,
+    ) -> Vec<Result<PutGrant>> {
+        items
+            .iter()
+            .map(|(key, size)| self.upsert_start(client, key.as_ref(), *size, config, now))
+            .collect()
+    }
+
+    /// Ends an upsert; the same as [`Master::put_end`].
+    pub fn upsert_end(
+        &mut self,
+        client: ClientId,
+        key: &str,
+        write: WriteId,
+        now: Millis,
+    ) -> Result<()> {
+        self.put_end(client, key, write, now)
+    }
+
+    /// Revokes an upsert; the same as [`Master::put_revoke`].
+    pub fn upsert_revoke(
+        &mut self,
+        client: ClientId,
+        key: &str,
+        write: WriteId,
+        now: Millis,
+    ) -> Result<()> {
+        self.put_revoke(client, key, write, now)
+    }
+
+    /// [`Master::upsert_end`] for many keys.
+    pub fn batch_upsert_end<K: AsRef<str>>(
+        &mut self,
+        client: ClientId,
+        items: &[(K, WriteId)],
+        now: Millis,
+    ) -> Vec<Result<()>> {
+        self.batch_put_end(client, items, now)
+    }
+
+    /// [`Master::upsert_revoke`] for many keys.
+    pub fn batch_upsert_revoke<K: AsRef<str>>(
+        &mut self,
+        client: ClientId,
+        items: &[(K, WriteId)],
+        now: Millis,
+    ) -> Vec<Result<()>> {
+        self.batch_put_revoke(client, items, now)
+    }
+
+    /// Case B: hand the same buffers back for overwriting.
+    fn upsert_in_place(
+        &mut self,
+        slot: u32,
+        client: ClientId,
+        config: &ReplicateConfig,
+        hard_pinned: bool,
+        now: Millis,
+    ) {
+        let write_id = self.next_write_id();
+        let soft_pin_ttl = self.soft_pin_ttl(config);
+        let object = self.objects.at_mut(slot);
+        for replica in object.replicas.iter_mut() {
+            replica.status = ReplicaStatus::Processing;
+        }
+        object.writer = client;
+        object.write_id = write_id;
+        object.put_start = now;
+        object.writing = true;
+        object.hard_pinned = hard_pinned;
+        object.soft_pin_ttl = soft_pin_ttl;
+        object.soft_pin_expiry = now + soft_pin_ttl;
+        self.track_write(slot);
+    }
+
+    /// Case B while readers may be reading: same size, fresh buffers, old ones released after
+    /// the lease.
+    fn upsert_copy_on_write(
+        &mut self,
+        slot: u32,
+        client: ClientId,
+        config: &ReplicateConfig,
+        hard_pinned: bool,
+        now: Millis,
+    ) -> Result<PutGrant> {
+        let object = self.objects.at(slot);
+        let (size, count, lease_expiry) = (object.size, object.replicas.len(), object.lease_expiry);
+        let fresh = self.place_protected(slot, size, count, config, now).map_err(|e| {
+            Error::new(
+                ErrorCode::OBJECT_REPLICA_BUSY,
+                format!(
+                    "readers hold a lease until {lease_expiry} and there is no room for a fresh copy ({e})"
+                ),
+            )
+        })?;
+        let old = std::mem::replace(&mut self.objects.at_mut(slot).replicas, fresh.into());
+        self.release_read_blocks(&old, lease_expiry);
+        self.upsert_in_place(slot, client, config, hard_pinned, now);
+        Ok(self.grant(slot))
+    }
+
+    /// Case C: a new size. Allocate first; on success retire the old object.
+    fn upsert_reallocate(
+        &mut self,
+        slot: u32,
+        client: ClientId,
+        size: u64,
+        config: &ReplicateConfig,
+        hard_pinned: bool,
+        now: Millis,
+    ) -> Result<PutGrant> {
+        let count = config.replica_num as usize;
+        let fresh = self.place_protected(slot, size, count, config, now)?;
+        let object = self.objects.at_mut(slot);
+        let lease_expiry = object.lease_expiry;
+        let old = std::mem::replace(&mut object.replicas, fresh.into());
+        object.size = size;
+        self.release_read_blocks(&old, lease_expiry);
+        self.upsert_in_place(slot, client, config, hard_pinned, now);
+        Ok(self.grant(slot))
+    }
+
+    /// Places fresh replicas for the object in `slot` while keeping that object out of the
+    /// eviction the placement may trigger.
+    fn place_protected(
+        &mut self,
+        slot: u32,
+        size: u64,
+        count: usize,
+        config: &ReplicateConfig,
+        now: Millis,
+    ) -> Result<smallvec::SmallVec<[Replica; 1]>> {
+        self.objects.at_mut(slot).holds += 1;
+        let placed = self.place_or_evict(size, count, &config.preferred_segments, &[], now);
+        self.objects.at_mut(slot).holds -= 1;
+        Ok(placed?
+            .iter()
+            .map(|&(segment, allocation)| Replica {
+                offset: allocation.offset,
+                segment,
+                alloc: allocation.node,
+                status: ReplicaStatus::Processing,
+            })
+            .collect())
+    }
+}
