@@ -454,7 +454,10 @@ impl OffsetAllocator {
                 return Err(format!("neighbour chain reaches recycled node {node}"));
             }
             if block.offset != at {
-                return Err(format!("gap or overlap: block at {} expected at {at}", block.offset));
+                return Err(format!(
+                    "gap or overlap: block at {} expected at {at}",
+                    block.offset
+                ));
             }
             if block.size == 0 {
                 return Err(format!("empty block at {at}"));
@@ -468,9 +471,7 @@ impl OffsetAllocator {
             {
                 return Err(format!("adjacent free blocks not merged at offset {at}"));
             }
-            at = at
-                .checked_add(block.size)
-                .ok_or("block sizes overflow")?;
+            at = at.checked_add(block.size).ok_or("block sizes overflow")?;
             prev = node;
             node = block.neighbor_next;
             walked += 1;
@@ -519,7 +520,9 @@ impl OffsetAllocator {
             }
         }
         if in_bins != free_blocks {
-            return Err(format!("{in_bins} blocks in bins, {free_blocks} free blocks"));
+            return Err(format!(
+                "{in_bins} blocks in bins, {free_blocks} free blocks"
+            ));
         }
         used.sort_by_key(|u| u.1);
         Ok(used)
@@ -564,7 +567,11 @@ mod tests {
             assert_eq!(b.offset, i as u64 * 4096);
         }
         // Free in an interleaved order so merges happen on both sides.
-        for b in blocks.iter().step_by(2).chain(blocks.iter().skip(1).step_by(2)) {
+        for b in blocks
+            .iter()
+            .step_by(2)
+            .chain(blocks.iter().skip(1).step_by(2))
+        {
             assert!(a.free(b.node));
             a.check().unwrap();
         }

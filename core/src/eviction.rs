@@ -67,7 +67,9 @@ impl Master {
         if block_len(size) > largest {
             return Err(Error::new(
                 ErrorCode::NO_AVAILABLE_HANDLE,
-                format!("a {size}-byte value does not fit in any segment (largest is {largest} bytes)"),
+                format!(
+                    "a {size}-byte value does not fit in any segment (largest is {largest} bytes)"
+                ),
             ));
         }
         for attempt in 0..3 {
@@ -84,7 +86,8 @@ impl Master {
             }
             match attempt {
                 0 => {
-                    let ratio = (self.config.eviction_ratio * self.segments.capacity() as f64) as u64;
+                    let ratio =
+                        (self.config.eviction_ratio * self.segments.capacity() as f64) as u64;
                     let need = block_len(size).saturating_mul(count as u64).max(ratio);
                     self.evict(need, now);
                 }
@@ -184,7 +187,13 @@ mod tests {
     fn oldest_covering_takes_exactly_the_oldest_prefix() {
         let mut rng = crate::rng::Rng::seeded(3);
         let mut candidates: Vec<Candidate> = (0..10_000u32)
-            .map(|slot| (Millis(rng.next_u64() % 1000), slot, 64 + rng.next_u64() % 4096))
+            .map(|slot| {
+                (
+                    Millis(rng.next_u64() % 1000),
+                    slot,
+                    64 + rng.next_u64() % 4096,
+                )
+            })
             .collect();
         let mut sorted = candidates.clone();
         sorted.sort_unstable_by_key(|c| (c.0, c.1));

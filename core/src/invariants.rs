@@ -82,7 +82,11 @@ fn check_conservation(master: &Master, blocks: &[(u32, u32, u64, u64)]) -> Resul
     };
     for (_, object) in master.objects.iter() {
         for replica in &object.replicas {
-            claim(replica.segment, replica.alloc, format!("object {:?}", object.key))?;
+            claim(
+                replica.segment,
+                replica.alloc,
+                format!("object {:?}", object.key),
+            )?;
             let (offset, len) = live[&(replica.segment, replica.alloc)];
             if offset != replica.offset || len != block_len(object.size) {
                 return Err(violation(
@@ -132,7 +136,10 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
             if master.segments.get(replica.segment).is_none() {
                 return Err(violation(
                     "object-shape",
-                    format!("{key:?} has a replica on unmounted segment slot {}", replica.segment),
+                    format!(
+                        "{key:?} has a replica on unmounted segment slot {}",
+                        replica.segment
+                    ),
                 ));
             }
             if object.replicas[..i]
@@ -141,7 +148,10 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
             {
                 return Err(violation(
                     "distinct-segments",
-                    format!("{key:?} has two replicas on segment slot {}", replica.segment),
+                    format!(
+                        "{key:?} has two replicas on segment slot {}",
+                        replica.segment
+                    ),
                 ));
             }
         }
@@ -248,7 +258,10 @@ fn check_clients(master: &Master) -> Result<(), Violation> {
         {
             return Err(violation(
                 "membership",
-                format!("segment {:?} belongs to dead client {}", segment.name, segment.owner),
+                format!(
+                    "segment {:?} belongs to dead client {}",
+                    segment.name, segment.owner
+                ),
             ));
         }
     }

@@ -51,6 +51,9 @@ pub mod time;
 mod upsert;
 mod zombies;
 
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
 pub use config::{MasterConfig, ReplicateConfig};
 pub use error::{Error, ErrorCode, Result};
 pub use events::{DiscardCause, Event};

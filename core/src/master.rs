@@ -149,7 +149,8 @@ impl Master {
             self.writes.next_deadline(),
             self.discarded.next_release(),
             self.clients.next_expiry(self.config.client_ttl),
-            self.tasks.next_deadline(self.config.put_start_discard_timeout),
+            self.tasks
+                .next_deadline(self.config.put_start_discard_timeout),
             eviction,
         ]
         .into_iter()
@@ -191,7 +192,9 @@ impl Master {
     /// What the master knows about a mounted segment: clients resolve a descriptor's segment
     /// id to the node's endpoint with this.
     pub fn segment_info(&self, id: SegmentId) -> Option<SegmentInfo> {
-        self.segments.slot_by_id(id).map(|slot| self.segments.at(slot).info())
+        self.segments
+            .slot_by_id(id)
+            .map(|slot| self.segments.at(slot).info())
     }
 
     /// Every mounted segment, in mount-slot order.

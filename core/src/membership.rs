@@ -114,8 +114,19 @@ impl Master {
             let before = object.replicas.len();
             object.replicas.retain(|r| r.segment != slot);
             replicas_dropped += (before - object.replicas.len()) as u64;
-            if object.replicas.is_empty() {
+            // A write in progress survives while any of its replicas does. A complete object
+            // survives while a complete replica does; copy targets alone are not a value.
+            let lost = if object.writing {
+                object.replicas.is_empty()
+            } else {
+                !object.has_complete_replica()
+            };
+            if lost {
+                if let Some(task) = object.task {
+                    self.abandon_task(task);
+                }
                 let object = self.remove_object(object_slot);
+                debug_assert!(object.replicas.is_empty());
                 self.counters.lost_objects += 1;
                 self.events.push(Event::ObjectLost {
                     key: object.key,

@@ -83,7 +83,12 @@ impl ObjectTable {
         };
         let (slots, hasher) = (&self.slots, &self.hasher);
         self.index.insert_unique(hash, slot, |&s| {
-            hasher.hash_one(&*slots[s as usize].as_ref().expect("indexed slot is live").key)
+            hasher.hash_one(
+                &*slots[s as usize]
+                    .as_ref()
+                    .expect("indexed slot is live")
+                    .key,
+            )
         });
         self.len += 1;
         slot
@@ -91,7 +96,9 @@ impl ObjectTable {
 
     /// Removes and returns the object in `slot`.
     pub(crate) fn remove(&mut self, slot: u32) -> Object {
-        let object = self.slots[slot as usize].take().expect("removing a live slot");
+        let object = self.slots[slot as usize]
+            .take()
+            .expect("removing a live slot");
         let hash = self.hasher.hash_one(&*object.key);
         match self.index.find_entry(hash, |&s| s == slot) {
             Ok(entry) => {
@@ -160,7 +167,10 @@ impl ObjectTable {
         }
         for (slot, object) in self.iter() {
             if self.find(&object.key) != Some(slot) {
-                return Err(format!("key {:?} does not index its slot {slot}", object.key));
+                return Err(format!(
+                    "key {:?} does not index its slot {slot}",
+                    object.key
+                ));
             }
         }
         for &slot in &self.free_slots {

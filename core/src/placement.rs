@@ -27,8 +27,9 @@ pub(crate) fn place(
     excluded: &[u32],
 ) -> SmallVec<[Placed; 2]> {
     let mut placed: SmallVec<[Placed; 2]> = SmallVec::new();
-    let usable =
-        |slot: u32, placed: &[Placed]| !excluded.contains(&slot) && !placed.iter().any(|p| p.0 == slot);
+    let usable = |slot: u32, placed: &[Placed]| {
+        !excluded.contains(&slot) && !placed.iter().any(|p| p.0 == slot)
+    };
     for name in preferred {
         if placed.len() == count {
             return placed;

@@ -76,7 +76,13 @@ impl Master {
 
     /// Ends a put (or upsert): its replicas become readable. Ending a write that already ended
     /// succeeds again (a retried RPC).
-    pub fn put_end(&mut self, client: ClientId, key: &str, write: WriteId, now: Millis) -> Result<()> {
+    pub fn put_end(
+        &mut self,
+        client: ClientId,
+        key: &str,
+        write: WriteId,
+        now: Millis,
+    ) -> Result<()> {
         let now = self.advance(now);
         self.touch(client, now);
         let slot = self.owned_write(client, key, write)?;
@@ -136,7 +142,9 @@ impl Master {
             .filter(|r| r.status == ReplicaStatus::Processing)
             .copied()
             .collect();
-        object.replicas.retain(|r| r.status != ReplicaStatus::Processing);
+        object
+            .replicas
+            .retain(|r| r.status != ReplicaStatus::Processing);
         let empty = object.replicas.is_empty();
         self.counters.writing_objects -= 1;
         for replica in &processing {
@@ -179,7 +187,10 @@ impl Master {
             ));
         }
         if config.soft_pin_ttl == Some(Millis::ZERO) {
-            return Err(Error::new(ErrorCode::INVALID_PARAMS, "soft_pin_ttl is zero"));
+            return Err(Error::new(
+                ErrorCode::INVALID_PARAMS,
+                "soft_pin_ttl is zero",
+            ));
         }
         Ok(())
     }
@@ -189,15 +200,15 @@ impl Master {
     /// (another client's write).
     fn owned_write(&self, client: ClientId, key: &str, write: WriteId) -> Result<u32> {
         self.check_key(key)?;
-        let slot = self
-            .objects
-            .find(key)
-            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let slot = self.objects.find(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
         let object = self.objects.at(slot);
         if object.writer != client {
             return Err(Error::new(
                 ErrorCode::ILLEGAL_CLIENT,
-                format!("the current write of {key:?} belongs to client {}", object.writer),
+                format!(
+                    "the current write of {key:?} belongs to client {}",
+                    object.writer
+                ),
             ));
         }
         if object.write_id != write {
@@ -212,7 +223,9 @@ impl Master {
     /// The soft-pin TTL a config asks for (zero: none).
     pub(crate) fn soft_pin_ttl(&self, config: &ReplicateConfig) -> Millis {
         if config.with_soft_pin {
-            config.soft_pin_ttl.unwrap_or(self.config.default_soft_pin_ttl)
+            config
+                .soft_pin_ttl
+                .unwrap_or(self.config.default_soft_pin_ttl)
         } else {
             Millis::ZERO
         }

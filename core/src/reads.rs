@@ -114,10 +114,7 @@ impl Master {
     /// The slot of `key` if it can be read now.
     pub(crate) fn readable_slot(&self, key: &str) -> Result<u32> {
         self.check_key(key)?;
-        let slot = self
-            .objects
-            .find(key)
-            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let slot = self.objects.find(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
         if !self.objects.at(slot).has_complete_replica() {
             return Err(ErrorCode::REPLICA_IS_NOT_READY.into());
         }
@@ -148,7 +145,10 @@ pub(crate) fn compile_pattern(pattern: &str) -> Result<Regex> {
     if pattern.len() > MAX_PATTERN_LEN {
         return Err(Error::new(
             ErrorCode::INVALID_PARAMS,
-            format!("pattern is {} bytes, the limit is {MAX_PATTERN_LEN}", pattern.len()),
+            format!(
+                "pattern is {} bytes, the limit is {MAX_PATTERN_LEN}",
+                pattern.len()
+            ),
         ));
     }
     RegexBuilder::new(pattern)

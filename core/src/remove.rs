@@ -15,10 +15,7 @@ impl Master {
     pub fn remove(&mut self, key: &str, now: Millis) -> Result<()> {
         let now = self.advance(now);
         self.check_key(key)?;
-        let slot = self
-            .objects
-            .find(key)
-            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let slot = self.objects.find(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
         self.removable(slot, now)?;
         self.remove_now(slot);
         Ok(())

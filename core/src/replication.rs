@@ -138,10 +138,7 @@ impl Master {
         let now = self.advance(now);
         self.touch(client, now);
         self.check_key(key)?;
-        let slot = self
-            .objects
-            .find(key)
-            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let slot = self.objects.find(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
         let object = self.objects.at(slot);
         if object.task.is_some() {
             return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK.into());
@@ -152,7 +149,10 @@ impl Master {
         let source_replica = match source {
             Some(name) => {
                 let seg = self.segments.slot_by_name(name).ok_or_else(|| {
-                    Error::new(ErrorCode::SEGMENT_NOT_FOUND, format!("no segment named {name:?}"))
+                    Error::new(
+                        ErrorCode::SEGMENT_NOT_FOUND,
+                        format!("no segment named {name:?}"),
+                    )
                 })?;
                 *object
                     .replicas
@@ -177,7 +177,10 @@ impl Master {
         let mut target_slots: SmallVec<[u32; 2]> = SmallVec::new();
         for name in targets {
             let seg = self.segments.slot_by_name(name).ok_or_else(|| {
-                Error::new(ErrorCode::SEGMENT_NOT_FOUND, format!("no segment named {name:?}"))
+                Error::new(
+                    ErrorCode::SEGMENT_NOT_FOUND,
+                    format!("no segment named {name:?}"),
+                )
             })?;
             if target_slots.contains(&seg) {
                 return Err(Error::new(
@@ -249,7 +252,10 @@ impl Master {
 
     fn finish_task(&mut self, client: ClientId, id: TaskId, finish: Finish) -> Result<()> {
         let task = *self.tasks.by_id.get(&id).ok_or_else(|| {
-            Error::new(ErrorCode::OBJECT_NO_REPLICATION_TASK, format!("no running {id}"))
+            Error::new(
+                ErrorCode::OBJECT_NO_REPLICATION_TASK,
+                format!("no running {id}"),
+            )
         })?;
         if task.client != client && finish != Finish::Abandoned {
             return Err(Error::new(
@@ -288,7 +294,13 @@ impl Master {
                 if let TaskKind::Move { source } = task.kind
                     && !targets.is_empty()
                 {
-                    dropped.extend(object.replicas.iter().filter(|r| r.segment == source).copied());
+                    dropped.extend(
+                        object
+                            .replicas
+                            .iter()
+                            .filter(|r| r.segment == source)
+                            .copied(),
+                    );
                     object.replicas.retain(|r| r.segment != source);
                 }
                 self.release_read_blocks(&dropped, lease_expiry);
@@ -317,18 +329,27 @@ impl Master {
         Ok(())
     }
 
+    /// Abandons a task: its targets wait out the release timeout (its client may still be
+    /// copying).
+    pub(crate) fn abandon_task(&mut self, id: TaskId) {
+        if let Some(task) = self.tasks.by_id.get(&id) {
+            let client = task.client;
+            self.finish_task(client, id, Finish::Abandoned)
+                .expect("abandoning never fails");
+        }
+    }
+
     /// Abandons tasks past the discard timeout.
     pub(crate) fn expire_tasks(&mut self, now: Millis) {
         let timeout = self.config.put_start_discard_timeout;
-        let stale: Vec<(TaskId, ClientId)> = self
+        let stale: Vec<TaskId> = self
             .tasks
             .iter()
             .filter(|(_, t)| t.started + timeout <= now)
-            .map(|(&id, t)| (id, t.client))
+            .map(|(&id, _)| id)
             .collect();
-        for (id, client) in stale {
-            self.finish_task(client, id, Finish::Abandoned)
-                .expect("abandoning never fails");
+        for id in stale {
+            self.abandon_task(id);
         }
     }
 
@@ -341,8 +362,7 @@ impl Master {
             .map(|(&id, _)| id)
             .collect();
         for id in mine {
-            self.finish_task(client, id, Finish::Abandoned)
-                .expect("abandoning never fails");
+            self.abandon_task(id);
         }
     }
 }

@@ -155,7 +155,10 @@ impl Segments {
             }
             return Err(Error::new(
                 ErrorCode::SEGMENT_ALREADY_EXISTS,
-                format!("segment {:?} is already mounted as {}", spec.name, existing.id),
+                format!(
+                    "segment {:?} is already mounted as {}",
+                    spec.name, existing.id
+                ),
             ));
         }
         let id = SegmentId(self.next_id);
@@ -180,7 +183,8 @@ impl Segments {
         };
         let at = self.mounted.partition_point(|&s| s < slot);
         self.mounted.insert(at, slot);
-        self.by_name.insert(spec.name.clone().into_boxed_str(), slot);
+        self.by_name
+            .insert(spec.name.clone().into_boxed_str(), slot);
         self.by_id.insert(id, slot);
         self.capacity += size;
         Ok(id)
@@ -189,7 +193,9 @@ impl Segments {
     /// Forgets the segment in `slot`. The caller must already have dropped every replica and
     /// discarded block that points into it.
     pub(crate) fn remove(&mut self, slot: u32) -> Segment {
-        let segment = self.slots[slot as usize].take().expect("removing a live segment");
+        let segment = self.slots[slot as usize]
+            .take()
+            .expect("removing a live segment");
         self.mounted.retain(|&s| s != slot);
         self.by_name.remove(&segment.name);
         self.by_id.remove(&segment.id);
@@ -288,14 +294,23 @@ impl Segments {
                 .map_err(|e| format!("segment {:?}: {e}", segment.name))?;
             capacity = capacity.saturating_add(segment.allocator.capacity());
             used = used.saturating_add(segment.allocator.used_bytes());
-            blocks.extend(live.into_iter().map(|(node, off, len)| (slot, node, off, len)));
+            blocks.extend(
+                live.into_iter()
+                    .map(|(node, off, len)| (slot, node, off, len)),
+            );
             if self.by_name.get(&segment.name) != Some(&slot)
                 || self.by_id.get(&segment.id) != Some(&slot)
             {
-                return Err(format!("segment {:?} is not indexed by name and id", segment.name));
+                return Err(format!(
+                    "segment {:?} is not indexed by name and id",
+                    segment.name
+                ));
             }
             if segment.id.0 >= self.next_id {
-                return Err(format!("segment id {} not below next id {}", segment.id, self.next_id));
+                return Err(format!(
+                    "segment id {} not below next id {}",
+                    segment.id, self.next_id
+                ));
             }
         }
         if capacity != self.capacity || used != self.used {

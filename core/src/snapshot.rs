@@ -75,6 +75,26 @@ impl Master {
         out
     }
 
+    /// A canonical dump of the whole state, for checking that a restore is identical.
+    #[doc(hidden)]
+    pub fn state_fingerprint(&self) -> String {
+        let (slots, free) = self.objects.parts();
+        format!(
+            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+            self.now,
+            self.rng,
+            self.segments,
+            slots,
+            free,
+            self.clients,
+            self.writes,
+            self.discarded,
+            self.holds,
+            self.tasks,
+            self.counters
+        )
+    }
+
     /// Rebuilds a master from [`Master::snapshot`] bytes, with `config` (which may differ from
     /// the one that took the snapshot) and the new clock reading `now`.
     pub fn restore(config: MasterConfig, bytes: &[u8], now: Millis) -> Result<Master> {

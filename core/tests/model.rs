@@ -1,0 +1,133 @@
+//! Model-based test: random operation sequences run against the master while the testkit's
+//! reference model and byte-level memory judge every result and event, and the invariant
+//! checker runs after every step (in the style of quinn-proto's `random_interaction` tests).
+
+use mooring_core::testkit::{Harness, Op, Pin};
+use proptest::prelude::*;
+
+fn pin() -> impl Strategy<Value = Pin> {
+    prop_oneof![
+        6 => Just(Pin::None),
+        1 => Just(Pin::Soft),
+        1 => any::<u16>().prop_map(Pin::SoftTtl),
+        1 => Just(Pin::Hard),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let c = 0u8..3;
+    let k = 0u8..12;
+    prop_oneof![
+        8 => any::<u16>().prop_map(|ms| Op::Advance { ms }),
+        2 => Just(Op::Tick),
+        4 => Just(Op::TickIfDue),
+        2 => c.clone().prop_map(|client| Op::Heartbeat { client }),
+        1 => (c.clone(), 0u8..4, any::<u8>()).prop_map(|(client, segment, kib)| Op::Mount { client, segment, kib }),
+        1 => (c.clone(), 0u8..4).prop_map(|(client, segment)| Op::Unmount { client, segment }),
+        10 => (c.clone(), k.clone(), any::<u16>(), any::<u8>(), pin(), proptest::option::of(0u8..4))
+            .prop_map(|(client, key, size, replicas, pin, prefer)| Op::Put { client, key, size, replicas, pin, prefer }),
+        6 => (c.clone(), k.clone(), any::<u16>(), any::<u8>(), pin(), proptest::option::of(0u8..4))
+            .prop_map(|(client, key, size, replicas, pin, prefer)| Op::Upsert { client, key, size, replicas, pin, prefer }),
+        10 => (c.clone(), any::<u8>(), any::<bool>()).prop_map(|(client, grant, partial)| Op::Transfer { client, grant, partial: partial && grant % 4 == 0 }),
+        8 => (c.clone(), any::<u8>()).prop_map(|(client, grant)| Op::End { client, grant }),
+        1 => (c.clone(), any::<u8>()).prop_map(|(client, grant)| Op::Revoke { client, grant }),
+        10 => (k.clone(), any::<bool>()).prop_map(|(key, keep)| Op::Get { key, keep }),
+        4 => any::<u8>().prop_map(|read| Op::ReadLate { read }),
+        3 => k.clone().prop_map(|key| Op::Exist { key }),
+        1 => any::<u8>().prop_map(|prefix| Op::Query { prefix }),
+        3 => k.clone().prop_map(|key| Op::Remove { key }),
+        1 => Just(Op::RemoveAll),
+        1 => any::<u8>().prop_map(|prefix| Op::RemoveByRegex { prefix }),
+        2 => (c.clone(), k.clone()).prop_map(|(client, key)| Op::Hold { client, key }),
+        2 => (c.clone(), any::<u8>(), any::<bool>()).prop_map(|(client, hold, foreign)| Op::Release { client, hold, foreign: foreign && hold % 3 == 0 }),
+        2 => (c.clone(), k.clone(), 0u8..4).prop_map(|(client, key, target)| Op::Copy { client, key, target }),
+        1 => (c.clone(), k.clone(), 0u8..4, 0u8..4).prop_map(|(client, key, source, target)| Op::Move { client, key, source, target }),
+        2 => (c.clone(), any::<u8>()).prop_map(|(client, task)| Op::TaskTransfer { client, task }),
+        2 => (c.clone(), any::<u8>()).prop_map(|(client, task)| Op::TaskEnd { client, task }),
+        1 => (c.clone(), any::<u8>()).prop_map(|(client, task)| Op::TaskRevoke { client, task }),
+        1 => Just(Op::Snapshot),
+        1 => any::<u8>().prop_map(|kind| Op::BadInput { kind }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("MOORING_PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(256),
+        max_shrink_iters: 20_000,
+        .. ProptestConfig::default()
+    })]
+
+    #[test]
+    fn random_interaction(seed in any::<u64>(), ops in prop::collection::vec(op(), 1..400)) {
+        let mut harness = Harness::new(seed);
+        if let Err(e) = harness.run(&ops) {
+            return Err(TestCaseError::fail(e));
+        }
+    }
+}
+
+/// The random interactions above must actually reach every interesting path; otherwise the
+/// model test could pass by never trying anything.
+#[test]
+fn random_interaction_reaches_every_path() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, TestRng, TestRunner};
+    use std::collections::BTreeMap;
+
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::deterministic_rng(proptest::test_runner::RngAlgorithm::ChaCha),
+    );
+    let strategy = (any::<u64>(), prop::collection::vec(op(), 300..400));
+    let mut total: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for _ in 0..120 {
+        let (seed, ops) = strategy.new_tree(&mut runner).expect("generate").current();
+        let mut harness = Harness::new(seed);
+        harness.run(&ops).expect("deterministic cases pass");
+        for (what, n) in harness.coverage() {
+            *total.entry(what).or_default() += n;
+        }
+    }
+    let required = [
+        "create",
+        "preempt",
+        "start-refused",
+        "start-no-room-or-busy",
+        "upsert-in-place",
+        "upsert-copy-on-write",
+        "upsert-new-size",
+        "zombie-write",
+        "end",
+        "end-superseded",
+        "end-illegal-client",
+        "revoke",
+        "read",
+        "late-read",
+        "late-read-of-replaced-value",
+        "remove",
+        "remove-leased",
+        "remove-refused",
+        "hold",
+        "copy",
+        "move",
+        "task-end",
+        "task-abandoned",
+        "snapshot",
+        "client-expired",
+        "object-lost",
+        "write-timeout",
+        "writer-dead",
+        "write-preempted",
+        "evict",
+        "evict-soft-pinned",
+    ];
+    let missing: Vec<&str> = required
+        .iter()
+        .copied()
+        .filter(|w| !total.contains_key(w))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "never reached {missing:?}; coverage {total:?}"
+    );
+}
