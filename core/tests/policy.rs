@@ -1,0 +1,786 @@
+//! The overview's rules (spec 004): two-phase put, leases, soft pin, eviction, zombie cleanup,
+//! client liveness, the allocation strategy, snapshots, determinism and the driver contract.
+
+mod common;
+
+use common::*;
+use mooring_core::{
+    ClientId, DiscardCause, ErrorCode, Event, HeartbeatStatus, Master, MasterConfig, Millis,
+    ReplicaStatus, ReplicateConfig, SegmentSpec,
+};
+
+fn one() -> ReplicateConfig {
+    ReplicateConfig::single()
+}
+
+// ---- two-phase put ---------------------------------------------------------------------------
+
+#[test]
+fn put_is_invisible_until_end_and_immutable_after() {
+    let mut f = Fixture::new(2, MIB);
+    let g = f.start(A, "k", 1000, &one()).unwrap();
+    assert_eq!(code(f.get("k")), ErrorCode::REPLICA_IS_NOT_READY);
+    assert!(!f.m.exist("k", f.now).unwrap());
+    assert_eq!(code(f.m.get_size("k")), ErrorCode::REPLICA_IS_NOT_READY);
+    assert_eq!(
+        code(f.start(B, "k", 1000, &one())),
+        ErrorCode::OBJECT_ALREADY_EXISTS
+    );
+    f.end(A, "k", g.write_id).unwrap();
+    f.end(A, "k", g.write_id).unwrap(); // a retried End is fine
+    assert_eq!(f.m.get_size("k").unwrap(), 1000);
+    let e = f.start(B, "k", 1000, &one()).unwrap_err();
+    assert_eq!(e.code, ErrorCode::OBJECT_ALREADY_EXISTS);
+    assert!(e.to_string().contains("upsert"), "{e}");
+    assert_eq!(
+        code(f.m.put_revoke(A, "k", g.write_id, f.now)),
+        ErrorCode::INVALID_WRITE
+    );
+}
+
+#[test]
+fn revoke_frees_at_once_and_forgets_the_key() {
+    let mut f = Fixture::new(1, MIB);
+    let g = f.start(A, "k", 1000, &one()).unwrap();
+    assert_eq!(
+        code(f.m.put_revoke(B, "k", g.write_id, f.now)),
+        ErrorCode::ILLEGAL_CLIENT
+    );
+    f.m.put_revoke(A, "k", g.write_id, f.now).unwrap();
+    f.check();
+    assert_eq!(f.used(), 0);
+    assert_eq!(code(f.get("k")), ErrorCode::OBJECT_NOT_FOUND);
+}
+
+#[test]
+fn batch_put_reports_per_key() {
+    let mut f = Fixture::new(2, MIB);
+    let grants =
+        f.m.batch_put_start(A, &[("x", 10), ("y", 0), ("x", 10)], &one(), f.now);
+    f.check();
+    assert!(grants[0].is_ok());
+    assert_eq!(
+        grants[1].as_ref().unwrap_err().code,
+        ErrorCode::INVALID_PARAMS
+    );
+    assert_eq!(
+        grants[2].as_ref().unwrap_err().code,
+        ErrorCode::OBJECT_ALREADY_EXISTS
+    );
+    let ends =
+        f.m.batch_put_end(A, &[("x", grants[0].as_ref().unwrap().write_id)], f.now);
+    assert!(ends[0].is_ok());
+    let lists = f.m.batch_get_replica_list(&["x", "nope"], f.now);
+    assert!(lists[0].is_ok());
+    assert_eq!(
+        lists[1].as_ref().unwrap_err().code,
+        ErrorCode::OBJECT_NOT_FOUND
+    );
+    let exists = f.m.batch_exist(&["x", "nope"], f.now);
+    assert_eq!(
+        (exists[0].clone().unwrap(), exists[1].clone().unwrap()),
+        (true, false)
+    );
+    let revoked =
+        f.m.batch_put_revoke(A, &[("x", grants[0].as_ref().unwrap().write_id)], f.now);
+    assert_eq!(
+        revoked[0].as_ref().unwrap_err().code,
+        ErrorCode::INVALID_WRITE
+    );
+}
+
+// ---- allocation strategy ---------------------------------------------------------------------
+
+#[test]
+fn replicas_land_on_distinct_segments_best_effort() {
+    let mut f = Fixture::new(3, MIB);
+    let g = f.put(A, "k", 4096, &ReplicateConfig::replicas(5));
+    assert_eq!(g.replicas.len(), 3, "best effort: one per segment");
+    let mut segs: Vec<_> = g.replicas.iter().map(|r| r.segment).collect();
+    segs.sort();
+    segs.dedup();
+    assert_eq!(segs.len(), 3);
+}
+
+#[test]
+fn preferred_segment_first_then_fallback() {
+    let mut f = Fixture::new(3, 64 * KIB);
+    let seg1 = f.m.segments()[1].id;
+    for i in 0..10 {
+        let g = f.put(A, &format!("p{i}"), 1000, &one().preferring("seg1"));
+        assert_eq!(g.replicas[0].segment, seg1);
+    }
+    // Fill seg1, then the preference falls back to another segment.
+    f.put(A, "big", 50 * KIB, &one().preferring("seg1"));
+    let g = f.put(A, "spill", 20 * KIB, &one().preferring("seg1"));
+    assert_ne!(g.replicas[0].segment, seg1);
+    // An unknown preferred name is simply skipped.
+    assert!(
+        f.start(A, "nope", 10, &one().preferring("no-such-seg"))
+            .is_ok()
+    );
+}
+
+#[test]
+fn placement_spreads_load_over_segments() {
+    let mut f = Fixture::new(4, 16 * MIB);
+    for i in 0..400 {
+        f.put(A, &format!("k{i}"), 16 * KIB, &one());
+    }
+    for s in f.m.segments() {
+        let share = s.used as f64 / (400.0 * 16.0 * 1024.0);
+        assert!(
+            (0.15..0.35).contains(&share),
+            "segment {} holds {share:.2}",
+            s.name
+        );
+    }
+}
+
+#[test]
+fn nothing_fits_is_no_available_handle_with_a_reason() {
+    let mut f = Fixture::new(2, 64 * KIB);
+    let e = f.start(A, "huge", MIB, &one()).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NO_AVAILABLE_HANDLE);
+    assert!(e.to_string().contains("largest"), "{e}");
+    let mut g = Fixture::new(0, 0);
+    assert_eq!(
+        code(g.start(A, "k", 10, &one())),
+        ErrorCode::NO_AVAILABLE_HANDLE
+    );
+    // Full of unevictable (in-progress) writes.
+    for i in 0..4 {
+        f.start(A, &format!("w{i}"), 30 * KIB, &one()).unwrap();
+    }
+    let e = f.start(A, "more", 30 * KIB, &one()).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NO_AVAILABLE_HANDLE);
+    assert!(e.to_string().contains("after eviction"), "{e}");
+}
+
+// ---- leases ----------------------------------------------------------------------------------
+
+#[test]
+fn lease_blocks_remove_until_it_expires() {
+    let mut f = Fixture::new(1, MIB);
+    f.put(A, "k", 100, &one());
+    let list = f.get("k").unwrap();
+    assert_eq!(list.lease_ttl, Millis(5_000));
+    assert_eq!(code(f.remove("k")), ErrorCode::OBJECT_HAS_LEASE);
+    f.advance(Millis(4_999));
+    assert_eq!(code(f.remove("k")), ErrorCode::OBJECT_HAS_LEASE);
+    f.advance(Millis(1));
+    f.remove("k").unwrap();
+    assert_eq!(code(f.get("k")), ErrorCode::OBJECT_NOT_FOUND);
+    assert_eq!(code(f.remove("k")), ErrorCode::OBJECT_NOT_FOUND);
+}
+
+#[test]
+fn exist_grants_a_lease_and_remove_all_and_regex_skip_leased() {
+    let mut f = Fixture::new(1, MIB);
+    for k in ["a1", "a2", "b1", "b2"] {
+        f.put(A, k, 100, &one());
+    }
+    f.advance(Millis(10));
+    assert!(f.m.exist("a1", f.now).unwrap());
+    f.get("b1").unwrap();
+    assert_eq!(f.m.remove_by_regex("^a", f.now).unwrap(), 1);
+    assert_eq!(f.m.remove_all(f.now), 1);
+    f.check();
+    let left: Vec<String> =
+        f.m.query_by_regex(".*", f.now)
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+    assert_eq!(left, ["a1", "b1"]);
+    assert_eq!(
+        code(f.m.query_by_regex("(", f.now)),
+        ErrorCode::INVALID_PARAMS
+    );
+}
+
+#[test]
+fn custom_lease_ttl_is_reported_to_readers() {
+    let cfg = MasterConfig {
+        lease_ttl: Millis(250),
+        ..MasterConfig::default()
+    };
+    let mut f = Fixture::with_config(cfg, 1, MIB);
+    f.put(A, "k", 100, &one());
+    assert_eq!(f.get("k").unwrap().lease_ttl, Millis(250));
+    f.advance(Millis(250));
+    f.remove("k").unwrap();
+}
+
+// ---- eviction --------------------------------------------------------------------------------
+
+/// Fills a 1 MiB segment with 64 KiB objects k0..k14 (94% full), each read once in order.
+fn filled() -> Fixture {
+    let mut f = Fixture::new(1, MIB);
+    for i in 0..15 {
+        f.put(A, &format!("k{i}"), 64 * KIB, &one());
+        f.advance(Millis(10));
+    }
+    f
+}
+
+#[test]
+fn watermark_triggers_lru_eviction_on_tick() {
+    let mut f = filled();
+    f.advance(Millis::from_secs(6));
+    for i in [3, 1, 4] {
+        f.get(&format!("k{i}")).unwrap(); // recently used
+    }
+    f.advance(Millis::from_secs(6));
+    f.put(A, "k15", 64 * KIB, &one()); // 100%: over the 95% watermark
+    assert!(
+        f.m.next_deadline().unwrap() <= f.now,
+        "eviction is due at once"
+    );
+    f.tick_after(Millis(0));
+    let evicted: Vec<String> =
+        f.m.drain_events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Evicted { key, .. } => Some(key.into()),
+                _ => None,
+            })
+            .collect();
+    // Down to 90% (95% - 5%): two 64 KiB objects, the least recently used.
+    assert_eq!(evicted, ["k0", "k2"]);
+    assert!(f.used() as f64 <= 0.9 * MIB as f64);
+}
+
+#[test]
+fn allocation_failure_triggers_eviction() {
+    let mut f = filled();
+    f.advance(Millis::from_secs(6));
+    f.put(A, "big", 200 * KIB, &one());
+    let evicted = f.m.stats().evicted_objects;
+    assert!(evicted >= 3, "made room by evicting {evicted}");
+}
+
+#[test]
+fn leased_processing_and_hard_pinned_objects_are_never_evicted() {
+    let mut f = Fixture::new(1, MIB);
+    f.put(A, "hard", 200 * KIB, &one().hard_pinned());
+    let writing = f.start(A, "writing", 200 * KIB, &one()).unwrap();
+    f.put(A, "leased", 200 * KIB, &one());
+    f.put(A, "plain", 200 * KIB, &one());
+    f.advance(Millis::from_secs(6));
+    f.get("leased").unwrap();
+    f.put(A, "new", 200 * KIB, &one()); // 1000 KiB: over the watermark
+    f.tick_after(Millis(0));
+    assert_eq!(code(f.get("plain")), ErrorCode::OBJECT_NOT_FOUND);
+    assert!(f.get("hard").is_ok() && f.get("leased").is_ok());
+    assert_eq!(
+        code(f.get("writing")),
+        ErrorCode::REPLICA_IS_NOT_READY,
+        "still being written"
+    );
+    f.end(A, "writing", writing.write_id).unwrap();
+}
+
+#[test]
+fn soft_pinned_go_only_after_unpinned_and_only_if_allowed() {
+    for allow in [true, false] {
+        let cfg = MasterConfig {
+            allow_evict_soft_pinned: allow,
+            ..MasterConfig::default()
+        };
+        let mut f = Fixture::with_config(cfg, 1, MIB);
+        for i in 0..8 {
+            f.put(A, &format!("s{i}"), 64 * KIB, &one().soft_pinned(None));
+        }
+        for i in 0..7 {
+            f.put(A, &format!("u{i}"), 64 * KIB, &one());
+        }
+        f.advance(Millis::from_secs(6));
+        // 960 KiB used; 500 KiB more needs every unpinned object (448 KiB) and, if allowed,
+        // one soft-pinned one.
+        f.put(A, "big", 500 * KIB, &one());
+        let events = f.m.drain_events();
+        let soft: Vec<bool> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Evicted { soft_pinned, .. } => Some(*soft_pinned),
+                _ => None,
+            })
+            .collect();
+        let first_soft = soft.iter().position(|&s| s).unwrap_or(soft.len());
+        assert!(soft[..first_soft].iter().all(|&s| !s));
+        assert_eq!(first_soft, 7, "every unpinned object goes first");
+        assert_eq!(
+            soft.len() > 7,
+            allow,
+            "soft-pinned go only if allowed: {soft:?}"
+        );
+    }
+}
+
+#[test]
+fn soft_pin_lapses_without_access_and_returns_on_access() {
+    let mut f = Fixture::new(1, MIB);
+    f.put(
+        A,
+        "s",
+        64 * KIB,
+        &one().soft_pinned(Some(Millis::from_secs(60))),
+    );
+    f.put(A, "u", 64 * KIB, &one());
+    f.advance(Millis::from_secs(61)); // pin lapsed: s is as evictable as u, and older
+    f.tick_after(Millis(0));
+    f.get("s").unwrap(); // access re-pins it
+    f.advance(Millis::from_secs(6));
+    f.put(A, "fill", 900 * KIB, &one());
+    let evicted: Vec<(String, bool)> =
+        f.m.drain_events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Evicted {
+                    key, soft_pinned, ..
+                } => Some((key.into(), soft_pinned)),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(evicted.first(), Some(&("u".to_string(), false)));
+}
+
+#[test]
+fn eviction_when_watermark_is_unreachable_backs_off() {
+    let mut f = Fixture::new(1, MIB);
+    f.put(A, "hard", 1000 * KIB, &one().hard_pinned());
+    f.tick_after(Millis(0));
+    let deadline = f.m.next_deadline().unwrap();
+    assert!(deadline > f.now, "no busy loop when nothing can be evicted");
+    assert!(deadline <= f.now + MasterConfig::default().eviction_retry_interval);
+}
+
+// ---- zombies ---------------------------------------------------------------------------------
+
+#[test]
+fn zombie_put_can_be_preempted_after_the_discard_timeout() {
+    let mut f = Fixture::new(1, MIB);
+    let zombie = f.start(A, "k", 4096, &one()).unwrap();
+    f.advance(Millis::from_secs(29));
+    assert_eq!(
+        code(f.start(B, "k", 4096, &one())),
+        ErrorCode::OBJECT_ALREADY_EXISTS
+    );
+    f.advance(Millis::from_secs(1));
+    let fresh = f.start(B, "k", 4096, &one()).unwrap();
+    assert_ne!(
+        addrs(&fresh.replicas),
+        addrs(&zombie.replicas),
+        "fresh space, not the zombie's"
+    );
+    assert_eq!(
+        code(f.end(A, "k", zombie.write_id)),
+        ErrorCode::ILLEGAL_CLIENT
+    );
+    f.end(B, "k", fresh.write_id).unwrap();
+}
+
+#[test]
+fn tick_discards_zombies_and_releases_their_space_after_the_release_timeout() {
+    let mut f = Fixture::new(1, MIB);
+    f.start(A, "k", 4096, &one()).unwrap();
+    assert_eq!(
+        f.m.next_deadline(),
+        Some(f.now + Millis::from_secs(10)),
+        "client A's expiry"
+    );
+    f.tick_after(Millis::from_secs(30));
+    assert_eq!(code(f.get("k")), ErrorCode::OBJECT_NOT_FOUND);
+    assert_eq!(f.used(), 4096, "space held until the release timeout");
+    f.tick_after(Millis::from_mins(10) - Millis::from_secs(30) - Millis(1));
+    assert_eq!(f.used(), 4096);
+    f.tick_after(Millis(1));
+    assert_eq!(f.used(), 0);
+}
+
+#[test]
+fn discarded_space_of_a_dead_writer_is_reclaimed_early_under_pressure() {
+    let mut f = Fixture::new(1, 64 * KIB);
+    f.start(A, "zombie", 60 * KIB, &one()).unwrap();
+    f.tick_silent(Millis::from_secs(10)); // A expires; its write is discarded, space held
+    assert_eq!(f.used(), 60 * KIB);
+    // Memory pressure: the dead writer's block is released early.
+    f.put(B, "k", 60 * KIB, &one());
+    assert_eq!(f.m.stats().discarded_blocks, 0);
+}
+
+#[test]
+fn discarded_space_of_a_live_writer_is_not_reclaimed_early() {
+    let mut f = Fixture::new(1, 64 * KIB);
+    f.start(A, "zombie", 60 * KIB, &one()).unwrap();
+    f.tick_after(Millis::from_secs(30)); // discarded by timeout; A is alive and may write
+    assert_eq!(
+        code(f.start(B, "k", 60 * KIB, &one())),
+        ErrorCode::NO_AVAILABLE_HANDLE
+    );
+}
+
+// ---- client liveness -------------------------------------------------------------------------
+
+#[test]
+fn dead_node_loses_its_segments_and_objects_without_replicas() {
+    let mut f = Fixture::new(0, 0);
+    let node2 = ClientId(0x2222);
+    for (name, owner) in [("n1", NODE), ("n2", node2)] {
+        let spec = SegmentSpec {
+            name: name.into(),
+            base: 1 << 40,
+            size: MIB,
+            endpoint: name.into(),
+        };
+        f.m.mount_segment(owner, &spec, f.now).unwrap();
+    }
+    f.put(A, "both", 4096, &ReplicateConfig::replicas(2));
+    f.put(A, "only2", 4096, &one().preferring("n2"));
+    assert_eq!(f.m.heartbeat(node2, f.now), HeartbeatStatus::Known);
+    f.tick_after(Millis::from_secs(10)); // node2 silent
+    let events = f.m.drain_events();
+    assert!(events.contains(&Event::ClientExpired { client: node2 }));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::ObjectLost { key, .. } if &**key == "only2"))
+    );
+    assert_eq!(f.get("both").unwrap().replicas.len(), 1);
+    assert_eq!(code(f.get("only2")), ErrorCode::OBJECT_NOT_FOUND);
+    assert_eq!(f.m.segments().len(), 1);
+    assert_eq!(
+        f.m.heartbeat(node2, f.now),
+        HeartbeatStatus::Registered,
+        "must remount"
+    );
+}
+
+#[test]
+fn mount_rules() {
+    let mut f = Fixture::new(1, MIB);
+    let seg = f.m.segments()[0].clone();
+    let spec = SegmentSpec {
+        name: "seg0".into(),
+        base: seg.base,
+        size: MIB,
+        endpoint: seg.endpoint.clone(),
+    };
+    assert_eq!(
+        f.m.mount_segment(NODE, &spec, f.now).unwrap(),
+        seg.id,
+        "retry is idempotent"
+    );
+    assert_eq!(
+        code(f.m.mount_segment(A, &spec, f.now)),
+        ErrorCode::SEGMENT_ALREADY_EXISTS
+    );
+    assert_eq!(
+        code(f.m.unmount_segment(A, "seg0", f.now)),
+        ErrorCode::ILLEGAL_CLIENT
+    );
+    assert_eq!(
+        code(f.m.unmount_segment(NODE, "nope", f.now)),
+        ErrorCode::SEGMENT_NOT_FOUND
+    );
+    let tiny = SegmentSpec {
+        name: "t".into(),
+        base: 0,
+        size: 10,
+        endpoint: String::new(),
+    };
+    assert_eq!(
+        code(f.m.mount_segment(NODE, &tiny, f.now)),
+        ErrorCode::INVALID_PARAMS
+    );
+    let wrap = SegmentSpec {
+        name: "w".into(),
+        base: u64::MAX - 10,
+        size: MIB,
+        endpoint: String::new(),
+    };
+    assert_eq!(
+        code(f.m.mount_segment(NODE, &wrap, f.now)),
+        ErrorCode::INVALID_PARAMS
+    );
+    f.m.unmount_segment(NODE, "seg0", f.now).unwrap();
+    f.check();
+    let again = f.m.mount_segment(NODE, &spec, f.now).unwrap();
+    assert_ne!(again, seg.id, "segment ids are never reused");
+    assert!(f.m.segment_info(seg.id).is_none());
+    assert_eq!(f.m.segment_info(again).unwrap().endpoint, seg.endpoint);
+}
+
+// ---- held reads, copy and move ---------------------------------------------------------------
+
+#[test]
+fn holds_pin_against_removal_and_eviction_and_die_with_their_client() {
+    let mut f = Fixture::new(1, MIB);
+    f.put(A, "k", 900 * KIB, &one());
+    let (hold, list) = f.m.acquire_hold(B, "k", f.now).unwrap();
+    assert_eq!(list.replicas.len(), 1);
+    f.advance(Millis::from_secs(6));
+    assert_eq!(code(f.remove("k")), ErrorCode::OBJECT_REPLICA_BUSY);
+    assert_eq!(
+        code(f.start(A, "x", 200 * KIB, &one())),
+        ErrorCode::NO_AVAILABLE_HANDLE
+    );
+    assert_eq!(
+        code(f.m.release_hold(A, hold, f.now)),
+        ErrorCode::ILLEGAL_CLIENT
+    );
+    f.tick_silent(Millis::from_secs(10)); // B dies: its hold goes with it
+    f.remove("k").unwrap();
+    assert_eq!(
+        code(f.m.release_hold(B, hold, f.now)),
+        ErrorCode::INVALID_PARAMS
+    );
+}
+
+#[test]
+fn move_replaces_the_source_after_its_readers_lease() {
+    let mut f = Fixture::new(2, MIB);
+    let g = f.put(A, "k", 4096, &one().preferring("seg0"));
+    let seg1 = f.m.segments()[1].id;
+    let task = f.m.move_start(B, "k", "seg0", "seg1", f.now).unwrap();
+    f.check();
+    assert_eq!(task.source.addr, g.replicas[0].addr);
+    assert_eq!(task.targets[0].segment, seg1);
+    assert_eq!(
+        f.get("k").unwrap().replicas.len(),
+        1,
+        "target invisible until the end"
+    );
+    assert_eq!(
+        code(f.m.task_end(A, task.task, f.now)),
+        ErrorCode::ILLEGAL_CLIENT
+    );
+    f.m.task_end(B, task.task, f.now).unwrap();
+    f.check();
+    let list = f.get("k").unwrap();
+    assert_eq!(list.replicas.len(), 1);
+    assert_eq!(list.replicas[0].segment, seg1);
+    assert_eq!(
+        f.m.stats().discarded_blocks,
+        1,
+        "source waits out the lease"
+    );
+    assert_eq!(
+        code(f.m.task_end(B, task.task, f.now)),
+        ErrorCode::OBJECT_NO_REPLICATION_TASK
+    );
+}
+
+#[test]
+fn copy_errors_and_abandonment() {
+    let mut f = Fixture::new(2, MIB);
+    f.put(A, "k", 4096, &one().preferring("seg0"));
+    assert_eq!(
+        code(f.m.copy_start(B, "k", &["seg0".into()], f.now)),
+        ErrorCode::REPLICA_ALREADY_EXISTS
+    );
+    assert_eq!(
+        code(f.m.copy_start(B, "k", &["nope".into()], f.now)),
+        ErrorCode::SEGMENT_NOT_FOUND
+    );
+    assert_eq!(
+        code(f.m.copy_start(B, "k", &[], f.now)),
+        ErrorCode::INVALID_PARAMS
+    );
+    assert_eq!(
+        code(f.m.copy_start(B, "zz", &["seg1".into()], f.now)),
+        ErrorCode::OBJECT_NOT_FOUND
+    );
+    assert_eq!(
+        code(f.m.move_start(B, "k", "seg1", "seg0", f.now)),
+        ErrorCode::REPLICA_NOT_FOUND
+    );
+    let task = f.m.copy_start(B, "k", &["seg1".into()], f.now).unwrap();
+    assert_eq!(
+        code(f.m.copy_start(B, "k", &["seg1".into()], f.now)),
+        ErrorCode::OBJECT_HAS_REPLICATION_TASK
+    );
+    f.tick_after(Millis::from_secs(30)); // never ended: abandoned like a zombie put
+    assert_eq!(f.m.stats().tasks, 0);
+    assert_eq!(f.m.stats().discarded_blocks, 1);
+    assert_eq!(
+        code(f.m.task_revoke(B, task.task, f.now)),
+        ErrorCode::OBJECT_NO_REPLICATION_TASK
+    );
+    assert_eq!(f.get("k").unwrap().replicas.len(), 1);
+}
+
+// ---- snapshot ---------------------------------------------------------------------------------
+
+fn busy_master() -> Fixture {
+    let mut f = Fixture::new(3, MIB);
+    f.put(A, "hard", 4096, &one().hard_pinned());
+    f.put(
+        A,
+        "soft",
+        4096,
+        &ReplicateConfig::replicas(2).soft_pinned(None),
+    );
+    f.start(B, "writing", 8192, &one()).unwrap();
+    f.put(A, "leased", 100, &one());
+    f.get("leased").unwrap();
+    f.m.acquire_hold(B, "hard", f.now).unwrap();
+    let taken: Vec<_> = f
+        .get("soft")
+        .unwrap()
+        .replicas
+        .iter()
+        .map(|r| r.segment)
+        .collect();
+    let free =
+        f.m.segments()
+            .into_iter()
+            .find(|s| !taken.contains(&s.id))
+            .unwrap();
+    f.m.copy_start(B, "soft", &[free.name], f.now).unwrap();
+    f.check();
+    f
+}
+
+#[test]
+fn snapshot_restores_an_identical_master() {
+    let f = busy_master();
+    let bytes = f.m.snapshot();
+    let restored = Master::restore(MasterConfig::default(), &bytes, f.m.now()).unwrap();
+    assert_eq!(restored.state_fingerprint(), f.m.state_fingerprint());
+    assert_eq!(restored.stats(), f.m.stats());
+    assert_eq!(restored.next_deadline(), f.m.next_deadline());
+    // And it behaves identically afterwards.
+    let (mut a, mut b) = (f.m, restored);
+    let now = f.now + Millis(7);
+    for key in ["new1", "new2", "new3"] {
+        let x = a.put_start(A, key, 5000, &ReplicateConfig::replicas(2), now);
+        let y = b.put_start(A, key, 5000, &ReplicateConfig::replicas(2), now);
+        assert_eq!(x, y);
+    }
+}
+
+#[test]
+fn snapshot_keeps_remaining_lease_and_timeouts_across_clocks() {
+    let f = busy_master();
+    let bytes = f.m.snapshot();
+    // The new process's clock starts near zero.
+    let mut restored = Master::restore(MasterConfig::default(), &bytes, Millis(5)).unwrap();
+    assert_eq!(
+        code(restored.remove("leased", Millis(5))),
+        ErrorCode::OBJECT_HAS_LEASE
+    );
+    assert_eq!(
+        restored.next_deadline().unwrap().as_millis() + f.now.as_millis() - 5,
+        f.m.next_deadline().unwrap().as_millis()
+    );
+    for client in [NODE, A, B] {
+        restored.heartbeat(client, Millis(5) + Millis::from_secs(30));
+    }
+    restored.tick(Millis(5) + Millis::from_secs(30));
+    assert_eq!(
+        code(restored.get_replica_list("writing", Millis(5) + Millis::from_secs(30))),
+        ErrorCode::OBJECT_NOT_FOUND
+    );
+    assert!(
+        restored.get_replica_list("hard", Millis(6)).is_ok(),
+        "hard pin survives restart"
+    );
+}
+
+#[test]
+fn corrupt_snapshots_are_refused_with_reasons() {
+    let f = busy_master();
+    let bytes = f.m.snapshot();
+    let restore = |b: &[u8]| Master::restore(MasterConfig::default(), b, Millis(0)).map(|_| ());
+    let mut flipped = bytes.clone();
+    let at = bytes.len() / 2;
+    flipped[at] ^= 0x40;
+    let e = restore(&flipped).unwrap_err();
+    assert!(e.to_string().contains("checksum"), "{e}");
+    let e = restore(&bytes[..bytes.len() - 1]).unwrap_err();
+    assert!(e.to_string().contains("truncated"), "{e}");
+    let mut future = bytes.clone();
+    future[8] = 99;
+    assert_eq!(
+        restore(&future).unwrap_err().code,
+        ErrorCode::INVALID_VERSION
+    );
+    assert_eq!(
+        restore(b"nonsense").unwrap_err().code,
+        ErrorCode::INVALID_PARAMS
+    );
+    assert_eq!(restore(&[]).unwrap_err().code, ErrorCode::INVALID_PARAMS);
+}
+
+// ---- determinism and the driver contract ------------------------------------------------------
+
+#[test]
+fn same_seed_same_decisions_different_seed_different_placement() {
+    let run = |seed: u64| {
+        let cfg = MasterConfig {
+            seed,
+            ..MasterConfig::default()
+        };
+        let mut f = Fixture::with_config(cfg, 8, MIB);
+        (0..50)
+            .map(|i| {
+                f.put(A, &format!("k{i}"), 4096, &ReplicateConfig::replicas(2))
+                    .replicas
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(1), run(1));
+    assert_ne!(run(1), run(2));
+}
+
+#[test]
+fn time_never_goes_backwards() {
+    let mut f = Fixture::new(1, MIB);
+    f.put(A, "k", 100, &one());
+    f.get("k").unwrap(); // lease until 6000
+    f.now = Millis(0); // a confused driver
+    assert_eq!(code(f.remove("k")), ErrorCode::OBJECT_HAS_LEASE);
+    assert_eq!(f.m.now(), Millis(1_000));
+}
+
+#[test]
+fn events_do_not_grow_without_bound() {
+    let mut f = Fixture::new(1, MIB);
+    for i in 0..70_000u32 {
+        let key = format!("e{i}");
+        let g = f.m.put_start(A, &key, 64, &one(), f.now).unwrap();
+        f.m.put_revoke(A, &key, g.write_id, f.now).unwrap();
+        f.m.heartbeat(ClientId(u128::from(i) + 100), f.now);
+    }
+    f.tick_silent(Millis::from_secs(10)); // 70,000 clients expire
+    let stats = f.m.stats();
+    assert!(stats.events_dropped > 0);
+    assert!(f.m.drain_events().len() <= 1 << 16);
+}
+
+#[test]
+fn writes_complete_status_and_processing_never_served() {
+    let mut f = Fixture::new(2, MIB);
+    let g = f.start(A, "k", 100, &ReplicateConfig::replicas(2)).unwrap();
+    assert!(
+        g.replicas
+            .iter()
+            .all(|r| r.status == ReplicaStatus::Processing)
+    );
+    assert!(f.m.query_by_regex("k", f.now).unwrap().is_empty());
+    f.end(A, "k", g.write_id).unwrap();
+    assert_eq!(
+        f.m.query_by_regex("k", f.now).unwrap()[0].1.replicas.len(),
+        2
+    );
+    let discarded: Vec<_> = f.m.drain_events();
+    assert!(!discarded.iter().any(|e| matches!(
+        e,
+        Event::WriteDiscarded {
+            cause: DiscardCause::Timeout,
+            ..
+        }
+    )));
+}
