@@ -3,6 +3,9 @@
 use crate::error::{Error, ErrorCode, Result};
 use crate::time::Millis;
 
+/// The longest soft-pin TTL (about 49 days).
+pub const MAX_SOFT_PIN_TTL: Millis = Millis(u32::MAX as u64);
+
 /// The master's policy knobs. Defaults follow Mooncake Store's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MasterConfig {
@@ -87,6 +90,13 @@ impl MasterConfig {
             return bad(format!(
                 "put_start_release_timeout ({}) must not be shorter than put_start_discard_timeout ({})",
                 self.put_start_release_timeout, self.put_start_discard_timeout
+            ));
+        }
+        if self.default_soft_pin_ttl == Millis::ZERO || self.default_soft_pin_ttl > MAX_SOFT_PIN_TTL
+        {
+            return bad(format!(
+                "default_soft_pin_ttl must be 1 ms to {MAX_SOFT_PIN_TTL}, got {}",
+                self.default_soft_pin_ttl
             ));
         }
         if self.client_ttl == Millis::ZERO {

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::master::Master;
-use crate::object::ReplicaStatus;
 use crate::segments::block_len;
 
 /// A broken invariant: which one, and what was seen.
@@ -88,13 +87,13 @@ fn check_conservation(master: &Master, blocks: &[(u32, u32, u64, u64)]) -> Resul
                 format!("object {:?}", object.key),
             )?;
             let (offset, len) = live[&(replica.segment, replica.alloc)];
-            if offset != replica.offset || len != block_len(object.size) {
+            if offset != replica.offset() || len != block_len(object.size) {
                 return Err(violation(
                     "conservation",
                     format!(
                         "object {:?} replica at {} (len {}) but its block is at {offset} (len {len})",
                         object.key,
-                        replica.offset,
+                        replica.offset(),
                         block_len(object.size)
                     ),
                 ));
@@ -155,11 +154,7 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
                 ));
             }
         }
-        let processing = object
-            .replicas
-            .iter()
-            .filter(|r| r.status == ReplicaStatus::Processing)
-            .count();
+        let processing = object.replicas.iter().filter(|r| r.is_processing()).count();
         if object.writing {
             writing += 1;
             if processing != object.replicas.len() {
@@ -168,7 +163,7 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
                     format!("{key:?} is being written but has complete replicas"),
                 ));
             }
-            if object.task.is_some() {
+            if object.task().is_some() {
                 return Err(violation(
                     "object-shape",
                     format!("{key:?} is being written and replicated at once"),
@@ -187,7 +182,7 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
                     format!("next_deadline {deadline:?} is after {key:?}'s discard at {due}"),
                 ));
             }
-        } else if object.task.is_none() && processing > 0 {
+        } else if object.task().is_none() && processing > 0 {
             return Err(violation(
                 "object-shape",
                 format!("{key:?} has PROCESSING replicas but no write or task"),
@@ -234,7 +229,7 @@ fn check_holds_and_tasks(master: &Master) -> Result<(), Violation> {
                 ),
             ));
         }
-        if let Some(task) = object.task {
+        if let Some(task) = object.task() {
             let matches = master
                 .tasks
                 .iter()

@@ -35,6 +35,7 @@ mod eviction;
 mod holds;
 pub mod ids;
 pub mod invariants;
+mod key_index;
 pub mod master;
 mod membership;
 pub mod object;

@@ -18,7 +18,7 @@ use crate::error::Result;
 use crate::events::{DiscardCause, Event, EventQueue};
 use crate::holds::Holds;
 use crate::ids::{SegmentId, WriteId};
-use crate::object::{Object, Replica, ReplicaStatus};
+use crate::object::{Object, Replica};
 use crate::objects::ObjectTable;
 use crate::replication::Tasks;
 use crate::rng::Rng;
@@ -76,6 +76,7 @@ pub struct Stats {
 }
 
 /// The master's metadata state machine. See the module docs for how to drive it.
+#[derive(Clone)]
 pub struct Master {
     pub(crate) config: MasterConfig,
     pub(crate) now: Millis,
@@ -284,10 +285,8 @@ impl Master {
         let reason = DiscardReason::Preempted {
             writer: object.writer,
         };
-        let (processing, kept): (Vec<Replica>, Vec<Replica>) = object
-            .replicas
-            .iter()
-            .partition(|r| r.status == ReplicaStatus::Processing);
+        let (processing, kept): (Vec<Replica>, Vec<Replica>) =
+            object.replicas.iter().partition(|r| r.is_processing());
         object.replicas = kept.into_iter().collect();
         let write = object.write_id;
         let removed = object.replicas.is_empty();

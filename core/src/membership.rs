@@ -122,7 +122,7 @@ impl Master {
                 !object.has_complete_replica()
             };
             if lost {
-                if let Some(task) = object.task {
+                if let Some(task) = object.task() {
                     self.abandon_task(task);
                 }
                 let object = self.remove_object(object_slot);

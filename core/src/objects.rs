@@ -1,15 +1,15 @@
 //! The object table: a slab of object metadata indexed by key.
 //!
-//! Objects live in a `Vec` slab addressed by a `u32` slot; a hash table maps key hashes to slots
-//! without storing the key twice. Iteration is in slot order, which depends only on the
+//! Objects live in a `Vec` slab addressed by a `u32` slot; the key index (`key_index`) maps key
+//! hashes to slots without storing the key twice. Iteration is in slot order, which depends only on the
 //! sequence of operations, so everything that walks the table (eviction, regex queries) is
 //! deterministic. The hash is seeded from the master's seed.
 
 use std::hash::BuildHasher;
 
 use foldhash::fast::FixedState;
-use hashbrown::HashTable;
 
+use crate::key_index::KeyIndex;
 use crate::object::Object;
 
 /// All objects, by slot and by key.
@@ -17,7 +17,7 @@ use crate::object::Object;
 pub(crate) struct ObjectTable {
     slots: Vec<Option<Object>>,
     free_slots: Vec<u32>,
-    index: HashTable<u32>,
+    index: KeyIndex,
     hasher: FixedState,
     len: usize,
 }
@@ -27,7 +27,7 @@ impl ObjectTable {
         ObjectTable {
             slots: Vec::new(),
             free_slots: Vec::new(),
-            index: HashTable::new(),
+            index: KeyIndex::new(),
             hasher: FixedState::with_seed(seed),
             len: 0,
         }
@@ -38,11 +38,11 @@ impl ObjectTable {
         let mut table = ObjectTable::new(seed);
         table.slots = slots;
         table.free_slots = free_slots;
-        let (slots, hasher, index) = (&table.slots, &table.hasher, &mut table.index);
-        let rehash = |&s: &u32| hasher.hash_one(&*slots[s as usize].as_ref().expect("live").key);
-        for (slot, object) in slots.iter().enumerate() {
+        for (slot, object) in table.slots.iter().enumerate() {
             if let Some(object) = object {
-                index.insert_unique(hasher.hash_one(&*object.key), slot as u32, rehash);
+                table
+                    .index
+                    .insert(table.hasher.hash_one(&*object.key), slot as u32);
             }
         }
         table.len = table.index.len();
@@ -57,13 +57,11 @@ impl ObjectTable {
     pub(crate) fn find(&self, key: &str) -> Option<u32> {
         let hash = self.hasher.hash_one(key);
         let slots = &self.slots;
-        self.index
-            .find(hash, |&slot| {
-                slots[slot as usize]
-                    .as_ref()
-                    .is_some_and(|o| &*o.key == key)
-            })
-            .copied()
+        self.index.find(hash, |slot| {
+            slots[slot as usize]
+                .as_ref()
+                .is_some_and(|o| &*o.key == key)
+        })
     }
 
     /// Adds an object whose key is not in the table; returns its slot.
@@ -81,15 +79,7 @@ impl ObjectTable {
                 slot
             }
         };
-        let (slots, hasher) = (&self.slots, &self.hasher);
-        self.index.insert_unique(hash, slot, |&s| {
-            hasher.hash_one(
-                &*slots[s as usize]
-                    .as_ref()
-                    .expect("indexed slot is live")
-                    .key,
-            )
-        });
+        self.index.insert(hash, slot);
         self.len += 1;
         slot
     }
@@ -100,12 +90,8 @@ impl ObjectTable {
             .take()
             .expect("removing a live slot");
         let hash = self.hasher.hash_one(&*object.key);
-        match self.index.find_entry(hash, |&s| s == slot) {
-            Ok(entry) => {
-                entry.remove();
-            }
-            Err(_) => unreachable!("live slot missing from the key index"),
-        }
+        let indexed = self.index.remove(hash, slot);
+        debug_assert!(indexed, "live slot missing from the key index");
         self.free_slots.push(slot);
         self.len -= 1;
         object
@@ -151,7 +137,7 @@ impl ObjectTable {
             .sum();
         self.slots.capacity() * size_of::<Option<Object>>()
             + self.free_slots.capacity() * size_of::<u32>()
-            + self.index.allocation_size()
+            + self.index.heap_bytes()
             + spilled
     }
 
@@ -165,6 +151,12 @@ impl ObjectTable {
                 self.index.len()
             ));
         }
+        let mut indexed = self.index.check()?;
+        indexed.sort_unstable();
+        let live_slots: Vec<u32> = self.iter().map(|(slot, _)| slot).collect();
+        if indexed != live_slots {
+            return Err("object table: the key index and the live slots differ".into());
+        }
         for (slot, object) in self.iter() {
             if self.find(&object.key) != Some(slot) {
                 return Err(format!(
@@ -173,10 +165,15 @@ impl ObjectTable {
                 ));
             }
         }
+        let mut free = vec![false; self.slots.len()];
         for &slot in &self.free_slots {
-            if self.get(slot).is_some() {
-                return Err(format!("free slot {slot} is live"));
+            let seen = free
+                .get_mut(slot as usize)
+                .ok_or_else(|| format!("free slot {slot} is out of range"))?;
+            if *seen || self.get(slot).is_some() {
+                return Err(format!("free slot {slot} is live or listed twice"));
             }
+            *seen = true;
         }
         if self.free_slots.len() + live != self.slots.len() {
             return Err("object table: free list does not cover the dead slots".into());

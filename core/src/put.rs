@@ -9,7 +9,7 @@
 //! late End therefore fails (`ILLEGAL_CLIENT` if another client took over, `OBJECT_NOT_FOUND`
 //! if its write is gone) instead of completing replicas someone else is still writing.
 
-use crate::config::ReplicateConfig;
+use crate::config::{MAX_SOFT_PIN_TTL, ReplicateConfig};
 use crate::error::{Error, ErrorCode, Result};
 use crate::events::DiscardCause;
 use crate::ids::{ClientId, WriteId};
@@ -92,7 +92,7 @@ impl Master {
         }
         object.writing = false;
         for replica in object.replicas.iter_mut() {
-            replica.status = ReplicaStatus::Complete;
+            replica.set_status(ReplicaStatus::Complete);
         }
         // A completed write counts as an access for LRU purposes; it grants no reader lease.
         object.lease_expiry = object.lease_expiry.max(now);
@@ -139,12 +139,10 @@ impl Master {
         let processing: Vec<Replica> = object
             .replicas
             .iter()
-            .filter(|r| r.status == ReplicaStatus::Processing)
+            .filter(|r| r.is_processing())
             .copied()
             .collect();
-        object
-            .replicas
-            .retain(|r| r.status != ReplicaStatus::Processing);
+        object.replicas.retain(|r| r.is_complete());
         let empty = object.replicas.is_empty();
         self.counters.writing_objects -= 1;
         for replica in &processing {
@@ -186,10 +184,12 @@ impl Master {
                 ),
             ));
         }
-        if config.soft_pin_ttl == Some(Millis::ZERO) {
+        if let Some(ttl) = config.soft_pin_ttl
+            && !(1..=MAX_SOFT_PIN_TTL.as_millis()).contains(&ttl.as_millis())
+        {
             return Err(Error::new(
                 ErrorCode::INVALID_PARAMS,
-                "soft_pin_ttl is zero",
+                format!("soft_pin_ttl must be 1 ms to {MAX_SOFT_PIN_TTL}, got {ttl}"),
             ));
         }
         Ok(())
@@ -255,25 +255,21 @@ impl Master {
             size,
             replicas: placed
                 .iter()
-                .map(|&(segment, allocation)| Replica {
-                    offset: allocation.offset,
-                    segment,
-                    alloc: allocation.node,
-                    status: ReplicaStatus::Processing,
-                })
+                .map(|&(segment, allocation)| Replica::processing(segment, allocation))
                 .collect(),
             lease_expiry: Millis::ZERO,
-            soft_pin_ttl,
-            soft_pin_expiry: now + soft_pin_ttl,
+            soft_pin_ttl_ms: 0,
+            soft_pin_expiry: Millis::ZERO,
             writer: client,
             write_id,
             put_start: now,
-            task: None,
+            task_id: 0,
             holds: 0,
             writing: true,
             hard_pinned,
         };
         let slot = self.objects.insert(object);
+        self.objects.at_mut(slot).set_soft_pin(soft_pin_ttl, now);
         self.track_write(slot);
         Ok(self.grant(slot))
     }

@@ -140,7 +140,7 @@ impl Master {
         self.check_key(key)?;
         let slot = self.objects.find(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
         let object = self.objects.at(slot);
-        if object.task.is_some() {
+        if object.task().is_some() {
             return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK.into());
         }
         if object.writing || !object.has_complete_replica() {
@@ -200,12 +200,7 @@ impl Master {
         let mut placed: SmallVec<[Replica; 2]> = SmallVec::new();
         for &seg in &target_slots {
             match self.segments.allocate_on(seg, size) {
-                Some(allocation) => placed.push(Replica {
-                    offset: allocation.offset,
-                    segment: seg,
-                    alloc: allocation.node,
-                    status: ReplicaStatus::Processing,
-                }),
+                Some(allocation) => placed.push(Replica::processing(seg, allocation)),
                 None => {
                     for replica in &placed {
                         self.segments.free(replica.segment, replica.alloc);
@@ -228,7 +223,7 @@ impl Master {
         };
         let object = self.objects.at_mut(slot);
         object.replicas.extend(placed.iter().copied());
-        object.task = Some(id);
+        object.set_task(Some(id));
         let write = object.write_id;
         self.tasks.by_id.insert(
             id,
@@ -267,7 +262,7 @@ impl Master {
         let alive = self
             .objects
             .get(task.slot)
-            .is_some_and(|o| o.write_id == task.write && o.task == Some(id));
+            .is_some_and(|o| o.write_id == task.write && o.task() == Some(id));
         if !alive {
             // The object went away with a segment; there is nothing left to finish.
             return match finish {
@@ -279,17 +274,15 @@ impl Master {
             };
         }
         let object = self.objects.at_mut(task.slot);
-        object.task = None;
+        object.set_task(None);
         let lease_expiry = object.lease_expiry;
-        let (targets, kept): (Vec<Replica>, Vec<Replica>) = object
-            .replicas
-            .iter()
-            .partition(|r| r.status == ReplicaStatus::Processing);
+        let (targets, kept): (Vec<Replica>, Vec<Replica>) =
+            object.replicas.iter().partition(|r| r.is_processing());
         match finish {
             Finish::Complete => {
                 let mut dropped = Vec::new();
                 for replica in object.replicas.iter_mut() {
-                    replica.status = ReplicaStatus::Complete;
+                    replica.set_status(ReplicaStatus::Complete);
                 }
                 if let TaskKind::Move { source } = task.kind
                     && !targets.is_empty()

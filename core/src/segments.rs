@@ -261,9 +261,9 @@ impl Segments {
         let segment = self.at(replica.segment);
         ReplicaDescriptor {
             segment: segment.id,
-            addr: segment.base + replica.offset,
+            addr: segment.base + replica.offset(),
             len,
-            status: replica.status,
+            status: replica.status(),
         }
     }
 

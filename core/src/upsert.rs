@@ -66,7 +66,7 @@ impl Master {
             return self.create_object(client, key, size, config, config.with_hard_pin, now);
         };
         let object = self.objects.at(slot);
-        if object.task.is_some() {
+        if object.task().is_some() {
             return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK.into());
         }
         let hard_pinned = object.hard_pinned || config.with_hard_pin;
@@ -159,15 +159,14 @@ impl Master {
         let soft_pin_ttl = self.soft_pin_ttl(config);
         let object = self.objects.at_mut(slot);
         for replica in object.replicas.iter_mut() {
-            replica.status = ReplicaStatus::Processing;
+            replica.set_status(ReplicaStatus::Processing);
         }
         object.writer = client;
         object.write_id = write_id;
         object.put_start = now;
         object.writing = true;
         object.hard_pinned = hard_pinned;
-        object.soft_pin_ttl = soft_pin_ttl;
-        object.soft_pin_expiry = now + soft_pin_ttl;
+        object.set_soft_pin(soft_pin_ttl, now);
         self.track_write(slot);
     }
 
@@ -233,12 +232,7 @@ impl Master {
         self.objects.at_mut(slot).holds -= 1;
         Ok(placed?
             .iter()
-            .map(|&(segment, allocation)| Replica {
-                offset: allocation.offset,
-                segment,
-                alloc: allocation.node,
-                status: ReplicaStatus::Processing,
-            })
+            .map(|&(segment, allocation)| Replica::processing(segment, allocation))
             .collect())
     }
 }
