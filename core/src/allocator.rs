@@ -13,6 +13,8 @@
 //!
 //! The allocator hands out byte offsets in `[0, capacity)`; it never touches memory.
 
+use crate::chunked::ChunkedVec;
+
 /// Marks "no node" in the intrusive lists.
 const NONE: u32 = u32::MAX;
 const MANTISSA_BITS: u32 = 3;
@@ -76,8 +78,7 @@ fn lowest_set_bit_from(mask: u64, start: u32) -> Option<u32> {
 }
 
 /// What a node currently describes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
-#[rkyv(derive(Debug))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 enum NodeState {
     /// A free block, filed in a bin.
@@ -89,15 +90,51 @@ enum NodeState {
 }
 
 /// One block of the managed range, linked to its bin neighbours and its address neighbours.
+/// 32 bytes: the state lives in the top bits of the size (sizes are below 2^56).
 #[derive(Clone, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 struct Node {
     offset: u64,
-    size: u64,
+    size_state: u64,
     bin_prev: u32,
     bin_next: u32,
     neighbor_prev: u32,
     neighbor_next: u32,
-    state: NodeState,
+}
+
+const STATE_SHIFT: u32 = 62;
+const SIZE_MASK: u64 = (1 << STATE_SHIFT) - 1;
+
+impl Node {
+    fn free(offset: u64, size: u64, bin_next: u32) -> Node {
+        Node {
+            offset,
+            size_state: size | ((NodeState::Free as u64) << STATE_SHIFT),
+            bin_prev: NONE,
+            bin_next,
+            neighbor_prev: NONE,
+            neighbor_next: NONE,
+        }
+    }
+
+    fn size(&self) -> u64 {
+        self.size_state & SIZE_MASK
+    }
+
+    fn set_size(&mut self, size: u64) {
+        self.size_state = (self.size_state & !SIZE_MASK) | size;
+    }
+
+    fn state(&self) -> NodeState {
+        match self.size_state >> STATE_SHIFT {
+            0 => NodeState::Free,
+            1 => NodeState::Used,
+            _ => NodeState::Recycled,
+        }
+    }
+
+    fn set_state(&mut self, state: NodeState) {
+        self.size_state = (self.size_state & SIZE_MASK) | ((state as u64) << STATE_SHIFT);
+    }
 }
 
 /// A successful allocation: where it is, and the handle that frees it.
@@ -117,7 +154,7 @@ pub struct OffsetAllocator {
     used_top_bins: u64,
     used_leaf_bins: [u8; TOP_BINS],
     bin_heads: Vec<u32>,
-    nodes: Vec<Node>,
+    nodes: ChunkedVec<Node>,
     recycled: Vec<u32>,
     live_allocations: u32,
 }
@@ -136,7 +173,7 @@ impl OffsetAllocator {
             used_top_bins: 0,
             used_leaf_bins: [0; TOP_BINS],
             bin_heads: vec![NONE; BINS],
-            nodes: Vec::new(),
+            nodes: ChunkedVec::default(),
             recycled: Vec::new(),
             live_allocations: 0,
         };
@@ -183,22 +220,22 @@ impl OffsetAllocator {
         let Some(freed) = self.nodes.get(node as usize) else {
             return false;
         };
-        if freed.state != NodeState::Used {
+        if freed.state() != NodeState::Used {
             return false;
         }
-        let (mut offset, mut size) = (freed.offset, freed.size);
+        let (mut offset, mut size) = (freed.offset, freed.size());
         let (mut prev, mut next) = (freed.neighbor_prev, freed.neighbor_next);
-        if prev != NONE && self.nodes[prev as usize].state == NodeState::Free {
+        if prev != NONE && self.nodes[prev as usize].state() == NodeState::Free {
             let block = &self.nodes[prev as usize];
             offset = block.offset;
-            size += block.size;
+            size += block.size();
             let before = block.neighbor_prev;
             self.take_free_block(prev);
             prev = before;
         }
-        if next != NONE && self.nodes[next as usize].state == NodeState::Free {
+        if next != NONE && self.nodes[next as usize].state() == NodeState::Free {
             let block = &self.nodes[next as usize];
-            size += block.size;
+            size += block.size();
             let after = block.neighbor_next;
             self.take_free_block(next);
             next = after;
@@ -221,8 +258,8 @@ impl OffsetAllocator {
     pub fn allocation(&self, node: u32) -> Option<(u64, u64)> {
         self.nodes
             .get(node as usize)
-            .filter(|n| n.state == NodeState::Used)
-            .map(|n| (n.offset, n.size))
+            .filter(|n| n.state() == NodeState::Used)
+            .map(|n| (n.offset, n.size()))
     }
 
     /// Whether an allocation of `size` bytes would succeed right now.
@@ -234,7 +271,7 @@ impl OffsetAllocator {
 
     /// Heap bytes this allocator uses for its bookkeeping.
     pub fn heap_bytes(&self) -> usize {
-        self.nodes.capacity() * size_of::<Node>()
+        self.nodes.heap_bytes()
             + self.recycled.capacity() * size_of::<u32>()
             + self.bin_heads.capacity() * size_of::<u32>()
     }
@@ -269,7 +306,7 @@ impl OffsetAllocator {
                 return None;
             }
             let block = &self.nodes[node as usize];
-            if block.size >= size {
+            if block.size() >= size {
                 return Some(node);
             }
             node = block.bin_next;
@@ -281,11 +318,11 @@ impl OffsetAllocator {
     /// files the remainder as a new free block right after it.
     fn carve(&mut self, node: u32, size: u64) -> Allocation {
         let block = &mut self.nodes[node as usize];
-        let total = block.size;
+        let total = block.size();
         let offset = block.offset;
         let after = block.neighbor_next;
-        block.size = size;
-        block.state = NodeState::Used;
+        block.set_size(size);
+        block.set_state(NodeState::Used);
         self.free_bytes -= total;
         self.live_allocations += 1;
         if total > size {
@@ -310,15 +347,7 @@ impl OffsetAllocator {
             self.used_leaf_bins[top] |= 1 << leaf;
             self.used_top_bins |= 1 << top;
         }
-        let node = Node {
-            offset,
-            size,
-            bin_prev: NONE,
-            bin_next: head,
-            neighbor_prev: NONE,
-            neighbor_next: NONE,
-            state: NodeState::Free,
-        };
+        let node = Node::free(offset, size, head);
         let index = match self.recycled.pop() {
             Some(index) => {
                 self.nodes[index as usize] = node;
@@ -342,7 +371,7 @@ impl OffsetAllocator {
     fn unlink_from_bin(&mut self, node: u32) {
         let (prev, next, size) = {
             let block = &self.nodes[node as usize];
-            (block.bin_prev, block.bin_next, block.size)
+            (block.bin_prev, block.bin_next, block.size())
         };
         if next != NONE {
             self.nodes[next as usize].bin_prev = prev;
@@ -365,12 +394,12 @@ impl OffsetAllocator {
     /// Removes a free block that is being merged into a neighbour.
     fn take_free_block(&mut self, node: u32) {
         self.unlink_from_bin(node);
-        self.free_bytes -= self.nodes[node as usize].size;
+        self.free_bytes -= self.nodes[node as usize].size();
         self.recycle(node);
     }
 
     fn recycle(&mut self, node: u32) {
-        self.nodes[node as usize].state = NodeState::Recycled;
+        self.nodes[node as usize].set_state(NodeState::Recycled);
         self.recycled.push(node);
     }
 
@@ -395,15 +424,15 @@ impl OffsetAllocator {
         let mut recycled = 0usize;
         let mut first = None;
         for (index, node) in self.nodes.iter().enumerate() {
-            match node.state {
-                NodeState::Used => used.push((index as u32, node.offset, node.size)),
+            match node.state() {
+                NodeState::Used => used.push((index as u32, node.offset, node.size())),
                 NodeState::Free => {
                     free_blocks += 1;
-                    free_sum = free_sum.saturating_add(node.size);
+                    free_sum = free_sum.saturating_add(node.size());
                 }
                 NodeState::Recycled => recycled += 1,
             }
-            if node.state != NodeState::Recycled && node.offset == 0 {
+            if node.state() != NodeState::Recycled && node.offset == 0 {
                 if first.is_some() {
                     return Err("two live blocks start at offset 0".into());
                 }
@@ -412,7 +441,7 @@ impl OffsetAllocator {
         }
         let mut on_stack = vec![false; self.nodes.len()];
         for &index in &self.recycled {
-            if node_at(index)?.state != NodeState::Recycled || on_stack[index as usize] {
+            if node_at(index)?.state() != NodeState::Recycled || on_stack[index as usize] {
                 return Err(format!("recycle stack holds live or repeated node {index}"));
             }
             on_stack[index as usize] = true;
@@ -450,7 +479,7 @@ impl OffsetAllocator {
         let mut walked = 0usize;
         while node != NONE {
             let block = node_at(node)?;
-            if block.state == NodeState::Recycled {
+            if block.state() == NodeState::Recycled {
                 return Err(format!("neighbour chain reaches recycled node {node}"));
             }
             if block.offset != at {
@@ -459,19 +488,19 @@ impl OffsetAllocator {
                     block.offset
                 ));
             }
-            if block.size == 0 {
+            if block.size() == 0 {
                 return Err(format!("empty block at {at}"));
             }
             if block.neighbor_prev != prev {
                 return Err(format!("bad back link at offset {at}"));
             }
             if prev != NONE
-                && block.state == NodeState::Free
-                && node_at(prev)?.state == NodeState::Free
+                && block.state() == NodeState::Free
+                && node_at(prev)?.state() == NodeState::Free
             {
                 return Err(format!("adjacent free blocks not merged at offset {at}"));
             }
-            at = at.checked_add(block.size).ok_or("block sizes overflow")?;
+            at = at.checked_add(block.size()).ok_or("block sizes overflow")?;
             prev = node;
             node = block.neighbor_next;
             walked += 1;
@@ -497,11 +526,14 @@ impl OffsetAllocator {
             let mut node = head;
             while node != NONE {
                 let block = node_at(node)?;
-                if block.state != NodeState::Free {
+                if block.state() != NodeState::Free {
                     return Err(format!("bin {bin} holds a non-free node {node}"));
                 }
-                if bin_round_down(block.size) as usize != bin {
-                    return Err(format!("block of {} bytes filed in bin {bin}", block.size));
+                if bin_round_down(block.size()) as usize != bin {
+                    return Err(format!(
+                        "block of {} bytes filed in bin {bin}",
+                        block.size()
+                    ));
                 }
                 if block.bin_prev != prev {
                     return Err(format!("bin {bin} has a bad back link"));
@@ -533,6 +565,16 @@ impl OffsetAllocator {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn nodes_are_32_bytes() {
+        assert_eq!(size_of::<Node>(), 32);
+        let mut n = Node::free(64, (1 << 56) - 1, NONE);
+        n.set_state(NodeState::Recycled);
+        assert_eq!((n.size(), n.state()), ((1 << 56) - 1, NodeState::Recycled));
+        n.set_size(5);
+        assert_eq!((n.size(), n.state()), (5, NodeState::Recycled));
+    }
 
     #[test]
     fn bins_bracket_sizes() {

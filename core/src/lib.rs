@@ -26,6 +26,7 @@
 //! | [`invariants`] | the checkers every test layer calls |
 
 pub mod allocator;
+mod chunked;
 mod clients;
 pub mod config;
 mod discard;

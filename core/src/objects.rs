@@ -9,13 +9,14 @@ use std::hash::BuildHasher;
 
 use foldhash::fast::FixedState;
 
+use crate::chunked::ChunkedVec;
 use crate::key_index::KeyIndex;
 use crate::object::Object;
 
 /// All objects, by slot and by key.
 #[derive(Clone)]
 pub(crate) struct ObjectTable {
-    slots: Vec<Option<Object>>,
+    slots: ChunkedVec<Option<Object>>,
     free_slots: Vec<u32>,
     index: KeyIndex,
     hasher: FixedState,
@@ -25,7 +26,7 @@ pub(crate) struct ObjectTable {
 impl ObjectTable {
     pub(crate) fn new(seed: u64) -> ObjectTable {
         ObjectTable {
-            slots: Vec::new(),
+            slots: ChunkedVec::default(),
             free_slots: Vec::new(),
             index: KeyIndex::new(),
             hasher: FixedState::with_seed(seed),
@@ -36,7 +37,7 @@ impl ObjectTable {
     /// Rebuilds a table from its slab, as saved by a snapshot.
     pub(crate) fn from_slots(seed: u64, slots: Vec<Option<Object>>, free_slots: Vec<u32>) -> Self {
         let mut table = ObjectTable::new(seed);
-        table.slots = slots;
+        table.slots = slots.into_iter().collect();
         table.free_slots = free_slots;
         for (slot, object) in table.slots.iter().enumerate() {
             if let Some(object) = object {
@@ -123,8 +124,16 @@ impl ObjectTable {
             .filter_map(|(slot, o)| o.as_ref().map(|o| (slot as u32, o)))
     }
 
-    /// The slab and free list, for snapshots.
-    pub(crate) fn parts(&self) -> (&[Option<Object>], &[u32]) {
+    /// A copy of the slab and its free list, for snapshots.
+    pub(crate) fn parts(&self) -> (Vec<Option<Object>>, Vec<u32>) {
+        (
+            self.slots.iter().cloned().collect(),
+            self.free_slots.clone(),
+        )
+    }
+
+    /// The slab and free list, for comparing states.
+    pub(crate) fn debug_parts(&self) -> (&ChunkedVec<Option<Object>>, &[u32]) {
         (&self.slots, &self.free_slots)
     }
 
@@ -135,7 +144,7 @@ impl ObjectTable {
             .filter(|(_, o)| o.replicas.spilled())
             .map(|(_, o)| o.replicas.capacity() * size_of::<crate::object::Replica>())
             .sum();
-        self.slots.capacity() * size_of::<Option<Object>>()
+        self.slots.heap_bytes()
             + self.free_slots.capacity() * size_of::<u32>()
             + self.index.heap_bytes()
             + spilled

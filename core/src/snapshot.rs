@@ -56,8 +56,8 @@ impl Master {
             taken_at: self.now,
             rng: self.rng.clone(),
             segments: self.segments.clone(),
-            object_slots: slots.to_vec(),
-            object_free: free.to_vec(),
+            object_slots: slots,
+            object_free: free,
             clients: self.clients.clone(),
             writes: self.writes.clone(),
             discarded: self.discarded.clone(),
@@ -78,7 +78,7 @@ impl Master {
     /// A canonical dump of the whole state, for checking that a restore is identical.
     #[doc(hidden)]
     pub fn state_fingerprint(&self) -> String {
-        let (slots, free) = self.objects.parts();
+        let (slots, free) = self.objects.debug_parts();
         format!(
             "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
             self.now,

@@ -1,0 +1,112 @@
+//! A vector that grows in fixed-size chunks instead of doubling.
+//!
+//! The master's big tables (the object slab, each segment's allocator nodes) hold a million
+//! entries or more. A doubling `Vec` keeps up to half its capacity as slack and copies the
+//! whole table on growth (a latency spike in the middle of a put); chunks bound the slack to
+//! one chunk and never move an element. Indexing costs one extra load from a chunk table that
+//! stays in cache.
+
+use std::ops::{Index, IndexMut};
+
+const CHUNK_BITS: u32 = 12;
+const CHUNK: usize = 1 << CHUNK_BITS;
+
+/// A growable array of `T` stored in chunks of 4096.
+#[derive(Clone, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub(crate) struct ChunkedVec<T> {
+    chunks: Vec<Vec<T>>,
+    len: usize,
+}
+
+impl<T> Default for ChunkedVec<T> {
+    fn default() -> Self {
+        ChunkedVec {
+            chunks: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> ChunkedVec<T> {
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Appends `value`; returns its index.
+    pub(crate) fn push(&mut self, value: T) -> usize {
+        if self.len == self.chunks.len() * CHUNK {
+            self.chunks.push(Vec::with_capacity(CHUNK));
+        }
+        self.chunks
+            .last_mut()
+            .expect("a chunk with room")
+            .push(value);
+        self.len += 1;
+        self.len - 1
+    }
+
+    pub(crate) fn get(&self, index: usize) -> Option<&T> {
+        self.chunks
+            .get(index >> CHUNK_BITS)
+            .and_then(|c| c.get(index & (CHUNK - 1)))
+    }
+
+    pub(crate) fn get_mut(&mut self, index: usize) -> Option<&mut T> {
+        self.chunks
+            .get_mut(index >> CHUNK_BITS)
+            .and_then(|c| c.get_mut(index & (CHUNK - 1)))
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.chunks.iter().flatten()
+    }
+
+    /// Heap bytes held, including the unused tail of the last chunk.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.chunks.len() * CHUNK * size_of::<T>() + self.chunks.capacity() * size_of::<Vec<T>>()
+    }
+}
+
+impl<T> FromIterator<T> for ChunkedVec<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        let mut v = ChunkedVec::default();
+        for item in iter {
+            v.push(item);
+        }
+        v
+    }
+}
+
+impl<T> Index<usize> for ChunkedVec<T> {
+    type Output = T;
+    fn index(&self, index: usize) -> &T {
+        &self.chunks[index >> CHUNK_BITS][index & (CHUNK - 1)]
+    }
+}
+
+impl<T> IndexMut<usize> for ChunkedVec<T> {
+    fn index_mut(&mut self, index: usize) -> &mut T {
+        &mut self.chunks[index >> CHUNK_BITS][index & (CHUNK - 1)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indexes_across_chunks() {
+        let mut v: ChunkedVec<u32> = ChunkedVec::default();
+        for i in 0..10_000u32 {
+            assert_eq!(v.push(i), i as usize);
+        }
+        assert_eq!(v.len(), 10_000);
+        assert_eq!(v[4095], 4095);
+        assert_eq!(v[4096], 4096);
+        v[9999] = 7;
+        assert_eq!(v.get(9999), Some(&7));
+        assert_eq!(v.get(10_000), None);
+        assert_eq!(v.iter().count(), 10_000);
+        assert_eq!(v.heap_bytes() / size_of::<u32>() / CHUNK, 3);
+    }
+}
