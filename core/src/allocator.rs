@@ -413,6 +413,10 @@ impl OffsetAllocator {
         if self.bin_heads.len() != BINS {
             return Err(format!("{} bins, expected {BINS}", self.bin_heads.len()));
         }
+        self.nodes.check()?;
+        if self.capacity == 0 || self.capacity > MAX_CAPACITY {
+            return Err(format!("capacity {} out of range", self.capacity));
+        }
         let node_at = |index: u32| {
             self.nodes
                 .get(index as usize)

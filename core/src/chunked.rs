@@ -61,6 +61,25 @@ impl<T> ChunkedVec<T> {
         self.chunks.iter().flatten()
     }
 
+    /// Checks the chunk structure (every chunk full but the last, `len` their sum); a
+    /// restored snapshot could claim anything.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let sum: usize = self.chunks.iter().map(Vec::len).sum();
+        let shaped = self
+            .chunks
+            .iter()
+            .enumerate()
+            .all(|(i, c)| c.len() <= CHUNK && (i + 1 == self.chunks.len() || c.len() == CHUNK));
+        if sum != self.len || !shaped || self.chunks.last().is_some_and(Vec::is_empty) {
+            return Err(format!(
+                "chunked vector of {} chunks claims {} elements, holds {sum}",
+                self.chunks.len(),
+                self.len
+            ));
+        }
+        Ok(())
+    }
+
     /// Heap bytes held, including the unused tail of the last chunk.
     pub(crate) fn heap_bytes(&self) -> usize {
         self.chunks.len() * CHUNK * size_of::<T>() + self.chunks.capacity() * size_of::<Vec<T>>()

@@ -47,7 +47,7 @@ pub struct MasterConfig {
 impl Default for MasterConfig {
     fn default() -> MasterConfig {
         MasterConfig {
-            seed: 0x6d6f_6f72_696e_67,
+            seed: 0x006d_6f6f_7269_6e67,
             lease_ttl: Millis::from_secs(5),
             lease_grace: Millis(100),
             default_soft_pin_ttl: Millis::from_mins(30),

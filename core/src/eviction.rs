@@ -91,11 +91,7 @@ impl Master {
                     let need = block_len(size).saturating_mul(count as u64).max(ratio);
                     self.evict(need, now);
                 }
-                1 => {
-                    if self.release_blocks_under_pressure() == 0 {
-                        break;
-                    }
-                }
+                1 if self.release_blocks_under_pressure() == 0 => break,
                 _ => {}
             }
         }

@@ -48,6 +48,22 @@ struct State {
     counters: Counters,
 }
 
+/// Wraps a payload in the snapshot envelope (header and checksum).
+pub(crate) fn envelope(payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The payload of an envelope built by [`envelope`].
+pub(crate) fn payload(snapshot: &[u8]) -> &[u8] {
+    &snapshot[HEADER_LEN.min(snapshot.len())..]
+}
+
 impl Master {
     /// Serializes the whole state.
     pub fn snapshot(&self) -> Vec<u8> {
@@ -66,13 +82,7 @@ impl Master {
             counters: self.counters.clone(),
         };
         let payload = rkyv::to_bytes::<rancor::Error>(&state).expect("in-memory serialization");
-        let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
-        out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        out.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
-        out.extend_from_slice(&payload);
-        out
+        envelope(&payload)
     }
 
     /// A canonical dump of the whole state, for checking that a restore is identical.

@@ -190,7 +190,7 @@ impl Master {
                 ),
             )
         })?;
-        let old = std::mem::replace(&mut self.objects.at_mut(slot).replicas, fresh.into());
+        let old = std::mem::replace(&mut self.objects.at_mut(slot).replicas, fresh);
         self.release_read_blocks(&old, lease_expiry);
         self.upsert_in_place(slot, client, config, hard_pinned, now);
         Ok(self.grant(slot))
@@ -210,7 +210,7 @@ impl Master {
         let fresh = self.place_protected(slot, size, count, config, now)?;
         let object = self.objects.at_mut(slot);
         let lease_expiry = object.lease_expiry;
-        let old = std::mem::replace(&mut object.replicas, fresh.into());
+        let old = std::mem::replace(&mut object.replicas, fresh);
         object.size = size;
         self.release_read_blocks(&old, lease_expiry);
         self.upsert_in_place(slot, client, config, hard_pinned, now);

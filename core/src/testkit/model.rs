@@ -208,7 +208,7 @@ impl Model {
         if addr < seg.base || addr + len > seg.base + seg.capacity {
             return Err(format!("block {addr}+{len} outside segment {name}"));
         }
-        if (addr - seg.base) % crate::segments::ALLOC_ALIGN != 0 {
+        if !(addr - seg.base).is_multiple_of(crate::segments::ALLOC_ALIGN) {
             return Err(format!("block {addr} not aligned"));
         }
         let overlaps = |a: u64, l: u64| addr < a + l && a < addr + len;

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Every check and test Mooring has, in the order CI runs them. Safe on a fresh machine: it
+# installs the rustup components and cargo tools it needs.
+#
+#   scripts/test-all.sh            everything
+#   MOORING_FUZZ_RUNS=0 ...        skip the cargo-fuzz smoke run (the corpus replay still runs)
+#
+# Build caches: CARGO_TARGET_DIR (default ./target). The fuzz build uses $CARGO_TARGET_DIR/fuzz
+# because it is built with sanitizer flags.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+FUZZ_RUNS="${MOORING_FUZZ_RUNS:-500}"
+
+step() { printf '\n==> %s\n' "$*"; }
+elapsed() { printf '    (%ss)\n' "$((SECONDS - $1))"; }
+
+step "toolchain"
+command -v cargo >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs" >&2; exit 1; }
+cargo --version
+for component in rustfmt clippy; do
+    if ! rustup component list --installed 2>/dev/null | grep -q "^$component"; then
+        rustup component add "$component"
+    fi
+done
+
+t=$SECONDS; step "format"
+cargo fmt --all -- --check
+cargo fmt --manifest-path fuzz/Cargo.toml -- --check
+elapsed $t
+
+t=$SECONDS; step "clippy (-D warnings)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+elapsed $t
+
+t=$SECONDS; step "tests (release: model test, scenario tests, footprint, fuzz corpus replay)"
+cargo test --workspace --release --locked
+elapsed $t
+
+t=$SECONDS; step "benches compile"
+cargo bench --workspace --locked --no-run
+elapsed $t
+
+if [ "$FUZZ_RUNS" != "0" ]; then
+    t=$SECONDS; step "cargo-fuzz smoke run ($FUZZ_RUNS runs per target after the corpus)"
+    if ! command -v cargo-fuzz >/dev/null; then
+        cargo install cargo-fuzz --locked
+    fi
+    scratch="$(mktemp -d)"
+    trap 'rm -rf "$scratch"' EXIT
+    for target in core_ops snapshot_restore; do
+        mkdir -p "$scratch/$target"
+        # New inputs go to the scratch dir; the committed corpus is only read.
+        log="$scratch/$target.log"
+        if ! (cd fuzz && RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="$TARGET_DIR/fuzz" \
+            cargo fuzz run "$target" "$scratch/$target" "corpus/$target" -- \
+            -runs="$FUZZ_RUNS" -rss_limit_mb=2048 -print_final_stats=1) >"$log" 2>&1; then
+            tail -60 "$log" >&2
+            echo "cargo-fuzz failed for $target (failing inputs, if any, are in fuzz/artifacts/$target)" >&2
+            exit 1
+        fi
+        grep -E "^(Done|stat::number_of_executed_units)" "$log" || true
+    done
+    elapsed $t
+fi
+
+step "all checks passed"
