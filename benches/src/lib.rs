@@ -40,6 +40,7 @@ pub fn filled_master(
             base: (s + 1) << 44,
             size: capacity / segments,
             endpoint: format!("10.0.0.{s}:7000"),
+            key: 7,
         };
         master.mount_segment(CLIENT, &spec, now).expect("mount");
     }

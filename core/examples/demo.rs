@@ -24,6 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             base: 1 << 40,
             size: 256 * MIB,
             endpoint: name.into(),
+            key: 7,
         };
         master.mount_segment(node, &spec, now)?;
     }

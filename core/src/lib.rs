@@ -23,6 +23,8 @@
 //! | `membership`, `clients` | heartbeats, mounts, client expiry |
 //! | `replication` | copy and move tasks |
 //! | `snapshot` | versioned, checksummed rkyv snapshot and restore |
+//! | [`wire`], `dispatch` | messages, the checksummed frame codec, request handling |
+//! | [`transport`] | the control-plane and data-plane traits transports implement |
 //! | [`invariants`] | the checkers every test layer calls |
 
 pub mod allocator;
@@ -30,6 +32,7 @@ mod chunked;
 mod clients;
 pub mod config;
 mod discard;
+mod dispatch;
 pub mod error;
 pub mod events;
 mod eviction;
@@ -50,7 +53,9 @@ pub mod rng;
 pub mod segments;
 mod snapshot;
 pub mod time;
+pub mod transport;
 mod upsert;
+pub mod wire;
 mod zombies;
 
 #[cfg(feature = "testkit")]

@@ -43,7 +43,10 @@ pub(crate) struct Counters {
 }
 
 /// A snapshot of the master's gauges and counters.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+#[rkyv(derive(Debug))]
 pub struct Stats {
     /// Objects in the table (complete or being written).
     pub objects: u64,

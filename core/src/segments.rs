@@ -33,6 +33,9 @@ pub struct SegmentSpec {
     pub size: u64,
     /// Where clients reach the node's data plane (transport-specific address).
     pub endpoint: String,
+    /// The data-plane access key clients present (an RDMA rkey, or a per-mount token the
+    /// node's data server checks, so a stale descriptor cannot write into a later mount).
+    pub key: u64,
 }
 
 /// What the master knows about a mounted segment.
@@ -53,6 +56,8 @@ pub struct SegmentInfo {
     pub used: u64,
     /// The node's data-plane address.
     pub endpoint: String,
+    /// The data-plane access key.
+    pub key: u64,
 }
 
 /// A mounted segment.
@@ -63,6 +68,7 @@ pub(crate) struct Segment {
     pub owner: ClientId,
     pub base: u64,
     pub endpoint: Box<str>,
+    pub key: u64,
     pub allocator: OffsetAllocator,
 }
 
@@ -76,6 +82,7 @@ impl Segment {
             size: self.allocator.capacity(),
             used: self.allocator.used_bytes(),
             endpoint: self.endpoint.to_string(),
+            key: self.key,
         }
     }
 }
@@ -150,6 +157,7 @@ impl Segments {
                 && existing.base == spec.base
                 && existing.allocator.capacity() == size
                 && *existing.endpoint == *spec.endpoint
+                && existing.key == spec.key
             {
                 return Ok(existing.id);
             }
@@ -169,6 +177,7 @@ impl Segments {
             owner,
             base: spec.base,
             endpoint: spec.endpoint.clone().into_boxed_str(),
+            key: spec.key,
             allocator: OffsetAllocator::new(size),
         };
         let slot = match self.free_slots.pop() {

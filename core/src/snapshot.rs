@@ -60,6 +60,7 @@ pub(crate) fn envelope(payload: &[u8]) -> Vec<u8> {
 }
 
 /// The payload of an envelope built by [`envelope`].
+#[cfg(feature = "testkit")]
 pub(crate) fn payload(snapshot: &[u8]) -> &[u8] {
     &snapshot[HEADER_LEN.min(snapshot.len())..]
 }

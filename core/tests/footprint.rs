@@ -46,6 +46,7 @@ fn at_most_200_bytes_of_metadata_per_object() {
             base: s << 44,
             size: 1 << 40,
             endpoint: format!("10.0.0.{s}:7000"),
+            key: 7,
         };
         master.mount_segment(client, &spec, now).unwrap();
     }

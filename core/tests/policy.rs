@@ -433,6 +433,7 @@ fn dead_node_loses_its_segments_and_objects_without_replicas() {
             base: 1 << 40,
             size: MIB,
             endpoint: name.into(),
+            key: 7,
         };
         f.m.mount_segment(owner, &spec, f.now).unwrap();
     }
@@ -466,6 +467,7 @@ fn mount_rules() {
         base: seg.base,
         size: MIB,
         endpoint: seg.endpoint.clone(),
+        key: 7,
     };
     assert_eq!(
         f.m.mount_segment(NODE, &spec, f.now).unwrap(),
@@ -489,6 +491,7 @@ fn mount_rules() {
         base: 0,
         size: 10,
         endpoint: String::new(),
+        key: 7,
     };
     assert_eq!(
         code(f.m.mount_segment(NODE, &tiny, f.now)),
@@ -499,6 +502,7 @@ fn mount_rules() {
         base: u64::MAX - 10,
         size: MIB,
         endpoint: String::new(),
+        key: 7,
     };
     assert_eq!(
         code(f.m.mount_segment(NODE, &wrap, f.now)),

@@ -590,6 +590,7 @@ impl Harness {
             base,
             size,
             endpoint: format!("node-{}", client % CLIENTS),
+            key: 7,
         };
         let got = self.master.mount_segment(id, &spec, self.now);
         self.model.touch(id, self.now);
@@ -1741,7 +1742,8 @@ impl Harness {
                             name: "tiny".into(),
                             base: 0,
                             size: 100,
-                            endpoint: String::new()
+                            endpoint: String::new(),
+                            key: 7
                         },
                         now
                     )

@@ -49,6 +49,7 @@ impl Fixture {
             base: 0x1000_0000_0000 * (self.m.segments().len() as u64 + 1),
             size,
             endpoint: format!("{name}:7000"),
+            key: 7,
         };
         self.m.mount_segment(NODE, &spec, self.now).unwrap();
         self.check();

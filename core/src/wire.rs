@@ -1,0 +1,559 @@
+//! The wire: every message a client, node or master sends, and the frame that carries it.
+//!
+//! A frame is a 24-byte header, `MAGIC | version | kind | flags | request id | length | crc32c`
+//! (little-endian), then `length` bytes of payload: an rkyv archive of the message. The
+//! receiver checks the header (magic, version, kind, length against [`MAX_FRAME`]), then the
+//! checksum, and only then lets rkyv validate and decode the payload: rkyv's validation keeps
+//! untrusted bytes memory-safe but accepts many truncated or bit-flipped buffers as different
+//! valid messages, so the checksum is what catches corruption. Any failure is a
+//! [`FrameError`]; the transport closes that connection and logs why.
+//!
+//! Data-plane frames ([`DataRequest`]) announce byte ranges; the bulk bytes follow the frame on
+//! the stream, outside the checksum (as RDMA payloads carry none either), so a node copies them
+//! straight between socket and segment memory.
+//!
+//! Everything here is pure: encoding and decoding over byte slices, no I/O.
+
+use rkyv::rancor;
+use rkyv::util::AlignedVec;
+
+use crate::config::ReplicateConfig;
+use crate::error::{Error, ErrorCode};
+use crate::ids::{ClientId, HoldId, SegmentId, TaskId, WriteId};
+use crate::master::Stats;
+use crate::membership::HeartbeatStatus;
+use crate::put::PutGrant;
+use crate::reads::ReplicaList;
+use crate::replication::CopyGrant;
+use crate::segments::{SegmentInfo, SegmentSpec};
+use crate::time::Millis;
+
+/// First bytes of every frame.
+pub const MAGIC: [u8; 4] = *b"MOOR";
+/// The wire format version this build speaks.
+pub const WIRE_VERSION: u8 = 1;
+/// Length of the frame header.
+pub const HEADER_LEN: usize = 24;
+/// Largest frame payload accepted (a batch of many keys fits; bulk data travels outside).
+pub const MAX_FRAME: usize = 16 << 20;
+/// Most bulk bytes one data request may move; clients split larger transfers.
+pub const MAX_DATA_REQUEST: u64 = 1 << 30;
+
+/// What a frame carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// A [`MasterRequest`].
+    MasterRequest = 1,
+    /// A [`MasterResponse`].
+    MasterResponse = 2,
+    /// A [`DataRequest`] (bulk bytes follow for writes).
+    DataRequest = 3,
+    /// A [`DataResponse`] (bulk bytes follow for successful reads).
+    DataResponse = 4,
+}
+
+impl FrameKind {
+    fn from_u8(v: u8) -> Option<FrameKind> {
+        Some(match v {
+            1 => FrameKind::MasterRequest,
+            2 => FrameKind::MasterResponse,
+            3 => FrameKind::DataRequest,
+            4 => FrameKind::DataResponse,
+            _ => return None,
+        })
+    }
+}
+
+/// A parsed frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// What the payload is.
+    pub kind: FrameKind,
+    /// Matches a response to its request.
+    pub request_id: u64,
+    /// Payload length in bytes.
+    pub len: u32,
+    /// crc32c of the payload.
+    pub crc: u32,
+}
+
+/// Why a frame was refused. The connection it arrived on is closed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FrameError {
+    /// The first four bytes are not [`MAGIC`] (not a Mooring peer, or a desynchronized stream).
+    BadMagic([u8; 4]),
+    /// A version this build does not speak.
+    BadVersion(u8),
+    /// An unknown frame kind.
+    BadKind(u8),
+    /// A frame of a kind this endpoint does not accept here.
+    UnexpectedKind(FrameKind),
+    /// Payload longer than [`MAX_FRAME`].
+    TooLarge(u32),
+    /// The payload does not match its checksum.
+    Checksum {
+        /// What the header said.
+        expected: u32,
+        /// What the payload hashes to.
+        actual: u32,
+    },
+    /// The payload passed its checksum but is not a valid message.
+    Decode(String),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::BadMagic(m) => write!(f, "bad magic {m:02x?} (not a Mooring peer?)"),
+            FrameError::BadVersion(v) => {
+                write!(f, "wire version {v}, this build speaks {WIRE_VERSION}")
+            }
+            FrameError::BadKind(k) => write!(f, "unknown frame kind {k}"),
+            FrameError::UnexpectedKind(k) => write!(f, "unexpected frame kind {k:?}"),
+            FrameError::TooLarge(n) => write!(f, "frame of {n} bytes exceeds {MAX_FRAME}"),
+            FrameError::Checksum { expected, actual } => write!(
+                f,
+                "checksum mismatch (header {expected:08x}, payload {actual:08x})"
+            ),
+            FrameError::Decode(e) => write!(f, "undecodable payload: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+impl From<FrameError> for Error {
+    fn from(e: FrameError) -> Error {
+        Error::new(ErrorCode::RPC_FAIL, e.to_string())
+    }
+}
+
+/// Parses and checks a frame header.
+pub fn parse_header(bytes: &[u8; HEADER_LEN]) -> Result<FrameHeader, FrameError> {
+    let magic: [u8; 4] = bytes[0..4].try_into().expect("4 bytes");
+    if magic != MAGIC {
+        return Err(FrameError::BadMagic(magic));
+    }
+    if bytes[4] != WIRE_VERSION {
+        return Err(FrameError::BadVersion(bytes[4]));
+    }
+    let kind = FrameKind::from_u8(bytes[5]).ok_or(FrameError::BadKind(bytes[5]))?;
+    let request_id = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+    let len = u32::from_le_bytes(bytes[16..20].try_into().expect("4 bytes"));
+    let crc = u32::from_le_bytes(bytes[20..24].try_into().expect("4 bytes"));
+    if len as usize > MAX_FRAME {
+        return Err(FrameError::TooLarge(len));
+    }
+    Ok(FrameHeader {
+        kind,
+        request_id,
+        len,
+        crc,
+    })
+}
+
+/// Builds a frame header for `payload`.
+pub fn header(kind: FrameKind, request_id: u64, payload: &[u8]) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[0..4].copy_from_slice(&MAGIC);
+    h[4] = WIRE_VERSION;
+    h[5] = kind as u8;
+    h[8..16].copy_from_slice(&request_id.to_le_bytes());
+    h[16..20].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    h[20..24].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    h
+}
+
+/// A message type that travels in frames of one kind.
+pub trait WireMessage: Sized {
+    /// The frame kind that carries it.
+    const KIND: FrameKind;
+    /// Serializes to a payload.
+    fn to_payload(&self) -> AlignedVec;
+    /// Validates and deserializes a payload (whose checksum has been checked).
+    fn from_payload(payload: &[u8]) -> Result<Self, FrameError>;
+
+    /// A whole frame: header then payload.
+    fn to_frame(&self, request_id: u64) -> Vec<u8> {
+        let payload = self.to_payload();
+        let mut frame = Vec::with_capacity(HEADER_LEN + payload.len());
+        frame.extend_from_slice(&header(Self::KIND, request_id, &payload));
+        frame.extend_from_slice(&payload);
+        frame
+    }
+
+    /// Checks a received frame's kind and checksum and decodes its payload.
+    fn from_frame(header: &FrameHeader, payload: &[u8]) -> Result<Self, FrameError> {
+        if header.kind != Self::KIND {
+            return Err(FrameError::UnexpectedKind(header.kind));
+        }
+        let actual = crc32c::crc32c(payload);
+        if actual != header.crc {
+            return Err(FrameError::Checksum {
+                expected: header.crc,
+                actual,
+            });
+        }
+        Self::from_payload(payload)
+    }
+}
+
+macro_rules! wire_message {
+    ($ty:ty, $kind:expr) => {
+        impl WireMessage for $ty {
+            const KIND: FrameKind = $kind;
+
+            fn to_payload(&self) -> AlignedVec {
+                rkyv::to_bytes::<rancor::Error>(self).expect("in-memory serialization")
+            }
+
+            fn from_payload(payload: &[u8]) -> Result<Self, FrameError> {
+                let decode = |bytes: &[u8]| {
+                    rkyv::from_bytes::<$ty, rancor::Error>(bytes)
+                        .map_err(|e| FrameError::Decode(e.to_string()))
+                };
+                if (payload.as_ptr() as usize).is_multiple_of(16) {
+                    decode(payload)
+                } else {
+                    let mut aligned = AlignedVec::<16>::with_capacity(payload.len());
+                    aligned.extend_from_slice(payload);
+                    decode(&aligned)
+                }
+            }
+        }
+    };
+}
+
+/// The master's settings that clients need to follow the protocol.
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub struct ClusterInfo {
+    /// How long a read lease lasts; readers finish within it or retry.
+    pub lease_ttl: Millis,
+    /// After this long an unfinished write may be preempted.
+    pub put_start_discard_timeout: Millis,
+    /// Writers stop writing a grant this long after starting it (their self-fence).
+    pub put_start_release_timeout: Millis,
+    /// Clients heartbeat well within this.
+    pub client_ttl: Millis,
+    /// Longest key accepted.
+    pub max_key_len: u32,
+}
+
+pub use messages::{MasterRequest, Reply};
+
+/// The request and reply enums. Each variant is the master operation of the same name (see
+/// [`Master`](crate::Master)), with its arguments; rkyv's generated archive types carry no
+/// docs, hence the allowance.
+#[allow(missing_docs)]
+mod messages {
+    use super::*;
+
+    /// A request to the master. Every call that names a client counts as its heartbeat.
+    #[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+    #[rkyv(derive(Debug))]
+    pub enum MasterRequest {
+        Hello {
+            client: ClientId,
+        },
+        Heartbeat {
+            client: ClientId,
+        },
+        MountSegment {
+            client: ClientId,
+            spec: SegmentSpec,
+        },
+        UnmountSegment {
+            client: ClientId,
+            name: String,
+        },
+        SegmentInfo {
+            ids: Vec<SegmentId>,
+        },
+        ListSegments,
+        PutStart {
+            client: ClientId,
+            key: String,
+            size: u64,
+            config: ReplicateConfig,
+            upsert: bool,
+        },
+        PutEnd {
+            client: ClientId,
+            key: String,
+            write: WriteId,
+        },
+        PutRevoke {
+            client: ClientId,
+            key: String,
+            write: WriteId,
+        },
+        BatchPutStart {
+            client: ClientId,
+            items: Vec<(String, u64)>,
+            config: ReplicateConfig,
+            upsert: bool,
+        },
+        BatchPutEnd {
+            client: ClientId,
+            items: Vec<(String, WriteId)>,
+        },
+        BatchPutRevoke {
+            client: ClientId,
+            items: Vec<(String, WriteId)>,
+        },
+        GetReplicaList {
+            key: String,
+        },
+        BatchGetReplicaList {
+            keys: Vec<String>,
+        },
+        Exist {
+            key: String,
+        },
+        BatchExist {
+            keys: Vec<String>,
+        },
+        GetSize {
+            key: String,
+        },
+        Remove {
+            key: String,
+        },
+        RemoveAll,
+        RemoveByRegex {
+            pattern: String,
+        },
+        QueryByRegex {
+            pattern: String,
+        },
+        AcquireHold {
+            client: ClientId,
+            key: String,
+        },
+        ReleaseHold {
+            client: ClientId,
+            hold: HoldId,
+        },
+        CopyStart {
+            client: ClientId,
+            key: String,
+            targets: Vec<String>,
+        },
+        MoveStart {
+            client: ClientId,
+            key: String,
+            source: String,
+            target: String,
+        },
+        TaskEnd {
+            client: ClientId,
+            task: TaskId,
+        },
+        TaskRevoke {
+            client: ClientId,
+            task: TaskId,
+        },
+        Stats,
+    }
+
+    /// What the master answers; the variant matches the request.
+    #[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+    #[rkyv(derive(Debug))]
+    pub enum Reply {
+        Unit,
+        Hello(ClusterInfo),
+        Heartbeat(HeartbeatStatus),
+        Segment(SegmentId),
+        Segments(Vec<Option<SegmentInfo>>),
+        SegmentList(Vec<SegmentInfo>),
+        Grant(PutGrant),
+        Grants(Vec<Result<PutGrant, Error>>),
+        Units(Vec<Result<(), Error>>),
+        List(ReplicaList),
+        Lists(Vec<Result<ReplicaList, Error>>),
+        Bool(bool),
+        Bools(Vec<Result<bool, Error>>),
+        Count(u64),
+        Query(Vec<(String, ReplicaList)>),
+        Hold(HoldId, ReplicaList),
+        Copy(CopyGrant),
+        Stats(Stats),
+    }
+}
+
+/// A master response: the reply or the error.
+pub type MasterResponse = Result<Reply, Error>;
+
+/// A byte range of a node's segment memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub struct Range {
+    /// Absolute address (as in a [`crate::ReplicaDescriptor`]).
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+pub use data::DataRequest;
+
+#[allow(missing_docs)] // rkyv's generated archive types carry no docs
+mod data {
+    use super::*;
+
+    /// A one-sided transfer request to a node's data server.
+    #[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+    #[rkyv(derive(Debug))]
+    pub enum DataRequest {
+        /// Write the bulk bytes that follow this frame into `ranges`, in order.
+        Write {
+            /// The segment's access key.
+            key: u64,
+            /// Where the bytes go.
+            ranges: Vec<Range>,
+        },
+        /// Send back the bytes of `ranges`, in order.
+        Read {
+            /// The segment's access key.
+            key: u64,
+            /// Where the bytes come from.
+            ranges: Vec<Range>,
+        },
+    }
+
+    impl DataRequest {
+        /// The bulk bytes the request moves, or `None` if the total overflows or exceeds
+        /// [`MAX_DATA_REQUEST`].
+        pub fn bulk_len(&self) -> Option<u64> {
+            let ranges = match self {
+                DataRequest::Write { ranges, .. } | DataRequest::Read { ranges, .. } => ranges,
+            };
+            ranges
+                .iter()
+                .try_fold(0u64, |sum, r| sum.checked_add(r.len))
+                .filter(|&n| n <= MAX_DATA_REQUEST)
+        }
+    }
+}
+
+/// A node's answer to a data request (read data follows a successful read's response).
+pub type DataResponse = Result<(), Error>;
+
+wire_message!(MasterRequest, FrameKind::MasterRequest);
+wire_message!(MasterResponse, FrameKind::MasterResponse);
+wire_message!(DataRequest, FrameKind::DataRequest);
+wire_message!(DataResponse, FrameKind::DataResponse);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip<T: WireMessage + PartialEq + std::fmt::Debug>(msg: &T) {
+        let frame = msg.to_frame(42);
+        let header = parse_header(frame[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(header.request_id, 42);
+        assert_eq!(header.len as usize, frame.len() - HEADER_LEN);
+        let back = T::from_frame(&header, &frame[HEADER_LEN..]).unwrap();
+        assert_eq!(&back, msg);
+    }
+
+    #[test]
+    fn messages_roundtrip() {
+        roundtrip(&MasterRequest::PutStart {
+            client: ClientId(7),
+            key: "k".into(),
+            size: 4096,
+            config: ReplicateConfig::replicas(2).hard_pinned().preferring("seg"),
+            upsert: true,
+        });
+        roundtrip(&MasterRequest::BatchExist {
+            keys: vec!["a".into(), "b".into()],
+        });
+        roundtrip::<MasterResponse>(&Ok(Reply::Bools(vec![
+            Ok(true),
+            Err(ErrorCode::INVALID_PARAMS.into()),
+        ])));
+        roundtrip::<MasterResponse>(&Err(Error::new(ErrorCode::OBJECT_NOT_FOUND, "gone")));
+        roundtrip(&DataRequest::Read {
+            key: 9,
+            ranges: vec![Range {
+                addr: 1 << 40,
+                len: 4096,
+            }],
+        });
+        roundtrip::<DataResponse>(&Ok(()));
+    }
+
+    #[test]
+    fn corrupt_frames_are_refused_not_misread() {
+        let frame = MasterRequest::Exist { key: "abc".into() }.to_frame(1);
+        let header = parse_header(frame[..HEADER_LEN].try_into().unwrap()).unwrap();
+        for i in HEADER_LEN..frame.len() {
+            for bit in 0..8 {
+                let mut bad = frame.clone();
+                bad[i] ^= 1 << bit;
+                assert!(matches!(
+                    MasterRequest::from_frame(&header, &bad[HEADER_LEN..]),
+                    Err(FrameError::Checksum { .. })
+                ));
+            }
+        }
+        let truncated = &frame[HEADER_LEN..frame.len() - 1];
+        assert!(MasterRequest::from_frame(&header, truncated).is_err());
+        let mut h: [u8; HEADER_LEN] = frame[..HEADER_LEN].try_into().unwrap();
+        h[0] = b'X';
+        assert!(matches!(parse_header(&h), Err(FrameError::BadMagic(_))));
+        h[0] = b'M';
+        h[4] = 99;
+        assert_eq!(parse_header(&h), Err(FrameError::BadVersion(99)));
+        h[4] = WIRE_VERSION;
+        h[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(parse_header(&h), Err(FrameError::TooLarge(u32::MAX)));
+        assert_eq!(
+            DataRequest::from_frame(&header, &frame[HEADER_LEN..]),
+            Err(FrameError::UnexpectedKind(FrameKind::MasterRequest))
+        );
+    }
+
+    #[test]
+    fn checksummed_garbage_is_refused_by_validation() {
+        // A payload with a correct checksum but random content must decode to an error,
+        // never panic.
+        let mut rng = crate::rng::Rng::seeded(5);
+        for len in [0usize, 1, 7, 16, 64, 333] {
+            let payload: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+            let h = header(FrameKind::MasterRequest, 0, &payload);
+            let header = parse_header(&h).unwrap();
+            let _ = MasterRequest::from_frame(&header, &payload);
+        }
+    }
+
+    #[test]
+    fn bulk_length_is_bounded() {
+        let ok = DataRequest::Write {
+            key: 0,
+            ranges: vec![Range { addr: 0, len: 10 }, Range { addr: 64, len: 20 }],
+        };
+        assert_eq!(ok.bulk_len(), Some(30));
+        let overflow = DataRequest::Read {
+            key: 0,
+            ranges: vec![
+                Range {
+                    addr: 0,
+                    len: u64::MAX,
+                },
+                Range { addr: 0, len: 2 },
+            ],
+        };
+        assert_eq!(overflow.bulk_len(), None);
+        let huge = DataRequest::Read {
+            key: 0,
+            ranges: vec![Range {
+                addr: 0,
+                len: MAX_DATA_REQUEST + 1,
+            }],
+        };
+        assert_eq!(huge.bulk_len(), None);
+    }
+}
