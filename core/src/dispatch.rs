@@ -57,6 +57,10 @@ impl Master {
                 self.put_revoke(client, &key, write, now)?;
                 Reply::Unit
             }
+            R::PutAbort { client, key, write } => {
+                self.put_abort(client, &key, write, now)?;
+                Reply::Unit
+            }
             R::BatchPutStart {
                 client,
                 items,

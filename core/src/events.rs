@@ -15,6 +15,8 @@ pub enum DiscardCause {
     Preempted,
     /// The writing client stopped heartbeating.
     WriterDead,
+    /// The writer gave up on a transfer that may still be landing (`put_abort`).
+    Aborted,
 }
 
 /// Something the master did on its own.

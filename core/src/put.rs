@@ -155,6 +155,31 @@ impl Master {
         Ok(())
     }
 
+    /// Abandons a put (or upsert) whose transfers may still be landing: a transfer timed out
+    /// or its connection broke, so the node may yet apply bytes already sent. The key is freed
+    /// at once (its value, for an in-place upsert, is lost as with revoke), but the blocks are
+    /// reused only after `put_start_release_timeout`, like a zombie's. Use this instead of
+    /// [`Master::put_revoke`] whenever a transfer's outcome is unknown.
+    pub fn put_abort(
+        &mut self,
+        client: ClientId,
+        key: &str,
+        write: WriteId,
+        now: Millis,
+    ) -> Result<()> {
+        let now = self.advance(now);
+        self.touch(client, now);
+        let slot = self.owned_write(client, key, write)?;
+        if !self.objects.at(slot).writing {
+            return Err(Error::new(
+                ErrorCode::INVALID_WRITE,
+                "the write already ended; remove the object instead",
+            ));
+        }
+        self.discard_write(slot, DiscardCause::Aborted);
+        Ok(())
+    }
+
     /// [`Master::put_revoke`] for many keys.
     pub fn batch_put_revoke<K: AsRef<str>>(
         &mut self,

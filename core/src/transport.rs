@@ -63,30 +63,45 @@ pub trait DataPlane: Send + Sync {
     fn write<'a>(&'a self, node: &'a NodeAddr, ops: Vec<WriteOp<'a>>) -> BoxFuture<'a, Result<()>>;
 }
 
-/// A node's registered memory: raw bytes the node owns and keeps mapped while exported.
+/// Keeps a segment's memory mapped: the memory stays valid while any clone of its owner lives.
+pub type MemoryOwner = Arc<dyn std::any::Any + Send + Sync>;
+
+/// A node's registered memory: raw bytes, kept alive by an owner handle that every holder
+/// (the node, a data server, an in-flight transfer) clones, so the memory is unmapped only
+/// after the last transfer touching it has finished.
 ///
 /// Remote peers read and write it concurrently with the node, as RDMA NICs do; the master's
 /// protocol guarantees no two transfers touch the same bytes while one of them writes.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone)]
 pub struct SegmentMemory {
     ptr: NonNull<u8>,
     len: usize,
+    _owner: MemoryOwner,
 }
 
-// SAFETY: the memory is plain bytes owned by the node for as long as it is exported; access
+impl std::fmt::Debug for SegmentMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SegmentMemory({:#x}, {} bytes)", self.base(), self.len)
+    }
+}
+
+// SAFETY: the bytes are owned by `_owner` (Send + Sync) and live as long as it does; access
 // discipline is the protocol's (see the type docs), as for DMA buffers.
 unsafe impl Send for SegmentMemory {}
 // SAFETY: as above.
 unsafe impl Sync for SegmentMemory {}
 
 impl SegmentMemory {
-    /// Wraps `len` bytes at `ptr`.
+    /// Wraps `len` bytes at `ptr`, kept alive by `owner`.
     ///
     /// # Safety
-    /// The bytes must stay allocated and not be freed or remapped while any transport holds
-    /// this value (the node unexports before unmapping).
-    pub unsafe fn new(ptr: NonNull<u8>, len: usize) -> SegmentMemory {
-        SegmentMemory { ptr, len }
+    /// The bytes must stay allocated for as long as `owner` (or any clone) lives.
+    pub unsafe fn new(ptr: NonNull<u8>, len: usize, owner: MemoryOwner) -> SegmentMemory {
+        SegmentMemory {
+            ptr,
+            len,
+            _owner: owner,
+        }
     }
 
     /// The address clients use for the first byte (the node's virtual address).
@@ -114,6 +129,34 @@ impl SegmentMemory {
         // SAFETY: offset <= len of the allocation, checked above.
         Some(unsafe { self.ptr.add(offset as usize) })
     }
+
+    /// Copies `dest.len()` bytes at remote address `addr` into `dest` (a local read).
+    /// Returns false if the range lies outside the segment.
+    pub fn copy_out(&self, addr: u64, dest: &mut [u8]) -> bool {
+        match self.range(addr, dest.len() as u64) {
+            Some(src) => {
+                // SAFETY: `src` points at `dest.len()` valid bytes (checked by `range`); the
+                // regions cannot overlap (`dest` is caller memory outside the segment, or a
+                // disjoint part of it per the protocol).
+                unsafe { std::ptr::copy(src.as_ptr(), dest.as_mut_ptr(), dest.len()) };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Copies `src` to remote address `addr` (a local write). Returns false if the range lies
+    /// outside the segment.
+    pub fn copy_in(&self, addr: u64, src: &[u8]) -> bool {
+        match self.range(addr, src.len() as u64) {
+            Some(dest) => {
+                // SAFETY: as for `copy_out`, with the roles swapped.
+                unsafe { std::ptr::copy(src.as_ptr(), dest.as_ptr(), src.len()) };
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// Makes segment memory reachable for one-sided transfers.
@@ -130,8 +173,9 @@ mod tests {
 
     #[test]
     fn ranges_stay_inside_the_segment() {
-        let mut bytes = vec![0u8; 4096];
-        let memory = unsafe { SegmentMemory::new(NonNull::new(bytes.as_mut_ptr()).unwrap(), 4096) };
+        let owner = Arc::new(std::sync::Mutex::new(vec![0u8; 4096]));
+        let ptr = NonNull::new(owner.lock().unwrap().as_mut_ptr()).unwrap();
+        let memory = unsafe { SegmentMemory::new(ptr, 4096, owner.clone()) };
         let base = memory.base();
         assert!(memory.range(base, 4096).is_some());
         assert!(memory.range(base + 4095, 1).is_some());
@@ -139,5 +183,10 @@ mod tests {
         assert!(memory.range(base - 1, 1).is_none());
         assert!(memory.range(base + 10, u64::MAX).is_none());
         assert!(memory.range(u64::MAX, 1).is_none());
+        assert!(memory.copy_in(base + 100, b"hello"));
+        let mut out = [0u8; 5];
+        assert!(memory.copy_out(base + 100, &mut out));
+        assert_eq!(&out, b"hello");
+        assert!(!memory.copy_out(base + 4093, &mut out));
     }
 }

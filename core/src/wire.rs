@@ -289,6 +289,11 @@ mod messages {
             key: String,
             write: WriteId,
         },
+        PutAbort {
+            client: ClientId,
+            key: String,
+            write: WriteId,
+        },
         BatchPutStart {
             client: ClientId,
             items: Vec<(String, u64)>,

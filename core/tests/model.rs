@@ -31,6 +31,7 @@ fn op() -> impl Strategy<Value = Op> {
         10 => (c.clone(), any::<u8>(), any::<bool>()).prop_map(|(client, grant, partial)| Op::Transfer { client, grant, partial: partial && grant % 4 == 0 }),
         8 => (c.clone(), any::<u8>()).prop_map(|(client, grant)| Op::End { client, grant }),
         1 => (c.clone(), any::<u8>()).prop_map(|(client, grant)| Op::Revoke { client, grant }),
+        1 => (c.clone(), any::<u8>()).prop_map(|(client, grant)| Op::Abort { client, grant }),
         10 => (k.clone(), any::<bool>()).prop_map(|(key, keep)| Op::Get { key, keep }),
         4 => any::<u8>().prop_map(|read| Op::ReadLate { read }),
         3 => k.clone().prop_map(|key| Op::Exist { key }),
@@ -118,6 +119,8 @@ fn random_interaction_reaches_every_path() {
         "write-timeout",
         "writer-dead",
         "write-preempted",
+        "write-aborted",
+        "abort",
         "evict",
         "evict-soft-pinned",
     ];

@@ -111,6 +111,8 @@ pub enum Op {
     End { client: u8, grant: u8 },
     /// PutRevoke/UpsertRevoke of one of a client's grants.
     Revoke { client: u8, grant: u8 },
+    /// PutAbort of one of a client's grants (it may keep writing until its fence).
+    Abort { client: u8, grant: u8 },
     /// GetReplicaList, reading the bytes at once; `keep` also remembers it for a later read.
     Get { key: u8, keep: bool },
     /// Carries out a remembered read, if its lease still allows.
@@ -167,6 +169,14 @@ pub fn harness_config(seed: u64) -> MasterConfig {
         max_key_len: 64,
         max_replicas: 4,
     }
+}
+
+/// How a client finishes one of its writes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Finish {
+    End,
+    Revoke,
+    Abort,
 }
 
 /// What the model expects a read to return: the replicas (segment, address), the version
@@ -388,8 +398,9 @@ impl Harness {
                 self.transfer(client, grant, partial);
                 Ok(())
             }
-            Op::End { client, grant } => self.end(client, grant),
-            Op::Revoke { client, grant } => self.revoke(client, grant),
+            Op::End { client, grant } => self.finish_write(client, grant, Finish::End),
+            Op::Revoke { client, grant } => self.finish_write(client, grant, Finish::Revoke),
+            Op::Abort { client, grant } => self.finish_write(client, grant, Finish::Abort),
             Op::Get { key, keep } => self.get(key, keep),
             Op::ReadLate { read } => self.read_late(read),
             Op::Exist { key } => self.exist(key),
@@ -989,15 +1000,8 @@ impl Harness {
         }
     }
 
-    fn end(&mut self, client: u8, grant: u8) -> Result<(), String> {
-        self.finish_write(client, grant, true)
-    }
-
-    fn revoke(&mut self, client: u8, grant: u8) -> Result<(), String> {
-        self.finish_write(client, grant, false)
-    }
-
-    fn finish_write(&mut self, client: u8, grant: u8, end: bool) -> Result<(), String> {
+    fn finish_write(&mut self, client: u8, grant: u8, how: Finish) -> Result<(), String> {
+        let end = how == Finish::End;
         let id = client_id(client);
         let side = &self.clients[client_index(id)];
         if side.grants.is_empty() {
@@ -1019,15 +1023,28 @@ impl Harness {
             return Ok(()); // an honest client does not end a write it has not finished
         }
         let now = self.now;
-        let got = match (end, g.upsert) {
-            (true, false) => self.master.put_end(id, &g.key, g.write_id, now),
-            (true, true) => self.master.upsert_end(id, &g.key, g.write_id, now),
-            (false, false) => self.master.put_revoke(id, &g.key, g.write_id, now),
-            (false, true) => self.master.upsert_revoke(id, &g.key, g.write_id, now),
+        let got = match (how, g.upsert) {
+            (Finish::End, false) => self.master.put_end(id, &g.key, g.write_id, now),
+            (Finish::End, true) => self.master.upsert_end(id, &g.key, g.write_id, now),
+            (Finish::Revoke, false) => self.master.put_revoke(id, &g.key, g.write_id, now),
+            (Finish::Revoke, true) => self.master.upsert_revoke(id, &g.key, g.write_id, now),
+            (Finish::Abort, _) => self.master.put_abort(id, &g.key, g.write_id, now),
         };
         self.model.touch(id, now);
-        self.no_events("end/revoke")?;
-        self.clients[client_index(id)].grants.remove(index);
+        let events = self.master.drain_events();
+        if how == Finish::Abort && got.is_ok() {
+            // The aborting client may keep writing its grant until its fence: keep it.
+            let aborted = matches!(
+                events.as_slice(),
+                [Event::WriteDiscarded { cause: DiscardCause::Aborted, write, .. }] if *write == g.write_id
+            );
+            ensure(aborted, || format!("abort reported {events:?}"))?;
+        } else {
+            ensure(events.is_empty(), || {
+                format!("end/revoke produced events {events:?}")
+            })?;
+            self.clients[client_index(id)].grants.remove(index);
+        }
         let Some(object) = object else {
             return expect_code(&got, ErrorCode::OBJECT_NOT_FOUND, "end of a vanished key");
         };
@@ -1055,6 +1072,10 @@ impl Harness {
             };
         };
         got.map_err(|e| format!("end/revoke failed: {e}"))?;
+        if how == Finish::Abort {
+            self.hit("abort");
+            return self.apply_events(events, None, None);
+        }
         self.hit(if end { "end" } else { "revoke" });
         let o = self.model.objects.get_mut(&g.key).expect("exists");
         o.writing = None;
@@ -1912,6 +1933,7 @@ impl Harness {
                         DiscardCause::Timeout => "write-timeout",
                         DiscardCause::WriterDead => "writer-dead",
                         DiscardCause::Preempted => "write-preempted",
+                        DiscardCause::Aborted => "write-aborted",
                     });
                     match cause {
                         DiscardCause::Timeout => ensure(
@@ -1923,7 +1945,7 @@ impl Harness {
                                 format!("{key:?} discarded though its writer lives")
                             })?
                         }
-                        DiscardCause::Preempted => {}
+                        DiscardCause::Preempted | DiscardCause::Aborted => {}
                     }
                     let object = self.model.objects.get_mut(&*key).expect("exists");
                     object.writing = None;

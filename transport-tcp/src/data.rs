@@ -1,0 +1,569 @@
+//! The data plane over TCP: one-sided reads and writes of segment memory, emulated by a small
+//! data server on each node.
+//!
+//! The node's [`TcpDataServer`] copies between the socket and segment memory directly (bulk
+//! bytes are read from the socket into the segment and written from it, never staged). The
+//! client side, [`TcpDataPlane`], batches every range for one node into one request, stripes
+//! large transfers over several connections in parallel, and short-circuits to a `memcpy` when
+//! the segment lives in the caller's own process ([`LocalSegments`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use mooring_core::transport::{
+    BoxFuture, DataPlane, DataServer, NodeAddr, ReadOp, SegmentMemory, WriteOp,
+};
+use mooring_core::wire::{DataRequest, DataResponse, Range};
+use mooring_core::{Error, ErrorCode, Result};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use crate::framed::{Framed, ReadError};
+
+/// Segments served from this process, so transfers to them are a `memcpy`. Share one between
+/// the data servers and data planes of one process; never across simulated nodes.
+#[derive(Default)]
+pub struct LocalSegments {
+    segments: RwLock<HashMap<(Arc<str>, u64), SegmentMemory>>,
+}
+
+impl LocalSegments {
+    fn get(&self, node: &NodeAddr) -> Option<SegmentMemory> {
+        self.segments
+            .read()
+            .expect("local segments lock")
+            .get(&(node.endpoint.clone(), node.key))
+            .cloned()
+    }
+}
+
+/// A node's data server: serves one-sided transfers to the segments it exports.
+pub struct TcpDataServer {
+    endpoint: Arc<str>,
+    regions: RwLock<HashMap<u64, SegmentMemory>>,
+    local: Arc<LocalSegments>,
+    key_seed: u64,
+    next_key: AtomicU64,
+    accept: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl TcpDataServer {
+    /// Listens on `bind` and serves transfers. Clients are told to connect to `advertise`
+    /// (default: the bound address). Keys are derived from `key_seed`, so distinct nodes and
+    /// restarts should use distinct seeds.
+    pub async fn start(
+        bind: &str,
+        advertise: Option<String>,
+        local: Arc<LocalSegments>,
+        key_seed: u64,
+    ) -> Result<Arc<TcpDataServer>> {
+        let listener = TcpListener::bind(bind).await.map_err(|e| {
+            Error::new(
+                ErrorCode::INVALID_PARAMS,
+                format!("cannot listen on {bind} for data transfers: {e}"),
+            )
+        })?;
+        let bound = listener
+            .local_addr()
+            .map_err(|e| Error::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
+        let server = Arc::new(TcpDataServer {
+            endpoint: advertise.unwrap_or_else(|| bound.to_string()).into(),
+            regions: RwLock::new(HashMap::new()),
+            local,
+            key_seed,
+            next_key: AtomicU64::new(1),
+            accept: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&server);
+        let task = tokio::spawn(async move {
+            loop {
+                let (stream, peer) = match listener.accept().await {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        warn!("data accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let Some(server) = weak.upgrade() else { return };
+                tokio::spawn(async move {
+                    server
+                        .serve_connection(Framed::new(stream), &peer.to_string())
+                        .await;
+                });
+            }
+        });
+        *server.accept.lock().expect("accept lock") = Some(task);
+        Ok(server)
+    }
+
+    /// Where clients connect.
+    pub fn endpoint(&self) -> &Arc<str> {
+        &self.endpoint
+    }
+
+    /// Stops accepting connections and serving every exported segment.
+    pub fn shutdown(&self) {
+        if let Some(task) = self.accept.lock().expect("accept lock").take() {
+            task.abort();
+        }
+        let keys: Vec<u64> = self
+            .regions
+            .read()
+            .expect("regions lock")
+            .keys()
+            .copied()
+            .collect();
+        for key in keys {
+            self.unexport(key);
+        }
+    }
+
+    fn region(&self, key: u64) -> Option<SegmentMemory> {
+        self.regions
+            .read()
+            .expect("regions lock")
+            .get(&key)
+            .cloned()
+    }
+
+    async fn serve_connection(&self, mut conn: Framed, peer: &str) {
+        loop {
+            let (id, request) = match conn.read_message::<DataRequest>().await {
+                Ok(message) => message,
+                Err(ReadError::Closed) => return,
+                Err(ReadError::Io(e)) => {
+                    debug!(peer, "data connection ended: {e}");
+                    return;
+                }
+                Err(ReadError::Frame(e)) => {
+                    warn!(peer, "closing data connection: {e}");
+                    return;
+                }
+            };
+            let keep_going = match request {
+                DataRequest::Write { key, ranges } => {
+                    self.serve_write(&mut conn, id, key, &ranges, peer).await
+                }
+                DataRequest::Read { key, ranges } => {
+                    self.serve_read(&mut conn, id, key, &ranges).await
+                }
+            };
+            if !keep_going {
+                return;
+            }
+        }
+    }
+
+    /// Checks that every range lies inside the segment `key`.
+    fn resolve(&self, key: u64, ranges: &[Range]) -> Result<SegmentMemory> {
+        let total = DataRequest::Read {
+            key,
+            ranges: ranges.to_vec(),
+        }
+        .bulk_len();
+        if total.is_none() {
+            return Err(Error::new(
+                ErrorCode::INVALID_PARAMS,
+                "transfer larger than one request may move",
+            ));
+        }
+        let region = self.region(key).ok_or_else(|| {
+            Error::new(
+                ErrorCode::REPLICA_IS_GONE,
+                format!("segment key {key:#x} is not served here (unmounted or remounted)"),
+            )
+        })?;
+        for r in ranges {
+            if region.range(r.addr, r.len).is_none() {
+                return Err(Error::new(
+                    ErrorCode::INVALID_PARAMS,
+                    format!("range {:#x}+{} lies outside the segment", r.addr, r.len),
+                ));
+            }
+        }
+        Ok(region)
+    }
+
+    async fn serve_write(
+        &self,
+        conn: &mut Framed,
+        id: u64,
+        key: u64,
+        ranges: &[Range],
+        peer: &str,
+    ) -> bool {
+        let region = match self.resolve(key, ranges) {
+            Ok(region) => region,
+            Err(e) => {
+                // The bulk bytes that follow cannot be skipped safely: answer, then close.
+                warn!(peer, "refusing write: {e}");
+                let _ = conn.write_message::<DataResponse>(id, &Err(e), &[]).await;
+                return false;
+            }
+        };
+        for r in ranges {
+            let ptr = region.range(r.addr, r.len).expect("resolved");
+            // SAFETY: `ptr` points at `r.len` bytes inside the exported segment, kept mapped by
+            // `region`; the protocol gives this writer exclusive use of the range.
+            let dest = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), r.len as usize) };
+            if let Err(e) = conn.read_exact(dest).await {
+                debug!(peer, "write aborted: {e}");
+                return false;
+            }
+        }
+        conn.write_message::<DataResponse>(id, &Ok(()), &[])
+            .await
+            .is_ok()
+    }
+
+    async fn serve_read(&self, conn: &mut Framed, id: u64, key: u64, ranges: &[Range]) -> bool {
+        let region = match self.resolve(key, ranges) {
+            Ok(region) => region,
+            Err(e) => {
+                return conn
+                    .write_message::<DataResponse>(id, &Err(e), &[])
+                    .await
+                    .is_ok();
+            }
+        };
+        let slices: Vec<&[u8]> = ranges
+            .iter()
+            .map(|r| {
+                let ptr = region.range(r.addr, r.len).expect("resolved");
+                // SAFETY: inside the exported segment, kept mapped by `region`.
+                unsafe { std::slice::from_raw_parts(ptr.as_ptr(), r.len as usize) }
+            })
+            .collect();
+        conn.write_message::<DataResponse>(id, &Ok(()), &slices)
+            .await
+            .is_ok()
+    }
+}
+
+impl DataServer for TcpDataServer {
+    fn export(&self, memory: SegmentMemory) -> Result<NodeAddr> {
+        let n = self.next_key.fetch_add(1, Ordering::Relaxed);
+        let key = mix(self.key_seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1;
+        self.regions
+            .write()
+            .expect("regions lock")
+            .insert(key, memory.clone());
+        self.local
+            .segments
+            .write()
+            .expect("local segments lock")
+            .insert((self.endpoint.clone(), key), memory);
+        Ok(NodeAddr {
+            endpoint: self.endpoint.clone(),
+            key,
+        })
+    }
+
+    fn unexport(&self, key: u64) {
+        self.regions.write().expect("regions lock").remove(&key);
+        self.local
+            .segments
+            .write()
+            .expect("local segments lock")
+            .remove(&(self.endpoint.clone(), key));
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// How the client side of the data plane behaves.
+#[derive(Clone, Debug)]
+pub struct DataPlaneConfig {
+    /// Connections one large transfer is striped over.
+    pub stripes: usize,
+    /// Transfers smaller than this use one connection.
+    pub stripe_threshold: u64,
+    /// Base time allowed for a transfer...
+    pub timeout: Duration,
+    /// ...plus this long per MiB moved.
+    pub timeout_per_mib: Duration,
+    /// Whether transfers to segments in this process are done by `memcpy`.
+    pub local_memcpy: bool,
+}
+
+impl Default for DataPlaneConfig {
+    fn default() -> DataPlaneConfig {
+        DataPlaneConfig {
+            stripes: 4,
+            stripe_threshold: 512 * 1024,
+            timeout: Duration::from_secs(5),
+            timeout_per_mib: Duration::from_millis(20),
+            local_memcpy: true,
+        }
+    }
+}
+
+/// The client side of the data plane.
+pub struct TcpDataPlane {
+    idle: Mutex<HashMap<Arc<str>, Vec<Framed>>>,
+    local: Arc<LocalSegments>,
+    next_id: AtomicU64,
+    config: DataPlaneConfig,
+}
+
+/// Most idle connections kept per node.
+const MAX_IDLE_PER_NODE: usize = 32;
+
+/// One lane of a (possibly striped) transfer: ranges and their local buffers.
+enum Lane<'a> {
+    Read(Vec<(u64, &'a mut [u8])>),
+    Write(Vec<(u64, &'a [u8])>),
+}
+
+impl TcpDataPlane {
+    /// A data plane that recognises this process's segments through `local`.
+    pub fn new(local: Arc<LocalSegments>, config: DataPlaneConfig) -> Arc<TcpDataPlane> {
+        Arc::new(TcpDataPlane {
+            idle: Mutex::new(HashMap::new()),
+            local,
+            next_id: AtomicU64::new(1),
+            config,
+        })
+    }
+
+    fn local_segment(&self, node: &NodeAddr) -> Option<SegmentMemory> {
+        self.config
+            .local_memcpy
+            .then(|| self.local.get(node))
+            .flatten()
+    }
+
+    fn lanes_for(&self, total: u64) -> usize {
+        if total < self.config.stripe_threshold || self.config.stripes <= 1 {
+            1
+        } else {
+            let by_size = total.div_ceil(self.config.stripe_threshold / 2).max(1) as usize;
+            self.config.stripes.min(by_size)
+        }
+    }
+
+    async fn checkout(&self, node: &NodeAddr) -> Result<Framed> {
+        let pooled = self
+            .idle
+            .lock()
+            .expect("pool lock")
+            .get_mut(&node.endpoint)
+            .and_then(Vec::pop);
+        match pooled {
+            Some(conn) => Ok(conn),
+            None => Framed::connect(&node.endpoint).await.map_err(|e| {
+                Error::new(
+                    ErrorCode::TRANSFER_FAIL,
+                    format!("cannot reach node {}: {e}", node.endpoint),
+                )
+            }),
+        }
+    }
+
+    fn checkin(&self, node: &NodeAddr, conn: Framed) {
+        let mut idle = self.idle.lock().expect("pool lock");
+        let conns = idle.entry(node.endpoint.clone()).or_default();
+        if conns.len() < MAX_IDLE_PER_NODE {
+            conns.push(conn);
+        }
+    }
+
+    async fn run_lane(&self, node: &NodeAddr, lane: Lane<'_>) -> Result<()> {
+        let bytes: usize = match &lane {
+            Lane::Read(ops) => ops.iter().map(|o| o.1.len()).sum(),
+            Lane::Write(ops) => ops.iter().map(|o| o.1.len()).sum(),
+        };
+        let budget = self.config.timeout + self.config.timeout_per_mib * (bytes >> 20) as u32;
+        let fail = |what: String| {
+            Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                format!("transfer with node {}: {what}", node.endpoint),
+            )
+        };
+        let transfer = async {
+            let mut conn = self.checkout(node).await?;
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let response = match lane {
+                Lane::Write(ops) => {
+                    let request = DataRequest::Write {
+                        key: node.key,
+                        ranges: ops
+                            .iter()
+                            .map(|(addr, src)| Range {
+                                addr: *addr,
+                                len: src.len() as u64,
+                            })
+                            .collect(),
+                    };
+                    let bulk: Vec<&[u8]> = ops.iter().map(|o| o.1).collect();
+                    conn.write_message(id, &request, &bulk)
+                        .await
+                        .map_err(|e| fail(format!("send failed: {e}")))?;
+                    conn.read_message::<DataResponse>().await
+                }
+                Lane::Read(mut ops) => {
+                    let request = DataRequest::Read {
+                        key: node.key,
+                        ranges: ops
+                            .iter()
+                            .map(|(addr, dest)| Range {
+                                addr: *addr,
+                                len: dest.len() as u64,
+                            })
+                            .collect(),
+                    };
+                    conn.write_message(id, &request, &[])
+                        .await
+                        .map_err(|e| fail(format!("send failed: {e}")))?;
+                    let response = conn.read_message::<DataResponse>().await;
+                    if let Ok((_, Ok(()))) = &response {
+                        for (_, dest) in ops.iter_mut() {
+                            conn.read_exact(dest)
+                                .await
+                                .map_err(|e| fail(format!("receive failed: {e}")))?;
+                        }
+                    }
+                    response
+                }
+            };
+            let (reply_id, result) = response.map_err(|e| fail(format!("no reply: {e}")))?;
+            if reply_id != id {
+                return Err(fail(format!("reply {reply_id} to request {id}")));
+            }
+            // A refused write closes the connection on the node's side; do not reuse it.
+            if result.is_ok() {
+                self.checkin(node, conn);
+            }
+            result
+        };
+        match tokio::time::timeout(budget, transfer).await {
+            Ok(result) => result,
+            Err(_) => Err(fail(format!("timed out after {budget:?}"))),
+        }
+    }
+}
+
+/// Splits `(addr, buffer)` operations into `lanes` groups of about equal bytes, cutting
+/// buffers where needed.
+fn split_lanes<B: SplitBuf>(ops: Vec<(u64, B)>, lanes: usize) -> Vec<Vec<(u64, B)>> {
+    let total: usize = ops.iter().map(|o| o.1.size()).sum();
+    let per_lane = total.div_ceil(lanes).max(1);
+    let mut out: Vec<Vec<(u64, B)>> = vec![Vec::new()];
+    let mut room = per_lane;
+    for (mut addr, mut buf) in ops {
+        while buf.size() > 0 {
+            if room == 0 {
+                out.push(Vec::new());
+                room = per_lane;
+            }
+            let take = room.min(buf.size());
+            let (head, tail) = buf.split(take);
+            out.last_mut().expect("a lane").push((addr, head));
+            addr += take as u64;
+            room -= take;
+            buf = tail;
+        }
+    }
+    out
+}
+
+/// A buffer that can be cut in two.
+trait SplitBuf: Sized {
+    fn size(&self) -> usize;
+    fn split(self, at: usize) -> (Self, Self);
+}
+
+impl SplitBuf for &mut [u8] {
+    fn size(&self) -> usize {
+        self.len()
+    }
+    fn split(self, at: usize) -> (Self, Self) {
+        self.split_at_mut(at)
+    }
+}
+
+impl SplitBuf for &[u8] {
+    fn size(&self) -> usize {
+        self.len()
+    }
+    fn split(self, at: usize) -> (Self, Self) {
+        self.split_at(at)
+    }
+}
+
+fn first_error(results: Vec<Result<()>>) -> Result<()> {
+    results.into_iter().collect()
+}
+
+impl DataPlane for TcpDataPlane {
+    fn read<'a>(&'a self, node: &'a NodeAddr, ops: Vec<ReadOp<'a>>) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            if let Some(segment) = self.local_segment(node) {
+                for op in ops {
+                    if !segment.copy_out(op.addr, op.dest) {
+                        return Err(Error::new(
+                            ErrorCode::INVALID_PARAMS,
+                            format!("read {:#x}+{} outside the segment", op.addr, op.dest.len()),
+                        ));
+                    }
+                }
+                return Ok(());
+            }
+            let ops: Vec<(u64, &mut [u8])> = ops.into_iter().map(|o| (o.addr, o.dest)).collect();
+            let total: usize = ops.iter().map(|o| o.1.len()).sum();
+            let lanes = self.lanes_for(total as u64);
+            let runs = split_lanes(ops, lanes)
+                .into_iter()
+                .map(|lane| self.run_lane(node, Lane::Read(lane)));
+            first_error(join_all(runs).await)
+        })
+    }
+
+    fn write<'a>(&'a self, node: &'a NodeAddr, ops: Vec<WriteOp<'a>>) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            if let Some(segment) = self.local_segment(node) {
+                for op in ops {
+                    if !segment.copy_in(op.addr, op.src) {
+                        return Err(Error::new(
+                            ErrorCode::INVALID_PARAMS,
+                            format!("write {:#x}+{} outside the segment", op.addr, op.src.len()),
+                        ));
+                    }
+                }
+                return Ok(());
+            }
+            let ops: Vec<(u64, &[u8])> = ops.into_iter().map(|o| (o.addr, o.src)).collect();
+            let total: usize = ops.iter().map(|o| o.1.len()).sum();
+            let lanes = self.lanes_for(total as u64);
+            let runs = split_lanes(ops, lanes)
+                .into_iter()
+                .map(|lane| self.run_lane(node, Lane::Write(lane)));
+            first_error(join_all(runs).await)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lanes_cover_every_byte_once_in_order() {
+        let mut a = vec![0u8; 1000];
+        let mut b = [0u8; 10];
+        let ops: Vec<(u64, &mut [u8])> = vec![(100, &mut a[..]), (5000, &mut b[..])];
+        let lanes = split_lanes(ops, 3);
+        assert_eq!(lanes.len(), 3);
+        let flat: Vec<(u64, usize)> = lanes.iter().flatten().map(|(a, b)| (*a, b.len())).collect();
+        assert_eq!(flat, [(100, 337), (437, 337), (774, 326), (5000, 10)]);
+    }
+}

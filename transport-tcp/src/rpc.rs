@@ -1,0 +1,158 @@
+//! The control plane over TCP: a pooled request/response client and a frame-serving server.
+//!
+//! A call takes an idle connection from the pool (or opens one), writes the request and reads
+//! the response in the calling task, so a round trip costs two syscalls on each side and no
+//! task hand-offs. Connections that fail or time out are dropped, never reused. The server
+//! serves each connection in its own task, one request at a time; clients get concurrency from
+//! several connections.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use mooring_core::transport::{BoxFuture, ControlPlane};
+use mooring_core::wire::{MasterRequest, MasterResponse, Reply};
+use mooring_core::{Error, ErrorCode, Result};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use crate::framed::{Framed, ReadError};
+
+/// Most idle connections kept per peer.
+const MAX_IDLE: usize = 64;
+/// Most connections one server serves at once; more are refused.
+const MAX_CONNECTIONS: usize = 4096;
+
+/// A pooled RPC client to one master.
+pub struct TcpControlPlane {
+    addr: String,
+    idle: std::sync::Mutex<Vec<Framed>>,
+    next_id: AtomicU64,
+    timeout: Duration,
+}
+
+impl TcpControlPlane {
+    /// A client for the master at `addr`; every call fails with `RPC_FAIL` if no reply comes
+    /// within `timeout`.
+    pub fn new(addr: impl Into<String>, timeout: Duration) -> Arc<TcpControlPlane> {
+        Arc::new(TcpControlPlane {
+            addr: addr.into(),
+            idle: std::sync::Mutex::new(Vec::new()),
+            next_id: AtomicU64::new(1),
+            timeout,
+        })
+    }
+
+    /// The master's address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    async fn round_trip(&self, request: &MasterRequest) -> Result<Reply> {
+        let pooled = self.idle.lock().expect("pool lock").pop();
+        let mut conn = match pooled {
+            Some(conn) => conn,
+            None => Framed::connect(&self.addr).await.map_err(|e| {
+                Error::new(
+                    ErrorCode::RPC_FAIL,
+                    format!("cannot connect to the master at {}: {e}", self.addr),
+                )
+            })?,
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let fail = |what: String| {
+            Error::new(
+                ErrorCode::RPC_FAIL,
+                format!("master at {}: {what}", self.addr),
+            )
+        };
+        conn.write_message(id, request, &[])
+            .await
+            .map_err(|e| fail(format!("send failed: {e}")))?;
+        let (reply_id, response) = conn
+            .read_message::<MasterResponse>()
+            .await
+            .map_err(|e| fail(format!("no reply: {e}")))?;
+        if reply_id != id {
+            return Err(fail(format!("reply {reply_id} to request {id}")));
+        }
+        let mut idle = self.idle.lock().expect("pool lock");
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+        response
+    }
+}
+
+impl ControlPlane for TcpControlPlane {
+    fn call(&self, request: MasterRequest) -> BoxFuture<'_, Result<Reply>> {
+        Box::pin(async move {
+            match tokio::time::timeout(self.timeout, self.round_trip(&request)).await {
+                Ok(result) => result,
+                Err(_) => Err(Error::new(
+                    ErrorCode::RPC_FAIL,
+                    format!(
+                        "master at {} did not answer within {:?}",
+                        self.addr, self.timeout
+                    ),
+                )),
+            }
+        })
+    }
+}
+
+/// Serves master requests.
+pub trait RpcHandler: Send + Sync + 'static {
+    /// Answers one request.
+    fn handle(&self, request: MasterRequest) -> MasterResponse;
+}
+
+/// Serves `handler` on every connection `listener` accepts, until the task is aborted.
+pub fn spawn_rpc_server(listener: TcpListener, handler: Arc<dyn RpcHandler>) -> JoinHandle<()> {
+    let connections = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
+            if connections.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+                warn!(%peer, "refusing connection: {MAX_CONNECTIONS} already open");
+                continue;
+            }
+            connections.fetch_add(1, Ordering::Relaxed);
+            let (handler, connections) = (handler.clone(), connections.clone());
+            tokio::spawn(async move {
+                serve_connection(Framed::new(stream), &*handler, &peer.to_string()).await;
+                connections.fetch_sub(1, Ordering::Relaxed);
+            });
+        }
+    })
+}
+
+async fn serve_connection(mut conn: Framed, handler: &dyn RpcHandler, peer: &str) {
+    loop {
+        let (id, request) = match conn.read_message::<MasterRequest>().await {
+            Ok(message) => message,
+            Err(ReadError::Closed) => return,
+            Err(ReadError::Io(e)) => {
+                debug!(peer, "connection ended: {e}");
+                return;
+            }
+            Err(ReadError::Frame(e)) => {
+                warn!(peer, "closing connection: {e}");
+                return;
+            }
+        };
+        let response = handler.handle(request);
+        if let Err(e) = conn.write_message(id, &response, &[]).await {
+            debug!(peer, "reply failed: {e}");
+            return;
+        }
+    }
+}
