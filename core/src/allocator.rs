@@ -269,6 +269,27 @@ impl OffsetAllocator {
             && (self.find_guaranteed_fit(size).is_some() || self.find_fallback_fit(size).is_some())
     }
 
+    /// Every block in address order: `(node, offset, size, used)`.
+    pub fn blocks(&self) -> Vec<(u32, u64, u64, bool)> {
+        let mut out = Vec::new();
+        let first = self
+            .nodes
+            .iter()
+            .position(|n| n.state() != NodeState::Recycled && n.offset == 0);
+        let mut node = first.map_or(NONE, |i| i as u32);
+        while node != NONE {
+            let block = &self.nodes[node as usize];
+            out.push((
+                node,
+                block.offset,
+                block.size(),
+                block.state() == NodeState::Used,
+            ));
+            node = block.neighbor_next;
+        }
+        out
+    }
+
     /// Heap bytes this allocator uses for its bookkeeping.
     pub fn heap_bytes(&self) -> usize {
         self.nodes.heap_bytes()

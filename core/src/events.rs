@@ -30,6 +30,9 @@ pub enum Event {
         soft_pinned: bool,
         /// Bytes freed (replica blocks).
         bytes: u64,
+        /// Evicted to open a contiguous range for a large value (the least recently used
+        /// such range), rather than in global least-recently-used order.
+        contiguous: bool,
     },
     /// An in-progress write was abandoned; its blocks wait out the release delay.
     WriteDiscarded {
@@ -57,6 +60,9 @@ pub enum Event {
         name: Box<str>,
         /// Replicas that were on it.
         replicas_dropped: u64,
+        /// Objects that had no other replica and went with it (each also reported as
+        /// [`Event::ObjectLost`], before this event).
+        objects_lost: u64,
     },
     /// A client stopped heartbeating and was forgotten.
     ClientExpired {

@@ -10,6 +10,15 @@
 //!
 //! A pass scans the whole table once and selects victims with `select_nth_unstable` rather
 //! than a full sort, so it costs O(objects) plus O(victims log victims).
+//!
+//! LRU order frees bytes, not room: after it, a large value may still find no contiguous
+//! block. Allocation then falls back to a *window* eviction: in each segment, the shortest
+//! runs of adjacent blocks that are free or evictable and add up to the needed length, and the
+//! run whose newest object is oldest is evicted (unpinned-only runs before runs with
+//! soft-pinned objects). It costs a walk over every block, and runs only when LRU eviction
+//! left no room.
+
+use std::collections::{HashMap, VecDeque};
 
 use smallvec::SmallVec;
 
@@ -23,6 +32,12 @@ use crate::time::Millis;
 
 /// An eviction candidate: (lease expiry, slot, bytes freed).
 type Candidate = (Millis, u32, u64);
+
+/// A block owner that may be evicted now: (object slot, soft-pinned, lease expiry).
+type Evictable = (u32, bool, Millis);
+
+/// A window's cost: (holds soft-pinned objects, newest lease expiry). Lower is better.
+type WindowCost = (bool, Millis);
 
 impl Master {
     /// Whether usage has reached the high watermark.
@@ -72,7 +87,7 @@ impl Master {
                 ),
             ));
         }
-        for attempt in 0..3 {
+        for attempt in 0..4 {
             let placed = place(
                 &mut self.segments,
                 &mut self.rng,
@@ -91,7 +106,10 @@ impl Master {
                     let need = block_len(size).saturating_mul(count as u64).max(ratio);
                     self.evict(need, now);
                 }
-                1 if self.release_blocks_under_pressure() == 0 => break,
+                1 => {
+                    self.release_blocks_under_pressure();
+                }
+                2 if !self.evict_window(block_len(size), excluded, now) => break,
                 _ => {}
             }
         }
@@ -129,18 +147,112 @@ impl Master {
             freed += more.iter().map(|v| v.2).sum::<u64>();
             victims.extend(more);
         }
-        for (i, &(_, slot, bytes)) in victims.iter().enumerate() {
-            let object = self.remove_object(slot);
-            self.release_read_blocks(&object.replicas, object.lease_expiry);
-            self.counters.evicted_objects += 1;
-            self.counters.evicted_bytes += bytes;
-            self.events.push(Event::Evicted {
-                key: object.key,
-                soft_pinned: i >= first_tier,
-                bytes,
-            });
+        for (i, &(_, slot, _)) in victims.iter().enumerate() {
+            self.evict_object(slot, i >= first_tier, false);
         }
         freed
+    }
+
+    /// Evicts the object in `slot` and reports it.
+    fn evict_object(&mut self, slot: u32, soft_pinned: bool, contiguous: bool) {
+        let object = self.remove_object(slot);
+        let bytes = block_len(object.size) * object.replicas.len() as u64;
+        self.release_read_blocks(&object.replicas, object.lease_expiry);
+        self.counters.evicted_objects += 1;
+        self.counters.evicted_bytes += bytes;
+        self.events.push(Event::Evicted {
+            key: object.key,
+            soft_pinned,
+            bytes,
+            contiguous,
+        });
+    }
+
+    /// Evicts the least recently used run of adjacent blocks, free or evictable, that adds up
+    /// to `len` bytes on one segment outside `excluded`. Returns whether it found one.
+    pub(crate) fn evict_window(&mut self, len: u64, excluded: &[u32], now: Millis) -> bool {
+        // Who owns each block, and whether it may go now. Blocks still inside a lease's grace
+        // would only move to the discarded list, so they do not count as evictable.
+        let grace = self.config.lease_grace;
+        let allow_soft = self.config.allow_evict_soft_pinned;
+        let mut owners: HashMap<(u32, u32), Option<Evictable>> = HashMap::new();
+        for (slot, object) in self.objects.iter() {
+            let evictable = match object.eviction_class(now) {
+                Some(class) if object.lease_expiry + grace <= now => {
+                    let soft = class == EvictionClass::SoftPinned;
+                    (!soft || allow_soft).then_some((slot, soft, object.lease_expiry))
+                }
+                _ => None,
+            };
+            for r in &object.replicas {
+                owners.insert((r.segment, r.alloc), evictable);
+            }
+        }
+        // Best window: fewest soft-pinned objects first, then the oldest newest access.
+        let mut best: Option<(WindowCost, Vec<(u32, bool)>)> = None;
+        for (segment_slot, segment) in self.segments.iter() {
+            if excluded.contains(&segment_slot) || segment.allocator.capacity() < len {
+                continue;
+            }
+            let blocks = segment.allocator.blocks();
+            // Each block: None if it blocks a window, else its owner (None for free space).
+            let usable: Vec<Option<Option<Evictable>>> = blocks
+                .iter()
+                .map(|&(node, _, _, used)| {
+                    if used {
+                        owners
+                            .get(&(segment_slot, node))
+                            .copied()
+                            .flatten()
+                            .map(Some)
+                    } else {
+                        Some(None)
+                    }
+                })
+                .collect();
+            let mut start = 0;
+            let mut bytes = 0u64;
+            let mut newest: VecDeque<(usize, WindowCost)> = VecDeque::new();
+            for end in 0..blocks.len() {
+                let Some(owner) = usable[end] else {
+                    start = end + 1;
+                    bytes = 0;
+                    newest.clear();
+                    continue;
+                };
+                bytes += blocks[end].2;
+                let cost = owner.map_or((false, Millis::ZERO), |(_, soft, lease)| (soft, lease));
+                while newest.back().is_some_and(|&(_, c)| c <= cost) {
+                    newest.pop_back();
+                }
+                newest.push_back((end, cost));
+                while bytes - blocks[start].2 >= len {
+                    bytes -= blocks[start].2;
+                    start += 1;
+                    while newest.front().is_some_and(|&(i, _)| i < start) {
+                        newest.pop_front();
+                    }
+                }
+                if bytes >= len {
+                    let cost = newest.front().expect("window is not empty").1;
+                    if best.as_ref().is_none_or(|(c, _)| cost < *c) {
+                        let victims = (start..=end)
+                            .filter_map(|i| usable[i].flatten().map(|(slot, soft, _)| (slot, soft)))
+                            .collect();
+                        best = Some((cost, victims));
+                    }
+                }
+            }
+        }
+        match best {
+            Some((_, victims)) => {
+                for (slot, soft) in victims {
+                    self.evict_object(slot, soft, true);
+                }
+                true
+            }
+            None => false,
+        }
     }
 }
 

@@ -109,6 +109,7 @@ impl Master {
             .map(|(object_slot, _)| object_slot)
             .collect();
         let mut replicas_dropped = 0;
+        let mut objects_lost = 0;
         for object_slot in affected {
             let object = self.objects.at_mut(object_slot);
             let before = object.replicas.len();
@@ -128,6 +129,7 @@ impl Master {
                 let object = self.remove_object(object_slot);
                 debug_assert!(object.replicas.is_empty());
                 self.counters.lost_objects += 1;
+                objects_lost += 1;
                 self.events.push(Event::ObjectLost {
                     key: object.key,
                     segment: segment_id,
@@ -140,6 +142,7 @@ impl Master {
             segment: segment.id,
             name: segment.name,
             replicas_dropped,
+            objects_lost,
         });
     }
 }

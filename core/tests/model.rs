@@ -122,6 +122,7 @@ fn random_interaction_reaches_every_path() {
         "write-aborted",
         "abort",
         "evict",
+        "evict-window",
         "evict-soft-pinned",
     ];
     let missing: Vec<&str> = required

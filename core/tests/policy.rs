@@ -347,6 +347,52 @@ fn soft_pin_lapses_without_access_and_returns_on_access() {
 }
 
 #[test]
+fn large_values_get_a_contiguous_range_when_lru_eviction_leaves_holes() {
+    let mut f = Fixture::new(1, MIB);
+    for i in 0..32 {
+        f.put(A, &format!("o{i:02}"), 32 * KIB, &one());
+    }
+    // Touch them so least-recently-used order strides across the address space: o00, o04,
+    // o08, ... are oldest, so LRU eviction frees scattered 32 KiB holes.
+    for phase in 0..4 {
+        for i in (phase..32).step_by(4) {
+            f.advance(Millis(1));
+            f.m.exist(&format!("o{i:02}"), f.now).unwrap();
+        }
+    }
+    f.advance(Millis::from_secs(6));
+    let g = f.put(B, "big", 96 * KIB, &one());
+    assert_eq!(g.replicas.len(), 1);
+    let events = f.m.drain_events();
+    let lru: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Evicted {
+                key,
+                contiguous: false,
+                ..
+            } => Some(&**key),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        lru,
+        ["o00", "o04", "o08"],
+        "LRU frees the 96 KiB needed, scattered"
+    );
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            Event::Evicted {
+                contiguous: true,
+                ..
+            }
+        )),
+        "then a window eviction opens 96 KiB: {events:?}"
+    );
+}
+
+#[test]
 fn eviction_when_watermark_is_unreachable_backs_off() {
     let mut f = Fixture::new(1, MIB);
     f.put(A, "hard", 1000 * KIB, &one().hard_pinned());

@@ -662,9 +662,11 @@ impl Harness {
         let (id, key) = (client_id(client), key_name(key));
         // Mostly a few common sizes, so upserts often keep the size (in-place and
         // copy-on-write paths); sometimes anything.
-        let size = match size % 4 {
-            0 => 1 + u64::from(size / 4) % 6000,
-            n => [700, 2048, 4000][usize::from(n - 1)],
+        // Occasionally a value large enough that eviction must open a contiguous range.
+        let size = match size % 8 {
+            0 | 4 => 1 + u64::from(size / 8) % 6000,
+            7 => 12 * 1024 + u64::from(size / 8) % (24 * 1024),
+            n => [700, 2048, 4000][usize::from(n % 3)],
         };
         let count = 1 + u32::from(replicas % 3);
         let mut config = ReplicateConfig::replicas(count);
@@ -1879,6 +1881,7 @@ impl Harness {
                     segment,
                     name,
                     replicas_dropped,
+                    objects_lost,
                 } => {
                     let seg = self
                         .model
@@ -1907,6 +1910,10 @@ impl Harness {
                         };
                         ensure(!lost, || format!("{key:?} lost without an event"))?;
                     }
+                    let lost = lost_replicas.iter().filter(|(s, _)| *s == segment).count() as u64;
+                    ensure(lost == objects_lost, || {
+                        format!("{name:?} reported {objects_lost} objects lost, model saw {lost}")
+                    })?;
                     ensure(dropped == replicas_dropped, || {
                         format!("{name:?} dropped {replicas_dropped} replicas, model had {dropped}")
                     })?;
@@ -1971,6 +1978,7 @@ impl Harness {
                     key,
                     soft_pinned,
                     bytes,
+                    contiguous,
                 } => {
                     let object = self
                         .model
@@ -1990,12 +1998,21 @@ impl Harness {
                     ensure(bytes == expected, || {
                         format!("evicted {key:?} freed {bytes}, expected {expected}")
                     })?;
-                    evicted.push((object.lease_expiry, soft_pinned));
-                    self.hit(if soft_pinned {
-                        "evict-soft-pinned"
+                    if contiguous {
+                        // A window eviction may skip LRU order, but only takes objects whose
+                        // blocks are free at once (lease and grace over).
+                        ensure(object.lease_expiry + self.config.lease_grace <= now, || {
+                            format!("window-evicted {key:?} inside its lease grace")
+                        })?;
+                        self.hit("evict-window");
                     } else {
-                        "evict"
-                    });
+                        evicted.push((object.lease_expiry, soft_pinned));
+                        self.hit(if soft_pinned {
+                            "evict-soft-pinned"
+                        } else {
+                            "evict"
+                        });
+                    }
                     self.model_remove(&key);
                 }
             }

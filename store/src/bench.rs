@@ -1,0 +1,462 @@
+//! `mooring bench`: put/get/exist throughput and latency, measured the way Mooncake Store's
+//! numbers in the cluster issue were: writer and reader in separate processes, the objects in
+//! the writer's own segment (so every read crosses processes over TCP), one thread, one
+//! operation at a time, every value verified.
+//!
+//! The reader (this process) starts the writer as a child (`mooring bench-writer`), tells it
+//! which size to write next over its stdin, and reads its put measurements from its stdout.
+//! Throughput is computed from the time spent inside the store's calls, not the benchmark's
+//! own value checking, which happens between calls.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use mooring_core::{Error, ErrorCode, MasterConfig, ReplicateConfig, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::client::Client;
+use crate::connect::ClientConfig;
+use crate::master_service::RunningMaster;
+
+/// Keys per exist batch.
+const EXIST_BATCH: usize = 1000;
+/// Largest total bytes of distinct objects per size (reads cycle over them).
+const MAX_BYTES_PER_SIZE: u64 = 512 << 20;
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    /// A running cluster's master, or `None` to start one in this process.
+    pub master: Option<String>,
+    /// Value sizes.
+    pub sizes: Vec<u64>,
+    /// Operations per size and phase.
+    pub count: usize,
+    /// Keys per get batch.
+    pub batch: usize,
+    /// Show progress bars on stderr.
+    pub progress: bool,
+}
+
+/// One measured phase.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Phase {
+    /// put, get, batch-get, exist, batch-exist.
+    pub phase: String,
+    /// Value size in bytes (0 for exist phases).
+    pub size: u64,
+    /// Calls made.
+    pub calls: u64,
+    /// Keys handled (calls x batch size for batches).
+    pub keys: u64,
+    /// Payload bytes moved.
+    pub bytes: u64,
+    /// Time spent inside the calls, in seconds.
+    pub seconds: f64,
+    /// Median call latency, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile call latency, microseconds.
+    pub p99_us: f64,
+}
+
+impl Phase {
+    fn from_latencies(phase: &str, size: u64, keys_per_call: u64, mut lat: Vec<Duration>) -> Phase {
+        lat.sort_unstable();
+        let pick = |q: f64| {
+            lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+                .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+        };
+        let calls = lat.len() as u64;
+        Phase {
+            phase: phase.into(),
+            size,
+            calls,
+            keys: calls * keys_per_call,
+            bytes: calls * keys_per_call * size,
+            seconds: lat.iter().sum::<Duration>().as_secs_f64(),
+            p50_us: pick(0.50),
+            p99_us: pick(0.99),
+        }
+    }
+
+    /// Keys per second.
+    pub fn keys_per_sec(&self) -> f64 {
+        self.keys as f64 / self.seconds.max(1e-9)
+    }
+
+    /// Bytes per second.
+    pub fn bytes_per_sec(&self) -> f64 {
+        self.bytes as f64 / self.seconds.max(1e-9)
+    }
+}
+
+/// Every phase's results.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Report {
+    /// The phases, in the order run.
+    pub phases: Vec<Phase>,
+}
+
+impl Report {
+    /// The report as JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("report serializes")
+    }
+
+    /// The report as a table.
+    pub fn to_table(&self) -> String {
+        let mut out = format!(
+            "{:<12} {:>9} {:>12} {:>11} {:>10} {:>10}\n",
+            "phase", "size", "keys/s", "GB/s", "p50 µs", "p99 µs"
+        );
+        for p in &self.phases {
+            out += &format!(
+                "{:<12} {:>9} {:>12.0} {:>11.3} {:>10.1} {:>10.1}\n",
+                p.phase,
+                human_size(p.size),
+                p.keys_per_sec(),
+                p.bytes_per_sec() / 1e9,
+                p.p50_us,
+                p.p99_us
+            );
+        }
+        out
+    }
+}
+
+fn human_size(n: u64) -> String {
+    match n {
+        0 => "-".into(),
+        n if n % (1 << 20) == 0 => format!("{}MiB", n >> 20),
+        n if n % (1 << 10) == 0 => format!("{}KiB", n >> 10),
+        n => format!("{n}B"),
+    }
+}
+
+/// The value of object `i` of `size` bytes: cheap to generate, distinct per object.
+fn value(size: u64, i: usize) -> Vec<u8> {
+    let mut out = vec![0u8; size as usize];
+    let seed = (size ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1;
+    for (n, chunk) in out.chunks_mut(8).enumerate() {
+        let word = seed.wrapping_mul(n as u64 + 1).rotate_left(17);
+        chunk.copy_from_slice(&word.to_le_bytes()[..chunk.len()]);
+    }
+    out
+}
+
+fn key(run: &str, size: u64, i: usize) -> String {
+    format!("bench/{run}/{size}/{i:07}")
+}
+
+fn objects_for(size: u64, count: usize) -> usize {
+    count.min((MAX_BYTES_PER_SIZE / size.max(1)).max(16) as usize)
+}
+
+fn protocol_error(what: impl Into<String>) -> Error {
+    Error::new(ErrorCode::INTERNAL_ERROR, what.into())
+}
+
+/// The writer child process and its line protocol.
+struct Writer {
+    child: Child,
+    stdin: ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Writer {
+    fn spawn(
+        exe: &PathBuf,
+        master: &str,
+        sizes: &[u64],
+        count: usize,
+        run: &str,
+    ) -> Result<Writer> {
+        let sizes: Vec<String> = sizes.iter().map(u64::to_string).collect();
+        let mut child = Command::new(exe)
+            .args(["bench-writer", "--master", master, "--count"])
+            .arg(count.to_string())
+            .args(["--sizes", &sizes.join(","), "--run", run])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| protocol_error(format!("cannot start the bench writer: {e}")))?;
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout)
+                .lines()
+                .map_while(std::io::Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Writer {
+            child,
+            stdin,
+            lines,
+        })
+    }
+
+    fn send(&mut self, line: &str) -> Result<()> {
+        writeln!(self.stdin, "{line}")
+            .and_then(|()| self.stdin.flush())
+            .map_err(|e| protocol_error(format!("bench writer gone: {e}")))
+    }
+
+    async fn expect(&mut self, prefix: &str) -> Result<String> {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            match self.lines.try_recv() {
+                Ok(line) if line.starts_with(prefix) => {
+                    return Ok(line[prefix.len()..].trim().to_string());
+                }
+                Ok(_) => continue,
+                Err(std::sync::mpsc::TryRecvError::Empty) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                Err(_) => {
+                    return Err(protocol_error(format!(
+                        "bench writer stopped before sending {prefix:?}"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "exit");
+        let _ = self.stdin.flush();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+    }
+}
+
+fn progress(enabled: bool, len: u64, label: String) -> ProgressBar {
+    if !enabled {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>22} [{bar:30}] {pos}/{len} {per_sec}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(label);
+    bar
+}
+
+/// Runs the benchmark; `exe` is this program (started again as the writer).
+pub async fn run(config: &BenchConfig, exe: PathBuf) -> Result<Report> {
+    if config.sizes.is_empty() || config.count == 0 || config.batch == 0 {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            "need at least one size, a positive count and a positive batch",
+        ));
+    }
+    let embedded = match &config.master {
+        Some(_) => None,
+        None => Some(RunningMaster::start("127.0.0.1:0", MasterConfig::default()).await?),
+    };
+    let master = match (&config.master, &embedded) {
+        (Some(addr), _) => addr.clone(),
+        (None, Some(m)) => m.addr.to_string(),
+        (None, None) => unreachable!(),
+    };
+    let run = format!("{:016x}", crate::connect::random_client_id().0 as u64);
+    let mut writer = Writer::spawn(&exe, &master, &config.sizes, config.count, &run)?;
+    writer.expect("ready").await?;
+    let reader = Client::connect(ClientConfig::new(master.clone())).await?;
+    let mut report = Report::default();
+    for &size in &config.sizes {
+        writer.send(&format!("put {size}"))?;
+        let put: Phase = serde_json::from_str(&writer.expect("result").await?)
+            .map_err(|e| protocol_error(format!("bad writer result: {e}")))?;
+        report.phases.push(put);
+        report
+            .phases
+            .extend(read_phases(&reader, config, &run, size).await?);
+    }
+    report
+        .phases
+        .extend(exist_phases(&reader, config, &run).await?);
+    reader.close().await?;
+    drop(writer);
+    drop(embedded);
+    Ok(report)
+}
+
+async fn read_phases(
+    reader: &Client,
+    config: &BenchConfig,
+    run: &str,
+    size: u64,
+) -> Result<Vec<Phase>> {
+    let objects = objects_for(size, config.count);
+    let expected: Vec<Vec<u8>> = (0..objects).map(|i| value(size, i)).collect();
+    let mut buf = vec![0u8; size as usize];
+    let bar = progress(
+        config.progress,
+        config.count as u64,
+        format!("get {}", human_size(size)),
+    );
+    let mut lat = Vec::with_capacity(config.count);
+    for n in 0..config.count {
+        let i = n % objects;
+        let k = key(run, size, i);
+        let t = Instant::now();
+        let len = reader.get_into(&k, &mut buf).await?;
+        lat.push(t.elapsed());
+        if len != size as usize || buf != expected[i] {
+            return Err(protocol_error(format!("{k} read back wrong")));
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let mut phases = vec![Phase::from_latencies("get", size, 1, lat)];
+
+    let batch = config.batch.min(objects);
+    let rounds = config.count.div_ceil(batch);
+    let bar = progress(
+        config.progress,
+        rounds as u64,
+        format!("batch-{batch} get {}", human_size(size)),
+    );
+    let mut bufs = vec![vec![0u8; size as usize]; batch];
+    let mut lat = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let first = (round * batch) % objects;
+        let ids: Vec<usize> = (0..batch).map(|j| (first + j) % objects).collect();
+        let keys: Vec<String> = ids.iter().map(|&i| key(run, size, i)).collect();
+        let mut items: Vec<(&str, &mut [u8])> = keys
+            .iter()
+            .map(String::as_str)
+            .zip(bufs.iter_mut().map(Vec::as_mut_slice))
+            .collect();
+        let t = Instant::now();
+        let results = reader.batch_get_into(&mut items).await;
+        lat.push(t.elapsed());
+        for (j, r) in results.into_iter().enumerate() {
+            r?;
+            if bufs[j] != expected[ids[j]] {
+                return Err(protocol_error(format!("{} read back wrong", keys[j])));
+            }
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    phases.push(Phase::from_latencies(
+        &format!("batch{batch}-get"),
+        size,
+        batch as u64,
+        lat,
+    ));
+    Ok(phases)
+}
+
+async fn exist_phases(reader: &Client, config: &BenchConfig, run: &str) -> Result<Vec<Phase>> {
+    let size = config.sizes[0];
+    let objects = objects_for(size, config.count);
+    let bar = progress(config.progress, config.count as u64, "exist".into());
+    let mut lat = Vec::with_capacity(config.count);
+    for n in 0..config.count {
+        let k = key(run, size, n % objects);
+        let t = Instant::now();
+        let found = reader.exist(&k).await?;
+        lat.push(t.elapsed());
+        if !found {
+            return Err(protocol_error(format!("{k} should exist")));
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let mut phases = vec![Phase::from_latencies("exist", 0, 1, lat)];
+    let keys: Vec<String> = (0..EXIST_BATCH)
+        .map(|i| key(run, size, i % objects))
+        .collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let rounds = config.count.div_ceil(10).max(10);
+    let mut lat = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let found = reader.batch_exist(&refs).await?;
+        lat.push(t.elapsed());
+        if !found.iter().all(|r| matches!(r, Ok(true))) {
+            return Err(protocol_error("a batch exist missed a key"));
+        }
+    }
+    phases.push(Phase::from_latencies(
+        &format!("batch{EXIST_BATCH}-exist"),
+        0,
+        EXIST_BATCH as u64,
+        lat,
+    ));
+    Ok(phases)
+}
+
+/// The writer process: contributes a segment large enough for every size's objects, writes
+/// them on request (one put at a time), and reports put latencies.
+pub async fn run_writer(master: &str, sizes: &[u64], count: usize, run: &str) -> Result<()> {
+    let footprint: u64 = sizes
+        .iter()
+        .map(|&s| objects_for(s, count) as u64 * s.div_ceil(64) * 64)
+        .sum();
+    let segment = footprint + footprint / 4 + (64 << 20);
+    let writer =
+        Client::connect(ClientConfig::new(master).contributing(segment, "127.0.0.1:0")).await?;
+    let local = writer
+        .segment_name()
+        .map(|n| ReplicateConfig::single().preferring(n))
+        .expect("the writer contributes a segment");
+    let mut out = std::io::stdout();
+    let say = |out: &mut std::io::Stdout, line: String| {
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    };
+    say(&mut out, "ready".into());
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines() {
+        let line = line.map_err(|e| protocol_error(format!("stdin: {e}")))?;
+        let mut words = line.split_whitespace();
+        match (
+            words.next(),
+            words.next().and_then(|w| w.parse::<u64>().ok()),
+        ) {
+            (Some("put"), Some(size)) => {
+                let objects = objects_for(size, count);
+                let mut lat = Vec::with_capacity(objects);
+                for i in 0..objects {
+                    let v = value(size, i);
+                    let t = Instant::now();
+                    writer.put(&key(run, size, i), &v, &local).await?;
+                    lat.push(t.elapsed());
+                }
+                let phase = Phase::from_latencies("put", size, 1, lat);
+                say(
+                    &mut out,
+                    format!(
+                        "result {}",
+                        serde_json::to_string(&phase).expect("serializes")
+                    ),
+                );
+            }
+            (Some("exit"), _) | (None, _) => break,
+            _ => return Err(protocol_error(format!("unknown writer command {line:?}"))),
+        }
+    }
+    writer.close().await
+}

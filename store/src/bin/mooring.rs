@@ -1,0 +1,572 @@
+//! The `mooring` command: run a master or a storage node, use the store from the shell,
+//! benchmark it, or watch a demo.
+
+#![allow(clippy::print_stdout)] // this is the CLI; stdout is its output
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use mooring::bench::{self, BenchConfig};
+use mooring::config::{FileConfig, MasterSection, parse_duration, parse_size};
+use mooring::{
+    Client, ClientConfig, RunningMaster, SegmentConfig, StandaloneNode, demo, random_client_id,
+};
+use mooring_core::{Error, ErrorCode, ReplicateConfig};
+use mooring_transport_tcp::LocalSegments;
+
+#[cfg(not(madsim))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc options: transparent huge pages for its arenas (the master's metadata is a large,
+/// randomly accessed heap).
+#[cfg(not(madsim))]
+#[allow(non_upper_case_globals)]
+#[used]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static malloc_conf: &[u8; 31] = b"thp:always,metadata_thp:always\0";
+
+const DEFAULT_MASTER: &str = "127.0.0.1:50051";
+
+#[derive(Parser)]
+#[command(
+    name = "mooring",
+    version,
+    about = "Mooring: a distributed KV-cache store for LLM inference",
+    long_about = "Mooring pools memory contributed by storage nodes into one store for KV-cache \
+blocks and model weights. A master allocates space and grants leases; clients move bytes \
+straight to and from the nodes.\n\nStart a master, start nodes pointing at it, then put and \
+get from anywhere. `mooring demo` runs a whole cluster in one process.\n\nLogs go to stderr; \
+set RUST_LOG (e.g. RUST_LOG=mooring=debug) to see more."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the master (metadata service).
+    Master(MasterArgs),
+    /// Run a storage node contributing memory to the pool.
+    Node(NodeArgs),
+    /// Store a value (from a file, stdin, or --value).
+    Put(PutArgs),
+    /// Fetch a value (to stdout or --out).
+    Get(GetArgs),
+    /// Remove one key, every key matching a regex, or everything unused.
+    Rm(RmArgs),
+    /// List keys (optionally matching a regex) with their sizes and replica counts.
+    Ls(LsArgs),
+    /// Show cluster statistics and segments.
+    Stat(ClientArgs),
+    /// Measure put/get/exist throughput and latency (writer and reader in separate processes).
+    Bench(BenchArgs),
+    /// Run an embedded cluster through a prefill/decode workload and report what happened.
+    Demo,
+    /// The writer half of `mooring bench` (started by it).
+    #[command(hide = true)]
+    BenchWriter(BenchWriterArgs),
+    /// Fault-injection helpers for tests.
+    #[command(hide = true)]
+    Debug(DebugArgs),
+}
+
+#[derive(Args)]
+struct MasterArgs {
+    /// TOML config file with a [master] section (flags override it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Address to listen on [default: 0.0.0.0:50051].
+    #[arg(long)]
+    listen: Option<String>,
+    /// How long a read protects an object from removal, eviction and overwrite [default: 5s].
+    #[arg(long)]
+    lease_ttl: Option<String>,
+    /// Soft-pin TTL when a put does not give one [default: 30m].
+    #[arg(long)]
+    soft_pin_ttl: Option<String>,
+    /// Never evict soft-pinned objects (by default they go when nothing else is left).
+    #[arg(long)]
+    no_evict_soft_pinned: bool,
+    /// Usage fraction at which eviction starts [default: 0.95].
+    #[arg(long)]
+    high_watermark: Option<f64>,
+    /// Fraction of capacity one eviction pass frees [default: 0.05].
+    #[arg(long)]
+    eviction_ratio: Option<f64>,
+    /// An unfinished put may be taken over after this [default: 30s].
+    #[arg(long)]
+    discard_timeout: Option<String>,
+    /// An abandoned put's space is reused after this [default: 10m].
+    #[arg(long)]
+    release_timeout: Option<String>,
+    /// A silent client's segments and writes are dropped after this [default: 10s].
+    #[arg(long)]
+    client_ttl: Option<String>,
+    /// Seed for placement randomness.
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+#[derive(Args)]
+struct NodeArgs {
+    /// TOML config file with a [node] section (flags override it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The master's address [default: 127.0.0.1:50051].
+    #[arg(long, env = "MOORING_MASTER")]
+    master: Option<String>,
+    /// Memory to contribute, e.g. 4GiB [default: 1GiB].
+    #[arg(long)]
+    size: Option<String>,
+    /// Segment name, unique in the cluster [default: the advertised address].
+    #[arg(long)]
+    name: Option<String>,
+    /// Data server bind address [default: 0.0.0.0:0].
+    #[arg(long)]
+    listen: Option<String>,
+    /// Address clients connect to, if not the bound one (e.g. behind NAT).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Do not touch every page at startup.
+    #[arg(long)]
+    no_prefault: bool,
+}
+
+#[derive(Args, Clone)]
+struct ClientArgs {
+    /// The master's address.
+    #[arg(long, env = "MOORING_MASTER", default_value = DEFAULT_MASTER)]
+    master: String,
+    /// Time allowed for one request.
+    #[arg(long, default_value = "10s")]
+    timeout: String,
+}
+
+#[derive(Args)]
+struct PutArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The key.
+    key: String,
+    /// File to read the value from ("-" for stdin).
+    file: Option<PathBuf>,
+    /// The value, given inline instead of a file.
+    #[arg(long, conflicts_with = "file")]
+    value: Option<String>,
+    /// Replicas, each on a different node (best effort).
+    #[arg(long, default_value_t = 1)]
+    replicas: u32,
+    /// Never evict this object (until it is removed).
+    #[arg(long)]
+    hard_pin: bool,
+    /// Evict this object only after every unpinned one.
+    #[arg(long)]
+    soft_pin: bool,
+    /// Replace the value if the key exists.
+    #[arg(long)]
+    upsert: bool,
+}
+
+#[derive(Args)]
+struct GetArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The key.
+    key: String,
+    /// Write the value to this file instead of stdout.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct RmArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The key to remove.
+    #[arg(required_unless_present_any = ["regex", "all"])]
+    key: Option<String>,
+    /// Remove every unused key matching this regex.
+    #[arg(long, conflicts_with_all = ["key", "all"])]
+    regex: Option<String>,
+    /// Remove every unused key.
+    #[arg(long, conflicts_with = "key")]
+    all: bool,
+}
+
+#[derive(Args)]
+struct LsArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// Only keys matching this regex.
+    #[arg(default_value = ".*")]
+    regex: String,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Benchmark a running cluster at this master address.
+    #[arg(long, env = "MOORING_MASTER", conflicts_with = "embedded")]
+    master: Option<String>,
+    /// Start a master in this process instead (the writer still runs in its own process).
+    #[arg(long)]
+    embedded: bool,
+    /// Value sizes to measure.
+    #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB,1MiB,4MiB")]
+    sizes: Vec<String>,
+    /// Objects per size.
+    #[arg(long, default_value_t = 1000)]
+    count: usize,
+    /// Keys per batch in the batched phases.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Print results as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct BenchWriterArgs {
+    #[arg(long)]
+    master: String,
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<u64>,
+    #[arg(long)]
+    count: usize,
+    #[arg(long)]
+    run: String,
+}
+
+#[derive(Args)]
+struct DebugArgs {
+    #[command(subcommand)]
+    action: DebugAction,
+}
+
+#[derive(Subcommand)]
+enum DebugAction {
+    /// Start a put and never finish it (for crash tests).
+    HangPut {
+        #[arg(long, default_value = DEFAULT_MASTER)]
+        master: String,
+        key: String,
+        #[arg(long, default_value_t = 4096)]
+        size: u64,
+    },
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn usage_error(message: String) -> Error {
+    Error::new(ErrorCode::INVALID_PARAMS, message)
+}
+
+async fn connect(args: &ClientArgs) -> Result<Client, Error> {
+    let mut config = ClientConfig::new(args.master.clone());
+    config.rpc_timeout = parse_duration(&args.timeout).map_err(usage_error)?;
+    Client::connect(config).await
+}
+
+async fn run_master(args: MasterArgs) -> Result<(), Error> {
+    let file = match &args.config {
+        Some(path) => FileConfig::load(path).map_err(usage_error)?,
+        None => FileConfig::default(),
+    };
+    let flags = MasterSection {
+        listen: args.listen,
+        lease_ttl: args.lease_ttl,
+        soft_pin_ttl: args.soft_pin_ttl,
+        allow_evict_soft_pinned: args.no_evict_soft_pinned.then_some(false),
+        eviction_high_watermark: args.high_watermark,
+        eviction_ratio: args.eviction_ratio,
+        put_start_discard_timeout: args.discard_timeout,
+        put_start_release_timeout: args.release_timeout,
+        client_ttl: args.client_ttl,
+        seed: args.seed,
+    };
+    let settings = file.master.overlay(flags);
+    let config = settings.master_config().map_err(usage_error)?;
+    let listen = settings.listen.unwrap_or_else(|| "0.0.0.0:50051".into());
+    let master = RunningMaster::start(&listen, config).await?;
+    println!("mooring master listening on {}", master.addr);
+    let _ = std::io::stdout().flush();
+    wait_for_shutdown().await;
+    drop(master);
+    Ok(())
+}
+
+async fn run_node(args: NodeArgs) -> Result<(), Error> {
+    let file = match &args.config {
+        Some(path) => FileConfig::load(path).map_err(usage_error)?,
+        None => FileConfig::default(),
+    };
+    let f = file.node;
+    let master = args
+        .master
+        .or(f.master)
+        .unwrap_or_else(|| DEFAULT_MASTER.into());
+    let size =
+        parse_size(&args.size.or(f.size).unwrap_or_else(|| "1GiB".into())).map_err(usage_error)?;
+    let segment = SegmentConfig {
+        node: mooring::NodeConfig {
+            name: args.name.or(f.name),
+            size,
+            prefault: !args.no_prefault && f.prefault.unwrap_or(true),
+        },
+        listen: args
+            .listen
+            .or(f.listen)
+            .unwrap_or_else(|| "0.0.0.0:0".into()),
+        advertise: args.advertise.or(f.advertise),
+    };
+    let node =
+        StandaloneNode::start(&master, None, &segment, Arc::new(LocalSegments::default())).await?;
+    println!(
+        "mooring node {} serving {size} bytes (master {master})",
+        node.node.name()
+    );
+    let _ = std::io::stdout().flush();
+    wait_for_shutdown().await;
+    node.shutdown().await
+}
+
+async fn wait_for_shutdown() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+async fn run_put(args: PutArgs) -> Result<(), Error> {
+    let value = match (&args.value, &args.file) {
+        (Some(v), _) => v.clone().into_bytes(),
+        (None, Some(path)) if path.as_os_str() == "-" => read_stdin()?,
+        (None, Some(path)) => std::fs::read(path).map_err(|e| {
+            Error::new(
+                ErrorCode::FILE_READ_FAIL,
+                format!("{}: {e}", path.display()),
+            )
+        })?,
+        (None, None) => read_stdin()?,
+    };
+    let mut config = ReplicateConfig::replicas(args.replicas);
+    config.with_hard_pin = args.hard_pin;
+    config.with_soft_pin = args.soft_pin;
+    let client = connect(&args.client).await?;
+    if args.upsert {
+        client.upsert(&args.key, &value, &config).await?;
+    } else {
+        client.put(&args.key, &value, &config).await?;
+    }
+    println!("stored {} ({} bytes)", args.key, value.len());
+    Ok(())
+}
+
+fn read_stdin() -> Result<Vec<u8>, Error> {
+    let mut value = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut value)
+        .map_err(|e| Error::new(ErrorCode::FILE_READ_FAIL, format!("stdin: {e}")))?;
+    Ok(value)
+}
+
+async fn run_get(args: GetArgs) -> Result<(), Error> {
+    let client = connect(&args.client).await?;
+    let value = client.get(&args.key).await?;
+    match &args.out {
+        Some(path) => std::fs::write(path, &value).map_err(|e| {
+            Error::new(
+                ErrorCode::FILE_WRITE_FAIL,
+                format!("{}: {e}", path.display()),
+            )
+        })?,
+        None => std::io::stdout()
+            .write_all(&value)
+            .map_err(|e| Error::new(ErrorCode::FILE_WRITE_FAIL, format!("stdout: {e}")))?,
+    }
+    Ok(())
+}
+
+async fn run_rm(args: RmArgs) -> Result<(), Error> {
+    let client = connect(&args.client).await?;
+    if let Some(key) = &args.key {
+        client.remove(key).await?;
+        println!("removed {key}");
+    } else if let Some(regex) = &args.regex {
+        println!("removed {} objects", client.remove_by_regex(regex).await?);
+    } else {
+        println!("removed {} objects", client.remove_all().await?);
+    }
+    Ok(())
+}
+
+async fn run_ls(args: LsArgs) -> Result<(), Error> {
+    let client = connect(&args.client).await?;
+    let keys = client.query(&args.regex).await?;
+    for k in &keys {
+        println!("{:>12}  {}x  {}", k.size, k.replicas, k.key);
+    }
+    println!("{} keys", keys.len());
+    Ok(())
+}
+
+async fn run_stat(args: ClientArgs) -> Result<(), Error> {
+    let client = connect(&args).await?;
+    let s = client.stats().await?;
+    let pct = if s.capacity == 0 {
+        0.0
+    } else {
+        100.0 * s.used as f64 / s.capacity as f64
+    };
+    println!("objects        {} ({} being written)", s.objects, s.writing);
+    println!(
+        "memory         {} of {} bytes used ({pct:.1}%)",
+        s.used, s.capacity
+    );
+    println!("segments       {}", s.segments);
+    println!("clients        {}", s.clients);
+    println!(
+        "evicted        {} objects, {} bytes",
+        s.evicted_objects, s.evicted_bytes
+    );
+    println!(
+        "discarded      {} unfinished writes ({} blocks awaiting release)",
+        s.discarded_writes, s.discarded_blocks
+    );
+    println!(
+        "lost           {} objects (their last node went away)",
+        s.lost_objects
+    );
+    for seg in client.segments().await? {
+        println!(
+            "  {:<24} {:>14} / {:<14} {}",
+            seg.name, seg.used, seg.size, seg.endpoint
+        );
+    }
+    Ok(())
+}
+
+async fn run_bench(args: BenchArgs) -> Result<(), Error> {
+    let sizes = args
+        .sizes
+        .iter()
+        .map(|s| parse_size(s))
+        .collect::<Result<Vec<u64>, String>>()
+        .map_err(usage_error)?;
+    let config = BenchConfig {
+        master: args.master,
+        sizes,
+        count: args.count,
+        batch: args.batch,
+        progress: !args.json,
+    };
+    let report = bench::run(
+        &config,
+        std::env::current_exe().map_err(|e| {
+            Error::new(
+                ErrorCode::INTERNAL_ERROR,
+                format!("cannot find this executable: {e}"),
+            )
+        })?,
+    )
+    .await?;
+    if args.json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_table());
+    }
+    Ok(())
+}
+
+async fn run_debug(args: DebugArgs) -> Result<(), Error> {
+    match args.action {
+        DebugAction::HangPut { master, key, size } => {
+            let control =
+                mooring_transport_tcp::TcpControlPlane::new(master, Duration::from_secs(10));
+            use mooring_core::transport::ControlPlane;
+            let reply = control
+                .call(mooring_core::wire::MasterRequest::PutStart {
+                    client: random_client_id(),
+                    key: key.clone(),
+                    size,
+                    config: ReplicateConfig::single(),
+                    upsert: false,
+                })
+                .await?;
+            println!("started put of {key}: {reply:?}");
+            let _ = std::io::stdout().flush();
+            std::future::pending::<()>().await;
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Services log their life; commands print their result and only warn; the demo prints a
+    // report and keeps the log to errors.
+    init_logging(match cli.command {
+        Command::Master(_) | Command::Node(_) => "info",
+        Command::Demo => "error",
+        _ => "warn",
+    });
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Master(args) => run_master(args).await,
+            Command::Node(args) => run_node(args).await,
+            Command::Put(args) => run_put(args).await,
+            Command::Get(args) => run_get(args).await,
+            Command::Rm(args) => run_rm(args).await,
+            Command::Ls(args) => run_ls(args).await,
+            Command::Stat(args) => run_stat(args).await,
+            Command::Bench(args) => run_bench(args).await,
+            Command::BenchWriter(args) => {
+                bench::run_writer(&args.master, &args.sizes, args.count, &args.run).await
+            }
+            Command::Demo => demo::run(&demo::DemoConfig::default(), &mut std::io::stdout()).await,
+            Command::Debug(args) => run_debug(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! Configuration files and human-friendly values.
+//!
+//! Every service setting can come from a flag or from a TOML file (`--config`); a flag wins
+//! over the file, the file over the default. Sizes read like `64MiB`, `1GiB`, `4096`;
+//! durations like `5s`, `250ms`, `10m`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use mooring_core::{MasterConfig, Millis};
+use serde::Deserialize;
+
+/// Parses a byte size: a number with an optional unit (`B`, `KiB`/`K`, `MiB`/`M`, `GiB`/`G`,
+/// `TiB`/`T` are powers of 1024; `KB`, `MB`, `GB`, `TB` powers of 1000).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '_')
+        .unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (try 4096, 64MiB or 1GiB)"))?;
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        other => return Err(format!("unknown size unit {other:?} in {text:?}")),
+    };
+    n.checked_mul(multiplier)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// Parses a duration: a number with a unit (`ms`, `s`, `m`, `h`); a bare number is seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (try 500ms, 5s or 10m)"))?;
+    Ok(match unit.trim() {
+        "ms" => Duration::from_millis(n),
+        "" | "s" => Duration::from_secs(n),
+        "m" | "min" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        other => return Err(format!("unknown duration unit {other:?} in {text:?}")),
+    })
+}
+
+fn millis(d: Duration) -> Millis {
+    Millis(d.as_millis() as u64)
+}
+
+/// The `[master]` section of a config file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MasterSection {
+    /// Address to listen on.
+    pub listen: Option<String>,
+    /// Read lease TTL.
+    pub lease_ttl: Option<String>,
+    /// Default soft-pin TTL.
+    pub soft_pin_ttl: Option<String>,
+    /// Whether soft-pinned objects may be evicted when nothing else is left.
+    pub allow_evict_soft_pinned: Option<bool>,
+    /// Usage fraction that starts eviction.
+    pub eviction_high_watermark: Option<f64>,
+    /// Fraction of capacity one eviction pass frees.
+    pub eviction_ratio: Option<f64>,
+    /// Unfinished puts may be preempted after this.
+    pub put_start_discard_timeout: Option<String>,
+    /// Discarded puts' space is reused after this.
+    pub put_start_release_timeout: Option<String>,
+    /// Silent clients are dropped after this.
+    pub client_ttl: Option<String>,
+    /// Seed for placement randomness.
+    pub seed: Option<u64>,
+}
+
+/// The `[node]` section of a config file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSection {
+    /// The master's address.
+    pub master: Option<String>,
+    /// Segment name.
+    pub name: Option<String>,
+    /// Bytes contributed.
+    pub size: Option<String>,
+    /// Data server bind address.
+    pub listen: Option<String>,
+    /// Address advertised to clients.
+    pub advertise: Option<String>,
+    /// Touch every page at startup.
+    pub prefault: Option<bool>,
+}
+
+/// The `[client]` section of a config file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientSection {
+    /// The master's address.
+    pub master: Option<String>,
+    /// Time allowed for one RPC.
+    pub rpc_timeout: Option<String>,
+}
+
+/// A config file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Master settings.
+    #[serde(default)]
+    pub master: MasterSection,
+    /// Node settings.
+    #[serde(default)]
+    pub node: NodeSection,
+    /// Client settings.
+    #[serde(default)]
+    pub client: ClientSection,
+}
+
+impl FileConfig {
+    /// Reads a TOML config file.
+    pub fn load(path: &Path) -> Result<FileConfig, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("bad config {}: {e}", path.display()))
+    }
+}
+
+impl MasterSection {
+    /// Overlays `flags` (which win) on this section.
+    pub fn overlay(self, flags: MasterSection) -> MasterSection {
+        MasterSection {
+            listen: flags.listen.or(self.listen),
+            lease_ttl: flags.lease_ttl.or(self.lease_ttl),
+            soft_pin_ttl: flags.soft_pin_ttl.or(self.soft_pin_ttl),
+            allow_evict_soft_pinned: flags
+                .allow_evict_soft_pinned
+                .or(self.allow_evict_soft_pinned),
+            eviction_high_watermark: flags
+                .eviction_high_watermark
+                .or(self.eviction_high_watermark),
+            eviction_ratio: flags.eviction_ratio.or(self.eviction_ratio),
+            put_start_discard_timeout: flags
+                .put_start_discard_timeout
+                .or(self.put_start_discard_timeout),
+            put_start_release_timeout: flags
+                .put_start_release_timeout
+                .or(self.put_start_release_timeout),
+            client_ttl: flags.client_ttl.or(self.client_ttl),
+            seed: flags.seed.or(self.seed),
+        }
+    }
+
+    /// The core configuration these settings describe (defaults for anything unset).
+    pub fn master_config(&self) -> Result<MasterConfig, String> {
+        let mut c = MasterConfig::default();
+        let duration = |v: &Option<String>| v.as_deref().map(parse_duration).transpose();
+        if let Some(d) = duration(&self.lease_ttl)? {
+            c.lease_ttl = millis(d);
+        }
+        if let Some(d) = duration(&self.soft_pin_ttl)? {
+            c.default_soft_pin_ttl = millis(d);
+        }
+        if let Some(d) = duration(&self.put_start_discard_timeout)? {
+            c.put_start_discard_timeout = millis(d);
+        }
+        if let Some(d) = duration(&self.put_start_release_timeout)? {
+            c.put_start_release_timeout = millis(d);
+        }
+        if let Some(d) = duration(&self.client_ttl)? {
+            c.client_ttl = millis(d);
+        }
+        if let Some(v) = self.allow_evict_soft_pinned {
+            c.allow_evict_soft_pinned = v;
+        }
+        if let Some(v) = self.eviction_high_watermark {
+            c.eviction_high_watermark = v;
+        }
+        if let Some(v) = self.eviction_ratio {
+            c.eviction_ratio = v;
+        }
+        if let Some(v) = self.seed {
+            c.seed = v;
+        }
+        c.validate().map_err(|e| e.to_string())?;
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("2 GB"), Ok(2_000_000_000));
+        assert_eq!(parse_size("1_024"), Ok(1024));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("5 parsecs").is_err());
+        assert!(parse_size("99999999999TiB").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("3 fortnights").is_err());
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_bad_values_are_explained() {
+        let file: FileConfig = toml::from_str(
+            "[master]\nlease_ttl = \"2s\"\nclient_ttl = \"20s\"\n[node]\nsize = \"1GiB\"\n",
+        )
+        .unwrap();
+        let merged = file.master.overlay(MasterSection {
+            lease_ttl: Some("300ms".into()),
+            ..MasterSection::default()
+        });
+        let config = merged.master_config().unwrap();
+        assert_eq!(config.lease_ttl, Millis(300));
+        assert_eq!(config.client_ttl, Millis(20_000));
+        let bad = MasterSection {
+            eviction_high_watermark: Some(3.0),
+            ..MasterSection::default()
+        };
+        assert!(
+            bad.master_config()
+                .unwrap_err()
+                .contains("eviction_high_watermark")
+        );
+        assert!(toml::from_str::<FileConfig>("[master]\nleese_ttl = \"1s\"").is_err());
+    }
+}

@@ -1,0 +1,30 @@
+//! # mooring
+//!
+//! The services of Mooring, a distributed KV-cache store for LLM inference, built on the pure
+//! core (`mooring-core`) and a transport (`mooring-transport-tcp`):
+//!
+//! - [`master_service`]: the master, serving metadata RPCs and running the core's timers;
+//! - [`node`]: a storage node contributing segment memory;
+//! - [`client`]: the client library (put, get, batches, upsert, exist, remove, queries);
+//! - [`connect`]: connecting clients and nodes over TCP;
+//! - [`cluster`]: an embedded cluster (master, nodes, clients in one process);
+//! - [`demo`]: the prefill→decode demonstration behind `mooring demo`.
+//!
+//! The `mooring` binary (`src/bin/mooring.rs`) wraps these in a CLI.
+
+pub mod bench;
+pub mod client;
+pub mod clock;
+pub mod cluster;
+pub mod config;
+pub mod connect;
+pub mod demo;
+pub mod master_service;
+pub mod memory;
+pub mod node;
+
+pub use client::{Client, KeyInfo};
+pub use cluster::{EmbeddedCluster, EmbeddedConfig};
+pub use connect::{ClientConfig, SegmentConfig, StandaloneNode, random_client_id};
+pub use master_service::{MasterService, RunningMaster};
+pub use node::{Node, NodeConfig};

@@ -1,0 +1,153 @@
+//! The master service: the core's `Master` behind a lock, a timer that runs `tick`, and RPC
+//! serving. All policy is in the core; this adds only time, locking and logging.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mooring_core::wire::{MasterRequest, MasterResponse};
+use mooring_core::{Error, ErrorCode, Event, Master, MasterConfig, Result, Stats};
+use mooring_transport_tcp::{RpcHandler, spawn_rpc_server};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::clock::Clock;
+
+/// How often the timer checks whether `tick` is due. Deadlines in the core are in
+/// milliseconds; this bounds how late a duty (eviction, expiry) runs.
+const TICK_RESOLUTION: Duration = Duration::from_millis(10);
+
+/// The master's state, shared by the RPC connections and the timer.
+pub struct MasterService {
+    master: Mutex<Master>,
+    clock: Clock,
+}
+
+impl MasterService {
+    /// A service around a fresh master.
+    pub fn new(config: MasterConfig) -> Result<Arc<MasterService>> {
+        Ok(Arc::new(MasterService {
+            master: Mutex::new(Master::new(config)?),
+            clock: Clock::new(),
+        }))
+    }
+
+    /// Runs `f` on the master at the current time, then logs what it did on its own.
+    pub fn with_master<T>(&self, f: impl FnOnce(&mut Master, mooring_core::Millis) -> T) -> T {
+        let mut master = self.master.lock().expect("master lock");
+        let result = f(&mut master, self.clock.now());
+        let events = master.drain_events();
+        drop(master);
+        log_events(events);
+        result
+    }
+
+    /// Gauges and counters.
+    pub fn stats(&self) -> Stats {
+        self.with_master(|m, _| m.stats())
+    }
+
+    /// Runs `tick` whenever it is due, until the task is aborted.
+    pub fn spawn_timer(self: &Arc<Self>) -> JoinHandle<()> {
+        let service = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(TICK_RESOLUTION).await;
+                service.with_master(|m, now| {
+                    if m.next_deadline().is_some_and(|d| d <= now) {
+                        m.tick(now);
+                    }
+                });
+            }
+        })
+    }
+}
+
+impl RpcHandler for MasterService {
+    fn handle(&self, request: MasterRequest) -> MasterResponse {
+        self.with_master(|m, now| m.handle(request, now))
+    }
+}
+
+fn log_events(events: Vec<Event>) {
+    for event in events {
+        match event {
+            Event::Evicted {
+                key,
+                soft_pinned,
+                bytes,
+                contiguous,
+            } => debug!(%key, soft_pinned, bytes, contiguous, "evicted"),
+            Event::WriteDiscarded {
+                key, write, cause, ..
+            } => {
+                info!(%key, %write, ?cause, "discarded an unfinished write")
+            }
+            Event::ObjectLost { key, segment } => {
+                debug!(%key, %segment, "object lost with its last segment")
+            }
+            Event::SegmentUnmounted {
+                segment,
+                name,
+                replicas_dropped,
+                objects_lost,
+            } => {
+                if objects_lost > 0 {
+                    warn!(%segment, %name, replicas_dropped, objects_lost, "segment unmounted; objects with no other replica are gone")
+                } else {
+                    info!(%segment, %name, replicas_dropped, "segment unmounted")
+                }
+            }
+            Event::ClientExpired { client } => info!(%client, "client expired"),
+        }
+    }
+}
+
+/// A running master: its address and the tasks serving it.
+pub struct RunningMaster {
+    /// The service state.
+    pub service: Arc<MasterService>,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningMaster {
+    /// Binds `listen` and serves.
+    pub async fn start(listen: &str, config: MasterConfig) -> Result<RunningMaster> {
+        let service = MasterService::new(config)?;
+        let listener = TcpListener::bind(listen).await.map_err(|e| {
+            Error::new(
+                ErrorCode::INVALID_PARAMS,
+                format!("master cannot listen on {listen}: {e}"),
+            )
+        })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
+        let tasks = vec![
+            spawn_rpc_server(listener, service.clone()),
+            service.spawn_timer(),
+        ];
+        info!(%addr, "master listening");
+        Ok(RunningMaster {
+            service,
+            addr,
+            tasks,
+        })
+    }
+
+    /// Stops serving.
+    pub fn shutdown(&mut self) {
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for RunningMaster {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

@@ -1,0 +1,358 @@
+//! The cluster as users run it: a master and storage nodes as separate processes on
+//! 127.0.0.1, clients in this process, faults injected with SIGKILL and garbage bytes.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mooring::{Client, ClientConfig};
+use mooring_core::{ErrorCode, ReplicateConfig};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mooring");
+
+/// A child process killed when dropped.
+struct Proc {
+    child: Child,
+    line: String,
+}
+
+impl Proc {
+    /// Starts `mooring args...` and waits for its first stdout line.
+    fn start(args: &[&str]) -> Proc {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start mooring");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("first line");
+        assert!(!line.is_empty(), "mooring {args:?} exited without output");
+        Proc { child, line }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+struct Cluster {
+    master: Proc,
+    addr: String,
+    nodes: Vec<Proc>,
+}
+
+fn start_cluster(nodes: usize, node_size: &str) -> Cluster {
+    let master = Proc::start(&[
+        "master",
+        "--listen",
+        "127.0.0.1:0",
+        "--lease-ttl",
+        "300ms",
+        "--discard-timeout",
+        "2s",
+        "--release-timeout",
+        "3s",
+        "--client-ttl",
+        "2s",
+    ]);
+    let addr = master.line.trim().rsplit(' ').next().unwrap().to_string();
+    let nodes = (0..nodes)
+        .map(|i| {
+            Proc::start(&[
+                "node",
+                "--master",
+                &addr,
+                "--size",
+                node_size,
+                "--listen",
+                "127.0.0.1:0",
+                "--name",
+                &format!("node{i}"),
+                "--no-prefault",
+            ])
+        })
+        .collect();
+    Cluster {
+        master,
+        addr,
+        nodes,
+    }
+}
+
+async fn client(addr: &str) -> Client {
+    Client::connect(ClientConfig::new(addr)).await.unwrap()
+}
+
+fn value(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+async fn wait_until<F: std::future::Future<Output = bool>>(
+    limit: Duration,
+    mut f: impl FnMut() -> F,
+) {
+    let deadline = Instant::now() + limit;
+    while !f().await {
+        assert!(
+            Instant::now() < deadline,
+            "condition not reached within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn byte_exact_across_nodes_with_distinct_replicas() {
+    let cluster = start_cluster(3, "32MiB");
+    let c = client(&cluster.addr).await;
+    for i in 0..40u64 {
+        let v = value(i, 1 + (i as usize * 7919) % 300_000);
+        c.put(&format!("k{i}"), &v, &ReplicateConfig::replicas(3))
+            .await
+            .unwrap();
+    }
+    let other = client(&cluster.addr).await;
+    for i in 0..40u64 {
+        let v = value(i, 1 + (i as usize * 7919) % 300_000);
+        assert_eq!(other.get(&format!("k{i}")).await.unwrap(), v, "k{i}");
+    }
+    for (key, list) in other.query_by_regex("^k").await.unwrap() {
+        let mut segments: Vec<_> = list.replicas.iter().map(|r| r.segment).collect();
+        segments.sort();
+        segments.dedup();
+        assert_eq!(segments.len(), 3, "{key} replicas on distinct nodes");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_survive_the_loss_of_a_replica_node() {
+    let mut cluster = start_cluster(3, "32MiB");
+    let c = client(&cluster.addr).await;
+    for i in 0..30u64 {
+        c.put(
+            &format!("k{i}"),
+            &value(i, 50_000),
+            &ReplicateConfig::replicas(2),
+        )
+        .await
+        .unwrap();
+    }
+    cluster.nodes[0].kill();
+    for i in 0..30u64 {
+        assert_eq!(
+            c.get(&format!("k{i}")).await.unwrap(),
+            value(i, 50_000),
+            "k{i} right after the kill"
+        );
+    }
+    // After the client TTL the master drops the dead node; every key still has a replica.
+    wait_until(Duration::from_secs(10), || async {
+        c.stats().await.unwrap().segments == 2
+    })
+    .await;
+    for i in 0..30u64 {
+        assert_eq!(c.get(&format!("k{i}")).await.unwrap(), value(i, 50_000));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_under_pressure_keeps_hard_pinned_objects() {
+    let cluster = start_cluster(3, "4MiB");
+    let c = client(&cluster.addr).await;
+    for i in 0..3u64 {
+        c.put(
+            &format!("weights{i}"),
+            &value(100 + i, 1 << 20),
+            &ReplicateConfig::single().hard_pinned(),
+        )
+        .await
+        .unwrap();
+    }
+    for i in 0..200u64 {
+        let key = format!("kv{i}");
+        c.put(&key, &value(i, 128 << 10), &ReplicateConfig::single())
+            .await
+            .unwrap();
+    }
+    let stats = c.stats().await.unwrap();
+    assert!(stats.evicted_objects > 100, "{stats:?}");
+    for i in 0..3u64 {
+        assert_eq!(
+            c.get(&format!("weights{i}")).await.unwrap(),
+            value(100 + i, 1 << 20)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_killed_mid_put_leaves_the_key_writable_after_the_discard_timeout() {
+    let cluster = start_cluster(1, "16MiB");
+    let mut hung = Proc::start(&["debug", "hang-put", "--master", &cluster.addr, "doomed"]);
+    assert!(hung.line.contains("started put"), "{}", hung.line);
+    hung.kill();
+    let c = client(&cluster.addr).await;
+    let e = c
+        .put("doomed", b"mine", &ReplicateConfig::single())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::OBJECT_ALREADY_EXISTS);
+    assert_eq!(
+        c.get("doomed").await.unwrap_err().code,
+        ErrorCode::REPLICA_IS_NOT_READY
+    );
+    wait_until(Duration::from_secs(10), || async {
+        c.put("doomed", b"mine", &ReplicateConfig::single())
+            .await
+            .is_ok()
+    })
+    .await;
+    assert_eq!(c.get("doomed").await.unwrap(), b"mine");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_segment_is_dropped_after_the_client_ttl() {
+    let mut cluster = start_cluster(2, "16MiB");
+    let c = client(&cluster.addr).await;
+    let segments = c.segments().await.unwrap();
+    let doomed = segments.iter().find(|s| s.name == "node1").unwrap().id;
+    for i in 0..20u64 {
+        c.put(
+            &format!("k{i}"),
+            &value(i, 10_000),
+            &ReplicateConfig::single().preferring("node1"),
+        )
+        .await
+        .unwrap();
+    }
+    cluster.nodes[1].kill();
+    let killed = Instant::now();
+    wait_until(Duration::from_secs(10), || async {
+        c.segments().await.unwrap().iter().all(|s| s.id != doomed)
+    })
+    .await;
+    assert!(
+        killed.elapsed() >= Duration::from_millis(1500),
+        "dropped before the TTL"
+    );
+    for i in 0..20u64 {
+        assert_eq!(
+            c.get(&format!("k{i}")).await.unwrap_err().code,
+            ErrorCode::OBJECT_NOT_FOUND
+        );
+    }
+    assert_eq!(c.stats().await.unwrap().lost_objects, 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upsert_under_concurrent_reads_is_never_torn() {
+    let cluster = start_cluster(2, "32MiB");
+    let writer = client(&cluster.addr).await;
+    let reader = client(&cluster.addr).await;
+    let versions: Vec<Vec<u8>> = (0..6).map(|v| value(1000 + v, 2 << 20)).collect();
+    writer
+        .put("weights", &versions[0], &ReplicateConfig::replicas(2))
+        .await
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let read_task = {
+        let (reader, versions, stop) = (reader.clone(), versions.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut seen = [0usize; 6];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match reader.get("weights").await {
+                    Ok(v) => {
+                        let which = versions.iter().position(|x| *x == v);
+                        seen[which.expect("a read returned bytes of no version (torn)")] += 1;
+                    }
+                    Err(e) => assert_eq!(e.code, ErrorCode::REPLICA_IS_NOT_READY, "{e}"),
+                }
+            }
+            seen
+        })
+    };
+    for version in &versions[1..] {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        writer
+            .upsert("weights", version, &ReplicateConfig::replicas(2))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = read_task.await.unwrap();
+    assert!(seen.iter().sum::<usize>() > 10, "{seen:?}");
+    assert_eq!(reader.get("weights").await.unwrap(), versions[5]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_to_every_port_is_refused_without_harm() {
+    let cluster = start_cluster(2, "16MiB");
+    let c = client(&cluster.addr).await;
+    c.put("before", b"intact", &ReplicateConfig::replicas(2))
+        .await
+        .unwrap();
+    let mut ports: Vec<String> = vec![cluster.addr.clone()];
+    ports.extend(c.segments().await.unwrap().into_iter().map(|s| s.endpoint));
+    let mut header = Vec::from(*b"MOOR");
+    header.extend_from_slice(&[1, 1, 0, 0]);
+    header.extend_from_slice(&7u64.to_le_bytes());
+    let mut huge = header.clone();
+    huge.extend_from_slice(&u32::MAX.to_le_bytes());
+    huge.extend_from_slice(&0u32.to_le_bytes());
+    let mut bad_crc = header.clone();
+    bad_crc.extend_from_slice(&8u32.to_le_bytes());
+    bad_crc.extend_from_slice(&0xDEAD_BEEFu32.to_le_bytes());
+    bad_crc.extend_from_slice(b"12345678");
+    let garbage: Vec<Vec<u8>> = vec![
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        value(7, 100_000),
+        huge,
+        bad_crc,
+        vec![0; 24],
+    ];
+    for port in &ports {
+        for bytes in &garbage {
+            let mut s = TcpStream::connect(port).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let _ = s.write_all(bytes);
+            let mut rest = Vec::new();
+            // The peer closes the connection instead of answering garbage.
+            let _ = s.read_to_end(&mut rest);
+            assert!(
+                rest.is_empty(),
+                "{port} answered garbage with {} bytes",
+                rest.len()
+            );
+        }
+    }
+    assert_eq!(c.get("before").await.unwrap(), b"intact");
+    c.put("after", b"fine", &ReplicateConfig::replicas(2))
+        .await
+        .unwrap();
+    assert_eq!(
+        client(&cluster.addr).await.get("after").await.unwrap(),
+        b"fine"
+    );
+    let _ = &cluster.master;
+}
