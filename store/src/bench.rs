@@ -26,11 +26,22 @@ const EXIST_BATCH: usize = 1000;
 /// Largest total bytes of distinct objects per size (reads cycle over them).
 const MAX_BYTES_PER_SIZE: u64 = 512 << 20;
 
+/// Where the benchmark's master runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MasterPlacement {
+    /// A running cluster's master at this address.
+    Remote(String),
+    /// A master started as its own process.
+    Process,
+    /// A master inside the writer process (an engine embedding the master).
+    InWriter,
+}
+
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct BenchConfig {
-    /// A running cluster's master, or `None` to start one in this process.
-    pub master: Option<String>,
+    /// Where the master runs.
+    pub master: MasterPlacement,
     /// Value sizes.
     pub sizes: Vec<u64>,
     /// Operations per size and phase.
@@ -167,6 +178,7 @@ struct Writer {
 }
 
 impl Writer {
+    /// Starts `exe bench-writer ...`.
     fn spawn(
         exe: &PathBuf,
         master: &str,
@@ -175,10 +187,28 @@ impl Writer {
         run: &str,
     ) -> Result<Writer> {
         let sizes: Vec<String> = sizes.iter().map(u64::to_string).collect();
-        let mut child = Command::new(exe)
-            .args(["bench-writer", "--master", master, "--count"])
-            .arg(count.to_string())
-            .args(["--sizes", &sizes.join(","), "--run", run])
+        let args = [
+            "bench-writer",
+            "--master",
+            master,
+            "--count",
+            &count.to_string(),
+            "--sizes",
+            &sizes.join(","),
+            "--run",
+            run,
+        ];
+        Writer::spawn_args(exe, &args)
+    }
+
+    /// Starts `exe args...` with piped stdin and stdout.
+    fn spawn_args(exe: &PathBuf, args: &[&str]) -> Result<Writer> {
+        let mut command = Command::new(exe);
+        if let Ok(threads) = std::env::var("MOORING_WRITER_THREADS") {
+            command.env("MOORING_WORKER_THREADS", threads);
+        }
+        let mut child = command
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -268,17 +298,26 @@ pub async fn run(config: &BenchConfig, exe: PathBuf) -> Result<Report> {
             "need at least one size, a positive count and a positive batch",
         ));
     }
-    let embedded = match &config.master {
-        Some(_) => None,
-        None => Some(RunningMaster::start("127.0.0.1:0", MasterConfig::default()).await?),
-    };
-    let master = match (&config.master, &embedded) {
-        (Some(addr), _) => addr.clone(),
-        (None, Some(m)) => m.addr.to_string(),
-        (None, None) => unreachable!(),
-    };
     let run = format!("{:016x}", crate::connect::random_client_id().0 as u64);
-    let mut writer = Writer::spawn(&exe, &master, &config.sizes, config.count, &run)?;
+    let mut master_process = None;
+    let (mut writer, master) = match &config.master {
+        MasterPlacement::Remote(addr) => {
+            let writer = Writer::spawn(&exe, addr, &config.sizes, config.count, &run)?;
+            (writer, addr.clone())
+        }
+        MasterPlacement::Process => {
+            let mut master = Writer::spawn_args(&exe, &["master", "--listen", "127.0.0.1:0"])?;
+            let addr = master.expect("mooring master listening on").await?;
+            master_process = Some(master);
+            let writer = Writer::spawn(&exe, &addr, &config.sizes, config.count, &run)?;
+            (writer, addr)
+        }
+        MasterPlacement::InWriter => {
+            let mut writer = Writer::spawn(&exe, "embedded", &config.sizes, config.count, &run)?;
+            let addr = writer.expect("master").await?;
+            (writer, addr)
+        }
+    };
     writer.expect("ready").await?;
     let reader = Client::connect(ClientConfig::new(master.clone())).await?;
     let mut report = Report::default();
@@ -296,7 +335,7 @@ pub async fn run(config: &BenchConfig, exe: PathBuf) -> Result<Report> {
         .extend(exist_phases(&reader, config, &run).await?);
     reader.close().await?;
     drop(writer);
-    drop(embedded);
+    drop(master_process);
     Ok(report)
 }
 
@@ -410,7 +449,23 @@ async fn exist_phases(reader: &Client, config: &BenchConfig, run: &str) -> Resul
 
 /// The writer process: contributes a segment large enough for every size's objects, writes
 /// them on request (one put at a time), and reports put latencies.
+/// With `master == "embedded"` the writer also runs the master (and announces its address).
 pub async fn run_writer(master: &str, sizes: &[u64], count: usize, run: &str) -> Result<()> {
+    let embedded = match master {
+        "embedded" => Some(RunningMaster::start("127.0.0.1:0", MasterConfig::default()).await?),
+        _ => None,
+    };
+    let master = match &embedded {
+        Some(m) => {
+            let addr = m.addr.to_string();
+            let mut out = std::io::stdout();
+            let _ = writeln!(out, "master {addr}");
+            let _ = out.flush();
+            addr
+        }
+        None => master.to_string(),
+    };
+    let master = master.as_str();
     let footprint: u64 = sizes
         .iter()
         .map(|&s| objects_for(s, count) as u64 * s.div_ceil(64) * 64)
@@ -428,9 +483,17 @@ pub async fn run_writer(master: &str, sizes: &[u64], count: usize, run: &str) ->
         let _ = out.flush();
     };
     say(&mut out, "ready".into());
-    let stdin = std::io::stdin();
-    for line in stdin.lock().lines() {
-        let line = line.map_err(|e| protocol_error(format!("stdin: {e}")))?;
+    // Commands arrive on stdin; read them on a thread so this process's runtime (which also
+    // serves the segment) never blocks.
+    let (tx, mut commands) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines().map_while(std::io::Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    while let Some(line) = commands.recv().await {
         let mut words = line.split_whitespace();
         match (
             words.next(),

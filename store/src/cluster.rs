@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use mooring_core::{MasterConfig, Result};
-use mooring_transport_tcp::{DataPlaneConfig, LocalSegments};
+use mooring_transport_tcp::LocalSegments;
 
 use crate::client::Client;
 use crate::connect::{ClientConfig, SegmentConfig, StandaloneNode};
@@ -86,10 +86,7 @@ impl EmbeddedCluster {
     /// A new pure client of this cluster.
     pub async fn client(&self) -> Result<Client> {
         let mut config = ClientConfig::new(self.master_addr());
-        config.data = DataPlaneConfig {
-            local_memcpy: self.config.local_memcpy,
-            ..DataPlaneConfig::default()
-        };
+        config.data.local_memcpy = self.config.local_memcpy;
         Client::connect_with(config, self.local.clone()).await
     }
 

@@ -50,7 +50,11 @@ impl ClientConfig {
             master: master.into(),
             id: None,
             rpc_timeout: Duration::from_secs(10),
-            data: DataPlaneConfig::default(),
+            data: DataPlaneConfig {
+                spin: crate::tuning::client_spin(),
+                stripes: crate::tuning::stripes(),
+                ..DataPlaneConfig::default()
+            },
             segment: None,
         }
     }
@@ -87,7 +91,11 @@ struct Transports {
 
 fn transports(config: &ClientConfig, local: Arc<LocalSegments>) -> Transports {
     Transports {
-        control: TcpControlPlane::new(config.master.clone(), config.rpc_timeout),
+        control: TcpControlPlane::new(
+            config.master.clone(),
+            config.rpc_timeout,
+            crate::tuning::client_spin(),
+        ),
         data: TcpDataPlane::new(local.clone(), config.data.clone()),
         local,
     }
@@ -104,6 +112,7 @@ async fn start_node(
         segment.advertise.clone(),
         local,
         id.0 as u64 ^ (id.0 >> 64) as u64,
+        crate::tuning::server_spin(),
     )
     .await?;
     let default_name = server.endpoint().to_string();
@@ -150,7 +159,8 @@ impl StandaloneNode {
         local: Arc<LocalSegments>,
     ) -> Result<StandaloneNode> {
         let id = id.unwrap_or_else(random_client_id);
-        let control: Arc<dyn ControlPlane> = TcpControlPlane::new(master, Duration::from_secs(10));
+        let control: Arc<dyn ControlPlane> =
+            TcpControlPlane::new(master, Duration::from_secs(10), crate::tuning::client_spin());
         let info = match control.call(MasterRequest::Hello { client: id }).await? {
             Reply::Hello(info) => info,
             other => return Err(unexpected(&other)),

@@ -22,8 +22,10 @@ pub mod demo;
 pub mod master_service;
 pub mod memory;
 pub mod node;
+pub mod tuning;
 
 pub use client::{Client, KeyInfo};
+pub use tuning::{client_spin, server_spin};
 pub use cluster::{EmbeddedCluster, EmbeddedConfig};
 pub use connect::{ClientConfig, SegmentConfig, StandaloneNode, random_client_id};
 pub use master_service::{MasterService, RunningMaster};

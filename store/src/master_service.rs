@@ -127,7 +127,7 @@ impl RunningMaster {
             .local_addr()
             .map_err(|e| Error::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
         let tasks = vec![
-            spawn_rpc_server(listener, service.clone()),
+            spawn_rpc_server(listener, service.clone(), crate::tuning::server_spin()),
             service.spawn_timer(),
         ];
         info!(%addr, "master listening");

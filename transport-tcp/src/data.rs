@@ -49,17 +49,20 @@ pub struct TcpDataServer {
     key_seed: u64,
     next_key: AtomicU64,
     accept: Mutex<Option<JoinHandle<()>>>,
+    spin: Duration,
 }
 
 impl TcpDataServer {
     /// Listens on `bind` and serves transfers. Clients are told to connect to `advertise`
     /// (default: the bound address). Keys are derived from `key_seed`, so distinct nodes and
-    /// restarts should use distinct seeds.
+    /// restarts should use distinct seeds. Connections busy-poll for up to `spin` for their next
+    /// request before parking.
     pub async fn start(
         bind: &str,
         advertise: Option<String>,
         local: Arc<LocalSegments>,
         key_seed: u64,
+        spin: Duration,
     ) -> Result<Arc<TcpDataServer>> {
         let listener = TcpListener::bind(bind).await.map_err(|e| {
             Error::new(
@@ -77,6 +80,7 @@ impl TcpDataServer {
             key_seed,
             next_key: AtomicU64::new(1),
             accept: Mutex::new(None),
+            spin,
         });
         let weak = Arc::downgrade(&server);
         let task = tokio::spawn(async move {
@@ -91,9 +95,8 @@ impl TcpDataServer {
                 };
                 let Some(server) = weak.upgrade() else { return };
                 tokio::spawn(async move {
-                    server
-                        .serve_connection(Framed::new(stream), &peer.to_string())
-                        .await;
+                    let conn = Framed::new(stream, server.spin);
+                    server.serve_connection(conn, &peer.to_string()).await;
                 });
             }
         });
@@ -293,6 +296,8 @@ pub struct DataPlaneConfig {
     pub timeout_per_mib: Duration,
     /// Whether transfers to segments in this process are done by `memcpy`.
     pub local_memcpy: bool,
+    /// How long to busy-poll for a node's answer before parking.
+    pub spin: Duration,
 }
 
 impl Default for DataPlaneConfig {
@@ -303,6 +308,7 @@ impl Default for DataPlaneConfig {
             timeout: Duration::from_secs(5),
             timeout_per_mib: Duration::from_millis(20),
             local_memcpy: true,
+            spin: Duration::from_micros(50),
         }
     }
 }
@@ -360,7 +366,7 @@ impl TcpDataPlane {
             .and_then(Vec::pop);
         match pooled {
             Some(conn) => Ok(conn),
-            None => Framed::connect(&node.endpoint).await.map_err(|e| {
+            None => Framed::connect(&node.endpoint, self.config.spin).await.map_err(|e| {
                 Error::new(
                     ErrorCode::TRANSFER_FAIL,
                     format!("cannot reach node {}: {e}", node.endpoint),

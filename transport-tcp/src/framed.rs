@@ -5,15 +5,28 @@
 //! straight from the socket into their destination, and are written straight from their source,
 //! with no intermediate copy. Every message is flushed (the simulation's streams buffer until
 //! flushed).
+//!
+//! Reads can busy-poll the socket for a short while before parking: a waiter woken through
+//! epoll pays tens of microseconds on a virtualised host, more than a whole loopback round
+//! trip, so a caller that expects an answer soon polls a non-blocking `recv` first (going
+//! around the runtime's readiness cache, which only updates when the task parks), yielding to
+//! the runtime's other tasks between polls. Real sockets only; the simulator's streams always
+//! park.
 
-use std::io;
+use std::io::{self, IoSlice};
+use std::time::Duration;
 
 use mooring_core::wire::{FrameError, FrameHeader, HEADER_LEN, WireMessage, parse_header};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Read buffer size; also the most bulk data coalesced into a frame's write.
+/// Read buffer size.
 const BUFFER: usize = 64 * 1024;
+/// Bulk data up to this size is copied after its frame and sent in one write; larger bulk
+/// goes out in a gathered write straight from its slices.
+const COALESCE: usize = 16 * 1024;
+/// Slices per `writev` (the kernel's IOV_MAX).
+const MAX_IOVECS: usize = 1024;
 
 /// Why reading from a peer stopped.
 #[derive(Debug)]
@@ -48,23 +61,71 @@ pub struct Framed {
     buf: Box<[u8]>,
     start: usize,
     end: usize,
+    spin: Duration,
+}
+
+/// One non-blocking `recv`, bypassing the runtime's readiness cache.
+#[cfg(not(madsim))]
+fn try_recv(stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `buf` is a valid writable slice; the fd is the stream's, open while it lives.
+    let n = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n >= 0 {
+        Ok(n as usize)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Reads at least one byte (or EOF), spinning up to `spin` before parking.
+async fn read_some(stream: &mut TcpStream, buf: &mut [u8], spin: Duration) -> io::Result<usize> {
+    #[cfg(not(madsim))]
+    if !spin.is_zero() {
+        let started = std::time::Instant::now();
+        loop {
+            match try_recv(stream, buf) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if started.elapsed() >= spin {
+                        break;
+                    }
+                    // Let the runtime's other tasks (other connections) run between polls.
+                    tokio::task::yield_now().await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    #[cfg(madsim)]
+    let _ = spin;
+    stream.read(buf).await
 }
 
 impl Framed {
-    /// Wraps a connected stream (and turns Nagle off: requests are latency-bound).
-    pub fn new(stream: TcpStream) -> Framed {
+    /// Wraps a connected stream (and turns Nagle off: requests are latency-bound). Reads spin
+    /// for up to `spin` before parking.
+    pub fn new(stream: TcpStream, spin: Duration) -> Framed {
         let _ = stream.set_nodelay(true);
         Framed {
             stream,
             buf: vec![0; BUFFER].into_boxed_slice(),
             start: 0,
             end: 0,
+            spin,
         }
     }
 
     /// Connects to `addr`.
-    pub async fn connect(addr: &str) -> io::Result<Framed> {
-        Ok(Framed::new(TcpStream::connect(addr).await?))
+    pub async fn connect(addr: &str, spin: Duration) -> io::Result<Framed> {
+        Ok(Framed::new(TcpStream::connect(addr).await?, spin))
     }
 
     fn buffered(&self) -> usize {
@@ -84,7 +145,7 @@ impl Framed {
             self.start = 0;
         }
         while self.buffered() < need {
-            let n = self.stream.read(&mut self.buf[self.end..]).await?;
+            let n = read_some(&mut self.stream, &mut self.buf[self.end..], self.spin).await?;
             if n == 0 {
                 if eof_ok && self.buffered() == 0 {
                     return Ok(false);
@@ -127,8 +188,13 @@ impl Framed {
         let from_buffer = self.buffered().min(dest.len());
         dest[..from_buffer].copy_from_slice(&self.buf[self.start..self.start + from_buffer]);
         self.start += from_buffer;
-        if from_buffer < dest.len() {
-            self.stream.read_exact(&mut dest[from_buffer..]).await?;
+        let mut filled = from_buffer;
+        while filled < dest.len() {
+            let n = read_some(&mut self.stream, &mut dest[filled..], self.spin).await?;
+            if n == 0 {
+                return Err(ReadError::Io(io::ErrorKind::UnexpectedEof.into()));
+            }
+            filled += n;
         }
         Ok(())
     }
@@ -142,18 +208,46 @@ impl Framed {
     ) -> io::Result<()> {
         let mut frame = message.to_frame(request_id);
         let bulk_len: usize = bulk.iter().map(|b| b.len()).sum();
-        if bulk_len <= BUFFER {
-            // Small transfers: one write for everything.
+        if bulk_len <= COALESCE {
+            // Small transfers: one contiguous write for everything.
             for b in bulk {
                 frame.extend_from_slice(b);
             }
             self.stream.write_all(&frame).await?;
         } else {
-            self.stream.write_all(&frame).await?;
-            for b in bulk {
-                self.stream.write_all(b).await?;
-            }
+            // Large ones: one gathered write of the frame and every slice, no copying.
+            let mut slices: Vec<&[u8]> = Vec::with_capacity(bulk.len() + 1);
+            slices.push(&frame);
+            slices.extend(bulk.iter().copied().filter(|b| !b.is_empty()));
+            self.write_all_vectored(&mut slices).await?;
         }
         self.stream.flush().await
+    }
+
+    /// Writes every slice, in order, with as few `writev` calls as the kernel allows.
+    async fn write_all_vectored(&mut self, slices: &mut Vec<&[u8]>) -> io::Result<()> {
+        let mut first = 0;
+        while first < slices.len() {
+            let batch: Vec<IoSlice<'_>> = slices[first..]
+                .iter()
+                .take(MAX_IOVECS)
+                .map(|s| IoSlice::new(s))
+                .collect();
+            let mut written = self.stream.write_vectored(&batch).await?;
+            if written == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            while written > 0 {
+                let head = slices[first].len();
+                if written >= head {
+                    written -= head;
+                    first += 1;
+                } else {
+                    slices[first] = &slices[first][written..];
+                    written = 0;
+                }
+            }
+        }
+        Ok(())
     }
 }

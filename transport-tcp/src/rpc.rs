@@ -30,17 +30,19 @@ pub struct TcpControlPlane {
     idle: std::sync::Mutex<Vec<Framed>>,
     next_id: AtomicU64,
     timeout: Duration,
+    spin: Duration,
 }
 
 impl TcpControlPlane {
     /// A client for the master at `addr`; every call fails with `RPC_FAIL` if no reply comes
-    /// within `timeout`.
-    pub fn new(addr: impl Into<String>, timeout: Duration) -> Arc<TcpControlPlane> {
+    /// within `timeout`. While waiting for a reply it busy-polls for up to `spin` first.
+    pub fn new(addr: impl Into<String>, timeout: Duration, spin: Duration) -> Arc<TcpControlPlane> {
         Arc::new(TcpControlPlane {
             addr: addr.into(),
             idle: std::sync::Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             timeout,
+            spin,
         })
     }
 
@@ -53,7 +55,7 @@ impl TcpControlPlane {
         let pooled = self.idle.lock().expect("pool lock").pop();
         let mut conn = match pooled {
             Some(conn) => conn,
-            None => Framed::connect(&self.addr).await.map_err(|e| {
+            None => Framed::connect(&self.addr, self.spin).await.map_err(|e| {
                 Error::new(
                     ErrorCode::RPC_FAIL,
                     format!("cannot connect to the master at {}: {e}", self.addr),
@@ -108,8 +110,14 @@ pub trait RpcHandler: Send + Sync + 'static {
     fn handle(&self, request: MasterRequest) -> MasterResponse;
 }
 
-/// Serves `handler` on every connection `listener` accepts, until the task is aborted.
-pub fn spawn_rpc_server(listener: TcpListener, handler: Arc<dyn RpcHandler>) -> JoinHandle<()> {
+/// Serves `handler` on every connection `listener` accepts, until the task is aborted. Each
+/// connection busy-polls for up to `spin` for its next request before parking (a client
+/// making back-to-back calls is answered without an epoll wake-up).
+pub fn spawn_rpc_server(
+    listener: TcpListener,
+    handler: Arc<dyn RpcHandler>,
+    spin: Duration,
+) -> JoinHandle<()> {
     let connections = Arc::new(AtomicUsize::new(0));
     tokio::spawn(async move {
         loop {
@@ -128,7 +136,7 @@ pub fn spawn_rpc_server(listener: TcpListener, handler: Arc<dyn RpcHandler>) -> 
             connections.fetch_add(1, Ordering::Relaxed);
             let (handler, connections) = (handler.clone(), connections.clone());
             tokio::spawn(async move {
-                serve_connection(Framed::new(stream), &*handler, &peer.to_string()).await;
+                serve_connection(Framed::new(stream, spin), &*handler, &peer.to_string()).await;
                 connections.fetch_sub(1, Ordering::Relaxed);
             });
         }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use mooring::bench::{self, BenchConfig};
+use mooring::bench::{self, BenchConfig, MasterPlacement};
 use mooring::config::{FileConfig, MasterSection, parse_duration, parse_size};
 use mooring::{
     Client, ClientConfig, RunningMaster, SegmentConfig, StandaloneNode, demo, random_client_id,
@@ -213,9 +213,10 @@ struct BenchArgs {
     /// Benchmark a running cluster at this master address.
     #[arg(long, env = "MOORING_MASTER", conflicts_with = "embedded")]
     master: Option<String>,
-    /// Start a master in this process instead (the writer still runs in its own process).
-    #[arg(long)]
-    embedded: bool,
+    /// Start the cluster for the run instead: `process` (the default) runs the master as its
+    /// own process, `writer` inside the writer's process (an engine embedding the master).
+    #[arg(long, value_name = "MASTER", num_args = 0..=1, default_missing_value = "process")]
+    embedded: Option<String>,
     /// Value sizes to measure.
     #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB,1MiB,4MiB")]
     sizes: Vec<String>,
@@ -478,8 +479,18 @@ async fn run_bench(args: BenchArgs) -> Result<(), Error> {
         .map(|s| parse_size(s))
         .collect::<Result<Vec<u64>, String>>()
         .map_err(usage_error)?;
+    let master = match (args.master, args.embedded.as_deref()) {
+        (Some(addr), _) => MasterPlacement::Remote(addr),
+        (None, None | Some("process")) => MasterPlacement::Process,
+        (None, Some("writer")) => MasterPlacement::InWriter,
+        (None, Some(other)) => {
+            return Err(usage_error(format!(
+                "--embedded takes `process` or `writer`, not {other:?}"
+            )));
+        }
+    };
     let config = BenchConfig {
-        master: args.master,
+        master,
         sizes,
         count: args.count,
         batch: args.batch,
@@ -507,7 +518,7 @@ async fn run_debug(args: DebugArgs) -> Result<(), Error> {
     match args.action {
         DebugAction::HangPut { master, key, size } => {
             let control =
-                mooring_transport_tcp::TcpControlPlane::new(master, Duration::from_secs(10));
+                mooring_transport_tcp::TcpControlPlane::new(master, Duration::from_secs(10), mooring::client_spin());
             use mooring_core::transport::ControlPlane;
             let reply = control
                 .call(mooring_core::wire::MasterRequest::PutStart {
@@ -535,10 +546,13 @@ fn main() -> ExitCode {
         Command::Demo => "error",
         _ => "warn",
     });
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let threads = std::env::var("MOORING_WORKER_THREADS").ok().and_then(|v| v.parse::<usize>().ok());
+    let built = match threads {
+        Some(0) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        Some(n) => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
+        None => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+    };
+    let runtime = match built {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
