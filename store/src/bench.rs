@@ -204,8 +204,9 @@ impl Writer {
     /// Starts `exe args...` with piped stdin and stdout.
     fn spawn_args(exe: &PathBuf, args: &[&str]) -> Result<Writer> {
         let mut command = Command::new(exe);
-        if let Ok(threads) = std::env::var("MOORING_WRITER_THREADS") {
-            command.env("MOORING_WORKER_THREADS", threads);
+        if std::env::var_os("RUST_LOG").is_none() {
+            // The helpers' routine logs (segments unmounting at the end) are not results.
+            command.env("RUST_LOG", "error");
         }
         let mut child = command
             .args(args)
@@ -487,7 +488,11 @@ pub async fn run_writer(master: &str, sizes: &[u64], count: usize, run: &str) ->
     // serves the segment) never blocks.
     let (tx, mut commands) = tokio::sync::mpsc::unbounded_channel();
     std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines().map_while(std::io::Result::ok) {
+        for line in std::io::stdin()
+            .lock()
+            .lines()
+            .map_while(std::io::Result::ok)
+        {
             if tx.send(line).is_err() {
                 return;
             }

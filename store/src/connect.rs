@@ -159,8 +159,11 @@ impl StandaloneNode {
         local: Arc<LocalSegments>,
     ) -> Result<StandaloneNode> {
         let id = id.unwrap_or_else(random_client_id);
-        let control: Arc<dyn ControlPlane> =
-            TcpControlPlane::new(master, Duration::from_secs(10), crate::tuning::client_spin());
+        let control: Arc<dyn ControlPlane> = TcpControlPlane::new(
+            master,
+            Duration::from_secs(10),
+            crate::tuning::client_spin(),
+        );
         let info = match control.call(MasterRequest::Hello { client: id }).await? {
             Reply::Hello(info) => info,
             other => return Err(unexpected(&other)),

@@ -25,8 +25,8 @@ pub mod node;
 pub mod tuning;
 
 pub use client::{Client, KeyInfo};
-pub use tuning::{client_spin, server_spin};
 pub use cluster::{EmbeddedCluster, EmbeddedConfig};
 pub use connect::{ClientConfig, SegmentConfig, StandaloneNode, random_client_id};
 pub use master_service::{MasterService, RunningMaster};
 pub use node::{Node, NodeConfig};
+pub use tuning::{client_spin, server_spin};

@@ -298,6 +298,8 @@ pub struct DataPlaneConfig {
     pub local_memcpy: bool,
     /// How long to busy-poll for a node's answer before parking.
     pub spin: Duration,
+    /// Largest transfer one request carries; bigger transfers are pipelined as several.
+    pub request_bulk: u64,
 }
 
 impl Default for DataPlaneConfig {
@@ -309,6 +311,7 @@ impl Default for DataPlaneConfig {
             timeout_per_mib: Duration::from_millis(20),
             local_memcpy: true,
             spin: Duration::from_micros(50),
+            request_bulk: 1 << 20,
         }
     }
 }
@@ -366,12 +369,14 @@ impl TcpDataPlane {
             .and_then(Vec::pop);
         match pooled {
             Some(conn) => Ok(conn),
-            None => Framed::connect(&node.endpoint, self.config.spin).await.map_err(|e| {
-                Error::new(
-                    ErrorCode::TRANSFER_FAIL,
-                    format!("cannot reach node {}: {e}", node.endpoint),
-                )
-            }),
+            None => Framed::connect(&node.endpoint, self.config.spin)
+                .await
+                .map_err(|e| {
+                    Error::new(
+                        ErrorCode::TRANSFER_FAIL,
+                        format!("cannot reach node {}: {e}", node.endpoint),
+                    )
+                }),
         }
     }
 
@@ -395,61 +400,72 @@ impl TcpDataPlane {
                 format!("transfer with node {}: {what}", node.endpoint),
             )
         };
+        // Requests of at most `request_bulk` bytes each, pipelined on one connection: the node
+        // never idles between them, and no single response outgrows the socket buffers.
         let transfer = async {
             let mut conn = self.checkout(node).await?;
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            let response = match lane {
+            let request_bulk = self.config.request_bulk.max(1) as usize;
+            match lane {
                 Lane::Write(ops) => {
-                    let request = DataRequest::Write {
-                        key: node.key,
-                        ranges: ops
-                            .iter()
-                            .map(|(addr, src)| Range {
-                                addr: *addr,
-                                len: src.len() as u64,
-                            })
-                            .collect(),
-                    };
-                    let bulk: Vec<&[u8]> = ops.iter().map(|o| o.1).collect();
-                    conn.write_message(id, &request, &bulk)
-                        .await
-                        .map_err(|e| fail(format!("send failed: {e}")))?;
-                    conn.read_message::<DataResponse>().await
+                    let chunks = chunk_ops(ops, request_bulk);
+                    let first = self
+                        .next_id
+                        .fetch_add(chunks.len() as u64, Ordering::Relaxed);
+                    for (i, chunk) in chunks.iter().enumerate() {
+                        let request = DataRequest::Write {
+                            key: node.key,
+                            ranges: ranges_of(chunk),
+                        };
+                        let bulk: Vec<&[u8]> = chunk.iter().map(|o| o.1).collect();
+                        conn.write_message(first + i as u64, &request, &bulk)
+                            .await
+                            .map_err(|e| fail(format!("send failed: {e}")))?;
+                    }
+                    for i in 0..chunks.len() {
+                        let (reply_id, result) = conn
+                            .read_message::<DataResponse>()
+                            .await
+                            .map_err(|e| fail(format!("no reply: {e}")))?;
+                        if reply_id != first + i as u64 {
+                            return Err(fail(format!("reply {reply_id} out of order")));
+                        }
+                        // A refused write closes the connection on the node's side.
+                        result?;
+                    }
                 }
-                Lane::Read(mut ops) => {
-                    let request = DataRequest::Read {
-                        key: node.key,
-                        ranges: ops
-                            .iter()
-                            .map(|(addr, dest)| Range {
-                                addr: *addr,
-                                len: dest.len() as u64,
-                            })
-                            .collect(),
-                    };
-                    conn.write_message(id, &request, &[])
-                        .await
-                        .map_err(|e| fail(format!("send failed: {e}")))?;
-                    let response = conn.read_message::<DataResponse>().await;
-                    if let Ok((_, Ok(()))) = &response {
-                        for (_, dest) in ops.iter_mut() {
+                Lane::Read(ops) => {
+                    let mut chunks = chunk_ops(ops, request_bulk);
+                    let first = self
+                        .next_id
+                        .fetch_add(chunks.len() as u64, Ordering::Relaxed);
+                    for (i, chunk) in chunks.iter().enumerate() {
+                        let request = DataRequest::Read {
+                            key: node.key,
+                            ranges: ranges_of(chunk),
+                        };
+                        conn.write_message(first + i as u64, &request, &[])
+                            .await
+                            .map_err(|e| fail(format!("send failed: {e}")))?;
+                    }
+                    for (i, chunk) in chunks.iter_mut().enumerate() {
+                        let (reply_id, result) = conn
+                            .read_message::<DataResponse>()
+                            .await
+                            .map_err(|e| fail(format!("no reply: {e}")))?;
+                        if reply_id != first + i as u64 {
+                            return Err(fail(format!("reply {reply_id} out of order")));
+                        }
+                        result?;
+                        for (_, dest) in chunk.iter_mut() {
                             conn.read_exact(dest)
                                 .await
                                 .map_err(|e| fail(format!("receive failed: {e}")))?;
                         }
                     }
-                    response
                 }
-            };
-            let (reply_id, result) = response.map_err(|e| fail(format!("no reply: {e}")))?;
-            if reply_id != id {
-                return Err(fail(format!("reply {reply_id} to request {id}")));
             }
-            // A refused write closes the connection on the node's side; do not reuse it.
-            if result.is_ok() {
-                self.checkin(node, conn);
-            }
-            result
+            self.checkin(node, conn);
+            Ok(())
         };
         match tokio::time::timeout(budget, transfer).await {
             Ok(result) => result,
@@ -462,24 +478,41 @@ impl TcpDataPlane {
 /// buffers where needed.
 fn split_lanes<B: SplitBuf>(ops: Vec<(u64, B)>, lanes: usize) -> Vec<Vec<(u64, B)>> {
     let total: usize = ops.iter().map(|o| o.1.size()).sum();
-    let per_lane = total.div_ceil(lanes).max(1);
+    chunk_ops(ops, total.div_ceil(lanes.max(1)))
+}
+
+/// Splits `(addr, buffer)` operations, in order, into groups of at most `per_chunk` bytes,
+/// cutting buffers where needed.
+fn chunk_ops<B: SplitBuf>(ops: Vec<(u64, B)>, per_chunk: usize) -> Vec<Vec<(u64, B)>> {
+    let per_chunk = per_chunk.max(1);
     let mut out: Vec<Vec<(u64, B)>> = vec![Vec::new()];
-    let mut room = per_lane;
+    let mut room = per_chunk;
     for (mut addr, mut buf) in ops {
         while buf.size() > 0 {
             if room == 0 {
                 out.push(Vec::new());
-                room = per_lane;
+                room = per_chunk;
             }
             let take = room.min(buf.size());
             let (head, tail) = buf.split(take);
-            out.last_mut().expect("a lane").push((addr, head));
+            out.last_mut().expect("a chunk").push((addr, head));
             addr += take as u64;
             room -= take;
             buf = tail;
         }
     }
+    out.retain(|c| !c.is_empty());
     out
+}
+
+/// The ranges an operation group covers.
+fn ranges_of<B: SplitBuf>(ops: &[(u64, B)]) -> Vec<Range> {
+    ops.iter()
+        .map(|(addr, buf)| Range {
+            addr: *addr,
+            len: buf.size() as u64,
+        })
+        .collect()
 }
 
 /// A buffer that can be cut in two.

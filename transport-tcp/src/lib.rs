@@ -11,6 +11,8 @@
 mod data;
 mod framed;
 mod rpc;
+#[cfg(all(target_os = "linux", not(madsim)))]
+mod splice;
 
 pub use data::{DataPlaneConfig, LocalSegments, TcpDataPlane, TcpDataServer};
 pub use framed::{Framed, ReadError};

@@ -41,7 +41,10 @@ const DEFAULT_MASTER: &str = "127.0.0.1:50051";
 blocks and model weights. A master allocates space and grants leases; clients move bytes \
 straight to and from the nodes.\n\nStart a master, start nodes pointing at it, then put and \
 get from anywhere. `mooring demo` runs a whole cluster in one process.\n\nLogs go to stderr; \
-set RUST_LOG (e.g. RUST_LOG=mooring=debug) to see more."
+set RUST_LOG (e.g. RUST_LOG=mooring=debug) to see more.\n\nTuning (environment): \
+MOORING_WORKER_THREADS (runtime threads; 0 = one), MOORING_CLIENT_SPIN and MOORING_SERVER_SPIN \
+(how long sockets busy-poll before parking, e.g. 50us; 0 = never), MOORING_STRIPES \
+(connections per large transfer)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -517,8 +520,11 @@ async fn run_bench(args: BenchArgs) -> Result<(), Error> {
 async fn run_debug(args: DebugArgs) -> Result<(), Error> {
     match args.action {
         DebugAction::HangPut { master, key, size } => {
-            let control =
-                mooring_transport_tcp::TcpControlPlane::new(master, Duration::from_secs(10), mooring::client_spin());
+            let control = mooring_transport_tcp::TcpControlPlane::new(
+                master,
+                Duration::from_secs(10),
+                mooring::client_spin(),
+            );
             use mooring_core::transport::ControlPlane;
             let reply = control
                 .call(mooring_core::wire::MasterRequest::PutStart {
@@ -546,11 +552,25 @@ fn main() -> ExitCode {
         Command::Demo => "error",
         _ => "warn",
     });
-    let threads = std::env::var("MOORING_WORKER_THREADS").ok().and_then(|v| v.parse::<usize>().ok());
+    // Runtime threads: MOORING_WORKER_THREADS if set (0 = a single thread). Otherwise nodes
+    // use one per core (parallel transfers for many clients); the master serialises on one
+    // lock anyway and clients make one call at a time, so they use a single thread, which
+    // also avoids cross-thread wake-ups on every request.
+    let threads = std::env::var("MOORING_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(match cli.command {
+            Command::Node(_) => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            _ => 0,
+        });
     let built = match threads {
-        Some(0) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
-        Some(n) => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
-        None => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+        0 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
     };
     let runtime = match built {
         Ok(runtime) => runtime,
