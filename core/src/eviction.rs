@@ -157,7 +157,8 @@ impl Master {
     fn evict_object(&mut self, slot: u32, soft_pinned: bool, contiguous: bool) {
         let object = self.remove_object(slot);
         let bytes = block_len(object.size) * object.replicas.len() as u64;
-        self.release_read_blocks(&object.replicas, object.lease_expiry);
+        let done = object.readers_done_at(self.config.lease_grace);
+        self.release_read_blocks(&object.replicas, done);
         self.counters.evicted_objects += 1;
         self.counters.evicted_bytes += bytes;
         self.events.push(Event::Evicted {
@@ -171,14 +172,14 @@ impl Master {
     /// Evicts the least recently used run of adjacent blocks, free or evictable, that adds up
     /// to `len` bytes on one segment outside `excluded`. Returns whether it found one.
     pub(crate) fn evict_window(&mut self, len: u64, excluded: &[u32], now: Millis) -> bool {
-        // Who owns each block, and whether it may go now. Blocks still inside a lease's grace
-        // would only move to the discarded list, so they do not count as evictable.
+        // Who owns each block, and whether it may go now. Blocks readers may still read (a lease
+        // or its grace) would only move to the discarded list, so they do not count.
         let grace = self.config.lease_grace;
         let allow_soft = self.config.allow_evict_soft_pinned;
         let mut owners: HashMap<(u32, u32), Option<Evictable>> = HashMap::new();
         for (slot, object) in self.objects.iter() {
             let evictable = match object.eviction_class(now) {
-                Some(class) if object.lease_expiry + grace <= now => {
+                Some(class) if object.readers_done_at(grace) <= now => {
                     let soft = class == EvictionClass::SoftPinned;
                     (!soft || allow_soft).then_some((slot, soft, object.lease_expiry))
                 }

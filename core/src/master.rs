@@ -233,10 +233,10 @@ impl Master {
         }
     }
 
-    /// Releases the blocks of replicas that readers may have seen: after the object's lease
-    /// (plus grace) ends, so a reader inside its lease never sees the bytes change.
-    pub(crate) fn release_read_blocks(&mut self, replicas: &[Replica], lease_expiry: Millis) {
-        let release_at = lease_expiry + self.config.lease_grace;
+    /// Releases the blocks of replicas that readers may have seen, at `readers_done_at` (see
+    /// `Object::readers_done_at`), so a reader inside its lease never sees the bytes change.
+    pub(crate) fn release_read_blocks(&mut self, replicas: &[Replica], readers_done_at: Millis) {
+        let release_at = readers_done_at;
         for replica in replicas {
             self.release_block(replica, release_at, DiscardReason::Superseded);
         }

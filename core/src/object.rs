@@ -143,6 +143,8 @@ pub(crate) struct Object {
     /// A put or upsert is in progress: its replicas are PROCESSING.
     pub writing: bool,
     pub hard_pinned: bool,
+    /// A reader was granted a lease on the current replicas (since they were written).
+    pub leased: bool,
     // ---- cold ----
     /// The soft pin lapses (until the next access) at this instant.
     pub soft_pin_expiry: Millis,
@@ -188,7 +190,19 @@ impl Object {
     /// Records a read at `now`: extends the lease and refreshes the soft pin.
     pub(crate) fn grant_lease(&mut self, now: Millis, lease_ttl: Millis) {
         self.lease_expiry = self.lease_expiry.max(now + lease_ttl);
+        self.leased = true;
         self.refresh_soft_pin(now);
+    }
+
+    /// From when no reader can still be reading the current replicas: the end of the last
+    /// lease plus `grace` (for clock-rate drift), or at once if no lease was ever granted on
+    /// them.
+    pub(crate) fn readers_done_at(&self, grace: Millis) -> Millis {
+        if self.leased {
+            self.lease_expiry + grace
+        } else {
+            Millis::ZERO
+        }
     }
 
     pub(crate) fn refresh_soft_pin(&mut self, now: Millis) {
@@ -244,6 +258,7 @@ mod tests {
     fn hot_fields_fit_one_cache_line() {
         assert_eq!(size_of::<Replica>(), 16);
         assert!(std::mem::offset_of!(Object, hard_pinned) < 64);
+        assert!(std::mem::offset_of!(Object, leased) < 64);
         assert!(std::mem::offset_of!(Object, soft_pin_expiry) >= 64);
         assert_eq!(size_of::<Object>(), 128);
         assert_eq!(

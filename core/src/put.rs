@@ -292,6 +292,7 @@ impl Master {
             holds: 0,
             writing: true,
             hard_pinned,
+            leased: false,
         };
         let slot = self.objects.insert(object);
         self.objects.at_mut(slot).set_soft_pin(soft_pin_ttl, now);

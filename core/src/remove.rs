@@ -73,6 +73,7 @@ impl Master {
     /// is over.
     pub(crate) fn remove_now(&mut self, slot: u32) {
         let object = self.remove_object(slot);
-        self.release_read_blocks(&object.replicas, object.lease_expiry);
+        let done = object.readers_done_at(self.config.lease_grace);
+        self.release_read_blocks(&object.replicas, done);
     }
 }

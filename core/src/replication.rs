@@ -275,7 +275,7 @@ impl Master {
         }
         let object = self.objects.at_mut(task.slot);
         object.set_task(None);
-        let lease_expiry = object.lease_expiry;
+        let readers_done = object.readers_done_at(self.config.lease_grace);
         let (targets, kept): (Vec<Replica>, Vec<Replica>) =
             object.replicas.iter().partition(|r| r.is_processing());
         match finish {
@@ -296,7 +296,7 @@ impl Master {
                     );
                     object.replicas.retain(|r| r.segment != source);
                 }
-                self.release_read_blocks(&dropped, lease_expiry);
+                self.release_read_blocks(&dropped, readers_done);
                 if targets.is_empty() {
                     return Err(Error::new(
                         ErrorCode::REPLICA_NOT_FOUND,

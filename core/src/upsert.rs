@@ -83,7 +83,7 @@ impl Master {
         if object.size != size {
             return self.upsert_reallocate(slot, client, size, config, hard_pinned, now);
         }
-        if now < object.lease_expiry + self.config.lease_grace {
+        if now < object.readers_done_at(self.config.lease_grace) {
             return self.upsert_copy_on_write(slot, client, config, hard_pinned, now);
         }
         self.upsert_in_place(slot, client, config, hard_pinned, now);
@@ -166,6 +166,8 @@ impl Master {
         object.put_start = now;
         object.writing = true;
         object.hard_pinned = hard_pinned;
+        // The buffers now hold a value nobody has read yet.
+        object.leased = false;
         object.set_soft_pin(soft_pin_ttl, now);
         self.track_write(slot);
     }
@@ -182,6 +184,7 @@ impl Master {
     ) -> Result<PutGrant> {
         let object = self.objects.at(slot);
         let (size, count, lease_expiry) = (object.size, object.replicas.len(), object.lease_expiry);
+        let readers_done = object.readers_done_at(self.config.lease_grace);
         let fresh = self.place_protected(slot, size, count, config, now).map_err(|e| {
             Error::new(
                 ErrorCode::OBJECT_REPLICA_BUSY,
@@ -191,7 +194,7 @@ impl Master {
             )
         })?;
         let old = std::mem::replace(&mut self.objects.at_mut(slot).replicas, fresh);
-        self.release_read_blocks(&old, lease_expiry);
+        self.release_read_blocks(&old, readers_done);
         self.upsert_in_place(slot, client, config, hard_pinned, now);
         Ok(self.grant(slot))
     }
@@ -209,10 +212,10 @@ impl Master {
         let count = config.replica_num as usize;
         let fresh = self.place_protected(slot, size, count, config, now)?;
         let object = self.objects.at_mut(slot);
-        let lease_expiry = object.lease_expiry;
+        let readers_done = object.readers_done_at(self.config.lease_grace);
         let old = std::mem::replace(&mut object.replicas, fresh);
         object.size = size;
-        self.release_read_blocks(&old, lease_expiry);
+        self.release_read_blocks(&old, readers_done);
         self.upsert_in_place(slot, client, config, hard_pinned, now);
         Ok(self.grant(slot))
     }

@@ -665,7 +665,7 @@ impl Harness {
         // Occasionally a value large enough that eviction must open a contiguous range.
         let size = match size % 8 {
             0 | 4 => 1 + u64::from(size / 8) % 6000,
-            7 => 12 * 1024 + u64::from(size / 8) % (24 * 1024),
+            7 => 8 * 1024 + u64::from(size / 8) % (16 * 1024),
             n => [700, 2048, 4000][usize::from(n % 3)],
         };
         let count = 1 + u32::from(replicas % 3);
@@ -727,7 +727,7 @@ impl Harness {
             },
             Some(o) if o.holds > 0 => Path::Fail(ErrorCode::OBJECT_REPLICA_BUSY),
             Some(o) if o.size != size => Path::Reallocate,
-            Some(o) if now < o.lease_expiry + self.config.lease_grace => Path::CopyOnWrite,
+            Some(o) if now < o.readers_done_at(self.config.lease_grace) => Path::CopyOnWrite,
             Some(_) => Path::InPlace,
         };
 
@@ -826,6 +826,7 @@ impl Harness {
                         write_id: grant.write_id,
                         version: None,
                         lease_expiry: Millis::ZERO,
+                        leased: false,
                         soft_ttl,
                         soft_expiry: now + soft_ttl,
                         hard,
@@ -882,8 +883,7 @@ impl Harness {
                     self.model.reserve_for_readers(
                         &old.replicas,
                         old.size,
-                        old.lease_expiry,
-                        &self.config,
+                        old.readers_done_at(self.config.lease_grace),
                     );
                 }
                 let version = self.fresh_version();
@@ -902,6 +902,7 @@ impl Harness {
                 object.soft_ttl = soft_ttl;
                 object.soft_expiry = now + soft_ttl;
                 object.hard = old.hard || config.with_hard_pin;
+                object.leased = false;
                 self.remember_grant(id, &key, version, grant, upsert);
                 Ok(())
             }
@@ -1290,8 +1291,7 @@ impl Harness {
         self.model.reserve_for_readers(
             &object.replicas,
             object.size,
-            object.lease_expiry,
-            &self.config,
+            object.readers_done_at(self.config.lease_grace),
         );
     }
 
@@ -1627,9 +1627,8 @@ impl Harness {
                 .copied()
                 .collect();
             o.replicas.retain(|r| r.segment != source);
-            let (size, lease) = (o.size, o.lease_expiry);
-            self.model
-                .reserve_for_readers(&dropped, size, lease, &config);
+            let (size, done) = (o.size, o.readers_done_at(config.lease_grace));
+            self.model.reserve_for_readers(&dropped, size, done);
         }
         Ok(())
     }
@@ -2001,9 +2000,10 @@ impl Harness {
                     if contiguous {
                         // A window eviction may skip LRU order, but only takes objects whose
                         // blocks are free at once (lease and grace over).
-                        ensure(object.lease_expiry + self.config.lease_grace <= now, || {
-                            format!("window-evicted {key:?} inside its lease grace")
-                        })?;
+                        ensure(
+                            object.readers_done_at(self.config.lease_grace) <= now,
+                            || format!("window-evicted {key:?} inside its lease grace"),
+                        )?;
                         self.hit("evict-window");
                     } else {
                         evicted.push((object.lease_expiry, soft_pinned));

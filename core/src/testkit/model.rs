@@ -11,7 +11,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::MasterConfig;
 use crate::ids::{ClientId, SegmentId, TaskId, WriteId};
 use crate::segments::block_len;
 use crate::time::Millis;
@@ -59,6 +58,8 @@ pub struct MObject {
     pub hard: bool,
     pub holds: u32,
     pub task: Option<TaskId>,
+    /// A reader got a lease on the current replicas.
+    pub leased: bool,
 }
 
 impl MObject {
@@ -92,7 +93,17 @@ impl MObject {
 
     pub fn grant_lease(&mut self, now: Millis, ttl: Millis) {
         self.lease_expiry = self.lease_expiry.max(now + ttl);
+        self.leased = true;
         self.refresh_soft(now);
+    }
+
+    /// When no reader can still be reading the current replicas.
+    pub fn readers_done_at(&self, grace: Millis) -> Millis {
+        if self.leased {
+            self.lease_expiry + grace
+        } else {
+            Millis::ZERO
+        }
     }
 
     pub fn refresh_soft(&mut self, now: Millis) {
@@ -152,20 +163,14 @@ impl Model {
         self.segments.iter().find(|(_, s)| s.id == id)
     }
 
-    /// Parks blocks that readers may still read until their lease (plus grace) ends.
-    pub fn reserve_for_readers(
-        &mut self,
-        replicas: &[MReplica],
-        size: u64,
-        lease: Millis,
-        config: &MasterConfig,
-    ) {
+    /// Parks blocks that readers may still read until `readers_done`.
+    pub fn reserve_for_readers(&mut self, replicas: &[MReplica], size: u64, readers_done: Millis) {
         for r in replicas {
             self.reserved.push(Reserved {
                 segment: r.segment,
                 addr: r.addr,
                 len: block_len(size),
-                release_at: lease + config.lease_grace,
+                release_at: readers_done,
                 writer: None,
             });
         }
