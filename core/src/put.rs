@@ -42,12 +42,14 @@ impl Master {
         self.check_put(key, size, config)?;
         if let Some(slot) = self.objects.find(key) {
             if !self.write_expired(slot, now) {
-                let detail = if self.objects.at(slot).writing {
-                    "another put of this key is in progress"
+                return Err(if self.objects.at(slot).writing {
+                    Error::new(
+                        ErrorCode::OBJECT_ALREADY_EXISTS,
+                        "another put of this key is in progress",
+                    )
                 } else {
-                    "objects are immutable; use upsert to replace the value"
-                };
-                return Err(Error::new(ErrorCode::OBJECT_ALREADY_EXISTS, detail));
+                    ErrorCode::OBJECT_ALREADY_EXISTS.into()
+                });
             }
             // A zombie: take over with fresh space.
             if !self.discard_write(slot, DiscardCause::Preempted) {
