@@ -36,7 +36,10 @@ impl Master {
     }
 
     /// Mounts a segment that `client` contributes. Repeating an identical mount returns the
-    /// same id (safe to retry).
+    /// same id (safe to retry). A different spec under a name the same client already mounted
+    /// replaces the old mount: the client is telling us its memory was reset (a restarted
+    /// node), so everything on the old mount is gone. Another client's name is refused
+    /// (`SEGMENT_ALREADY_EXISTS`).
     pub fn mount_segment(
         &mut self,
         client: ClientId,
@@ -45,6 +48,12 @@ impl Master {
     ) -> Result<SegmentId> {
         let now = self.advance(now);
         self.touch(client, now);
+        if let Some(slot) = self.segments.slot_by_name(&spec.name) {
+            let existing = self.segments.at(slot);
+            if existing.owner == client && !existing.matches(spec) {
+                self.drop_segment(slot);
+            }
+        }
         self.segments.mount(client, spec)
     }
 

@@ -73,6 +73,14 @@ pub(crate) struct Segment {
 }
 
 impl Segment {
+    /// Whether `spec` describes this very mount (a retried mount request).
+    pub(crate) fn matches(&self, spec: &SegmentSpec) -> bool {
+        self.base == spec.base
+            && self.allocator.capacity() == spec.size / ALLOC_ALIGN * ALLOC_ALIGN
+            && *self.endpoint == *spec.endpoint
+            && self.key == spec.key
+    }
+
     pub(crate) fn info(&self) -> SegmentInfo {
         SegmentInfo {
             id: self.id,
@@ -153,12 +161,7 @@ impl Segments {
         }
         if let Some(&slot) = self.by_name.get(spec.name.as_str()) {
             let existing = self.at(slot);
-            if existing.owner == owner
-                && existing.base == spec.base
-                && existing.allocator.capacity() == size
-                && *existing.endpoint == *spec.endpoint
-                && existing.key == spec.key
-            {
+            if existing.owner == owner && existing.matches(spec) {
                 return Ok(existing.id);
             }
             return Err(Error::new(

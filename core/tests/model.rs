@@ -114,6 +114,7 @@ fn random_interaction_reaches_every_path() {
         "task-end",
         "task-abandoned",
         "snapshot",
+        "remount",
         "client-expired",
         "object-lost",
         "write-timeout",

@@ -524,6 +524,18 @@ fn mount_rules() {
         code(f.m.mount_segment(A, &spec, f.now)),
         ErrorCode::SEGMENT_ALREADY_EXISTS
     );
+    // The owner remounting with a new spec (a restarted node) replaces the old mount.
+    f.put(A, "on-old", 100, &one());
+    let restarted = SegmentSpec {
+        key: 99,
+        ..spec.clone()
+    };
+    let replaced = f.m.mount_segment(NODE, &restarted, f.now).unwrap();
+    f.check();
+    assert_ne!(replaced, seg.id);
+    assert_eq!(code(f.get("on-old")), ErrorCode::OBJECT_NOT_FOUND);
+    f.m.unmount_segment(NODE, "seg0", f.now).unwrap();
+    f.m.mount_segment(NODE, &spec, f.now).unwrap();
     assert_eq!(
         code(f.m.unmount_segment(A, "seg0", f.now)),
         ErrorCode::ILLEGAL_CLIENT

@@ -605,15 +605,28 @@ impl Harness {
         };
         let got = self.master.mount_segment(id, &spec, self.now);
         self.model.touch(id, self.now);
-        self.no_events("mount")?;
+        let events = self.master.drain_events();
         match existing {
             Some(s) if s.owner == id && s.capacity == size && s.base == base => {
+                ensure(events.is_empty(), || {
+                    format!("mount retry produced {events:?}")
+                })?;
                 ensure(got.as_ref().ok() == Some(&s.id), || {
                     format!("mount retry gave {got:?}, expected {}", s.id)
                 })
             }
-            Some(_) => expect_code(&got, ErrorCode::SEGMENT_ALREADY_EXISTS, "mount over"),
-            None => {
+            Some(s) if s.owner != id => {
+                ensure(events.is_empty(), || {
+                    format!("refused mount produced {events:?}")
+                })?;
+                expect_code(&got, ErrorCode::SEGMENT_ALREADY_EXISTS, "mount over")
+            }
+            _ => {
+                // A fresh mount, or the owner replacing its old mount (a restarted node).
+                if existing.is_some() {
+                    self.hit("remount");
+                }
+                self.apply_events(events, Some(id), None)?;
                 let seg = got.map_err(|e| format!("mount failed: {e}"))?;
                 self.next_base += 1 << 32;
                 self.memory.mount(seg, base, size);
