@@ -10,15 +10,47 @@ use crate::ids::ClientId;
 use crate::time::Millis;
 
 /// Live clients and when each was last heard from.
+///
+/// A client is *announced* once it has been told it is registered (by a heartbeat or a
+/// mount). A client that expired and then came back with some other call (a put, a read) is
+/// live again but not announced, so its next heartbeat answers `Registered` and its node
+/// knows to mount its segments again.
 #[derive(Clone, Debug, Default, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub(crate) struct Clients {
-    last_seen: BTreeMap<ClientId, Millis>,
+    last_seen: BTreeMap<ClientId, Seen>,
+}
+
+/// When a client was last heard from, and whether it knows it is registered.
+#[derive(Clone, Copy, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+struct Seen {
+    at: Millis,
+    announced: bool,
 }
 
 impl Clients {
-    /// Records that `client` was heard from at `now`; returns true if it was not known.
-    pub(crate) fn touch(&mut self, client: ClientId, now: Millis) -> bool {
-        self.last_seen.insert(client, now).is_none()
+    /// Records that `client` was heard from at `now` (registering it, unannounced, if it
+    /// was not known).
+    pub(crate) fn touch(&mut self, client: ClientId, now: Millis) {
+        self.last_seen
+            .entry(client)
+            .and_modify(|seen| seen.at = now)
+            .or_insert(Seen {
+                at: now,
+                announced: false,
+            });
+    }
+
+    /// Records that `client` was heard from and is told it is registered; returns true if it
+    /// had not been told since it (re)joined.
+    pub(crate) fn announce(&mut self, client: ClientId, now: Millis) -> bool {
+        let previous = self.last_seen.insert(
+            client,
+            Seen {
+                at: now,
+                announced: true,
+            },
+        );
+        !previous.is_some_and(|seen| seen.announced)
     }
 
     pub(crate) fn is_live(&self, client: ClientId) -> bool {
@@ -34,7 +66,7 @@ impl Clients {
         let expired: Vec<ClientId> = self
             .last_seen
             .iter()
-            .filter(|&(_, &seen)| seen + ttl <= now)
+            .filter(|&(_, seen)| seen.at + ttl <= now)
             .map(|(&client, _)| client)
             .collect();
         for client in &expired {
@@ -45,12 +77,16 @@ impl Clients {
 
     /// When the next client expires, if any is live.
     pub(crate) fn next_expiry(&self, ttl: Millis) -> Option<Millis> {
-        self.last_seen.values().min().map(|&seen| seen + ttl)
+        self.last_seen
+            .values()
+            .map(|seen| seen.at)
+            .min()
+            .map(|at| at + ttl)
     }
 
     pub(crate) fn rebase(&mut self, shift: impl Fn(Millis) -> Millis) {
         for seen in self.last_seen.values_mut() {
-            *seen = shift(*seen);
+            seen.at = shift(seen.at);
         }
     }
 }

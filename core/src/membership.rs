@@ -23,14 +23,15 @@ impl Master {
     /// Records a sign of life from `client`.
     pub fn heartbeat(&mut self, client: ClientId, now: Millis) -> HeartbeatStatus {
         let now = self.advance(now);
-        if self.clients.touch(client, now) {
+        if self.clients.announce(client, now) {
             HeartbeatStatus::Registered
         } else {
             HeartbeatStatus::Known
         }
     }
 
-    /// Any call from a client also counts as a heartbeat.
+    /// Any call from a client also counts as a sign of life (but only a heartbeat or a mount
+    /// tells an expired client it must mount again).
     pub(crate) fn touch(&mut self, client: ClientId, now: Millis) {
         self.clients.touch(client, now);
     }
@@ -47,7 +48,7 @@ impl Master {
         now: Millis,
     ) -> Result<SegmentId> {
         let now = self.advance(now);
-        self.touch(client, now);
+        self.clients.announce(client, now);
         if let Some(slot) = self.segments.slot_by_name(&spec.name) {
             let existing = self.segments.at(slot);
             if existing.owner == client && !existing.matches(spec) {

@@ -505,6 +505,22 @@ fn dead_node_loses_its_segments_and_objects_without_replicas() {
 }
 
 #[test]
+fn an_expired_client_that_comes_back_with_a_put_is_still_told_to_remount() {
+    let mut f = Fixture::new(1, MIB);
+    assert_eq!(f.m.heartbeat(A, f.now), HeartbeatStatus::Registered);
+    f.tick_silent(Millis::from_secs(10)); // A silent past the TTL
+    assert!(
+        f.m.drain_events()
+            .contains(&Event::ClientExpired { client: A })
+    );
+    // A put revives A without telling it it had been forgotten...
+    f.put(A, "k", 4096, &one());
+    // ...so its next heartbeat must, or its node would never mount its segments again.
+    assert_eq!(f.m.heartbeat(A, f.now), HeartbeatStatus::Registered);
+    assert_eq!(f.m.heartbeat(A, f.now), HeartbeatStatus::Known);
+}
+
+#[test]
 fn mount_rules() {
     let mut f = Fixture::new(1, MIB);
     let seg = f.m.segments()[0].clone();

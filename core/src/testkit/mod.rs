@@ -577,12 +577,11 @@ impl Harness {
     fn heartbeat(&mut self, client: u8) -> Result<(), String> {
         let id = client_id(client);
         let status = self.master.heartbeat(id, self.now);
-        let expected = if self.model.clients.contains_key(&id) {
-            crate::HeartbeatStatus::Known
-        } else {
+        let expected = if self.model.announce(id, self.now) {
             crate::HeartbeatStatus::Registered
+        } else {
+            crate::HeartbeatStatus::Known
         };
-        self.model.touch(id, self.now);
         ensure(status == expected, || {
             format!("heartbeat {status:?}, expected {expected:?}")
         })
@@ -604,7 +603,7 @@ impl Harness {
             key: 7,
         };
         let got = self.master.mount_segment(id, &spec, self.now);
-        self.model.touch(id, self.now);
+        self.model.announce(id, self.now);
         let events = self.master.drain_events();
         match existing {
             Some(s) if s.owner == id && s.capacity == size && s.base == base => {
@@ -1801,7 +1800,9 @@ impl Harness {
             ),
         };
         // Calls that name a client count as a sign of life.
-        if !matches!(kind % 12, 0 | 6 | 7 | 10 | 11) {
+        if kind % 12 == 8 {
+            self.model.announce(c, now);
+        } else if !matches!(kind % 12, 0 | 6 | 7 | 10 | 11) {
             self.model.touch(c, now);
         }
         self.no_events("bad input")?;
@@ -1857,6 +1858,7 @@ impl Harness {
                 Event::ClientExpired { client } => {
                     self.hit("client-expired");
                     self.model.clients.remove(&client);
+                    self.model.announced.remove(&client);
                     let side = &mut self.clients[client_index(client)];
                     side.grants.clear();
                     side.holds.clear();

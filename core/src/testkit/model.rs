@@ -147,6 +147,8 @@ pub struct MHold {
 #[derive(Default)]
 pub struct Model {
     pub clients: BTreeMap<ClientId, Millis>,
+    /// Live clients told they are registered (by a heartbeat or a mount).
+    pub announced: std::collections::BTreeSet<ClientId>,
     pub segments: BTreeMap<String, MSegment>,
     pub objects: BTreeMap<String, MObject>,
     pub reserved: Vec<Reserved>,
@@ -157,6 +159,12 @@ pub struct Model {
 impl Model {
     pub fn touch(&mut self, client: ClientId, now: Millis) {
         self.clients.insert(client, now);
+    }
+
+    /// A heartbeat or mount: returns whether the client had not been told it is registered.
+    pub fn announce(&mut self, client: ClientId, now: Millis) -> bool {
+        self.clients.insert(client, now);
+        self.announced.insert(client)
     }
 
     pub fn segment_by_id(&self, id: SegmentId) -> Option<(&String, &MSegment)> {
