@@ -16,7 +16,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::wire::{MasterRequest, Reply};
+use crate::wire::{MasterRequest, MasterResponse, Reply};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -53,6 +53,13 @@ pub struct WriteOp<'a> {
 pub trait ControlPlane: Send + Sync {
     /// Sends `request` and waits for the reply (or a transport error, `RPC_FAIL`).
     fn call(&self, request: MasterRequest) -> BoxFuture<'_, Result<Reply>>;
+}
+
+/// The master's side of the control plane: answers requests as they arrive. Every control
+/// plane server (TCP, the simulation) serves one of these.
+pub trait RpcHandler: Send + Sync + 'static {
+    /// Answers one request.
+    fn handle(&self, request: MasterRequest) -> MasterResponse;
 }
 
 /// Batched one-sided transfers to and from nodes' segments.

@@ -13,12 +13,13 @@
 //!   master guarantees the bytes are not overwritten, evicted or removed.
 //! - **A failed write is aborted, not revoked.** A transfer that timed out or lost its
 //!   connection may still land on the node; `PutAbort` frees the key at once but keeps the
-//!   blocks out of reuse for the release timeout. Writes also stop at the release timeout
-//!   after their start (the writer's self-fence).
+//!   blocks out of reuse for the release timeout. Writes also stop shortly before the release
+//!   timeout after their start, and once the master may have presumed this client dead (the
+//!   writer's self-fence; see [`crate::presence`]).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -28,11 +29,12 @@ use mooring_core::{
     ClientId, Error, ErrorCode, PutGrant, ReplicaDescriptor, ReplicaList, ReplicateConfig, Result,
     SegmentId, SegmentInfo, Stats,
 };
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::debug;
 
-use crate::node::{Node, spawn_heartbeat, unexpected};
+use crate::buggify;
+use crate::node::{Node, unexpected};
+use crate::presence::{Contribution, Presence};
 
 /// A write planned for one node: (job index, remote address, bytes).
 type PlannedWrite<'a> = (usize, u64, &'a [u8]);
@@ -58,48 +60,27 @@ pub struct Client {
 }
 
 struct Inner {
-    id: ClientId,
-    control: Arc<dyn ControlPlane>,
+    presence: Presence,
     data: Arc<dyn DataPlane>,
-    info: ClusterInfo,
-    segments: RwLock<HashMap<SegmentId, NodeAddr>>,
-    node: Option<Node>,
-    heartbeat: Mutex<Option<JoinHandle<()>>>,
+    segments: RwLock<BTreeMap<SegmentId, NodeAddr>>,
     next_replica: AtomicUsize,
 }
 
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Some(task) = self.heartbeat.lock().expect("heartbeat lock").take() {
-            task.abort();
-        }
-    }
-}
-
 impl Client {
-    /// A client over the given transports. `node`, if any, is the segment this client
-    /// contributes; it is kept mounted by the client's heartbeat.
+    /// A client over the given transports, contributing `contribution` (kept mounted by the
+    /// client's heartbeat) if given.
     pub async fn with_transport(
         id: ClientId,
         control: Arc<dyn ControlPlane>,
         data: Arc<dyn DataPlane>,
-        node: Option<Node>,
+        contribution: Option<Contribution>,
     ) -> Result<Client> {
-        let info = match control.call(MasterRequest::Hello { client: id }).await? {
-            Reply::Hello(info) => info,
-            other => return Err(unexpected(&other)),
-        };
-        let interval = heartbeat_interval(&info);
-        let heartbeat = spawn_heartbeat(id, control.clone(), interval, node.clone());
+        let presence = Presence::join(id, control, contribution).await?;
         Ok(Client {
             inner: Arc::new(Inner {
-                id,
-                control,
+                presence,
                 data,
-                info,
-                segments: RwLock::new(HashMap::new()),
-                node,
-                heartbeat: Mutex::new(Some(heartbeat)),
+                segments: RwLock::new(BTreeMap::new()),
                 next_replica: AtomicUsize::new(0),
             }),
         })
@@ -107,37 +88,32 @@ impl Client {
 
     /// This client's id.
     pub fn id(&self) -> ClientId {
-        self.inner.id
+        self.inner.presence.id
     }
 
     /// The master's protocol settings.
     pub fn cluster_info(&self) -> &ClusterInfo {
-        &self.inner.info
+        &self.inner.presence.info
     }
 
     /// The name of the segment this client contributes, if any (pass it as a preferred
     /// segment to keep values local).
     pub fn segment_name(&self) -> Option<&str> {
-        self.inner.node.as_ref().map(Node::name)
+        self.node().map(Node::name)
+    }
+
+    fn node(&self) -> Option<&Node> {
+        self.inner.presence.node.as_ref()
     }
 
     /// Stops heartbeating and, if this client contributes a segment, unmounts it (after
     /// letting readers finish within a lease).
     pub async fn close(&self) -> Result<()> {
-        if let Some(task) = self.inner.heartbeat.lock().expect("heartbeat lock").take() {
-            task.abort();
-        }
-        match &self.inner.node {
-            Some(node) => {
-                let linger = Duration::from_millis(self.inner.info.lease_ttl.as_millis());
-                node.shutdown(linger).await
-            }
-            None => Ok(()),
-        }
+        self.inner.presence.leave().await
     }
 
     async fn call(&self, request: MasterRequest) -> Result<Reply> {
-        self.inner.control.call(request).await
+        self.inner.presence.control().call(request).await
     }
 
     // ---- writes ----------------------------------------------------------------------------
@@ -188,12 +164,12 @@ impl Client {
         config: &ReplicateConfig,
         upsert: bool,
     ) -> Result<PutGrant> {
-        let lease = Duration::from_millis(self.inner.info.lease_ttl.as_millis());
-        let give_up = Instant::now() + lease * 2;
+        let lease = Duration::from_millis(self.cluster_info().lease_ttl.as_millis());
+        let give_up = Instant::now() + buggify::timeout("client.busy_retry", lease * 2);
         let mut backoff = Duration::from_millis(5);
         loop {
             let request = MasterRequest::PutStart {
-                client: self.inner.id,
+                client: self.id(),
                 key: key.to_string(),
                 size,
                 config: config.clone(),
@@ -213,7 +189,7 @@ impl Client {
 
     /// Ends a write after its transfers: End on success, Abort on failure.
     async fn finish_write(&self, key: &str, grant: &PutGrant, transfer: Result<()>) -> Result<()> {
-        let client = self.inner.id;
+        let client = self.id();
         let (key, write) = (key.to_string(), grant.write_id);
         match transfer {
             Ok(()) => match self
@@ -274,7 +250,7 @@ impl Client {
         let started = Instant::now();
         let grants = match self
             .call(MasterRequest::BatchPutStart {
-                client: self.inner.id,
+                client: self.id(),
                 items: items
                     .iter()
                     .map(|(k, v)| (k.to_string(), v.len() as u64))
@@ -313,7 +289,7 @@ impl Client {
         }
         if !aborts.is_empty() {
             for (key, write) in aborts {
-                let client = self.inner.id;
+                let client = self.id();
                 let _ = self
                     .call(MasterRequest::PutAbort { client, key, write })
                     .await;
@@ -321,7 +297,7 @@ impl Client {
         }
         if !ends.is_empty() {
             let request = MasterRequest::BatchPutEnd {
-                client: self.inner.id,
+                client: self.id(),
                 items: ends.iter().map(|(_, e)| e.clone()).collect(),
             };
             match self.call(request).await {
@@ -349,7 +325,15 @@ impl Client {
     /// stopping at the writer's self-fence. One result per job.
     async fn write_batch(&self, jobs: &[(&PutGrant, &[u8])], started: Instant) -> Vec<Result<()>> {
         let fence = self.write_fence(started);
-        let mut per_node: HashMap<NodeAddr, Vec<PlannedWrite<'_>>> = HashMap::new();
+        if fence.is_zero() {
+            let e = Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                "not writing: the master has not acknowledged this client recently enough to be \
+                 sure it still considers it alive (check the network path to the master)",
+            );
+            return vec![Err(e); jobs.len()];
+        }
+        let mut per_node: BTreeMap<NodeAddr, Vec<PlannedWrite<'_>>> = BTreeMap::new();
         let mut results: Vec<Result<()>> = vec![Ok(()); jobs.len()];
         let ids: Vec<SegmentId> = jobs
             .iter()
@@ -398,12 +382,17 @@ impl Client {
         results
     }
 
-    /// How long a write that started at `started` may still run (the self-fence).
+    /// How long a write that started at `started` may still run (the self-fence): until
+    /// shortly before the master may release its blocks after a timeout, and only while the
+    /// master cannot have presumed this client dead (see [`crate::presence::MasterContact`]).
     fn write_fence(&self, started: Instant) -> Duration {
-        let release = Duration::from_millis(self.inner.info.put_start_release_timeout.as_millis());
+        let release =
+            Duration::from_millis(self.cluster_info().put_start_release_timeout.as_millis());
+        let release = buggify::timeout("client.write_fence", release);
         release
             .saturating_sub(release / 10)
             .saturating_sub(started.elapsed())
+            .min(self.inner.presence.contact.write_window())
     }
 
     // ---- reads -----------------------------------------------------------------------------
@@ -473,7 +462,8 @@ impl Client {
 
     fn inside_lease(&self, asked: Instant, list: &ReplicaList) -> bool {
         let lease = Duration::from_millis(list.lease_ttl.as_millis());
-        asked.elapsed() < lease.saturating_sub(lease / 10)
+        let usable = buggify::timeout("client.read_lease", lease.saturating_sub(lease / 10));
+        asked.elapsed() < usable
     }
 
     /// Reads one of `replicas` into `buf`, trying the next on failure.
@@ -506,7 +496,7 @@ impl Client {
         if replicas.is_empty() {
             return Vec::new();
         }
-        let local = self.inner.node.as_ref().and_then(Node::segment);
+        let local = self.node().and_then(Node::segment);
         let start = self.inner.next_replica.fetch_add(1, Ordering::Relaxed) % replicas.len();
         let mut order: Vec<&ReplicaDescriptor> =
             replicas[start..].iter().chain(&replicas[..start]).collect();
@@ -619,7 +609,7 @@ impl Client {
             Err(e) => return vec![Err(e); lists.len()],
         };
         let mut results: Vec<Result<usize>> = Vec::with_capacity(lists.len());
-        let mut per_node: HashMap<NodeAddr, Vec<(usize, u64)>> = HashMap::new();
+        let mut per_node: BTreeMap<NodeAddr, Vec<(usize, u64)>> = BTreeMap::new();
         for (i, list) in lists.iter().enumerate() {
             match list {
                 Err(e) => results.push(Err(e.clone())),
@@ -693,8 +683,8 @@ impl Client {
     }
 
     /// Resolves segment ids to data-plane addresses, asking the master for unknown ones.
-    async fn resolve(&self, ids: &[SegmentId]) -> Result<HashMap<SegmentId, NodeAddr>> {
-        let mut found = HashMap::new();
+    async fn resolve(&self, ids: &[SegmentId]) -> Result<BTreeMap<SegmentId, NodeAddr>> {
+        let mut found = BTreeMap::new();
         let mut missing = Vec::new();
         {
             let cache = self.inner.segments.read().expect("segment cache lock");
@@ -858,9 +848,4 @@ fn segment_gone(id: SegmentId) -> Error {
         ErrorCode::REPLICA_IS_GONE,
         format!("{id} is no longer mounted"),
     )
-}
-
-/// Heartbeat often enough that two lost heartbeats do not expire the client.
-pub(crate) fn heartbeat_interval(info: &ClusterInfo) -> Duration {
-    Duration::from_millis((info.client_ttl.as_millis() / 4).max(10))
 }

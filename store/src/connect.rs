@@ -6,16 +6,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use mooring_core::transport::{ControlPlane, DataPlane, DataServer};
-use mooring_core::wire::{MasterRequest, Reply};
+use mooring_core::transport::ControlPlane;
 use mooring_core::{ClientId, Result};
 use mooring_transport_tcp::{
     DataPlaneConfig, LocalSegments, TcpControlPlane, TcpDataPlane, TcpDataServer,
 };
-use tokio::task::JoinHandle;
 
-use crate::client::{Client, heartbeat_interval};
-use crate::node::{Node, NodeConfig, spawn_heartbeat, unexpected};
+use crate::buggify;
+use crate::client::Client;
+use crate::node::{Node, NodeConfig};
+use crate::presence::{Contribution, Presence};
 
 /// Where and how a contributed segment is served.
 #[derive(Clone, Debug)]
@@ -93,7 +93,7 @@ fn transports(config: &ClientConfig, local: Arc<LocalSegments>) -> Transports {
     Transports {
         control: TcpControlPlane::new(
             config.master.clone(),
-            config.rpc_timeout,
+            buggify::timeout("client.rpc_timeout", config.rpc_timeout),
             crate::tuning::client_spin(),
         ),
         data: TcpDataPlane::new(local.clone(), config.data.clone()),
@@ -101,12 +101,12 @@ fn transports(config: &ClientConfig, local: Arc<LocalSegments>) -> Transports {
     }
 }
 
-async fn start_node(
+/// Starts a data server for `segment` and describes the contribution.
+async fn contribution(
     id: ClientId,
     segment: &SegmentConfig,
-    control: Arc<dyn ControlPlane>,
     local: Arc<LocalSegments>,
-) -> Result<Node> {
+) -> Result<Contribution> {
     let server = TcpDataServer::start(
         &segment.listen,
         segment.advertise.clone(),
@@ -116,8 +116,11 @@ async fn start_node(
     )
     .await?;
     let default_name = server.endpoint().to_string();
-    let server: Arc<dyn DataServer> = server;
-    Node::start(id, &segment.node, control, server, &default_name).await
+    Ok(Contribution {
+        config: segment.node.clone(),
+        server,
+        default_name,
+    })
 }
 
 impl Client {
@@ -132,26 +135,22 @@ impl Client {
     pub async fn connect_with(config: ClientConfig, local: Arc<LocalSegments>) -> Result<Client> {
         let id = config.id.unwrap_or_else(random_client_id);
         let t = transports(&config, local);
-        let control: Arc<dyn ControlPlane> = t.control;
-        let data: Arc<dyn DataPlane> = t.data;
-        let node = match &config.segment {
-            Some(segment) => Some(start_node(id, segment, control.clone(), t.local).await?),
+        let contribution = match &config.segment {
+            Some(segment) => Some(contribution(id, segment, t.local).await?),
             None => None,
         };
-        Client::with_transport(id, control, data, node).await
+        Client::with_transport(id, t.control, t.data, contribution).await
     }
 }
 
 /// A standalone storage node: a segment kept mounted by its own heartbeat.
 pub struct StandaloneNode {
-    /// The segment.
-    pub node: Node,
-    heartbeat: JoinHandle<()>,
-    lease: Duration,
+    presence: Presence,
+    node: Node,
 }
 
 impl StandaloneNode {
-    /// Starts serving `segment` to the master at `master`.
+    /// Starts serving `segment` to the master at `master` over TCP.
     pub async fn start(
         master: &str,
         id: Option<ClientId>,
@@ -159,27 +158,38 @@ impl StandaloneNode {
         local: Arc<LocalSegments>,
     ) -> Result<StandaloneNode> {
         let id = id.unwrap_or_else(random_client_id);
-        let control: Arc<dyn ControlPlane> = TcpControlPlane::new(
+        let control = TcpControlPlane::new(
             master,
-            Duration::from_secs(10),
+            buggify::timeout("node.rpc_timeout", Duration::from_secs(10)),
             crate::tuning::client_spin(),
         );
-        let info = match control.call(MasterRequest::Hello { client: id }).await? {
-            Reply::Hello(info) => info,
-            other => return Err(unexpected(&other)),
-        };
-        let node = start_node(id, segment, control.clone(), local).await?;
-        let heartbeat = spawn_heartbeat(id, control, heartbeat_interval(&info), Some(node.clone()));
-        Ok(StandaloneNode {
-            node,
-            heartbeat,
-            lease: Duration::from_millis(info.lease_ttl.as_millis()),
-        })
+        let contribution = contribution(id, segment, local).await?;
+        StandaloneNode::with_transport(id, control, contribution).await
+    }
+
+    /// Starts serving `contribution` to the master behind `control`.
+    pub async fn with_transport(
+        id: ClientId,
+        control: Arc<dyn ControlPlane>,
+        contribution: Contribution,
+    ) -> Result<StandaloneNode> {
+        let presence = Presence::join(id, control, Some(contribution)).await?;
+        let node = presence.node.clone().ok_or_else(|| {
+            mooring_core::Error::new(
+                mooring_core::ErrorCode::INTERNAL_ERROR,
+                "joined without the segment it was started to contribute",
+            )
+        })?;
+        Ok(StandaloneNode { presence, node })
+    }
+
+    /// The segment.
+    pub fn node(&self) -> &Node {
+        &self.node
     }
 
     /// Unmounts cleanly: stops heartbeating, unmounts, serves readers for a lease, stops.
     pub async fn shutdown(self) -> Result<()> {
-        self.heartbeat.abort();
-        self.node.shutdown(self.lease).await
+        self.presence.leave().await
     }
 }

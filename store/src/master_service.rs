@@ -5,9 +5,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use mooring_core::transport::RpcHandler;
 use mooring_core::wire::{MasterRequest, MasterResponse};
 use mooring_core::{Error, ErrorCode, Event, Master, MasterConfig, Result, Stats};
-use mooring_transport_tcp::{RpcHandler, spawn_rpc_server};
+use mooring_transport_tcp::spawn_rpc_server;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -51,9 +52,10 @@ impl MasterService {
     /// Runs `tick` whenever it is due, until the task is aborted.
     pub fn spawn_timer(self: &Arc<Self>) -> JoinHandle<()> {
         let service = Arc::clone(self);
+        let resolution = crate::buggify::period("master.tick", TICK_RESOLUTION);
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(TICK_RESOLUTION).await;
+                tokio::time::sleep(resolution).await;
                 service.with_master(|m, now| {
                     if m.next_deadline().is_some_and(|d| d <= now) {
                         m.tick(now);

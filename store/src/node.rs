@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use mooring_core::transport::{ControlPlane, DataServer, NodeAddr, SegmentMemory};
 use mooring_core::wire::{MasterRequest, Reply};
-use mooring_core::{ClientId, Error, ErrorCode, HeartbeatStatus, Result, SegmentId, SegmentSpec};
-use tokio::task::JoinHandle;
+use mooring_core::{ClientId, Error, ErrorCode, Result, SegmentId, SegmentSpec};
+use tokio::time::Instant;
 use tracing::{info, warn};
+
+use crate::buggify;
 
 use crate::memory::MappedMemory;
 
@@ -44,13 +46,16 @@ struct NodeInner {
 }
 
 impl Node {
-    /// Maps `config.size` bytes, exports them through `server` and mounts them.
+    /// Maps `config.size` bytes, exports them through `server` and mounts them. A name still
+    /// held by another client (typically this node's previous incarnation, not yet expired)
+    /// or an unreachable master is retried for up to `patience`.
     pub async fn start(
         client: ClientId,
         config: &NodeConfig,
         control: Arc<dyn ControlPlane>,
         server: Arc<dyn DataServer>,
         default_name: &str,
+        patience: Duration,
     ) -> Result<Node> {
         let memory = MappedMemory::new(config.size as usize, config.prefault)?.into_segment();
         let node = Node {
@@ -66,8 +71,29 @@ impl Node {
                 mount: Mutex::new(None),
             }),
         };
-        node.mount().await?;
-        Ok(node)
+        let give_up = Instant::now() + buggify::timeout("node.mount_patience", patience);
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match node.mount().await {
+                Ok(()) => return Ok(node),
+                Err(e)
+                    if matches!(
+                        e.code,
+                        ErrorCode::SEGMENT_ALREADY_EXISTS | ErrorCode::RPC_FAIL
+                    ) && Instant::now() + backoff < give_up =>
+                {
+                    info!(name = %node.name(), "cannot mount yet, retrying in {backoff:?}: {e}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether the segment is mounted (as far as this node knows).
+    pub fn is_mounted(&self) -> bool {
+        self.inner.mount.lock().expect("mount lock").is_some()
     }
 
     /// The segment's name.
@@ -153,33 +179,6 @@ impl Node {
         info!(name = %self.inner.name, "segment unmounted");
         unmounted.map(|_| ())
     }
-}
-
-/// Heartbeats every `interval` until aborted; remounts `node` whenever the master reports it
-/// had forgotten this client.
-pub fn spawn_heartbeat(
-    client: ClientId,
-    control: Arc<dyn ControlPlane>,
-    interval: Duration,
-    node: Option<Node>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(interval).await;
-            match control.call(MasterRequest::Heartbeat { client }).await {
-                Ok(Reply::Heartbeat(HeartbeatStatus::Known)) => {}
-                Ok(Reply::Heartbeat(HeartbeatStatus::Registered)) => {
-                    if let Some(node) = &node
-                        && let Err(e) = node.remount().await
-                    {
-                        warn!("remount failed, retrying at the next heartbeat: {e}");
-                    }
-                }
-                Ok(other) => warn!("unexpected heartbeat reply {other:?}"),
-                Err(e) => warn!("heartbeat failed: {e}"),
-            }
-        }
-    })
 }
 
 /// The error for a reply of the wrong kind (a protocol bug).

@@ -74,6 +74,37 @@ pub struct Framed {
 #[cfg(all(target_os = "linux", not(madsim)))]
 const SPLICE_SIZES: std::ops::RangeInclusive<usize> = 64 * 1024..=2 << 20;
 
+/// How long sent bytes may stay unacknowledged before the kernel drops the connection.
+///
+/// This bounds how late a write can land on a node: bytes either arrive within this long of
+/// being sent or never do. Writers stop writing half a client TTL after their last
+/// acknowledged heartbeat and the master waits a whole TTL before reusing a silent writer's
+/// blocks, so this must stay well under half the TTL (default TTL 10 s).
+#[cfg(all(target_os = "linux", not(madsim)))]
+pub const USER_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[cfg(all(target_os = "linux", not(madsim)))]
+fn set_user_timeout(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let ms = USER_TIMEOUT.as_millis() as libc::c_uint;
+    // SAFETY: a valid fd and a pointer to a live c_uint of the size passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (&ms as *const libc::c_uint).cast(),
+            std::mem::size_of::<libc::c_uint>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::warn!(
+            "cannot set TCP_USER_TIMEOUT ({}); a partitioned peer may receive stale writes late",
+            io::Error::last_os_error()
+        );
+    }
+}
+
 /// One non-blocking `recv`, bypassing the runtime's readiness cache.
 #[cfg(not(madsim))]
 fn try_recv(stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
@@ -126,6 +157,8 @@ impl Framed {
     /// for up to `spin` before parking.
     pub fn new(stream: TcpStream, spin: Duration) -> Framed {
         let _ = stream.set_nodelay(true);
+        #[cfg(all(target_os = "linux", not(madsim)))]
+        set_user_timeout(&stream);
         Framed {
             stream,
             buf: vec![0; BUFFER].into_boxed_slice(),

@@ -16,4 +16,4 @@ mod splice;
 
 pub use data::{DataPlaneConfig, LocalSegments, TcpDataPlane, TcpDataServer};
 pub use framed::{Framed, ReadError};
-pub use rpc::{RpcHandler, TcpControlPlane, spawn_rpc_server};
+pub use rpc::{TcpControlPlane, spawn_rpc_server};

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use mooring_core::transport::{BoxFuture, ControlPlane};
+use mooring_core::transport::{BoxFuture, ControlPlane, RpcHandler};
 use mooring_core::wire::{MasterRequest, MasterResponse, Reply};
 use mooring_core::{Error, ErrorCode, Result};
 use tokio::net::TcpListener;
@@ -102,12 +102,6 @@ impl ControlPlane for TcpControlPlane {
             }
         })
     }
-}
-
-/// Serves master requests.
-pub trait RpcHandler: Send + Sync + 'static {
-    /// Answers one request.
-    fn handle(&self, request: MasterRequest) -> MasterResponse;
 }
 
 /// Serves `handler` on every connection `listener` accepts, until the task is aborted. Each

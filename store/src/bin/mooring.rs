@@ -339,7 +339,7 @@ async fn run_node(args: NodeArgs) -> Result<(), Error> {
         StandaloneNode::start(&master, None, &segment, Arc::new(LocalSegments::default())).await?;
     println!(
         "mooring node {} serving {size} bytes (master {master})",
-        node.node.name()
+        node.node().name()
     );
     let _ = std::io::stdout().flush();
     wait_for_shutdown().await;

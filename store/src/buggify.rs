@@ -1,0 +1,90 @@
+//! Per-site timing faults that exist only in simulation builds (FoundationDB's "buggify").
+//!
+//! A site is a named timing decision in the services: a timeout, a retry budget, a heartbeat
+//! period. In a simulation run with buggify enabled, each site is switched on or off once for
+//! the whole run (a quarter of them on); a switched-on site then distorts its value in the
+//! direction that stresses the protocol: timeouts and budgets shrink, periods stretch. In
+//! production builds every function here returns its input unchanged and compiles away.
+//!
+//! Each simulation runs on its own thread (madsim's runner and the sim-tests harness both do),
+//! so the per-run choice of sites lives in a thread-local.
+
+use std::time::Duration;
+
+/// A timeout or budget at `site`: in simulation, sometimes cut to between a tenth and a half.
+#[inline]
+pub fn timeout(site: &'static str, normal: Duration) -> Duration {
+    #[cfg(madsim)]
+    if let Some(roll) = sim::fire(site) {
+        return normal.mul_f64(0.1 + 0.4 * roll);
+    }
+    let _ = site;
+    normal
+}
+
+/// A period at `site`: in simulation, sometimes stretched to between 1.5 and 6 times.
+#[inline]
+pub fn period(site: &'static str, normal: Duration) -> Duration {
+    #[cfg(madsim)]
+    if let Some(roll) = sim::fire(site) {
+        return normal.mul_f64(1.5 + 4.5 * roll);
+    }
+    let _ = site;
+    normal
+}
+
+/// Forgets which sites were switched on: call at the start of each simulation run.
+pub fn reset() {
+    #[cfg(madsim)]
+    sim::reset();
+}
+
+/// The sites switched on in this run so far, in order (the harness prints them with a
+/// failing seed).
+pub fn active_sites() -> Vec<&'static str> {
+    #[cfg(madsim)]
+    return sim::active();
+    #[cfg(not(madsim))]
+    Vec::new()
+}
+
+#[cfg(madsim)]
+mod sim {
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+
+    use madsim::rand::Rng;
+
+    thread_local! {
+        static SITES: RefCell<BTreeMap<&'static str, bool>> = const { RefCell::new(BTreeMap::new()) };
+    }
+
+    /// If `site` is switched on in this run, a uniform roll in [0, 1) for this use of it.
+    pub(super) fn fire(site: &'static str) -> Option<f64> {
+        if !madsim::buggify::is_enabled() {
+            return None;
+        }
+        let on = SITES.with(|sites| {
+            *sites
+                .borrow_mut()
+                .entry(site)
+                .or_insert_with(|| madsim::buggify::buggify())
+        });
+        on.then(|| madsim::rand::thread_rng().r#gen::<f64>())
+    }
+
+    pub(super) fn reset() {
+        SITES.with(|sites| sites.borrow_mut().clear());
+    }
+
+    pub(super) fn active() -> Vec<&'static str> {
+        SITES.with(|sites| {
+            sites
+                .borrow()
+                .iter()
+                .filter(|&(_, &on)| on)
+                .map(|(&site, _)| site)
+                .collect()
+        })
+    }
+}
