@@ -10,13 +10,15 @@
 //! The traits are object-safe (futures are boxed) so services hold `Arc<dyn ...>` and stay
 //! transport-agnostic.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
-use crate::error::Result;
-use crate::wire::{MasterRequest, MasterResponse, Reply};
+use crate::error::{Error, ErrorCode, Result};
+use crate::wire::{MAX_DATA_REQUEST, MasterRequest, MasterResponse, Range, Reply};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -174,9 +176,146 @@ pub trait DataServer: Send + Sync {
     fn unexport(&self, key: u64);
 }
 
+/// The segments a data server exports, by access key: what every transport's data server
+/// consults to turn a request's `(key, ranges)` into memory. A key names one export of one
+/// segment; a remount exports under a fresh key, so descriptors from an earlier mount stop
+/// working.
+pub struct ExportTable {
+    regions: RwLock<BTreeMap<u64, SegmentMemory>>,
+    key_seed: u64,
+    next_key: AtomicU64,
+}
+
+impl ExportTable {
+    /// An empty table. Keys are derived from `key_seed`: give distinct servers (and restarts
+    /// of one) distinct seeds.
+    pub fn new(key_seed: u64) -> ExportTable {
+        ExportTable {
+            regions: RwLock::new(BTreeMap::new()),
+            key_seed,
+            next_key: AtomicU64::new(1),
+        }
+    }
+
+    /// Exports `memory` under a fresh key.
+    pub fn export(&self, memory: SegmentMemory) -> u64 {
+        let n = self.next_key.fetch_add(1, Ordering::Relaxed);
+        let key = mix(self.key_seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1;
+        self.regions
+            .write()
+            .expect("export table lock")
+            .insert(key, memory);
+        key
+    }
+
+    /// Stops exporting `key`; returns its memory if it was exported.
+    pub fn unexport(&self, key: u64) -> Option<SegmentMemory> {
+        self.regions
+            .write()
+            .expect("export table lock")
+            .remove(&key)
+    }
+
+    /// Every exported key.
+    pub fn keys(&self) -> Vec<u64> {
+        self.regions
+            .read()
+            .expect("export table lock")
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    /// The memory of `key` if every range lies inside it and the total is one request's
+    /// worth at most.
+    pub fn resolve(&self, key: u64, ranges: &[Range]) -> Result<SegmentMemory> {
+        let mut total: u64 = 0;
+        for r in ranges {
+            total = total
+                .checked_add(r.len)
+                .filter(|&t| t <= MAX_DATA_REQUEST)
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorCode::INVALID_PARAMS,
+                        "transfer larger than one request may move",
+                    )
+                })?;
+        }
+        let region = self
+            .regions
+            .read()
+            .expect("export table lock")
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorCode::REPLICA_IS_GONE,
+                    format!("segment key {key:#x} is not served here (unmounted or remounted)"),
+                )
+            })?;
+        for r in ranges {
+            if region.range(r.addr, r.len).is_none() {
+                return Err(Error::new(
+                    ErrorCode::INVALID_PARAMS,
+                    format!("range {:#x}+{} lies outside the segment", r.addr, r.len),
+                ));
+            }
+        }
+        Ok(region)
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exports_resolve_only_live_keys_and_ranges_inside() {
+        let owner = Arc::new(std::sync::Mutex::new(vec![0u8; 4096]));
+        let ptr = NonNull::new(owner.lock().unwrap().as_mut_ptr()).unwrap();
+        let memory = unsafe { SegmentMemory::new(ptr, 4096, owner.clone()) };
+        let base = memory.base();
+        let table = ExportTable::new(42);
+        let first = table.export(memory.clone());
+        let second = table.export(memory);
+        assert_ne!(first, second, "every export gets a fresh key");
+        let inside = [Range {
+            addr: base,
+            len: 4096,
+        }];
+        assert!(table.resolve(first, &inside).is_ok());
+        let outside = [Range {
+            addr: base + 1,
+            len: 4096,
+        }];
+        let err = table.resolve(first, &outside).unwrap_err();
+        assert_eq!(err.code, ErrorCode::INVALID_PARAMS);
+        let huge = [
+            Range {
+                addr: base,
+                len: u64::MAX,
+            },
+            Range { addr: base, len: 2 },
+        ];
+        assert_eq!(
+            table.resolve(first, &huge).unwrap_err().code,
+            ErrorCode::INVALID_PARAMS
+        );
+        assert!(table.unexport(first).is_some());
+        assert_eq!(
+            table.resolve(first, &inside).unwrap_err().code,
+            ErrorCode::REPLICA_IS_GONE
+        );
+        assert_eq!(table.keys(), vec![second]);
+        let other = ExportTable::new(43);
+        assert_ne!(other.export(table.unexport(second).unwrap()), first);
+    }
 
     #[test]
     fn ranges_stay_inside_the_segment() {

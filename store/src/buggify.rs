@@ -1,7 +1,8 @@
 //! Per-site timing faults that exist only in simulation builds (FoundationDB's "buggify").
 //!
 //! A site is a named timing decision in the services: a timeout, a retry budget, a heartbeat
-//! period. In a simulation run with buggify enabled, each site is switched on or off once for
+//! period. In a simulation run with buggify enabled ([`enable`]; independent of madsim's own
+//! buggify, which would also inject second-long delays into every network receive), each site is switched on or off once for
 //! the whole run (a quarter of them on); a switched-on site then distorts its value in the
 //! direction that stresses the protocol: timeouts and budgets shrink, periods stretch. In
 //! production builds every function here returns its input unchanged and compiles away.
@@ -33,10 +34,12 @@ pub fn period(site: &'static str, normal: Duration) -> Duration {
     normal
 }
 
-/// Forgets which sites were switched on: call at the start of each simulation run.
-pub fn reset() {
+/// Starts a simulation run: forgets which sites were switched on, and enables or disables
+/// buggify for the run.
+pub fn reset(enabled: bool) {
     #[cfg(madsim)]
-    sim::reset();
+    sim::reset(enabled);
+    let _ = enabled;
 }
 
 /// The sites switched on in this run so far, in order (the harness prints them with a
@@ -50,30 +53,33 @@ pub fn active_sites() -> Vec<&'static str> {
 
 #[cfg(madsim)]
 mod sim {
-    use std::cell::RefCell;
+    use std::cell::{Cell, RefCell};
     use std::collections::BTreeMap;
 
     use madsim::rand::Rng;
 
     thread_local! {
+        static ENABLED: Cell<bool> = const { Cell::new(false) };
         static SITES: RefCell<BTreeMap<&'static str, bool>> = const { RefCell::new(BTreeMap::new()) };
     }
 
     /// If `site` is switched on in this run, a uniform roll in [0, 1) for this use of it.
     pub(super) fn fire(site: &'static str) -> Option<f64> {
-        if !madsim::buggify::is_enabled() {
+        if !ENABLED.with(Cell::get) {
             return None;
         }
+        let mut rng = madsim::rand::thread_rng();
         let on = SITES.with(|sites| {
             *sites
                 .borrow_mut()
                 .entry(site)
-                .or_insert_with(|| madsim::buggify::buggify())
+                .or_insert_with(|| rng.gen_bool(0.25))
         });
-        on.then(|| madsim::rand::thread_rng().r#gen::<f64>())
+        on.then(|| rng.r#gen::<f64>())
     }
 
-    pub(super) fn reset() {
+    pub(super) fn reset(enabled: bool) {
+        ENABLED.with(|e| e.set(enabled));
         SITES.with(|sites| sites.borrow_mut().clear());
     }
 

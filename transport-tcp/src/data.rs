@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use mooring_core::transport::{
-    BoxFuture, DataPlane, DataServer, NodeAddr, ReadOp, SegmentMemory, WriteOp,
+    BoxFuture, DataPlane, DataServer, ExportTable, NodeAddr, ReadOp, SegmentMemory, WriteOp,
 };
 use mooring_core::wire::{DataRequest, DataResponse, Range};
 use mooring_core::{Error, ErrorCode, Result};
@@ -44,10 +44,8 @@ impl LocalSegments {
 /// A node's data server: serves one-sided transfers to the segments it exports.
 pub struct TcpDataServer {
     endpoint: Arc<str>,
-    regions: RwLock<HashMap<u64, SegmentMemory>>,
+    exports: ExportTable,
     local: Arc<LocalSegments>,
-    key_seed: u64,
-    next_key: AtomicU64,
     accept: Mutex<Option<JoinHandle<()>>>,
     spin: Duration,
 }
@@ -75,10 +73,8 @@ impl TcpDataServer {
             .map_err(|e| Error::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
         let server = Arc::new(TcpDataServer {
             endpoint: advertise.unwrap_or_else(|| bound.to_string()).into(),
-            regions: RwLock::new(HashMap::new()),
+            exports: ExportTable::new(key_seed),
             local,
-            key_seed,
-            next_key: AtomicU64::new(1),
             accept: Mutex::new(None),
             spin,
         });
@@ -114,24 +110,9 @@ impl TcpDataServer {
         if let Some(task) = self.accept.lock().expect("accept lock").take() {
             task.abort();
         }
-        let keys: Vec<u64> = self
-            .regions
-            .read()
-            .expect("regions lock")
-            .keys()
-            .copied()
-            .collect();
-        for key in keys {
+        for key in self.exports.keys() {
             self.unexport(key);
         }
-    }
-
-    fn region(&self, key: u64) -> Option<SegmentMemory> {
-        self.regions
-            .read()
-            .expect("regions lock")
-            .get(&key)
-            .cloned()
     }
 
     async fn serve_connection(&self, mut conn: Framed, peer: &str) {
@@ -162,36 +143,6 @@ impl TcpDataServer {
         }
     }
 
-    /// Checks that every range lies inside the segment `key`.
-    fn resolve(&self, key: u64, ranges: &[Range]) -> Result<SegmentMemory> {
-        let total = DataRequest::Read {
-            key,
-            ranges: ranges.to_vec(),
-        }
-        .bulk_len();
-        if total.is_none() {
-            return Err(Error::new(
-                ErrorCode::INVALID_PARAMS,
-                "transfer larger than one request may move",
-            ));
-        }
-        let region = self.region(key).ok_or_else(|| {
-            Error::new(
-                ErrorCode::REPLICA_IS_GONE,
-                format!("segment key {key:#x} is not served here (unmounted or remounted)"),
-            )
-        })?;
-        for r in ranges {
-            if region.range(r.addr, r.len).is_none() {
-                return Err(Error::new(
-                    ErrorCode::INVALID_PARAMS,
-                    format!("range {:#x}+{} lies outside the segment", r.addr, r.len),
-                ));
-            }
-        }
-        Ok(region)
-    }
-
     async fn serve_write(
         &self,
         conn: &mut Framed,
@@ -200,7 +151,7 @@ impl TcpDataServer {
         ranges: &[Range],
         peer: &str,
     ) -> bool {
-        let region = match self.resolve(key, ranges) {
+        let region = match self.exports.resolve(key, ranges) {
             Ok(region) => region,
             Err(e) => {
                 // The bulk bytes that follow cannot be skipped safely: answer, then close.
@@ -225,7 +176,7 @@ impl TcpDataServer {
     }
 
     async fn serve_read(&self, conn: &mut Framed, id: u64, key: u64, ranges: &[Range]) -> bool {
-        let region = match self.resolve(key, ranges) {
+        let region = match self.exports.resolve(key, ranges) {
             Ok(region) => region,
             Err(e) => {
                 return conn
@@ -250,12 +201,7 @@ impl TcpDataServer {
 
 impl DataServer for TcpDataServer {
     fn export(&self, memory: SegmentMemory) -> Result<NodeAddr> {
-        let n = self.next_key.fetch_add(1, Ordering::Relaxed);
-        let key = mix(self.key_seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1;
-        self.regions
-            .write()
-            .expect("regions lock")
-            .insert(key, memory.clone());
+        let key = self.exports.export(memory.clone());
         self.local
             .segments
             .write()
@@ -268,19 +214,13 @@ impl DataServer for TcpDataServer {
     }
 
     fn unexport(&self, key: u64) {
-        self.regions.write().expect("regions lock").remove(&key);
+        self.exports.unexport(key);
         self.local
             .segments
             .write()
             .expect("local segments lock")
             .remove(&(self.endpoint.clone(), key));
     }
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// How the client side of the data plane behaves.
