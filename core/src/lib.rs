@@ -25,6 +25,7 @@
 //! | `snapshot` | versioned, checksummed rkyv snapshot and restore |
 //! | [`wire`], `dispatch` | messages, the checksummed frame codec, request handling |
 //! | [`transport`] | the control-plane and data-plane traits transports implement |
+//! | [`disk`] | the file I/O trait the SSD tier's disks implement |
 //! | [`invariants`] | the checkers every test layer calls |
 
 pub mod allocator;
@@ -32,6 +33,7 @@ mod chunked;
 mod clients;
 pub mod config;
 mod discard;
+pub mod disk;
 mod dispatch;
 pub mod error;
 pub mod events;

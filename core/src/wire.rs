@@ -2,8 +2,10 @@
 //!
 //! A frame is a 24-byte header, `MAGIC | version | kind | flags | request id | length | crc32c`
 //! (little-endian), then `length` bytes of payload: an rkyv archive of the message. The
-//! receiver checks the header (magic, version, kind, length against [`MAX_FRAME`]), then the
-//! checksum, and only then lets rkyv validate and decode the payload: rkyv's validation keeps
+//! checksum covers the header's first 20 bytes and the payload, so a corrupted request id or
+//! length is caught as surely as a corrupted payload. The receiver checks the header (magic,
+//! version, kind, length against [`MAX_FRAME`]), then the checksum, and only then lets rkyv
+//! validate and decode the payload: rkyv's validation keeps
 //! untrusted bytes memory-safe but accepts many truncated or bit-flipped buffers as different
 //! valid messages, so the checksum is what catches corruption. Any failure is a
 //! [`FrameError`]; the transport closes that connection and logs why.
@@ -31,7 +33,7 @@ use crate::time::Millis;
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MOOR";
 /// The wire format version this build speaks.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 /// Length of the frame header.
 pub const HEADER_LEN: usize = 24;
 /// Largest frame payload accepted (a batch of many keys fits; bulk data travels outside).
@@ -74,8 +76,10 @@ pub struct FrameHeader {
     pub request_id: u64,
     /// Payload length in bytes.
     pub len: u32,
-    /// crc32c of the payload.
+    /// crc32c of the header's first 20 bytes and the payload, as sent.
     pub crc: u32,
+    /// crc32c of the header's first 20 bytes, as received (the payload's is appended to it).
+    pub prefix_crc: u32,
 }
 
 /// Why a frame was refused. The connection it arrived on is closed.
@@ -150,6 +154,7 @@ pub fn parse_header(bytes: &[u8; HEADER_LEN]) -> Result<FrameHeader, FrameError>
         request_id,
         len,
         crc,
+        prefix_crc: crc32c::crc32c(&bytes[..20]),
     })
 }
 
@@ -161,7 +166,8 @@ pub fn header(kind: FrameKind, request_id: u64, payload: &[u8]) -> [u8; HEADER_L
     h[5] = kind as u8;
     h[8..16].copy_from_slice(&request_id.to_le_bytes());
     h[16..20].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-    h[20..24].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..20]), payload);
+    h[20..24].copy_from_slice(&crc.to_le_bytes());
     h
 }
 
@@ -188,7 +194,7 @@ pub trait WireMessage: Sized {
         if header.kind != Self::KIND {
             return Err(FrameError::UnexpectedKind(header.kind));
         }
-        let actual = crc32c::crc32c(payload);
+        let actual = crc32c::crc32c_append(header.prefix_crc, payload);
         if actual != header.crc {
             return Err(FrameError::Checksum {
                 expected: header.crc,
@@ -503,6 +509,16 @@ mod tests {
                     Err(FrameError::Checksum { .. })
                 ));
             }
+        }
+        // The request id and the flags are covered too.
+        for i in [6, 8, 15] {
+            let mut h: [u8; HEADER_LEN] = frame[..HEADER_LEN].try_into().unwrap();
+            h[i] ^= 1;
+            let header = parse_header(&h).unwrap();
+            assert!(matches!(
+                MasterRequest::from_frame(&header, &frame[HEADER_LEN..]),
+                Err(FrameError::Checksum { .. })
+            ));
         }
         let truncated = &frame[HEADER_LEN..frame.len() - 1];
         assert!(MasterRequest::from_frame(&header, truncated).is_err());

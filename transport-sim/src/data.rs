@@ -1,0 +1,296 @@
+//! The data plane over the simulated network: one-sided reads and writes of a node's exported
+//! segment, one datagram per request (large transfers split into several).
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use mooring_core::transport::{
+    BoxFuture, DataPlane, DataServer, ExportTable, NodeAddr, ReadOp, SegmentMemory, WriteOp,
+};
+use mooring_core::wire::{DataRequest, DataResponse, Range};
+use mooring_core::{Error, ErrorCode, Result};
+use tokio::task::JoinHandle;
+use tracing::warn;
+
+use crate::datagram::{MAX_BULK, decode, encode};
+use crate::mux::Mux;
+use crate::net::SimNet;
+use crate::server::spawn_server;
+
+/// A node's data server on the simulated network.
+pub struct SimDataServer {
+    endpoint: Arc<str>,
+    exports: Arc<ExportTable>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl SimDataServer {
+    /// Serves transfers on `bind` (on the current node). Keys derive from `key_seed`.
+    pub async fn start(
+        net: Arc<SimNet>,
+        bind: SocketAddr,
+        key_seed: u64,
+    ) -> io::Result<Arc<SimDataServer>> {
+        let exports = Arc::new(ExportTable::new(key_seed));
+        let table = exports.clone();
+        let task = spawn_server(
+            net,
+            bind,
+            Box::new(move |datagram, from| serve(&table, datagram, from)),
+        )
+        .await?;
+        Ok(Arc::new(SimDataServer {
+            endpoint: bind.to_string().into(),
+            exports,
+            task: Mutex::new(Some(task)),
+        }))
+    }
+
+    /// Where callers send transfers.
+    pub fn endpoint(&self) -> &Arc<str> {
+        &self.endpoint
+    }
+
+    /// Stops serving.
+    pub fn shutdown(&self) {
+        if let Some(task) = self.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for SimDataServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Performs one transfer request; the reply carries read data.
+fn serve(exports: &ExportTable, datagram: &[u8], from: SocketAddr) -> Option<Vec<u8>> {
+    let (id, request, bulk) = match decode::<DataRequest>(datagram) {
+        Ok(decoded) => decoded,
+        Err(e) => {
+            warn!(%from, "refusing a transfer: {e}");
+            return None;
+        }
+    };
+    let reply = |response: DataResponse, bulk: &[&[u8]]| Some(encode(id, &response, bulk));
+    match request {
+        DataRequest::Write { key, ranges } => {
+            let region = match exports.resolve(key, &ranges) {
+                Ok(region) => region,
+                Err(e) => return reply(Err(e), &[]),
+            };
+            let total: u64 = ranges.iter().map(|r| r.len).sum();
+            if total != bulk.len() as u64 {
+                let e = Error::new(
+                    ErrorCode::INVALID_PARAMS,
+                    format!("write announces {total} bytes but carries {}", bulk.len()),
+                );
+                return reply(Err(e), &[]);
+            }
+            let mut at = 0;
+            for r in &ranges {
+                let len = r.len as usize;
+                region.copy_in(r.addr, &bulk[at..at + len]);
+                at += len;
+            }
+            reply(Ok(()), &[])
+        }
+        DataRequest::Read { key, ranges } => {
+            let region = match exports.resolve(key, &ranges) {
+                Ok(region) => region,
+                Err(e) => return reply(Err(e), &[]),
+            };
+            let mut data = Vec::new();
+            for r in &ranges {
+                let start = data.len();
+                data.resize(start + r.len as usize, 0);
+                region.copy_out(r.addr, &mut data[start..]);
+            }
+            reply(Ok(()), &[&data])
+        }
+    }
+}
+
+impl DataServer for SimDataServer {
+    fn export(&self, memory: SegmentMemory) -> Result<NodeAddr> {
+        Ok(NodeAddr {
+            endpoint: self.endpoint.clone(),
+            key: self.exports.export(memory),
+        })
+    }
+
+    fn unexport(&self, key: u64) {
+        self.exports.unexport(key);
+    }
+}
+
+/// The caller's side of the data plane over the simulated network.
+pub struct SimDataPlane {
+    mux: Arc<Mux>,
+    timeout: Duration,
+}
+
+impl SimDataPlane {
+    /// A data plane from the current node (address `ip`); each request fails
+    /// (`TRANSFER_FAIL`) if not answered within `timeout`.
+    pub async fn new(
+        net: Arc<SimNet>,
+        ip: IpAddr,
+        timeout: Duration,
+    ) -> io::Result<Arc<SimDataPlane>> {
+        Ok(Arc::new(SimDataPlane {
+            mux: Mux::bind(net, ip).await?,
+            timeout,
+        }))
+    }
+
+    /// Sends one request and returns the reply's bulk bytes.
+    async fn request(
+        &self,
+        node: &NodeAddr,
+        request: DataRequest,
+        bulk: &[&[u8]],
+    ) -> Result<Vec<u8>> {
+        let fail = |what: String| {
+            Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                format!("transfer with node {}: {what}", node.endpoint),
+            )
+        };
+        let to: SocketAddr = node
+            .endpoint
+            .parse()
+            .map_err(|e| fail(format!("bad endpoint: {e}")))?;
+        let id = self.mux.next_id();
+        let reply = self
+            .mux
+            .call(to, id, encode(id, &request, bulk), self.timeout)
+            .await
+            .map_err(|_| fail(format!("no answer within {:?}", self.timeout)))?;
+        let (_, response, data) =
+            decode::<DataResponse>(&reply).map_err(|e| fail(format!("bad reply: {e}")))?;
+        response?;
+        Ok(data.to_vec())
+    }
+}
+
+/// Splits operations into groups of at most [`MAX_BULK`] bytes (an operation larger than
+/// that is a group of its own, split by the caller).
+fn groups<T>(ops: Vec<(u64, T)>, size: impl Fn(&T) -> usize) -> Vec<Vec<(u64, T)>> {
+    let mut out: Vec<Vec<(u64, T)>> = Vec::new();
+    let mut room = 0;
+    for op in ops {
+        let n = size(&op.1);
+        if out.is_empty() || n > room {
+            out.push(Vec::new());
+            room = MAX_BULK;
+        }
+        room = room.saturating_sub(n);
+        out.last_mut().expect("a group").push(op);
+    }
+    out
+}
+
+/// Cuts operations larger than [`MAX_BULK`] into pieces.
+fn pieces<'a>(addr: u64, len: usize) -> impl Iterator<Item = (u64, std::ops::Range<usize>)> + 'a {
+    (0..len.div_ceil(MAX_BULK).max(1)).map(move |i| {
+        let start = i * MAX_BULK;
+        let end = (start + MAX_BULK).min(len);
+        (addr + start as u64, start..end)
+    })
+}
+
+impl DataPlane for SimDataPlane {
+    fn read<'a>(&'a self, node: &'a NodeAddr, ops: Vec<ReadOp<'a>>) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let mut split: Vec<(u64, &mut [u8])> = Vec::new();
+            for op in ops {
+                let mut rest = op.dest;
+                for (addr, range) in pieces(op.addr, rest.len()) {
+                    let (head, tail) = std::mem::take(&mut rest).split_at_mut(range.len());
+                    split.push((addr, head));
+                    rest = tail;
+                }
+            }
+            let requests = groups(split, |d| d.len())
+                .into_iter()
+                .map(|group| async move {
+                    let ranges: Vec<Range> = group
+                        .iter()
+                        .map(|(addr, d)| Range {
+                            addr: *addr,
+                            len: d.len() as u64,
+                        })
+                        .collect();
+                    let data = self
+                        .request(
+                            node,
+                            DataRequest::Read {
+                                key: node.key,
+                                ranges,
+                            },
+                            &[],
+                        )
+                        .await?;
+                    let expected: usize = group.iter().map(|(_, d)| d.len()).sum();
+                    if data.len() != expected {
+                        return Err(Error::new(
+                            ErrorCode::TRANSFER_FAIL,
+                            format!(
+                                "node {} sent {} bytes for {expected}",
+                                node.endpoint,
+                                data.len()
+                            ),
+                        ));
+                    }
+                    let mut at = 0;
+                    for (_, dest) in group {
+                        let len = dest.len();
+                        dest.copy_from_slice(&data[at..at + len]);
+                        at += len;
+                    }
+                    Ok(())
+                });
+            join_all(requests).await.into_iter().collect()
+        })
+    }
+
+    fn write<'a>(&'a self, node: &'a NodeAddr, ops: Vec<WriteOp<'a>>) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let split: Vec<(u64, &[u8])> = ops
+                .into_iter()
+                .flat_map(|op| {
+                    pieces(op.addr, op.src.len()).map(move |(addr, range)| (addr, &op.src[range]))
+                })
+                .collect();
+            let requests = groups(split, |s| s.len())
+                .into_iter()
+                .map(|group| async move {
+                    let ranges: Vec<Range> = group
+                        .iter()
+                        .map(|(addr, s)| Range {
+                            addr: *addr,
+                            len: s.len() as u64,
+                        })
+                        .collect();
+                    let bulk: Vec<&[u8]> = group.iter().map(|(_, s)| *s).collect();
+                    self.request(
+                        node,
+                        DataRequest::Write {
+                            key: node.key,
+                            ranges,
+                        },
+                        &bulk,
+                    )
+                    .await
+                    .map(|_| ())
+                });
+            join_all(requests).await.into_iter().collect()
+        })
+    }
+}

@@ -1,0 +1,445 @@
+//! A simulated disk: files in memory, with the faults real disks have.
+//!
+//! Each file keeps what readers see (the page cache) and what would survive a crash (the
+//! durable image), plus the writes made since the last sync. [`SimDisk::crash`] rebuilds every
+//! file from its durable image and replays each unsynced write whole, torn (a prefix, cut at a
+//! sector boundary) or not at all, as a power loss can. Reads and writes can fail with EIO and
+//! take simulated time. Every random choice comes from the seed, so a simulation that uses the
+//! disk replays exactly.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::ops::Range;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use mooring_core::disk::Disk;
+use mooring_core::rng::Rng;
+use mooring_core::transport::BoxFuture;
+
+/// Granularity of torn writes: a crash keeps whole sectors of a write in progress.
+pub const SECTOR: usize = 512;
+
+/// The faults a [`SimDisk`] injects. All probabilities are per operation.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DiskFaults {
+    /// Simulated time each operation takes.
+    pub latency: Range<Duration>,
+    /// Chance a read fails with EIO.
+    pub read_error: f64,
+    /// Chance a write fails with EIO (nothing is written).
+    pub write_error: f64,
+    /// Chance a sync fails with EIO; the unsynced writes are then lost (as after a failed
+    /// `fsync` on Linux, whose dirty pages may be dropped).
+    pub sync_error: f64,
+    /// On crash, the chance an unsynced write is torn (a prefix of sectors survives).
+    pub torn_on_crash: f64,
+    /// On crash, the chance an unsynced write is lost entirely.
+    pub lost_on_crash: f64,
+}
+
+/// What happened to the disk so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    /// Injected read, write and sync errors.
+    pub errors: u64,
+    /// Unsynced writes torn by crashes.
+    pub torn: u64,
+    /// Unsynced writes lost by crashes or failed syncs.
+    pub lost: u64,
+    /// Crashes.
+    pub crashes: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+struct SimFile {
+    visible: Vec<u8>,
+    durable: Vec<u8>,
+    unsynced: Vec<(u64, Vec<u8>)>,
+}
+
+fn apply(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    let start = offset as usize;
+    let end = start + data.len();
+    if image.len() < end {
+        image.resize(end, 0);
+    }
+    image[start..end].copy_from_slice(data);
+}
+
+struct State {
+    files: BTreeMap<String, SimFile>,
+    faults: DiskFaults,
+    rng: Rng,
+    stats: DiskStats,
+}
+
+impl State {
+    fn roll(&mut self, probability: f64) -> bool {
+        probability > 0.0 && (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= probability
+    }
+
+    /// Rolls for the fault whose probability `which` picks.
+    fn fault(&mut self, which: impl Fn(&DiskFaults) -> f64) -> bool {
+        let probability = which(&self.faults);
+        self.roll(probability)
+    }
+
+    fn latency(&mut self) -> Duration {
+        let Range { start, end } = self.faults.latency;
+        if end <= start {
+            return start;
+        }
+        let span = (end - start).as_nanos() as u64;
+        start + Duration::from_nanos(self.rng.next_u64() % span)
+    }
+
+    fn file(&mut self, name: &str) -> io::Result<&mut SimFile> {
+        self.files
+            .get_mut(name)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no file {name:?}")))
+    }
+}
+
+fn eio(what: &str) -> io::Error {
+    io::Error::other(format!("simulated EIO on {what}"))
+}
+
+/// An in-memory disk with injectable faults.
+pub struct SimDisk {
+    state: Mutex<State>,
+    alignment: usize,
+}
+
+impl SimDisk {
+    /// An empty disk whose random choices follow `seed`, with no faults, and no alignment
+    /// requirement.
+    pub fn new(seed: u64) -> SimDisk {
+        SimDisk::with_alignment(seed, 1)
+    }
+
+    /// An empty disk that, like a direct-I/O device, refuses unaligned reads and writes.
+    pub fn with_alignment(seed: u64, alignment: usize) -> SimDisk {
+        SimDisk {
+            state: Mutex::new(State {
+                files: BTreeMap::new(),
+                faults: DiskFaults::default(),
+                rng: Rng::seeded(seed),
+                stats: DiskStats::default(),
+            }),
+            alignment: alignment.max(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic elsewhere cannot leave a file half-updated: every update is one assignment.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the faults to inject from now on.
+    pub fn set_faults(&self, faults: DiskFaults) {
+        self.lock().faults = faults;
+    }
+
+    /// What the disk has done so far.
+    pub fn stats(&self) -> DiskStats {
+        self.lock().stats.clone()
+    }
+
+    /// Power loss: every file goes back to its durable image plus, per unsynced write in
+    /// order, all of it, a sector-aligned prefix of it, or none of it.
+    pub fn crash(&self) {
+        let mut state = self.lock();
+        state.stats.crashes += 1;
+        let names: Vec<String> = state.files.keys().cloned().collect();
+        for name in names {
+            let file = state.files.get_mut(&name).expect("listed");
+            let unsynced = std::mem::take(&mut file.unsynced);
+            let mut image = file.durable.clone();
+            for (offset, data) in unsynced {
+                let (torn, lost) = (state.faults.torn_on_crash, state.faults.lost_on_crash);
+                if state.roll(lost) {
+                    state.stats.lost += 1;
+                } else if state.roll(torn) {
+                    state.stats.torn += 1;
+                    let sectors = data.len().div_ceil(SECTOR);
+                    let keep = (state.rng.below(sectors.max(1)) * SECTOR).min(data.len());
+                    apply(&mut image, offset, &data[..keep]);
+                } else {
+                    apply(&mut image, offset, &data);
+                }
+            }
+            let file = state.files.get_mut(&name).expect("listed");
+            file.durable = image.clone();
+            file.visible = image;
+        }
+    }
+
+    /// Flips one bit of `name` at byte `offset`, durably (a test's bit rot).
+    pub fn flip_bit(&self, name: &str, offset: u64, bit: u8) -> io::Result<()> {
+        let mut state = self.lock();
+        let file = state.file(name)?;
+        for image in [&mut file.visible, &mut file.durable] {
+            if let Some(byte) = image.get_mut(offset as usize) {
+                *byte ^= 1 << (bit % 8);
+            }
+        }
+        Ok(())
+    }
+
+    /// Cuts `name` to `len` bytes, durably (a test's truncated file).
+    pub fn truncate(&self, name: &str, len: u64) -> io::Result<()> {
+        let mut state = self.lock();
+        let file = state.file(name)?;
+        file.visible.truncate(len as usize);
+        file.durable.truncate(len as usize);
+        file.unsynced.clear();
+        Ok(())
+    }
+
+    fn check_aligned(&self, offset: u64, len: usize) -> io::Result<()> {
+        let a = self.alignment;
+        if !offset.is_multiple_of(a as u64) || !len.is_multiple_of(a) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("unaligned I/O ({offset}+{len}) on a disk aligned to {a}"),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn delay(&self) {
+        let latency = self.lock().latency();
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+    }
+}
+
+impl Disk for SimDisk {
+    fn alignment(&self) -> usize {
+        self.alignment
+    }
+
+    fn create<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            self.delay().await;
+            self.lock()
+                .files
+                .insert(name.to_string(), SimFile::default());
+            Ok(())
+        })
+    }
+
+    fn write_at<'a>(
+        &'a self,
+        name: &'a str,
+        offset: u64,
+        data: &'a [u8],
+    ) -> BoxFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            self.check_aligned(offset, data.len())?;
+            self.delay().await;
+            let mut state = self.lock();
+            if state.fault(|f| f.write_error) {
+                state.stats.errors += 1;
+                return Err(eio("write"));
+            }
+            let file = state.file(name)?;
+            apply(&mut file.visible, offset, data);
+            file.unsynced.push((offset, data.to_vec()));
+            Ok(())
+        })
+    }
+
+    fn read_at<'a>(
+        &'a self,
+        name: &'a str,
+        offset: u64,
+        buf: &'a mut [u8],
+    ) -> BoxFuture<'a, io::Result<usize>> {
+        Box::pin(async move {
+            self.check_aligned(offset, buf.len())?;
+            self.delay().await;
+            let mut state = self.lock();
+            if state.fault(|f| f.read_error) {
+                state.stats.errors += 1;
+                return Err(eio("read"));
+            }
+            let file = state.file(name)?;
+            let start = (offset as usize).min(file.visible.len());
+            let n = buf.len().min(file.visible.len() - start);
+            buf[..n].copy_from_slice(&file.visible[start..start + n]);
+            Ok(n)
+        })
+    }
+
+    fn sync<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            self.delay().await;
+            let mut state = self.lock();
+            let failed = state.fault(|f| f.sync_error);
+            let file = state.file(name)?;
+            if failed {
+                let lost = file.unsynced.len() as u64;
+                file.unsynced.clear();
+                file.visible = file.durable.clone();
+                state.stats.errors += 1;
+                state.stats.lost += lost;
+                return Err(eio("sync"));
+            }
+            file.unsynced.clear();
+            file.durable = file.visible.clone();
+            Ok(())
+        })
+    }
+
+    fn len<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<u64>> {
+        Box::pin(async move { Ok(self.lock().file(name)?.visible.len() as u64) })
+    }
+
+    fn remove<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            self.delay().await;
+            match self.lock().files.remove(name) {
+                Some(_) => Ok(()),
+                None => Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("no file {name:?}"),
+                )),
+            }
+        })
+    }
+
+    fn rename<'a>(&'a self, from: &'a str, to: &'a str) -> BoxFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            self.delay().await;
+            let mut state = self.lock();
+            let file = state.files.remove(from).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::NotFound, format!("no file {from:?}"))
+            })?;
+            state.files.insert(to.to_string(), file);
+            Ok(())
+        })
+    }
+
+    fn list(&self) -> BoxFuture<'_, io::Result<Vec<String>>> {
+        Box::pin(async move { Ok(self.lock().files.keys().cloned().collect()) })
+    }
+}
+
+#[cfg(all(test, not(madsim)))]
+mod tests {
+    use super::*;
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime")
+            .block_on(f)
+    }
+
+    async fn read_all(disk: &SimDisk, name: &str) -> Vec<u8> {
+        let len = disk.len(name).await.unwrap() as usize;
+        let mut buf = vec![0; len];
+        assert_eq!(disk.read_at(name, 0, &mut buf).await.unwrap(), len);
+        buf
+    }
+
+    #[test]
+    fn synced_writes_survive_a_crash_and_unsynced_ones_may_not() {
+        block_on(async {
+            let disk = SimDisk::new(1);
+            disk.set_faults(DiskFaults {
+                lost_on_crash: 1.0,
+                ..DiskFaults::default()
+            });
+            disk.create("a").await.unwrap();
+            disk.write_at("a", 0, b"durable").await.unwrap();
+            disk.sync("a").await.unwrap();
+            disk.write_at("a", 7, b" and not").await.unwrap();
+            assert_eq!(read_all(&disk, "a").await, b"durable and not");
+            disk.crash();
+            assert_eq!(read_all(&disk, "a").await, b"durable");
+            assert_eq!(disk.stats().lost, 1);
+        });
+    }
+
+    #[test]
+    fn torn_writes_keep_a_sector_aligned_prefix() {
+        block_on(async {
+            let mut prefixes = std::collections::BTreeSet::new();
+            for seed in 0..64 {
+                let disk = SimDisk::new(seed);
+                disk.set_faults(DiskFaults {
+                    torn_on_crash: 1.0,
+                    ..DiskFaults::default()
+                });
+                disk.create("f").await.unwrap();
+                disk.write_at("f", 0, &[7u8; 4 * SECTOR]).await.unwrap();
+                disk.crash();
+                let kept = read_all(&disk, "f").await;
+                assert_eq!(kept.len() % SECTOR, 0);
+                assert!(kept.len() < 4 * SECTOR, "a torn write loses its tail");
+                assert!(kept.iter().all(|&b| b == 7));
+                prefixes.insert(kept.len());
+            }
+            assert!(prefixes.len() > 1, "tears fall at different sectors");
+        });
+    }
+
+    #[test]
+    fn injected_errors_fail_the_operation_and_count() {
+        block_on(async {
+            let disk = SimDisk::new(3);
+            disk.create("f").await.unwrap();
+            disk.set_faults(DiskFaults {
+                write_error: 1.0,
+                read_error: 1.0,
+                ..DiskFaults::default()
+            });
+            assert!(disk.write_at("f", 0, b"x").await.is_err());
+            let mut buf = [0u8; 1];
+            assert!(disk.read_at("f", 0, &mut buf).await.is_err());
+            disk.set_faults(DiskFaults::default());
+            assert_eq!(
+                disk.len("f").await.unwrap(),
+                0,
+                "a failed write writes nothing"
+            );
+            disk.write_at("f", 0, b"y").await.unwrap();
+            disk.set_faults(DiskFaults {
+                sync_error: 1.0,
+                ..DiskFaults::default()
+            });
+            assert!(disk.sync("f").await.is_err());
+            assert_eq!(
+                disk.len("f").await.unwrap(),
+                0,
+                "a failed sync drops dirty data"
+            );
+            assert_eq!(disk.stats().errors, 3);
+        });
+    }
+
+    #[test]
+    fn namespace_operations_and_alignment() {
+        block_on(async {
+            let disk = SimDisk::with_alignment(4, 512);
+            disk.create("x/1").await.unwrap();
+            assert!(disk.write_at("x/1", 1, &[0; 512]).await.is_err());
+            disk.write_at("x/1", 0, &[1; 512]).await.unwrap();
+            disk.rename("x/1", "y/2").await.unwrap();
+            assert_eq!(disk.list().await.unwrap(), vec!["y/2".to_string()]);
+            disk.flip_bit("y/2", 3, 0).unwrap();
+            let mut buf = [0u8; 512];
+            disk.read_at("y/2", 0, &mut buf).await.unwrap();
+            assert_eq!(buf[3], 0);
+            disk.truncate("y/2", 0).unwrap();
+            assert_eq!(disk.len("y/2").await.unwrap(), 0);
+            disk.remove("y/2").await.unwrap();
+            assert!(disk.remove("y/2").await.is_err());
+        });
+    }
+}

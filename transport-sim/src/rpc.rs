@@ -1,0 +1,85 @@
+//! The control plane over the simulated network.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mooring_core::transport::{BoxFuture, ControlPlane, RpcHandler};
+use mooring_core::wire::{MasterRequest, MasterResponse, Reply};
+use mooring_core::{Error, ErrorCode, Result};
+use tokio::task::JoinHandle;
+use tracing::warn;
+
+use crate::datagram::{decode, encode};
+use crate::mux::Mux;
+use crate::net::SimNet;
+use crate::server::spawn_server;
+
+/// RPC to the master over the simulated network. A lost request or reply is a timeout
+/// (`RPC_FAIL`); nothing is retried, as over a broken TCP connection.
+pub struct SimControlPlane {
+    mux: Arc<Mux>,
+    master: SocketAddr,
+    timeout: Duration,
+}
+
+impl SimControlPlane {
+    /// A control plane from the current node (address `ip`) to the master at `master`.
+    pub async fn new(
+        net: Arc<SimNet>,
+        ip: IpAddr,
+        master: SocketAddr,
+        timeout: Duration,
+    ) -> io::Result<Arc<SimControlPlane>> {
+        Ok(Arc::new(SimControlPlane {
+            mux: Mux::bind(net, ip).await?,
+            master,
+            timeout,
+        }))
+    }
+}
+
+impl ControlPlane for SimControlPlane {
+    fn call(&self, request: MasterRequest) -> BoxFuture<'_, Result<Reply>> {
+        Box::pin(async move {
+            let id = self.mux.next_id();
+            let fail = |what: String| {
+                Error::new(
+                    ErrorCode::RPC_FAIL,
+                    format!("master at {}: {what}", self.master),
+                )
+            };
+            let reply = self
+                .mux
+                .call(self.master, id, encode(id, &request, &[]), self.timeout)
+                .await
+                .map_err(|_| fail(format!("no reply within {:?}", self.timeout)))?;
+            let (_, response, _) =
+                decode::<MasterResponse>(&reply).map_err(|e| fail(format!("bad reply: {e}")))?;
+            response
+        })
+    }
+}
+
+/// Serves `handler` on `bind` (on the current node) until the task is aborted.
+pub async fn serve_rpc(
+    net: Arc<SimNet>,
+    bind: SocketAddr,
+    handler: Arc<dyn RpcHandler>,
+) -> io::Result<JoinHandle<()>> {
+    spawn_server(
+        net,
+        bind,
+        Box::new(
+            move |datagram, from| match decode::<MasterRequest>(datagram) {
+                Ok((id, request, _)) => Some(encode(id, &handler.handle(request), &[])),
+                Err(e) => {
+                    warn!(%from, "refusing a request: {e}");
+                    None
+                }
+            },
+        ),
+    )
+    .await
+}
