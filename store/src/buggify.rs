@@ -34,6 +34,28 @@ pub fn period(site: &'static str, normal: Duration) -> Duration {
     normal
 }
 
+/// A protocol step where a simulation may hold this task (to crash or cut off the process at
+/// exactly that step: a client between PutStart and PutEnd, say). A no-op in production
+/// builds and in simulations without a hold hook.
+pub async fn hold(site: &'static str) {
+    #[cfg(madsim)]
+    if let Some(pause) = sim::hold(site) {
+        tokio::time::sleep(pause).await;
+    }
+    let _ = site;
+}
+
+/// What a simulation's hold hook decides for a hold point: `Some(pause)` holds the task that
+/// long.
+#[cfg(madsim)]
+pub type HoldHook = std::rc::Rc<dyn Fn(&'static str) -> Option<Duration>>;
+
+/// Installs (or with `None` removes) this run's hold hook.
+#[cfg(madsim)]
+pub fn set_hold_hook(hook: Option<HoldHook>) {
+    sim::set_hold_hook(hook);
+}
+
 /// Starts a simulation run: forgets which sites were switched on, and enables or disables
 /// buggify for the run.
 pub fn reset(enabled: bool) {
@@ -59,6 +81,7 @@ mod sim {
     use madsim::rand::Rng;
 
     thread_local! {
+        static HOLD: RefCell<Option<super::HoldHook>> = const { RefCell::new(None) };
         static ENABLED: Cell<bool> = const { Cell::new(false) };
         static SITES: RefCell<BTreeMap<&'static str, bool>> = const { RefCell::new(BTreeMap::new()) };
     }
@@ -78,7 +101,17 @@ mod sim {
         on.then(|| rng.r#gen::<f64>())
     }
 
+    pub(super) fn hold(site: &'static str) -> Option<std::time::Duration> {
+        let hook = HOLD.with(|h| h.borrow().clone())?;
+        hook(site)
+    }
+
+    pub(super) fn set_hold_hook(hook: Option<super::HoldHook>) {
+        HOLD.with(|h| *h.borrow_mut() = hook);
+    }
+
     pub(super) fn reset(enabled: bool) {
+        HOLD.with(|h| *h.borrow_mut() = None);
         ENABLED.with(|e| e.set(enabled));
         SITES.with(|sites| sites.borrow_mut().clear());
     }

@@ -146,11 +146,13 @@ impl Client {
         let grant = self
             .start_write(key, value.len() as u64, config, upsert)
             .await?;
+        buggify::hold("client.after_put_start").await;
         let result = self
             .write_batch(&[(&grant, value)], started)
             .await
             .pop()
             .expect("one result");
+        buggify::hold("client.before_put_end").await;
         self.finish_write(key, &grant, result).await
     }
 
@@ -272,6 +274,7 @@ impl Client {
         let jobs: Vec<(&PutGrant, &[u8])> =
             started_ok.iter().map(|&(i, g)| (g, items[i].1)).collect();
         let transfers = self.write_batch(&jobs, started).await;
+        buggify::hold("client.before_batch_put_end").await;
         let mut results: Vec<Result<()>> = grants
             .iter()
             .map(|g| g.as_ref().map(|_| ()).map_err(Clone::clone))

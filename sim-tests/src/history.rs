@@ -1,0 +1,349 @@
+//! The history of one run and the judge of its reads.
+//!
+//! Every write gets a version unique in the run and is recorded when invoked and when it
+//! completes. Every read is recorded with the version it saw. At the end each read is judged
+//! against the writes of its key:
+//!
+//! - the bytes must be an intact value of this key (checked as the read completes);
+//! - its write must have been invoked before the read completed, and must not have failed
+//!   definitely (an error other than a lost RPC: its bytes were never committed);
+//! - it must not be stale: if some write `u` of the key was acknowledged before the read
+//!   began, and the seen write `v` was acknowledged before `u` began, then `v` had been
+//!   overwritten (or removed and replaced) for good before the read started. The same holds
+//!   for an acknowledged remove in place of `u`.
+//!
+//! "Not found" and errors are always allowed (eviction, node loss, faults); whether they
+//! happen only when they should is the liveness phase's and the master invariants' job.
+//! Writes whose outcome the client could not know (a lost RPC, a crash mid-operation) may or
+//! may not have committed, so reading them is allowed but they never make others stale.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use mooring_core::ErrorCode;
+
+use crate::value::{Judged, judge};
+
+/// Simulated time since the run started.
+pub type At = Duration;
+
+/// How a write ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Still running (at the end of a run: its client crashed mid-operation).
+    Pending,
+    /// Acknowledged at this time.
+    Acked(At),
+    /// Failed for sure: its bytes were never committed.
+    Failed(ErrorCode),
+    /// Failed in a way that leaves the commit unknown (lost RPC).
+    Unknown,
+}
+
+#[derive(Clone, Debug)]
+struct Write {
+    key: String,
+    size: usize,
+    invoked: At,
+    outcome: Outcome,
+    upsert: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Read {
+    key: String,
+    invoked: At,
+    completed: At,
+    version: u64,
+    what: &'static str,
+}
+
+#[derive(Clone, Debug)]
+struct Remove {
+    key: String,
+    invoked: At,
+    acked: At,
+}
+
+/// Operation counts by kind and outcome, for the run report.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// (operation, outcome) -> count; outcome is "ok" or an error code name.
+    pub counts: BTreeMap<(&'static str, String), u64>,
+}
+
+impl Tally {
+    /// Counts one operation.
+    pub fn count(&mut self, op: &'static str, outcome: &str) {
+        *self.counts.entry((op, outcome.to_string())).or_default() += 1;
+    }
+
+    /// How many operations of `op` ended with `outcome`.
+    pub fn get(&self, op: &'static str, outcome: &str) -> u64 {
+        self.counts
+            .get(&(op, outcome.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Total operations counted.
+    pub fn total(&self) -> u64 {
+        self.counts.values().sum()
+    }
+
+    /// Successful operations.
+    pub fn ok(&self) -> u64 {
+        self.counts
+            .iter()
+            .filter(|((_, o), _)| o == "ok")
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+/// Everything that happened in a run, and what was wrong with it.
+#[derive(Default)]
+pub struct History {
+    writes: BTreeMap<u64, Write>,
+    reads: Vec<Read>,
+    removes: Vec<Remove>,
+    violations: Vec<String>,
+    /// Outcomes of every operation.
+    pub tally: Tally,
+}
+
+impl History {
+    /// Records the start of a `size`-byte write of `key`; returns its version.
+    pub fn write_invoked(&mut self, key: &str, size: usize, at: At, upsert: bool) -> u64 {
+        let version = self.writes.len() as u64 + 1;
+        self.writes.insert(
+            version,
+            Write {
+                key: key.to_string(),
+                size,
+                invoked: at,
+                outcome: Outcome::Pending,
+                upsert,
+            },
+        );
+        version
+    }
+
+    /// Records how write `version` ended.
+    pub fn write_completed(&mut self, version: u64, at: At, result: Result<(), ErrorCode>) {
+        if let Some(w) = self.writes.get_mut(&version) {
+            w.outcome = match result {
+                Ok(()) => Outcome::Acked(at),
+                Err(ErrorCode::RPC_FAIL) => Outcome::Unknown,
+                Err(code) => Outcome::Failed(code),
+            };
+        }
+    }
+
+    /// The size of the most recent write of `key` (what a same-size upsert reuses).
+    pub fn latest_size(&self, key: &str) -> Option<usize> {
+        self.writes
+            .values()
+            .rev()
+            .find(|w| w.key == key)
+            .map(|w| w.size)
+    }
+
+    /// Records bytes a read of `key` returned (`what` names the operation).
+    pub fn read_value(
+        &mut self,
+        what: &'static str,
+        key: &str,
+        invoked: At,
+        completed: At,
+        bytes: &[u8],
+    ) {
+        match judge(key, bytes) {
+            Judged::Intact(version) => self.reads.push(Read {
+                key: key.to_string(),
+                invoked,
+                completed,
+                version,
+                what,
+            }),
+            Judged::Torn(why) => self.violation(format!(
+                "{what} of {key:?} at {completed:?} returned damaged bytes: {why}"
+            )),
+            Judged::Foreign(hash) => self.violation(format!(
+                "{what} of {key:?} at {completed:?} returned another key's value (key hash {hash:#x})"
+            )),
+        }
+    }
+
+    /// Records a remove of `key` acknowledged at `acked`.
+    pub fn remove_acked(&mut self, key: &str, invoked: At, acked: At) {
+        self.removes.push(Remove {
+            key: key.to_string(),
+            invoked,
+            acked,
+        });
+    }
+
+    /// Records a safety violation found outside the history (an invariant, a stuck operation).
+    pub fn violation(&mut self, what: String) {
+        self.violations.push(what);
+    }
+
+    /// Whether anything has been found wrong so far.
+    pub fn failed(&self) -> bool {
+        !self.violations.is_empty()
+    }
+
+    /// Judges every read; returns every violation found in the run.
+    pub fn judge(&mut self) -> Vec<String> {
+        let mut by_key: BTreeMap<&str, Vec<(u64, &Write)>> = BTreeMap::new();
+        for (&v, w) in &self.writes {
+            by_key.entry(&w.key).or_default().push((v, w));
+        }
+        let mut removes: BTreeMap<&str, Vec<&Remove>> = BTreeMap::new();
+        for r in &self.removes {
+            removes.entry(&r.key).or_default().push(r);
+        }
+        let mut found = Vec::new();
+        for read in &self.reads {
+            let Some(seen) = self.writes.get(&read.version) else {
+                found.push(format!(
+                    "{} of {:?} returned version {} that was never written",
+                    read.what, read.key, read.version
+                ));
+                continue;
+            };
+            let mut problem = String::new();
+            if seen.key != read.key {
+                let _ = write!(problem, "it is a write of {:?}", seen.key);
+            } else if seen.invoked > read.completed {
+                let _ = write!(problem, "that write began only at {:?}", seen.invoked);
+            } else if let Outcome::Failed(code) = seen.outcome {
+                let _ = write!(problem, "that write failed ({code}) and never committed");
+            } else if let Outcome::Acked(seen_acked) = seen.outcome {
+                let newer = by_key.get(read.key.as_str()).and_then(|writes| {
+                    writes.iter().find(|(_, u)| {
+                        matches!(u.outcome, Outcome::Acked(a) if a < read.invoked)
+                            && seen_acked < u.invoked
+                    })
+                });
+                let removed = removes.get(read.key.as_str()).and_then(|rs| {
+                    rs.iter()
+                        .find(|r| r.acked < read.invoked && seen_acked < r.invoked)
+                });
+                if let Some((v, u)) = newer {
+                    let _ = write!(
+                        problem,
+                        "it is stale: version {v} ({}) was acknowledged at {:?}, before the read began",
+                        if u.upsert { "upsert" } else { "put" },
+                        match u.outcome {
+                            Outcome::Acked(a) => a,
+                            _ => unreachable!("filtered on Acked"),
+                        }
+                    );
+                } else if let Some(r) = removed {
+                    let _ = write!(
+                        problem,
+                        "it is stale: a remove acknowledged at {:?} (begun {:?}) came after it",
+                        r.acked, r.invoked
+                    );
+                }
+            }
+            if !problem.is_empty() {
+                found.push(format!(
+                    "{} of {:?} during [{:?}, {:?}] returned version {}, but {problem}",
+                    read.what, read.key, read.invoked, read.completed, read.version
+                ));
+            }
+        }
+        let mut all = self.violations.clone();
+        all.extend(found);
+        all
+    }
+
+    /// A digest of everything recorded, to compare two runs of one seed.
+    pub fn fingerprint(&self) -> u64 {
+        let mut text = String::new();
+        for (v, w) in &self.writes {
+            let _ = write!(text, "w{v}:{}:{:?}:{:?};", w.key, w.invoked, w.outcome);
+        }
+        for r in &self.reads {
+            let _ = write!(text, "r{}:{}:{:?}:{:?};", r.key, r.version, r.invoked, r.completed);
+        }
+        for ((op, outcome), n) in &self.tally.counts {
+            let _ = write!(text, "{op}:{outcome}:{n};");
+        }
+        u64::from(crc32c::crc32c(text.as_bytes())) << 32 | text.len() as u64
+    }
+
+    /// Writes still pending at the end of a run (their clients crashed) become unknown.
+    pub fn settle(&mut self) {
+        for w in self.writes.values_mut() {
+            if w.outcome == Outcome::Pending {
+                w.outcome = Outcome::Unknown;
+            }
+        }
+    }
+
+    /// (writes, reads judged) so far.
+    pub fn sizes(&self) -> (usize, usize) {
+        (self.writes.len(), self.reads.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::encode;
+
+    fn ms(n: u64) -> At {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn the_judge_accepts_concurrent_reads_and_rejects_stale_failed_and_damaged_ones() {
+        let mut h = History::default();
+        let v1 = h.write_invoked("k", 64, ms(0), false);
+        h.write_completed(v1, ms(10), Ok(()));
+        let v2 = h.write_invoked("k", 64, ms(20), true);
+        // Concurrent with v2: either value is fine.
+        h.read_value("get", "k", ms(21), ms(25), &encode("k", v1, 64));
+        h.read_value("get", "k", ms(22), ms(26), &encode("k", v2, 64));
+        h.write_completed(v2, ms(30), Ok(()));
+        assert!(h.judge().is_empty(), "{:?}", h.judge());
+
+        // After v2 was acknowledged, v1 is stale.
+        h.read_value("get", "k", ms(31), ms(35), &encode("k", v1, 64));
+        assert_eq!(h.judge().len(), 1);
+
+        // A definitely failed write must never be seen; an unknown one may.
+        let mut h = History::default();
+        let bad = h.write_invoked("k", 64, ms(0), false);
+        h.write_completed(bad, ms(5), Err(ErrorCode::TRANSFER_FAIL));
+        let unknown = h.write_invoked("k", 64, ms(6), false);
+        h.write_completed(unknown, ms(9), Err(ErrorCode::RPC_FAIL));
+        h.read_value("get", "k", ms(10), ms(11), &encode("k", unknown, 64));
+        assert!(h.judge().is_empty());
+        h.read_value("get", "k", ms(10), ms(11), &encode("k", bad, 64));
+        assert_eq!(h.judge().len(), 1);
+
+        // A remove acknowledged before the read makes older values stale.
+        let mut h = History::default();
+        let v = h.write_invoked("k", 64, ms(0), false);
+        h.write_completed(v, ms(1), Ok(()));
+        h.remove_acked("k", ms(2), ms(3));
+        h.read_value("get", "k", ms(4), ms(5), &encode("k", v, 64));
+        assert_eq!(h.judge().len(), 1);
+
+        // Damaged and foreign bytes are violations at once.
+        let mut h = History::default();
+        let v = h.write_invoked("a", 64, ms(0), false);
+        h.read_value("get", "b", ms(1), ms(2), &encode("a", v, 64));
+        let mut torn = encode("a", v, 64);
+        torn[40] ^= 1;
+        h.read_value("get", "a", ms(1), ms(2), &torn);
+        assert_eq!(h.judge().len(), 2);
+        assert!(h.failed());
+    }
+}

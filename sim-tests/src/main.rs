@@ -1,0 +1,191 @@
+//! `mooring-sim`: runs seeded whole-cluster simulations (a `--cfg madsim` build; use
+//! `scripts/sim.sh`, which builds it in its own target directory).
+
+#[cfg(not(madsim))]
+fn main() {
+    eprintln!(
+        "mooring-sim runs only in a simulation build: use scripts/sim.sh (it builds with \
+         RUSTFLAGS=\"--cfg madsim\" in its own target directory)"
+    );
+    std::process::exit(2);
+}
+
+#[cfg(madsim)]
+fn main() {
+    std::process::exit(sim::main());
+}
+
+#[cfg(madsim)]
+mod sim {
+    #![allow(clippy::print_stdout)] // this is the CLI's own output
+
+    use std::time::Instant;
+
+    use clap::{Parser, Subcommand, ValueEnum};
+    use mooring_sim_tests::plan::{Plan, Shape, Transport};
+    use mooring_sim_tests::runner::{check_determinism, run_isolated, run_many};
+
+    /// Seeded simulations of a Mooring cluster under faults. Every run prints its seed and
+    /// fault plan when it fails; the same seed replays the same run exactly.
+    #[derive(Parser)]
+    #[command(name = "mooring-sim", version)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[derive(Clone, Copy, ValueEnum)]
+    enum TransportArg {
+        /// transport-tcp on madsim's simulated TCP.
+        Tcp,
+        /// transport-sim datagrams with message faults.
+        Sim,
+    }
+
+    #[derive(clap::Args, Clone)]
+    struct ShapeArgs {
+        /// Force one transport (default: even seeds TCP, odd seeds sim).
+        #[arg(long, value_enum)]
+        transport: Option<TransportArg>,
+        /// Operations per run, over all clients.
+        #[arg(long, default_value_t = 2000)]
+        ops: usize,
+        /// Run without faults (the happy path).
+        #[arg(long)]
+        no_faults: bool,
+    }
+
+    impl ShapeArgs {
+        fn plan(&self, seed: u64) -> Plan {
+            let transport = self.transport.map(|t| match t {
+                TransportArg::Tcp => Transport::Tcp,
+                TransportArg::Sim => Transport::Sim,
+            });
+            let shape = Shape {
+                ops: self.ops,
+                faults: !self.no_faults,
+                ..Shape::default()
+            };
+            Plan::generate(seed, transport, shape)
+        }
+    }
+
+    #[derive(Subcommand)]
+    enum Command {
+        /// Run many seeds and report failures (MADSIM_TEST_SEED, if set, runs only that seed).
+        Run {
+            /// How many seeds.
+            #[arg(long, default_value_t = 200)]
+            seeds: u64,
+            /// The first seed.
+            #[arg(long, default_value_t = 0)]
+            from: u64,
+            /// Runs at a time (default: the number of CPUs).
+            #[arg(long)]
+            jobs: Option<usize>,
+            /// Print every run's report, not just failures.
+            #[arg(long)]
+            verbose: bool,
+            #[command(flatten)]
+            shape: ShapeArgs,
+        },
+        /// Replay one seed with logs (RUST_LOG, default info) and print its report.
+        Replay {
+            /// The seed (default: MADSIM_TEST_SEED).
+            seed: Option<u64>,
+            #[command(flatten)]
+            shape: ShapeArgs,
+        },
+        /// Run seeds twice each and check both runs are identical.
+        Determinism {
+            /// How many seeds.
+            #[arg(long, default_value_t = 4)]
+            seeds: u64,
+            /// The first seed.
+            #[arg(long, default_value_t = 0)]
+            from: u64,
+            #[command(flatten)]
+            shape: ShapeArgs,
+        },
+    }
+
+    fn env_seed() -> Option<u64> {
+        std::env::var("MADSIM_TEST_SEED").ok()?.parse().ok()
+    }
+
+    pub fn main() -> i32 {
+        let cli = Cli::parse();
+        match cli.command {
+            Command::Run {
+                seeds,
+                from,
+                jobs,
+                verbose,
+                shape,
+            } => {
+                let seeds: Vec<u64> = match env_seed() {
+                    Some(seed) => vec![seed],
+                    None => (from..from + seeds).collect(),
+                };
+                let jobs = jobs.unwrap_or_else(|| {
+                    std::thread::available_parallelism().map_or(1, |n| n.get())
+                });
+                let plans: Vec<Plan> = seeds.iter().map(|&s| shape.plan(s)).collect();
+                let started = Instant::now();
+                let mut failed = Vec::new();
+                let mut done = 0;
+                let total = plans.len();
+                run_many(plans, jobs, |report| {
+                    done += 1;
+                    if !report.passed() {
+                        failed.push(report.plan.seed);
+                        println!("{report}");
+                    } else if verbose {
+                        println!("{report}");
+                    }
+                    if done % 50 == 0 {
+                        eprintln!("{done}/{total} seeds, {} failed", failed.len());
+                    }
+                });
+                let elapsed = started.elapsed();
+                println!(
+                    "{total} seeds in {:.1}s ({:.0} seeds/min with {jobs} jobs): {} failed{}",
+                    elapsed.as_secs_f64(),
+                    total as f64 / elapsed.as_secs_f64() * 60.0,
+                    failed.len(),
+                    if failed.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {failed:?}")
+                    }
+                );
+                i32::from(!failed.is_empty())
+            }
+            Command::Replay { seed, shape } => {
+                let Some(seed) = seed.or_else(env_seed) else {
+                    eprintln!("give a seed, or set MADSIM_TEST_SEED");
+                    return 2;
+                };
+                let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+                tracing_subscriber::fmt().with_env_filter(filter).init();
+                let report = run_isolated(shape.plan(seed));
+                println!("{report}");
+                i32::from(!report.passed())
+            }
+            Command::Determinism { seeds, from, shape } => {
+                let mut bad = 0;
+                for seed in from..from + seeds {
+                    match check_determinism(&shape.plan(seed)) {
+                        Ok(()) => println!("seed {seed}: deterministic"),
+                        Err(e) => {
+                            bad += 1;
+                            println!("{e}");
+                        }
+                    }
+                }
+                i32::from(bad > 0)
+            }
+        }
+    }
+}

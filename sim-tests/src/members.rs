@@ -1,0 +1,200 @@
+//! The simulated members: each runs the unchanged store code on its own madsim node, over
+//! either transport.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use mooring::{
+    Client, ClientConfig, Contribution, MasterService, NodeConfig, RunningMaster, SegmentConfig,
+    StandaloneNode, random_client_id,
+};
+use mooring_core::transport::{ControlPlane, DataPlane, RpcHandler};
+use mooring_core::{ClientId, Result};
+use mooring_transport_sim::{SimControlPlane, SimDataPlane, SimDataServer, serve_rpc};
+use mooring_transport_tcp::{DataPlaneConfig, LocalSegments};
+use tracing::{debug, info};
+
+use crate::plan::{Member, Transport};
+use crate::world::{DATA_PORT, World, ip, master_addr};
+use crate::workload::Workload;
+
+/// How long any one RPC or transfer may take before the caller gives up.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+
+fn io_error(what: &str, e: std::io::Error) -> mooring_core::Error {
+    mooring_core::Error::new(mooring_core::ErrorCode::INTERNAL_ERROR, format!("{what}: {e}"))
+}
+
+/// The master's node: serves until killed.
+pub async fn master(world: Arc<World>) {
+    let config = world.plan.master.clone();
+    match world.plan.transport {
+        Transport::Tcp => {
+            let running = RunningMaster::start(&master_addr().to_string(), config)
+                .await
+                .expect("the simulated master starts");
+            world.set_master(running.service.clone());
+            std::future::pending::<()>().await;
+            drop(running);
+        }
+        Transport::Sim => {
+            let service = MasterService::new(config).expect("a valid master config");
+            let _timer = service.spawn_timer();
+            let handler: Arc<dyn RpcHandler> = service.clone();
+            let _server = serve_rpc(world.net.clone(), master_addr(), handler)
+                .await
+                .expect("the simulated master binds");
+            world.set_master(service);
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// A storage node's process: joins (retrying while the master is unreachable), then serves
+/// until killed. Every start is a new process: fresh memory, a fresh client id.
+pub async fn storage_node(world: Arc<World>, i: usize) {
+    let name = format!("node{i}");
+    loop {
+        match start_node(&world, i, &name).await {
+            Ok(node) => {
+                info!(%name, "storage node up");
+                std::future::pending::<()>().await;
+                drop(node);
+            }
+            Err(e) => {
+                debug!(%name, "storage node failed to start, retrying: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+async fn start_node(world: &World, i: usize, name: &str) -> Result<StandaloneNode> {
+    let id = random_client_id();
+    let config = NodeConfig {
+        name: Some(name.to_string()),
+        size: world.plan.shape.node_bytes,
+        prefault: false,
+    };
+    let member = Member::Node(i);
+    match world.plan.transport {
+        Transport::Tcp => {
+            let segment = SegmentConfig {
+                node: config,
+                listen: format!("{}:{DATA_PORT}", ip(member)),
+                advertise: None,
+            };
+            StandaloneNode::start(
+                &master_addr().to_string(),
+                Some(id),
+                &segment,
+                Arc::new(LocalSegments::default()),
+            )
+            .await
+        }
+        Transport::Sim => {
+            let (control, contribution) = sim_member(world, ip(member), id, Some(config)).await?;
+            let contribution = contribution.expect("asked for a contribution");
+            StandaloneNode::with_transport(id, control, contribution).await
+        }
+    }
+}
+
+/// Control plane and (optionally) a contribution over transport-sim for a member at `at`.
+async fn sim_member(
+    world: &World,
+    at: IpAddr,
+    id: ClientId,
+    segment: Option<NodeConfig>,
+) -> Result<(Arc<dyn ControlPlane>, Option<Contribution>)> {
+    let net = world.net.clone();
+    let control: Arc<dyn ControlPlane> =
+        SimControlPlane::new(net.clone(), at, master_addr(), CALL_TIMEOUT)
+            .await
+            .map_err(|e| io_error("binding a control endpoint", e))?;
+    let contribution = match segment {
+        Some(config) => {
+            let bind = std::net::SocketAddr::new(at, DATA_PORT);
+            let seed = id.0 as u64 ^ (id.0 >> 64) as u64;
+            let server = SimDataServer::start(net, bind, seed)
+                .await
+                .map_err(|e| io_error("binding the data server", e))?;
+            Some(Contribution {
+                config,
+                default_name: server.endpoint().to_string(),
+                server,
+            })
+        }
+        None => None,
+    };
+    Ok((control, contribution))
+}
+
+/// Connects a client at address `at`, contributing a segment named `segment` if given.
+pub async fn connect(world: &World, at: IpAddr, segment: Option<String>) -> Result<Client> {
+    let id = random_client_id();
+    let segment = segment.map(|name| NodeConfig {
+        name: Some(name),
+        size: world.plan.shape.client_bytes,
+        prefault: false,
+    });
+    match world.plan.transport {
+        Transport::Tcp => {
+            let mut config = ClientConfig::new(master_addr().to_string());
+            config.id = Some(id);
+            config.rpc_timeout = CALL_TIMEOUT;
+            config.data = DataPlaneConfig {
+                timeout: CALL_TIMEOUT,
+                spin: Duration::ZERO,
+                stripes: 2,
+                ..DataPlaneConfig::default()
+            };
+            config.segment = segment.map(|node| SegmentConfig {
+                node,
+                listen: format!("{at}:{DATA_PORT}"),
+                advertise: None,
+            });
+            Client::connect(config).await
+        }
+        Transport::Sim => {
+            let (control, contribution) = sim_member(world, at, id, segment).await?;
+            let data: Arc<dyn DataPlane> =
+                SimDataPlane::new(world.net.clone(), at, CALL_TIMEOUT)
+                    .await
+                    .map_err(|e| io_error("binding a data endpoint", e))?;
+            Client::with_transport(id, control, data, contribution).await
+        }
+    }
+}
+
+/// A client's process: connects, works through its share of the operations, leaves.
+/// A restarted client is a new process (a new id) that carries on with what is left.
+pub async fn client(world: Arc<World>, j: usize) {
+    let member = Member::Client(j);
+    let incarnation = world.incarnations[j].fetch_add(1, Ordering::Relaxed);
+    let contributes = j < world.plan.shape.contributing;
+    let client = loop {
+        if world.budgets[j].load(Ordering::Relaxed) == 0 {
+            world.finished[j].store(true, Ordering::Relaxed);
+            return;
+        }
+        let segment = contributes.then(|| member.to_string());
+        match connect(&world, ip(member), segment).await {
+            Ok(client) => break client,
+            Err(e) => {
+                debug!(%member, "cannot connect yet: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let mut workload = Workload::new(world.clone(), client.clone(), j, incarnation);
+    while world.take_op(j) {
+        workload.step().await;
+    }
+    if let Err(e) = client.close().await {
+        debug!(%member, "leaving: {e}");
+    }
+    world.finished[j].store(true, Ordering::Relaxed);
+}

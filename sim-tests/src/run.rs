@@ -1,0 +1,563 @@
+//! One simulation run: build the cluster, run the workload under the fault plan while
+//! checking the master's invariants, then heal everything and check liveness and accounting.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use madsim::net::NetSim;
+use madsim::runtime::{Handle, NodeHandle, Runtime};
+use madsim::task::NodeId;
+use mooring_core::{ErrorCode, Stats, invariants};
+use mooring_transport_sim::{NetFaults, NetStats};
+
+use crate::history::Tally;
+use crate::members;
+use crate::plan::{Fault, Member, Plan, Transport};
+use crate::workload::OPERATION_BOUND;
+use crate::world::{CrashOrder, World, checker_ip, ip};
+
+/// How often the supervisor applies faults and checks the master's invariants.
+const TICK: Duration = Duration::from_millis(20);
+/// A crash-mid-write order that finds no write within this long crashes the client anyway.
+const CRASH_ORDER_PATIENCE: Duration = Duration::from_secs(2);
+/// Longest the workload may run (simulated) before the run counts as stuck.
+const WORKLOAD_LIMIT: Duration = Duration::from_secs(900);
+
+/// What a run found.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The plan it followed.
+    pub plan: Plan,
+    /// Everything found wrong (empty: the run passed).
+    pub violations: Vec<String>,
+    /// Operations by outcome.
+    pub tally: Tally,
+    /// Simulated time the run took.
+    pub sim_time: Duration,
+    /// The master's counters at the end of the workload.
+    pub stats: Option<Stats>,
+    /// What the simulated network did (transport-sim runs).
+    pub net: NetStats,
+    /// Buggify sites that were switched on.
+    pub buggified: Vec<&'static str>,
+    /// (writes, reads judged).
+    pub sizes: (usize, usize),
+    /// A digest of the run, equal for two runs of one seed.
+    pub fingerprint: u64,
+}
+
+impl Report {
+    /// Whether the run found nothing wrong.
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// The report of a run that panicked.
+    pub fn panicked(plan: Plan, message: &str) -> Report {
+        Report {
+            plan,
+            violations: vec![format!("the simulation panicked: {message}")],
+            tally: Tally::default(),
+            sim_time: Duration::ZERO,
+            stats: None,
+            net: NetStats::default(),
+            buggified: Vec::new(),
+            sizes: (0, 0),
+            fingerprint: 0,
+        }
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.plan)?;
+        writeln!(
+            f,
+            "  ran {:?} simulated: {} operations ({} ok), {} writes, {} reads judged",
+            self.sim_time,
+            self.tally.total(),
+            self.tally.ok(),
+            self.sizes.0,
+            self.sizes.1
+        )?;
+        if let Some(s) = &self.stats {
+            writeln!(
+                f,
+                "  master: {} evicted, {} writes discarded, {} objects lost with their nodes",
+                s.evicted_objects, s.discarded_writes, s.lost_objects
+            )?;
+        }
+        if self.plan.transport == Transport::Sim {
+            let n = &self.net;
+            writeln!(
+                f,
+                "  network: {} sent, {} lost, {} blocked, {} duplicated ({} dropped as such), {} corrupted ({} refused)",
+                n.sent, n.lost, n.blocked, n.duplicated, n.deduplicated, n.corrupted, n.refused
+            )?;
+        }
+        if !self.buggified.is_empty() {
+            writeln!(f, "  buggified: {}", self.buggified.join(", "))?;
+        }
+        if self.passed() {
+            writeln!(f, "  PASSED")
+        } else {
+            writeln!(f, "  FAILED: {} violation(s)", self.violations.len())?;
+            for v in self.violations.iter().take(20) {
+                writeln!(f, "    - {v}")?;
+            }
+            writeln!(f, "  replay: {}", self.plan.replay_command())
+        }
+    }
+}
+
+/// Runs `plan` to completion. Call it on a thread of its own (the simulator seeds per-thread
+/// state from the seed: the standard library's hash keys, buggify's choices).
+pub fn run(plan: Plan) -> Report {
+    mooring::buggify::reset(plan.buggify);
+    let mut runtime = Runtime::with_seed_and_config(plan.seed, madsim::Config::default());
+    // A backstop: the run's own limits trip long before this.
+    runtime.set_time_limit(Duration::from_secs(3600));
+    let report = runtime.block_on(supervise(plan));
+    mooring::buggify::reset(false);
+    report
+}
+
+/// The madsim nodes of the cluster.
+struct Nodes {
+    master: NodeHandle,
+    storage: Vec<NodeHandle>,
+    clients: Vec<NodeHandle>,
+}
+
+impl Nodes {
+    fn id(&self, member: Member) -> NodeId {
+        match member {
+            Member::Master => self.master.id(),
+            Member::Node(i) => self.storage[i].id(),
+            Member::Client(j) => self.clients[j].id(),
+        }
+    }
+
+    fn members(&self) -> Vec<Member> {
+        let mut all = vec![Member::Master];
+        all.extend((0..self.storage.len()).map(Member::Node));
+        all.extend((0..self.clients.len()).map(Member::Client));
+        all
+    }
+}
+
+/// Something to undo when a fault's time is up.
+#[derive(Clone, Debug)]
+enum Heal {
+    Restart(NodeId),
+    Unblock(Member, Member),
+    Quiet,
+    Resume(NodeId),
+}
+
+fn start_cluster(world: &Arc<World>) -> Nodes {
+    let handle = Handle::current();
+    let shape = &world.plan.shape;
+    let w = world.clone();
+    let master = handle
+        .create_node()
+        .name("master")
+        .ip(ip(Member::Master))
+        .init(move || members::master(w.clone()))
+        .build();
+    let storage = (0..shape.nodes)
+        .map(|i| {
+            let w = world.clone();
+            handle
+                .create_node()
+                .name(format!("node{i}"))
+                .ip(ip(Member::Node(i)))
+                .init(move || members::storage_node(w.clone(), i))
+                .build()
+        })
+        .collect();
+    let clients = (0..shape.clients)
+        .map(|j| {
+            let w = world.clone();
+            handle
+                .create_node()
+                .name(format!("client{j}"))
+                .ip(ip(Member::Client(j)))
+                .init(move || members::client(w.clone(), j))
+                .build()
+        })
+        .collect();
+    Nodes {
+        master,
+        storage,
+        clients,
+    }
+}
+
+/// Crash orders are served at the client's write steps: the client parks itself and the
+/// supervisor kills it at its next tick.
+fn install_crash_hook(world: &Arc<World>) {
+    let w = world.clone();
+    let hook: mooring::buggify::HoldHook = Rc::new(move |site| {
+        if !matches!(
+            site,
+            "client.before_put_end" | "client.before_batch_put_end" | "client.after_put_start"
+        ) {
+            return None;
+        }
+        let node = madsim::plugin::node();
+        let mut orders = w.orders();
+        let order = orders.get_mut(&node)?;
+        if order.triggered {
+            return None;
+        }
+        order.triggered = true;
+        Some(Duration::from_secs(3600))
+    });
+    mooring::buggify::set_hold_hook(Some(hook));
+}
+
+struct Supervisor {
+    world: Arc<World>,
+    nodes: Nodes,
+    handle: Handle,
+    heals: Vec<(Duration, Heal)>,
+    /// Armed crash orders: node, armed at, how long the client stays down.
+    armed: BTreeMap<NodeId, (Duration, Duration)>,
+}
+
+impl Supervisor {
+    fn block(&self, from: Member, to: Member) {
+        match self.world.plan.transport {
+            Transport::Sim => self.world.net.block(ip(from), ip(to)),
+            Transport::Tcp => NetSim::current().clog_link(self.nodes.id(from), self.nodes.id(to)),
+        }
+    }
+
+    fn unblock(&self, from: Member, to: Member) {
+        match self.world.plan.transport {
+            Transport::Sim => self.world.net.unblock(ip(from), ip(to)),
+            Transport::Tcp => {
+                NetSim::current().unclog_link(self.nodes.id(from), self.nodes.id(to))
+            }
+        }
+    }
+
+    fn apply(&mut self, now: Duration, fault: &Fault) {
+        let until = now + fault.lasts();
+        match *fault {
+            Fault::KillNode { node, .. } => {
+                let id = self.nodes.storage[node].id();
+                self.handle.kill(id);
+                self.heals.push((until, Heal::Restart(id)));
+            }
+            Fault::CrashClient {
+                client,
+                mid_write,
+                down_for,
+            } => {
+                let id = self.nodes.clients[client].id();
+                if mid_write {
+                    self.world.orders().insert(id, CrashOrder::default());
+                    self.armed.insert(id, (now, down_for));
+                } else {
+                    self.handle.kill(id);
+                    self.heals.push((until, Heal::Restart(id)));
+                }
+            }
+            Fault::Partition {
+                from,
+                to,
+                both_ways,
+                ..
+            } => {
+                self.block(from, to);
+                self.heals.push((until, Heal::Unblock(from, to)));
+                if both_ways {
+                    self.block(to, from);
+                    self.heals.push((until, Heal::Unblock(to, from)));
+                }
+            }
+            Fault::Isolate { member, .. } => {
+                for other in self.nodes.members() {
+                    if other != member {
+                        self.block(member, other);
+                        self.block(other, member);
+                        self.heals.push((until, Heal::Unblock(member, other)));
+                        self.heals.push((until, Heal::Unblock(other, member)));
+                    }
+                }
+            }
+            Fault::Noise {
+                loss,
+                duplicate,
+                corrupt,
+                max_delay,
+                ..
+            } => {
+                match self.world.plan.transport {
+                    Transport::Sim => self.world.net.set_faults(NetFaults {
+                        loss,
+                        duplicate,
+                        corrupt,
+                        max_delay,
+                    }),
+                    Transport::Tcp => {
+                        NetSim::current().update_config(|c| c.packet_loss_rate = loss)
+                    }
+                }
+                self.heals.push((until, Heal::Quiet));
+            }
+            Fault::PauseNode { node, .. } => {
+                let id = self.nodes.storage[node].id();
+                self.handle.pause(id);
+                self.heals.push((until, Heal::Resume(id)));
+            }
+        }
+    }
+
+    fn heal(&self, heal: &Heal) {
+        match *heal {
+            Heal::Restart(id) => self.handle.restart(id),
+            Heal::Unblock(from, to) => self.unblock(from, to),
+            Heal::Quiet => match self.world.plan.transport {
+                Transport::Sim => self.world.net.set_faults(NetFaults::default()),
+                Transport::Tcp => NetSim::current().update_config(|c| c.packet_loss_rate = 0.0),
+            },
+            Heal::Resume(id) => self.handle.resume(id),
+        }
+    }
+
+    fn heal_due(&mut self, now: Duration) {
+        let (due, later): (Vec<_>, Vec<_>) = self.heals.drain(..).partition(|(at, _)| *at <= now);
+        self.heals = later;
+        for (_, heal) in due {
+            self.heal(&heal);
+        }
+    }
+
+    /// Kills clients that reached their crash point (or waited too long for one).
+    fn serve_crash_orders(&mut self, now: Duration) {
+        let ready: Vec<NodeId> = self
+            .armed
+            .iter()
+            .filter(|(id, (armed_at, _))| {
+                let triggered = self.world.orders().get(id).is_some_and(|o| o.triggered);
+                triggered || now >= *armed_at + CRASH_ORDER_PATIENCE
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ready {
+            let (_, down_for) = self.armed.remove(&id).expect("armed");
+            self.world.orders().remove(&id);
+            self.handle.kill(id);
+            self.heals.push((now + down_for, Heal::Restart(id)));
+        }
+    }
+
+    fn check_invariants(&self) {
+        if let Some(master) = self.world.master()
+            && let Err(violation) = master.with_master(|m, _| invariants::check(m))
+        {
+            self.world
+                .history()
+                .violation(format!("master invariant broken at {:?}: {violation}", self.world.now()));
+        }
+    }
+
+    /// Heals everything now, including faults whose time is not up.
+    fn heal_all(&mut self) {
+        let now = self.world.now();
+        for (id, (_, _)) in std::mem::take(&mut self.armed) {
+            self.world.orders().remove(&id);
+            // An armed client that parked itself is stuck in its hold: restart it.
+            self.handle.kill(id);
+            self.heals.push((now, Heal::Restart(id)));
+        }
+        let heals = std::mem::take(&mut self.heals);
+        for (_, heal) in &heals {
+            self.heal(heal);
+        }
+        self.world.net.heal();
+    }
+}
+
+async fn supervise(plan: Plan) -> Report {
+    let world = World::new(plan);
+    install_crash_hook(&world);
+    let nodes = start_cluster(&world);
+    let mut sup = Supervisor {
+        world: world.clone(),
+        nodes,
+        handle: Handle::current(),
+        heals: Vec::new(),
+        armed: BTreeMap::new(),
+    };
+
+    // Safety phase: the workload under faults, invariants checked every tick.
+    let mut faults = world.plan.faults.clone().into_iter().peekable();
+    loop {
+        tokio::time::sleep(TICK).await;
+        let now = world.now();
+        while let Some((at, fault)) = faults.next_if(|(at, _)| *at <= now) {
+            tracing::info!(?at, %fault, "applying fault");
+            sup.apply(now, &fault);
+        }
+        sup.serve_crash_orders(now);
+        sup.heal_due(now);
+        sup.check_invariants();
+        if world.all_finished() || world.history().failed() {
+            break;
+        }
+        if now > WORKLOAD_LIMIT {
+            world.history().violation(format!(
+                "the workload had not finished after {WORKLOAD_LIMIT:?} of simulated time"
+            ));
+            break;
+        }
+    }
+    let workload_stats = world.master().map(|m| m.stats());
+
+    // Liveness phase: heal everything; every client finishes; nothing stays in flight.
+    sup.heal_all();
+    if !world.history().failed() {
+        liveness(&world, &mut sup).await;
+    }
+
+    let mut history = world.history();
+    history.settle();
+    let violations = history.judge();
+    let fingerprint = history.fingerprint() ^ world.now().as_nanos() as u64;
+    Report {
+        violations,
+        tally: history.tally.clone(),
+        sim_time: world.now(),
+        stats: workload_stats,
+        net: world.net.stats(),
+        buggified: mooring::buggify::active_sites(),
+        sizes: history.sizes(),
+        fingerprint,
+        plan: world.plan.clone(),
+    }
+}
+
+async fn liveness(world: &Arc<World>, sup: &mut Supervisor) {
+    let healed = world.now();
+    while !world.all_finished() {
+        tokio::time::sleep(TICK).await;
+        sup.check_invariants();
+        if world.now() > healed + OPERATION_BOUND * 2 {
+            world.history().violation(format!(
+                "clients still busy {:?} after every fault healed",
+                OPERATION_BOUND * 2
+            ));
+            return;
+        }
+    }
+    // Let every timeout run out: discarded writes released, dead clients expired, every
+    // node remounted.
+    let m = &world.plan.master;
+    let quiet = Duration::from_millis(
+        (m.put_start_discard_timeout
+            + m.put_start_release_timeout
+            + m.client_ttl
+            + m.lease_ttl
+            + m.lease_grace)
+            .as_millis(),
+    ) + Duration::from_secs(2);
+    tokio::time::sleep(quiet).await;
+    sup.check_invariants();
+    let Some(master) = world.master() else {
+        world.history().violation("no master at the end of the run".into());
+        return;
+    };
+    let stats = master.stats();
+    let shape = &world.plan.shape;
+    let mut problems = Vec::new();
+    if stats.writing != 0 {
+        problems.push(format!(
+            "{} key(s) still being written {quiet:?} after the faults healed (past the discard timeout)",
+            stats.writing
+        ));
+    }
+    if stats.discarded_blocks != 0 {
+        problems.push(format!(
+            "{} discarded block(s) never released",
+            stats.discarded_blocks
+        ));
+    }
+    if stats.holds != 0 || stats.tasks != 0 {
+        problems.push(format!(
+            "{} held read(s) and {} copy task(s) outlived their clients",
+            stats.holds, stats.tasks
+        ));
+    }
+    if stats.segments != shape.nodes as u64 {
+        problems.push(format!(
+            "{} segment(s) mounted after healing, expected the {} storage nodes",
+            stats.segments, shape.nodes
+        ));
+    }
+    for p in problems {
+        world.history().violation(p);
+    }
+    if world.history().failed() {
+        return;
+    }
+    final_sweep(world, &master).await;
+}
+
+/// A fresh client reads every key (each read judged), then removes everything: the
+/// allocators must then account for every byte.
+async fn final_sweep(world: &Arc<World>, master: &Arc<mooring::MasterService>) {
+    let w = world.clone();
+    let checker = Handle::current()
+        .create_node()
+        .name("checker")
+        .ip(checker_ip())
+        .build();
+    let outcome = checker
+        .spawn(async move {
+            let client = members::connect(&w, checker_ip(), None)
+                .await
+                .map_err(|e| format!("the checker cannot connect after healing: {e}"))?;
+            for key in &w.keys {
+                let invoked = w.now();
+                match client.get(key).await {
+                    Ok(bytes) => {
+                        let now = w.now();
+                        w.history().read_value("final get", key, invoked, now, &bytes)
+                    }
+                    Err(e) if e.code == ErrorCode::OBJECT_NOT_FOUND => {}
+                    Err(e) => {
+                        return Err(format!(
+                            "after healing, reading {key:?} still fails: {e}"
+                        ));
+                    }
+                }
+            }
+            tokio::time::sleep(w.lease() * 2).await;
+            let removed = client
+                .remove_all()
+                .await
+                .map_err(|e| format!("remove_all after healing failed: {e}"))?;
+            Ok(removed)
+        })
+        .await;
+    match outcome {
+        Ok(Ok(_)) => {}
+        Ok(Err(problem)) => world.history().violation(problem),
+        Err(e) => world.history().violation(format!("the checker panicked: {e}")),
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stats = master.stats();
+    if stats.objects != 0 || stats.used != 0 {
+        world.history().violation(format!(
+            "after removing everything, {} object(s) and {} byte(s) are still allocated",
+            stats.objects, stats.used
+        ));
+    }
+}

@@ -1,0 +1,349 @@
+//! The workload: random operations over a small shared key space, each recorded in the
+//! history so every value read can be judged.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mooring::Client;
+use mooring_core::rng::Rng;
+use mooring_core::{Error, ErrorCode, ReplicateConfig, Result};
+
+use crate::value::{HEADER, encode};
+use crate::world::World;
+
+/// Longest any single operation may take once it has started, faults included (a batch get
+/// whose lease ran out retries key by key; an upsert waits out busy readers). Past this the
+/// operation is stuck: a liveness violation.
+pub const OPERATION_BOUND: Duration = Duration::from_secs(60);
+
+/// Operation kinds and their weights.
+const MIX: &[(Op, u32)] = &[
+    (Op::Put, 14),
+    (Op::UpsertSameSize, 9),
+    (Op::UpsertNewSize, 7),
+    (Op::BatchPut, 4),
+    (Op::BatchUpsert, 3),
+    (Op::Get, 18),
+    (Op::GetInto, 8),
+    (Op::BatchGet, 6),
+    (Op::BatchGetInto, 3),
+    (Op::Exist, 5),
+    (Op::BatchExist, 3),
+    (Op::GetSize, 3),
+    (Op::Remove, 7),
+    (Op::RemoveByRegex, 1),
+    (Op::Query, 1),
+];
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Put,
+    UpsertSameSize,
+    UpsertNewSize,
+    BatchPut,
+    BatchUpsert,
+    Get,
+    GetInto,
+    BatchGet,
+    BatchGetInto,
+    Exist,
+    BatchExist,
+    GetSize,
+    Remove,
+    RemoveByRegex,
+    Query,
+}
+
+/// One client's stream of operations.
+pub struct Workload {
+    world: Arc<World>,
+    client: Client,
+    rng: Rng,
+}
+
+/// The outcome name the tally uses.
+fn outcome<T>(result: &Result<T>) -> String {
+    match result {
+        Ok(_) => "ok".into(),
+        Err(e) => e.code.to_string(),
+    }
+}
+
+impl Workload {
+    /// Client `j`'s workload in its `incarnation`-th process.
+    pub fn new(world: Arc<World>, client: Client, j: usize, incarnation: usize) -> Workload {
+        let seed = world.plan.seed ^ ((j as u64 + 1) << 40) ^ ((incarnation as u64 + 1) << 52);
+        Workload {
+            world,
+            client,
+            rng: Rng::seeded(seed),
+        }
+    }
+
+    fn key(&mut self) -> String {
+        let keys = &self.world.keys;
+        // A few hot keys see most of the contention.
+        let i = if self.rng.below(3) == 0 {
+            self.rng.below(keys.len().min(6))
+        } else {
+            self.rng.below(keys.len())
+        };
+        keys[i].clone()
+    }
+
+    /// Two to `2 + spread - 1` distinct keys.
+    fn some_keys(&mut self, spread: usize) -> Vec<String> {
+        let n = 2 + self.rng.below(spread);
+        self.distinct_keys(n)
+    }
+
+    fn distinct_keys(&mut self, n: usize) -> Vec<String> {
+        let mut keys: Vec<String> = Vec::new();
+        while keys.len() < n {
+            let k = self.key();
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+        keys
+    }
+
+    /// A value size: mostly small KV blocks, sometimes up to 96 KiB.
+    fn size(&mut self) -> usize {
+        let bits = 6 + self.rng.below(11); // 64 B .. 64 KiB scale
+        let size = (1usize << bits) + self.rng.below(1 << bits);
+        size.clamp(HEADER, 96 << 10)
+    }
+
+    fn config(&mut self) -> ReplicateConfig {
+        let replicas = 1 + self.rng.below(3) as u32;
+        let mut config = ReplicateConfig::replicas(replicas);
+        match self.rng.below(20) {
+            0 => config = config.hard_pinned(),
+            1..=3 => config = config.soft_pinned(None),
+            _ => {}
+        }
+        if self.rng.below(5) == 0
+            && let Some(name) = self.client.segment_name()
+        {
+            config = config.preferring(name);
+        }
+        config
+    }
+
+    fn pick(&mut self) -> Op {
+        let total: u32 = MIX.iter().map(|(_, w)| w).sum();
+        let mut roll = self.rng.below(total as usize) as u32;
+        for &(op, weight) in MIX {
+            if roll < weight {
+                return op;
+            }
+            roll -= weight;
+        }
+        unreachable!("the roll is below the total weight")
+    }
+
+    /// Performs one random operation, recording it; a pause first, as real clients think.
+    pub async fn step(&mut self) {
+        let think = Duration::from_micros(self.rng.below(4000) as u64);
+        tokio::time::sleep(think).await;
+        let op = self.pick();
+        let started = self.world.now();
+        let run = self.run(op);
+        if tokio::time::timeout(OPERATION_BOUND, run).await.is_err() {
+            self.world.history().violation(format!(
+                "{op:?} begun at {started:?} was still running after {OPERATION_BOUND:?}"
+            ));
+        }
+    }
+
+    fn tally<T>(&self, op: &'static str, result: &Result<T>) {
+        if let Err(e) = result
+            && e.code == ErrorCode::INTERNAL_ERROR
+        {
+            self.world
+                .history()
+                .violation(format!("{op} failed without a clear error: {e}"));
+        }
+        self.world.history().tally.count(op, &outcome(result));
+    }
+
+    async fn run(&mut self, op: Op) {
+        match op {
+            Op::Put => self.write(false, None).await,
+            Op::UpsertSameSize => {
+                let key = self.key();
+                let size = self.world.history().latest_size(&key);
+                self.write_key(key, true, size).await
+            }
+            Op::UpsertNewSize => self.write(true, None).await,
+            Op::BatchPut => self.batch_write(false).await,
+            Op::BatchUpsert => self.batch_write(true).await,
+            Op::Get => {
+                let key = self.key();
+                let invoked = self.world.now();
+                let result = self.client.get(&key).await;
+                if let Ok(bytes) = &result {
+                    let now = self.world.now();
+                    self.world
+                        .history()
+                        .read_value("get", &key, invoked, now, bytes);
+                }
+                self.tally("get", &result);
+            }
+            Op::GetInto => {
+                let key = self.key();
+                let mut buf = vec![0u8; self.size()];
+                let invoked = self.world.now();
+                let result = self.client.get_into(&key, &mut buf).await;
+                if let Ok(n) = &result {
+                    let now = self.world.now();
+                    self.world
+                        .history()
+                        .read_value("get_into", &key, invoked, now, &buf[..*n]);
+                }
+                self.tally("get_into", &result);
+            }
+            Op::BatchGet => {
+                let keys = self.some_keys(5);
+                let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let invoked = self.world.now();
+                let results = self.client.batch_get(&refs).await;
+                let now = self.world.now();
+                for (key, result) in keys.iter().zip(&results) {
+                    if let Ok(bytes) = result {
+                        self.world
+                            .history()
+                            .read_value("batch_get", key, invoked, now, bytes);
+                    }
+                    self.tally("batch_get", result);
+                }
+            }
+            Op::BatchGetInto => {
+                let keys = self.some_keys(4);
+                let mut buffers: Vec<Vec<u8>> = keys.iter().map(|_| vec![0u8; 96 << 10]).collect();
+                let mut items: Vec<(&str, &mut [u8])> = keys
+                    .iter()
+                    .map(String::as_str)
+                    .zip(buffers.iter_mut().map(|b| &mut b[..]))
+                    .collect();
+                let invoked = self.world.now();
+                let results = self.client.batch_get_into(&mut items).await;
+                let now = self.world.now();
+                drop(items);
+                for ((key, buf), result) in keys.iter().zip(&buffers).zip(&results) {
+                    if let Ok(n) = result {
+                        self.world.history().read_value(
+                            "batch_get_into",
+                            key,
+                            invoked,
+                            now,
+                            &buf[..*n],
+                        );
+                    }
+                    self.tally("batch_get_into", result);
+                }
+            }
+            Op::Exist => {
+                let key = self.key();
+                let result = self.client.exist(&key).await;
+                self.tally("exist", &result);
+            }
+            Op::BatchExist => {
+                let keys = self.some_keys(8);
+                let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let result = self.client.batch_exist(&refs).await;
+                self.tally("batch_exist", &result);
+            }
+            Op::GetSize => {
+                let key = self.key();
+                let result = self.client.get_size(&key).await;
+                self.tally("get_size", &result);
+            }
+            Op::Remove => {
+                let key = self.key();
+                let invoked = self.world.now();
+                let result = self.client.remove(&key).await;
+                if result.is_ok() {
+                    let now = self.world.now();
+                    self.world.history().remove_acked(&key, invoked, now);
+                }
+                self.tally("remove", &result);
+            }
+            Op::RemoveByRegex => {
+                let digit = self.rng.below(5);
+                let result = self.client.remove_by_regex(&format!("^k00{digit}$")).await;
+                self.tally("remove_by_regex", &result);
+            }
+            Op::Query => {
+                let result = self.client.query_by_regex("^k01").await;
+                self.tally("query_by_regex", &result);
+            }
+        }
+    }
+
+    async fn write(&mut self, upsert: bool, size: Option<usize>) {
+        let key = self.key();
+        self.write_key(key, upsert, size).await
+    }
+
+    async fn write_key(&mut self, key: String, upsert: bool, size: Option<usize>) {
+        let size = size.unwrap_or_else(|| self.size());
+        let config = self.config();
+        let invoked = self.world.now();
+        let version = self
+            .world
+            .history()
+            .write_invoked(&key, size, invoked, upsert);
+        let value = encode(&key, version, size);
+        let result = if upsert {
+            self.client.upsert(&key, &value, &config).await
+        } else {
+            self.client.put(&key, &value, &config).await
+        };
+        let now = self.world.now();
+        self.world
+            .history()
+            .write_completed(version, now, result.as_ref().map(|_| ()).map_err(|e| e.code));
+        self.tally(if upsert { "upsert" } else { "put" }, &result);
+    }
+
+    async fn batch_write(&mut self, upsert: bool) {
+        let keys = self.some_keys(5);
+        let config = self.config();
+        let invoked = self.world.now();
+        let values: Vec<(String, Vec<u8>, u64)> = keys
+            .into_iter()
+            .map(|key| {
+                let size = self.size();
+                let version = self
+                    .world
+                    .history()
+                    .write_invoked(&key, size, invoked, upsert);
+                let value = encode(&key, version, size);
+                (key, value, version)
+            })
+            .collect();
+        let items: Vec<(&str, &[u8])> = values
+            .iter()
+            .map(|(k, v, _)| (k.as_str(), v.as_slice()))
+            .collect();
+        let results = if upsert {
+            self.client.batch_upsert(&items, &config).await
+        } else {
+            self.client.batch_put(&items, &config).await
+        };
+        let now = self.world.now();
+        for ((_, _, version), result) in values.iter().zip(&results) {
+            self.world.history().write_completed(
+                *version,
+                now,
+                result.as_ref().map(|_| ()).map_err(|e: &Error| e.code),
+            );
+            self.tally(
+                if upsert { "batch_upsert" } else { "batch_put" },
+                result,
+            );
+        }
+    }
+}

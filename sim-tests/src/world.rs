@@ -1,0 +1,136 @@
+//! What the supervisor and every simulated member of one run share.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use madsim::task::NodeId;
+use mooring::MasterService;
+use mooring_transport_sim::SimNet;
+use tokio::time::Instant;
+
+use crate::history::History;
+use crate::plan::{Member, Plan};
+
+/// Port of the master's RPC service.
+pub const MASTER_PORT: u16 = 5000;
+/// Port of every data server.
+pub const DATA_PORT: u16 = 6000;
+
+/// The simulated address of `member`.
+pub fn ip(member: Member) -> IpAddr {
+    IpAddr::V4(match member {
+        Member::Master => Ipv4Addr::new(10, 0, 0, 1),
+        Member::Node(i) => Ipv4Addr::new(10, 0, 1, i as u8 + 1),
+        Member::Client(j) => Ipv4Addr::new(10, 0, 2, j as u8 + 1),
+    })
+}
+
+/// The address of the final checker (a client that joins after the faults heal).
+pub fn checker_ip() -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 0, 3, 1))
+}
+
+/// The master's RPC address.
+pub fn master_addr() -> SocketAddr {
+    SocketAddr::new(ip(Member::Master), MASTER_PORT)
+}
+
+/// A request to crash a client between the start and the end of its next write.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CrashOrder {
+    /// The client reached the point; the supervisor should kill it now.
+    pub triggered: bool,
+}
+
+/// State shared by one run's supervisor and members.
+pub struct World {
+    /// The plan.
+    pub plan: Plan,
+    /// The keys the workload uses.
+    pub keys: Vec<String>,
+    /// When the run started.
+    pub start: Instant,
+    /// Everything that happened.
+    history: Mutex<History>,
+    /// The running master, if it is up.
+    master: Mutex<Option<Arc<MasterService>>>,
+    /// The simulated network's switchboard (transport-sim runs).
+    pub net: Arc<SimNet>,
+    /// Operations each client has left to do.
+    pub budgets: Vec<AtomicUsize>,
+    /// Whether each client has finished its budget.
+    pub finished: Vec<AtomicBool>,
+    /// Crash-mid-write orders, by the node that should crash.
+    pub crash_orders: Mutex<BTreeMap<NodeId, CrashOrder>>,
+    /// Incarnations of each client, for fresh seeds after restarts.
+    pub incarnations: Vec<AtomicUsize>,
+}
+
+impl World {
+    /// The world of a run of `plan`.
+    pub fn new(plan: Plan) -> Arc<World> {
+        let shape = &plan.shape;
+        let per_client = shape.ops / shape.clients.max(1);
+        let keys = (0..shape.keys).map(|k| format!("k{k:03}")).collect();
+        Arc::new(World {
+            keys,
+            start: Instant::now(),
+            history: Mutex::default(),
+            master: Mutex::default(),
+            net: Arc::new(SimNet::new()),
+            budgets: (0..shape.clients)
+                .map(|_| AtomicUsize::new(per_client))
+                .collect(),
+            finished: (0..shape.clients).map(|_| AtomicBool::new(false)).collect(),
+            crash_orders: Mutex::default(),
+            incarnations: (0..shape.clients).map(|_| AtomicUsize::new(0)).collect(),
+            plan,
+        })
+    }
+
+    /// Simulated time since the run started.
+    pub fn now(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// The history (all members run on the simulator's one thread; the lock is never
+    /// contended).
+    pub fn history(&self) -> MutexGuard<'_, History> {
+        self.history.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The running master.
+    pub fn master(&self) -> Option<Arc<MasterService>> {
+        self.master.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Records the running master.
+    pub fn set_master(&self, service: Arc<MasterService>) {
+        *self.master.lock().unwrap_or_else(|e| e.into_inner()) = Some(service);
+    }
+
+    /// Takes one operation from client `j`'s budget; false when it is spent.
+    pub fn take_op(&self, j: usize) -> bool {
+        self.budgets[j]
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Whether every client has finished.
+    pub fn all_finished(&self) -> bool {
+        self.finished.iter().all(|f| f.load(Ordering::Relaxed))
+    }
+
+    /// The crash orders, locked.
+    pub fn orders(&self) -> MutexGuard<'_, BTreeMap<NodeId, CrashOrder>> {
+        self.crash_orders.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The master's lease as a duration.
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.plan.master.lease_ttl.as_millis())
+    }
+}
