@@ -68,7 +68,7 @@ pub use error::{Error, ErrorCode, Result};
 pub use events::{DiscardCause, Event};
 pub use ids::{ClientId, HoldId, SegmentId, TaskId, WriteId};
 pub use master::{Master, Stats};
-pub use membership::HeartbeatStatus;
+pub use membership::{HeartbeatAck, HeartbeatStatus};
 pub use object::{ReplicaDescriptor, ReplicaStatus};
 pub use put::PutGrant;
 pub use reads::ReplicaList;

@@ -19,15 +19,36 @@ pub enum HeartbeatStatus {
     Registered,
 }
 
+/// A heartbeat's answer.
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub struct HeartbeatAck {
+    /// Whether the client had to be registered again.
+    pub status: HeartbeatStatus,
+    /// The segments the master has mounted for this client, in id order. A node whose own
+    /// segment is missing mounts again. Unlike `status`, this survives a lost reply: a
+    /// `Registered` answer to a heartbeat whose caller had already timed out is not repeated,
+    /// but the missing segment is reported by every later heartbeat.
+    pub segments: Vec<SegmentId>,
+}
+
 impl Master {
     /// Records a sign of life from `client`.
-    pub fn heartbeat(&mut self, client: ClientId, now: Millis) -> HeartbeatStatus {
+    pub fn heartbeat(&mut self, client: ClientId, now: Millis) -> HeartbeatAck {
         let now = self.advance(now);
-        if self.clients.announce(client, now) {
+        let status = if self.clients.announce(client, now) {
             HeartbeatStatus::Registered
         } else {
             HeartbeatStatus::Known
-        }
+        };
+        let mut segments: Vec<SegmentId> = self
+            .segments
+            .iter()
+            .filter(|(_, s)| s.owner == client)
+            .map(|(_, s)| s.id)
+            .collect();
+        segments.sort_unstable();
+        HeartbeatAck { status, segments }
     }
 
     /// Any call from a client also counts as a sign of life (but only a heartbeat or a mount

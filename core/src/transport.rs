@@ -16,6 +16,7 @@ use std::pin::Pin;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::wire::{MAX_DATA_REQUEST, MasterRequest, MasterResponse, Range, Reply};
@@ -68,8 +69,16 @@ pub trait RpcHandler: Send + Sync + 'static {
 pub trait DataPlane: Send + Sync {
     /// Performs every read against `node`; fails (`TRANSFER_FAIL`) if any fails.
     fn read<'a>(&'a self, node: &'a NodeAddr, ops: Vec<ReadOp<'a>>) -> BoxFuture<'a, Result<()>>;
-    /// Performs every write against `node`; fails (`TRANSFER_FAIL`) if any fails.
-    fn write<'a>(&'a self, node: &'a NodeAddr, ops: Vec<WriteOp<'a>>) -> BoxFuture<'a, Result<()>>;
+    /// Performs every write against `node`; fails (`TRANSFER_FAIL`) if any fails. No byte
+    /// may land in the segment later than `valid_for` from now (the writer's fence: after it
+    /// the master may give the ranges to another writer), even if the network delays it: a
+    /// transport whose deliveries can be late must make the node refuse them.
+    fn write<'a>(
+        &'a self,
+        node: &'a NodeAddr,
+        ops: Vec<WriteOp<'a>>,
+        valid_for: Duration,
+    ) -> BoxFuture<'a, Result<()>>;
 }
 
 /// Keeps a segment's memory mapped: the memory stays valid while any clone of its owner lives.

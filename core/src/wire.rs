@@ -23,7 +23,7 @@ use crate::config::ReplicateConfig;
 use crate::error::{Error, ErrorCode};
 use crate::ids::{ClientId, HoldId, SegmentId, TaskId, WriteId};
 use crate::master::Stats;
-use crate::membership::HeartbeatStatus;
+use crate::membership::HeartbeatAck;
 use crate::put::PutGrant;
 use crate::reads::ReplicaList;
 use crate::replication::CopyGrant;
@@ -33,7 +33,7 @@ use crate::time::Millis;
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MOOR";
 /// The wire format version this build speaks.
-pub const WIRE_VERSION: u8 = 2;
+pub const WIRE_VERSION: u8 = 3;
 /// Length of the frame header.
 pub const HEADER_LEN: usize = 24;
 /// Largest frame payload accepted (a batch of many keys fits; bulk data travels outside).
@@ -375,7 +375,7 @@ mod messages {
     pub enum Reply {
         Unit,
         Hello(ClusterInfo),
-        Heartbeat(HeartbeatStatus),
+        Heartbeat(HeartbeatAck),
         Segment(SegmentId),
         Segments(Vec<Option<SegmentInfo>>),
         SegmentList(Vec<SegmentInfo>),
@@ -423,6 +423,13 @@ mod data {
             key: u64,
             /// Where the bytes go.
             ranges: Vec<Range>,
+            /// When the writer sent this, in microseconds on the sender's clock for this
+            /// connection (see [`DataRequest::Probe`]).
+            sent_at_us: u64,
+            /// How long after `sent_at_us` the node may still put bytes into the segment. The
+            /// master may hand the ranges to another writer once the writer's grant times
+            /// out; bytes delayed in the network past this must not land.
+            valid_for_us: u64,
         },
         /// Send back the bytes of `ranges`, in order.
         Read {
@@ -430,6 +437,13 @@ mod data {
             key: u64,
             /// Where the bytes come from.
             ranges: Vec<Range>,
+        },
+        /// The first request on a connection: answered at once, so the sender learns the
+        /// round trip (which bounds this message's delay) and the node can relate the
+        /// sender's clock to its own (see `Write::valid_for_us`).
+        Probe {
+            /// When the sender sent this, on its clock for this connection.
+            sent_at_us: u64,
         },
     }
 
@@ -439,6 +453,7 @@ mod data {
         pub fn bulk_len(&self) -> Option<u64> {
             let ranges = match self {
                 DataRequest::Write { ranges, .. } | DataRequest::Read { ranges, .. } => ranges,
+                DataRequest::Probe { .. } => return Some(0),
             };
             ranges
                 .iter()
@@ -486,6 +501,7 @@ mod tests {
             Err(ErrorCode::INVALID_PARAMS.into()),
         ])));
         roundtrip::<MasterResponse>(&Err(Error::new(ErrorCode::OBJECT_NOT_FOUND, "gone")));
+        roundtrip(&DataRequest::Probe { sent_at_us: 77 });
         roundtrip(&DataRequest::Read {
             key: 9,
             ranges: vec![Range {
@@ -555,8 +571,11 @@ mod tests {
         let ok = DataRequest::Write {
             key: 0,
             ranges: vec![Range { addr: 0, len: 10 }, Range { addr: 64, len: 20 }],
+            sent_at_us: 5,
+            valid_for_us: 1_000,
         };
         assert_eq!(ok.bulk_len(), Some(30));
+        assert_eq!(DataRequest::Probe { sent_at_us: 0 }.bulk_len(), Some(0));
         let overflow = DataRequest::Read {
             key: 0,
             ranges: vec![

@@ -485,7 +485,7 @@ fn dead_node_loses_its_segments_and_objects_without_replicas() {
     }
     f.put(A, "both", 4096, &ReplicateConfig::replicas(2));
     f.put(A, "only2", 4096, &one().preferring("n2"));
-    assert_eq!(f.m.heartbeat(node2, f.now), HeartbeatStatus::Known);
+    assert_eq!(f.m.heartbeat(node2, f.now).status, HeartbeatStatus::Known);
     f.tick_after(Millis::from_secs(10)); // node2 silent
     let events = f.m.drain_events();
     assert!(events.contains(&Event::ClientExpired { client: node2 }));
@@ -498,16 +498,41 @@ fn dead_node_loses_its_segments_and_objects_without_replicas() {
     assert_eq!(code(f.get("only2")), ErrorCode::OBJECT_NOT_FOUND);
     assert_eq!(f.m.segments().len(), 1);
     assert_eq!(
-        f.m.heartbeat(node2, f.now),
+        f.m.heartbeat(node2, f.now).status,
         HeartbeatStatus::Registered,
         "must remount"
     );
 }
 
 #[test]
+fn a_lost_registered_reply_still_leaves_every_later_heartbeat_reporting_the_missing_segment() {
+    let mut f = Fixture::new(1, MIB);
+    let node2 = ClientId(2);
+    let spec = SegmentSpec {
+        name: "n2".into(),
+        base: 0,
+        size: MIB,
+        endpoint: "n2".into(),
+        key: 7,
+    };
+    let id = f.m.mount_segment(node2, &spec, f.now).unwrap();
+    assert_eq!(f.m.heartbeat(node2, f.now).segments, vec![id]);
+    f.tick_after(Millis::from_secs(10)); // node2 silent past the TTL: its segment is dropped
+    // The heartbeat that re-registers node2 is answered, but its caller had given up...
+    assert_eq!(
+        f.m.heartbeat(node2, f.now).status,
+        HeartbeatStatus::Registered
+    );
+    // ...so the next one says Known, yet still shows the segment is gone.
+    let ack = f.m.heartbeat(node2, f.now);
+    assert_eq!(ack.status, HeartbeatStatus::Known);
+    assert!(ack.segments.is_empty(), "{ack:?}");
+}
+
+#[test]
 fn an_expired_client_that_comes_back_with_a_put_is_still_told_to_remount() {
     let mut f = Fixture::new(1, MIB);
-    assert_eq!(f.m.heartbeat(A, f.now), HeartbeatStatus::Registered);
+    assert_eq!(f.m.heartbeat(A, f.now).status, HeartbeatStatus::Registered);
     f.tick_silent(Millis::from_secs(10)); // A silent past the TTL
     assert!(
         f.m.drain_events()
@@ -516,8 +541,8 @@ fn an_expired_client_that_comes_back_with_a_put_is_still_told_to_remount() {
     // A put revives A without telling it it had been forgotten...
     f.put(A, "k", 4096, &one());
     // ...so its next heartbeat must, or its node would never mount its segments again.
-    assert_eq!(f.m.heartbeat(A, f.now), HeartbeatStatus::Registered);
-    assert_eq!(f.m.heartbeat(A, f.now), HeartbeatStatus::Known);
+    assert_eq!(f.m.heartbeat(A, f.now).status, HeartbeatStatus::Registered);
+    assert_eq!(f.m.heartbeat(A, f.now).status, HeartbeatStatus::Known);
 }
 
 #[test]

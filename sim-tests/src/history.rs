@@ -22,6 +22,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use mooring_core::ErrorCode;
+use tracing::debug;
 
 use crate::value::{Judged, judge};
 
@@ -117,6 +118,7 @@ impl History {
     /// Records the start of a `size`-byte write of `key`; returns its version.
     pub fn write_invoked(&mut self, key: &str, size: usize, at: At, upsert: bool) -> u64 {
         let version = self.writes.len() as u64 + 1;
+        debug!(key, version, size, upsert, "write invoked");
         self.writes.insert(
             version,
             Write {
@@ -132,6 +134,7 @@ impl History {
 
     /// Records how write `version` ended.
     pub fn write_completed(&mut self, version: u64, at: At, result: Result<(), ErrorCode>) {
+        debug!(version, ?result, "write completed");
         if let Some(w) = self.writes.get_mut(&version) {
             w.outcome = match result {
                 Ok(()) => Outcome::Acked(at),
@@ -159,7 +162,9 @@ impl History {
         completed: At,
         bytes: &[u8],
     ) {
-        match judge(key, bytes) {
+        let judged = judge(key, bytes);
+        debug!(what, key, len = bytes.len(), ?judged, "read");
+        match judged {
             Judged::Intact(version) => self.reads.push(Read {
                 key: key.to_string(),
                 invoked,
@@ -178,6 +183,7 @@ impl History {
 
     /// Records a remove of `key` acknowledged at `acked`.
     pub fn remove_acked(&mut self, key: &str, invoked: At, acked: At) {
+        debug!(key, "remove acknowledged");
         self.removes.push(Remove {
             key: key.to_string(),
             invoked,
@@ -269,7 +275,11 @@ impl History {
             let _ = write!(text, "w{v}:{}:{:?}:{:?};", w.key, w.invoked, w.outcome);
         }
         for r in &self.reads {
-            let _ = write!(text, "r{}:{}:{:?}:{:?};", r.key, r.version, r.invoked, r.completed);
+            let _ = write!(
+                text,
+                "r{}:{}:{:?}:{:?};",
+                r.key, r.version, r.invoked, r.completed
+            );
         }
         for ((op, outcome), n) in &self.tally.counts {
             let _ = write!(text, "{op}:{outcome}:{n};");

@@ -127,9 +127,8 @@ mod sim {
                     Some(seed) => vec![seed],
                     None => (from..from + seeds).collect(),
                 };
-                let jobs = jobs.unwrap_or_else(|| {
-                    std::thread::available_parallelism().map_or(1, |n| n.get())
-                });
+                let jobs = jobs
+                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
                 let plans: Vec<Plan> = seeds.iter().map(|&s| shape.plan(s)).collect();
                 let started = Instant::now();
                 let mut failed = Vec::new();

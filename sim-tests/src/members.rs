@@ -17,14 +17,17 @@ use mooring_transport_tcp::{DataPlaneConfig, LocalSegments};
 use tracing::{debug, info};
 
 use crate::plan::{Member, Transport};
-use crate::world::{DATA_PORT, World, ip, master_addr};
 use crate::workload::Workload;
+use crate::world::{DATA_PORT, World, ip, master_addr};
 
 /// How long any one RPC or transfer may take before the caller gives up.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
 
 fn io_error(what: &str, e: std::io::Error) -> mooring_core::Error {
-    mooring_core::Error::new(mooring_core::ErrorCode::INTERNAL_ERROR, format!("{what}: {e}"))
+    mooring_core::Error::new(
+        mooring_core::ErrorCode::INTERNAL_ERROR,
+        format!("{what}: {e}"),
+    )
 }
 
 /// The master's node: serves until killed.
@@ -160,10 +163,9 @@ pub async fn connect(world: &World, at: IpAddr, segment: Option<String>) -> Resu
         }
         Transport::Sim => {
             let (control, contribution) = sim_member(world, at, id, segment).await?;
-            let data: Arc<dyn DataPlane> =
-                SimDataPlane::new(world.net.clone(), at, CALL_TIMEOUT)
-                    .await
-                    .map_err(|e| io_error("binding a data endpoint", e))?;
+            let data: Arc<dyn DataPlane> = SimDataPlane::new(world.net.clone(), at, CALL_TIMEOUT)
+                .await
+                .map_err(|e| io_error("binding a data endpoint", e))?;
             Client::with_transport(id, control, data, contribution).await
         }
     }

@@ -132,7 +132,11 @@ impl fmt::Display for Fault {
             } => write!(
                 f,
                 "crash client{client}{}, restart after {down_for:?}",
-                if *mid_write { " between PutStart and PutEnd" } else { "" }
+                if *mid_write {
+                    " between PutStart and PutEnd"
+                } else {
+                    ""
+                }
             ),
             Fault::Partition {
                 from,
@@ -314,7 +318,8 @@ impl Plan {
                 let reverse_carries_writes = both_ways
                     && matches!(
                         (to, from),
-                        (Member::Client(_), Member::Node(_)) | (Member::Client(_), Member::Client(_))
+                        (Member::Client(_), Member::Node(_))
+                            | (Member::Client(_), Member::Client(_))
                     );
                 let cap = if carries_writes || reverse_carries_writes {
                     write_path_cut
@@ -428,10 +433,20 @@ mod tests {
             let ttl = Duration::from_millis(plan.master.client_ttl.as_millis());
             for (_, fault) in &plan.faults {
                 let writes = match fault {
-                    Fault::Partition { from, to, both_ways, .. } => {
-                        matches!((from, to), (Member::Client(_), Member::Node(_) | Member::Client(_)))
-                            || (*both_ways
-                                && matches!((to, from), (Member::Client(_), Member::Node(_) | Member::Client(_))))
+                    Fault::Partition {
+                        from,
+                        to,
+                        both_ways,
+                        ..
+                    } => {
+                        matches!(
+                            (from, to),
+                            (Member::Client(_), Member::Node(_) | Member::Client(_))
+                        ) || (*both_ways
+                            && matches!(
+                                (to, from),
+                                (Member::Client(_), Member::Node(_) | Member::Client(_))
+                            ))
                     }
                     Fault::Isolate { member, .. } => matches!(member, Member::Client(_)),
                     _ => false,

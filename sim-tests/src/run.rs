@@ -240,9 +240,7 @@ impl Supervisor {
     fn unblock(&self, from: Member, to: Member) {
         match self.world.plan.transport {
             Transport::Sim => self.world.net.unblock(ip(from), ip(to)),
-            Transport::Tcp => {
-                NetSim::current().unclog_link(self.nodes.id(from), self.nodes.id(to))
-            }
+            Transport::Tcp => NetSim::current().unclog_link(self.nodes.id(from), self.nodes.id(to)),
         }
     }
 
@@ -321,7 +319,12 @@ impl Supervisor {
 
     fn heal(&self, heal: &Heal) {
         match *heal {
-            Heal::Restart(id) => self.handle.restart(id),
+            Heal::Restart(id) => {
+                // madsim's restart alone keeps the old incarnation's sockets bound (only kill
+                // closes them), and a second scheduled restart may find the node running.
+                self.handle.kill(id);
+                self.handle.restart(id);
+            }
             Heal::Unblock(from, to) => self.unblock(from, to),
             Heal::Quiet => match self.world.plan.transport {
                 Transport::Sim => self.world.net.set_faults(NetFaults::default()),
@@ -362,15 +365,17 @@ impl Supervisor {
         if let Some(master) = self.world.master()
             && let Err(violation) = master.with_master(|m, _| invariants::check(m))
         {
-            self.world
-                .history()
-                .violation(format!("master invariant broken at {:?}: {violation}", self.world.now()));
+            self.world.history().violation(format!(
+                "master invariant broken at {:?}: {violation}",
+                self.world.now()
+            ));
         }
     }
 
     /// Heals everything now, including faults whose time is not up.
     fn heal_all(&mut self) {
         let now = self.world.now();
+        mooring::buggify::calm();
         for (id, (_, _)) in std::mem::take(&mut self.armed) {
             self.world.orders().remove(&id);
             // An armed client that parked itself is stuck in its hold: restart it.
@@ -471,7 +476,9 @@ async fn liveness(world: &Arc<World>, sup: &mut Supervisor) {
     tokio::time::sleep(quiet).await;
     sup.check_invariants();
     let Some(master) = world.master() else {
-        world.history().violation("no master at the end of the run".into());
+        world
+            .history()
+            .violation("no master at the end of the run".into());
         return;
     };
     let stats = master.stats();
@@ -529,13 +536,12 @@ async fn final_sweep(world: &Arc<World>, master: &Arc<mooring::MasterService>) {
                 match client.get(key).await {
                     Ok(bytes) => {
                         let now = w.now();
-                        w.history().read_value("final get", key, invoked, now, &bytes)
+                        w.history()
+                            .read_value("final get", key, invoked, now, &bytes)
                     }
                     Err(e) if e.code == ErrorCode::OBJECT_NOT_FOUND => {}
                     Err(e) => {
-                        return Err(format!(
-                            "after healing, reading {key:?} still fails: {e}"
-                        ));
+                        return Err(format!("after healing, reading {key:?} still fails: {e}"));
                     }
                 }
             }
@@ -550,7 +556,9 @@ async fn final_sweep(world: &Arc<World>, master: &Arc<mooring::MasterService>) {
     match outcome {
         Ok(Ok(_)) => {}
         Ok(Err(problem)) => world.history().violation(problem),
-        Err(e) => world.history().violation(format!("the checker panicked: {e}")),
+        Err(e) => world
+            .history()
+            .violation(format!("the checker panicked: {e}")),
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     let stats = master.stats();

@@ -32,7 +32,9 @@ pub fn run_isolated(plan: Plan) -> Report {
 /// completion order). Returns the reports in plan order.
 pub fn run_many(plans: Vec<Plan>, jobs: usize, mut each: impl FnMut(&Report)) -> Vec<Report> {
     let count = plans.len();
-    let plans = Arc::new(Mutex::new(plans.into_iter().enumerate().collect::<Vec<_>>()));
+    let plans = Arc::new(Mutex::new(
+        plans.into_iter().enumerate().collect::<Vec<_>>(),
+    ));
     let next = Arc::new(AtomicUsize::new(0));
     let (tx, rx) = mpsc::channel();
     let workers: Vec<_> = (0..jobs.max(1).min(count.max(1)))

@@ -96,7 +96,10 @@ mod tests {
         let newer = encode("k1", 8, 100);
         let mut mixed = v.clone();
         mixed[60..].copy_from_slice(&newer[60..]);
-        assert!(matches!(judge("k1", &mixed), Judged::Torn(_)), "half old, half new");
+        assert!(
+            matches!(judge("k1", &mixed), Judged::Torn(_)),
+            "half old, half new"
+        );
         assert!(matches!(judge("k1", &v[..50]), Judged::Torn(_)));
         assert!(matches!(judge("k1", &[0u8; 100]), Judged::Torn(_)));
         assert_eq!(encode("k", 1, HEADER).len(), HEADER);

@@ -302,9 +302,11 @@ impl Workload {
             self.client.put(&key, &value, &config).await
         };
         let now = self.world.now();
-        self.world
-            .history()
-            .write_completed(version, now, result.as_ref().map(|_| ()).map_err(|e| e.code));
+        self.world.history().write_completed(
+            version,
+            now,
+            result.as_ref().map(|_| ()).map_err(|e| e.code),
+        );
         self.tally(if upsert { "upsert" } else { "put" }, &result);
     }
 
@@ -340,10 +342,7 @@ impl Workload {
                 now,
                 result.as_ref().map(|_| ()).map_err(|e: &Error| e.code),
             );
-            self.tally(
-                if upsert { "batch_upsert" } else { "batch_put" },
-                result,
-            );
+            self.tally(if upsert { "batch_upsert" } else { "batch_put" }, result);
         }
     }
 }

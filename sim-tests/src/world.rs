@@ -104,7 +104,10 @@ impl World {
 
     /// The running master.
     pub fn master(&self) -> Option<Arc<MasterService>> {
-        self.master.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.master
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Records the running master.

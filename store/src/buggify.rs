@@ -64,6 +64,13 @@ pub fn reset(enabled: bool) {
     let _ = enabled;
 }
 
+/// Stops distorting for the rest of the run (sites already switched on stay listed): a
+/// simulation calls this when it heals every fault, before it checks liveness.
+pub fn calm() {
+    #[cfg(madsim)]
+    sim::calm();
+}
+
 /// The sites switched on in this run so far, in order (the harness prints them with a
 /// failing seed).
 pub fn active_sites() -> Vec<&'static str> {
@@ -114,6 +121,10 @@ mod sim {
         HOLD.with(|h| *h.borrow_mut() = None);
         ENABLED.with(|e| e.set(enabled));
         SITES.with(|sites| sites.borrow_mut().clear());
+    }
+
+    pub(super) fn calm() {
+        ENABLED.with(|e| e.set(false));
     }
 
     pub(super) fn active() -> Vec<&'static str> {

@@ -365,6 +365,7 @@ impl Client {
                 ops.iter()
                     .map(|&(_, addr, src)| WriteOp { addr, src })
                     .collect(),
+                fence,
             );
             let outcome = match tokio::time::timeout(fence, write).await {
                 Ok(outcome) => outcome,

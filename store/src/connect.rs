@@ -1,9 +1,6 @@
 //! Connecting over TCP: clients (optionally contributing a segment) and standalone nodes.
 
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use mooring_core::transport::ControlPlane;
@@ -74,12 +71,21 @@ impl ClientConfig {
     }
 }
 
-/// A fresh random client id.
+/// A fresh random client id (in simulation builds, drawn from the run's seeded generator, so
+/// a seed replays with the same ids).
 pub fn random_client_id() -> ClientId {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let state = RandomState::new();
-    ClientId((u128::from(state.hash_one(n)) << 64) | u128::from(state.hash_one(!n)))
+    #[cfg(madsim)]
+    return ClientId(madsim::rand::random::<u128>());
+    #[cfg(not(madsim))]
+    {
+        use std::collections::hash_map::RandomState;
+        use std::hash::BuildHasher;
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let state = RandomState::new();
+        ClientId((u128::from(state.hash_one(n)) << 64) | u128::from(state.hash_one(!n)))
+    }
 }
 
 /// The TCP transports of one process member, sharing its local-segment registry.

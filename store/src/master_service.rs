@@ -68,7 +68,13 @@ impl MasterService {
 
 impl RpcHandler for MasterService {
     fn handle(&self, request: MasterRequest) -> MasterResponse {
-        self.with_master(|m, now| m.handle(request, now))
+        // Every request and answer, for replaying a failure (RUST_LOG=mooring::master_service=trace).
+        let logged = tracing::enabled!(tracing::Level::TRACE).then(|| format!("{request:?}"));
+        let response = self.with_master(|m, now| m.handle(request, now));
+        if let Some(request) = logged {
+            tracing::trace!(%request, ?response, "handled");
+        }
+        response
     }
 }
 

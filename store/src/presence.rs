@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use mooring_core::transport::ControlPlane;
 use mooring_core::wire::{ClusterInfo, MasterRequest, Reply};
-use mooring_core::{ClientId, HeartbeatStatus, Millis, Result};
+use mooring_core::{ClientId, HeartbeatAck, HeartbeatStatus, Millis, Result};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
@@ -175,9 +175,19 @@ fn heartbeat_interval(info: &ClusterInfo) -> Duration {
     Duration::from_millis((info.client_ttl.as_millis() / 4).max(10))
 }
 
+/// Whether `node` must mount again: the master re-registered this member, or does not list
+/// the node's segment among this member's (a `Registered` answer may have been lost), or the
+/// node is not mounted at all.
+fn needs_mount(node: &Node, ack: &HeartbeatAck) -> bool {
+    ack.status == HeartbeatStatus::Registered
+        || !node
+            .segment()
+            .is_some_and(|segment| ack.segments.contains(&segment))
+}
+
 /// Heartbeats every `interval` (each heartbeat given at most one interval to answer, so a
 /// slow master does not silently stretch the period) until aborted. Mounts `node` again
-/// whenever the master reports it had forgotten this member, or the node is not mounted.
+/// whenever it must (see [`needs_mount`]).
 fn spawn_heartbeat(
     client: ClientId,
     control: Arc<dyn ControlPlane>,
@@ -185,17 +195,20 @@ fn spawn_heartbeat(
     node: Option<Node>,
     contact: Arc<MasterContact>,
 ) -> JoinHandle<()> {
-    let interval = buggify::period("heartbeat.interval", interval);
     tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticks.tick().await;
+        let mut next = tokio::time::Instant::now();
         loop {
-            ticks.tick().await;
+            // The period is drawn each round, so a simulation that calms its buggify down
+            // (to check liveness after healing) gets regular heartbeats back.
+            let period = buggify::period("heartbeat.interval", interval);
+            next += period;
+            tokio::time::sleep_until(next).await;
+            // Fell behind (a paused process): resume from now rather than burst.
+            next = next.max(tokio::time::Instant::now() - period);
             let sent = contact.now();
             let call = control.call(MasterRequest::Heartbeat { client });
-            let status = match tokio::time::timeout(interval, call).await {
-                Ok(Ok(Reply::Heartbeat(status))) => status,
+            let ack = match tokio::time::timeout(period, call).await {
+                Ok(Ok(Reply::Heartbeat(ack))) => ack,
                 Ok(Ok(other)) => {
                     warn!("unexpected heartbeat reply {other:?}");
                     continue;
@@ -205,13 +218,13 @@ fn spawn_heartbeat(
                     continue;
                 }
                 Err(_) => {
-                    warn!("heartbeat unanswered within {interval:?}");
+                    warn!("heartbeat unanswered within {period:?}");
                     continue;
                 }
             };
             contact.acknowledged(sent);
             if let Some(node) = &node
-                && (status == HeartbeatStatus::Registered || !node.is_mounted())
+                && needs_mount(node, &ack)
             {
                 match node.remount().await {
                     Ok(()) => {}

@@ -79,7 +79,20 @@ fn serve(exports: &ExportTable, datagram: &[u8], from: SocketAddr) -> Option<Vec
     };
     let reply = |response: DataResponse, bulk: &[&[u8]]| Some(encode(id, &response, bulk));
     match request {
-        DataRequest::Write { key, ranges } => {
+        DataRequest::Write {
+            key,
+            ranges,
+            sent_at_us,
+            valid_for_us,
+        } => {
+            // Every simulated node shares madsim's clock, so the deadline is checked directly.
+            if sim_clock_us() > sent_at_us.saturating_add(valid_for_us) {
+                let e = Error::new(
+                    ErrorCode::TRANSFER_FAIL,
+                    "the write arrived after its deadline (delayed in the network); not applied",
+                );
+                return reply(Err(e), &[]);
+            }
             let region = match exports.resolve(key, &ranges) {
                 Ok(region) => region,
                 Err(e) => return reply(Err(e), &[]),
@@ -113,7 +126,15 @@ fn serve(exports: &ExportTable, datagram: &[u8], from: SocketAddr) -> Option<Vec
             }
             reply(Ok(()), &[&data])
         }
+        DataRequest::Probe { .. } => reply(Ok(()), &[]),
     }
+}
+
+/// The simulation's shared clock, in microseconds.
+fn sim_clock_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 impl DataServer for SimDataServer {
@@ -260,8 +281,15 @@ impl DataPlane for SimDataPlane {
         })
     }
 
-    fn write<'a>(&'a self, node: &'a NodeAddr, ops: Vec<WriteOp<'a>>) -> BoxFuture<'a, Result<()>> {
+    fn write<'a>(
+        &'a self,
+        node: &'a NodeAddr,
+        ops: Vec<WriteOp<'a>>,
+        valid_for: Duration,
+    ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
+            let sent_at_us = sim_clock_us();
+            let valid_for_us = valid_for.as_micros().min(u128::from(u64::MAX)) as u64;
             let split: Vec<(u64, &[u8])> = ops
                 .into_iter()
                 .flat_map(|op| {
@@ -284,6 +312,8 @@ impl DataPlane for SimDataPlane {
                         DataRequest::Write {
                             key: node.key,
                             ranges,
+                            sent_at_us,
+                            valid_for_us,
                         },
                         &bulk,
                     )

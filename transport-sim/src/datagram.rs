@@ -75,6 +75,8 @@ mod tests {
         let request = DataRequest::Write {
             key: 9,
             ranges: vec![Range { addr: 64, len: 6 }],
+            sent_at_us: 1,
+            valid_for_us: 2,
         };
         let datagram = encode(77, &request, &[b"abc", b"def"]);
         let (id, decoded, bulk) = decode::<DataRequest>(&datagram).unwrap();

@@ -176,6 +176,7 @@ fn transfers_move_exact_bytes_and_refuse_dead_keys() {
                         src: b"tail",
                     },
                 ],
+                Duration::from_secs(5),
             )
             .await
             .unwrap();
@@ -205,6 +206,7 @@ fn transfers_move_exact_bytes_and_refuse_dead_keys() {
                         addr: base + (4 << 20),
                         src: b"x",
                     }],
+                    Duration::from_secs(5),
                 )
                 .await;
             assert_eq!(outside.unwrap_err().code, ErrorCode::INVALID_PARAMS);
@@ -233,13 +235,37 @@ fn transfers_move_exact_bytes_and_refuse_dead_keys() {
                     vec![WriteOp {
                         addr: base,
                         src: &junk
-                    }]
+                    }],
+                    Duration::from_secs(5)
                 )
                 .await
                 .is_err()
             );
             net.heal();
             let mut head = vec![0u8; 4096];
+            data.read(
+                &node,
+                vec![ReadOp {
+                    addr: base,
+                    dest: &mut head,
+                }],
+            )
+            .await
+            .unwrap();
+            assert_eq!(head, big[..4096]);
+
+            // A write that reaches the node after its deadline is refused, never applied.
+            let late = data
+                .write(
+                    &node,
+                    vec![WriteOp {
+                        addr: base,
+                        src: &junk,
+                    }],
+                    Duration::ZERO,
+                )
+                .await;
+            assert_eq!(late.unwrap_err().code, ErrorCode::TRANSFER_FAIL);
             data.read(
                 &node,
                 vec![ReadOp {

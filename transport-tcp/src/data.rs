@@ -20,6 +20,7 @@ use mooring_core::wire::{DataRequest, DataResponse, Range};
 use mooring_core::{Error, ErrorCode, Result};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::framed::{Framed, ReadError};
@@ -48,6 +49,17 @@ pub struct TcpDataServer {
     local: Arc<LocalSegments>,
     accept: Mutex<Option<JoinHandle<()>>>,
     spin: Duration,
+}
+
+/// A dropped server releases its port at once: the accept loop holds only a weak reference,
+/// so without this it would keep listening until the next connection arrived, and a node
+/// restarting in the same process could not bind again.
+impl Drop for TcpDataServer {
+    fn drop(&mut self) {
+        if let Some(task) = self.accept.get_mut().map(Option::take).ok().flatten() {
+            task.abort();
+        }
+    }
 }
 
 impl TcpDataServer {
@@ -116,6 +128,7 @@ impl TcpDataServer {
     }
 
     async fn serve_connection(&self, mut conn: Framed, peer: &str) {
+        let mut clock = PeerClock::new();
         loop {
             let (id, request) = match conn.read_message::<DataRequest>().await {
                 Ok(message) => message,
@@ -130,11 +143,24 @@ impl TcpDataServer {
                 }
             };
             let keep_going = match request {
-                DataRequest::Write { key, ranges } => {
-                    self.serve_write(&mut conn, id, key, &ranges, peer).await
+                DataRequest::Write {
+                    key,
+                    ranges,
+                    sent_at_us,
+                    valid_for_us,
+                } => {
+                    let deadline = clock.deadline(sent_at_us, valid_for_us);
+                    self.serve_write(&mut conn, id, key, &ranges, deadline, peer)
+                        .await
                 }
                 DataRequest::Read { key, ranges } => {
                     self.serve_read(&mut conn, id, key, &ranges).await
+                }
+                DataRequest::Probe { sent_at_us } => {
+                    clock.observe(sent_at_us);
+                    conn.write_message::<DataResponse>(id, &Ok(()), &[])
+                        .await
+                        .is_ok()
                 }
             };
             if !keep_going {
@@ -149,9 +175,19 @@ impl TcpDataServer {
         id: u64,
         key: u64,
         ranges: &[Range],
+        deadline: Instant,
         peer: &str,
     ) -> bool {
-        let region = match self.exports.resolve(key, ranges) {
+        let region = if Instant::now() >= deadline {
+            Err(Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                "the write reached the node after its deadline (delayed in the network); not \
+                 applied, since the master may have given its ranges to another writer",
+            ))
+        } else {
+            self.exports.resolve(key, ranges)
+        };
+        let region = match region {
             Ok(region) => region,
             Err(e) => {
                 // The bulk bytes that follow cannot be skipped safely: answer, then close.
@@ -165,9 +201,20 @@ impl TcpDataServer {
             // SAFETY: `ptr` points at `r.len` bytes inside the exported segment, kept mapped by
             // `region`; the protocol gives this writer exclusive use of the range.
             let dest = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), r.len as usize) };
-            if let Err(e) = conn.read_exact(dest).await {
-                debug!(peer, "write aborted: {e}");
-                return false;
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(remaining, conn.read_exact(dest)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    debug!(peer, "write aborted: {e}");
+                    return false;
+                }
+                Err(_) => {
+                    warn!(
+                        peer,
+                        "write still arriving at its deadline; closing the connection"
+                    );
+                    return false;
+                }
             }
         }
         conn.write_message::<DataResponse>(id, &Ok(()), &[])
@@ -223,6 +270,48 @@ impl DataServer for TcpDataServer {
     }
 }
 
+/// Relates a data connection's sender clock to this node's, to turn a write's validity into a
+/// local deadline without synchronized clocks.
+///
+/// Each probe or write carries its send time on the sender's clock. The smallest gap seen
+/// between arrival here and that send time is the clock skew plus the smallest delay any
+/// message on this connection had; the sender bounds that delay by the probe's round trip
+/// and leaves it out of the validity it announces, so the local deadline is never later
+/// than the real one. (Clock rates are assumed equal; drift is parts per million.)
+struct PeerClock {
+    origin: Instant,
+    offset_us: Option<i64>,
+}
+
+impl PeerClock {
+    fn new() -> PeerClock {
+        PeerClock {
+            origin: Instant::now(),
+            offset_us: None,
+        }
+    }
+
+    /// Records a message sent at `sent_at_us` (sender's clock) arriving now.
+    fn observe(&mut self, sent_at_us: u64) -> i64 {
+        let arrived = self.origin.elapsed().as_micros() as i64;
+        let gap = arrived.saturating_sub(sent_at_us.min(i64::MAX as u64) as i64);
+        let offset = self.offset_us.map_or(gap, |o| o.min(gap));
+        self.offset_us = Some(offset);
+        offset
+    }
+
+    /// The local deadline of a write sent at `sent_at_us` and valid for `valid_for_us`.
+    fn deadline(&mut self, sent_at_us: u64, valid_for_us: u64) -> Instant {
+        let offset = self.observe(sent_at_us);
+        let at = (sent_at_us.min(i64::MAX as u64) as i64)
+            .saturating_add(offset)
+            .saturating_add(valid_for_us.min(i64::MAX as u64) as i64);
+        // Far-future deadlines are capped: a day is forever for a transfer.
+        let at = Duration::from_micros(at.clamp(0, 86_400_000_000) as u64);
+        self.origin + at
+    }
+}
+
 /// How the client side of the data plane behaves.
 #[derive(Clone, Debug)]
 pub struct DataPlaneConfig {
@@ -258,10 +347,20 @@ impl Default for DataPlaneConfig {
 
 /// The client side of the data plane.
 pub struct TcpDataPlane {
-    idle: Mutex<HashMap<Arc<str>, Vec<Framed>>>,
+    idle: Mutex<HashMap<Arc<str>, Vec<DataConn>>>,
     local: Arc<LocalSegments>,
     next_id: AtomicU64,
     config: DataPlaneConfig,
+}
+
+/// A client's data connection, with what it knows about the path to the node.
+struct DataConn {
+    framed: Framed,
+    /// The origin of this connection's clock (send times are measured from it).
+    opened: Instant,
+    /// The probe's round trip: a bound on the delay of the message the node measured the
+    /// clock offset from (see [`PeerClock`]).
+    rtt: Duration,
 }
 
 /// Most idle connections kept per node.
@@ -300,27 +399,45 @@ impl TcpDataPlane {
         }
     }
 
-    async fn checkout(&self, node: &NodeAddr) -> Result<Framed> {
+    async fn checkout(&self, node: &NodeAddr) -> Result<DataConn> {
         let pooled = self
             .idle
             .lock()
             .expect("pool lock")
             .get_mut(&node.endpoint)
             .and_then(Vec::pop);
-        match pooled {
-            Some(conn) => Ok(conn),
-            None => Framed::connect(&node.endpoint, self.config.spin)
-                .await
-                .map_err(|e| {
-                    Error::new(
-                        ErrorCode::TRANSFER_FAIL,
-                        format!("cannot reach node {}: {e}", node.endpoint),
-                    )
-                }),
+        if let Some(conn) = pooled {
+            return Ok(conn);
         }
+        let fail = |what: String| {
+            Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                format!("cannot reach node {}: {what}", node.endpoint),
+            )
+        };
+        let mut framed = Framed::connect(&node.endpoint, self.config.spin)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        let opened = Instant::now();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        framed
+            .write_message(id, &DataRequest::Probe { sent_at_us: 0 }, &[])
+            .await
+            .map_err(|e| fail(format!("probe not sent: {e}")))?;
+        match framed.read_message::<DataResponse>().await {
+            Ok((reply, Ok(()))) if reply == id => {}
+            Ok((_, Err(e))) => return Err(e),
+            Ok((reply, Ok(()))) => return Err(fail(format!("probe answered as {reply}"))),
+            Err(e) => return Err(fail(format!("probe unanswered: {e}"))),
+        }
+        Ok(DataConn {
+            framed,
+            opened,
+            rtt: opened.elapsed(),
+        })
     }
 
-    fn checkin(&self, node: &NodeAddr, conn: Framed) {
+    fn checkin(&self, node: &NodeAddr, conn: DataConn) {
         let mut idle = self.idle.lock().expect("pool lock");
         let conns = idle.entry(node.endpoint.clone()).or_default();
         if conns.len() < MAX_IDLE_PER_NODE {
@@ -328,7 +445,8 @@ impl TcpDataPlane {
         }
     }
 
-    async fn run_lane(&self, node: &NodeAddr, lane: Lane<'_>) -> Result<()> {
+    /// Runs one lane; writes must have landed by `deadline` (see [`DataPlane::write`]).
+    async fn run_lane(&self, node: &NodeAddr, lane: Lane<'_>, deadline: Instant) -> Result<()> {
         let bytes: usize = match &lane {
             Lane::Read(ops) => ops.iter().map(|o| o.1.len()).sum(),
             Lane::Write(ops) => ops.iter().map(|o| o.1.len()).sum(),
@@ -343,7 +461,8 @@ impl TcpDataPlane {
         // Requests of at most `request_bulk` bytes each, pipelined on one connection: the node
         // never idles between them, and no single response outgrows the socket buffers.
         let transfer = async {
-            let mut conn = self.checkout(node).await?;
+            let mut data_conn = self.checkout(node).await?;
+            let conn = &mut data_conn.framed;
             let request_bulk = self.config.request_bulk.max(1) as usize;
             match lane {
                 Lane::Write(ops) => {
@@ -352,9 +471,20 @@ impl TcpDataPlane {
                         .next_id
                         .fetch_add(chunks.len() as u64, Ordering::Relaxed);
                     for (i, chunk) in chunks.iter().enumerate() {
+                        // The node's view of the send time may be off by up to the probe's
+                        // round trip: announce that much less.
+                        let now = Instant::now();
+                        let valid_for = deadline
+                            .saturating_duration_since(now)
+                            .saturating_sub(data_conn.rtt);
+                        if valid_for.is_zero() {
+                            return Err(fail("passed the writer's deadline".into()));
+                        }
                         let request = DataRequest::Write {
                             key: node.key,
                             ranges: ranges_of(chunk),
+                            sent_at_us: (now - data_conn.opened).as_micros() as u64,
+                            valid_for_us: valid_for.as_micros() as u64,
                         };
                         let bulk: Vec<&[u8]> = chunk.iter().map(|o| o.1).collect();
                         conn.write_message(first + i as u64, &request, &bulk)
@@ -404,7 +534,7 @@ impl TcpDataPlane {
                     }
                 }
             }
-            self.checkin(node, conn);
+            self.checkin(node, data_conn);
             Ok(())
         };
         match tokio::time::timeout(budget, transfer).await {
@@ -479,6 +609,11 @@ impl SplitBuf for &[u8] {
     }
 }
 
+/// A deadline that never matters (reads have none).
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400)
+}
+
 fn first_error(results: Vec<Result<()>>) -> Result<()> {
     results.into_iter().collect()
 }
@@ -502,13 +637,19 @@ impl DataPlane for TcpDataPlane {
             let lanes = self.lanes_for(total as u64);
             let runs = split_lanes(ops, lanes)
                 .into_iter()
-                .map(|lane| self.run_lane(node, Lane::Read(lane)));
+                .map(|lane| self.run_lane(node, Lane::Read(lane), far_future()));
             first_error(join_all(runs).await)
         })
     }
 
-    fn write<'a>(&'a self, node: &'a NodeAddr, ops: Vec<WriteOp<'a>>) -> BoxFuture<'a, Result<()>> {
+    fn write<'a>(
+        &'a self,
+        node: &'a NodeAddr,
+        ops: Vec<WriteOp<'a>>,
+        valid_for: Duration,
+    ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
+            let deadline = Instant::now() + valid_for.min(Duration::from_secs(86_400));
             if let Some(segment) = self.local_segment(node) {
                 for op in ops {
                     if !segment.copy_in(op.addr, op.src) {
@@ -525,7 +666,7 @@ impl DataPlane for TcpDataPlane {
             let lanes = self.lanes_for(total as u64);
             let runs = split_lanes(ops, lanes)
                 .into_iter()
-                .map(|lane| self.run_lane(node, Lane::Write(lane)));
+                .map(|lane| self.run_lane(node, Lane::Write(lane), deadline));
             first_error(join_all(runs).await)
         })
     }
@@ -534,6 +675,26 @@ impl DataPlane for TcpDataPlane {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_delayed_longer_than_its_validity_gets_a_deadline_in_the_past() {
+        // A connection whose clock started a second ago; a probe sent at 0.9 s (sender's
+        // clock) arrives now: sender and node clocks differ by about 0.1 s.
+        let mut clock = PeerClock {
+            origin: Instant::now() - Duration::from_secs(1),
+            offset_us: None,
+        };
+        clock.observe(900_000);
+        // Sent at 0 s with half a second of validity, arriving now: a second late.
+        assert!(clock.deadline(0, 500_000) <= Instant::now());
+        // Sent at 0.95 s: still valid for about half a second.
+        let fresh = clock.deadline(950_000, 500_000);
+        assert!(fresh > Instant::now() + Duration::from_millis(300));
+        // The offset only ever shrinks: a later, slower message does not move deadlines out.
+        let offset = clock.offset_us;
+        clock.observe(0);
+        assert_eq!(clock.offset_us, offset);
+    }
 
     #[test]
     fn lanes_cover_every_byte_once_in_order() {

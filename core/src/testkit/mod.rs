@@ -576,7 +576,7 @@ impl Harness {
 
     fn heartbeat(&mut self, client: u8) -> Result<(), String> {
         let id = client_id(client);
-        let status = self.master.heartbeat(id, self.now);
+        let status = self.master.heartbeat(id, self.now).status;
         let expected = if self.model.announce(id, self.now) {
             crate::HeartbeatStatus::Registered
         } else {
