@@ -4,9 +4,10 @@
 #
 #   scripts/test-all.sh            everything
 #   MOORING_FUZZ_RUNS=0 ...        skip the cargo-fuzz smoke run (the corpus replay still runs)
+#   MOORING_SIM_SEEDS=N ...         simulate N seeds instead of 200
 #
-# Build caches: CARGO_TARGET_DIR (default ./target). The fuzz build uses $CARGO_TARGET_DIR/fuzz
-# because it is built with sanitizer flags.
+# Build caches: CARGO_TARGET_DIR (default ./target). The fuzz, madsim and loom builds use
+# $CARGO_TARGET_DIR/{fuzz,madsim,loom}: each is built with its own flags.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +37,20 @@ elapsed $t
 
 t=$SECONDS; step "tests (release: model test, scenario tests, footprint, fuzz corpus replay)"
 cargo test --workspace --release --locked
+elapsed $t
+
+t=$SECONDS; step "simulation build: clippy and unit tests under madsim (own target dir)"
+sim_target="$TARGET_DIR/madsim"
+RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR="$sim_target" \
+    cargo clippy --release --locked -p mooring-transport-sim -p mooring-sim-tests --all-targets -- -D warnings
+RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR="$sim_target" \
+    cargo clippy --release --locked -p mooring -p mooring-transport-tcp -p mooring-core --lib -- -D warnings
+RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR="$sim_target" \
+    cargo test --release --locked -p mooring-transport-sim -p mooring-sim-tests
+elapsed $t
+
+t=$SECONDS; step "seeded simulations: regression seeds, ${MOORING_SIM_SEEDS:-200} seeds, determinism"
+MOORING_SIM_TARGET_DIR="$sim_target" scripts/sim.sh ci
 elapsed $t
 
 t=$SECONDS; step "benches compile"

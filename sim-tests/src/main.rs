@@ -72,7 +72,8 @@ mod sim {
 
     #[derive(Subcommand)]
     enum Command {
-        /// Run many seeds and report failures (MADSIM_TEST_SEED, if set, runs only that seed).
+        /// Run many seeds and report failures. MADSIM_TEST_SEED, if set, runs only that seed;
+        /// MADSIM_TEST_CHECK_DETERMINISM, if set, runs each seed twice and compares the runs.
         Run {
             /// How many seeds.
             #[arg(long, default_value_t = 200)]
@@ -80,6 +81,10 @@ mod sim {
             /// The first seed.
             #[arg(long, default_value_t = 0)]
             from: u64,
+            /// Run the seeds listed in this file instead (one per line, `#` comments): the
+            /// regression list.
+            #[arg(long, value_name = "FILE")]
+            list: Option<std::path::PathBuf>,
             /// Runs at a time (default: the number of CPUs).
             #[arg(long)]
             jobs: Option<usize>,
@@ -119,14 +124,25 @@ mod sim {
             Command::Run {
                 seeds,
                 from,
+                list,
                 jobs,
                 verbose,
                 shape,
             } => {
-                let seeds: Vec<u64> = match env_seed() {
-                    Some(seed) => vec![seed],
-                    None => (from..from + seeds).collect(),
+                let seeds: Vec<u64> = match (env_seed(), list) {
+                    (Some(seed), _) => vec![seed],
+                    (None, Some(path)) => match read_seed_list(&path) {
+                        Ok(seeds) => seeds,
+                        Err(e) => {
+                            eprintln!("cannot read the seed list {}: {e}", path.display());
+                            return 2;
+                        }
+                    },
+                    (None, None) => (from..from + seeds).collect(),
                 };
+                if std::env::var_os("MADSIM_TEST_CHECK_DETERMINISM").is_some() {
+                    return determinism(&seeds, &shape);
+                }
                 let jobs = jobs
                     .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
                 let plans: Vec<Plan> = seeds.iter().map(|&s| shape.plan(s)).collect();
@@ -173,18 +189,44 @@ mod sim {
                 i32::from(!report.passed())
             }
             Command::Determinism { seeds, from, shape } => {
-                let mut bad = 0;
-                for seed in from..from + seeds {
-                    match check_determinism(&shape.plan(seed)) {
-                        Ok(()) => println!("seed {seed}: deterministic"),
-                        Err(e) => {
-                            bad += 1;
-                            println!("{e}");
-                        }
-                    }
-                }
-                i32::from(bad > 0)
+                let seeds: Vec<u64> = (from..from + seeds).collect();
+                determinism(&seeds, &shape)
             }
         }
+    }
+
+    /// Runs each seed twice; fails if any pair of runs differs.
+    fn determinism(seeds: &[u64], shape: &ShapeArgs) -> i32 {
+        let mut bad = 0;
+        for &seed in seeds {
+            match check_determinism(&shape.plan(seed)) {
+                Ok(()) => println!("seed {seed}: deterministic"),
+                Err(e) => {
+                    bad += 1;
+                    println!("{e}");
+                }
+            }
+        }
+        i32::from(bad > 0)
+    }
+
+    /// Seeds from a list file: the first word of each line, `#` starts a comment.
+    fn read_seed_list(path: &std::path::Path) -> std::io::Result<Vec<u64>> {
+        let text = std::fs::read_to_string(path)?;
+        let mut seeds = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            let Some(word) = line.split('#').next().and_then(|l| l.split_whitespace().next())
+            else {
+                continue;
+            };
+            let seed = word.parse().map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("line {}: {word:?} is not a seed: {e}", n + 1),
+                )
+            })?;
+            seeds.push(seed);
+        }
+        Ok(seeds)
     }
 }

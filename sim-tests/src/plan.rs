@@ -231,7 +231,7 @@ impl Plan {
     /// seeds sim).
     pub fn generate(seed: u64, transport: Option<Transport>, shape: Shape) -> Plan {
         let mut rng = Rng::seeded(seed ^ 0x706c_616e);
-        let transport = transport.unwrap_or(if seed % 2 == 0 {
+        let transport = transport.unwrap_or(if seed.is_multiple_of(2) {
             Transport::Tcp
         } else {
             Transport::Sim

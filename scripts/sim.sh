@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Seeded whole-cluster simulations under madsim (sim-tests/). Builds with --cfg madsim in its
+# own target directory ($CARGO_TARGET_DIR/madsim, or MOORING_SIM_TARGET_DIR).
+#
+#   scripts/sim.sh run [--seeds N] [--from S] [--jobs J] [--transport tcp|sim] [--ops N]
+#   MADSIM_TEST_SEED=N scripts/sim.sh replay        one seed again, with logs (RUST_LOG)
+#   scripts/sim.sh determinism [--seeds N]          each seed twice, runs must be identical
+#   scripts/sim.sh ci                               regression list, 200 seeds, determinism
+#   scripts/sim.sh overnight                        10,000 seeds
+#   scripts/sim.sh help                             every option
+set -euo pipefail
+cd "$(dirname "$0")/.."
+base="${CARGO_TARGET_DIR:-$PWD/target}"
+export CARGO_TARGET_DIR="${MOORING_SIM_TARGET_DIR:-$base/madsim}"
+export RUSTFLAGS="--cfg madsim"
+cargo build --release --locked -q -p mooring-sim-tests --bin mooring-sim
+sim="$CARGO_TARGET_DIR/release/mooring-sim"
+
+command="${1:-run}"
+[ $# -gt 0 ] && shift
+case "$command" in
+    ci)
+        echo "--- regression seeds (sim-tests/regressions.txt)"
+        "$sim" run --list sim-tests/regressions.txt
+        echo "--- ${MOORING_SIM_SEEDS:-200} seeds"
+        "$sim" run --seeds "${MOORING_SIM_SEEDS:-200}"
+        echo "--- determinism"
+        "$sim" determinism --seeds 4
+        ;;
+    overnight) exec "$sim" run --seeds 10000 "$@" ;;
+    help) exec "$sim" help "$@" ;;
+    *) exec "$sim" "$command" "$@" ;;
+esac
