@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use madsim::net::NetSim;
+use madsim::rand::Rng as _;
 use madsim::runtime::{Handle, NodeHandle, Runtime};
 use madsim::task::NodeId;
 use mooring_core::{ErrorCode, Stats, invariants};
@@ -198,10 +199,19 @@ fn start_cluster(world: &Arc<World>) -> Nodes {
 }
 
 /// Crash orders are served at the client's write steps: the client parks itself and the
-/// supervisor kills it at its next tick.
+/// supervisor kills it at its next tick. Slow readers stall at the read-transfer step.
 fn install_crash_hook(world: &Arc<World>) {
     let w = world.clone();
+    let slow_readers = world.plan.slow_readers;
+    let lease = Duration::from_millis(world.plan.master.lease_ttl.as_millis());
     let hook: mooring::buggify::HoldHook = Rc::new(move |site| {
+        if site == "client.before_read_transfer" {
+            // One read in five stalls for up to 80% of its lease (the client still checks
+            // its lease after the transfer and retries a read that outlived it).
+            let mut rng = madsim::rand::thread_rng();
+            return (slow_readers && rng.gen_bool(0.2))
+                .then(|| lease.mul_f64(0.8 * rng.r#gen::<f64>()));
+        }
         if !matches!(
             site,
             "client.before_put_end" | "client.before_batch_put_end" | "client.after_put_start"

@@ -447,6 +447,9 @@ impl Client {
                         &mut owned[..]
                     }
                 };
+                // A simulation may stall the reader here, inside its lease, so the race between
+                // a reader holding descriptors and eviction or upsert of the same bytes is hit.
+                buggify::hold("client.before_read_transfer").await;
                 self.read_replica(&list.replicas, buf).await?;
             }
             if self.inside_lease(asked, &list) {
@@ -612,6 +615,7 @@ impl Client {
             Ok(nodes) => nodes,
             Err(e) => return vec![Err(e); lists.len()],
         };
+        buggify::hold("client.before_read_transfer").await;
         let mut results: Vec<Result<usize>> = Vec::with_capacity(lists.len());
         let mut per_node: BTreeMap<NodeAddr, Vec<(usize, u64)>> = BTreeMap::new();
         for (i, list) in lists.iter().enumerate() {
