@@ -53,6 +53,12 @@ t=$SECONDS; step "seeded simulations: regression seeds, ${MOORING_SIM_SEEDS:-200
 MOORING_SIM_TARGET_DIR="$sim_target" scripts/sim.sh ci
 elapsed $t
 
+t=$SECONDS; step "loom model checks (own target dir)"
+RUSTFLAGS="--cfg mooring_loom" CARGO_TARGET_DIR="$TARGET_DIR/loom" \
+    cargo clippy --release --locked -p mooring-core --tests -- -D warnings
+MOORING_LOOM_TARGET_DIR="$TARGET_DIR/loom" scripts/loom.sh
+elapsed $t
+
 t=$SECONDS; step "benches compile"
 cargo bench --workspace --locked --no-run
 elapsed $t

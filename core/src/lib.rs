@@ -54,6 +54,9 @@ mod replication;
 pub mod rng;
 pub mod segments;
 mod snapshot;
+/// Lock and atomic types, swapped for loom's under `--cfg mooring_loom` so loom can model
+/// the structures that share state across threads (the export table).
+mod sync;
 pub mod time;
 pub mod transport;
 mod upsert;

@@ -215,7 +215,10 @@ mod sim {
         let text = std::fs::read_to_string(path)?;
         let mut seeds = Vec::new();
         for (n, line) in text.lines().enumerate() {
-            let Some(word) = line.split('#').next().and_then(|l| l.split_whitespace().next())
+            let Some(word) = line
+                .split('#')
+                .next()
+                .and_then(|l| l.split_whitespace().next())
             else {
                 continue;
             };

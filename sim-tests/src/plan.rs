@@ -263,7 +263,7 @@ impl Plan {
             let horizon = ms(12_000);
             for _ in 0..count {
                 let at = between(&mut rng, ms(300), horizon);
-                let fault = Self::fault(&mut rng, transport, &shape, client_ttl);
+                let fault = Self::fault(&mut rng, transport, &shape, client_ttl, release);
                 faults.push((at, fault));
             }
             faults.sort_by_key(|(at, _)| *at);
@@ -281,7 +281,13 @@ impl Plan {
         }
     }
 
-    fn fault(rng: &mut Rng, transport: Transport, shape: &Shape, ttl: Duration) -> Fault {
+    fn fault(
+        rng: &mut Rng,
+        transport: Transport,
+        shape: &Shape,
+        ttl: Duration,
+        release: Duration,
+    ) -> Fault {
         let ms = |n: u64| Duration::from_millis(n);
         // Cuts may outlast every timeout. On madsim's TCP a cut stalls the stream and delivers
         // everything when it heals (real TCP gives up after TCP_USER_TIMEOUT), so a write
@@ -305,7 +311,16 @@ impl Plan {
                 mid_write: chance(rng, 0.7),
                 down_for: between(rng, ms(100), ttl),
             },
-            4 | 5 => {
+            // A client's writes to one node stall past the release timeout while both stay in
+            // touch with the master: its blocks are released and handed out again before the
+            // stalled bytes can arrive.
+            5 => Fault::Partition {
+                from: Member::Client(client),
+                to: Member::Node(node),
+                both_ways: false,
+                lasts: release + between(rng, ms(200), ms(3000)),
+            },
+            4 => {
                 let (from, mut to) = (member(rng), member(rng));
                 if to == from {
                     to = if from == Member::Master {
