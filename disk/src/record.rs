@@ -1,0 +1,173 @@
+//! The on-disk record: one object, checksummed, so a torn or corrupt record is recognised
+//! and never served.
+//!
+//! ```text
+//! 0      4        5       6          8         12          20      24
+//! | MKVR | version | flags | reserved | key_len | value_len | crc32c | key | value | padding
+//! ```
+//!
+//! Little-endian integers; the crc32c covers the first 20 header bytes, the key and the value.
+//! Anything after `24 + key_len + value_len` is padding (direct I/O writes whole blocks).
+
+use std::fmt;
+
+/// First bytes of every record.
+pub const MAGIC: [u8; 4] = *b"MKVR";
+/// The record format this build writes and reads.
+pub const VERSION: u8 = 1;
+/// Length of the record header.
+pub const HEADER_LEN: usize = 24;
+/// Longest key a record may carry.
+pub const MAX_KEY_LEN: usize = 64 << 10;
+
+/// A decoded record, borrowing from the bytes it was read from.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Record<'a> {
+    /// The object's key.
+    pub key: &'a str,
+    /// The object's bytes.
+    pub value: &'a [u8],
+}
+
+/// Why bytes are not a record.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RecordError {
+    /// Fewer bytes than the header announces: a write that did not finish.
+    Torn {
+        /// Bytes the header announces.
+        expected: u64,
+        /// Bytes present.
+        found: u64,
+    },
+    /// The bytes are damaged or not a record at all.
+    Corrupt(&'static str),
+}
+
+impl fmt::Display for RecordError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecordError::Torn { expected, found } => write!(
+                f,
+                "torn record: {found} of {expected} bytes present (a write that did not finish)"
+            ),
+            RecordError::Corrupt(why) => write!(f, "corrupt record: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for RecordError {}
+
+/// Encodes `key` and `value` as one record.
+pub fn encode(key: &str, value: &[u8]) -> Vec<u8> {
+    assert!(
+        key.len() <= MAX_KEY_LEN,
+        "key longer than {MAX_KEY_LEN} bytes"
+    );
+    let mut out = Vec::with_capacity(HEADER_LEN + key.len() + value.len());
+    out.extend_from_slice(&MAGIC);
+    out.push(VERSION);
+    out.push(0); // flags
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(value.len() as u64).to_le_bytes());
+    let crc = crc32c::crc32c_append(
+        crc32c::crc32c_append(crc32c::crc32c(&out), key.as_bytes()),
+        value,
+    );
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(value);
+    out
+}
+
+/// The whole record's length as its header announces it (header included), after checking
+/// what the header alone can show.
+pub fn announced_len(header: &[u8]) -> Result<u64, RecordError> {
+    if header.len() < HEADER_LEN {
+        return Err(RecordError::Torn {
+            expected: HEADER_LEN as u64,
+            found: header.len() as u64,
+        });
+    }
+    if header[0..4] != MAGIC {
+        return Err(RecordError::Corrupt("bad magic"));
+    }
+    if header[4] != VERSION {
+        return Err(RecordError::Corrupt("unknown record version"));
+    }
+    let key_len = u32::from_le_bytes(header[8..12].try_into().expect("4 bytes")) as u64;
+    let value_len = u64::from_le_bytes(header[12..20].try_into().expect("8 bytes"));
+    if key_len > MAX_KEY_LEN as u64 {
+        return Err(RecordError::Corrupt("key length out of range"));
+    }
+    (HEADER_LEN as u64 + key_len)
+        .checked_add(value_len)
+        .ok_or(RecordError::Corrupt("value length out of range"))
+}
+
+/// Decodes a record from `bytes` (trailing padding allowed), checking its checksum.
+pub fn decode(bytes: &[u8]) -> Result<Record<'_>, RecordError> {
+    let total = announced_len(bytes)?;
+    if (bytes.len() as u64) < total {
+        return Err(RecordError::Torn {
+            expected: total,
+            found: bytes.len() as u64,
+        });
+    }
+    let key_len = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize;
+    let stored = u32::from_le_bytes(bytes[20..24].try_into().expect("4 bytes"));
+    let body = &bytes[HEADER_LEN..total as usize];
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[..20]), body);
+    if crc != stored {
+        return Err(RecordError::Corrupt("checksum mismatch"));
+    }
+    let (key, value) = body.split_at(key_len);
+    let key = std::str::from_utf8(key).map_err(|_| RecordError::Corrupt("key is not UTF-8"))?;
+    Ok(Record { key, value })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_with_padding() {
+        let mut bytes = encode("layer/7", b"kv-cache bytes");
+        assert_eq!(announced_len(&bytes).unwrap(), bytes.len() as u64);
+        bytes.extend_from_slice(&[0; 100]);
+        assert_eq!(
+            decode(&bytes).unwrap(),
+            Record {
+                key: "layer/7",
+                value: b"kv-cache bytes"
+            }
+        );
+        assert_eq!(decode(&encode("", b"")).unwrap().value, b"");
+    }
+
+    #[test]
+    fn every_flipped_bit_and_every_truncation_is_refused() {
+        let bytes = encode("k", b"value bytes");
+        for at in 0..bytes.len() * 8 {
+            let mut bad = bytes.clone();
+            bad[at / 8] ^= 1 << (at % 8);
+            assert!(decode(&bad).is_err(), "flip of bit {at} went unnoticed");
+        }
+        for len in 0..bytes.len() {
+            assert!(
+                matches!(
+                    decode(&bytes[..len]),
+                    Err(RecordError::Torn { .. }) | Err(RecordError::Corrupt(_))
+                ),
+                "truncation to {len} went unnoticed"
+            );
+        }
+        assert_eq!(
+            decode(&bytes[..bytes.len() - 1]),
+            Err(RecordError::Torn {
+                expected: bytes.len() as u64,
+                found: bytes.len() as u64 - 1
+            })
+        );
+    }
+}
