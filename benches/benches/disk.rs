@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use mooring_core::disk::Disk;
-use mooring_disk::{FilePerKey, IoMode, PosixDisk};
+use mooring_disk::{FilePerKey, IoMode, PosixDisk, UringDisk};
 
 const OBJECTS: usize = 256;
 const SIZE: usize = 1 << 20;
@@ -23,16 +23,30 @@ fn bench_dir() -> PathBuf {
 }
 
 fn file_per_key_gets(c: &mut Criterion) {
+    bench_adapter(c, "posix", |dir| {
+        PosixDisk::open(dir, IoMode::Direct).map(|d| Arc::new(d) as Arc<dyn Disk>)
+    });
+    bench_adapter(c, "io_uring", |dir| {
+        UringDisk::open(dir, IoMode::Direct).map(|d| Arc::new(d) as Arc<dyn Disk>)
+    });
+}
+
+fn bench_adapter(
+    c: &mut Criterion,
+    adapter: &str,
+    open: impl FnOnce(&std::path::Path) -> io::Result<Arc<dyn Disk>>,
+) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .enable_all()
         .build()
         .expect("a runtime");
-    let dir = bench_dir();
+    let dir = bench_dir().join(adapter);
     let _ = std::fs::remove_dir_all(&dir);
-    let disk: Arc<dyn Disk> = match PosixDisk::open(&dir, IoMode::Direct) {
-        Ok(disk) => Arc::new(disk),
+    let disk = match open(&dir) {
+        Ok(disk) => disk,
         Err(e) if e.kind() == io::ErrorKind::Unsupported => {
-            eprintln!("skipping the disk bench: {e}");
+            eprintln!("skipping the {adapter} disk bench: {e}");
             return;
         }
         Err(e) => panic!("{e}"),
@@ -47,7 +61,7 @@ fn file_per_key_gets(c: &mut Criterion) {
     let mut group = c.benchmark_group("file_per_key");
     group.throughput(Throughput::Bytes(SIZE as u64));
     let mut i = 0;
-    group.bench_function("get_1MiB_direct", |b| {
+    group.bench_function(format!("get_1MiB_direct_{adapter}"), |b| {
         b.iter(|| {
             i = (i + 1) % OBJECTS;
             let got = runtime

@@ -9,8 +9,12 @@
 //!   replace, recovery scan), written against the `Disk` trait so the simulated disk drives
 //!   the same code under madsim.
 //!
-//! The io_uring adapter and the bucket and offset-allocator backends, the offload protocol
-//! and exist-prefetch are not built yet (see the SSD-tier issue's notes).
+//! - [`UringDisk`]: the same over io_uring (one ring on a dedicated thread, submissions
+//!   batched up to the queue depth); `Unsupported` where io_uring is not available, so
+//!   callers fall back to [`PosixDisk`].
+//!
+//! The bucket and offset-allocator backends, the offload protocol and exist-prefetch are not
+//! built yet (see the SSD-tier issue's notes).
 
 mod aligned;
 mod file_per_key;
@@ -18,8 +22,12 @@ mod paths;
 #[cfg(not(madsim))]
 mod posix;
 pub mod record;
+#[cfg(all(target_os = "linux", not(madsim)))]
+mod uring;
 
 pub use aligned::AlignedBuf;
 pub use file_per_key::{FilePerKey, Recovered};
 #[cfg(not(madsim))]
 pub use posix::{IoMode, PosixDisk};
+#[cfg(all(target_os = "linux", not(madsim)))]
+pub use uring::UringDisk;

@@ -105,6 +105,23 @@ async fn posix_direct() {
     assert!(err.to_string().contains("aligned"), "{err}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn io_uring_buffered_and_direct() {
+    for (tag, mode) in [
+        ("uring-buffered", IoMode::Buffered),
+        ("uring-direct", IoMode::Direct),
+    ] {
+        let dir = TempDir::new(tag);
+        match mooring_disk::UringDisk::open(&dir.0, mode) {
+            Ok(disk) => conformance(&disk).await,
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                eprintln!("skipping the {tag} conformance test: {e}")
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn simulated() {
     conformance(&SimDisk::new(1)).await;

@@ -80,6 +80,18 @@ async fn posix_direct_round_trip_and_restart() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn io_uring_direct_round_trip_and_restart() {
+    let dir = TempDir::new("rt-uring");
+    match mooring_disk::UringDisk::open(&dir.0, IoMode::Direct) {
+        Ok(disk) => round_trip_and_restart(Arc::new(disk)).await,
+        Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+            eprintln!("skipping the io_uring round trip: {e}")
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
 #[tokio::test]
 async fn simulated_round_trip_and_restart() {
     round_trip_and_restart(Arc::new(SimDisk::with_alignment(3, 4096))).await;

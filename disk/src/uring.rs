@@ -1,0 +1,554 @@
+//! The [`Disk`] trait over io_uring.
+//!
+//! Data transfers and `fdatasync` go through one ring owned by a dedicated I/O thread: the
+//! thread blocks for a first request when idle, then drains up to the queue depth of pending
+//! requests into the submission queue and submits them in one `io_uring_enter`, so concurrent
+//! reads are batched up to the queue depth. Namespace operations (create, remove, rename,
+//! list, len) and opening files run on tokio's blocking pool through the POSIX adapter, which
+//! also validates names and learns the direct-I/O alignment.
+//!
+//! Soundness: the kernel only ever sees memory and file descriptors the I/O thread owns (an
+//! [`AlignedBuf`] and an `Arc<File>` per request), kept until the request's completion is
+//! reaped, so a caller dropping its future mid-transfer cannot free memory the kernel writes
+//! to. Reads copy out of the owned buffer; writes copy into one, like the POSIX adapter.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use io_uring::{IoUring, Probe, opcode, squeue, types};
+use mooring_core::disk::Disk;
+use mooring_core::transport::BoxFuture;
+use tokio::sync::oneshot;
+use tracing::{error, info};
+
+use crate::AlignedBuf;
+use crate::paths::resolve;
+use crate::posix::{IoMode, PosixDisk};
+
+/// Submission queue depth: the most transfers in flight at once.
+const DEPTH: usize = 64;
+
+/// The largest transfer one SQE asks for (the length field is 32 bits); larger transfers
+/// continue with further SQEs. A power of two, so it keeps any direct-I/O alignment.
+const MAX_CHUNK: usize = 1 << 30;
+
+/// Open file descriptors kept per name at most; beyond that an arbitrary one is closed.
+const MAX_OPEN: usize = 256;
+
+/// A disk rooted at a directory, moving data through io_uring.
+pub struct UringDisk {
+    /// Namespace operations, name validation and the alignment.
+    posix: PosixDisk,
+    direct: bool,
+    files: Arc<Mutex<Files>>,
+    /// `Some` until dropped; dropping it lets the I/O thread finish and exit.
+    requests: Option<Sender<Request>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Cached open files, by name.
+#[derive(Default)]
+struct Files {
+    /// Bumped by every namespace change, so an open racing with one is not cached.
+    generation: u64,
+    open: HashMap<String, Arc<File>>,
+}
+
+impl UringDisk {
+    /// Opens (creating it if needed) the directory `root`. Fails with `Unsupported` if
+    /// io_uring is unavailable (old kernel, seccomp, `kernel.io_uring_disabled`), so the
+    /// caller can fall back to [`PosixDisk`], or, for `IoMode::Direct`, if the filesystem
+    /// cannot do direct I/O.
+    pub fn open(root: impl Into<PathBuf>, mode: IoMode) -> io::Result<UringDisk> {
+        let ring = new_ring()?;
+        let posix = PosixDisk::open(root, mode)?;
+        let alignment = posix.alignment();
+        let (requests, received) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("mooring-uring".into())
+            .spawn(move || run(ring, received, alignment))?;
+        info!(root = %posix.root().display(), depth = DEPTH, "io_uring disk opened");
+        Ok(UringDisk {
+            posix,
+            direct: mode == IoMode::Direct,
+            files: Arc::default(),
+            requests: Some(requests),
+            thread: Some(thread),
+        })
+    }
+
+    /// The directory.
+    pub fn root(&self) -> &Path {
+        self.posix.root()
+    }
+
+    fn lock_files(&self) -> MutexGuard<'_, Files> {
+        lock(&self.files)
+    }
+
+    /// The open file `name`, from the cache or opened on the blocking pool.
+    async fn file(&self, name: &str) -> io::Result<Arc<File>> {
+        let generation = {
+            let files = self.lock_files();
+            if let Some(file) = files.open.get(name) {
+                return Ok(file.clone());
+            }
+            files.generation
+        };
+        let path = resolve(self.posix.root(), name)?;
+        let direct = self.direct;
+        let file = tokio::task::spawn_blocking(move || {
+            let mut options = OpenOptions::new();
+            options.read(true).write(true);
+            if direct {
+                options.custom_flags(libc::O_DIRECT);
+            }
+            options.open(path)
+        })
+        .await
+        .map_err(io::Error::other)??;
+        let file = Arc::new(file);
+        let mut files = self.lock_files();
+        // A namespace change since the lookup may have made this file stale for the name.
+        if files.generation == generation {
+            if files.open.len() >= MAX_OPEN
+                && let Some(evict) = files.open.keys().next().cloned()
+            {
+                files.open.remove(&evict);
+            }
+            files.open.insert(name.to_string(), file.clone());
+        }
+        Ok(file)
+    }
+
+    /// Runs a namespace change of the POSIX adapter, then forgets cached files of `names`.
+    /// Once polled it runs as its own task, so the cache is invalidated even if the caller
+    /// stops waiting.
+    fn namespace<'a, F, Fut>(&'a self, names: Vec<String>, op: F) -> BoxFuture<'a, io::Result<()>>
+    where
+        F: FnOnce(PosixDisk, Vec<String>) -> Fut,
+        Fut: Future<Output = io::Result<()>> + Send + 'static,
+    {
+        let change = op(self.posix.clone(), names.clone());
+        let files = self.files.clone();
+        Box::pin(async move {
+            let task = tokio::spawn(async move {
+                let result = change.await;
+                let mut files = lock(&files);
+                files.generation += 1;
+                for name in &names {
+                    files.open.remove(name);
+                }
+                result
+            });
+            task.await.map_err(io::Error::other)?
+        })
+    }
+
+    /// Hands `op` on `file` to the I/O thread and waits for its result.
+    async fn submit<T>(
+        &self,
+        file: Arc<File>,
+        op: impl FnOnce(oneshot::Sender<io::Result<T>>) -> Op,
+    ) -> io::Result<T> {
+        let (reply, result) = oneshot::channel();
+        let request = Request {
+            file,
+            op: op(reply),
+        };
+        self.requests
+            .as_ref()
+            .expect("the request channel lives until drop")
+            .send(request)
+            .map_err(|_| thread_gone())?;
+        result.await.map_err(|_| thread_gone())?
+    }
+}
+
+impl Drop for UringDisk {
+    /// Closes the request channel and waits for the I/O thread to finish what is in flight.
+    fn drop(&mut self) {
+        drop(self.requests.take());
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            error!("the io_uring thread panicked");
+        }
+    }
+}
+
+fn lock(files: &Mutex<Files>) -> MutexGuard<'_, Files> {
+    files
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn thread_gone() -> io::Error {
+    io::Error::other("the io_uring thread has stopped")
+}
+
+/// A ring of [`DEPTH`] entries that supports every opcode used here, or `Unsupported`.
+fn new_ring() -> io::Result<IoUring> {
+    let unsupported = |what: String| {
+        io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("io_uring is unavailable ({what}); use PosixDisk"),
+        )
+    };
+    let ring = IoUring::new(DEPTH as u32).map_err(|e| unsupported(e.to_string()))?;
+    let mut probe = Probe::new();
+    ring.submitter()
+        .register_probe(&mut probe)
+        .map_err(|e| unsupported(format!("probing opcodes: {e}")))?;
+    for (code, name) in [
+        (opcode::Read::CODE, "read"),
+        (opcode::Write::CODE, "write"),
+        (opcode::Fsync::CODE, "fsync"),
+    ] {
+        if !probe.is_supported(code) {
+            return Err(unsupported(format!("no {name} opcode")));
+        }
+    }
+    Ok(ring)
+}
+
+/// Fails with `InvalidInput` unless offset, length and address are aligned.
+fn check_aligned(alignment: usize, offset: u64, buf: *const u8, len: usize) -> io::Result<()> {
+    let a = alignment;
+    if a > 1
+        && (!offset.is_multiple_of(a as u64)
+            || !len.is_multiple_of(a)
+            || !(buf as usize).is_multiple_of(a))
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "direct I/O needs offset, length and buffer aligned to {a} bytes (offset \
+                 {offset}, length {len}); use AlignedBuf"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A transfer or sync for the I/O thread. The file stays open until it completes.
+struct Request {
+    file: Arc<File>,
+    op: Op,
+}
+
+/// What to do, with the owned buffer and progress so far.
+enum Op {
+    Read {
+        buf: AlignedBuf,
+        len: usize,
+        offset: u64,
+        done: usize,
+        reply: oneshot::Sender<io::Result<(AlignedBuf, usize)>>,
+    },
+    Write {
+        buf: AlignedBuf,
+        len: usize,
+        offset: u64,
+        done: usize,
+        reply: oneshot::Sender<io::Result<()>>,
+    },
+    Sync {
+        reply: oneshot::Sender<io::Result<()>>,
+    },
+}
+
+impl Request {
+    /// The SQE for the rest of this request, tagged with its slot.
+    fn entry(&mut self, slot: usize) -> squeue::Entry {
+        let fd = types::Fd(self.file.as_raw_fd());
+        let entry = match &mut self.op {
+            Op::Read {
+                buf,
+                len,
+                offset,
+                done,
+                ..
+            } => {
+                let n = (*len - *done).min(MAX_CHUNK);
+                opcode::Read::new(fd, buf[*done..].as_mut_ptr(), n as u32)
+                    .offset(*offset + *done as u64)
+                    .build()
+            }
+            Op::Write {
+                buf,
+                len,
+                offset,
+                done,
+                ..
+            } => {
+                let n = (*len - *done).min(MAX_CHUNK);
+                opcode::Write::new(fd, buf[*done..].as_ptr(), n as u32)
+                    .offset(*offset + *done as u64)
+                    .build()
+            }
+            Op::Sync { .. } => opcode::Fsync::new(fd)
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+        };
+        entry.user_data(slot as u64)
+    }
+
+    /// Accounts for a completion with result `res`; `Some(self)` if more is to be submitted.
+    fn complete(mut self, res: i32, alignment: usize) -> Option<Request> {
+        if res == -libc::EINTR || res == -libc::EAGAIN {
+            return Some(self);
+        }
+        let failed = || io::Error::from_raw_os_error(-res);
+        match &mut self.op {
+            Op::Read { len, done, .. } => {
+                if res > 0 {
+                    *done += res as usize;
+                    // Direct reads keep whole aligned blocks: a short one ends the file.
+                    if *done < *len && done.is_multiple_of(alignment) {
+                        return Some(self);
+                    }
+                }
+            }
+            Op::Write { len, done, .. } => {
+                if res > 0 {
+                    *done += res as usize;
+                    if *done < *len {
+                        return Some(self);
+                    }
+                }
+            }
+            Op::Sync { .. } => {}
+        }
+        match self.op {
+            Op::Read { reply, .. } if res < 0 => drop(reply.send(Err(failed()))),
+            Op::Read {
+                buf, done, reply, ..
+            } => drop(reply.send(Ok((buf, done)))),
+            Op::Write { reply, .. } if res < 0 => drop(reply.send(Err(failed()))),
+            Op::Write { reply, .. } if res == 0 => drop(reply.send(Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "the write made no progress",
+            )))),
+            Op::Write { reply, .. } => drop(reply.send(Ok(()))),
+            Op::Sync { reply } if res < 0 => drop(reply.send(Err(failed()))),
+            Op::Sync { reply } => drop(reply.send(Ok(()))),
+        }
+        None
+    }
+
+    /// Replies `error` and returns the resources the kernel may still use, to be leaked.
+    fn fail(self, error: impl Fn() -> io::Error) -> (Arc<File>, Option<AlignedBuf>) {
+        let buf = match self.op {
+            Op::Read { buf, reply, .. } => {
+                let _ = reply.send(Err(error()));
+                Some(buf)
+            }
+            Op::Write { buf, reply, .. } => {
+                let _ = reply.send(Err(error()));
+                Some(buf)
+            }
+            Op::Sync { reply } => {
+                let _ = reply.send(Err(error()));
+                None
+            }
+        };
+        (self.file, buf)
+    }
+}
+
+/// Queues `entry`, submitting first if the submission queue is full.
+fn push(ring: &mut IoUring, entry: &squeue::Entry) -> io::Result<()> {
+    loop {
+        // SAFETY: the entry points at a buffer and a file owned by a request in a slot, which
+        // stays there until the entry's completion is reaped.
+        if unsafe { ring.submission().push(entry) }.is_ok() {
+            return Ok(());
+        }
+        match ring.submit() {
+            Ok(_) => {}
+            Err(e) if transient(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Errors of `io_uring_enter` after which submitting again is right.
+fn transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+    )
+}
+
+/// The I/O thread: submits requests in batches of up to [`DEPTH`] and completes them until
+/// the channel closes and nothing is in flight.
+fn run(mut ring: IoUring, requests: Receiver<Request>, alignment: usize) {
+    let mut slots: Vec<Option<Request>> = (0..DEPTH).map(|_| None).collect();
+    let mut free: Vec<usize> = (0..DEPTH).rev().collect();
+    let mut completed: Vec<(usize, i32)> = Vec::with_capacity(2 * DEPTH);
+    let mut open = true;
+    let fatal = 'run: loop {
+        // Take what is pending, up to the queue depth; block only when idle.
+        while open && let Some(&slot) = free.last() {
+            let next = if free.len() == DEPTH {
+                requests.recv().map_err(|_| TryRecvError::Disconnected)
+            } else {
+                requests.try_recv()
+            };
+            match next {
+                Ok(mut request) => {
+                    free.pop();
+                    let entry = request.entry(slot);
+                    slots[slot] = Some(request);
+                    if let Err(e) = push(&mut ring, &entry) {
+                        break 'run e;
+                    }
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => open = false,
+            }
+        }
+        if free.len() == DEPTH {
+            return; // closed, and nothing in flight
+        }
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if transient(&e) => {}
+            Err(e) => break 'run e,
+        }
+        completed.extend(
+            ring.completion()
+                .map(|cqe| (cqe.user_data() as usize, cqe.result())),
+        );
+        for (slot, res) in completed.drain(..) {
+            let request = slots[slot]
+                .take()
+                .expect("a completion for an occupied slot");
+            match request.complete(res, alignment) {
+                Some(mut more) => {
+                    let entry = more.entry(slot);
+                    slots[slot] = Some(more);
+                    if let Err(e) = push(&mut ring, &entry) {
+                        break 'run e;
+                    }
+                }
+                None => free.push(slot),
+            }
+        }
+    };
+    // The ring is broken: which entries the kernel took is unknown, so every request in
+    // flight fails and leaks its buffer and file rather than free what the kernel may use.
+    error!(error = %fatal, "io_uring failed; failing all requests");
+    let failure = || io::Error::other(format!("io_uring failed: {fatal}"));
+    for request in slots.into_iter().flatten() {
+        std::mem::forget(request.fail(failure));
+    }
+    std::mem::forget(ring);
+    for request in requests {
+        drop(request.fail(failure));
+    }
+}
+
+impl Disk for UringDisk {
+    fn alignment(&self) -> usize {
+        self.posix.alignment()
+    }
+
+    fn create<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>> {
+        self.namespace(vec![name.to_string()], |posix, names| async move {
+            posix.create(&names[0]).await
+        })
+    }
+
+    fn write_at<'a>(
+        &'a self,
+        name: &'a str,
+        offset: u64,
+        data: &'a [u8],
+    ) -> BoxFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            let alignment = self.alignment();
+            check_aligned(alignment, offset, data.as_ptr(), data.len())?;
+            let file = self.file(name).await?;
+            if data.is_empty() {
+                return Ok(());
+            }
+            // The ring needs owned data; direct I/O needs it aligned too.
+            let buf = AlignedBuf::copy_of(data, alignment);
+            let len = data.len();
+            self.submit(file, |reply| Op::Write {
+                buf,
+                len,
+                offset,
+                done: 0,
+                reply,
+            })
+            .await
+        })
+    }
+
+    fn read_at<'a>(
+        &'a self,
+        name: &'a str,
+        offset: u64,
+        buf: &'a mut [u8],
+    ) -> BoxFuture<'a, io::Result<usize>> {
+        Box::pin(async move {
+            let alignment = self.alignment();
+            check_aligned(alignment, offset, buf.as_ptr(), buf.len())?;
+            let file = self.file(name).await?;
+            let len = buf.len();
+            if len == 0 {
+                return Ok(0);
+            }
+            let owned = AlignedBuf::new(len, alignment);
+            let (owned, done) = self
+                .submit(file, |reply| Op::Read {
+                    buf: owned,
+                    len,
+                    offset,
+                    done: 0,
+                    reply,
+                })
+                .await?;
+            buf[..done].copy_from_slice(&owned[..done]);
+            Ok(done)
+        })
+    }
+
+    fn sync<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            let file = self.file(name).await?;
+            self.submit(file, |reply| Op::Sync { reply }).await
+        })
+    }
+
+    fn len<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<u64>> {
+        self.posix.len(name)
+    }
+
+    fn remove<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>> {
+        self.namespace(vec![name.to_string()], |posix, names| async move {
+            posix.remove(&names[0]).await
+        })
+    }
+
+    fn rename<'a>(&'a self, from: &'a str, to: &'a str) -> BoxFuture<'a, io::Result<()>> {
+        self.namespace(
+            vec![from.to_string(), to.to_string()],
+            |posix, names| async move { posix.rename(&names[0], &names[1]).await },
+        )
+    }
+
+    fn list(&self) -> BoxFuture<'_, io::Result<Vec<String>>> {
+        self.posix.list()
+    }
+}
