@@ -1,6 +1,7 @@
 //! Heap buffers aligned for direct I/O.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::io;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
@@ -61,6 +62,31 @@ impl Drop for AlignedBuf {
         // SAFETY: allocated with exactly this layout.
         unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
     }
+}
+
+/// Fails with `InvalidInput` unless offset, length and address are multiples of `alignment`
+/// (as direct I/O needs; an alignment of 1 accepts anything).
+pub(crate) fn check_aligned(
+    alignment: usize,
+    offset: u64,
+    buf: *const u8,
+    len: usize,
+) -> io::Result<()> {
+    let a = alignment;
+    if a > 1
+        && (!offset.is_multiple_of(a as u64)
+            || !len.is_multiple_of(a)
+            || !(buf as usize).is_multiple_of(a))
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "direct I/O needs offset, length and buffer aligned to {a} bytes (offset \
+                 {offset}, length {len}); use AlignedBuf"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

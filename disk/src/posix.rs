@@ -14,6 +14,7 @@ use mooring_core::disk::Disk;
 use mooring_core::transport::BoxFuture;
 use tracing::info;
 
+use crate::aligned::check_aligned;
 use crate::paths::resolve;
 
 /// How file data moves.
@@ -65,25 +66,6 @@ impl PosixDisk {
             options.custom_flags(libc::O_DIRECT);
         }
         options
-    }
-
-    /// Fails with `InvalidInput` unless offset, length and address are aligned.
-    fn check_aligned(&self, offset: u64, buf: *const u8, len: usize) -> io::Result<()> {
-        let a = self.alignment;
-        if a > 1
-            && (!offset.is_multiple_of(a as u64)
-                || !len.is_multiple_of(a)
-                || !(buf as usize).is_multiple_of(a))
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "direct I/O needs offset, length and buffer aligned to {a} bytes (offset \
-                     {offset}, length {len}); use AlignedBuf"
-                ),
-            ));
-        }
-        Ok(())
     }
 
     /// Runs `op` on the blocking pool.
@@ -209,7 +191,7 @@ impl Disk for PosixDisk {
         offset: u64,
         data: &'a [u8],
     ) -> BoxFuture<'a, io::Result<()>> {
-        if let Err(e) = self.check_aligned(offset, data.as_ptr(), data.len()) {
+        if let Err(e) = check_aligned(self.alignment, offset, data.as_ptr(), data.len()) {
             return Box::pin(async move { Err(e) });
         }
         // The blocking pool needs owned data; direct I/O needs it aligned too.
@@ -229,7 +211,7 @@ impl Disk for PosixDisk {
         offset: u64,
         buf: &'a mut [u8],
     ) -> BoxFuture<'a, io::Result<usize>> {
-        if let Err(e) = self.check_aligned(offset, buf.as_ptr(), buf.len()) {
+        if let Err(e) = check_aligned(self.alignment, offset, buf.as_ptr(), buf.len()) {
             return Box::pin(async move { Err(e) });
         }
         let len = buf.len();

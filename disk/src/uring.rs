@@ -29,6 +29,7 @@ use tokio::sync::oneshot;
 use tracing::{error, info};
 
 use crate::AlignedBuf;
+use crate::aligned::check_aligned;
 use crate::paths::resolve;
 use crate::posix::{IoMode, PosixDisk};
 
@@ -217,25 +218,6 @@ fn new_ring() -> io::Result<IoUring> {
         }
     }
     Ok(ring)
-}
-
-/// Fails with `InvalidInput` unless offset, length and address are aligned.
-fn check_aligned(alignment: usize, offset: u64, buf: *const u8, len: usize) -> io::Result<()> {
-    let a = alignment;
-    if a > 1
-        && (!offset.is_multiple_of(a as u64)
-            || !len.is_multiple_of(a)
-            || !(buf as usize).is_multiple_of(a))
-    {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "direct I/O needs offset, length and buffer aligned to {a} bytes (offset \
-                 {offset}, length {len}); use AlignedBuf"
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// A transfer or sync for the I/O thread. The file stays open until it completes.
