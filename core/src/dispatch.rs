@@ -83,6 +83,28 @@ impl Master {
             }
             R::Exist { key } => Reply::Bool(self.exist(&key, now)?),
             R::BatchExist { keys } => Reply::Bools(self.batch_exist(&keys, now)),
+            R::ExistPrefetch {
+                client,
+                key,
+                preferred,
+            } => {
+                let (exists, grant) = self.exist_prefetch(client, &key, &preferred, now)?;
+                Reply::Prefetch(exists, grant)
+            }
+            R::BatchExistPrefetch {
+                client,
+                keys,
+                preferred,
+            } => Reply::Prefetches(
+                keys.iter()
+                    .map(|key| self.exist_prefetch(client, key, &preferred, now))
+                    .collect(),
+            ),
+            R::DiskSync {
+                client,
+                segment,
+                report,
+            } => Reply::DiskSync(self.disk_sync(client, segment, report, now)?),
             R::GetSize { key } => Reply::Count(self.get_size(&key)?),
             R::Remove { key } => {
                 self.remove(&key, now)?;

@@ -33,6 +33,17 @@ pub enum Event {
         /// Evicted to open a contiguous range for a large value (the least recently used
         /// such range), rather than in global least-recently-used order.
         contiguous: bool,
+        /// The object lives on, readable from its node's disk copy (only its memory went).
+        /// Also set by a node evicting a disk copy (then `bytes` is 0 and this is false).
+        kept_on_disk: bool,
+    },
+    /// `exist(prefetch)` found an object only on disk but no memory to promote it into. The
+    /// object still exists; reads go to disk.
+    PrefetchFailed {
+        /// The key.
+        key: Box<str>,
+        /// Why the allocation failed.
+        error: crate::error::Error,
     },
     /// An in-progress write was abandoned; its blocks wait out the release delay.
     WriteDiscarded {

@@ -3,8 +3,10 @@
 //! A pass runs when usage reaches the high watermark (from `tick`) or when an allocation finds
 //! no room. It frees about `eviction_ratio` of capacity (and at least what the allocation
 //! needs), oldest first by lease expiry, which is the last access plus the lease TTL, so the
-//! order is least-recently-used. Two tiers: every unpinned candidate goes before any
-//! soft-pinned one, and soft-pinned ones go only if `allow_evict_soft_pinned`. Hard-pinned,
+//! order is least-recently-used. Three tiers: unpinned objects that also have a copy on a
+//! node's disk go first (dropping their memory loses nothing: they stay readable from disk),
+//! then every other unpinned candidate, then soft-pinned ones, and those only if
+//! `allow_evict_soft_pinned`. Objects queued for offload wait for their copy (see `offload`). Hard-pinned,
 //! leased, held, replicating and in-progress objects are never candidates (see
 //! `Object::eviction_class`).
 //!
@@ -25,7 +27,7 @@ use smallvec::SmallVec;
 use crate::error::{Error, ErrorCode, Result};
 use crate::events::Event;
 use crate::master::Master;
-use crate::object::EvictionClass;
+use crate::object::{EvictionClass, OffloadMark};
 use crate::placement::{Placed, place};
 use crate::segments::block_len;
 use crate::time::Millis;
@@ -127,45 +129,74 @@ impl Master {
     /// Evicts objects until about `target` bytes are freed or no candidate is left. Returns
     /// the bytes freed.
     pub(crate) fn evict(&mut self, target: u64, now: Millis) -> u64 {
+        let mut on_disk: Vec<Candidate> = Vec::new();
         let mut unpinned: Vec<Candidate> = Vec::new();
         let mut soft_pinned: Vec<Candidate> = Vec::new();
         for (slot, object) in self.objects.iter() {
+            if object.offload == OffloadMark::Queued {
+                continue;
+            }
             let bytes = block_len(object.size) * object.replicas.len() as u64;
+            let candidate = (object.lease_expiry, slot, bytes);
             match object.eviction_class(now) {
-                Some(EvictionClass::Unpinned) => unpinned.push((object.lease_expiry, slot, bytes)),
-                Some(EvictionClass::SoftPinned) => {
-                    soft_pinned.push((object.lease_expiry, slot, bytes))
+                Some(EvictionClass::Unpinned) if object.has_disk_replica() => {
+                    on_disk.push(candidate)
                 }
+                Some(EvictionClass::Unpinned) => unpinned.push(candidate),
+                Some(EvictionClass::SoftPinned) => soft_pinned.push(candidate),
                 None => {}
             }
         }
-        let mut victims = oldest_covering(&mut unpinned, target);
+        let mut victims = oldest_covering(&mut on_disk, target);
         let mut freed: u64 = victims.iter().map(|v| v.2).sum();
+        if freed < target {
+            let more = oldest_covering(&mut unpinned, target - freed);
+            freed += more.iter().map(|v| v.2).sum::<u64>();
+            victims.extend(more);
+        }
         let first_tier = victims.len();
         if freed < target && self.config.allow_evict_soft_pinned {
             let more = oldest_covering(&mut soft_pinned, target - freed);
             freed += more.iter().map(|v| v.2).sum::<u64>();
             victims.extend(more);
         }
-        for (i, &(_, slot, _)) in victims.iter().enumerate() {
+        for (i, &(_, slot, bytes)) in victims.iter().enumerate() {
+            if self.offload_before_evicting(slot) {
+                freed -= bytes;
+                continue;
+            }
             self.evict_object(slot, i >= first_tier, false);
         }
         freed
     }
 
-    /// Evicts the object in `slot` and reports it.
+    /// Evicts the object in `slot` from memory and reports it. An object with a disk copy
+    /// stays, readable from disk; any other goes away.
     fn evict_object(&mut self, slot: u32, soft_pinned: bool, contiguous: bool) {
-        let object = self.remove_object(slot);
-        let bytes = block_len(object.size) * object.replicas.len() as u64;
-        let done = object.readers_done_at(self.config.lease_grace);
-        self.release_read_blocks(&object.replicas, done);
+        let grace = self.config.lease_grace;
+        let kept_on_disk = self.objects.at(slot).has_disk_replica();
+        let (key, size, replicas, done) = if kept_on_disk {
+            let object = self.objects.at_mut(slot);
+            let replicas = std::mem::take(&mut object.replicas);
+            let done = object.readers_done_at(grace);
+            // The lease covered the memory replicas; readers of the disk copy need none.
+            object.leased = false;
+            (object.key.clone(), object.size, replicas, done)
+        } else {
+            let object = self.remove_object(slot);
+            let done = object.readers_done_at(grace);
+            (object.key, object.size, object.replicas, done)
+        };
+        let bytes = block_len(size) * replicas.len() as u64;
+        self.release_read_blocks(&replicas, done);
         self.counters.evicted_objects += 1;
         self.counters.evicted_bytes += bytes;
         self.events.push(Event::Evicted {
-            key: object.key,
+            key,
             soft_pinned,
             bytes,
             contiguous,
+            kept_on_disk,
         });
     }
 

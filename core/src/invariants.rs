@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::master::Master;
+use crate::object::OffloadMark;
 use crate::segments::block_len;
 
 /// A broken invariant: which one, and what was seen.
@@ -121,12 +122,33 @@ fn check_conservation(master: &Master, blocks: &[(u32, u32, u64, u64)]) -> Resul
 /// state, every write tracked for the discard timeout.
 fn check_objects(master: &Master) -> Result<(), Violation> {
     let mut writing = 0u64;
+    let mut disk_replicas = 0u64;
     let discard_timeout = master.config.put_start_discard_timeout;
     let deadline = master.next_deadline();
     for (slot, object) in master.objects.iter() {
         let key = &object.key;
-        if object.replicas.is_empty() {
+        if object.replicas.is_empty() && (object.writing || !object.has_disk_replica()) {
             return Err(violation("object-shape", format!("{key:?} has no replica")));
+        }
+        if object.has_disk_replica() {
+            disk_replicas += 1;
+            if master.segments.get(object.disk).is_none() || !master.disks.has_disk(object.disk) {
+                return Err(violation(
+                    "disk-replica",
+                    format!(
+                        "{key:?} has a disk copy on segment slot {}, which is not mounted or has no disk",
+                        object.disk
+                    ),
+                ));
+            }
+        }
+        if object.offload == OffloadMark::Queued
+            && !master.disks.is_queued_anywhere(slot, object.write_id)
+        {
+            return Err(violation(
+                "disk-replica",
+                format!("{key:?} is marked queued for offload but is in no queue"),
+            ));
         }
         if object.size == 0 {
             return Err(violation("object-shape", format!("{key:?} has size 0")));
@@ -187,12 +209,21 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
                 "object-shape",
                 format!("{key:?} has PROCESSING replicas but no write or task"),
             ));
-        } else if processing == object.replicas.len() {
+        } else if processing == object.replicas.len() && !object.has_disk_replica() {
             return Err(violation(
                 "object-shape",
                 format!("{key:?} has no complete replica and no write in progress"),
             ));
         }
+    }
+    if disk_replicas != master.counters.disk_replicas {
+        return Err(violation(
+            "disk-replica",
+            format!(
+                "{disk_replicas} objects have a disk copy, counter says {}",
+                master.counters.disk_replicas
+            ),
+        ));
     }
     if writing != master.counters.writing_objects {
         return Err(violation(

@@ -19,6 +19,7 @@
 //! | `reads`, `holds` | replica lists, exist, leases; held reads (refcounts) |
 //! | `remove` | remove, remove-all, remove-by-regex |
 //! | `eviction` | watermark- and pressure-driven LRU eviction with pin tiers |
+//! | `offload` | the SSD tier: offload selection, disk replicas, tombstones, prefetch |
 //! | `zombies`, `discard` | timed-out writes; delayed release of discarded blocks |
 //! | `membership`, `clients` | heartbeats, mounts, client expiry |
 //! | `replication` | copy and move tasks |
@@ -46,6 +47,7 @@ pub mod master;
 mod membership;
 pub mod object;
 mod objects;
+mod offload;
 mod placement;
 mod put;
 mod reads;
@@ -72,7 +74,8 @@ pub use events::{DiscardCause, Event};
 pub use ids::{ClientId, HoldId, SegmentId, TaskId, WriteId};
 pub use master::{Master, Stats};
 pub use membership::{HeartbeatAck, HeartbeatStatus};
-pub use object::{ReplicaDescriptor, ReplicaStatus};
+pub use object::{Medium, ReplicaDescriptor, ReplicaStatus};
+pub use offload::{DiskReport, DiskSyncAck, MAX_OFFLOAD_QUEUE, OffloadOrder, PrefetchGrant};
 pub use put::PutGrant;
 pub use reads::ReplicaList;
 pub use replication::CopyGrant;

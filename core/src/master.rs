@@ -20,6 +20,7 @@ use crate::holds::Holds;
 use crate::ids::{SegmentId, WriteId};
 use crate::object::{Object, Replica};
 use crate::objects::ObjectTable;
+use crate::offload::Disks;
 use crate::replication::Tasks;
 use crate::rng::Rng;
 use crate::segments::{SegmentInfo, Segments};
@@ -40,6 +41,11 @@ pub(crate) struct Counters {
     pub evicted_bytes: u64,
     pub discarded_writes: u64,
     pub lost_objects: u64,
+    /// Objects with a disk copy.
+    pub disk_replicas: u64,
+    /// Prefetches started, and prefetches that found no memory.
+    pub prefetches: u64,
+    pub prefetch_failures: u64,
 }
 
 /// A snapshot of the master's gauges and counters.
@@ -76,6 +82,14 @@ pub struct Stats {
     pub lost_objects: u64,
     /// Events dropped because the driver did not drain them.
     pub events_dropped: u64,
+    /// Objects with a copy on a node's disk.
+    pub disk_replicas: u64,
+    /// Disk copies the master dropped that their nodes have not yet deleted.
+    pub disk_tombstones: u64,
+    /// Prefetches (RFC 003) started since start.
+    pub prefetches: u64,
+    /// Prefetches that found no memory to promote into, since start.
+    pub prefetch_failures: u64,
 }
 
 /// The master's metadata state machine. See the module docs for how to drive it.
@@ -91,6 +105,7 @@ pub struct Master {
     pub(crate) discarded: Discarded,
     pub(crate) holds: Holds,
     pub(crate) tasks: Tasks,
+    pub(crate) disks: Disks,
     pub(crate) counters: Counters,
     pub(crate) events: EventQueue,
 }
@@ -109,6 +124,7 @@ impl Master {
             discarded: Discarded::default(),
             holds: Holds::default(),
             tasks: Tasks::default(),
+            disks: Disks::default(),
             counters: Counters::default(),
             events: EventQueue::default(),
             config,
@@ -184,6 +200,10 @@ impl Master {
             discarded_writes: self.counters.discarded_writes,
             lost_objects: self.counters.lost_objects,
             events_dropped: self.events.dropped(),
+            disk_replicas: self.counters.disk_replicas,
+            disk_tombstones: self.disks.tombstone_count() as u64,
+            prefetches: self.counters.prefetches,
+            prefetch_failures: self.counters.prefetch_failures,
         }
     }
 
@@ -266,19 +286,23 @@ impl Master {
         early.len()
     }
 
-    /// Removes an object from the table, keeping the writing count right. The caller has
-    /// already disposed of its replicas' blocks.
+    /// Removes an object from the table, keeping the writing and disk counts right. The caller
+    /// has already disposed of its replicas' blocks (and retired its disk copy if the node
+    /// should delete it).
     pub(crate) fn remove_object(&mut self, slot: u32) -> Object {
         let object = self.objects.remove(slot);
         if object.writing {
             self.counters.writing_objects -= 1;
+        }
+        if object.has_disk_replica() {
+            self.counters.disk_replicas -= 1;
         }
         object
     }
 
     /// Abandons the put or upsert in progress on `slot`: its PROCESSING replicas go to the
     /// discarded list until `put_start + put_start_release_timeout`, and the object goes away
-    /// if no complete replica is left. Returns whether the object was removed.
+    /// if no complete replica (in memory or on disk) is left. Returns whether the object was removed.
     pub(crate) fn discard_write(&mut self, slot: u32, cause: DiscardCause) -> bool {
         let release_timeout = self.config.put_start_release_timeout;
         let object = self.objects.at_mut(slot);
@@ -292,7 +316,7 @@ impl Master {
             object.replicas.iter().partition(|r| r.is_processing());
         object.replicas = kept.into_iter().collect();
         let write = object.write_id;
-        let removed = object.replicas.is_empty();
+        let removed = object.replicas.is_empty() && !object.has_disk_replica();
         self.counters.writing_objects -= 1;
         self.counters.discarded_writes += 1;
         for replica in &processing {

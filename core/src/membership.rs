@@ -136,12 +136,18 @@ impl Master {
         let affected: Vec<u32> = self
             .objects
             .iter()
-            .filter(|(_, o)| o.has_replica_on(slot))
+            .filter(|(_, o)| o.has_replica_on(slot) || o.disk == slot)
             .map(|(object_slot, _)| object_slot)
             .collect();
+        self.forget_disk(slot);
         let mut replicas_dropped = 0;
         let mut objects_lost = 0;
         for object_slot in affected {
+            // The node's disk copies go unreachable with it; a restarted node registers them
+            // again (see `offload`).
+            if self.objects.at(object_slot).disk == slot {
+                self.clear_disk_copy(object_slot);
+            }
             let object = self.objects.at_mut(object_slot);
             let before = object.replicas.len();
             object.replicas.retain(|r| r.segment != slot);
@@ -149,9 +155,9 @@ impl Master {
             // A write in progress survives while any of its replicas does. A complete object
             // survives while a complete replica does; copy targets alone are not a value.
             let lost = if object.writing {
-                object.replicas.is_empty()
+                object.replicas.is_empty() && !object.has_disk_replica()
             } else {
-                !object.has_complete_replica()
+                !object.is_readable()
             };
             if lost {
                 if let Some(task) = object.task() {

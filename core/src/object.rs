@@ -45,7 +45,51 @@ pub struct ReplicaDescriptor {
     pub len: u64,
     /// Whether the bytes are readable yet.
     pub status: ReplicaStatus,
+    /// Memory (read `addr` with a one-sided read) or the node's disk (ask the node to stage
+    /// it first; `addr` is 0).
+    pub medium: Medium,
 }
+
+/// Where a replica's bytes live.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+#[rkyv(derive(Debug, PartialEq, Eq))]
+#[repr(u8)]
+pub enum Medium {
+    /// In the segment's registered memory.
+    Memory,
+    /// On the SSD of the node that owns the segment (a LOCAL_DISK replica).
+    Disk,
+}
+
+/// Where an object stands with the SSD tier.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Default, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+#[repr(u8)]
+pub(crate) enum OffloadMark {
+    /// Not queued for offload.
+    #[default]
+    None,
+    /// Queued (or handed to its node) for writing to disk; eviction passes it over.
+    Queued,
+    /// Its node failed to write it; evicted without offloading from now on.
+    Failed,
+}
+
+/// `Object::disk` when the object has no disk replica.
+pub(crate) const NO_DISK: u32 = u32::MAX;
 
 /// A replica as the master tracks it: a block of one segment's allocator. 16 bytes, so one
 /// replica fits inline in the object's hot cache line.
@@ -145,6 +189,8 @@ pub(crate) struct Object {
     pub hard_pinned: bool,
     /// A reader was granted a lease on the current replicas (since they were written).
     pub leased: bool,
+    /// Offload progress (see `offload`); read by every eviction pass, hence hot.
+    pub offload: OffloadMark,
     // ---- cold ----
     /// The soft pin lapses (until the next access) at this instant.
     pub soft_pin_expiry: Millis,
@@ -158,12 +204,54 @@ pub(crate) struct Object {
     pub task_id: u64,
     /// Held reads (replica refcount): block upsert, removal and eviction.
     pub holds: u32,
+    /// The segment slot whose node holds a complete copy on disk, or [`NO_DISK`]. The disk
+    /// copy is of the current value: a new value drops it (see `offload`).
+    pub disk: u32,
 }
 
 impl Object {
-    /// Whether a reader can be served: some replica is complete.
+    /// A new object of `size` bytes with no replicas, written by `writer`'s `write_id`
+    /// started at `now`; not writing, pinned or leased.
+    pub(crate) fn new(
+        key: &str,
+        size: u64,
+        writer: ClientId,
+        write_id: WriteId,
+        now: Millis,
+    ) -> Object {
+        Object {
+            key: key.into(),
+            replicas: SmallVec::new(),
+            size,
+            lease_expiry: Millis::ZERO,
+            soft_pin_ttl_ms: 0,
+            writing: false,
+            hard_pinned: false,
+            leased: false,
+            soft_pin_expiry: Millis::ZERO,
+            writer,
+            write_id,
+            put_start: now,
+            task_id: 0,
+            holds: 0,
+            disk: NO_DISK,
+            offload: OffloadMark::None,
+        }
+    }
+
+    /// Whether some memory replica is complete.
     pub(crate) fn has_complete_replica(&self) -> bool {
         self.replicas.iter().any(Replica::is_complete)
+    }
+
+    /// Whether a node holds the value on disk.
+    pub(crate) fn has_disk_replica(&self) -> bool {
+        self.disk != NO_DISK
+    }
+
+    /// Whether a reader can be served: a memory replica is complete, or the value is on disk.
+    pub(crate) fn is_readable(&self) -> bool {
+        self.has_complete_replica() || self.has_disk_replica()
     }
 
     /// Whether some reader may still be reading under a lease.
@@ -259,6 +347,7 @@ mod tests {
         assert_eq!(size_of::<Replica>(), 16);
         assert!(std::mem::offset_of!(Object, hard_pinned) < 64);
         assert!(std::mem::offset_of!(Object, leased) < 64);
+        assert!(std::mem::offset_of!(Object, offload) < 64);
         assert!(std::mem::offset_of!(Object, soft_pin_expiry) >= 64);
         assert_eq!(size_of::<Object>(), 128);
         assert_eq!(

@@ -100,6 +100,9 @@ impl Master {
         object.lease_expiry = object.lease_expiry.max(now);
         object.refresh_soft_pin(now);
         self.counters.writing_objects -= 1;
+        if self.config.offload_write_through {
+            self.queue_offload(slot);
+        }
         Ok(())
     }
 
@@ -116,9 +119,9 @@ impl Master {
             .collect()
     }
 
-    /// Revokes a put (or upsert) whose transfer failed: its replicas are freed at once, so call
-    /// it only after every transfer of the write has stopped. The object goes away if nothing
-    /// complete is left (for an in-place upsert that means the old value is lost, as in
+    /// Revokes a put (or upsert, or prefetch) whose transfer failed: its replicas are freed at
+    /// once, so call it only after every transfer of the write has stopped. The object goes
+    /// away if nothing complete is left in memory or on disk (for an in-place upsert that means the old value is lost, as in
     /// Mooncake).
     pub fn put_revoke(
         &mut self,
@@ -145,7 +148,7 @@ impl Master {
             .copied()
             .collect();
         object.replicas.retain(|r| r.is_complete());
-        let empty = object.replicas.is_empty();
+        let empty = object.replicas.is_empty() && !object.has_disk_replica();
         self.counters.writing_objects -= 1;
         for replica in &processing {
             let freed = self.segments.free(replica.segment, replica.alloc);
@@ -278,23 +281,13 @@ impl Master {
         let write_id = self.next_write_id();
         let soft_pin_ttl = self.soft_pin_ttl(config);
         let object = Object {
-            key: key.into(),
-            size,
             replicas: placed
                 .iter()
                 .map(|&(segment, allocation)| Replica::processing(segment, allocation))
                 .collect(),
-            lease_expiry: Millis::ZERO,
-            soft_pin_ttl_ms: 0,
-            soft_pin_expiry: Millis::ZERO,
-            writer: client,
-            write_id,
-            put_start: now,
-            task_id: 0,
-            holds: 0,
             writing: true,
             hard_pinned,
-            leased: false,
+            ..Object::new(key, size, client, write_id, now)
         };
         let slot = self.objects.insert(object);
         self.objects.at_mut(slot).set_soft_pin(soft_pin_ttl, now);

@@ -17,7 +17,8 @@ use crate::time::Millis;
 #[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 #[rkyv(derive(Debug))]
 pub struct ReplicaList {
-    /// Complete replicas only; read any one.
+    /// Complete replicas only; read any one. Memory replicas come first; a disk replica
+    /// (`Medium::Disk`), if any, is last.
     pub replicas: Vec<ReplicaDescriptor>,
     /// The lease granted with this list. The reader must finish within this long of sending
     /// its request, or discard what it read.
@@ -52,7 +53,7 @@ impl Master {
         let now = self.advance(now);
         self.check_key(key)?;
         match self.objects.find(key) {
-            Some(slot) if self.objects.at(slot).has_complete_replica() => {
+            Some(slot) if self.objects.at(slot).is_readable() => {
                 let lease_ttl = self.config.lease_ttl;
                 self.objects.at_mut(slot).grant_lease(now, lease_ttl);
                 Ok(true)
@@ -83,7 +84,7 @@ impl Master {
         let mut matched: Vec<(String, u32)> = self
             .objects
             .iter()
-            .filter(|(_, o)| o.has_complete_replica() && regex.is_match(&o.key))
+            .filter(|(_, o)| o.is_readable() && regex.is_match(&o.key))
             .map(|(slot, o)| (o.key.to_string(), slot))
             .collect();
         matched.sort_unstable();
@@ -115,7 +116,7 @@ impl Master {
     pub(crate) fn readable_slot(&self, key: &str) -> Result<u32> {
         self.check_key(key)?;
         let slot = self.objects.find(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        if !self.objects.at(slot).has_complete_replica() {
+        if !self.objects.at(slot).is_readable() {
             return Err(ErrorCode::REPLICA_IS_NOT_READY.into());
         }
         Ok(slot)
@@ -127,12 +128,15 @@ impl Master {
         let object = self.objects.at_mut(slot);
         object.grant_lease(now, lease_ttl);
         let object = self.objects.at(slot);
-        let replicas = object
+        let mut replicas: Vec<ReplicaDescriptor> = object
             .replicas
             .iter()
             .filter(|r| r.is_complete())
             .map(|r| self.segments.describe(r, object.size))
             .collect();
+        if object.has_disk_replica() {
+            replicas.push(self.segments.describe_disk(object.disk, object.size));
+        }
         ReplicaList {
             replicas,
             lease_ttl,

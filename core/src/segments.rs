@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use crate::allocator::{Allocation, MAX_CAPACITY, OffsetAllocator};
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::{ClientId, SegmentId};
-use crate::object::{Replica, ReplicaDescriptor};
+use crate::object::{Medium, Replica, ReplicaDescriptor, ReplicaStatus};
 
 /// Replica blocks are multiples of this many bytes and start on such a boundary.
 pub const ALLOC_ALIGN: u64 = 64;
@@ -276,6 +276,18 @@ impl Segments {
             addr: segment.base + replica.offset(),
             len,
             status: replica.status(),
+            medium: Medium::Memory,
+        }
+    }
+
+    /// The client-facing view of a disk replica held by the node of the segment in `slot`.
+    pub(crate) fn describe_disk(&self, slot: u32, len: u64) -> ReplicaDescriptor {
+        ReplicaDescriptor {
+            segment: self.at(slot).id,
+            addr: 0,
+            len,
+            status: ReplicaStatus::Complete,
+            medium: Medium::Disk,
         }
     }
 

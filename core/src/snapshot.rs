@@ -21,6 +21,7 @@ use crate::invariants;
 use crate::master::{Counters, Master};
 use crate::object::Object;
 use crate::objects::ObjectTable;
+use crate::offload::Disks;
 use crate::replication::Tasks;
 use crate::rng::Rng;
 use crate::segments::Segments;
@@ -29,7 +30,7 @@ use crate::zombies::WriteDeadlines;
 
 const MAGIC: [u8; 8] = *b"MOORSNAP";
 /// The snapshot format this build writes and reads.
-pub const SNAPSHOT_VERSION: u32 = 2;
+pub const SNAPSHOT_VERSION: u32 = 3;
 const HEADER_LEN: usize = 8 + 4 + 8 + 4;
 
 /// Everything a restored master needs.
@@ -45,6 +46,7 @@ struct State {
     discarded: Discarded,
     holds: Holds,
     tasks: Tasks,
+    disks: Disks,
     counters: Counters,
 }
 
@@ -80,6 +82,7 @@ impl Master {
             discarded: self.discarded.clone(),
             holds: self.holds.clone(),
             tasks: self.tasks.clone(),
+            disks: self.disks.clone(),
             counters: self.counters.clone(),
         };
         let payload = rkyv::to_bytes::<rancor::Error>(&state).expect("in-memory serialization");
@@ -91,7 +94,7 @@ impl Master {
     pub fn state_fingerprint(&self) -> String {
         let (slots, free) = self.objects.debug_parts();
         format!(
-            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
             self.now,
             self.rng,
             self.segments,
@@ -102,6 +105,7 @@ impl Master {
             self.discarded,
             self.holds,
             self.tasks,
+            self.disks,
             self.counters
         )
     }
@@ -165,6 +169,7 @@ impl Master {
             discarded: state.discarded,
             holds: state.holds,
             tasks: state.tasks,
+            disks: state.disks,
             counters: state.counters,
             events: EventQueue::default(),
             config,

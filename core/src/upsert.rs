@@ -12,7 +12,9 @@
 //!    overwriting in place; client, write id and start time are refreshed; the soft pin is
 //!    reconciled with the new config; a hard pin is kept.
 //! 6. Different size, **Case C**: fresh buffers are allocated, then the old ones are released
-//!    once current readers' leases end.
+//!    once current readers' leases end. A value held only on disk takes this path too.
+//!
+//! Every case that succeeds retires the old value's disk copy (see `offload`).
 //!
 //! UpsertEnd and UpsertRevoke are PutEnd and PutRevoke.
 //!
@@ -80,7 +82,8 @@ impl Master {
                 format!("{} held read(s) on {key:?}", object.holds),
             ));
         }
-        if object.size != size {
+        // A new size, or a value only on disk: fresh memory.
+        if object.size != size || object.replicas.is_empty() {
             return self.upsert_reallocate(slot, client, size, config, hard_pinned, now);
         }
         if now < object.readers_done_at(self.config.lease_grace) {
@@ -155,6 +158,8 @@ impl Master {
         hard_pinned: bool,
         now: Millis,
     ) {
+        // The disk copy holds the old value.
+        self.retire_disk_copy(slot);
         let write_id = self.next_write_id();
         let soft_pin_ttl = self.soft_pin_ttl(config);
         let object = self.objects.at_mut(slot);

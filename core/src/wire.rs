@@ -24,6 +24,7 @@ use crate::error::{Error, ErrorCode};
 use crate::ids::{ClientId, HoldId, SegmentId, TaskId, WriteId};
 use crate::master::Stats;
 use crate::membership::HeartbeatAck;
+use crate::offload::{DiskReport, DiskSyncAck, PrefetchGrant};
 use crate::put::PutGrant;
 use crate::reads::ReplicaList;
 use crate::replication::CopyGrant;
@@ -33,7 +34,7 @@ use crate::time::Millis;
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MOOR";
 /// The wire format version this build speaks.
-pub const WIRE_VERSION: u8 = 3;
+pub const WIRE_VERSION: u8 = 4;
 /// Length of the frame header.
 pub const HEADER_LEN: usize = 24;
 /// Largest frame payload accepted (a batch of many keys fits; bulk data travels outside).
@@ -326,6 +327,22 @@ mod messages {
         BatchExist {
             keys: Vec<String>,
         },
+        /// `exist(key, prefetch=true)` (RFC 003); `preferred` are the caller's own segments.
+        ExistPrefetch {
+            client: ClientId,
+            key: String,
+            preferred: Vec<String>,
+        },
+        BatchExistPrefetch {
+            client: ClientId,
+            keys: Vec<String>,
+            preferred: Vec<String>,
+        },
+        DiskSync {
+            client: ClientId,
+            segment: SegmentId,
+            report: DiskReport,
+        },
         GetSize {
             key: String,
         },
@@ -391,6 +408,9 @@ mod messages {
         Hold(HoldId, ReplicaList),
         Copy(CopyGrant),
         Stats(Stats),
+        Prefetch(bool, Option<PrefetchGrant>),
+        Prefetches(Vec<Result<(bool, Option<PrefetchGrant>), Error>>),
+        DiskSync(DiskSyncAck),
     }
 }
 

@@ -86,7 +86,11 @@ fn log_events(events: Vec<Event>) {
                 soft_pinned,
                 bytes,
                 contiguous,
-            } => debug!(%key, soft_pinned, bytes, contiguous, "evicted"),
+                kept_on_disk,
+            } => debug!(%key, soft_pinned, bytes, contiguous, kept_on_disk, "evicted"),
+            Event::PrefetchFailed { key, error } => {
+                info!(%key, "prefetch found no memory; reads stay on disk: {error}")
+            }
             Event::WriteDiscarded {
                 key, write, cause, ..
             } => {

@@ -168,6 +168,10 @@ pub fn harness_config(seed: u64) -> MasterConfig {
         client_ttl: Millis(1200),
         max_key_len: 64,
         max_replicas: 4,
+        // The model has no disks (the SSD tier is tested in tests/offload.rs and the
+        // simulation), so these change nothing here.
+        offload_on_evict: true,
+        offload_write_through: false,
     }
 }
 
@@ -333,6 +337,7 @@ impl Harness {
                         addr: r.addr,
                         len: o.size,
                         status: ReplicaStatus::Complete,
+                        medium: crate::Medium::Memory,
                     };
                     let got = self.memory.read(&d);
                     let candidates: Vec<u64> = (1..=self.next_version).collect();
@@ -1855,6 +1860,11 @@ impl Harness {
                 self.release_dead_client(client);
             }
             match event {
+                Event::PrefetchFailed { key, .. } => {
+                    return Err(format!(
+                        "prefetch of {key:?}, but the harness never prefetches"
+                    ));
+                }
                 Event::ClientExpired { client } => {
                     self.hit("client-expired");
                     self.model.clients.remove(&client);
@@ -1993,7 +2003,11 @@ impl Harness {
                     soft_pinned,
                     bytes,
                     contiguous,
+                    kept_on_disk,
                 } => {
+                    ensure(!kept_on_disk, || {
+                        format!("{key:?} kept on disk, but the harness mounts no disk")
+                    })?;
                     let object = self
                         .model
                         .objects

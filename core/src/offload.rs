@@ -1,0 +1,488 @@
+//! The SSD tier's policy (spec 001, RFC 003): which objects go to a node's disk and when, the
+//! LOCAL_DISK replicas readers are handed, what nodes tell the master about their disks, and
+//! prefetching a disk-only object back into memory.
+//!
+//! # Which objects, and when
+//!
+//! A node announces its disk by calling [`Master::disk_sync`] for one of its segments; from
+//! then on that segment has an *offload queue*. Objects enter it two ways:
+//!
+//! - **on eviction** (`offload_on_evict`, default on): an eviction pass that picks an object
+//!   with no disk copy whose memory replica sits on a segment with a disk queues it instead of
+//!   dropping it. A later pass, after the node reported the copy, drops only its memory
+//!   replicas: the object lives on as a disk-only object. An object whose offload failed, or
+//!   whose queue is full, is evicted as before.
+//! - **write-through** (`offload_write_through`, default off): every completed write is queued.
+//!
+//! Each sync hands the node up to `want` *orders* from its queue: key, write id, the replica's
+//! address, and a lease. The node copies the bytes out of its segment within the lease (so
+//! they cannot be replaced meanwhile: leased bytes are never overwritten in place or reused),
+//! writes them to disk, and reports them in its next sync. The master then records the disk
+//! copy, but only if the object still holds that write: a value replaced in the meantime
+//! makes the report stale, and the file is scheduled for deletion instead.
+//!
+//! # Deletions are versioned tombstones
+//!
+//! When the master drops a disk copy the node still holds (the object was removed or got a
+//! new value, or a report was stale), it records a tombstone `(key, write)` under the
+//! segment's *name*, which a restarted node mounts again. Tombstones go to the node with every
+//! sync until it confirms the deletion. A node deletes a file only if it holds that write, so
+//! a later copy of the key is never deleted by an older tombstone, and its recovery never
+//! re-registers a value the master has deleted.
+//!
+//! # The disk tells the master first
+//!
+//! A node that evicts from its disk reports the keys (phase one) and deletes the files only
+//! after the master acknowledged (phase two), so the master never hands out a disk replica
+//! whose file is gone. A node that mounts (first start, restart, or remount after the master
+//! forgot it) reports everything intact on its disk as *recovered*: the master adopts those
+//! it has no newer value for.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::Event;
+use crate::ids::{ClientId, SegmentId, WriteId};
+use crate::master::Master;
+use crate::object::{NO_DISK, Object, OffloadMark, Replica, ReplicaDescriptor};
+use crate::put::PutGrant;
+use crate::time::Millis;
+
+/// Most objects waiting in one segment's offload queue; beyond it, eviction drops objects
+/// without offloading them.
+pub const MAX_OFFLOAD_QUEUE: usize = 1 << 16;
+/// Most tombstones handed to a node in one sync.
+const MAX_DELETES_PER_SYNC: usize = 4096;
+
+/// The offload queues and tombstones of every disk.
+#[derive(Clone, Debug, Default, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub(crate) struct Disks {
+    /// Segment slot → objects waiting to be offloaded through its node: (object slot, write).
+    queues: BTreeMap<u32, VecDeque<(u32, WriteId)>>,
+    /// Segment name → disk copies the master dropped and the node has not confirmed deleting.
+    tombstones: BTreeMap<Box<str>, BTreeSet<(Box<str>, WriteId)>>,
+}
+
+impl Disks {
+    /// Whether the node of the segment in `slot` has a disk.
+    pub(crate) fn has_disk(&self, slot: u32) -> bool {
+        self.queues.contains_key(&slot)
+    }
+
+    /// Whether `(object slot, write)` waits in some offload queue.
+    pub(crate) fn is_queued_anywhere(&self, object: u32, write: WriteId) -> bool {
+        self.queues.values().any(|q| q.contains(&(object, write)))
+    }
+
+    /// Tombstones outstanding, over all disks.
+    pub(crate) fn tombstone_count(&self) -> usize {
+        self.tombstones.values().map(BTreeSet::len).sum()
+    }
+}
+
+/// What a node tells the master about its disk in one sync.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+#[rkyv(derive(Debug))]
+pub struct DiskReport {
+    /// Orders completed: the value of this write is on disk.
+    pub offloaded: Vec<(String, WriteId)>,
+    /// Orders that failed (disk error, full disk, lease ran out before the copy).
+    pub failed: Vec<(String, WriteId)>,
+    /// Copies the node is about to delete to make room (phase one of disk eviction): the
+    /// node deletes the files only after this sync is acknowledged.
+    pub evicted: Vec<(String, WriteId)>,
+    /// Tombstones carried out: these files are gone.
+    pub deleted: Vec<(String, WriteId)>,
+    /// Intact copies found on disk: `(key, write, size)`. Sent after every mount.
+    pub recovered: Vec<(String, WriteId, u64)>,
+    /// Most new orders the node will take now.
+    pub want: u32,
+}
+
+/// One object for a node to copy from its segment to its disk.
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub struct OffloadOrder {
+    /// The key.
+    pub key: String,
+    /// The write whose value this is; store it with the copy.
+    pub write: WriteId,
+    /// Address of the value in the node's segment.
+    pub addr: u64,
+    /// Length in bytes.
+    pub size: u64,
+}
+
+/// The master's answer to a disk sync.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+#[rkyv(derive(Debug))]
+pub struct DiskSyncAck {
+    /// Copy these to disk. Each carries a lease: the node must have copied the bytes out of
+    /// its segment within `lease_ttl` of sending the sync, or report the order failed.
+    pub offload: Vec<OffloadOrder>,
+    /// Delete these copies, if the node holds exactly that write of the key (tombstones).
+    pub delete: Vec<(String, WriteId)>,
+    /// The lease on the orders.
+    pub lease_ttl: Millis,
+}
+
+/// A prefetch the caller should carry out: read `source` (the node's disk copy) and write it
+/// to the grant's replica, then end the write with `put_end` (or revoke it).
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub struct PrefetchGrant {
+    /// Where to write the value in memory, and the write to end.
+    pub grant: PutGrant,
+    /// The disk replica to read it from.
+    pub source: ReplicaDescriptor,
+}
+
+impl Master {
+    /// A node's disk conversation for its segment `segment` (see the module docs): applies
+    /// `report`, then hands out up to `report.want` offload orders and the outstanding
+    /// tombstones. The first sync announces that the segment's node has a disk.
+    pub fn disk_sync(
+        &mut self,
+        client: ClientId,
+        segment: SegmentId,
+        report: DiskReport,
+        now: Millis,
+    ) -> Result<DiskSyncAck> {
+        let now = self.advance(now);
+        self.touch(client, now);
+        let seg = self.segments.slot_by_id(segment).ok_or_else(|| {
+            Error::new(
+                ErrorCode::SEGMENT_NOT_FOUND,
+                format!("{segment} is not mounted; mount it before syncing its disk"),
+            )
+        })?;
+        let owner = self.segments.at(seg).owner;
+        if owner != client {
+            return Err(Error::new(
+                ErrorCode::ILLEGAL_CLIENT,
+                format!("{segment} belongs to client {owner}"),
+            ));
+        }
+        let name: Box<str> = self.segments.at(seg).name.clone();
+        self.disks.queues.entry(seg).or_default();
+        if let Some(tombs) = self.disks.tombstones.get_mut(&name) {
+            for (key, write) in &report.deleted {
+                tombs.remove(&(key.as_str().into(), *write));
+            }
+            if tombs.is_empty() {
+                self.disks.tombstones.remove(&name);
+            }
+        }
+        for (key, write) in &report.evicted {
+            self.disk_copy_evicted(seg, key, *write);
+        }
+        for (key, write) in &report.offloaded {
+            self.disk_copy_written(seg, &name, key, *write);
+        }
+        for (key, write) in &report.failed {
+            if let Some(slot) = self.current_write(key, *write) {
+                self.objects.at_mut(slot).offload = OffloadMark::Failed;
+            }
+        }
+        for (key, write, size) in &report.recovered {
+            self.disk_copy_recovered(client, seg, &name, key, *write, *size, now);
+        }
+        let offload = self.issue_orders(seg, report.want as usize, now);
+        let delete = self
+            .disks
+            .tombstones
+            .get(&name)
+            .map(|t| {
+                t.iter()
+                    .take(MAX_DELETES_PER_SYNC)
+                    .map(|(k, w)| (k.to_string(), *w))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(DiskSyncAck {
+            offload,
+            delete,
+            lease_ttl: self.config.lease_ttl,
+        })
+    }
+
+    /// RFC 003's `exist(key, prefetch=true)`: whether `key` exists and, if its only complete
+    /// copy is on disk with no memory replica being written, a memory replica to promote it
+    /// into (preferring the segments in `preferred`, evicting as a put would). A failed
+    /// allocation still answers `true` (the object exists); it is reported as
+    /// [`Event::PrefetchFailed`] and counted.
+    pub fn exist_prefetch(
+        &mut self,
+        client: ClientId,
+        key: &str,
+        preferred: &[String],
+        now: Millis,
+    ) -> Result<(bool, Option<PrefetchGrant>)> {
+        if !self.exist(key, now)? {
+            return Ok((false, None));
+        }
+        let now = self.now;
+        self.touch(client, now);
+        let slot = self.objects.find(key).expect("exist found it");
+        let object = self.objects.at(slot);
+        if object.has_complete_replica()
+            || object.writing
+            || !object.has_disk_replica()
+            || object.holds > 0
+            || object.task().is_some()
+        {
+            return Ok((true, None));
+        }
+        let (size, disk) = (object.size, object.disk);
+        let placed = match self.place_or_evict(size, 1, preferred, &[], now) {
+            Ok(placed) => placed,
+            Err(e) => {
+                self.counters.prefetch_failures += 1;
+                self.events.push(Event::PrefetchFailed {
+                    key: key.into(),
+                    error: e,
+                });
+                return Ok((true, None));
+            }
+        };
+        // The same write id: the value is the one on disk, so the disk copy stays valid.
+        let object = self.objects.at_mut(slot);
+        object.replicas = placed
+            .iter()
+            .map(|&(segment, allocation)| Replica::processing(segment, allocation))
+            .collect();
+        object.writing = true;
+        object.writer = client;
+        object.put_start = now;
+        self.track_write(slot);
+        self.counters.prefetches += 1;
+        Ok((
+            true,
+            Some(PrefetchGrant {
+                grant: self.grant(slot),
+                source: self.segments.describe_disk(disk, size),
+            }),
+        ))
+    }
+
+    /// Queues the object in `slot` for offload through the node of a segment holding a
+    /// complete replica of it, if any has a disk. Returns whether it is (now or already)
+    /// queued.
+    pub(crate) fn queue_offload(&mut self, slot: u32) -> bool {
+        let object = self.objects.at(slot);
+        match object.offload {
+            OffloadMark::Queued => return true,
+            OffloadMark::Failed => return false,
+            OffloadMark::None => {}
+        }
+        if object.has_disk_replica() || object.writing {
+            return false;
+        }
+        let write = object.write_id;
+        let Some(segment) = object
+            .replicas
+            .iter()
+            .filter(|r| r.is_complete())
+            .map(|r| r.segment)
+            .find(|s| self.disks.has_disk(*s))
+        else {
+            return false;
+        };
+        let queue = self.disks.queues.get_mut(&segment).expect("has_disk");
+        if queue.len() >= MAX_OFFLOAD_QUEUE {
+            return false;
+        }
+        queue.push_back((slot, write));
+        self.objects.at_mut(slot).offload = OffloadMark::Queued;
+        true
+    }
+
+    /// Whether eviction should queue the object in `slot` for offload rather than drop it.
+    pub(crate) fn offload_before_evicting(&mut self, slot: u32) -> bool {
+        self.config.offload_on_evict && self.queue_offload(slot)
+    }
+
+    /// Records that the node of segment `disk` holds the current value of `slot` on disk.
+    pub(crate) fn set_disk_copy(&mut self, slot: u32, disk: u32) {
+        let object = self.objects.at_mut(slot);
+        if object.disk == NO_DISK {
+            self.counters.disk_replicas += 1;
+        }
+        object.disk = disk;
+        object.offload = OffloadMark::None;
+    }
+
+    /// Forgets the disk copy of `slot` without deleting it (its node went away: a restart
+    /// re-registers it).
+    pub(crate) fn clear_disk_copy(&mut self, slot: u32) {
+        let object = self.objects.at_mut(slot);
+        if object.disk != NO_DISK {
+            object.disk = NO_DISK;
+            self.counters.disk_replicas -= 1;
+        }
+    }
+
+    /// The object in `slot` is about to get a new value or go away: its disk copy, if any, is
+    /// dropped and scheduled for deletion, and any pending offload of the old value is void.
+    pub(crate) fn retire_disk_copy(&mut self, slot: u32) {
+        let object = self.objects.at_mut(slot);
+        object.offload = OffloadMark::None;
+        let disk = object.disk;
+        if disk == NO_DISK {
+            return;
+        }
+        let entry = (object.key.clone(), object.write_id);
+        self.clear_disk_copy(slot);
+        let name = self.segments.at(disk).name.clone();
+        self.disks.tombstones.entry(name).or_default().insert(entry);
+    }
+
+    /// The segment in `seg` is going away: its queue goes with it, and objects waiting in it
+    /// may be queued elsewhere later. Disk copies on it are forgotten by the caller.
+    pub(crate) fn forget_disk(&mut self, seg: u32) {
+        for (slot, write) in self.disks.queues.remove(&seg).unwrap_or_default() {
+            if let Some(object) = self.objects.get_mut(slot)
+                && object.write_id == write
+                && object.offload == OffloadMark::Queued
+            {
+                object.offload = OffloadMark::None;
+            }
+        }
+    }
+
+    /// The slot of `key` if it currently holds `write`.
+    fn current_write(&self, key: &str, write: WriteId) -> Option<u32> {
+        self.objects
+            .find(key)
+            .filter(|&slot| self.objects.at(slot).write_id == write)
+    }
+
+    fn tombstone(&mut self, name: &str, key: &str, write: WriteId) {
+        self.disks
+            .tombstones
+            .entry(name.into())
+            .or_default()
+            .insert((key.into(), write));
+    }
+
+    /// Phase one of a node's disk eviction: the copy is going away.
+    fn disk_copy_evicted(&mut self, seg: u32, key: &str, write: WriteId) {
+        let Some(slot) = self.current_write(key, write) else {
+            return;
+        };
+        let object = self.objects.at(slot);
+        if object.disk != seg {
+            return;
+        }
+        self.clear_disk_copy(slot);
+        let object = self.objects.at(slot);
+        if object.replicas.is_empty() && !object.writing {
+            let object = self.remove_object(slot);
+            self.counters.evicted_objects += 1;
+            self.events.push(Event::Evicted {
+                key: object.key,
+                soft_pinned: false,
+                bytes: 0,
+                contiguous: false,
+                kept_on_disk: false,
+            });
+        }
+    }
+
+    /// An order was carried out.
+    fn disk_copy_written(&mut self, seg: u32, name: &str, key: &str, write: WriteId) {
+        match self.current_write(key, write) {
+            Some(slot) if self.objects.at(slot).disk == NO_DISK => self.set_disk_copy(slot, seg),
+            Some(slot) if self.objects.at(slot).disk == seg => {}
+            // Stale (the value changed or went away), or already on another disk.
+            _ => self.tombstone(name, key, write),
+        }
+    }
+
+    /// A copy found on disk after a mount.
+    #[allow(clippy::too_many_arguments)]
+    fn disk_copy_recovered(
+        &mut self,
+        client: ClientId,
+        seg: u32,
+        name: &str,
+        key: &str,
+        write: WriteId,
+        size: u64,
+        now: Millis,
+    ) {
+        let deleted = self
+            .disks
+            .tombstones
+            .get(name)
+            .is_some_and(|t| t.contains(&(key.into(), write)));
+        if deleted {
+            return;
+        }
+        if self.check_key(key).is_err() || size == 0 {
+            self.tombstone(name, key, write);
+            return;
+        }
+        match self.objects.find(key) {
+            None => {
+                let slot = self
+                    .objects
+                    .insert(Object::new(key, size, client, write, now));
+                self.set_disk_copy(slot, seg);
+                // Write ids stay unique: later writes get higher ones.
+                self.counters.next_write = self.counters.next_write.max(write.0);
+            }
+            Some(slot) => {
+                let object = self.objects.at(slot);
+                if object.write_id == write && object.size == size && object.disk == NO_DISK {
+                    self.set_disk_copy(slot, seg);
+                } else if !(object.write_id == write && object.disk == seg) {
+                    self.tombstone(name, key, write);
+                }
+            }
+        }
+    }
+
+    /// Pops up to `want` valid entries off segment `seg`'s queue as orders, each with a lease.
+    fn issue_orders(&mut self, seg: u32, want: usize, now: Millis) -> Vec<OffloadOrder> {
+        let lease_ttl = self.config.lease_ttl;
+        let mut orders = Vec::new();
+        while orders.len() < want {
+            let Some((slot, write)) = self.disks.queues.get_mut(&seg).and_then(|q| q.pop_front())
+            else {
+                break;
+            };
+            let Some(object) = self.objects.get_mut(slot) else {
+                continue;
+            };
+            if object.write_id != write || object.offload != OffloadMark::Queued {
+                continue;
+            }
+            object.offload = OffloadMark::None;
+            let Some(replica) = object
+                .replicas
+                .iter()
+                .find(|r| r.segment == seg && r.is_complete())
+                .copied()
+            else {
+                continue;
+            };
+            if object.writing || object.disk != NO_DISK {
+                continue;
+            }
+            object.grant_lease(now, lease_ttl);
+            let object = self.objects.at(slot);
+            orders.push(OffloadOrder {
+                key: object.key.to_string(),
+                write,
+                addr: self.segments.describe(&replica, object.size).addr,
+                size: object.size,
+            });
+        }
+        orders
+    }
+}

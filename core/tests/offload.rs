@@ -1,0 +1,525 @@
+//! The SSD tier's policy (spec 001, RFC 003): offload selection, disk replicas, versioned
+//! tombstones, disk eviction, recovery and prefetch, checked against the invariants at every
+//! step.
+
+mod common;
+
+use common::*;
+use mooring_core::{
+    ClientId, DiskReport, DiskSyncAck, ErrorCode, Event, Master, MasterConfig, Medium, Millis,
+    ReplicateConfig, SegmentId, SegmentSpec, WriteId,
+};
+
+fn one() -> ReplicateConfig {
+    ReplicateConfig::single()
+}
+
+fn segment_id(f: &Fixture, name: &str) -> SegmentId {
+    f.m.segments().iter().find(|s| s.name == name).unwrap().id
+}
+
+/// One disk sync from NODE for segment `name`.
+fn sync(f: &mut Fixture, name: &str, report: DiskReport) -> DiskSyncAck {
+    let id = segment_id(f, name);
+    let ack = f.m.disk_sync(NODE, id, report, f.now).unwrap();
+    f.check();
+    ack
+}
+
+fn want(n: u32) -> DiskReport {
+    DiskReport {
+        want: n,
+        ..DiskReport::default()
+    }
+}
+
+/// Offloads everything queued on `name`; returns the keys written.
+fn offload_all(f: &mut Fixture, name: &str) -> Vec<String> {
+    let ack = sync(f, name, want(1000));
+    let done: Vec<(String, WriteId)> = ack
+        .offload
+        .iter()
+        .map(|o| (o.key.clone(), o.write))
+        .collect();
+    sync(
+        f,
+        name,
+        DiskReport {
+            offloaded: done.clone(),
+            ..DiskReport::default()
+        },
+    );
+    done.into_iter().map(|(k, _)| k).collect()
+}
+
+fn media(f: &mut Fixture, key: &str) -> Vec<Medium> {
+    f.get(key)
+        .unwrap()
+        .replicas
+        .iter()
+        .map(|r| r.medium)
+        .collect()
+}
+
+/// One 1 MiB segment with a disk, filled with 16 KiB objects past the watermark.
+fn full_with_disk() -> (Fixture, Vec<String>) {
+    let mut f = Fixture::new(1, MIB);
+    sync(&mut f, "seg0", want(0));
+    let keys: Vec<String> = (0..62).map(|i| format!("k{i:02}")).collect();
+    for k in &keys {
+        f.put(A, k, 16 * KIB, &one());
+        f.advance(Millis(1));
+    }
+    (f, keys)
+}
+
+#[test]
+fn eviction_offloads_first_then_drops_only_memory() {
+    let (mut f, keys) = full_with_disk();
+    let used = f.used();
+    f.tick_after(Millis(10));
+    // The pass queued its victims instead of dropping them.
+    assert_eq!(
+        f.used(),
+        used,
+        "nothing freed before the node wrote the copies"
+    );
+    let ack = sync(&mut f, "seg0", want(1000));
+    assert!(!ack.offload.is_empty());
+    let oldest = &keys[0];
+    let order = ack.offload.iter().find(|o| &o.key == oldest).unwrap();
+    assert_eq!(order.size, 16 * KIB);
+    assert_eq!(
+        order.addr,
+        f.get(oldest).unwrap().replicas[0].addr,
+        "the order points at the memory replica"
+    );
+    let written: Vec<(String, WriteId)> = ack
+        .offload
+        .iter()
+        .map(|o| (o.key.clone(), o.write))
+        .collect();
+    sync(
+        &mut f,
+        "seg0",
+        DiskReport {
+            offloaded: written.clone(),
+            ..DiskReport::default()
+        },
+    );
+    assert_eq!(f.m.stats().disk_replicas, written.len() as u64);
+    // The order's lease protects the copy; once it ends, eviction drops the memory.
+    f.tick_after(Millis::from_secs(6));
+    assert!(f.used() < used, "memory freed");
+    let events = f.m.drain_events();
+    let kept = events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::Evicted {
+                    kept_on_disk: true,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert!(kept > 0, "{events:?}");
+    assert_eq!(media(&mut f, oldest), vec![Medium::Disk]);
+    assert!(f.m.exist(oldest, f.now).unwrap());
+    assert_eq!(f.m.get_size(oldest).unwrap(), 16 * KIB);
+    // The object still exists: a put of its key is refused.
+    assert_eq!(
+        code(f.start(B, oldest, 16 * KIB, &one())),
+        ErrorCode::OBJECT_ALREADY_EXISTS
+    );
+}
+
+#[test]
+fn without_a_disk_eviction_drops_objects() {
+    let mut f = Fixture::new(1, MIB);
+    for i in 0..62 {
+        f.put(A, &format!("k{i:02}"), 16 * KIB, &one());
+    }
+    let used = f.used();
+    f.tick_after(Millis(10));
+    assert!(f.used() < used);
+    assert_eq!(code(f.get("k00")), ErrorCode::OBJECT_NOT_FOUND);
+}
+
+#[test]
+fn failed_offloads_are_evicted_without_a_copy() {
+    let (mut f, keys) = full_with_disk();
+    f.tick_after(Millis(10));
+    let ack = sync(&mut f, "seg0", want(1000));
+    let failed: Vec<(String, WriteId)> = ack
+        .offload
+        .iter()
+        .map(|o| (o.key.clone(), o.write))
+        .collect();
+    sync(
+        &mut f,
+        "seg0",
+        DiskReport {
+            failed,
+            ..DiskReport::default()
+        },
+    );
+    // The order's lease made them recently used; later passes queue older objects. Fail
+    // every order: a failed object is never ordered again, and is evicted like any other.
+    let failed_keys: Vec<String> = failed_keys(&ack);
+    for _ in 0..100 {
+        f.tick_after(Millis(200));
+        let ack = sync(&mut f, "seg0", want(1000));
+        for order in &ack.offload {
+            assert!(
+                !failed_keys.contains(&order.key),
+                "{} ordered again",
+                order.key
+            );
+        }
+        let failed = ack
+            .offload
+            .iter()
+            .map(|o| (o.key.clone(), o.write))
+            .collect();
+        sync(
+            &mut f,
+            "seg0",
+            DiskReport {
+                failed,
+                ..DiskReport::default()
+            },
+        );
+    }
+    assert_eq!(code(f.get(&keys[0])), ErrorCode::OBJECT_NOT_FOUND);
+    assert_eq!(f.m.stats().disk_replicas, 0);
+}
+
+fn failed_keys(ack: &DiskSyncAck) -> Vec<String> {
+    ack.offload.iter().map(|o| o.key.clone()).collect()
+}
+
+#[test]
+fn write_through_queues_every_completed_write() {
+    let config = MasterConfig {
+        offload_write_through: true,
+        ..MasterConfig::default()
+    };
+    let mut f = Fixture::with_config(config, 1, MIB);
+    sync(&mut f, "seg0", want(0));
+    f.put(A, "a", 4 * KIB, &one());
+    f.put(A, "b", 4 * KIB, &one());
+    assert_eq!(offload_all(&mut f, "seg0"), vec!["a", "b"]);
+    assert_eq!(media(&mut f, "a"), vec![Medium::Memory, Medium::Disk]);
+    // Already on disk: a second sync orders nothing.
+    assert!(sync(&mut f, "seg0", want(10)).offload.is_empty());
+}
+
+#[test]
+fn a_report_for_a_replaced_value_becomes_a_tombstone() {
+    let config = MasterConfig {
+        offload_write_through: true,
+        ..MasterConfig::default()
+    };
+    let mut f = Fixture::with_config(config, 1, MIB);
+    sync(&mut f, "seg0", want(0));
+    f.put(A, "k", 4 * KIB, &one());
+    let ack = sync(&mut f, "seg0", want(10));
+    let old = ack.offload[0].write;
+    // The value changes while the node writes the copy.
+    f.tick_after(Millis::from_secs(6));
+    let g = f.upsert(A, "k", 4 * KIB, &one()).unwrap();
+    f.end(A, "k", g.write_id).unwrap();
+    let ack = sync(
+        &mut f,
+        "seg0",
+        DiskReport {
+            offloaded: vec![("k".into(), old)],
+            want: 10,
+            ..DiskReport::default()
+        },
+    );
+    assert_eq!(ack.delete, vec![("k".to_string(), old)]);
+    assert_eq!(media(&mut f, "k"), vec![Medium::Memory]);
+    // The new value is queued (write-through) and goes out in this same ack.
+    assert_eq!(ack.offload.len(), 1);
+    assert_eq!(ack.offload[0].write, g.write_id);
+    let ack = sync(
+        &mut f,
+        "seg0",
+        DiskReport {
+            deleted: vec![("k".into(), old)],
+            offloaded: vec![("k".into(), g.write_id)],
+            ..DiskReport::default()
+        },
+    );
+    assert!(ack.delete.is_empty());
+    assert_eq!(f.m.stats().disk_tombstones, 0);
+    assert_eq!(media(&mut f, "k"), vec![Medium::Memory, Medium::Disk]);
+}
+
+/// Fills memory with `size`-byte hard-pinned objects (which nothing can evict) until a put
+/// fails.
+fn fill_pinned(f: &mut Fixture, prefix: &str, size: u64) {
+    let pinned = ReplicateConfig::single().hard_pinned();
+    for i in 0.. {
+        let key = format!("{prefix}{i}");
+        match f.start(A, &key, size, &pinned) {
+            Ok(g) => f.end(A, &key, g.write_id).unwrap(),
+            Err(_) => break,
+        }
+    }
+}
+
+/// Makes `key` a disk-only object on seg0 (the fixture's only segment so far): written,
+/// offloaded (write-through), then evicted from memory by hard-pinned filler that leaves
+/// no other candidate. Mounts seg1 (empty) afterwards.
+fn disk_only(f: &mut Fixture, key: &str) -> WriteId {
+    let g = f.put(A, key, 4 * KIB, &one());
+    assert_eq!(offload_all(f, "seg0"), vec![key.to_string()]);
+    let pinned = ReplicateConfig::single().hard_pinned();
+    for i in 0..61 {
+        f.put(A, &format!("{key}-fill{i}"), 16 * KIB, &pinned);
+    }
+    f.tick_after(Millis::from_secs(6));
+    assert_eq!(media(f, key), vec![Medium::Disk]);
+    if f.m.segments().len() == 1 {
+        f.mount("seg1", MIB);
+    }
+    g.write_id
+}
+
+fn write_through() -> Fixture {
+    let config = MasterConfig {
+        offload_write_through: true,
+        ..MasterConfig::default()
+    };
+    let mut f = Fixture::with_config(config, 1, MIB);
+    sync(&mut f, "seg0", want(0));
+    f
+}
+
+#[test]
+fn removing_a_disk_only_object_tombstones_its_copy() {
+    let mut f = write_through();
+    let w = disk_only(&mut f, "k");
+    f.advance(Millis::from_secs(6));
+    f.remove("k").unwrap();
+    assert_eq!(code(f.get("k")), ErrorCode::OBJECT_NOT_FOUND);
+    let ack = sync(&mut f, "seg0", want(0));
+    assert_eq!(ack.delete, vec![("k".to_string(), w)]);
+    // A node restarting before it deleted the file does not bring the value back.
+    let ack = sync(
+        &mut f,
+        "seg0",
+        DiskReport {
+            recovered: vec![("k".into(), w, 4 * KIB)],
+            ..DiskReport::default()
+        },
+    );
+    assert_eq!(ack.delete, vec![("k".to_string(), w)]);
+    assert_eq!(code(f.get("k")), ErrorCode::OBJECT_NOT_FOUND);
+}
+
+#[test]
+fn upserting_a_disk_only_object_allocates_memory_and_retires_the_copy() {
+    let mut f = write_through();
+    let w = disk_only(&mut f, "k");
+    let g = f.upsert(B, "k", 4 * KIB, &one()).unwrap();
+    assert_eq!(g.replicas.len(), 1);
+    assert_eq!(code(f.get("k")), ErrorCode::REPLICA_IS_NOT_READY);
+    f.end(B, "k", g.write_id).unwrap();
+    assert_eq!(media(&mut f, "k"), vec![Medium::Memory]);
+    assert_eq!(
+        sync(&mut f, "seg0", want(0)).delete,
+        vec![("k".to_string(), w)]
+    );
+}
+
+#[test]
+fn a_remount_reregisters_intact_copies_and_a_lost_node_takes_its_copies() {
+    let mut f = write_through();
+    let w = disk_only(&mut f, "k");
+    // The node is presumed dead: its segment and the disk copies on it go.
+    f.advance(Millis::from_secs(11));
+    f.m.heartbeat(A, f.now);
+    f.m.tick(f.now);
+    f.check();
+    assert_eq!(code(f.get("k")), ErrorCode::OBJECT_NOT_FOUND);
+    assert_eq!(f.m.stats().disk_replicas, 0);
+    // It comes back under a new id and registers what its disk holds.
+    let node2 = ClientId(0x90DF);
+    let spec = SegmentSpec {
+        name: "seg0".into(),
+        base: 0x9000_0000_0000,
+        size: MIB,
+        endpoint: "seg0:7001".into(),
+        key: 8,
+    };
+    let id = f.m.mount_segment(node2, &spec, f.now).unwrap();
+    let report = DiskReport {
+        recovered: vec![("k".into(), w, 4 * KIB), ("".into(), w, 1)],
+        ..DiskReport::default()
+    };
+    let ack = f.m.disk_sync(node2, id, report, f.now).unwrap();
+    f.check();
+    assert_eq!(
+        ack.delete,
+        vec![(String::new(), w)],
+        "an invalid key is refused"
+    );
+    assert_eq!(media(&mut f, "k"), vec![Medium::Disk]);
+    assert_eq!(
+        f.m.get_replica_list("k", f.now).unwrap().replicas[0].segment,
+        id
+    );
+    // Later writes get higher write ids than any recovered one.
+    let g = f.put(A, "new", 4 * KIB, &one());
+    assert!(g.write_id > w);
+    // Only the owner may sync a segment's disk.
+    assert_eq!(
+        code(f.m.disk_sync(A, id, DiskReport::default(), f.now)),
+        ErrorCode::ILLEGAL_CLIENT
+    );
+}
+
+#[test]
+fn a_recovered_copy_never_replaces_a_newer_value() {
+    let mut f = write_through();
+    f.put(A, "k", 4 * KIB, &one());
+    let ack = sync(
+        &mut f,
+        "seg0",
+        DiskReport {
+            recovered: vec![("k".into(), WriteId(999), 4 * KIB)],
+            want: 0,
+            ..DiskReport::default()
+        },
+    );
+    assert_eq!(ack.delete, vec![("k".to_string(), WriteId(999))]);
+    assert_eq!(media(&mut f, "k"), vec![Medium::Memory]);
+}
+
+#[test]
+fn disk_eviction_is_reported_before_the_files_go() {
+    let mut f = write_through();
+    let w = disk_only(&mut f, "gone");
+    let both = f.put(
+        A,
+        "both",
+        4 * KIB,
+        &ReplicateConfig::single().preferring("seg0"),
+    );
+    // The fill was queued too (write-through): write every copy.
+    offload_all(&mut f, "seg0");
+    assert_eq!(media(&mut f, "both"), vec![Medium::Memory, Medium::Disk]);
+    sync(
+        &mut f,
+        "seg0",
+        DiskReport {
+            evicted: vec![
+                ("gone".into(), w),
+                ("both".into(), WriteId(both.write_id.0 + 1000)),
+            ],
+            ..DiskReport::default()
+        },
+    );
+    // The disk-only object is gone; a report naming another write changes nothing.
+    assert_eq!(code(f.get("gone")), ErrorCode::OBJECT_NOT_FOUND);
+    assert_eq!(media(&mut f, "both"), vec![Medium::Memory, Medium::Disk]);
+}
+
+#[test]
+fn prefetch_promotes_a_disk_only_object_into_the_preferred_segment() {
+    let mut f = write_through();
+    disk_only(&mut f, "k");
+    let (exists, grant) =
+        f.m.exist_prefetch(B, "k", &["seg1".to_string()], f.now)
+            .unwrap();
+    f.check();
+    assert!(exists);
+    let p = grant.expect("a disk-only object is promoted");
+    assert_eq!(p.source.medium, Medium::Disk);
+    assert_eq!(p.grant.replicas.len(), 1);
+    assert_eq!(p.grant.replicas[0].segment, segment_id(&f, "seg1"));
+    // While it is promoted, readers still get the disk copy; a second probe does not start
+    // another promotion.
+    assert_eq!(media(&mut f, "k"), vec![Medium::Disk]);
+    let (_, again) = f.m.exist_prefetch(A, "k", &[], f.now).unwrap();
+    assert!(again.is_none());
+    f.end(B, "k", p.grant.write_id).unwrap();
+    assert_eq!(media(&mut f, "k"), vec![Medium::Memory, Medium::Disk]);
+    assert_eq!(f.m.stats().prefetches, 1);
+    let (_, in_memory) = f.m.exist_prefetch(A, "k", &[], f.now).unwrap();
+    assert!(in_memory.is_none());
+    assert_eq!(
+        f.m.exist_prefetch(A, "none", &[], f.now).unwrap(),
+        (false, None)
+    );
+}
+
+#[test]
+fn an_upsert_during_prefetch_wins_and_the_prefetch_cannot_end() {
+    let mut f = write_through();
+    let w = disk_only(&mut f, "k");
+    let (_, grant) = f.m.exist_prefetch(B, "k", &[], f.now).unwrap();
+    let p = grant.unwrap();
+    let g = f.upsert(A, "k", 8 * KIB, &one()).unwrap();
+    assert!(f.end(B, "k", p.grant.write_id).is_err());
+    f.end(A, "k", g.write_id).unwrap();
+    assert_eq!(f.m.get_size("k").unwrap(), 8 * KIB);
+    assert_eq!(media(&mut f, "k"), vec![Medium::Memory]);
+    assert!(
+        sync(&mut f, "seg0", want(0))
+            .delete
+            .contains(&("k".to_string(), w))
+    );
+}
+
+#[test]
+fn a_revoked_prefetch_leaves_the_disk_copy() {
+    let mut f = write_through();
+    disk_only(&mut f, "k");
+    let (_, grant) = f.m.exist_prefetch(B, "k", &[], f.now).unwrap();
+    let p = grant.unwrap();
+    f.m.put_revoke(B, "k", p.grant.write_id, f.now).unwrap();
+    f.check();
+    assert_eq!(media(&mut f, "k"), vec![Medium::Disk]);
+}
+
+#[test]
+fn a_prefetch_that_finds_no_memory_still_answers_exists() {
+    let mut f = write_through();
+    disk_only(&mut f, "k");
+    fill_pinned(&mut f, "p", 64 * KIB);
+    fill_pinned(&mut f, "q", 4 * KIB);
+    let (exists, grant) = f.m.exist_prefetch(B, "k", &[], f.now).unwrap();
+    assert!(exists);
+    assert!(grant.is_none());
+    assert_eq!(f.m.stats().prefetch_failures, 1);
+    assert!(
+        f.m.drain_events()
+            .iter()
+            .any(|e| matches!(e, Event::PrefetchFailed { .. }))
+    );
+}
+
+#[test]
+fn snapshots_carry_the_disk_tier() {
+    let mut f = write_through();
+    disk_only(&mut f, "k");
+    f.put(A, "q", 4 * KIB, &one());
+    f.remove("k").unwrap_err(); // leased by the last get
+    let bytes = f.m.snapshot();
+    let mut restored = Master::restore(f.m.config().clone(), &bytes, f.now).unwrap();
+    assert_eq!(restored.state_fingerprint(), f.m.state_fingerprint());
+    let media: Vec<Medium> = restored
+        .get_replica_list("k", f.now)
+        .unwrap()
+        .replicas
+        .iter()
+        .map(|r| r.medium)
+        .collect();
+    assert_eq!(media, vec![Medium::Disk]);
+}
