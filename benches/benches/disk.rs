@@ -55,7 +55,10 @@ fn bench_adapter(
     let value: Vec<u8> = (0..SIZE).map(|i| (i * 7) as u8).collect();
     runtime.block_on(async {
         for i in 0..OBJECTS {
-            store.put(&format!("obj/{i}"), &value).await.expect("put");
+            store
+                .put(&format!("obj/{i}"), 1, &value)
+                .await
+                .expect("put");
         }
     });
     let mut group = c.benchmark_group("file_per_key");

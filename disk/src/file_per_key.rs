@@ -23,10 +23,19 @@ const EXTENSION: &str = ".rec";
 /// What a recovery scan found.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Recovered {
-    /// Every intact object: key and value length, in file-name order.
-    pub objects: Vec<(String, u64)>,
+    /// Every intact object: key, version and value length, in file-name order.
+    pub objects: Vec<(String, u64, u64)>,
     /// Files removed because they were unfinished writes or damaged records, with why.
     pub dropped: Vec<(String, String)>,
+}
+
+/// A stored value and which write of its key it is.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Stored {
+    /// The version (the master's write id) it was stored with.
+    pub version: u64,
+    /// The bytes.
+    pub value: Vec<u8>,
 }
 
 /// One record file per key on a [`Disk`].
@@ -67,8 +76,8 @@ impl FilePerKey {
         )
     }
 
-    /// Stores `value` under `key`, durably, replacing any earlier value.
-    pub async fn put(&self, key: &str, value: &[u8]) -> io::Result<()> {
+    /// Stores `value` under `key` as `version`, durably, replacing any earlier value.
+    pub async fn put(&self, key: &str, version: u64, value: &[u8]) -> io::Result<()> {
         if key.len() > record::MAX_KEY_LEN {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -81,7 +90,8 @@ impl FilePerKey {
         }
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
         let tmp = format!("{TMP_DIR}/{:016x}.{n}", key_hash(key));
-        let bytes = AlignedBuf::copy_of(&record::encode(key, value), self.disk.alignment());
+        let bytes =
+            AlignedBuf::copy_of(&record::encode(key, version, value), self.disk.alignment());
         self.disk.create(&tmp).await?;
         let written = async {
             self.disk.write_at(&tmp, 0, &bytes).await?;
@@ -98,7 +108,7 @@ impl FilePerKey {
     /// The value of `key`: `None` if absent. A damaged record is an `InvalidData` error and
     /// its bytes are never returned (a hash collision's record, for another key, reads as
     /// absent).
-    pub async fn get(&self, key: &str) -> io::Result<Option<Vec<u8>>> {
+    pub async fn get(&self, key: &str) -> io::Result<Option<Stored>> {
         let name = Self::file_name(key);
         let bytes = match self.read_file(&name).await {
             Ok(bytes) => bytes,
@@ -106,7 +116,21 @@ impl FilePerKey {
             Err(e) => return Err(e),
         };
         let record = record::decode(&bytes).map_err(|e| invalid_data(&name, e))?;
-        Ok((record.key == key).then(|| record.value.to_vec()))
+        Ok((record.key == key).then(|| Stored {
+            version: record.version,
+            value: record.value.to_vec(),
+        }))
+    }
+
+    /// Removes `key` if it holds `version` (a newer write of the key stays); returns whether
+    /// it did. A damaged record of the key is removed too: it could never be served.
+    pub async fn remove_version(&self, key: &str, version: u64) -> io::Result<bool> {
+        match self.get(key).await {
+            Ok(Some(stored)) if stored.version == version => self.remove(key).await,
+            Ok(_) => Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => self.remove(key).await,
+            Err(e) => Err(e),
+        }
     }
 
     /// Removes `key`; returns whether it was there.
@@ -140,9 +164,11 @@ impl FilePerKey {
                 Err(e) => return Err(e),
             };
             match record::decode(&bytes) {
-                Ok(record) if Self::file_name(record.key) == name => found
-                    .objects
-                    .push((record.key.to_string(), record.value.len() as u64)),
+                Ok(record) if Self::file_name(record.key) == name => found.objects.push((
+                    record.key.to_string(),
+                    record.version,
+                    record.value.len() as u64,
+                )),
                 Ok(record) => {
                     let why = format!("holds key {:?}, which belongs elsewhere", record.key);
                     self.drop_file(&mut found, name, why).await?;

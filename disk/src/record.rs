@@ -2,21 +2,25 @@
 //! and never served.
 //!
 //! ```text
-//! 0      4        5       6          8         12          20      24
-//! | MKVR | version | flags | reserved | key_len | value_len | crc32c | key | value | padding
+//! 0      4        5       6          8         12          20               28       32
+//! | MKVR | version | flags | reserved | key_len | value_len | object version | crc32c | key | value | padding
 //! ```
 //!
-//! Little-endian integers; the crc32c covers the first 20 header bytes, the key and the value.
-//! Anything after `24 + key_len + value_len` is padding (direct I/O writes whole blocks).
+//! Little-endian integers; the crc32c covers the first 28 header bytes, the key and the value.
+//! Anything after `32 + key_len + value_len` is padding (direct I/O writes whole blocks). The
+//! object version is the master's write id of the value, so a node can tell which write of a
+//! key it holds (deletions are per write; see the core's `offload`).
 
 use std::fmt;
 
 /// First bytes of every record.
 pub const MAGIC: [u8; 4] = *b"MKVR";
 /// The record format this build writes and reads.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Length of the record header.
-pub const HEADER_LEN: usize = 24;
+pub const HEADER_LEN: usize = 32;
+/// Where the checksum sits in the header (it covers everything before it).
+const CRC_AT: usize = 28;
 /// Longest key a record may carry.
 pub const MAX_KEY_LEN: usize = 64 << 10;
 
@@ -25,6 +29,8 @@ pub const MAX_KEY_LEN: usize = 64 << 10;
 pub struct Record<'a> {
     /// The object's key.
     pub key: &'a str,
+    /// Which write of the key this is (the master's write id).
+    pub version: u64,
     /// The object's bytes.
     pub value: &'a [u8],
 }
@@ -57,8 +63,8 @@ impl fmt::Display for RecordError {
 
 impl std::error::Error for RecordError {}
 
-/// Encodes `key` and `value` as one record.
-pub fn encode(key: &str, value: &[u8]) -> Vec<u8> {
+/// Encodes `key`'s value `value`, written by write `version`, as one record.
+pub fn encode(key: &str, version: u64, value: &[u8]) -> Vec<u8> {
     assert!(
         key.len() <= MAX_KEY_LEN,
         "key longer than {MAX_KEY_LEN} bytes"
@@ -70,6 +76,7 @@ pub fn encode(key: &str, value: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&0u16.to_le_bytes());
     out.extend_from_slice(&(key.len() as u32).to_le_bytes());
     out.extend_from_slice(&(value.len() as u64).to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
     let crc = crc32c::crc32c_append(
         crc32c::crc32c_append(crc32c::crc32c(&out), key.as_bytes()),
         value,
@@ -115,15 +122,20 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, RecordError> {
         });
     }
     let key_len = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize;
-    let stored = u32::from_le_bytes(bytes[20..24].try_into().expect("4 bytes"));
+    let version = u64::from_le_bytes(bytes[20..CRC_AT].try_into().expect("8 bytes"));
+    let stored = u32::from_le_bytes(bytes[CRC_AT..HEADER_LEN].try_into().expect("4 bytes"));
     let body = &bytes[HEADER_LEN..total as usize];
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[..20]), body);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[..CRC_AT]), body);
     if crc != stored {
         return Err(RecordError::Corrupt("checksum mismatch"));
     }
     let (key, value) = body.split_at(key_len);
     let key = std::str::from_utf8(key).map_err(|_| RecordError::Corrupt("key is not UTF-8"))?;
-    Ok(Record { key, value })
+    Ok(Record {
+        key,
+        version,
+        value,
+    })
 }
 
 #[cfg(test)]
@@ -132,22 +144,23 @@ mod tests {
 
     #[test]
     fn round_trips_with_padding() {
-        let mut bytes = encode("layer/7", b"kv-cache bytes");
+        let mut bytes = encode("layer/7", 42, b"kv-cache bytes");
         assert_eq!(announced_len(&bytes).unwrap(), bytes.len() as u64);
         bytes.extend_from_slice(&[0; 100]);
         assert_eq!(
             decode(&bytes).unwrap(),
             Record {
                 key: "layer/7",
+                version: 42,
                 value: b"kv-cache bytes"
             }
         );
-        assert_eq!(decode(&encode("", b"")).unwrap().value, b"");
+        assert_eq!(decode(&encode("", 0, b"")).unwrap().value, b"");
     }
 
     #[test]
     fn every_flipped_bit_and_every_truncation_is_refused() {
-        let bytes = encode("k", b"value bytes");
+        let bytes = encode("k", 7, b"value bytes");
         for at in 0..bytes.len() * 8 {
             let mut bad = bytes.clone();
             bad[at / 8] ^= 1 << (at % 8);

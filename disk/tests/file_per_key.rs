@@ -36,30 +36,50 @@ fn value(i: usize) -> Vec<u8> {
 async fn round_trip_and_restart(disk: Arc<dyn Disk>) {
     let store = FilePerKey::new(disk.clone());
     for i in 0..20 {
-        store.put(&format!("prefix/{i}"), &value(i)).await.unwrap();
+        store
+            .put(&format!("prefix/{i}"), 1, &value(i))
+            .await
+            .unwrap();
     }
-    store.put("prefix/3", b"replaced").await.unwrap();
+    store.put("prefix/3", 2, b"replaced").await.unwrap();
     assert!(store.remove("prefix/4").await.unwrap());
     assert!(!store.remove("prefix/4").await.unwrap());
-    assert_eq!(store.get("prefix/3").await.unwrap().unwrap(), b"replaced");
-    assert_eq!(store.get("prefix/5").await.unwrap().unwrap(), value(5));
+    let replaced = store.get("prefix/3").await.unwrap().unwrap();
+    assert_eq!(
+        (replaced.version, &replaced.value[..]),
+        (2, &b"replaced"[..])
+    );
+    assert_eq!(
+        store.get("prefix/5").await.unwrap().unwrap().value,
+        value(5)
+    );
     assert_eq!(store.get("absent").await.unwrap(), None);
+    // A deletion names a write: an older one leaves the newer value in place.
+    assert!(!store.remove_version("prefix/3", 1).await.unwrap());
+    assert!(store.remove_version("prefix/6", 1).await.unwrap());
+    assert_eq!(store.get("prefix/6").await.unwrap(), None);
 
     let restarted = FilePerKey::new(disk);
     let found = restarted.recover().await.unwrap();
     assert!(found.dropped.is_empty(), "{:?}", found.dropped);
-    let mut keys: Vec<(String, u64)> = found.objects;
+    let mut keys: Vec<(String, u64, u64)> = found.objects;
     keys.sort();
-    let mut expected: Vec<(String, u64)> = (0..20)
-        .filter(|&i| i != 4)
+    let mut expected: Vec<(String, u64, u64)> = (0..20)
+        .filter(|&i| i != 4 && i != 6)
         .map(|i| {
-            let len = if i == 3 { 8 } else { value(i).len() as u64 };
-            (format!("prefix/{i}"), len)
+            if i == 3 {
+                (format!("prefix/{i}"), 2, 8)
+            } else {
+                (format!("prefix/{i}"), 1, value(i).len() as u64)
+            }
         })
         .collect();
     expected.sort();
     assert_eq!(keys, expected);
-    assert_eq!(restarted.get("prefix/7").await.unwrap().unwrap(), value(7));
+    assert_eq!(
+        restarted.get("prefix/7").await.unwrap().unwrap().value,
+        value(7)
+    );
 }
 
 #[tokio::test]
@@ -103,7 +123,7 @@ async fn truncated_and_bit_flipped_files_are_dropped_not_served() {
     let disk = Arc::new(PosixDisk::open(&dir.0, IoMode::Buffered).unwrap());
     let store = FilePerKey::new(disk.clone());
     for key in ["intact", "truncated", "flipped", "emptied"] {
-        store.put(key, &value(key.len() * 100)).await.unwrap();
+        store.put(key, 1, &value(key.len() * 100)).await.unwrap();
     }
     let path = |key: &str| dir.0.join(FilePerKey::file_name(key));
     let len = std::fs::metadata(path("truncated")).unwrap().len();
@@ -128,7 +148,7 @@ async fn truncated_and_bit_flipped_files_are_dropped_not_served() {
     let found = FilePerKey::new(disk.clone()).recover().await.unwrap();
     assert_eq!(
         found.objects,
-        vec![("intact".to_string(), value(600).len() as u64)]
+        vec![("intact".to_string(), 1, value(600).len() as u64)]
     );
     assert_eq!(found.dropped.len(), 4, "{:?}", found.dropped);
     assert!(found.dropped.iter().any(|(_, why)| why.contains("torn")));
@@ -163,7 +183,7 @@ async fn crashes_never_leave_a_wrong_value_behind() {
             for k in 0..4 {
                 let key = format!("k{k}");
                 let v = value(round * 7 + k + seed as usize);
-                store.put(&key, &v).await.unwrap();
+                store.put(&key, round as u64, &v).await.unwrap();
                 last.insert(key, v);
             }
             // A put cut short by the crash: its tmp file is unsynced.
@@ -173,9 +193,10 @@ async fn crashes_never_leave_a_wrong_value_behind() {
                 .unwrap();
             disk.crash();
             let found = FilePerKey::new(disk.clone()).recover().await.unwrap();
-            for (key, len) in &found.objects {
+            for (key, version, len) in &found.objects {
                 assert_eq!(*len, last[key].len() as u64, "seed {seed}: {key}");
-                assert_eq!(&store.get(key).await.unwrap().unwrap(), &last[key]);
+                assert_eq!(*version, round as u64, "seed {seed}: {key}");
+                assert_eq!(&store.get(key).await.unwrap().unwrap().value, &last[key]);
             }
             // Every put was synced and renamed before the crash, so all survive.
             assert_eq!(found.objects.len(), 4, "seed {seed}: {found:?}");
