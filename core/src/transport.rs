@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::error::{Error, ErrorCode, Result};
 // The export table's lock and key counter: loom's under `--cfg mooring_loom`.
 use crate::sync::{AtomicU64, Ordering, RwLock};
-use crate::wire::{MAX_DATA_REQUEST, MasterRequest, MasterResponse, Range, Reply};
+use crate::wire::{MAX_DATA_REQUEST, MasterRequest, MasterResponse, Range, Reply, StagedSlot};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -80,6 +80,26 @@ pub trait DataPlane: Send + Sync {
         ops: Vec<WriteOp<'a>>,
         valid_for: Duration,
     ) -> BoxFuture<'a, Result<()>>;
+    /// Asks `node` to load the disk copy of `object` (`size` bytes) into its staging buffer.
+    /// Read it from the returned slot (at `NodeAddr { key: slot.key, .. }`), then
+    /// [`DataPlane::unstage`] it.
+    fn stage<'a>(
+        &'a self,
+        node: &'a NodeAddr,
+        object: &'a str,
+        size: u64,
+    ) -> BoxFuture<'a, Result<StagedSlot>>;
+    /// Frees a staging slot on `node`.
+    fn unstage<'a>(&'a self, node: &'a NodeAddr, slot: u64) -> BoxFuture<'a, Result<()>>;
+}
+
+/// A node's disk tier as its data server sees it: loads disk copies into the staging buffer
+/// for readers, and frees the slots.
+pub trait Stager: Send + Sync + 'static {
+    /// Stages the disk copy of `object`, which the master says is `size` bytes.
+    fn stage(&self, object: String, size: u64) -> BoxFuture<'_, Result<StagedSlot>>;
+    /// Frees a slot; unknown slots (already reclaimed) are fine.
+    fn unstage(&self, slot: u64);
 }
 
 /// Keeps a segment's memory mapped: the memory stays valid while any clone of its owner lives.
@@ -187,6 +207,8 @@ pub trait DataServer: Send + Sync {
     fn export(&self, memory: SegmentMemory) -> Result<NodeAddr>;
     /// Stops serving the segment with `key`; later transfers to it fail.
     fn unexport(&self, key: u64);
+    /// Answers readers' stage requests from `stager` (a node with a disk tier).
+    fn serve_disk(&self, stager: Arc<dyn Stager>) -> Result<()>;
 }
 
 /// The segments a data server exports, by access key: what every transport's data server

@@ -458,6 +458,20 @@ mod data {
             /// Where the bytes come from.
             ranges: Vec<Range>,
         },
+        /// Load the disk copy of `object` (`size` bytes) into the node's staging buffer and
+        /// answer where it is ([`DataReply::Staged`]); the reader pulls it with `Read` and then
+        /// sends `Unstage`.
+        Stage {
+            /// The object's key.
+            object: String,
+            /// Its length, as the master described it.
+            size: u64,
+        },
+        /// Free a staging slot (a slot never freed is reclaimed after its TTL).
+        Unstage {
+            /// The slot, from [`DataReply::Staged`].
+            slot: u64,
+        },
         /// The first request on a connection: answered at once, so the sender learns the
         /// round trip (which bounds this message's delay) and the node can relate the
         /// sender's clock to its own (see `Write::valid_for_us`).
@@ -473,7 +487,9 @@ mod data {
         pub fn bulk_len(&self) -> Option<u64> {
             let ranges = match self {
                 DataRequest::Write { ranges, .. } | DataRequest::Read { ranges, .. } => ranges,
-                DataRequest::Probe { .. } => return Some(0),
+                DataRequest::Probe { .. }
+                | DataRequest::Stage { .. }
+                | DataRequest::Unstage { .. } => return Some(0),
             };
             ranges
                 .iter()
@@ -483,8 +499,34 @@ mod data {
     }
 }
 
+/// Where a node staged a disk copy for a reader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub struct StagedSlot {
+    /// The staging buffer's access key on the node's data plane.
+    pub key: u64,
+    /// Address of the value in the staging buffer.
+    pub addr: u64,
+    /// Length of the value.
+    pub len: u64,
+    /// The slot to unstage.
+    pub slot: u64,
+    /// The node reclaims the slot this long after staging it, released or not.
+    pub ttl_ms: u64,
+}
+
+/// What a successful data request answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub enum DataReply {
+    /// Done (read data follows a read's reply).
+    Done,
+    /// The value is staged here.
+    Staged(StagedSlot),
+}
+
 /// A node's answer to a data request (read data follows a successful read's response).
-pub type DataResponse = Result<(), Error>;
+pub type DataResponse = Result<DataReply, Error>;
 
 wire_message!(MasterRequest, FrameKind::MasterRequest);
 wire_message!(MasterResponse, FrameKind::MasterResponse);
@@ -529,7 +571,18 @@ mod tests {
                 len: 4096,
             }],
         });
-        roundtrip::<DataResponse>(&Ok(()));
+        roundtrip::<DataResponse>(&Ok(DataReply::Done));
+        roundtrip(&DataRequest::Stage {
+            object: "k".into(),
+            size: 10,
+        });
+        roundtrip::<DataResponse>(&Ok(DataReply::Staged(StagedSlot {
+            key: 1,
+            addr: 2,
+            len: 3,
+            slot: 4,
+            ttl_ms: 5,
+        })));
     }
 
     #[test]

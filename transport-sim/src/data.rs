@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use mooring_core::transport::{
-    BoxFuture, DataPlane, DataServer, ExportTable, NodeAddr, ReadOp, SegmentMemory, WriteOp,
+    BoxFuture, DataPlane, DataServer, ExportTable, NodeAddr, ReadOp, SegmentMemory, Stager, WriteOp,
 };
-use mooring_core::wire::{DataRequest, DataResponse, Range};
+use mooring_core::wire::{DataReply, DataRequest, DataResponse, Range, StagedSlot};
 use mooring_core::{Error, ErrorCode, Result};
 use tokio::task::JoinHandle;
 use tracing::warn;
@@ -111,7 +111,7 @@ fn serve(exports: &ExportTable, datagram: &[u8], from: SocketAddr) -> Option<Vec
                 region.copy_in(r.addr, &bulk[at..at + len]);
                 at += len;
             }
-            reply(Ok(()), &[])
+            reply(Ok(DataReply::Done), &[])
         }
         DataRequest::Read { key, ranges } => {
             let region = match exports.resolve(key, &ranges) {
@@ -124,10 +124,20 @@ fn serve(exports: &ExportTable, datagram: &[u8], from: SocketAddr) -> Option<Vec
                 data.resize(start + r.len as usize, 0);
                 region.copy_out(r.addr, &mut data[start..]);
             }
-            reply(Ok(()), &[&data])
+            reply(Ok(DataReply::Done), &[&data])
         }
-        DataRequest::Probe { .. } => reply(Ok(()), &[]),
+        DataRequest::Probe { .. } => reply(Ok(DataReply::Done), &[]),
+        DataRequest::Stage { .. } | DataRequest::Unstage { .. } => reply(Err(no_disk_tier()), &[]),
     }
+}
+
+/// Simulated nodes serve no disk tier yet: the simulated data server answers synchronously,
+/// and staging needs the node's asynchronous disk reads.
+fn no_disk_tier() -> Error {
+    Error::new(
+        ErrorCode::INVALID_PARAMS,
+        "the simulated data server serves no disk tier",
+    )
 }
 
 /// The simulation's shared clock, in microseconds.
@@ -147,6 +157,10 @@ impl DataServer for SimDataServer {
 
     fn unexport(&self, key: u64) {
         self.exports.unexport(key);
+    }
+
+    fn serve_disk(&self, _stager: Arc<dyn Stager>) -> Result<()> {
+        Err(no_disk_tier())
     }
 }
 
@@ -176,7 +190,7 @@ impl SimDataPlane {
         node: &NodeAddr,
         request: DataRequest,
         bulk: &[&[u8]],
-    ) -> Result<Vec<u8>> {
+    ) -> Result<(DataReply, Vec<u8>)> {
         let fail = |what: String| {
             Error::new(
                 ErrorCode::TRANSFER_FAIL,
@@ -195,8 +209,7 @@ impl SimDataPlane {
             .map_err(|_| fail(format!("no answer within {:?}", self.timeout)))?;
         let (_, response, data) =
             decode::<DataResponse>(&reply).map_err(|e| fail(format!("bad reply: {e}")))?;
-        response?;
-        Ok(data.to_vec())
+        Ok((response?, data.to_vec()))
     }
 }
 
@@ -248,7 +261,7 @@ impl DataPlane for SimDataPlane {
                             len: d.len() as u64,
                         })
                         .collect();
-                    let data = self
+                    let (_, data) = self
                         .request(
                             node,
                             DataRequest::Read {
@@ -321,6 +334,35 @@ impl DataPlane for SimDataPlane {
                     .map(|_| ())
                 });
             join_all(requests).await.into_iter().collect()
+        })
+    }
+
+    fn stage<'a>(
+        &'a self,
+        node: &'a NodeAddr,
+        object: &'a str,
+        size: u64,
+    ) -> BoxFuture<'a, Result<StagedSlot>> {
+        Box::pin(async move {
+            let request = DataRequest::Stage {
+                object: object.to_string(),
+                size,
+            };
+            match self.request(node, request, &[]).await? {
+                (DataReply::Staged(slot), _) => Ok(slot),
+                (other, _) => Err(Error::new(
+                    ErrorCode::TRANSFER_FAIL,
+                    format!("node {} answered a stage with {other:?}", node.endpoint),
+                )),
+            }
+        })
+    }
+
+    fn unstage<'a>(&'a self, node: &'a NodeAddr, slot: u64) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            self.request(node, DataRequest::Unstage { slot }, &[])
+                .await
+                .map(|_| ())
         })
     }
 }

@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use mooring_core::transport::{
-    BoxFuture, DataPlane, DataServer, ExportTable, NodeAddr, ReadOp, SegmentMemory, WriteOp,
+    BoxFuture, DataPlane, DataServer, ExportTable, NodeAddr, ReadOp, SegmentMemory, Stager, WriteOp,
 };
-use mooring_core::wire::{DataRequest, DataResponse, Range};
+use mooring_core::wire::{DataReply, DataRequest, DataResponse, Range, StagedSlot};
 use mooring_core::{Error, ErrorCode, Result};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -49,6 +49,7 @@ pub struct TcpDataServer {
     local: Arc<LocalSegments>,
     accept: Mutex<Option<JoinHandle<()>>>,
     spin: Duration,
+    stager: RwLock<Option<Arc<dyn Stager>>>,
 }
 
 /// A dropped server releases its port at once: the accept loop holds only a weak reference,
@@ -89,6 +90,7 @@ impl TcpDataServer {
             local,
             accept: Mutex::new(None),
             spin,
+            stager: RwLock::new(None),
         });
         let weak = Arc::downgrade(&server);
         let task = tokio::spawn(async move {
@@ -158,7 +160,25 @@ impl TcpDataServer {
                 }
                 DataRequest::Probe { sent_at_us } => {
                     clock.observe(sent_at_us);
-                    conn.write_message::<DataResponse>(id, &Ok(()), &[])
+                    conn.write_message::<DataResponse>(id, &Ok(DataReply::Done), &[])
+                        .await
+                        .is_ok()
+                }
+                DataRequest::Stage { object, size } => {
+                    let response = match self.stager() {
+                        Ok(stager) => stager.stage(object, size).await.map(DataReply::Staged),
+                        Err(e) => Err(e),
+                    };
+                    conn.write_message::<DataResponse>(id, &response, &[])
+                        .await
+                        .is_ok()
+                }
+                DataRequest::Unstage { slot } => {
+                    let response = self.stager().map(|stager| {
+                        stager.unstage(slot);
+                        DataReply::Done
+                    });
+                    conn.write_message::<DataResponse>(id, &response, &[])
                         .await
                         .is_ok()
                 }
@@ -167,6 +187,19 @@ impl TcpDataServer {
                 return;
             }
         }
+    }
+
+    fn stager(&self) -> Result<Arc<dyn Stager>> {
+        self.stager
+            .read()
+            .expect("stager lock")
+            .clone()
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorCode::INVALID_PARAMS,
+                    "this node has no disk tier (start it with a disk directory)",
+                )
+            })
     }
 
     async fn serve_write(
@@ -217,7 +250,7 @@ impl TcpDataServer {
                 }
             }
         }
-        conn.write_message::<DataResponse>(id, &Ok(()), &[])
+        conn.write_message::<DataResponse>(id, &Ok(DataReply::Done), &[])
             .await
             .is_ok()
     }
@@ -240,7 +273,7 @@ impl TcpDataServer {
                 unsafe { std::slice::from_raw_parts(ptr.as_ptr(), r.len as usize) }
             })
             .collect();
-        conn.write_message::<DataResponse>(id, &Ok(()), &slices)
+        conn.write_message::<DataResponse>(id, &Ok(DataReply::Done), &slices)
             .await
             .is_ok()
     }
@@ -267,6 +300,11 @@ impl DataServer for TcpDataServer {
             .write()
             .expect("local segments lock")
             .remove(&(self.endpoint.clone(), key));
+    }
+
+    fn serve_disk(&self, stager: Arc<dyn Stager>) -> Result<()> {
+        *self.stager.write().expect("stager lock") = Some(stager);
+        Ok(())
     }
 }
 
@@ -425,9 +463,9 @@ impl TcpDataPlane {
             .await
             .map_err(|e| fail(format!("probe not sent: {e}")))?;
         match framed.read_message::<DataResponse>().await {
-            Ok((reply, Ok(()))) if reply == id => {}
+            Ok((reply, Ok(_))) if reply == id => {}
             Ok((_, Err(e))) => return Err(e),
-            Ok((reply, Ok(()))) => return Err(fail(format!("probe answered as {reply}"))),
+            Ok((reply, Ok(_))) => return Err(fail(format!("probe answered as {reply}"))),
             Err(e) => return Err(fail(format!("probe unanswered: {e}"))),
         }
         Ok(DataConn {
@@ -442,6 +480,39 @@ impl TcpDataPlane {
         let conns = idle.entry(node.endpoint.clone()).or_default();
         if conns.len() < MAX_IDLE_PER_NODE {
             conns.push(conn);
+        }
+    }
+
+    /// Sends one small request on a pooled connection and returns the node's reply.
+    async fn call(&self, node: &NodeAddr, request: DataRequest) -> Result<DataReply> {
+        let fail = |what: String| {
+            Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                format!("request to node {}: {what}", node.endpoint),
+            )
+        };
+        let exchange = async {
+            let mut data_conn = self.checkout(node).await?;
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            data_conn
+                .framed
+                .write_message(id, &request, &[])
+                .await
+                .map_err(|e| fail(format!("send failed: {e}")))?;
+            let (reply_id, result) = data_conn
+                .framed
+                .read_message::<DataResponse>()
+                .await
+                .map_err(|e| fail(format!("no reply: {e}")))?;
+            if reply_id != id {
+                return Err(fail(format!("reply {reply_id} out of order")));
+            }
+            self.checkin(node, data_conn);
+            result
+        };
+        match tokio::time::timeout(self.config.timeout, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(fail(format!("timed out after {:?}", self.config.timeout))),
         }
     }
 
@@ -668,6 +739,35 @@ impl DataPlane for TcpDataPlane {
                 .into_iter()
                 .map(|lane| self.run_lane(node, Lane::Write(lane), deadline));
             first_error(join_all(runs).await)
+        })
+    }
+
+    fn stage<'a>(
+        &'a self,
+        node: &'a NodeAddr,
+        object: &'a str,
+        size: u64,
+    ) -> BoxFuture<'a, Result<StagedSlot>> {
+        Box::pin(async move {
+            let request = DataRequest::Stage {
+                object: object.to_string(),
+                size,
+            };
+            match self.call(node, request).await? {
+                DataReply::Staged(slot) => Ok(slot),
+                other => Err(Error::new(
+                    ErrorCode::TRANSFER_FAIL,
+                    format!("node {} answered a stage with {other:?}", node.endpoint),
+                )),
+            }
+        })
+    }
+
+    fn unstage<'a>(&'a self, node: &'a NodeAddr, slot: u64) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            self.call(node, DataRequest::Unstage { slot })
+                .await
+                .map(|_| ())
         })
     }
 }
