@@ -71,7 +71,7 @@ fn bench_adapter(
                 .block_on(store.get(&format!("obj/{i}")))
                 .expect("get")
                 .expect("present");
-            assert_eq!(got.len(), SIZE);
+            assert_eq!(got.value.len(), SIZE);
         })
     });
     group.finish();

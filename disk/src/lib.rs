@@ -26,7 +26,7 @@ pub mod record;
 mod uring;
 
 pub use aligned::AlignedBuf;
-pub use file_per_key::{FilePerKey, Recovered};
+pub use file_per_key::{FilePerKey, Recovered, Stored};
 #[cfg(not(madsim))]
 pub use posix::{IoMode, PosixDisk};
 #[cfg(all(target_os = "linux", not(madsim)))]

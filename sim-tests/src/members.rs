@@ -80,6 +80,7 @@ async fn start_node(world: &World, i: usize, name: &str) -> Result<StandaloneNod
         name: Some(name.to_string()),
         size: world.plan.shape.node_bytes,
         prefault: false,
+        disk: None,
     };
     let member = Member::Node(i);
     match world.plan.transport {
@@ -142,6 +143,7 @@ pub async fn connect(world: &World, at: IpAddr, segment: Option<String>) -> Resu
         name: Some(name),
         size: world.plan.shape.client_bytes,
         prefault: false,
+        disk: None,
     });
     match world.plan.transport {
         Transport::Tcp => {

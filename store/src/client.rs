@@ -26,11 +26,11 @@ use futures_util::future::join_all;
 use mooring_core::transport::{ControlPlane, DataPlane, NodeAddr, ReadOp, WriteOp};
 use mooring_core::wire::{ClusterInfo, MasterRequest, Reply};
 use mooring_core::{
-    ClientId, Error, ErrorCode, PutGrant, ReplicaDescriptor, ReplicaList, ReplicateConfig, Result,
-    SegmentId, SegmentInfo, Stats,
+    ClientId, Error, ErrorCode, Medium, PutGrant, ReplicaDescriptor, ReplicaList, ReplicateConfig,
+    Result, SegmentId, SegmentInfo, Stats,
 };
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::buggify;
 use crate::node::{Node, unexpected};
@@ -450,7 +450,7 @@ impl Client {
                 // A simulation may stall the reader here, inside its lease, so the race between
                 // a reader holding descriptors and eviction or upsert of the same bytes is hit.
                 buggify::hold("client.before_read_transfer").await;
-                self.read_replica(&list.replicas, buf).await?;
+                self.read_replica(key, &list.replicas, buf).await?;
             }
             if self.inside_lease(asked, &list) {
                 return Ok(if caller_buffer {
@@ -473,8 +473,14 @@ impl Client {
         asked.elapsed() < usable
     }
 
-    /// Reads one of `replicas` into `buf`, trying the next on failure.
-    async fn read_replica(&self, replicas: &[ReplicaDescriptor], buf: &mut [u8]) -> Result<()> {
+    /// Reads one of `key`'s `replicas` into `buf`, trying the next on failure (memory
+    /// replicas before the disk one).
+    async fn read_replica(
+        &self,
+        key: &str,
+        replicas: &[ReplicaDescriptor],
+        buf: &mut [u8],
+    ) -> Result<()> {
         let ids: Vec<SegmentId> = replicas.iter().map(|r| r.segment).collect();
         let nodes = self.resolve(&ids).await?;
         let mut last = Error::new(ErrorCode::REPLICA_IS_NOT_READY, "no readable replica");
@@ -483,11 +489,17 @@ impl Client {
                 last = segment_gone(replica.segment);
                 continue;
             };
-            let op = ReadOp {
-                addr: replica.addr,
-                dest: &mut *buf,
+            let read = match replica.medium {
+                Medium::Memory => {
+                    let op = ReadOp {
+                        addr: replica.addr,
+                        dest: &mut *buf,
+                    };
+                    self.inner.data.read(node, vec![op]).await
+                }
+                Medium::Disk => self.read_disk(node, key, buf).await,
             };
-            match self.inner.data.read(node, vec![op]).await {
+            match read {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     debug!(endpoint = %node.endpoint, "replica read failed, trying another: {e}");
@@ -498,7 +510,38 @@ impl Client {
         Err(last)
     }
 
-    /// Replicas in the order to try them: rotating, so load spreads over replicas.
+    /// Reads `key`'s disk copy from `node`: the node stages it, this client pulls it from the
+    /// staging buffer with a one-sided read, then frees the slot (the node reclaims it after
+    /// its TTL if the unstage is lost).
+    async fn read_disk(&self, node: &NodeAddr, key: &str, buf: &mut [u8]) -> Result<()> {
+        let staged = self.inner.data.stage(node, key, buf.len() as u64).await?;
+        if staged.len != buf.len() as u64 {
+            return Err(Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                format!(
+                    "node staged {} bytes of a {}-byte value",
+                    staged.len,
+                    buf.len()
+                ),
+            ));
+        }
+        let staging = NodeAddr {
+            endpoint: node.endpoint.clone(),
+            key: staged.key,
+        };
+        let op = ReadOp {
+            addr: staged.addr,
+            dest: buf,
+        };
+        let read = self.inner.data.read(&staging, vec![op]).await;
+        if let Err(e) = self.inner.data.unstage(node, staged.slot).await {
+            debug!(endpoint = %node.endpoint, "unstage failed (the node reclaims the slot): {e}");
+        }
+        read
+    }
+
+    /// Replicas in the order to try them: memory before disk, this node's own segment first,
+    /// otherwise rotating so load spreads over replicas.
     fn read_order<'a>(&self, replicas: &'a [ReplicaDescriptor]) -> Vec<&'a ReplicaDescriptor> {
         if replicas.is_empty() {
             return Vec::new();
@@ -507,9 +550,7 @@ impl Client {
         let start = self.inner.next_replica.fetch_add(1, Ordering::Relaxed) % replicas.len();
         let mut order: Vec<&ReplicaDescriptor> =
             replicas[start..].iter().chain(&replicas[..start]).collect();
-        if let Some(local) = local {
-            order.sort_by_key(|r| r.segment != local);
-        }
+        order.sort_by_key(|r| (r.medium == Medium::Disk, Some(r.segment) != local));
         order
     }
 
@@ -531,7 +572,7 @@ impl Client {
             .collect();
         let mut dests: Vec<Option<&mut [u8]>> =
             buffers.iter_mut().map(|b| Some(&mut b[..])).collect();
-        let outcomes = self.batch_read(&lists, &mut dests, asked).await;
+        let outcomes = self.batch_read(keys, &lists, &mut dests, asked).await;
         drop(dests);
         for (i, outcome) in outcomes.into_iter().enumerate() {
             results[i] = match outcome {
@@ -568,7 +609,7 @@ impl Client {
                 dests.push(Some(&mut buf[..size]));
             }
         }
-        let outcomes = self.batch_read(&lists, &mut dests, asked).await;
+        let outcomes = self.batch_read(&keys, &lists, &mut dests, asked).await;
         drop(dests);
         let mut results = Vec::with_capacity(items.len());
         for (i, outcome) in outcomes.into_iter().enumerate() {
@@ -602,6 +643,7 @@ impl Client {
     /// outlived the lease).
     async fn batch_read(
         &self,
+        keys: &[&str],
         lists: &[Result<ReplicaList>],
         dests: &mut [Option<&mut [u8]>],
         asked: Instant,
@@ -618,6 +660,8 @@ impl Client {
         buggify::hold("client.before_read_transfer").await;
         let mut results: Vec<Result<usize>> = Vec::with_capacity(lists.len());
         let mut per_node: BTreeMap<NodeAddr, Vec<(usize, u64)>> = BTreeMap::new();
+        // Keys read one by one: only on disk, or their node's batch failed.
+        let mut failed = Vec::new();
         for (i, list) in lists.iter().enumerate() {
             match list {
                 Err(e) => results.push(Err(e.clone())),
@@ -627,15 +671,14 @@ impl Client {
                     if dests[i].is_none() {
                         continue;
                     }
-                    let first = self
-                        .read_order(&list.replicas)
-                        .into_iter()
-                        .find(|r| nodes.contains_key(&r.segment));
+                    let order = self.read_order(&list.replicas);
+                    let first = order.iter().find(|r| nodes.contains_key(&r.segment));
                     match first {
-                        Some(r) => per_node
+                        Some(r) if r.medium == Medium::Memory => per_node
                             .entry(nodes[&r.segment].clone())
                             .or_default()
                             .push((i, r.addr)),
+                        Some(_) => failed.push(i),
                         None => results[i] = Err(segment_gone(list.replicas[0].segment)),
                     }
                 }
@@ -659,7 +702,6 @@ impl Client {
             let (keys, ops): (Vec<usize>, Vec<ReadOp<'_>>) = ops.into_iter().unzip();
             (keys, self.inner.data.read(node, ops).await)
         });
-        let mut failed = Vec::new();
         for (keys, outcome) in join_all(reads).await {
             if let Err(e) = outcome {
                 debug!("batch read from a node failed, retrying its keys one by one: {e}");
@@ -671,7 +713,7 @@ impl Client {
             let dest = dests[i]
                 .as_deref_mut()
                 .expect("read only keys with buffers");
-            if let Err(e) = self.read_replica(&list.replicas, dest).await {
+            if let Err(e) = self.read_replica(keys[i], &list.replicas, dest).await {
                 results[i] = Err(e);
             }
         }
@@ -745,6 +787,44 @@ impl Client {
             Reply::Bool(b) => Ok(b),
             other => Err(unexpected(&other)),
         }
+    }
+
+    /// RFC 003's `exist(key, prefetch=true)`: whether `key` exists and, if its only copy is on
+    /// a node's disk, promotes it into memory (this client's own segment first) before
+    /// answering, so a later get is a memory hit. Best effort: if the promotion fails the
+    /// answer is still `true` and the failure is logged.
+    pub async fn exist_prefetch(&self, key: &str) -> Result<bool> {
+        let request = MasterRequest::ExistPrefetch {
+            client: self.id(),
+            key: key.to_string(),
+            preferred: self
+                .segment_name()
+                .map(str::to_string)
+                .into_iter()
+                .collect(),
+        };
+        let (exists, grant) = match self.call(request).await? {
+            Reply::Prefetch(exists, grant) => (exists, grant),
+            other => return Err(unexpected(&other)),
+        };
+        if let Some(prefetch) = grant {
+            let started = Instant::now();
+            let mut value = vec![0u8; prefetch.source.len as usize];
+            let mut transfer = self
+                .read_replica(key, std::slice::from_ref(&prefetch.source), &mut value)
+                .await;
+            if transfer.is_ok() {
+                transfer = self
+                    .write_batch(&[(&prefetch.grant, &value)], started)
+                    .await
+                    .pop()
+                    .expect("one result");
+            }
+            if let Err(e) = self.finish_write(key, &prefetch.grant, transfer).await {
+                warn!(key, "prefetch from disk failed; reads stay on disk: {e}");
+            }
+        }
+        Ok(exists)
     }
 
     /// [`Client::exist`] for many keys, in one RPC.

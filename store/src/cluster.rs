@@ -9,6 +9,7 @@ use mooring_transport_tcp::LocalSegments;
 
 use crate::client::Client;
 use crate::connect::{ClientConfig, SegmentConfig, StandaloneNode};
+use crate::disk_tier::DiskTierConfig;
 use crate::master_service::RunningMaster;
 use crate::node::NodeConfig;
 
@@ -25,6 +26,8 @@ pub struct EmbeddedConfig {
     pub prefault: bool,
     /// Whether clients `memcpy` to segments of this process (false: always use TCP).
     pub local_memcpy: bool,
+    /// A disk tier for every node: node `i` keeps its copies in `dir/node-i`.
+    pub disk: Option<DiskTierConfig>,
 }
 
 impl Default for EmbeddedConfig {
@@ -35,6 +38,7 @@ impl Default for EmbeddedConfig {
             node_size: 64 << 20,
             prefault: false,
             local_memcpy: true,
+            disk: None,
         }
     }
 }
@@ -61,6 +65,10 @@ impl EmbeddedCluster {
                     name: Some(format!("node-{i}")),
                     size: config.node_size,
                     prefault: config.prefault,
+                    disk: config.disk.as_ref().map(|disk| DiskTierConfig {
+                        dir: disk.dir.join(format!("node-{i}")),
+                        ..disk.clone()
+                    }),
                 },
                 listen: "127.0.0.1:0".into(),
                 advertise: None,

@@ -101,6 +101,16 @@ pub struct NodeSection {
     pub advertise: Option<String>,
     /// Touch every page at startup.
     pub prefault: Option<bool>,
+    /// SSD tier directory (none: memory only).
+    pub disk_dir: Option<std::path::PathBuf>,
+    /// Most bytes kept on disk, e.g. "100GiB".
+    pub disk_capacity: Option<String>,
+    /// Disk eviction order: "fifo" or "lru".
+    pub disk_eviction: Option<crate::disk_tier::DiskEviction>,
+    /// Disk I/O: "uring" or "posix".
+    pub disk_io: Option<crate::disk_tier::DiskIo>,
+    /// O_DIRECT.
+    pub disk_direct: Option<bool>,
 }
 
 /// The `[client]` section of a config file.

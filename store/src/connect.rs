@@ -63,6 +63,7 @@ impl ClientConfig {
                 name: None,
                 size,
                 prefault: true,
+                disk: None,
             },
             listen: listen.into(),
             advertise: None,

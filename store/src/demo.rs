@@ -80,6 +80,7 @@ pub async fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<()> {
         node_size: config.node_size,
         prefault: true,
         local_memcpy: false,
+        disk: None,
     })
     .await?;
     writeln!(

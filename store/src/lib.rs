@@ -22,6 +22,7 @@ pub mod cluster;
 pub mod config;
 pub mod connect;
 pub mod demo;
+pub mod disk_tier;
 pub mod master_service;
 pub mod memory;
 pub mod node;

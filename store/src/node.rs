@@ -28,6 +28,8 @@ pub struct NodeConfig {
     pub size: u64,
     /// Touch every page at startup so transfers never page-fault.
     pub prefault: bool,
+    /// A disk tier behind the segment (spec 001), if any.
+    pub disk: Option<crate::disk_tier::DiskTierConfig>,
 }
 
 /// A mounted segment and the machinery keeping it mounted.
@@ -94,6 +96,11 @@ impl Node {
     /// Whether the segment is mounted (as far as this node knows).
     pub fn is_mounted(&self) -> bool {
         self.inner.mount.lock().expect("mount lock").is_some()
+    }
+
+    /// The segment's memory (the node reads it locally to offload).
+    pub fn memory(&self) -> &SegmentMemory {
+        &self.inner.memory
     }
 
     /// The segment's name.

@@ -21,6 +21,7 @@ use tracing::{debug, warn};
 
 use crate::buggify;
 use crate::clock::Clock;
+use crate::disk_tier::DiskTier;
 use crate::node::{Node, unexpected};
 
 /// When this member last proved to the master that it is alive.
@@ -72,6 +73,8 @@ pub struct Presence {
     pub contact: Arc<MasterContact>,
     /// Its segment, if it contributes one.
     pub node: Option<Node>,
+    /// The disk tier behind its segment, if it has one.
+    pub disk: Option<DiskTier>,
     control: Arc<dyn ControlPlane>,
     heartbeat: Mutex<Option<JoinHandle<()>>>,
 }
@@ -99,24 +102,36 @@ impl Presence {
             other => return Err(unexpected(&other)),
         };
         let contact = Arc::new(MasterContact::new(clock, info.client_ttl));
-        let node = match contribution {
+        let (node, disk) = match contribution {
             Some(c) => {
                 // A restarted node may find its name still held by its previous incarnation
                 // until the master expires it: wait that long, and a little more.
                 let patience = Duration::from_millis(info.client_ttl.as_millis()) * 2;
-                Some(
-                    Node::start(
-                        id,
-                        &c.config,
-                        control.clone(),
-                        c.server,
-                        &c.default_name,
-                        patience,
-                    )
-                    .await?,
+                let node = Node::start(
+                    id,
+                    &c.config,
+                    control.clone(),
+                    c.server.clone(),
+                    &c.default_name,
+                    patience,
                 )
+                .await?;
+                let disk = match &c.config.disk {
+                    Some(config) => Some(
+                        DiskTier::start(
+                            config.clone(),
+                            node.clone(),
+                            id,
+                            control.clone(),
+                            c.server,
+                        )
+                        .await?,
+                    ),
+                    None => None,
+                };
+                (Some(node), disk)
             }
-            None => None,
+            None => (None, None),
         };
         let heartbeat = spawn_heartbeat(
             id,
@@ -130,6 +145,7 @@ impl Presence {
             info,
             contact,
             node,
+            disk,
             control,
             heartbeat: Mutex::new(Some(heartbeat)),
         })

@@ -12,6 +12,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use mooring::bench::{self, BenchConfig, MasterPlacement};
 use mooring::config::{FileConfig, MasterSection, parse_duration, parse_size};
+use mooring::disk_tier::{DiskEviction, DiskIo, DiskTierConfig};
 use mooring::{
     Client, ClientConfig, RunningMaster, SegmentConfig, StandaloneNode, demo, random_client_id,
 };
@@ -139,6 +140,23 @@ struct NodeArgs {
     /// Do not touch every page at startup.
     #[arg(long)]
     no_prefault: bool,
+    /// Directory for the SSD tier: objects evicted from memory are kept here and read back
+    /// on demand; an existing directory is recovered. Without it the node is memory only.
+    #[arg(long)]
+    disk_dir: Option<PathBuf>,
+    /// Most bytes of values kept on disk, e.g. 100GiB; beyond it the oldest (or least
+    /// recently read) go [default: no limit].
+    #[arg(long)]
+    disk_capacity: Option<String>,
+    /// Which copies leave the disk first once it is full [default: fifo].
+    #[arg(long, value_enum)]
+    disk_eviction: Option<DiskEviction>,
+    /// How the disk is driven [default: uring, falling back to posix].
+    #[arg(long, value_enum)]
+    disk_io: Option<DiskIo>,
+    /// Bypass the page cache (O_DIRECT), with the alignment the filesystem reports.
+    #[arg(long)]
+    disk_direct: bool,
 }
 
 #[derive(Args, Clone)]
@@ -328,6 +346,23 @@ async fn run_node(args: NodeArgs) -> Result<(), Error> {
             name: args.name.or(f.name),
             size,
             prefault: !args.no_prefault && f.prefault.unwrap_or(true),
+            disk: match args.disk_dir.or(f.disk_dir) {
+                Some(dir) => {
+                    let mut disk = DiskTierConfig::new(dir);
+                    if let Some(capacity) = args.disk_capacity.or(f.disk_capacity) {
+                        disk.capacity = parse_size(&capacity).map_err(usage_error)?;
+                    }
+                    if let Some(eviction) = args.disk_eviction.or(f.disk_eviction) {
+                        disk.eviction = eviction;
+                    }
+                    if let Some(io) = args.disk_io.or(f.disk_io) {
+                        disk.io = io;
+                    }
+                    disk.direct = args.disk_direct || f.disk_direct.unwrap_or(false);
+                    Some(disk)
+                }
+                None => None,
+            },
         },
         listen: args
             .listen

@@ -1,0 +1,235 @@
+//! The SSD tier end to end over loopback TCP: offload, reads through the node's staging
+//! buffer, recovery after a node restart, exist-prefetch, and disk eviction under a size limit
+//! with readers running.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mooring::disk_tier::{DiskEviction, DiskTierConfig};
+use mooring::{Client, EmbeddedCluster, EmbeddedConfig};
+use mooring_core::{ErrorCode, MasterConfig, Medium, Millis, ReplicateConfig};
+
+const VALUE: usize = 256 << 10;
+
+fn value(seed: u64) -> Vec<u8> {
+    (0..VALUE)
+        .map(|i| (seed.wrapping_mul(0x9E37).wrapping_add(i as u64 * 13) >> 2) as u8)
+        .collect()
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("mooring-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One 4 MiB node with a disk, write-through offload, short leases.
+async fn cluster(dir: &TempDir, disk: impl FnOnce(&mut DiskTierConfig)) -> EmbeddedCluster {
+    let mut config = DiskTierConfig::new(&dir.0);
+    config.sync_interval = Duration::from_millis(20);
+    disk(&mut config);
+    EmbeddedCluster::start(EmbeddedConfig {
+        nodes: 1,
+        node_size: 4 << 20,
+        master: MasterConfig {
+            lease_ttl: Millis(200),
+            offload_write_through: true,
+            ..MasterConfig::default()
+        },
+        disk: Some(config),
+        ..EmbeddedConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// Puts `keys` values, waiting after each until its copy is on disk (so memory pressure
+/// evicts copies, not values).
+async fn put_offloaded(client: &Client, keys: std::ops::Range<u64>) {
+    for i in keys {
+        client
+            .put(&format!("k{i}"), &value(i), &ReplicateConfig::single())
+            .await
+            .unwrap();
+        wait_for(client, |s| s.disk_replicas > i).await;
+    }
+}
+
+async fn wait_for(client: &Client, done: impl Fn(&mooring_core::Stats) -> bool) {
+    for _ in 0..500 {
+        if done(&client.stats().await.unwrap()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out: {:?}", client.stats().await.unwrap());
+}
+
+async fn media(client: &Client, key: &str) -> Vec<Medium> {
+    let found = client.query_by_regex(&format!("^{key}$")).await.unwrap();
+    found[0].1.replicas.iter().map(|r| r.medium).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_values_are_read_back_from_disk_and_survive_a_node_restart() {
+    let dir = TempDir::new("disk-roundtrip");
+    let cluster = cluster(&dir, |_| {}).await;
+    let client = cluster.client().await.unwrap();
+    // 40 x 256 KiB through a 4 MiB segment: most values end up only on disk.
+    put_offloaded(&client, 0..40).await;
+    let stats = client.stats().await.unwrap();
+    assert!(stats.evicted_objects > 20, "{stats:?}");
+    assert_eq!(stats.objects, 40);
+    assert_eq!(media(&client, "k0").await, vec![Medium::Disk]);
+    for i in 0..40 {
+        assert!(
+            client.get(&format!("k{i}")).await.unwrap() == value(i),
+            "k{i}"
+        );
+    }
+    let mut items: Vec<(String, Vec<u8>)> = (0..40)
+        .map(|i| (format!("k{i}"), vec![0u8; VALUE]))
+        .collect();
+    let mut refs: Vec<(&str, &mut [u8])> = items
+        .iter_mut()
+        .map(|(k, b)| (k.as_str(), &mut b[..]))
+        .collect();
+    for (i, r) in client
+        .batch_get_into(&mut refs)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(r.unwrap(), VALUE);
+        assert!(items[i].1 == value(i as u64), "k{i} in the batch");
+    }
+
+    // The node goes away: its copies go unreachable with it...
+    let master = cluster.master_addr();
+    let EmbeddedCluster {
+        nodes,
+        master: running,
+        ..
+    } = cluster;
+    for node in nodes {
+        node.shutdown().await.unwrap();
+    }
+    assert_eq!(
+        client.get("k0").await.unwrap_err().code,
+        ErrorCode::OBJECT_NOT_FOUND
+    );
+    // ...and a node started on the same directory registers them again.
+    let mut disk = DiskTierConfig::new(dir.0.join("node-0"));
+    disk.sync_interval = Duration::from_millis(20);
+    let segment = mooring::SegmentConfig {
+        node: mooring::NodeConfig {
+            name: Some("node-0".into()),
+            size: 4 << 20,
+            prefault: false,
+            disk: Some(disk),
+        },
+        listen: "127.0.0.1:0".into(),
+        advertise: None,
+    };
+    let local = Arc::new(mooring_transport_tcp::LocalSegments::default());
+    let node = mooring::StandaloneNode::start(&master, None, &segment, local)
+        .await
+        .unwrap();
+    wait_for(&client, |s| s.disk_replicas >= 40).await;
+    for i in 0..40 {
+        let got = client.get(&format!("k{i}")).await.unwrap();
+        assert!(got == value(i), "k{i} after restart");
+    }
+    // exist(prefetch) promotes a disk-only value into memory.
+    assert_eq!(media(&client, "k1").await, vec![Medium::Disk]);
+    assert!(client.exist_prefetch("k1").await.unwrap());
+    assert_eq!(
+        media(&client, "k1").await,
+        vec![Medium::Memory, Medium::Disk]
+    );
+    assert!(client.get("k1").await.unwrap() == value(1));
+    assert!(!client.exist_prefetch("absent").await.unwrap());
+    node.shutdown().await.unwrap();
+    drop(running);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_eviction_under_a_size_limit_never_serves_wrong_bytes() {
+    let dir = TempDir::new("disk-evict");
+    // Room for 8 values on disk; 30 go through it.
+    let cluster = cluster(&dir, |d| {
+        d.capacity = 8 * VALUE as u64;
+        d.eviction = DiskEviction::Fifo;
+    })
+    .await;
+    let writer = cluster.client().await.unwrap();
+    let reader = cluster.client().await.unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let (mut good, mut gone) = (0u64, 0u64);
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i = (i * 7 + 3) % 30;
+                match reader.get(&format!("k{i}")).await {
+                    Ok(v) => {
+                        assert!(v == value(i), "k{i} read wrong bytes");
+                        good += 1;
+                    }
+                    Err(e) => {
+                        assert!(
+                            matches!(
+                                e.code,
+                                ErrorCode::OBJECT_NOT_FOUND | ErrorCode::REPLICA_IS_NOT_READY
+                            ),
+                            "k{i}: {e}"
+                        );
+                        gone += 1;
+                    }
+                }
+            }
+            (good, gone)
+        })
+    };
+    for i in 0..30 {
+        writer
+            .put(&format!("k{i}"), &value(i), &ReplicateConfig::single())
+            .await
+            .unwrap();
+        // Each value reaches the disk (or was already pushed out of it) before the next.
+        wait_for(&writer, |s| s.tasks == 0 && s.disk_replicas >= 1).await;
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (good, _gone) = readers.await.unwrap();
+    assert!(good > 0);
+    let stats = writer.stats().await.unwrap();
+    assert!(stats.disk_replicas <= 8, "{stats:?}");
+    // 30 values went through 4 MiB of memory and 2 MiB of disk: some are gone, cleanly;
+    // every other one reads back exactly.
+    let mut gone = 0;
+    for i in 0..30 {
+        match writer.get(&format!("k{i}")).await {
+            Ok(v) => assert!(v == value(i), "k{i} read wrong bytes"),
+            Err(e) => {
+                assert_eq!(e.code, ErrorCode::OBJECT_NOT_FOUND, "k{i}: {e}");
+                gone += 1;
+            }
+        }
+    }
+    assert!(gone > 0, "{stats:?}");
+    assert!(writer.get("k29").await.unwrap() == value(29));
+    cluster.shutdown().await.unwrap();
+}
