@@ -13,8 +13,9 @@
 //!   batched up to the queue depth); `Unsupported` where io_uring is not available, so
 //!   callers fall back to [`PosixDisk`].
 //!
-//! The bucket and offset-allocator backends, the offload protocol and exist-prefetch are not
-//! built yet (see the SSD-tier issue's notes).
+//! The node's side of offloading, staging and disk eviction is `mooring::disk_tier`; the policy
+//! is the core's. The bucket and offset-allocator backends are not built yet (see the SSD-tier
+//! issue's notes).
 
 mod aligned;
 mod file_per_key;

@@ -223,7 +223,21 @@ impl Drop for DiskTier {
     }
 }
 
+/// Under the simulator there are no real disks: simulations pass the simulated one to
+/// [`DiskTier::start_on`].
+#[cfg(madsim)]
+fn open_disk(config: &DiskTierConfig) -> Result<Arc<dyn Disk>> {
+    Err(Error::new(
+        ErrorCode::FILE_OPEN_FAIL,
+        format!(
+            "cannot open {} under the simulator; start the tier on a simulated disk",
+            config.dir.display()
+        ),
+    ))
+}
+
 /// Opens the disk the config asks for.
+#[cfg(not(madsim))]
 fn open_disk(config: &DiskTierConfig) -> Result<Arc<dyn Disk>> {
     use mooring_disk::{IoMode, PosixDisk};
     let mode = if config.direct {
@@ -237,7 +251,6 @@ fn open_disk(config: &DiskTierConfig) -> Result<Arc<dyn Disk>> {
             format!("cannot open disk directory {}: {e}", config.dir.display()),
         )
     };
-    #[cfg(not(madsim))]
     if config.io == DiskIo::Uring {
         match mooring_disk::UringDisk::open(&config.dir, mode) {
             Ok(disk) => return Ok(Arc::new(disk)),
