@@ -525,6 +525,19 @@ pub enum DataReply {
     Staged(StagedSlot),
 }
 
+impl DataReply {
+    /// The staged slot of a reply to `Stage` from the node at `endpoint`.
+    pub fn into_staged(self, endpoint: &str) -> Result<StagedSlot, Error> {
+        match self {
+            DataReply::Staged(slot) => Ok(slot),
+            other => Err(Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                format!("node {endpoint} answered a stage with {other:?}"),
+            )),
+        }
+    }
+}
+
 /// A node's answer to a data request (read data follows a successful read's response).
 pub type DataResponse = Result<DataReply, Error>;
 

@@ -348,13 +348,8 @@ impl DataPlane for SimDataPlane {
                 object: object.to_string(),
                 size,
             };
-            match self.request(node, request, &[]).await? {
-                (DataReply::Staged(slot), _) => Ok(slot),
-                (other, _) => Err(Error::new(
-                    ErrorCode::TRANSFER_FAIL,
-                    format!("node {} answered a stage with {other:?}", node.endpoint),
-                )),
-            }
+            let (reply, _) = self.request(node, request, &[]).await?;
+            reply.into_staged(&node.endpoint)
         })
     }
 

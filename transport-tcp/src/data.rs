@@ -753,13 +753,7 @@ impl DataPlane for TcpDataPlane {
                 object: object.to_string(),
                 size,
             };
-            match self.call(node, request).await? {
-                DataReply::Staged(slot) => Ok(slot),
-                other => Err(Error::new(
-                    ErrorCode::TRANSFER_FAIL,
-                    format!("node {} answered a stage with {other:?}", node.endpoint),
-                )),
-            }
+            self.call(node, request).await?.into_staged(&node.endpoint)
         })
     }
 
