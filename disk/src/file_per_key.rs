@@ -6,28 +6,22 @@
 //! the simulator, on the simulated disk with torn writes and lost unsynced data.
 
 use std::io;
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use mooring_core::disk::Disk;
+use mooring_core::transport::BoxFuture;
 use tracing::warn;
 
 use crate::AlignedBuf;
+use crate::backend::{Backend, Held, Item, Recovered, check_record};
 use crate::record::{self, RecordError};
 
 /// Where writes in progress live until renamed into place; emptied by recovery.
 const TMP_DIR: &str = "tmp";
 /// Record files' extension.
 const EXTENSION: &str = ".rec";
-
-/// What a recovery scan found.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Recovered {
-    /// Every intact object: key, version and value length, in file-name order.
-    pub objects: Vec<(String, u64, u64)>,
-    /// Files removed because they were unfinished writes or damaged records, with why.
-    pub dropped: Vec<(String, String)>,
-}
 
 /// A stored value and which write of its key it is.
 #[derive(Debug, PartialEq, Eq)]
@@ -42,6 +36,8 @@ pub struct Stored {
 pub struct FilePerKey {
     disk: Arc<dyn Disk>,
     next_tmp: AtomicU64,
+    /// Eviction units: every value is its own.
+    next_unit: AtomicU64,
 }
 
 /// A 64-bit hash of a key (two crc32c with different seeds: stable across builds and
@@ -63,6 +59,7 @@ impl FilePerKey {
         FilePerKey {
             disk,
             next_tmp: AtomicU64::new(0),
+            next_unit: AtomicU64::new(1),
         }
     }
 
@@ -164,11 +161,12 @@ impl FilePerKey {
                 Err(e) => return Err(e),
             };
             match record::decode(&bytes) {
-                Ok(record) if Self::file_name(record.key) == name => found.objects.push((
-                    record.key.to_string(),
-                    record.version,
-                    record.value.len() as u64,
-                )),
+                Ok(record) if Self::file_name(record.key) == name => found.objects.push(Held {
+                    key: record.key.to_string(),
+                    version: record.version,
+                    len: record.value.len() as u64,
+                    unit: self.next_unit.fetch_add(1, Ordering::Relaxed),
+                }),
                 Ok(record) => {
                     let why = format!("holds key {:?}, which belongs elsewhere", record.key);
                     self.drop_file(&mut found, name, why).await?;
@@ -177,6 +175,41 @@ impl FilePerKey {
             }
         }
         Ok(found)
+    }
+
+    /// [`Backend::put`]: one file each, and the group's earlier files removed if one fails.
+    async fn put_group(&self, items: &[Item<'_>]) -> io::Result<Vec<Held>> {
+        let mut held = Vec::with_capacity(items.len());
+        for item in items {
+            if let Err(e) = self.put(item.key, item.version, item.value).await {
+                for done in &held {
+                    let Held { key, version, .. } = done;
+                    if let Err(undo) = self.remove_version(key, *version).await {
+                        warn!(%key, "could not undo a failed group write: {undo}");
+                    }
+                }
+                return Err(e);
+            }
+            held.push(Held {
+                key: item.key.to_string(),
+                version: item.version,
+                len: item.value.len() as u64,
+                unit: self.next_unit.fetch_add(1, Ordering::Relaxed),
+            });
+        }
+        Ok(held)
+    }
+
+    /// [`Backend::read`]: the whole file into `buf`.
+    async fn read_record(
+        &self,
+        key: &str,
+        version: u64,
+        buf: &mut [u8],
+    ) -> io::Result<Range<usize>> {
+        let name = Self::file_name(key);
+        let n = self.disk.read_at(&name, 0, buf).await?;
+        check_record(&buf[..n], key, version, &name)
     }
 
     async fn drop_file(&self, found: &mut Recovered, name: String, why: String) -> io::Result<()> {
@@ -200,5 +233,41 @@ impl FilePerKey {
         let whole = buf.len();
         let n = self.disk.read_at(name, 0, &mut buf[..whole]).await?;
         Ok(buf[..n.min(len)].to_vec())
+    }
+}
+
+impl Backend for FilePerKey {
+    fn name(&self) -> &'static str {
+        "file-per-key"
+    }
+
+    fn alignment(&self) -> usize {
+        self.disk.alignment()
+    }
+
+    fn put<'a>(&'a self, items: &'a [Item<'a>]) -> BoxFuture<'a, io::Result<Vec<Held>>> {
+        Box::pin(self.put_group(items))
+    }
+
+    fn read<'a>(
+        &'a self,
+        key: &'a str,
+        version: u64,
+        buf: &'a mut [u8],
+    ) -> BoxFuture<'a, io::Result<Range<usize>>> {
+        Box::pin(self.read_record(key, version, buf))
+    }
+
+    fn remove<'a>(&'a self, writes: &'a [(String, u64)]) -> BoxFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            for (key, version) in writes {
+                self.remove_version(key, *version).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn recover(&self) -> BoxFuture<'_, io::Result<Recovered>> {
+        Box::pin(FilePerKey::recover(self))
     }
 }

@@ -18,6 +18,7 @@
 //! issue's notes).
 
 mod aligned;
+pub mod backend;
 mod file_per_key;
 mod paths;
 #[cfg(not(madsim))]
@@ -27,7 +28,8 @@ pub mod record;
 mod uring;
 
 pub use aligned::AlignedBuf;
-pub use file_per_key::{FilePerKey, Recovered, Stored};
+pub use backend::{Backend, Held, Item, Recovered};
+pub use file_per_key::{FilePerKey, Stored};
 #[cfg(not(madsim))]
 pub use posix::{IoMode, PosixDisk};
 #[cfg(all(target_os = "linux", not(madsim)))]

@@ -62,7 +62,11 @@ async fn round_trip_and_restart(disk: Arc<dyn Disk>) {
     let restarted = FilePerKey::new(disk);
     let found = restarted.recover().await.unwrap();
     assert!(found.dropped.is_empty(), "{:?}", found.dropped);
-    let mut keys: Vec<(String, u64, u64)> = found.objects;
+    let mut keys: Vec<(String, u64, u64)> = found
+        .objects
+        .into_iter()
+        .map(|held| (held.key, held.version, held.len))
+        .collect();
     keys.sort();
     let mut expected: Vec<(String, u64, u64)> = (0..20)
         .filter(|&i| i != 4 && i != 6)
@@ -146,10 +150,12 @@ async fn truncated_and_bit_flipped_files_are_dropped_not_served() {
         assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{key}: {err}");
     }
     let found = FilePerKey::new(disk.clone()).recover().await.unwrap();
-    assert_eq!(
-        found.objects,
-        vec![("intact".to_string(), 1, value(600).len() as u64)]
-    );
+    let objects: Vec<(&str, u64, u64)> = found
+        .objects
+        .iter()
+        .map(|held| (held.key.as_str(), held.version, held.len))
+        .collect();
+    assert_eq!(objects, vec![("intact", 1, value(600).len() as u64)]);
     assert_eq!(found.dropped.len(), 4, "{:?}", found.dropped);
     assert!(found.dropped.iter().any(|(_, why)| why.contains("torn")));
     assert!(
@@ -193,9 +199,10 @@ async fn crashes_never_leave_a_wrong_value_behind() {
                 .unwrap();
             disk.crash();
             let found = FilePerKey::new(disk.clone()).recover().await.unwrap();
-            for (key, version, len) in &found.objects {
-                assert_eq!(*len, last[key].len() as u64, "seed {seed}: {key}");
-                assert_eq!(*version, round as u64, "seed {seed}: {key}");
+            for held in &found.objects {
+                let key = &held.key;
+                assert_eq!(held.len, last[key].len() as u64, "seed {seed}: {key}");
+                assert_eq!(held.version, round as u64, "seed {seed}: {key}");
                 assert_eq!(&store.get(key).await.unwrap().unwrap().value, &last[key]);
             }
             // Every put was synced and renamed before the crash, so all survive.

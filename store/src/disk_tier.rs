@@ -30,7 +30,8 @@ use mooring_core::wire::{MasterRequest, Reply, StagedSlot};
 use mooring_core::{
     ClientId, DiskReport, DiskSyncAck, Error, ErrorCode, OffloadOrder, Result, SegmentId, WriteId,
 };
-use mooring_disk::FilePerKey;
+use mooring_disk::backend::read_len;
+use mooring_disk::{Backend, FilePerKey, Held, Item};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -58,11 +59,25 @@ pub enum DiskIo {
     Posix,
 }
 
+/// How copies are laid out on disk (spec 001's backends).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DiskBackend {
+    /// One record file per key under two levels of hashed directories.
+    FilePerKey,
+}
+
 /// A node's disk tier settings.
 #[derive(Clone, Debug)]
 pub struct DiskTierConfig {
     /// Where the copies live (created if missing; an existing one is recovered).
     pub dir: PathBuf,
+    /// The on-disk layout.
+    pub backend: DiskBackend,
+    /// Most bytes of values written as one group (a bucket).
+    pub group_bytes: u64,
+    /// Most values written as one group (a bucket).
+    pub group_keys: usize,
     /// Most bytes of values kept on disk; 0 means no limit (and no disk eviction).
     pub capacity: u64,
     /// Disk eviction order.
@@ -86,6 +101,9 @@ impl DiskTierConfig {
     pub fn new(dir: impl Into<PathBuf>) -> DiskTierConfig {
         DiskTierConfig {
             dir: dir.into(),
+            backend: DiskBackend::FilePerKey,
+            group_bytes: 256 << 20,
+            group_keys: 500,
             capacity: 0,
             eviction: DiskEviction::Fifo,
             io: DiskIo::Uring,
@@ -103,6 +121,8 @@ impl DiskTierConfig {
 struct Entry {
     version: u64,
     size: u64,
+    /// The eviction unit (a bucket): evicted whole.
+    unit: u64,
     /// Write order (FIFO).
     written: u64,
     /// Last read (LRU); 0 if never read.
@@ -122,11 +142,18 @@ struct Index {
 }
 
 impl Index {
-    fn insert(&mut self, key: String, version: u64, size: u64) {
+    fn insert(&mut self, held: Held) {
         self.tick += 1;
+        let Held {
+            key,
+            version,
+            len: size,
+            unit,
+        } = held;
         let entry = Entry {
             version,
             size,
+            unit,
             written: self.tick,
             read: 0,
             readers: Arc::new(()),
@@ -143,29 +170,39 @@ impl Index {
         Some(entry)
     }
 
-    /// Phase one of disk eviction: takes copies out until `need` more bytes fit under
-    /// `capacity`, never `keep`. No I/O.
+    /// Phase one of disk eviction: takes whole units (buckets) out until `need` more bytes
+    /// fit under `capacity`. No I/O.
     fn choose_victims(
         &mut self,
         need: u64,
         capacity: u64,
         policy: DiskEviction,
-        keep: &str,
     ) -> Vec<(String, Entry)> {
+        if self.bytes + need <= capacity {
+            return Vec::new();
+        }
+        // Per unit: (first written, last read, its keys).
+        let mut units: BTreeMap<u64, (u64, u64, Vec<String>)> = BTreeMap::new();
+        for (key, e) in &self.entries {
+            let unit = units.entry(e.unit).or_insert((u64::MAX, 0, Vec::new()));
+            unit.0 = unit.0.min(e.written);
+            unit.1 = unit.1.max(e.read);
+            unit.2.push(key.clone());
+        }
+        let mut order: Vec<(u64, u64, Vec<String>)> = units.into_values().collect();
+        order.sort_by_key(|(written, read, _)| match policy {
+            DiskEviction::Fifo => (*written, 0),
+            DiskEviction::Lru => (*read, *written),
+        });
         let mut victims = Vec::new();
-        while self.bytes + need > capacity {
-            let victim = self
-                .entries
-                .iter()
-                .filter(|(k, _)| k.as_str() != keep)
-                .min_by_key(|(_, e)| match policy {
-                    DiskEviction::Fifo => (e.written, 0),
-                    DiskEviction::Lru => (e.read, e.written),
-                })
-                .map(|(k, _)| k.clone());
-            let Some(key) = victim else { break };
-            let entry = self.remove(&key).expect("chosen from the index");
-            victims.push((key, entry));
+        for (_, _, keys) in order {
+            if self.bytes + need <= capacity {
+                break;
+            }
+            for key in keys {
+                let entry = self.remove(&key).expect("listed from the index");
+                victims.push((key, entry));
+            }
         }
         victims
     }
@@ -181,8 +218,8 @@ struct Staging {
 
 struct Slots {
     allocator: OffsetAllocator,
-    /// Slot id → (allocator node, reclaimed at).
-    live: BTreeMap<u64, (u32, Instant)>,
+    /// Slot id → (allocator node, reclaimed at; `None` while it is being loaded).
+    live: BTreeMap<u64, (u32, Option<Instant>)>,
     next: u64,
 }
 
@@ -191,7 +228,7 @@ impl Slots {
         let expired: Vec<u64> = self
             .live
             .iter()
-            .filter(|(_, (_, at))| *at <= now)
+            .filter(|(_, (_, at))| at.is_some_and(|at| at <= now))
             .map(|(&slot, _)| slot)
             .collect();
         for slot in expired {
@@ -210,8 +247,10 @@ pub struct DiskTier {
 
 struct TierInner {
     config: DiskTierConfig,
-    store: FilePerKey,
+    store: Arc<dyn Backend>,
     index: Mutex<Index>,
+    /// Evicted copies whose deletion failed, retried every sync.
+    doomed: Mutex<Vec<(String, u64)>>,
     staging: Staging,
 }
 
@@ -269,6 +308,13 @@ fn io_error(code: ErrorCode, what: &str, e: std::io::Error) -> Error {
     Error::new(code, format!("{what}: {e}"))
 }
 
+/// The backend the config asks for, on `disk`.
+fn open_backend(disk: Arc<dyn Disk>, config: &DiskTierConfig) -> Result<Arc<dyn Backend>> {
+    match config.backend {
+        DiskBackend::FilePerKey => Ok(Arc::new(FilePerKey::new(disk))),
+    }
+}
+
 impl DiskTier {
     /// Opens the tier on `config.dir`, recovers what is there, registers the staging buffer
     /// with `server`, and starts syncing `node`'s disk with the master.
@@ -292,17 +338,18 @@ impl DiskTier {
         control: Arc<dyn ControlPlane>,
         server: Arc<dyn DataServer>,
     ) -> Result<DiskTier> {
-        let store = FilePerKey::new(disk);
+        let store = open_backend(disk, &config)?;
         let recovered = store
             .recover()
             .await
             .map_err(|e| io_error(ErrorCode::FILE_READ_FAIL, "disk recovery scan failed", e))?;
         let mut index = Index::default();
-        for (key, version, size) in recovered.objects {
-            index.insert(key, version, size);
+        for held in recovered.objects {
+            index.insert(held);
         }
         info!(
             dir = %config.dir.display(),
+            backend = store.name(),
             objects = index.entries.len(),
             bytes = index.bytes,
             dropped = recovered.dropped.len(),
@@ -322,6 +369,7 @@ impl DiskTier {
             },
             store,
             index: Mutex::new(index),
+            doomed: Mutex::default(),
             config,
         });
         server.serve_disk(inner.clone())?;
@@ -342,7 +390,7 @@ impl DiskTier {
 impl Stager for TierInner {
     fn stage(&self, object: String, size: u64) -> BoxFuture<'_, Result<StagedSlot>> {
         Box::pin(async move {
-            let readers = {
+            let (version, readers) = {
                 let mut index = self.index.lock().expect("index lock");
                 index.tick += 1;
                 let tick = index.tick;
@@ -357,18 +405,30 @@ impl Stager for TierInner {
                         )
                     })?;
                 entry.read = tick;
-                entry.readers.clone()
+                (entry.version, entry.readers.clone())
             };
-            let (slot, node, addr) = self.allocate_slot(size)?;
-            let loaded = self.load_into(&object, size, addr).await;
+            let len = read_len(&object, size, self.store.alignment());
+            let (slot, node, addr) = self.allocate_slot(len)?;
+            let loaded = self.load_into(&object, version, addr, len).await;
             drop(readers);
-            if let Err(e) = loaded {
-                self.unstage_slot(slot, node);
-                return Err(e);
-            }
+            let value = match loaded {
+                Ok(value) if value.len() as u64 == size => value,
+                Ok(_) => {
+                    self.unstage_slot(slot, node);
+                    return Err(Error::new(
+                        ErrorCode::OBJECT_NOT_FOUND,
+                        format!("the disk copy of {object:?} is of another value"),
+                    ));
+                }
+                Err(e) => {
+                    self.unstage_slot(slot, node);
+                    return Err(e);
+                }
+            };
+            self.loaded(slot);
             Ok(StagedSlot {
                 key: self.staging.key,
-                addr,
+                addr: addr + value.start as u64,
                 len: size,
                 slot,
                 ttl_ms: self.config.slot_ttl.as_millis() as u64,
@@ -378,40 +438,47 @@ impl Stager for TierInner {
 
     fn unstage(&self, slot: u64) {
         let mut slots = self.staging.slots.lock().expect("slots lock");
-        if let Some((node, _)) = slots.live.remove(&slot) {
+        // A slot still loading is not the reader's yet (it does not know its id).
+        if let Some(&(node, Some(_))) = slots.live.get(&slot) {
+            slots.live.remove(&slot);
             slots.allocator.free(node);
         }
     }
 }
 
 impl TierInner {
-    /// A staging slot of `size` bytes: (slot id, allocator node, address).
-    fn allocate_slot(&self, size: u64) -> Result<(u64, u32, u64)> {
-        let now = Instant::now();
+    /// A staging slot of `len` bytes, aligned for the disk: (slot id, allocator node,
+    /// address). Its TTL starts when it is loaded.
+    fn allocate_slot(&self, len: usize) -> Result<(u64, u32, u64)> {
+        let align = self.store.alignment().max(1) as u64;
+        let size = len as u64 + align - 1;
         let mut slots = self.staging.slots.lock().expect("slots lock");
         let allocation = slots.allocator.allocate(size).or_else(|| {
-            slots.reclaim_expired(now);
+            slots.reclaim_expired(Instant::now());
             slots.allocator.allocate(size)
         });
         let allocation = allocation.ok_or_else(|| {
             Error::new(
                 ErrorCode::BUFFER_OVERFLOW,
                 format!(
-                    "the node's {}-byte staging buffer has no room for {size} bytes; retry shortly or give the node a larger staging buffer",
+                    "the node's {}-byte staging buffer has no room for {len} bytes; retry shortly or give the node a larger staging buffer",
                     self.staging.memory.len()
                 ),
             )
         })?;
         let slot = slots.next;
         slots.next += 1;
-        slots
-            .live
-            .insert(slot, (allocation.node, now + self.config.slot_ttl));
-        Ok((
-            slot,
-            allocation.node,
-            self.staging.memory.base() + allocation.offset,
-        ))
+        slots.live.insert(slot, (allocation.node, None));
+        let start = self.staging.memory.base() + allocation.offset;
+        Ok((slot, allocation.node, start.div_ceil(align) * align))
+    }
+
+    /// Starts a loaded slot's TTL.
+    fn loaded(&self, slot: u64) {
+        let mut slots = self.staging.slots.lock().expect("slots lock");
+        if let Some((_, at)) = slots.live.get_mut(&slot) {
+            *at = Some(Instant::now() + self.config.slot_ttl);
+        }
     }
 
     fn unstage_slot(&self, slot: u64, node: u32) {
@@ -421,55 +488,86 @@ impl TierInner {
         }
     }
 
-    /// Reads `object`'s copy into the staging buffer at `addr`.
-    async fn load_into(&self, object: &str, size: u64, addr: u64) -> Result<()> {
-        let stored = self
-            .store
-            .get(object)
+    /// Reads the record of `object`'s write `version` straight into the staging buffer at
+    /// `addr` (`len` bytes) and returns where its value lies, relative to `addr`.
+    async fn load_into(
+        &self,
+        object: &str,
+        version: u64,
+        addr: u64,
+        len: usize,
+    ) -> Result<std::ops::Range<usize>> {
+        let start = self.staging.memory.range(addr, len as u64).ok_or_else(|| {
+            Error::new(ErrorCode::INTERNAL_ERROR, "staging slot outside the buffer")
+        })?;
+        // SAFETY: the slot is this stage's alone until it is loaded (reclaim and unstage skip
+        // slots still loading), and the staging memory lives as long as `self`.
+        let buf = unsafe { std::slice::from_raw_parts_mut(start.as_ptr(), len) };
+        self.store
+            .read(object, version, buf)
             .await
-            .map_err(|e| io_error(ErrorCode::FILE_READ_FAIL, "disk read failed", e))?
-            .ok_or_else(|| {
-                Error::new(
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Error::new(
                     ErrorCode::OBJECT_NOT_FOUND,
-                    format!("the disk copy of {object:?} is gone"),
-                )
-            })?;
-        if stored.value.len() as u64 != size {
-            return Err(Error::new(
-                ErrorCode::OBJECT_NOT_FOUND,
-                format!("the disk copy of {object:?} is of another value"),
-            ));
-        }
-        if !self.staging.memory.copy_in(addr, &stored.value) {
-            return Err(Error::new(
-                ErrorCode::INTERNAL_ERROR,
-                "staging slot outside the buffer",
-            ));
-        }
-        Ok(())
+                    format!("the disk copy of {object:?} is gone: {e}"),
+                ),
+                _ => io_error(ErrorCode::FILE_READ_FAIL, "disk read failed", e),
+            })
     }
 
-    /// Deletes `key`'s copy if it is `version`, once its reads are done.
-    async fn delete(&self, key: &str, version: u64, readers: Arc<()>) -> Result<()> {
-        wait_for_readers(key, readers).await;
+    /// Deletes copies taken out of the index, once their reads are done.
+    async fn delete(&self, copies: &[(String, Entry)]) -> Result<()> {
+        for (key, entry) in copies {
+            wait_for_readers(key, &entry.readers).await;
+        }
+        let writes: Vec<(String, u64)> = copies
+            .iter()
+            .map(|(key, entry)| (key.clone(), entry.version))
+            .collect();
+        self.remove_writes(&writes).await
+    }
+
+    async fn remove_writes(&self, writes: &[(String, u64)]) -> Result<()> {
         self.store
-            .remove_version(key, version)
+            .remove(writes)
             .await
-            .map(|_| ())
             .map_err(|e| io_error(ErrorCode::FILE_WRITE_FAIL, "disk delete failed", e))
+    }
+
+    /// Retries deleting evicted copies whose deletion failed: the master has forgotten them,
+    /// so they must not outlive this run (a restart would report them again).
+    async fn retry_doomed(&self) {
+        let doomed = std::mem::take(&mut *self.doomed.lock().expect("doomed lock"));
+        if doomed.is_empty() {
+            return;
+        }
+        if let Err(e) = self.remove_writes(&doomed).await {
+            warn!(
+                count = doomed.len(),
+                "evicted copies still not deleted, will retry: {e}"
+            );
+            self.doomed.lock().expect("doomed lock").extend(doomed);
+        }
     }
 }
 
 /// Phase two's wait: until no read of the copy is in progress (at most 10 s, as in spec 001).
-async fn wait_for_readers(key: &str, readers: Arc<()>) {
+async fn wait_for_readers(key: &str, readers: &Arc<()>) {
     let give_up = Instant::now() + Duration::from_secs(10);
-    while Arc::strong_count(&readers) > 1 {
+    while Arc::strong_count(readers) > 1 {
         if Instant::now() >= give_up {
             warn!(%key, "deleting a disk copy with reads still in progress after 10 s");
             return;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+}
+
+/// Offloaded values copied out of the segment, waiting to be written as one group.
+#[derive(Default)]
+struct Group {
+    copies: Vec<(OffloadOrder, Vec<u8>)>,
+    bytes: u64,
 }
 
 /// Syncs with the master until aborted.
@@ -480,6 +578,7 @@ async fn sync_loop(
     control: Arc<dyn ControlPlane>,
 ) {
     let mut pending = DiskReport::default();
+    let mut group = Group::default();
     let mut synced_mount: Option<SegmentId> = None;
     loop {
         let Some(segment) = node.segment() else {
@@ -487,7 +586,15 @@ async fn sync_loop(
             continue;
         };
         if synced_mount != Some(segment) {
-            // A new mount: the master knows none of our copies.
+            // A new mount: the master knows none of our copies, and orders taken under the
+            // old one are void.
+            if !group.copies.is_empty() {
+                warn!(
+                    count = group.copies.len(),
+                    "dropping offload copies taken before a remount"
+                );
+                group = Group::default();
+            }
             let index = tier.index.lock().expect("index lock");
             pending.recovered = index
                 .entries
@@ -495,6 +602,7 @@ async fn sync_loop(
                 .map(|(k, e)| (k.clone(), WriteId(e.version), e.size))
                 .collect();
         }
+        tier.retry_doomed().await;
         pending.want = tier.config.batch;
         let sent = Instant::now();
         let ack = match call_sync(&control, client, segment, pending.clone()).await {
@@ -508,17 +616,32 @@ async fn sync_loop(
         synced_mount = Some(segment);
         pending = DiskReport::default();
         let busy = ack.offload.len() as u32 >= tier.config.batch.max(1);
-        carry_out(
-            &tier,
-            &node,
+        carry_out_tombstones(&tier, ack.delete, &mut pending).await;
+        let lease = Duration::from_millis(ack.lease_ttl.as_millis());
+        let copies = copy_orders(&node, ack.offload, sent, lease, &mut pending);
+        let target = Sink {
+            tier: &tier,
             client,
-            &control,
+            control: &control,
             segment,
-            ack,
-            sent,
-            &mut pending,
-        )
-        .await;
+        };
+        for (order, bytes) in copies {
+            if group.copies.len() >= tier.config.group_keys.max(1)
+                || group.bytes + order.size > target.group_limit()
+            {
+                target
+                    .write_group(std::mem::take(&mut group), &mut pending)
+                    .await;
+            }
+            group.bytes += order.size;
+            group.copies.push((order, bytes));
+        }
+        // Leftovers wait for the next sync while orders keep coming.
+        if !busy && !group.copies.is_empty() {
+            target
+                .write_group(std::mem::take(&mut group), &mut pending)
+                .await;
+        }
         if !busy {
             tokio::time::sleep(tier.config.sync_interval).await;
         }
@@ -544,39 +667,46 @@ async fn call_sync(
     }
 }
 
-/// Carries out one sync's answer: tombstones, then offload orders. Results go into `pending`.
-#[allow(clippy::too_many_arguments)]
-async fn carry_out(
+/// Carries out tombstones: a key is deleted only if it holds that write.
+async fn carry_out_tombstones(
     tier: &Arc<TierInner>,
-    node: &Node,
-    client: ClientId,
-    control: &Arc<dyn ControlPlane>,
-    segment: SegmentId,
-    ack: DiskSyncAck,
-    sent: Instant,
+    tombstones: Vec<(String, WriteId)>,
     pending: &mut DiskReport,
 ) {
-    for (key, write) in ack.delete {
-        let held = {
-            let mut index = tier.index.lock().expect("index lock");
-            match index.entries.get(&key) {
-                Some(e) if e.version == write.0 => index.remove(&key),
+    let held: Vec<(String, Entry)> = {
+        let mut index = tier.index.lock().expect("index lock");
+        tombstones
+            .iter()
+            .filter_map(|(key, write)| match index.entries.get(key) {
+                Some(e) if e.version == write.0 => index.remove(key).map(|e| (key.clone(), e)),
                 _ => None,
+            })
+            .collect()
+    };
+    match tier.delete(&held).await {
+        Ok(()) => pending.deleted.extend(tombstones),
+        Err(e) => {
+            // Back into the index, so the master's next resend finds them.
+            warn!("tombstones not carried out, will retry: {e}");
+            let mut index = tier.index.lock().expect("index lock");
+            for (key, entry) in held {
+                index.bytes += entry.size;
+                index.entries.insert(key, entry);
             }
-        };
-        let deleted = match held {
-            Some(entry) => tier.delete(&key, write.0, entry.readers).await,
-            None => Ok(()),
-        };
-        match deleted {
-            Ok(()) => pending.deleted.push((key, write)),
-            Err(e) => warn!(%key, "tombstone not carried out, will retry: {e}"),
         }
     }
-    // Copy every order out of the segment while their lease holds.
-    let lease = Duration::from_millis(ack.lease_ttl.as_millis());
-    let copies: Vec<(OffloadOrder, Option<Vec<u8>>)> = ack
-        .offload
+}
+
+/// Copies every order's bytes out of the segment while their lease holds; orders that
+/// cannot be copied in time are reported failed.
+fn copy_orders(
+    node: &Node,
+    orders: Vec<OffloadOrder>,
+    sent: Instant,
+    lease: Duration,
+    pending: &mut DiskReport,
+) -> Vec<(OffloadOrder, Vec<u8>)> {
+    let copies: Vec<(OffloadOrder, Option<Vec<u8>>)> = orders
         .into_iter()
         .map(|order| {
             let mut bytes = vec![0u8; order.size as usize];
@@ -585,86 +715,126 @@ async fn carry_out(
         })
         .collect();
     let in_time = sent.elapsed() < lease;
-    for (order, bytes) in copies {
-        let key_write = (order.key.clone(), order.write);
-        let Some(bytes) = bytes.filter(|_| in_time) else {
-            warn!(key = %order.key, "offload order not copied within its lease");
-            pending.failed.push(key_write);
-            continue;
-        };
-        match write_copy(tier, client, control, segment, &order, &bytes).await {
-            Ok(()) => pending.offloaded.push(key_write),
-            Err(e) => {
-                warn!(key = %order.key, "offload failed: {e}");
-                pending.failed.push(key_write);
+    copies
+        .into_iter()
+        .filter_map(|(order, bytes)| match bytes.filter(|_| in_time) {
+            Some(bytes) => Some((order, bytes)),
+            None => {
+                warn!(key = %order.key, "offload order not copied within its lease");
+                pending.failed.push((order.key, order.write));
+                None
             }
-        }
-    }
+        })
+        .collect()
 }
 
-/// Makes room for `order` (disk eviction), then writes it.
-async fn write_copy(
-    tier: &Arc<TierInner>,
+/// Where groups of copies go: the backend, after disk eviction made room.
+struct Sink<'a> {
+    tier: &'a Arc<TierInner>,
     client: ClientId,
-    control: &Arc<dyn ControlPlane>,
+    control: &'a Arc<dyn ControlPlane>,
     segment: SegmentId,
-    order: &OffloadOrder,
-    bytes: &[u8],
-) -> Result<()> {
-    let capacity = tier.config.capacity;
-    if capacity > 0 {
-        if order.size > capacity {
-            return Err(Error::new(
-                ErrorCode::FILE_WRITE_FAIL,
-                format!(
-                    "a {}-byte value exceeds the disk tier's capacity",
-                    order.size
-                ),
-            ));
-        }
-        let victims = tier.index.lock().expect("index lock").choose_victims(
-            order.size,
-            capacity,
-            tier.config.eviction,
-            &order.key,
-        );
-        if !victims.is_empty() {
-            let report = DiskReport {
-                evicted: victims
-                    .iter()
-                    .map(|(k, e)| (k.clone(), WriteId(e.version)))
-                    .collect(),
-                ..DiskReport::default()
-            };
-            if let Err(e) = call_sync(control, client, segment, report).await {
-                // The master may still point at them: keep them.
-                let mut index = tier.index.lock().expect("index lock");
-                for (key, entry) in victims {
-                    index.bytes += entry.size;
-                    index.entries.insert(key, entry);
-                }
-                return Err(Error::new(
-                    e.code,
-                    format!("could not tell the master about disk eviction: {e}"),
-                ));
-            }
-            debug!(count = victims.len(), "disk eviction");
-            for (key, entry) in victims {
-                if let Err(e) = tier.delete(&key, entry.version, entry.readers).await {
-                    warn!(%key, "evicted copy not deleted (its space is lost until restart): {e}");
-                }
-            }
+}
+
+impl Sink<'_> {
+    /// Most bytes in one group: a group never needs more room than the disk has.
+    fn group_limit(&self) -> u64 {
+        match self.tier.config.capacity {
+            0 => self.tier.config.group_bytes,
+            capacity => self.tier.config.group_bytes.min(capacity),
         }
     }
-    tier.store
-        .put(&order.key, order.write.0, bytes)
-        .await
-        .map_err(|e| io_error(ErrorCode::FILE_WRITE_FAIL, "disk write failed", e))?;
-    tier.index
-        .lock()
-        .expect("index lock")
-        .insert(order.key.clone(), order.write.0, order.size);
-    Ok(())
+
+    /// Makes room for `group` (disk eviction), writes it, and reports the outcome.
+    async fn write_group(&self, group: Group, pending: &mut DiskReport) {
+        let capacity = self.tier.config.capacity;
+        let (items, too_large): (Vec<_>, Vec<_>) = group
+            .copies
+            .iter()
+            .partition(|(order, _)| capacity == 0 || order.size <= capacity);
+        for (order, _) in too_large {
+            warn!(key = %order.key, size = order.size, capacity, "a value larger than the disk tier is not offloaded");
+            pending.failed.push((order.key.clone(), order.write));
+        }
+        let failed = |pending: &mut DiskReport, e: &Error| {
+            warn!(count = items.len(), "offload failed: {e}");
+            pending
+                .failed
+                .extend(items.iter().map(|(o, _)| (o.key.clone(), o.write)));
+        };
+        let need = items.iter().map(|(order, _)| order.size).sum();
+        if let Err(e) = self.make_room(need).await {
+            return failed(pending, &e);
+        }
+        let batch: Vec<Item<'_>> = items
+            .iter()
+            .map(|(order, bytes)| Item {
+                key: &order.key,
+                version: order.write.0,
+                value: bytes,
+            })
+            .collect();
+        match self.tier.store.put(&batch).await {
+            Ok(held) => {
+                let mut index = self.tier.index.lock().expect("index lock");
+                for copy in held {
+                    pending
+                        .offloaded
+                        .push((copy.key.clone(), WriteId(copy.version)));
+                    index.insert(copy);
+                }
+            }
+            Err(e) => failed(
+                pending,
+                &io_error(ErrorCode::FILE_WRITE_FAIL, "disk write failed", e),
+            ),
+        }
+    }
+
+    /// Disk eviction: takes victims out of the index, tells the master, then deletes them.
+    async fn make_room(&self, need: u64) -> Result<()> {
+        let capacity = self.tier.config.capacity;
+        if capacity == 0 {
+            return Ok(());
+        }
+        let victims = self.tier.index.lock().expect("index lock").choose_victims(
+            need,
+            capacity,
+            self.tier.config.eviction,
+        );
+        if victims.is_empty() {
+            return Ok(());
+        }
+        let report = DiskReport {
+            evicted: victims
+                .iter()
+                .map(|(k, e)| (k.clone(), WriteId(e.version)))
+                .collect(),
+            ..DiskReport::default()
+        };
+        if let Err(e) = call_sync(self.control, self.client, self.segment, report).await {
+            // The master may still point at them: keep them.
+            let mut index = self.tier.index.lock().expect("index lock");
+            for (key, entry) in victims {
+                index.bytes += entry.size;
+                index.entries.insert(key, entry);
+            }
+            return Err(Error::new(
+                e.code,
+                format!("could not tell the master about disk eviction: {e}"),
+            ));
+        }
+        debug!(count = victims.len(), "disk eviction");
+        if let Err(e) = self.tier.delete(&victims).await {
+            warn!("evicted copies not deleted yet, will retry: {e}");
+            self.tier
+                .doomed
+                .lock()
+                .expect("doomed lock")
+                .extend(victims.into_iter().map(|(key, entry)| (key, entry.version)));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -674,18 +844,23 @@ mod tests {
     #[test]
     fn victims_follow_the_policy_and_spare_the_incoming_key() {
         let mut index = Index::default();
-        for (i, key) in ["a", "b", "c", "d"].iter().enumerate() {
-            index.insert(key.to_string(), i as u64, 100);
+        // Units: {a}, {b, c} (one bucket), {d}.
+        for (i, (key, unit)) in [("a", 1), ("b", 2), ("c", 2), ("d", 3)].iter().enumerate() {
+            index.insert(Held {
+                key: key.to_string(),
+                version: i as u64,
+                len: 100,
+                unit: *unit,
+            });
         }
         index.entries.get_mut("a").unwrap().read = 10;
-        let fifo = index
-            .clone()
-            .choose_victims(150, 400, DiskEviction::Fifo, "b");
+        let fifo = index.clone().choose_victims(150, 400, DiskEviction::Fifo);
         let names: Vec<&str> = fifo.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(names, ["a", "c"], "oldest first, never the incoming key");
-        let lru = index.choose_victims(100, 400, DiskEviction::Lru, "zzz");
+        assert_eq!(names, ["a", "b", "c"], "oldest first, whole units");
+        let lru = index.clone().choose_victims(100, 400, DiskEviction::Lru);
         let names: Vec<&str> = lru.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(names, ["b"], "never-read copies go before read ones");
-        assert_eq!(index.bytes, 300);
+        assert_eq!(names, ["b", "c"], "never-read units go before read ones");
+        assert!(index.choose_victims(100, 500, DiskEviction::Lru).is_empty());
+        assert_eq!(index.bytes, 400);
     }
 }

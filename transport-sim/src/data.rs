@@ -3,7 +3,7 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -18,12 +18,14 @@ use tracing::warn;
 use crate::datagram::{MAX_BULK, decode, encode};
 use crate::mux::Mux;
 use crate::net::SimNet;
-use crate::server::spawn_server;
+use crate::server::{Handled, spawn_server};
 
 /// A node's data server on the simulated network.
 pub struct SimDataServer {
     endpoint: Arc<str>,
     exports: Arc<ExportTable>,
+    /// The node's disk tier, once it serves one.
+    stager: Arc<RwLock<Option<Arc<dyn Stager>>>>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -35,16 +37,21 @@ impl SimDataServer {
         key_seed: u64,
     ) -> io::Result<Arc<SimDataServer>> {
         let exports = Arc::new(ExportTable::new(key_seed));
-        let table = exports.clone();
+        let stager: Arc<RwLock<Option<Arc<dyn Stager>>>> = Arc::default();
+        let (table, disk) = (exports.clone(), stager.clone());
         let task = spawn_server(
             net,
             bind,
-            Box::new(move |datagram, from| serve(&table, datagram, from)),
+            Box::new(move |datagram, from| {
+                let stager = disk.read().unwrap_or_else(|e| e.into_inner()).clone();
+                serve(&table, stager, datagram, from)
+            }),
         )
         .await?;
         Ok(Arc::new(SimDataServer {
             endpoint: bind.to_string().into(),
             exports,
+            stager,
             task: Mutex::new(Some(task)),
         }))
     }
@@ -69,15 +76,21 @@ impl Drop for SimDataServer {
 }
 
 /// Performs one transfer request; the reply carries read data.
-fn serve(exports: &ExportTable, datagram: &[u8], from: SocketAddr) -> Option<Vec<u8>> {
+fn serve(
+    exports: &ExportTable,
+    stager: Option<Arc<dyn Stager>>,
+    datagram: &[u8],
+    from: SocketAddr,
+) -> Handled {
     let (id, request, bulk) = match decode::<DataRequest>(datagram) {
         Ok(decoded) => decoded,
         Err(e) => {
             warn!(%from, "refusing a transfer: {e}");
-            return None;
+            return Handled::Now(None);
         }
     };
-    let reply = |response: DataResponse, bulk: &[&[u8]]| Some(encode(id, &response, bulk));
+    let reply =
+        |response: DataResponse, bulk: &[&[u8]]| Handled::Now(Some(encode(id, &response, bulk)));
     match request {
         DataRequest::Write {
             key,
@@ -127,17 +140,25 @@ fn serve(exports: &ExportTable, datagram: &[u8], from: SocketAddr) -> Option<Vec
             reply(Ok(DataReply::Done), &[&data])
         }
         DataRequest::Probe { .. } => reply(Ok(DataReply::Done), &[]),
-        DataRequest::Stage { .. } | DataRequest::Unstage { .. } => reply(Err(no_disk_tier()), &[]),
+        DataRequest::Stage { object, size } => match stager {
+            Some(stager) => Handled::Later(Box::pin(async move {
+                let response = stager.stage(object, size).await.map(DataReply::Staged);
+                Some(encode(id, &response, &[]))
+            })),
+            None => reply(Err(no_disk_tier()), &[]),
+        },
+        DataRequest::Unstage { slot } => match stager {
+            Some(stager) => {
+                stager.unstage(slot);
+                reply(Ok(DataReply::Done), &[])
+            }
+            None => reply(Err(no_disk_tier()), &[]),
+        },
     }
 }
 
-/// Simulated nodes serve no disk tier yet: the simulated data server answers synchronously,
-/// and staging needs the node's asynchronous disk reads.
 fn no_disk_tier() -> Error {
-    Error::new(
-        ErrorCode::INVALID_PARAMS,
-        "the simulated data server serves no disk tier",
-    )
+    Error::new(ErrorCode::INVALID_PARAMS, "this node serves no disk tier")
 }
 
 /// The simulation's shared clock, in microseconds.
@@ -159,8 +180,9 @@ impl DataServer for SimDataServer {
         self.exports.unexport(key);
     }
 
-    fn serve_disk(&self, _stager: Arc<dyn Stager>) -> Result<()> {
-        Err(no_disk_tier())
+    fn serve_disk(&self, stager: Arc<dyn Stager>) -> Result<()> {
+        *self.stager.write().unwrap_or_else(|e| e.into_inner()) = Some(stager);
+        Ok(())
     }
 }
 

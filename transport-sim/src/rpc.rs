@@ -14,7 +14,7 @@ use tracing::warn;
 use crate::datagram::{decode, encode};
 use crate::mux::Mux;
 use crate::net::SimNet;
-use crate::server::spawn_server;
+use crate::server::{Handled, spawn_server};
 
 /// RPC to the master over the simulated network. A lost request or reply is a timeout
 /// (`RPC_FAIL`); nothing is retried, as over a broken TCP connection.
@@ -73,10 +73,12 @@ pub async fn serve_rpc(
         bind,
         Box::new(
             move |datagram, from| match decode::<MasterRequest>(datagram) {
-                Ok((id, request, _)) => Some(encode(id, &handler.handle(request), &[])),
+                Ok((id, request, _)) => {
+                    Handled::Now(Some(encode(id, &handler.handle(request), &[])))
+                }
                 Err(e) => {
                     warn!(%from, "refusing a request: {e}");
-                    None
+                    Handled::Now(None)
                 }
             },
         ),

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use madsim::net::Endpoint;
+use mooring_core::transport::BoxFuture;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
@@ -39,8 +40,16 @@ impl SeenIds {
     }
 }
 
-/// Answers one intact, first-time request datagram; `None` sends no reply.
-pub(crate) type Handler = Box<dyn Fn(&[u8], SocketAddr) -> Option<Vec<u8>> + Send + Sync>;
+/// A handler's answer to one request.
+pub(crate) enum Handled {
+    /// Answered at once (in arrival order); `None` sends no reply.
+    Now(Option<Vec<u8>>),
+    /// Answered when the future completes (a disk read), while later requests are served.
+    Later(BoxFuture<'static, Option<Vec<u8>>>),
+}
+
+/// Answers one intact, first-time request datagram.
+pub(crate) type Handler = Box<dyn Fn(&[u8], SocketAddr) -> Handled + Send + Sync>;
 
 /// Binds `bind` and serves requests with `handler` until the returned task is aborted.
 pub(crate) async fn spawn_server(
@@ -73,8 +82,17 @@ pub(crate) async fn spawn_server(
                 net.count_deduplicated();
                 continue;
             }
-            if let Some(reply) = handler(&datagram, from) {
-                net.send(&endpoint, addr, from, TAG_REPLY, reply);
+            match handler(&datagram, from) {
+                Handled::Now(Some(reply)) => net.send(&endpoint, addr, from, TAG_REPLY, reply),
+                Handled::Now(None) => {}
+                Handled::Later(answer) => {
+                    let (net, endpoint) = (net.clone(), endpoint.clone());
+                    tokio::spawn(async move {
+                        if let Some(reply) = answer.await {
+                            net.send(&endpoint, addr, from, TAG_REPLY, reply);
+                        }
+                    });
+                }
             }
         }
     }))
