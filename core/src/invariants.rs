@@ -130,6 +130,14 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
         if object.replicas.is_empty() && (object.writing || !object.has_disk_replica()) {
             return Err(violation("object-shape", format!("{key:?} has no replica")));
         }
+        if master.disks.has_ghost(key) {
+            return Err(violation(
+                "disk-ghost",
+                format!(
+                    "{key:?} exists, yet a departed node's older copy of it could still be adopted"
+                ),
+            ));
+        }
         if object.has_disk_replica() {
             disk_replicas += 1;
             if master.segments.get(object.disk).is_none() || !master.disks.has_disk(object.disk) {

@@ -43,6 +43,8 @@ pub(crate) struct Counters {
     pub lost_objects: u64,
     /// Objects with a disk copy.
     pub disk_replicas: u64,
+    /// Disk copies recorded (offloaded or recovered).
+    pub disk_copies_recorded: u64,
     /// Prefetches started, and prefetches that found no memory.
     pub prefetches: u64,
     pub prefetch_failures: u64,
@@ -86,6 +88,8 @@ pub struct Stats {
     pub disk_replicas: u64,
     /// Disk copies the master dropped that their nodes have not yet deleted.
     pub disk_tombstones: u64,
+    /// Disk copies recorded since start (offloaded, or recovered after a restart).
+    pub disk_copies_recorded: u64,
     /// Prefetches (RFC 003) started since start.
     pub prefetches: u64,
     /// Prefetches that found no memory to promote into, since start.
@@ -201,6 +205,7 @@ impl Master {
             lost_objects: self.counters.lost_objects,
             events_dropped: self.events.dropped(),
             disk_replicas: self.counters.disk_replicas,
+            disk_copies_recorded: self.counters.disk_copies_recorded,
             disk_tombstones: self.disks.tombstone_count() as u64,
             prefetches: self.counters.prefetches,
             prefetch_failures: self.counters.prefetch_failures,

@@ -140,12 +140,17 @@ impl Master {
             .map(|(object_slot, _)| object_slot)
             .collect();
         self.forget_disk(slot);
+        let name = self.segments.at(slot).name.clone();
         let mut replicas_dropped = 0;
         let mut objects_lost = 0;
         for object_slot in affected {
-            // The node's disk copies go unreachable with it; a restarted node registers them
-            // again (see `offload`).
-            if self.objects.at(object_slot).disk == slot {
+            // The node's disk copies go unreachable with it; a restarted node may register
+            // them again (see `offload`).
+            let disk_copy = (self.objects.at(object_slot).disk == slot).then(|| {
+                let object = self.objects.at(object_slot);
+                (object.key.clone(), object.write_id)
+            });
+            if disk_copy.is_some() {
                 self.clear_disk_copy(object_slot);
             }
             let object = self.objects.at_mut(object_slot);
@@ -159,6 +164,10 @@ impl Master {
             } else {
                 !object.is_readable()
             };
+            if let Some((key, write)) = disk_copy {
+                self.disk_copy_departed(&name, &key, write, lost);
+            }
+            let object = self.objects.at_mut(object_slot);
             if lost {
                 if let Some(task) = object.task() {
                     self.abandon_task(task);

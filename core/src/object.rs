@@ -39,7 +39,8 @@ pub enum ReplicaStatus {
 pub struct ReplicaDescriptor {
     /// The segment holding the replica; resolve its endpoint with `Master::segment_info`.
     pub segment: SegmentId,
-    /// Absolute address of the first byte (segment base + offset).
+    /// Memory: absolute address of the first byte (segment base + offset). Disk: the write
+    /// id of the copy, which the node checks before serving it.
     pub addr: u64,
     /// Length of the value in bytes.
     pub len: u64,

@@ -61,6 +61,14 @@ pub(crate) struct Disks {
     queues: BTreeMap<u32, VecDeque<(u32, WriteId)>>,
     /// Segment name → disk copies the master dropped and the node has not confirmed deleting.
     tombstones: BTreeMap<Box<str>, BTreeSet<(Box<str>, WriteId)>>,
+    /// Key → the disk copy (segment name, write) of an object that went away with its node
+    /// and had no other copy: the node may bring it back, unless the key is written again
+    /// first (the copy then becomes a tombstone, or it would resurrect an older value).
+    ghosts: BTreeMap<Box<str>, (Box<str>, WriteId)>,
+    /// Names of segments whose disks this master has synced with. A disk seen for the first
+    /// time may hold copies from before this master's time, which it adopts; a disk seen
+    /// before holds nothing the master should not already know of (see `disk_copy_recovered`).
+    known: BTreeSet<Box<str>>,
 }
 
 impl Disks {
@@ -72,6 +80,11 @@ impl Disks {
     /// Whether `(object slot, write)` waits in some offload queue.
     pub(crate) fn is_queued_anywhere(&self, object: u32, write: WriteId) -> bool {
         self.queues.values().any(|q| q.contains(&(object, write)))
+    }
+
+    /// Whether `key` has a ghost.
+    pub(crate) fn has_ghost(&self, key: &str) -> bool {
+        self.ghosts.contains_key(key)
     }
 
     /// Tombstones outstanding, over all disks.
@@ -188,8 +201,10 @@ impl Master {
                 self.objects.at_mut(slot).offload = OffloadMark::Failed;
             }
         }
+        let first_sync = self.disks.known.insert(name.clone());
         for (key, write, size) in &report.recovered {
-            self.disk_copy_recovered(client, seg, &name, key, *write, *size, now);
+            let copy = (key.as_str(), *write, *size);
+            self.disk_copy_recovered(client, seg, &name, copy, first_sync, now);
         }
         let offload = self.issue_orders(seg, report.want as usize, now);
         let delete = self
@@ -237,7 +252,7 @@ impl Master {
         {
             return Ok((true, None));
         }
-        let (size, disk) = (object.size, object.disk);
+        let (size, disk, write) = (object.size, object.disk, object.write_id);
         let placed = match self.place_or_evict(size, 1, preferred, &[], now) {
             Ok(placed) => placed,
             Err(e) => {
@@ -264,7 +279,7 @@ impl Master {
             true,
             Some(PrefetchGrant {
                 grant: self.grant(slot),
-                source: self.segments.describe_disk(disk, size),
+                source: self.segments.describe_disk(disk, write, size),
             }),
         ))
     }
@@ -312,6 +327,7 @@ impl Master {
         if object.disk == NO_DISK {
             self.counters.disk_replicas += 1;
         }
+        self.counters.disk_copies_recorded += 1;
         object.disk = disk;
         object.offload = OffloadMark::None;
     }
@@ -361,6 +377,33 @@ impl Master {
             .filter(|&slot| self.objects.at(slot).write_id == write)
     }
 
+    /// The node of segment `name` went away holding the disk copy `(key, write)`. If the
+    /// object went with it (`vanished`), the node may bring it back (a ghost); otherwise the
+    /// object lives on in memory and may change before the node returns, so the copy is
+    /// deleted when it does (a tombstone).
+    pub(crate) fn disk_copy_departed(
+        &mut self,
+        name: &str,
+        key: &str,
+        write: WriteId,
+        vanished: bool,
+    ) {
+        if !vanished {
+            self.tombstone(name, key, write);
+            return;
+        }
+        self.bury_ghost(key);
+        self.disks.ghosts.insert(key.into(), (name.into(), write));
+    }
+
+    /// `key` is written again: a ghost copy of it would be an older value, so it is deleted
+    /// when its node returns.
+    pub(crate) fn bury_ghost(&mut self, key: &str) {
+        if let Some((name, write)) = self.disks.ghosts.remove(key) {
+            self.tombstone(&name, key, write);
+        }
+    }
+
     fn tombstone(&mut self, name: &str, key: &str, write: WriteId) {
         self.disks
             .tombstones
@@ -403,16 +446,19 @@ impl Master {
         }
     }
 
-    /// A copy found on disk after a mount.
-    #[allow(clippy::too_many_arguments)]
+    /// A copy `(key, write, size)` found on the disk of segment `seg` (named `name`) after a
+    /// mount. It is adopted if it is the object's current value, or the value of an object
+    /// that went away with this node (a ghost), or, on the first sync this master has with
+    /// the disk (`first_sync`), any copy of a key that has no value now. Anything else is
+    /// older than what the master knows (written, or removed, since) or was never reported,
+    /// and is deleted.
     fn disk_copy_recovered(
         &mut self,
         client: ClientId,
         seg: u32,
         name: &str,
-        key: &str,
-        write: WriteId,
-        size: u64,
+        (key, write, size): (&str, WriteId, u64),
+        first_sync: bool,
         now: Millis,
     ) {
         let deleted = self
@@ -429,6 +475,19 @@ impl Master {
         }
         match self.objects.find(key) {
             None => {
+                let ghost = self.disks.ghosts.get(key).cloned();
+                let adopt = match &ghost {
+                    Some((ghost_name, ghost_write)) => {
+                        (ghost_name.as_ref(), *ghost_write) == (name, write)
+                            || (first_sync && write > *ghost_write)
+                    }
+                    None => first_sync,
+                };
+                if !adopt {
+                    self.tombstone(name, key, write);
+                    return;
+                }
+                self.bury_ghost_unless(key, name, write);
                 let slot = self
                     .objects
                     .insert(Object::new(key, size, client, write, now));
@@ -444,6 +503,18 @@ impl Master {
                     self.tombstone(name, key, write);
                 }
             }
+        }
+    }
+
+    /// Drops `key`'s ghost: forgotten if it is the copy `(name, write)` being adopted,
+    /// otherwise tombstoned (another copy wins).
+    fn bury_ghost_unless(&mut self, key: &str, name: &str, write: WriteId) {
+        match self.disks.ghosts.get(key) {
+            Some((n, w)) if (n.as_ref(), *w) == (name, write) => {
+                self.disks.ghosts.remove(key);
+            }
+            Some(_) => self.bury_ghost(key),
+            None => {}
         }
     }
 

@@ -289,6 +289,7 @@ impl Master {
             hard_pinned,
             ..Object::new(key, size, client, write_id, now)
         };
+        self.bury_ghost(key);
         let slot = self.objects.insert(object);
         self.objects.at_mut(slot).set_soft_pin(soft_pin_ttl, now);
         self.track_write(slot);

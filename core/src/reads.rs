@@ -135,7 +135,10 @@ impl Master {
             .map(|r| self.segments.describe(r, object.size))
             .collect();
         if object.has_disk_replica() {
-            replicas.push(self.segments.describe_disk(object.disk, object.size));
+            replicas.push(
+                self.segments
+                    .describe_disk(object.disk, object.write_id, object.size),
+            );
         }
         ReplicaList {
             replicas,

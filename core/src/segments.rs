@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use crate::allocator::{Allocation, MAX_CAPACITY, OffsetAllocator};
 use crate::error::{Error, ErrorCode, Result};
-use crate::ids::{ClientId, SegmentId};
+use crate::ids::{ClientId, SegmentId, WriteId};
 use crate::object::{Medium, Replica, ReplicaDescriptor, ReplicaStatus};
 
 /// Replica blocks are multiples of this many bytes and start on such a boundary.
@@ -280,11 +280,12 @@ impl Segments {
         }
     }
 
-    /// The client-facing view of a disk replica held by the node of the segment in `slot`.
-    pub(crate) fn describe_disk(&self, slot: u32, len: u64) -> ReplicaDescriptor {
+    /// The client-facing view of a disk replica of write `write`, held by the node of the
+    /// segment in `slot`.
+    pub(crate) fn describe_disk(&self, slot: u32, write: WriteId, len: u64) -> ReplicaDescriptor {
         ReplicaDescriptor {
             segment: self.at(slot).id,
-            addr: 0,
+            addr: write.0,
             len,
             status: ReplicaStatus::Complete,
             medium: Medium::Disk,

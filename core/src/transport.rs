@@ -80,13 +80,14 @@ pub trait DataPlane: Send + Sync {
         ops: Vec<WriteOp<'a>>,
         valid_for: Duration,
     ) -> BoxFuture<'a, Result<()>>;
-    /// Asks `node` to load the disk copy of `object` (`size` bytes) into its staging buffer.
-    /// Read it from the returned slot (at `NodeAddr { key: slot.key, .. }`), then
-    /// [`DataPlane::unstage`] it.
+    /// Asks `node` to load the disk copy of `object` (write `write`, `size` bytes) into its
+    /// staging buffer. Read it from the returned slot (at `NodeAddr { key: slot.key, .. }`),
+    /// then [`DataPlane::unstage`] it.
     fn stage<'a>(
         &'a self,
         node: &'a NodeAddr,
         object: &'a str,
+        write: u64,
         size: u64,
     ) -> BoxFuture<'a, Result<StagedSlot>>;
     /// Frees a staging slot on `node`.
@@ -96,8 +97,9 @@ pub trait DataPlane: Send + Sync {
 /// A node's disk tier as its data server sees it: loads disk copies into the staging buffer
 /// for readers, and frees the slots.
 pub trait Stager: Send + Sync + 'static {
-    /// Stages the disk copy of `object`, which the master says is `size` bytes.
-    fn stage(&self, object: String, size: u64) -> BoxFuture<'_, Result<StagedSlot>>;
+    /// Stages the disk copy of `object`'s write `write`, which the master says is `size`
+    /// bytes.
+    fn stage(&self, object: String, write: u64, size: u64) -> BoxFuture<'_, Result<StagedSlot>>;
     /// Frees a slot; unknown slots (already reclaimed) are fine.
     fn unstage(&self, slot: u64);
 }

@@ -34,7 +34,7 @@ use crate::time::Millis;
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MOOR";
 /// The wire format version this build speaks.
-pub const WIRE_VERSION: u8 = 4;
+pub const WIRE_VERSION: u8 = 5;
 /// Length of the frame header.
 pub const HEADER_LEN: usize = 24;
 /// Largest frame payload accepted (a batch of many keys fits; bulk data travels outside).
@@ -466,6 +466,9 @@ mod data {
             object: String,
             /// Its length, as the master described it.
             size: u64,
+            /// The write the master described (a node holding another write of the key
+            /// refuses).
+            write: u64,
         },
         /// Free a staging slot (a slot never freed is reclaimed after its TTL).
         Unstage {
@@ -588,6 +591,7 @@ mod tests {
         roundtrip(&DataRequest::Stage {
             object: "k".into(),
             size: 10,
+            write: 3,
         });
         roundtrip::<DataResponse>(&Ok(DataReply::Staged(StagedSlot {
             key: 1,

@@ -384,6 +384,110 @@ fn a_remount_reregisters_intact_copies_and_a_lost_node_takes_its_copies() {
     );
 }
 
+fn mount_as_a(f: &mut Fixture, name: &str) {
+    let spec = SegmentSpec {
+        name: name.into(),
+        base: 0xA000_0000_0000,
+        size: MIB,
+        endpoint: format!("{name}:7000"),
+        key: 9,
+    };
+    f.m.mount_segment(A, &spec, f.now).unwrap();
+    f.check();
+}
+
+/// The node holding `k`'s only (disk) copy is presumed dead; returns a spec to mount its
+/// segment again under a new owner.
+fn lose_the_node(f: &mut Fixture) -> SegmentSpec {
+    // A (who stays) contributes memory that outlives the node.
+    if !f.m.segments().iter().any(|s| s.name == "a-mem") {
+        mount_as_a(f, "a-mem");
+    }
+    f.advance(Millis::from_secs(11));
+    f.m.heartbeat(A, f.now);
+    f.m.tick(f.now);
+    f.check();
+    SegmentSpec {
+        name: "seg0".into(),
+        base: 0x9000_0000_0000,
+        size: MIB,
+        endpoint: "seg0:7001".into(),
+        key: 8,
+    }
+}
+
+#[test]
+fn a_departed_copy_of_a_key_written_again_never_comes_back() {
+    let mut f = write_through();
+    let w = disk_only(&mut f, "k");
+    let spec = lose_the_node(&mut f);
+    assert_eq!(code(f.get("k")), ErrorCode::OBJECT_NOT_FOUND);
+    // While the node is away the key is written again and removed.
+    f.put(A, "k", 4 * KIB, &one());
+    f.remove("k").unwrap();
+    f.check();
+    let node2 = ClientId(0x90DF);
+    let id = f.m.mount_segment(node2, &spec, f.now).unwrap();
+    let report = DiskReport {
+        recovered: vec![("k".into(), w, 4 * KIB)],
+        ..DiskReport::default()
+    };
+    let ack = f.m.disk_sync(node2, id, report, f.now).unwrap();
+    f.check();
+    assert_eq!(
+        ack.delete,
+        vec![("k".to_string(), w)],
+        "the old copy is deleted"
+    );
+    assert_eq!(
+        code(f.get("k")),
+        ErrorCode::OBJECT_NOT_FOUND,
+        "not resurrected"
+    );
+}
+
+#[test]
+fn a_departed_copy_of_a_value_still_in_memory_is_deleted_on_return() {
+    let mut f = write_through();
+    mount_as_a(&mut f, "a-mem");
+    // Two replicas: the one on A's segment (A stays) outlives seg0's node.
+    let g = f.put(A, "k", 4 * KIB, &ReplicateConfig::replicas(2));
+    assert_eq!(offload_all(&mut f, "seg0"), vec!["k".to_string()]);
+    let spec = lose_the_node(&mut f);
+    assert_eq!(media(&mut f, "k"), vec![Medium::Memory]);
+    f.advance(Millis::from_secs(6));
+    f.remove("k").unwrap();
+    let node2 = ClientId(0x90DF);
+    let id = f.m.mount_segment(node2, &spec, f.now).unwrap();
+    let report = DiskReport {
+        recovered: vec![("k".into(), g.write_id, 4 * KIB)],
+        ..DiskReport::default()
+    };
+    let ack = f.m.disk_sync(node2, id, report, f.now).unwrap();
+    f.check();
+    assert_eq!(ack.delete, vec![("k".to_string(), g.write_id)]);
+    assert_eq!(code(f.get("k")), ErrorCode::OBJECT_NOT_FOUND);
+}
+
+#[test]
+fn a_disk_seen_before_has_its_unreported_copies_deleted_a_new_disk_has_them_adopted() {
+    let mut f = write_through();
+    // seg0's disk has synced with this master: a copy it never reported (written just before
+    // a crash, say) may be of a value since overwritten and evicted, so it goes.
+    let recovered = |key: &str| DiskReport {
+        recovered: vec![(key.into(), WriteId(999), 4 * KIB)],
+        ..DiskReport::default()
+    };
+    let ack = sync(&mut f, "seg0", recovered("unreported"));
+    assert_eq!(ack.delete, vec![("unreported".to_string(), WriteId(999))]);
+    assert_eq!(code(f.get("unreported")), ErrorCode::OBJECT_NOT_FOUND);
+    // A disk this master has never synced with holds copies from before its time: adopted.
+    f.mount("seg1", MIB);
+    let ack = sync(&mut f, "seg1", recovered("older"));
+    assert!(ack.delete.is_empty());
+    assert_eq!(media(&mut f, "older"), vec![Medium::Disk]);
+}
+
 #[test]
 fn a_recovered_copy_never_replaces_a_newer_value() {
     let mut f = write_through();

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use mooring::disk_tier::{DiskDevice, DiskTierConfig};
 use mooring::{
     Client, ClientConfig, Contribution, MasterService, NodeConfig, RunningMaster, SegmentConfig,
     StandaloneNode, random_client_id,
@@ -76,11 +77,23 @@ pub async fn storage_node(world: Arc<World>, i: usize) {
 
 async fn start_node(world: &World, i: usize, name: &str) -> Result<StandaloneNode> {
     let id = random_client_id();
+    let disk = world.plan.disk.as_ref().map(|d| DiskTierConfig {
+        device: Some(DiskDevice(world.disks[i].clone())),
+        backend: d.backend,
+        capacity: d.capacity,
+        eviction: d.eviction,
+        group_keys: d.group_keys,
+        staging: 1 << 20,
+        slot_ttl: d.slot_ttl,
+        sync_interval: Duration::from_millis(100),
+        batch: 8,
+        ..DiskTierConfig::new(name)
+    });
     let config = NodeConfig {
         name: Some(name.to_string()),
         size: world.plan.shape.node_bytes,
         prefault: false,
-        disk: None,
+        disk,
     };
     let member = Member::Node(i);
     match world.plan.transport {

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use mooring::disk_tier::{DiskBackend, DiskEviction};
 use mooring_core::rng::Rng;
 use mooring_core::{MasterConfig, Millis};
 
@@ -104,6 +105,22 @@ pub enum Fault {
         /// How long.
         lasts: Duration,
     },
+    /// A storage node's disk fails reads, writes and syncs (EIO) at `rate` each.
+    DiskErrors {
+        /// Which node.
+        node: usize,
+        /// Chance each operation fails.
+        rate: f64,
+        /// How long.
+        lasts: Duration,
+    },
+    /// Flip one bit of a file on a storage node's disk (bit rot), chosen by `pick`.
+    RotDisk {
+        /// Which node.
+        node: usize,
+        /// Picks the file and the bit.
+        pick: u64,
+    },
 }
 
 impl Fault {
@@ -114,7 +131,9 @@ impl Fault {
             Fault::Partition { lasts, .. }
             | Fault::Isolate { lasts, .. }
             | Fault::Noise { lasts, .. }
-            | Fault::PauseNode { lasts, .. } => *lasts,
+            | Fault::PauseNode { lasts, .. }
+            | Fault::DiskErrors { lasts, .. } => *lasts,
+            Fault::RotDisk { .. } => Duration::ZERO,
         }
     }
 }
@@ -160,6 +179,15 @@ impl fmt::Display for Fault {
                 "noise for {lasts:?}: loss {loss:.3}, duplicate {duplicate:.3}, corrupt {corrupt:.3}, delay up to {max_delay:?}"
             ),
             Fault::PauseNode { node, lasts } => write!(f, "pause node{node} for {lasts:?}"),
+            Fault::DiskErrors { node, rate, lasts } => {
+                write!(
+                    f,
+                    "node{node}'s disk fails {rate:.2} of operations for {lasts:?}"
+                )
+            }
+            Fault::RotDisk { node, pick } => {
+                write!(f, "flip a bit on node{node}'s disk ({pick:#x})")
+            }
         }
     }
 }
@@ -200,6 +228,82 @@ impl Default for Shape {
     }
 }
 
+/// The storage nodes' disk tiers in a run (every node has one, on a simulated disk that
+/// survives the node's restarts).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DiskPlan {
+    /// The on-disk layout.
+    pub backend: DiskBackend,
+    /// Most bytes each disk keeps (small: disk eviction runs).
+    pub capacity: u64,
+    /// Disk eviction order.
+    pub eviction: DiskEviction,
+    /// Direct-I/O alignment the simulated disks demand.
+    pub alignment: usize,
+    /// Values per offload group (bucket).
+    pub group_keys: usize,
+    /// How long a staged value waits for its reader.
+    pub slot_ttl: Duration,
+    /// On a node's kill, the chance each unsynced write is torn, and lost.
+    pub torn_on_crash: f64,
+    /// See `torn_on_crash`.
+    pub lost_on_crash: f64,
+    /// Whether every completed write is offloaded, not only evicted ones.
+    pub write_through: bool,
+}
+
+impl DiskPlan {
+    /// Drawn from its own stream, so that adding disks left every other choice of a seed
+    /// unchanged.
+    fn generate(seed: u64) -> Option<DiskPlan> {
+        let mut rng = Rng::seeded(seed ^ 0xD15C_7E55);
+        if !chance(&mut rng, 0.75) {
+            return None;
+        }
+        let backends = [DiskBackend::FilePerKey];
+        Some(DiskPlan {
+            backend: backends[rng.below(backends.len())],
+            capacity: [256 << 10, 1 << 20, 4 << 20][rng.below(3)],
+            eviction: if chance(&mut rng, 0.5) {
+                DiskEviction::Fifo
+            } else {
+                DiskEviction::Lru
+            },
+            alignment: [1, 512][rng.below(2)],
+            group_keys: 1 + rng.below(8),
+            slot_ttl: Duration::from_millis(100 + rng.below(2000) as u64),
+            torn_on_crash: rng.below(50) as f64 / 100.0,
+            lost_on_crash: rng.below(50) as f64 / 100.0,
+            write_through: chance(&mut rng, 0.3),
+        })
+    }
+
+    /// Disk faults for a run with `nodes` storage nodes over `horizon`.
+    fn faults(seed: u64, nodes: usize, horizon: Duration) -> Vec<(Duration, Fault)> {
+        let mut rng = Rng::seeded(seed ^ 0xD15C_FA17);
+        let ms = |n: u64| Duration::from_millis(n);
+        (0..rng.below(4))
+            .map(|_| {
+                let at = between(&mut rng, ms(300), horizon);
+                let node = rng.below(nodes);
+                let fault = if chance(&mut rng, 0.6) {
+                    Fault::DiskErrors {
+                        node,
+                        rate: (1 + rng.below(60)) as f64 / 100.0,
+                        lasts: between(&mut rng, ms(100), ms(4000)),
+                    }
+                } else {
+                    Fault::RotDisk {
+                        node,
+                        pick: rng.next_u64(),
+                    }
+                };
+                (at, fault)
+            })
+            .collect()
+    }
+}
+
 /// Everything a run does, fixed by its seed.
 #[derive(Clone, Debug)]
 pub struct Plan {
@@ -218,6 +322,8 @@ pub struct Plan {
     pub faults: Vec<(Duration, Fault)>,
     /// The cluster and the work.
     pub shape: Shape,
+    /// The nodes' disk tiers, if they have them.
+    pub disk: Option<DiskPlan>,
 }
 
 fn between(rng: &mut Rng, lo: Duration, hi: Duration) -> Duration {
@@ -232,7 +338,7 @@ fn chance(rng: &mut Rng, p: f64) -> bool {
 impl Plan {
     /// The plan for `seed`. `transport` forces a transport (default: even seeds TCP, odd
     /// seeds sim).
-    pub fn generate(seed: u64, transport: Option<Transport>, shape: Shape) -> Plan {
+    pub fn generate(seed: u64, transport: Option<Transport>, mut shape: Shape) -> Plan {
         let mut rng = Rng::seeded(seed ^ 0x706c_616e);
         let transport = transport.unwrap_or(if seed.is_multiple_of(2) {
             Transport::Tcp
@@ -245,6 +351,11 @@ impl Plan {
         let discard = between(&mut rng, ms(1000), ms(3000));
         let release = discard + between(&mut rng, ms(2000), ms(4000));
         let millis = |d: Duration| Millis(d.as_millis() as u64);
+        let disk = DiskPlan::generate(seed);
+        if disk.is_some() {
+            // Less memory, so values are evicted (offloaded) and read back from disk.
+            shape.node_bytes /= 3;
+        }
         let master = MasterConfig {
             seed,
             lease_ttl: millis(lease),
@@ -253,6 +364,7 @@ impl Plan {
             client_ttl: millis(client_ttl),
             eviction_high_watermark: 0.9,
             eviction_ratio: 0.1,
+            offload_write_through: disk.as_ref().is_some_and(|d| d.write_through),
             ..MasterConfig::default()
         };
         let buggify = chance(&mut rng, 0.5);
@@ -266,6 +378,9 @@ impl Plan {
                 let fault = Self::fault(&mut rng, transport, &shape, client_ttl, release);
                 faults.push((at, fault));
             }
+            if disk.is_some() {
+                faults.extend(DiskPlan::faults(seed, shape.nodes, horizon));
+            }
             faults.sort_by_key(|(at, _)| *at);
         }
         // Drawn from its own stream, so adding it left every other choice of a seed unchanged.
@@ -278,6 +393,7 @@ impl Plan {
             master,
             faults,
             shape,
+            disk,
         }
     }
 
@@ -403,6 +519,26 @@ impl fmt::Display for Plan {
             m.put_start_discard_timeout.as_millis(),
             m.put_start_release_timeout.as_millis()
         )?;
+        match &self.disk {
+            Some(d) => writeln!(
+                f,
+                "  disks: {:?}, {} KiB each, {:?} eviction, alignment {}, {} per group, slot TTL {:?}, crash tears {:.2} / loses {:.2} of unsynced writes{}",
+                d.backend,
+                d.capacity >> 10,
+                d.eviction,
+                d.alignment,
+                d.group_keys,
+                d.slot_ttl,
+                d.torn_on_crash,
+                d.lost_on_crash,
+                if d.write_through {
+                    ", write-through"
+                } else {
+                    ""
+                }
+            )?,
+            None => writeln!(f, "  no disks")?,
+        }
         if self.faults.is_empty() {
             writeln!(f, "  no faults")?;
         }

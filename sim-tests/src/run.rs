@@ -90,6 +90,13 @@ impl fmt::Display for Report {
                 "  master: {} evicted, {} writes discarded, {} objects lost with their nodes",
                 s.evicted_objects, s.discarded_writes, s.lost_objects
             )?;
+            if self.plan.disk.is_some() {
+                writeln!(
+                    f,
+                    "  disks: {} copies recorded, {} objects on disk at the end of the workload, {} prefetches",
+                    s.disk_copies_recorded, s.disk_replicas, s.prefetches
+                )?;
+            }
         }
         if self.plan.transport == Transport::Sim {
             let n = &self.net;
@@ -157,6 +164,7 @@ enum Heal {
     Unblock(Member, Member),
     Quiet,
     Resume(NodeId),
+    DiskQuiet(usize),
 }
 
 fn start_cluster(world: &Arc<World>) -> Nodes {
@@ -260,6 +268,10 @@ impl Supervisor {
             Fault::KillNode { node, .. } => {
                 let id = self.nodes.storage[node].id();
                 self.handle.kill(id);
+                // Whatever its disk had not synced is torn or lost with it.
+                if let Some(disk) = self.world.disks.get(node) {
+                    disk.crash();
+                }
                 self.heals.push((until, Heal::Restart(id)));
             }
             Fault::CrashClient {
@@ -324,6 +336,23 @@ impl Supervisor {
                 self.handle.pause(id);
                 self.heals.push((until, Heal::Resume(id)));
             }
+            Fault::DiskErrors { node, rate, .. } => {
+                let disk = &self.world.disks[node];
+                disk.set_faults(World::disk_faults(&self.world.plan, rate));
+                self.heals.push((until, Heal::DiskQuiet(node)));
+            }
+            Fault::RotDisk { node, pick } => {
+                let files = self.world.disks[node].files();
+                let nonempty: Vec<&(String, u64)> =
+                    files.iter().filter(|(_, len)| *len > 0).collect();
+                if !nonempty.is_empty() {
+                    let (name, len) = nonempty[(pick % nonempty.len() as u64) as usize];
+                    let at = (pick >> 16) % len;
+                    tracing::info!(%name, at, "flipping a bit");
+                    // The file exists: it was just listed.
+                    let _ = self.world.disks[node].flip_bit(name, at, (pick >> 8) as u8);
+                }
+            }
         }
     }
 
@@ -341,6 +370,9 @@ impl Supervisor {
                 Transport::Tcp => NetSim::current().update_config(|c| c.packet_loss_rate = 0.0),
             },
             Heal::Resume(id) => self.handle.resume(id),
+            Heal::DiskQuiet(node) => {
+                self.world.disks[node].set_faults(World::disk_faults(&self.world.plan, 0.0))
+            }
         }
     }
 
@@ -549,7 +581,15 @@ async fn final_sweep(world: &Arc<World>, master: &Arc<mooring::MasterService>) {
                         w.history()
                             .read_value("final get", key, invoked, now, &bytes)
                     }
-                    Err(e) if e.code == ErrorCode::OBJECT_NOT_FOUND => {}
+                    // Not found is fine only if the master agrees: a replica it lists (a
+                    // disk copy, say) must serve the value.
+                    Err(e) if e.code == ErrorCode::OBJECT_NOT_FOUND => {
+                        if client.exist(key).await.unwrap_or(false) {
+                            return Err(format!(
+                                "after healing, the master lists {key:?} but reading it finds nothing: {e}"
+                            ));
+                        }
+                    }
                     Err(e) => {
                         return Err(format!("after healing, reading {key:?} still fails: {e}"));
                     }

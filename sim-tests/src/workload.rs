@@ -246,8 +246,14 @@ impl Workload {
             }
             Op::Exist => {
                 let key = self.key();
-                let result = self.client.exist(&key).await;
-                self.tally("exist", &result);
+                // With disks, half the checks promote a disk-only value (RFC 003).
+                if self.world.plan.disk.is_some() && self.rng.below(2) == 0 {
+                    let result = self.client.exist_prefetch(&key).await;
+                    self.tally("exist_prefetch", &result);
+                } else {
+                    let result = self.client.exist(&key).await;
+                    self.tally("exist", &result);
+                }
             }
             Op::BatchExist => {
                 let keys = self.some_keys(8);

@@ -9,6 +9,7 @@ use std::time::Duration;
 use madsim::task::NodeId;
 use mooring::MasterService;
 use mooring_transport_sim::SimNet;
+use mooring_transport_sim::disk::{DiskFaults, SimDisk};
 use tokio::time::Instant;
 
 use crate::history::History;
@@ -67,6 +68,9 @@ pub struct World {
     pub crash_orders: Mutex<BTreeMap<NodeId, CrashOrder>>,
     /// Incarnations of each client, for fresh seeds after restarts.
     pub incarnations: Vec<AtomicUsize>,
+    /// Each storage node's disk (if the plan gives them disks); it outlives the node's
+    /// incarnations.
+    pub disks: Vec<Arc<SimDisk>>,
 }
 
 impl World {
@@ -75,6 +79,17 @@ impl World {
         let shape = &plan.shape;
         let per_client = shape.ops / shape.clients.max(1);
         let keys = (0..shape.keys).map(|k| format!("k{k:03}")).collect();
+        let disks = match &plan.disk {
+            Some(d) => (0..shape.nodes)
+                .map(|i| {
+                    let disk =
+                        SimDisk::with_alignment(plan.seed ^ (i as u64 + 1) << 32, d.alignment);
+                    disk.set_faults(World::disk_faults(&plan, 0.0));
+                    Arc::new(disk)
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         Arc::new(World {
             keys,
             start: Instant::now(),
@@ -87,6 +102,7 @@ impl World {
             finished: (0..shape.clients).map(|_| AtomicBool::new(false)).collect(),
             crash_orders: Mutex::default(),
             incarnations: (0..shape.clients).map(|_| AtomicUsize::new(0)).collect(),
+            disks,
             plan,
         })
     }
@@ -130,6 +146,19 @@ impl World {
     /// The crash orders, locked.
     pub fn orders(&self) -> MutexGuard<'_, BTreeMap<NodeId, CrashOrder>> {
         self.crash_orders.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The simulated disks' faults: the plan's crash behaviour, and EIO at `error_rate`.
+    pub fn disk_faults(plan: &Plan, error_rate: f64) -> DiskFaults {
+        let d = plan.disk.as_ref();
+        DiskFaults {
+            latency: Duration::from_micros(20)..Duration::from_micros(400),
+            read_error: error_rate,
+            write_error: error_rate,
+            sync_error: error_rate,
+            torn_on_crash: d.map_or(0.0, |d| d.torn_on_crash),
+            lost_on_crash: d.map_or(0.0, |d| d.lost_on_crash),
+        }
     }
 
     /// The master's lease as a duration.

@@ -497,7 +497,7 @@ impl Client {
                     };
                     self.inner.data.read(node, vec![op]).await
                 }
-                Medium::Disk => self.read_disk(node, key, buf).await,
+                Medium::Disk => self.read_disk(node, key, replica.addr, buf).await,
             };
             match read {
                 Ok(()) => return Ok(()),
@@ -513,8 +513,19 @@ impl Client {
     /// Reads `key`'s disk copy from `node`: the node stages it, this client pulls it from the
     /// staging buffer with a one-sided read, then frees the slot (the node reclaims it after
     /// its TTL if the unstage is lost).
-    async fn read_disk(&self, node: &NodeAddr, key: &str, buf: &mut [u8]) -> Result<()> {
-        let staged = self.inner.data.stage(node, key, buf.len() as u64).await?;
+    async fn read_disk(
+        &self,
+        node: &NodeAddr,
+        key: &str,
+        write: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let asked = Instant::now();
+        let staged = self
+            .inner
+            .data
+            .stage(node, key, write, buf.len() as u64)
+            .await?;
         if staged.len != buf.len() as u64 {
             return Err(Error::new(
                 ErrorCode::TRANSFER_FAIL,
@@ -534,10 +545,20 @@ impl Client {
             dest: buf,
         };
         let read = self.inner.data.read(&staging, vec![op]).await;
+        // The node may reuse a slot once its TTL (counted from after the load, so after
+        // `asked`) is up: bytes read later than that may be another value's.
+        let in_time = asked.elapsed() < Duration::from_millis(staged.ttl_ms);
         if let Err(e) = self.inner.data.unstage(node, staged.slot).await {
             debug!(endpoint = %node.endpoint, "unstage failed (the node reclaims the slot): {e}");
         }
-        read
+        read?;
+        if !in_time {
+            return Err(Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                format!("the read of {key:?}'s staged disk copy outlived its slot's TTL; retry"),
+            ));
+        }
+        Ok(())
     }
 
     /// Replicas in the order to try them: memory before disk, this node's own segment first,

@@ -67,11 +67,24 @@ pub enum DiskBackend {
     FilePerKey,
 }
 
+/// A disk handed to the tier instead of one opened on its directory: the simulated disk,
+/// in simulations.
+#[derive(Clone)]
+pub struct DiskDevice(pub Arc<dyn Disk>);
+
+impl std::fmt::Debug for DiskDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DiskDevice")
+    }
+}
+
 /// A node's disk tier settings.
 #[derive(Clone, Debug)]
 pub struct DiskTierConfig {
     /// Where the copies live (created if missing; an existing one is recovered).
     pub dir: PathBuf,
+    /// Run on this disk instead of opening `dir`.
+    pub device: Option<DiskDevice>,
     /// The on-disk layout.
     pub backend: DiskBackend,
     /// Most bytes of values written as one group (a bucket).
@@ -101,6 +114,7 @@ impl DiskTierConfig {
     pub fn new(dir: impl Into<PathBuf>) -> DiskTierConfig {
         DiskTierConfig {
             dir: dir.into(),
+            device: None,
             backend: DiskBackend::FilePerKey,
             group_bytes: 256 << 20,
             group_keys: 500,
@@ -251,6 +265,8 @@ struct TierInner {
     index: Mutex<Index>,
     /// Evicted copies whose deletion failed, retried every sync.
     doomed: Mutex<Vec<(String, u64)>>,
+    /// Copies found damaged, to report to the master as evicted.
+    damaged: Mutex<Vec<(String, u64)>>,
     staging: Staging,
 }
 
@@ -262,10 +278,10 @@ impl Drop for DiskTier {
     }
 }
 
-/// Under the simulator there are no real disks: simulations pass the simulated one to
-/// [`DiskTier::start_on`].
+/// Under the simulator there are no real disks: simulations hand the tier the simulated one
+/// ([`DiskTierConfig::device`]).
 #[cfg(madsim)]
-fn open_disk(config: &DiskTierConfig) -> Result<Arc<dyn Disk>> {
+fn open_real_disk(config: &DiskTierConfig) -> Result<Arc<dyn Disk>> {
     Err(Error::new(
         ErrorCode::FILE_OPEN_FAIL,
         format!(
@@ -275,9 +291,17 @@ fn open_disk(config: &DiskTierConfig) -> Result<Arc<dyn Disk>> {
     ))
 }
 
-/// Opens the disk the config asks for.
-#[cfg(not(madsim))]
+/// The disk the config asks for.
 fn open_disk(config: &DiskTierConfig) -> Result<Arc<dyn Disk>> {
+    match &config.device {
+        Some(device) => Ok(device.0.clone()),
+        None => open_real_disk(config),
+    }
+}
+
+/// Opens the directory the config names.
+#[cfg(not(madsim))]
+fn open_real_disk(config: &DiskTierConfig) -> Result<Arc<dyn Disk>> {
     use mooring_disk::{IoMode, PosixDisk};
     let mode = if config.direct {
         IoMode::Direct
@@ -325,20 +349,7 @@ impl DiskTier {
         control: Arc<dyn ControlPlane>,
         server: Arc<dyn DataServer>,
     ) -> Result<DiskTier> {
-        let disk = open_disk(&config)?;
-        Self::start_on(disk, config, node, client, control, server).await
-    }
-
-    /// [`DiskTier::start`] on a given disk (the simulated one, in tests).
-    pub async fn start_on(
-        disk: Arc<dyn Disk>,
-        config: DiskTierConfig,
-        node: Node,
-        client: ClientId,
-        control: Arc<dyn ControlPlane>,
-        server: Arc<dyn DataServer>,
-    ) -> Result<DiskTier> {
-        let store = open_backend(disk, &config)?;
+        let store = open_backend(open_disk(&config)?, &config)?;
         let recovered = store
             .recover()
             .await
@@ -370,6 +381,7 @@ impl DiskTier {
             store,
             index: Mutex::new(index),
             doomed: Mutex::default(),
+            damaged: Mutex::default(),
             config,
         });
         server.serve_disk(inner.clone())?;
@@ -388,7 +400,7 @@ impl DiskTier {
 }
 
 impl Stager for TierInner {
-    fn stage(&self, object: String, size: u64) -> BoxFuture<'_, Result<StagedSlot>> {
+    fn stage(&self, object: String, write: u64, size: u64) -> BoxFuture<'_, Result<StagedSlot>> {
         Box::pin(async move {
             let (version, readers) = {
                 let mut index = self.index.lock().expect("index lock");
@@ -397,11 +409,11 @@ impl Stager for TierInner {
                 let entry = index
                     .entries
                     .get_mut(&object)
-                    .filter(|e| e.size == size)
+                    .filter(|e| e.size == size && e.version == write)
                     .ok_or_else(|| {
                         Error::new(
                             ErrorCode::OBJECT_NOT_FOUND,
-                            format!("this node has no {size}-byte disk copy of {object:?} (evicted or replaced)"),
+                            format!("this node has no disk copy of write {write} of {object:?} (evicted or replaced)"),
                         )
                     })?;
                 entry.read = tick;
@@ -503,16 +515,41 @@ impl TierInner {
         // SAFETY: the slot is this stage's alone until it is loaded (reclaim and unstage skip
         // slots still loading), and the staging memory lives as long as `self`.
         let buf = unsafe { std::slice::from_raw_parts_mut(start.as_ptr(), len) };
-        self.store
-            .read(object, version, buf)
-            .await
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => Error::new(
-                    ErrorCode::OBJECT_NOT_FOUND,
-                    format!("the disk copy of {object:?} is gone: {e}"),
-                ),
-                _ => io_error(ErrorCode::FILE_READ_FAIL, "disk read failed", e),
-            })
+        let read = self.store.read(object, version, buf).await;
+        read.map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::new(
+                ErrorCode::OBJECT_NOT_FOUND,
+                format!("the disk copy of {object:?} is gone: {e}"),
+            ),
+            std::io::ErrorKind::InvalidData => {
+                self.forget_damaged(object, version);
+                io_error(ErrorCode::FILE_READ_FAIL, "disk copy damaged", e)
+            }
+            _ => io_error(ErrorCode::FILE_READ_FAIL, "disk read failed", e),
+        })
+    }
+
+    /// A copy found damaged is never served again: it leaves the index, the master hears
+    /// of it as evicted at the next sync, and it is deleted.
+    fn forget_damaged(&self, key: &str, version: u64) {
+        let held = {
+            let mut index = self.index.lock().expect("index lock");
+            match index.entries.get(key) {
+                Some(e) if e.version == version => index.remove(key).is_some(),
+                _ => false,
+            }
+        };
+        if held {
+            warn!(%key, version, "disk copy damaged; dropping it");
+            self.damaged
+                .lock()
+                .expect("damaged lock")
+                .push((key.to_string(), version));
+            self.doomed
+                .lock()
+                .expect("doomed lock")
+                .push((key.to_string(), version));
+        }
     }
 
     /// Deletes copies taken out of the index, once their reads are done.
@@ -603,6 +640,11 @@ async fn sync_loop(
                 .collect();
         }
         tier.retry_doomed().await;
+        pending.evicted.extend(
+            std::mem::take(&mut *tier.damaged.lock().expect("damaged lock"))
+                .into_iter()
+                .map(|(key, version)| (key, WriteId(version))),
+        );
         pending.want = tier.config.batch;
         let sent = Instant::now();
         let ack = match call_sync(&control, client, segment, pending.clone()).await {

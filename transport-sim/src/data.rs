@@ -140,9 +140,16 @@ fn serve(
             reply(Ok(DataReply::Done), &[&data])
         }
         DataRequest::Probe { .. } => reply(Ok(DataReply::Done), &[]),
-        DataRequest::Stage { object, size } => match stager {
+        DataRequest::Stage {
+            object,
+            size,
+            write,
+        } => match stager {
             Some(stager) => Handled::Later(Box::pin(async move {
-                let response = stager.stage(object, size).await.map(DataReply::Staged);
+                let response = stager
+                    .stage(object, write, size)
+                    .await
+                    .map(DataReply::Staged);
                 Some(encode(id, &response, &[]))
             })),
             None => reply(Err(no_disk_tier()), &[]),
@@ -363,12 +370,14 @@ impl DataPlane for SimDataPlane {
         &'a self,
         node: &'a NodeAddr,
         object: &'a str,
+        write: u64,
         size: u64,
     ) -> BoxFuture<'a, Result<StagedSlot>> {
         Box::pin(async move {
             let request = DataRequest::Stage {
                 object: object.to_string(),
                 size,
+                write,
             };
             let (reply, _) = self.request(node, request, &[]).await?;
             reply.into_staged(&node.endpoint)

@@ -187,6 +187,16 @@ impl SimDisk {
         Ok(())
     }
 
+    /// Every file and its length, sorted by name.
+    pub fn files(&self) -> Vec<(String, u64)> {
+        let state = self.lock();
+        state
+            .files
+            .iter()
+            .map(|(name, file)| (name.clone(), file.visible.len() as u64))
+            .collect()
+    }
+
     /// Cuts `name` to `len` bytes, durably (a test's truncated file).
     pub fn truncate(&self, name: &str, len: u64) -> io::Result<()> {
         let mut state = self.lock();

@@ -164,9 +164,16 @@ impl TcpDataServer {
                         .await
                         .is_ok()
                 }
-                DataRequest::Stage { object, size } => {
+                DataRequest::Stage {
+                    object,
+                    size,
+                    write,
+                } => {
                     let response = match self.stager() {
-                        Ok(stager) => stager.stage(object, size).await.map(DataReply::Staged),
+                        Ok(stager) => stager
+                            .stage(object, write, size)
+                            .await
+                            .map(DataReply::Staged),
                         Err(e) => Err(e),
                     };
                     conn.write_message::<DataResponse>(id, &response, &[])
@@ -746,12 +753,14 @@ impl DataPlane for TcpDataPlane {
         &'a self,
         node: &'a NodeAddr,
         object: &'a str,
+        write: u64,
         size: u64,
     ) -> BoxFuture<'a, Result<StagedSlot>> {
         Box::pin(async move {
             let request = DataRequest::Stage {
                 object: object.to_string(),
                 size,
+                write,
             };
             self.call(node, request).await?.into_staged(&node.endpoint)
         })
