@@ -1,7 +1,8 @@
 //! The SSD tier through the whole read path, on an embedded cluster over loopback TCP (no
 //! in-process memcpy): a get of a 1 MiB object whose only copy is on a node's disk (master
 //! RPC, the node stages it from disk with O_DIRECT, the reader pulls it, unstages), and a get
-//! of an object `exist_prefetch` promoted back into memory, next to a plain memory hit.
+//! of an object `exist_prefetch` promoted back into memory, next to a plain memory hit; and a
+//! batched get of eight disk-only objects, which the nodes stage concurrently.
 //!
 //! Run: `cargo bench -p mooring-benches --bench ssd_tier`. The disk lives under
 //! `target/ssd-bench` (set `MOORING_BENCH_DIR` to measure another device).
@@ -16,6 +17,8 @@ use mooring_core::{MasterConfig, Medium, Millis, ReplicateConfig};
 
 const SIZE: usize = 1 << 20;
 const OBJECTS: u64 = 96;
+/// Keys per batched get.
+const BATCH: usize = 8;
 
 fn bench_dir() -> PathBuf {
     std::env::var_os("MOORING_BENCH_DIR")
@@ -103,6 +106,23 @@ fn ssd_tier_with(c: &mut Criterion, io: DiskIo) {
             assert_eq!(got.len(), SIZE);
         })
     });
+    // Eight disk-only keys in one batch: staged concurrently, so the disk sees them at once.
+    group.throughput(Throughput::Bytes((BATCH * SIZE) as u64));
+    group.bench_function(format!("ssd_hit_batch_get_{BATCH}x1mib/{io_name}"), |b| {
+        b.iter(|| {
+            let keys: Vec<&str> = (0..BATCH)
+                .map(|_| {
+                    next += 1;
+                    on_disk[next % on_disk.len()].as_str()
+                })
+                .collect();
+            let got = runtime.block_on(client.batch_get(&keys));
+            for value in got {
+                assert_eq!(value.expect("get").len(), SIZE);
+            }
+        })
+    });
+    group.throughput(Throughput::Bytes(SIZE as u64));
     if io == DiskIo::Posix {
         group.finish();
         runtime.block_on(cluster.shutdown()).expect("shutdown");

@@ -17,6 +17,9 @@ pub enum DiscardCause {
     WriterDead,
     /// The writer gave up on a transfer that may still be landing (`put_abort`).
     Aborted,
+    /// Every replica being written went away with its segment, while the value lives on
+    /// in a disk copy (a prefetch into a segment that left).
+    ReplicasLost,
 }
 
 /// Something the master did on its own.

@@ -168,6 +168,12 @@ impl Master {
                 self.disk_copy_departed(&name, &key, write, lost);
             }
             let object = self.objects.at_mut(object_slot);
+            if !lost && object.writing && object.replicas.is_empty() {
+                // A prefetch whose target went: the value stays on disk.
+                self.discard_write(object_slot, DiscardCause::ReplicasLost);
+                continue;
+            }
+            let object = self.objects.at_mut(object_slot);
             if lost {
                 if let Some(task) = object.task() {
                     self.abandon_task(task);

@@ -535,6 +535,26 @@ fn disk_eviction_is_reported_before_the_files_go() {
 }
 
 #[test]
+fn a_prefetch_whose_target_segment_leaves_keeps_the_disk_copy() {
+    let mut f = write_through();
+    disk_only(&mut f, "k");
+    mount_as_a(&mut f, "a-mem");
+    let (_, grant) =
+        f.m.exist_prefetch(B, "k", &["a-mem".to_string()], f.now)
+            .unwrap();
+    let p = grant.expect("promoted");
+    assert_eq!(p.grant.replicas[0].segment, segment_id(&f, "a-mem"));
+    f.m.unmount_segment(A, "a-mem", f.now).unwrap();
+    f.check();
+    assert_eq!(media(&mut f, "k"), vec![Medium::Disk]);
+    assert_eq!(f.m.stats().writing, 0);
+    // A late end of the promotion changes nothing (ends are idempotent for the write id).
+    let _ = f.end(B, "k", p.grant.write_id);
+    f.check();
+    assert_eq!(media(&mut f, "k"), vec![Medium::Disk]);
+}
+
+#[test]
 fn prefetch_promotes_a_disk_only_object_into_the_preferred_segment() {
     let mut f = write_through();
     disk_only(&mut f, "k");

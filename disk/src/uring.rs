@@ -29,6 +29,9 @@ use tokio::sync::oneshot;
 use tracing::{error, info};
 
 use crate::AlignedBuf;
+
+/// Reads larger than this are split into chunks submitted together.
+const READ_CHUNK: usize = 256 << 10;
 use crate::aligned::check_aligned;
 use crate::paths::resolve;
 use crate::posix::{IoMode, PosixDisk};
@@ -491,18 +494,37 @@ impl Disk for UringDisk {
             if len == 0 {
                 return Ok(0);
             }
-            let owned = AlignedBuf::new(len, alignment);
-            let (owned, done) = self
-                .submit(file, |reply| Op::Read {
-                    buf: owned,
-                    len,
-                    offset,
-                    done: 0,
-                    reply,
-                })
-                .await?;
-            buf[..done].copy_from_slice(&owned[..done]);
-            Ok(done)
+            // A large read goes out as several chunks in one submission: the device works
+            // on them in parallel (queue depth > 1 for a single value).
+            let chunk = READ_CHUNK.max(alignment);
+            let reads = buf.chunks_mut(chunk).enumerate().map(|(i, part)| {
+                let file = file.clone();
+                let len = part.len();
+                let owned = AlignedBuf::new(len, alignment);
+                let at = offset + (i * chunk) as u64;
+                async move {
+                    let (owned, done) = self
+                        .submit(file, |reply| Op::Read {
+                            buf: owned,
+                            len,
+                            offset: at,
+                            done: 0,
+                            reply,
+                        })
+                        .await?;
+                    part[..done].copy_from_slice(&owned[..done]);
+                    Ok::<_, io::Error>((done, len))
+                }
+            });
+            let mut total = 0;
+            for read in futures_util::future::join_all(reads).await {
+                let (done, len) = read?;
+                total += done;
+                if done < len {
+                    break; // the end of the file
+                }
+            }
+            Ok(total)
         })
     }
 

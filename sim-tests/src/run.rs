@@ -573,9 +573,21 @@ async fn final_sweep(world: &Arc<World>, master: &Arc<mooring::MasterService>) {
             let client = members::connect(&w, checker_ip(), None)
                 .await
                 .map_err(|e| format!("the checker cannot connect after healing: {e}"))?;
+            let rotted = w
+                .plan
+                .faults
+                .iter()
+                .any(|(_, f)| matches!(f, Fault::RotDisk { .. }));
             for key in &w.keys {
                 let invoked = w.now();
-                match client.get(key).await {
+                let mut got = client.get(key).await;
+                if rotted && got.as_ref().is_err_and(|e| e.code == ErrorCode::FILE_READ_FAIL) {
+                    // A copy damaged by bit rot is refused, never served; its node drops it
+                    // and tells the master at its next disk sync.
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    got = client.get(key).await;
+                }
+                match got {
                     Ok(bytes) => {
                         let now = w.now();
                         w.history()

@@ -1965,6 +1965,7 @@ impl Harness {
                         DiscardCause::WriterDead => "writer-dead",
                         DiscardCause::Preempted => "write-preempted",
                         DiscardCause::Aborted => "write-aborted",
+                        DiscardCause::ReplicasLost => "write-replicas-lost",
                     });
                     match cause {
                         DiscardCause::Timeout => ensure(
@@ -1977,6 +1978,11 @@ impl Harness {
                             })?
                         }
                         DiscardCause::Preempted | DiscardCause::Aborted => {}
+                        DiscardCause::ReplicasLost => {
+                            return Err(format!(
+                                "{key:?}: a disk-tier event in a model without disks"
+                            ));
+                        }
                     }
                     let object = self.model.objects.get_mut(&*key).expect("exists");
                     object.writing = None;
