@@ -190,6 +190,7 @@ impl Master {
         let bytes = block_len(size) * replicas.len() as u64;
         self.release_read_blocks(&replicas, done);
         self.counters.evicted_objects += 1;
+        self.counters.evicted_to_disk += u64::from(kept_on_disk);
         self.counters.evicted_bytes += bytes;
         self.events.push(Event::Evicted {
             key,

@@ -45,6 +45,8 @@ pub(crate) struct Counters {
     pub disk_replicas: u64,
     /// Disk copies recorded (offloaded or recovered).
     pub disk_copies_recorded: u64,
+    /// Evictions that left a disk copy.
+    pub evicted_to_disk: u64,
     /// Prefetches started, and prefetches that found no memory.
     pub prefetches: u64,
     pub prefetch_failures: u64,
@@ -90,6 +92,8 @@ pub struct Stats {
     pub disk_tombstones: u64,
     /// Disk copies recorded since start (offloaded, or recovered after a restart).
     pub disk_copies_recorded: u64,
+    /// Of `evicted_objects`, those that live on in a disk copy (the rest were dropped).
+    pub evicted_to_disk: u64,
     /// Prefetches (RFC 003) started since start.
     pub prefetches: u64,
     /// Prefetches that found no memory to promote into, since start.
@@ -206,6 +210,7 @@ impl Master {
             events_dropped: self.events.dropped(),
             disk_replicas: self.counters.disk_replicas,
             disk_copies_recorded: self.counters.disk_copies_recorded,
+            evicted_to_disk: self.counters.evicted_to_disk,
             disk_tombstones: self.disks.tombstone_count() as u64,
             prefetches: self.counters.prefetches,
             prefetch_failures: self.counters.prefetch_failures,

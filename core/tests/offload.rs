@@ -125,6 +125,7 @@ fn eviction_offloads_first_then_drops_only_memory() {
         })
         .count();
     assert!(kept > 0, "{events:?}");
+    assert_eq!(f.m.stats().evicted_to_disk, kept as u64);
     assert_eq!(media(&mut f, oldest), vec![Medium::Disk]);
     assert!(f.m.exist(oldest, f.now).unwrap());
     assert_eq!(f.m.get_size(oldest).unwrap(), 16 * KIB);

@@ -177,27 +177,33 @@ impl FilePerKey {
         Ok(found)
     }
 
-    /// [`Backend::put`]: one file each, and the group's earlier files removed if one fails.
+    /// [`Backend::put`]: one file each, written concurrently (their syncs overlap), and the
+    /// group's other files removed if one fails.
     async fn put_group(&self, items: &[Item<'_>]) -> io::Result<Vec<Held>> {
-        let mut held = Vec::with_capacity(items.len());
-        for item in items {
-            if let Err(e) = self.put(item.key, item.version, item.value).await {
-                for done in &held {
-                    let Held { key, version, .. } = done;
-                    if let Err(undo) = self.remove_version(key, *version).await {
-                        warn!(%key, "could not undo a failed group write: {undo}");
-                    }
+        let writes = items
+            .iter()
+            .map(|item| self.put(item.key, item.version, item.value));
+        let results = futures_util::future::join_all(writes).await;
+        if let Some(pos) = results.iter().position(Result::is_err) {
+            for (item, result) in items.iter().zip(&results) {
+                if result.is_ok()
+                    && let Err(undo) = self.remove_version(item.key, item.version).await
+                {
+                    warn!(key = %item.key, "could not undo a failed group write: {undo}");
                 }
-                return Err(e);
             }
-            held.push(Held {
+            let mut results = results;
+            return Err(results.swap_remove(pos).expect_err("the failed write"));
+        }
+        Ok(items
+            .iter()
+            .map(|item| Held {
                 key: item.key.to_string(),
                 version: item.version,
                 len: item.value.len() as u64,
                 unit: self.next_unit.fetch_add(1, Ordering::Relaxed),
-            });
-        }
-        Ok(held)
+            })
+            .collect())
     }
 
     /// [`Backend::read`]: the whole file into `buf`.

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
@@ -43,6 +43,9 @@ const DEPTH: usize = 64;
 /// continue with further SQEs. A power of two, so it keeps any direct-I/O alignment.
 const MAX_CHUNK: usize = 1 << 30;
 
+/// `user_data` of the eventfd read that wakes the I/O thread for new requests.
+const WAKE: u64 = u64::MAX;
+
 /// Open file descriptors kept per name at most; beyond that an arbitrary one is closed.
 const MAX_OPEN: usize = 256;
 
@@ -54,6 +57,9 @@ pub struct UringDisk {
     files: Arc<Mutex<Files>>,
     /// `Some` until dropped; dropping it lets the I/O thread finish and exit.
     requests: Option<Sender<Request>>,
+    /// Written after every request: the I/O thread keeps a read of it in the ring, so a
+    /// request arriving while it waits for completions is submitted at once.
+    wake: Arc<OwnedFd>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -75,17 +81,35 @@ impl UringDisk {
         let posix = PosixDisk::open(root, mode)?;
         let alignment = posix.alignment();
         let (requests, received) = mpsc::channel();
+        // SAFETY: eventfd has no memory-safety preconditions; a non-negative result is a new
+        // descriptor this function owns.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor owned by nobody else.
+        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+        let thread_wake = wake.clone();
         let thread = std::thread::Builder::new()
             .name("mooring-uring".into())
-            .spawn(move || run(ring, received, alignment))?;
+            .spawn(move || run(ring, received, alignment, thread_wake))?;
         info!(root = %posix.root().display(), depth = DEPTH, "io_uring disk opened");
         Ok(UringDisk {
             posix,
             direct: mode == IoMode::Direct,
             files: Arc::default(),
             requests: Some(requests),
+            wake,
             thread: Some(thread),
         })
+    }
+
+    /// Wakes the I/O thread.
+    fn wake(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live buffer to an open eventfd. A failure (the
+        // counter saturated) still leaves the thread woken.
+        unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
     }
 
     /// The directory.
@@ -172,6 +196,7 @@ impl UringDisk {
             .expect("the request channel lives until drop")
             .send(request)
             .map_err(|_| thread_gone())?;
+        self.wake();
         result.await.map_err(|_| thread_gone())?
     }
 }
@@ -180,6 +205,7 @@ impl Drop for UringDisk {
     /// Closes the request channel and waits for the I/O thread to finish what is in flight.
     fn drop(&mut self) {
         drop(self.requests.take());
+        self.wake();
         if let Some(thread) = self.thread.take()
             && thread.join().is_err()
         {
@@ -375,57 +401,70 @@ fn transient(e: &io::Error) -> bool {
 
 /// The I/O thread: submits requests in batches of up to [`DEPTH`] and completes them until
 /// the channel closes and nothing is in flight.
-fn run(mut ring: IoUring, requests: Receiver<Request>, alignment: usize) {
+fn run(mut ring: IoUring, requests: Receiver<Request>, alignment: usize, wake: Arc<OwnedFd>) {
     let mut slots: Vec<Option<Request>> = (0..DEPTH).map(|_| None).collect();
     let mut free: Vec<usize> = (0..DEPTH).rev().collect();
-    let mut completed: Vec<(usize, i32)> = Vec::with_capacity(2 * DEPTH);
+    let mut completed: Vec<(u64, i32)> = Vec::with_capacity(2 * DEPTH);
     let mut open = true;
+    // The wake read's buffer: leaked, as the kernel may still hold the read when the ring
+    // goes away.
+    let wake_buf: &'static mut [u8; 8] = Box::leak(Box::new([0u8; 8]));
+    let wake_entry = opcode::Read::new(types::Fd(wake.as_raw_fd()), wake_buf.as_mut_ptr(), 8)
+        .build()
+        .user_data(WAKE);
     let fatal = 'run: loop {
-        // Take what is pending, up to the queue depth; block only when idle.
-        while open && let Some(&slot) = free.last() {
-            let next = if free.len() == DEPTH {
-                requests.recv().map_err(|_| TryRecvError::Disconnected)
-            } else {
-                requests.try_recv()
-            };
-            match next {
-                Ok(mut request) => {
-                    free.pop();
-                    let entry = request.entry(slot);
-                    slots[slot] = Some(request);
-                    if let Err(e) = push(&mut ring, &entry) {
-                        break 'run e;
+        if let Err(e) = push(&mut ring, &wake_entry) {
+            break 'run e;
+        }
+        loop {
+            // Take what is pending, up to the queue depth.
+            while open && let Some(&slot) = free.last() {
+                match requests.try_recv() {
+                    Ok(mut request) => {
+                        free.pop();
+                        let entry = request.entry(slot);
+                        slots[slot] = Some(request);
+                        if let Err(e) = push(&mut ring, &entry) {
+                            break 'run e;
+                        }
                     }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => open = false,
                 }
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => open = false,
             }
-        }
-        if free.len() == DEPTH {
-            return; // closed, and nothing in flight
-        }
-        match ring.submit_and_wait(1) {
-            Ok(_) => {}
-            Err(e) if transient(&e) => {}
-            Err(e) => break 'run e,
-        }
-        completed.extend(
-            ring.completion()
-                .map(|cqe| (cqe.user_data() as usize, cqe.result())),
-        );
-        for (slot, res) in completed.drain(..) {
-            let request = slots[slot]
-                .take()
-                .expect("a completion for an occupied slot");
-            match request.complete(res, alignment) {
-                Some(mut more) => {
-                    let entry = more.entry(slot);
-                    slots[slot] = Some(more);
-                    if let Err(e) = push(&mut ring, &entry) {
-                        break 'run e;
-                    }
+            if !open && free.len() == DEPTH {
+                return; // closed, and nothing in flight
+            }
+            // Until a transfer completes or a new request wakes us.
+            match ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if transient(&e) => {}
+                Err(e) => break 'run e,
+            }
+            completed.extend(ring.completion().map(|cqe| (cqe.user_data(), cqe.result())));
+            let mut rearm = false;
+            for (tag, res) in completed.drain(..) {
+                if tag == WAKE {
+                    rearm = true;
+                    continue;
                 }
-                None => free.push(slot),
+                let slot = tag as usize;
+                let request = slots[slot]
+                    .take()
+                    .expect("a completion for an occupied slot");
+                match request.complete(res, alignment) {
+                    Some(mut more) => {
+                        let entry = more.entry(slot);
+                        slots[slot] = Some(more);
+                        if let Err(e) = push(&mut ring, &entry) {
+                            break 'run e;
+                        }
+                    }
+                    None => free.push(slot),
+                }
+            }
+            if rearm {
+                continue 'run;
             }
         }
     };

@@ -675,6 +675,12 @@ async fn sync_loop(
                     .write_group(std::mem::take(&mut group), &mut pending)
                     .await;
             }
+            // A group holds distinct keys: a newer order of a key supersedes the older one.
+            if let Some(pos) = group.copies.iter().position(|(o, _)| o.key == order.key) {
+                let (older, _) = group.copies.swap_remove(pos);
+                group.bytes -= older.size;
+                pending.failed.push((older.key, older.write));
+            }
             group.bytes += order.size;
             group.copies.push((order, bytes));
         }

@@ -1,0 +1,94 @@
+//! Offload keeping up with eviction under a write-heavy workload (spec 001): one node with
+//! 64 MiB of memory and a disk tier takes a stream of fresh 1 MiB puts, so every put evicts.
+//! The bench times the puts; afterwards it prints how many evictions left a disk copy (the
+//! rest were dropped because their offload had not happened in time). Offload keeps up when
+//! the two counts match.
+//!
+//! Run: `cargo bench -p mooring-benches --bench offload`. The disk lives under
+//! `target/offload-bench` (set `MOORING_BENCH_DIR` to measure another device).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use mooring::disk_tier::DiskTierConfig;
+use mooring::{EmbeddedCluster, EmbeddedConfig};
+use mooring_core::{MasterConfig, Millis, ReplicateConfig};
+
+const SIZE: usize = 1 << 20;
+
+fn bench_dir() -> PathBuf {
+    std::env::var_os("MOORING_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/offload-bench")
+        })
+}
+
+fn offload_under_write_pressure(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let dir = bench_dir();
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut disk = DiskTierConfig::new(&dir);
+    disk.direct = true;
+    disk.capacity = 1 << 30;
+    disk.sync_interval = Duration::from_millis(10);
+    let (cluster, client) = runtime.block_on(async {
+        let cluster = EmbeddedCluster::start(EmbeddedConfig {
+            nodes: 1,
+            node_size: 64 << 20,
+            prefault: true,
+            local_memcpy: false,
+            master: MasterConfig {
+                lease_ttl: Millis(200),
+                ..MasterConfig::default()
+            },
+            disk: Some(disk),
+        })
+        .await
+        .expect("cluster");
+        let client = cluster.client().await.expect("client");
+        (cluster, client)
+    });
+    let value: Vec<u8> = (0..SIZE).map(|i| (i * 13) as u8).collect();
+    let mut group = c.benchmark_group("offload");
+    group.throughput(Throughput::Bytes(SIZE as u64));
+    group.sample_size(20);
+    group.measurement_time(Duration::from_secs(10));
+    let mut next = 0u64;
+    group.bench_function("put_1mib_evicting_into_disk_tier", |b| {
+        b.iter(|| {
+            next += 1;
+            let key = format!("stream/{next}");
+            // Puts refused while eviction waits for offload are retried, as a client would.
+            loop {
+                match runtime.block_on(client.put(&key, &value, &ReplicateConfig::single())) {
+                    Ok(()) => break,
+                    Err(e) if e.code == mooring_core::ErrorCode::NO_AVAILABLE_HANDLE => {
+                        runtime.block_on(tokio::time::sleep(Duration::from_millis(1)))
+                    }
+                    Err(e) => panic!("put: {e}"),
+                }
+            }
+        })
+    });
+    group.finish();
+    let stats = runtime.block_on(client.stats()).expect("stats");
+    eprintln!(
+        "offload: {} puts; {} evictions, {} of them left a disk copy ({:.1}%); {} disk copies written",
+        next,
+        stats.evicted_objects,
+        stats.evicted_to_disk,
+        100.0 * stats.evicted_to_disk as f64 / stats.evicted_objects.max(1) as f64,
+        stats.disk_copies_recorded
+    );
+    runtime.block_on(cluster.shutdown()).expect("shutdown");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+criterion_group!(benches, offload_under_write_pressure);
+criterion_main!(benches);
