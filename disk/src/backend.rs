@@ -54,6 +54,12 @@ pub trait Backend: Send + Sync {
     /// Alignment of the buffers [`Backend::read`] takes (the disk's).
     fn alignment(&self) -> usize;
 
+    /// Whether values are best written in large groups (a bucket each): the caller then
+    /// holds values back until a group fills, while more keep coming.
+    fn groups_writes(&self) -> bool {
+        false
+    }
+
     /// Stores `items` (distinct keys) durably, replacing earlier values of their keys, and
     /// returns where each went. All or nothing: on error none of them is stored.
     fn put<'a>(&'a self, items: &'a [Item<'a>]) -> BoxFuture<'a, io::Result<Vec<Held>>>;

@@ -684,8 +684,8 @@ async fn sync_loop(
             group.bytes += order.size;
             group.copies.push((order, bytes));
         }
-        // Leftovers wait for the next sync while orders keep coming.
-        if !busy && !group.copies.is_empty() {
+        // Leftovers wait for the next sync while orders keep coming (grouping backends).
+        if (!busy || !tier.store.groups_writes()) && !group.copies.is_empty() {
             target
                 .write_group(std::mem::take(&mut group), &mut pending)
                 .await;
