@@ -4,15 +4,18 @@
 //! loopback TCP. The prefill engine loads hard-pinned model weights, then writes the KV-cache
 //! blocks of a stream of requests; the decode engine reads every block back and checks it byte
 //! for byte. The stream is larger than the pool, so the master evicts old blocks while the
-//! weights stay. Midway a weight shard is upserted while a reader is reading it; the reader
-//! sees the old or the new shard, never a mix.
+//! weights stay; every node has an SSD tier (in a temporary directory), so evicted blocks are
+//! offloaded first and the oldest requests' blocks are read back from disk and checked, and
+//! one is promoted back into memory with `exist_prefetch`. Then a weight shard is upserted
+//! while a reader is reading it; the reader sees the old or the new shard, never a mix.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use mooring_core::{ErrorCode, MasterConfig, Millis, ReplicateConfig, Result};
+use mooring_core::{ErrorCode, MasterConfig, Medium, Millis, ReplicateConfig, Result};
 
 use crate::cluster::{EmbeddedCluster, EmbeddedConfig};
+use crate::disk_tier::DiskTierConfig;
 
 /// Shape of the demo workload.
 #[derive(Clone, Debug)]
@@ -31,6 +34,8 @@ pub struct DemoConfig {
     pub weight_shards: usize,
     /// Bytes per weight shard.
     pub shard_size: usize,
+    /// Give every node an SSD tier in a temporary directory.
+    pub disk: bool,
 }
 
 impl Default for DemoConfig {
@@ -43,6 +48,7 @@ impl Default for DemoConfig {
             block_size: 512 << 10,
             weight_shards: 4,
             shard_size: 8 << 20,
+            disk: true,
         }
     }
 }
@@ -74,15 +80,29 @@ pub async fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<()> {
         lease_ttl: Millis(200),
         ..MasterConfig::default()
     };
+    let disk_dir = std::env::temp_dir().join(format!("mooring-demo-{}", std::process::id()));
     let cluster = EmbeddedCluster::start(EmbeddedConfig {
         master,
         nodes: config.nodes,
         node_size: config.node_size,
         prefault: true,
         local_memcpy: false,
-        disk: None,
+        disk: config.disk.then(|| DiskTierConfig::new(&disk_dir)),
     })
     .await?;
+    let result = stream(config, &cluster, out).await;
+    cluster.shutdown().await?;
+    if config.disk {
+        let _ = std::fs::remove_dir_all(&disk_dir);
+    }
+    result?;
+    writeln!(out, "demo finished: every check passed").map_err(io)?;
+    Ok(())
+}
+
+/// The workload, on a running cluster.
+async fn stream(config: &DemoConfig, cluster: &EmbeddedCluster, out: &mut dyn Write) -> Result<()> {
+    let io = |e: std::io::Error| mooring_core::Error::new(ErrorCode::INTERNAL_ERROR, e.to_string());
     writeln!(
         out,
         "embedded cluster: master {} + {} nodes x {:.0} MiB, transfers over loopback TCP",
@@ -207,6 +227,9 @@ pub async fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<()> {
         config.weight_shards
     )
     .map_err(io)?;
+    if config.disk {
+        ssd_tier(config, &decode, out).await?;
+    }
 
     // Upsert a shard while decode keeps reading it: every read is the old or the new shard.
     let key = "llama-8b/weights/shard-0";
@@ -246,7 +269,73 @@ pub async fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<()> {
 
     prefill.close().await?;
     decode.close().await?;
-    cluster.shutdown().await?;
-    writeln!(out, "demo finished: every check passed").map_err(io)?;
+    Ok(())
+}
+
+/// The oldest requests' blocks left memory long ago: those offloaded before eviction read
+/// back from the nodes' disks, byte for byte; one is promoted back into memory.
+async fn ssd_tier(config: &DemoConfig, decode: &crate::Client, out: &mut dyn Write) -> Result<()> {
+    let io = |e: std::io::Error| mooring_core::Error::new(ErrorCode::INTERNAL_ERROR, e.to_string());
+    let requests = config.requests.min(16);
+    let (mut from_disk, mut dropped, mut in_memory) = (0, 0, 0);
+    let mut promotable = None;
+    for request in 0..requests {
+        for b in 0..config.blocks_per_request {
+            let key = format!("llama-8b/req-{request:04}/kv-{b:02}");
+            let on_disk_only = match decode.query_by_regex(&format!("^{key}$")).await?.first() {
+                Some((_, list)) => list.replicas.iter().all(|r| r.medium == Medium::Disk),
+                None => {
+                    dropped += 1;
+                    continue;
+                }
+            };
+            let expected = content(1_000_000 + (request * 100 + b) as u64, config.block_size);
+            match decode.get(&key).await {
+                Ok(got) if got == expected => {}
+                Ok(_) => {
+                    return Err(mooring_core::Error::new(
+                        ErrorCode::INTERNAL_ERROR,
+                        format!("{key} read back from the SSD tier differs from what was written"),
+                    ));
+                }
+                // Dropped from disk (disk eviction) since the query: fine, never wrong bytes.
+                Err(e) if e.code == ErrorCode::OBJECT_NOT_FOUND => {
+                    dropped += 1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            if on_disk_only {
+                from_disk += 1;
+                promotable.get_or_insert(key);
+            } else {
+                in_memory += 1;
+            }
+        }
+    }
+    let stats = decode.stats().await?;
+    writeln!(
+        out,
+        "SSD tier: {} copies offloaded; of the first {requests} requests' blocks, {from_disk} read back from disk and {in_memory} from memory, byte-exact ({dropped} evicted before their offload)",
+        stats.disk_copies_recorded
+    )
+    .map_err(io)?;
+    if let Some(key) = promotable {
+        if !decode.exist_prefetch(&key).await? {
+            return Err(mooring_core::Error::new(
+                ErrorCode::INTERNAL_ERROR,
+                format!("exist_prefetch lost {key}"),
+            ));
+        }
+        let media: Vec<Medium> = match decode.query_by_regex(&format!("^{key}$")).await?.first() {
+            Some((_, list)) => list.replicas.iter().map(|r| r.medium).collect(),
+            None => Vec::new(),
+        };
+        writeln!(
+            out,
+            "exist_prefetch({key}) promoted it back into memory: replicas now {media:?}"
+        )
+        .map_err(io)?;
+    }
     Ok(())
 }
