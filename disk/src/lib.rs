@@ -3,23 +3,27 @@
 //! - [`PosixDisk`]: the core's [`Disk`](mooring_core::disk::Disk) trait over positional
 //!   `pread`/`pwrite` on a directory, buffered or with `O_DIRECT` (alignment read from
 //!   `statx`, never assumed);
+//! - [`UringDisk`]: the same over io_uring (one ring on a dedicated thread, submissions
+//!   batched up to the queue depth); `Unsupported` where io_uring is not available, so
+//!   callers fall back to [`PosixDisk`];
 //! - [`record`]: the checksummed on-disk record every backend stores, so a torn or corrupt
 //!   record is detected and never served;
 //! - [`FilePerKey`]: the file-per-key backend (two levels of hashed directories, atomic
-//!   replace, recovery scan), written against the `Disk` trait so the simulated disk drives
-//!   the same code under madsim.
+//!   replace, recovery scan);
+//! - [`Bucket`]: the bucket backend, spec 001's default (each put writes one bucket: a data
+//!   file of aligned records and a checksummed meta whose rename commits it);
+//! - [`OffsetFile`]: the offset-allocator backend (one preallocated `kv_cache.data`, space
+//!   managed by the core's offset allocator, the index rebuilt by a recovery scan).
 //!
-//! - [`UringDisk`]: the same over io_uring (one ring on a dedicated thread, submissions
-//!   batched up to the queue depth); `Unsupported` where io_uring is not available, so
-//!   callers fall back to [`PosixDisk`].
-//!
-//! The node's side of offloading, staging and disk eviction is `mooring::disk_tier`; the policy
-//! is the core's. The bucket and offset-allocator backends are not built yet (see the SSD-tier
-//! issue's notes).
+//! Every backend implements [`Backend`] against the `Disk` trait, so the simulated disk drives
+//! them too. The node's side of offloading, staging and disk eviction is `mooring::disk_tier`;
+//! the policy is the core's.
 
 mod aligned;
 pub mod backend;
+mod bucket;
 mod file_per_key;
+mod offset_file;
 mod paths;
 #[cfg(not(madsim))]
 mod posix;
@@ -29,7 +33,9 @@ mod uring;
 
 pub use aligned::AlignedBuf;
 pub use backend::{Backend, Held, Item, Recovered};
+pub use bucket::{BUCKET_BYTES, BUCKET_KEYS, Bucket};
 pub use file_per_key::{FilePerKey, Stored};
+pub use offset_file::{DATA_FILE, OffsetFile};
 #[cfg(not(madsim))]
 pub use posix::{IoMode, PosixDisk};
 #[cfg(all(target_os = "linux", not(madsim)))]

@@ -260,7 +260,11 @@ impl DiskPlan {
         if !chance(&mut rng, 0.75) {
             return None;
         }
-        let backends = [DiskBackend::FilePerKey];
+        let backends = [
+            DiskBackend::Bucket,
+            DiskBackend::FilePerKey,
+            DiskBackend::OffsetFile,
+        ];
         Some(DiskPlan {
             backend: backends[rng.below(backends.len())],
             capacity: [256 << 10, 1 << 20, 4 << 20][rng.below(3)],

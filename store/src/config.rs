@@ -105,6 +105,8 @@ pub struct NodeSection {
     pub disk_dir: Option<std::path::PathBuf>,
     /// Most bytes kept on disk, e.g. "100GiB".
     pub disk_capacity: Option<String>,
+    /// Disk layout: "bucket", "file-per-key" or "offset-file".
+    pub disk_backend: Option<crate::disk_tier::DiskBackend>,
     /// Disk eviction order: "fifo" or "lru".
     pub disk_eviction: Option<crate::disk_tier::DiskEviction>,
     /// Disk I/O: "uring" or "posix".

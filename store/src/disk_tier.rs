@@ -31,7 +31,9 @@ use mooring_core::{
     ClientId, DiskReport, DiskSyncAck, Error, ErrorCode, OffloadOrder, Result, SegmentId, WriteId,
 };
 use mooring_disk::backend::read_len;
-use mooring_disk::{Backend, FilePerKey, Held, Item};
+use mooring_disk::{
+    BUCKET_BYTES, BUCKET_KEYS, Backend, Bucket, FilePerKey, Held, Item, OffsetFile,
+};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -63,8 +65,13 @@ pub enum DiskIo {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DiskBackend {
+    /// Values grouped into buckets (up to 256 MiB or 500 values): a data file and a
+    /// checksummed meta file each; evicted a bucket at a time.
+    Bucket,
     /// One record file per key under two levels of hashed directories.
     FilePerKey,
+    /// One preallocated file whose space an offset allocator manages; needs a capacity.
+    OffsetFile,
 }
 
 /// A disk handed to the tier instead of one opened on its directory: the simulated disk,
@@ -115,9 +122,9 @@ impl DiskTierConfig {
         DiskTierConfig {
             dir: dir.into(),
             device: None,
-            backend: DiskBackend::FilePerKey,
-            group_bytes: 256 << 20,
-            group_keys: 500,
+            backend: DiskBackend::Bucket,
+            group_bytes: BUCKET_BYTES,
+            group_keys: BUCKET_KEYS,
             capacity: 0,
             eviction: DiskEviction::Fifo,
             io: DiskIo::Uring,
@@ -335,7 +342,21 @@ fn io_error(code: ErrorCode, what: &str, e: std::io::Error) -> Error {
 /// The backend the config asks for, on `disk`.
 fn open_backend(disk: Arc<dyn Disk>, config: &DiskTierConfig) -> Result<Arc<dyn Backend>> {
     match config.backend {
+        DiskBackend::Bucket => Ok(Arc::new(Bucket::new(disk))),
         DiskBackend::FilePerKey => Ok(Arc::new(FilePerKey::new(disk))),
+        DiskBackend::OffsetFile => {
+            if config.capacity == 0 {
+                return Err(Error::new(
+                    ErrorCode::INVALID_PARAMS,
+                    "the offset-file disk backend preallocates its file: give the tier a capacity (--disk-capacity)",
+                ));
+            }
+            // Room for the values plus their record headers and alignment padding.
+            let file = config.capacity + config.capacity / 8 + (1 << 20);
+            OffsetFile::open(disk, file)
+                .map(|f| Arc::new(f) as Arc<dyn Backend>)
+                .map_err(|e| io_error(ErrorCode::FILE_OPEN_FAIL, "cannot open the offset file", e))
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mooring::disk_tier::{DiskEviction, DiskTierConfig};
+use mooring::disk_tier::{DiskBackend, DiskEviction, DiskTierConfig};
 use mooring::{Client, EmbeddedCluster, EmbeddedConfig};
 use mooring_core::{ErrorCode, MasterConfig, Medium, Millis, ReplicateConfig};
 
@@ -33,10 +33,25 @@ impl Drop for TempDir {
     }
 }
 
-/// One 4 MiB node with a disk, write-through offload, short leases.
-async fn cluster(dir: &TempDir, disk: impl FnOnce(&mut DiskTierConfig)) -> EmbeddedCluster {
-    let mut config = DiskTierConfig::new(&dir.0);
+/// A disk tier on `dir` with `backend` (the offset file needs a capacity: 64 MiB unless the
+/// test sets one).
+fn tier(dir: impl Into<std::path::PathBuf>, backend: DiskBackend) -> DiskTierConfig {
+    let mut config = DiskTierConfig::new(dir);
     config.sync_interval = Duration::from_millis(20);
+    config.backend = backend;
+    if backend == DiskBackend::OffsetFile {
+        config.capacity = 64 << 20;
+    }
+    config
+}
+
+/// One 4 MiB node with a disk, write-through offload, short leases.
+async fn cluster(
+    dir: &TempDir,
+    backend: DiskBackend,
+    disk: impl FnOnce(&mut DiskTierConfig),
+) -> EmbeddedCluster {
+    let mut config = tier(&dir.0, backend);
     disk(&mut config);
     EmbeddedCluster::start(EmbeddedConfig {
         nodes: 1,
@@ -81,9 +96,23 @@ async fn media(client: &Client, key: &str) -> Vec<Medium> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn evicted_values_are_read_back_from_disk_and_survive_a_node_restart() {
-    let dir = TempDir::new("disk-roundtrip");
-    let cluster = cluster(&dir, |_| {}).await;
+async fn bucket_evicted_values_are_read_back_from_disk_and_survive_a_node_restart() {
+    round_trip_and_restart(DiskBackend::Bucket).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_per_key_evicted_values_are_read_back_from_disk_and_survive_a_node_restart() {
+    round_trip_and_restart(DiskBackend::FilePerKey).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offset_file_evicted_values_are_read_back_from_disk_and_survive_a_node_restart() {
+    round_trip_and_restart(DiskBackend::OffsetFile).await
+}
+
+async fn round_trip_and_restart(backend: DiskBackend) {
+    let dir = TempDir::new(&format!("disk-roundtrip-{backend:?}"));
+    let cluster = cluster(&dir, backend, |_| {}).await;
     let client = cluster.client().await.unwrap();
     // 40 x 256 KiB through a 4 MiB segment: most values end up only on disk.
     put_offloaded(&client, 0..40).await;
@@ -129,8 +158,7 @@ async fn evicted_values_are_read_back_from_disk_and_survive_a_node_restart() {
         ErrorCode::OBJECT_NOT_FOUND
     );
     // ...and a node started on the same directory registers them again.
-    let mut disk = DiskTierConfig::new(dir.0.join("node-0"));
-    disk.sync_interval = Duration::from_millis(20);
+    let disk = tier(dir.0.join("node-0"), backend);
     let segment = mooring::SegmentConfig {
         node: mooring::NodeConfig {
             name: Some("node-0".into()),
@@ -164,10 +192,24 @@ async fn evicted_values_are_read_back_from_disk_and_survive_a_node_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn disk_eviction_under_a_size_limit_never_serves_wrong_bytes() {
-    let dir = TempDir::new("disk-evict");
+async fn bucket_disk_eviction_under_a_size_limit_never_serves_wrong_bytes() {
+    disk_eviction(DiskBackend::Bucket).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_per_key_disk_eviction_under_a_size_limit_never_serves_wrong_bytes() {
+    disk_eviction(DiskBackend::FilePerKey).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offset_file_disk_eviction_under_a_size_limit_never_serves_wrong_bytes() {
+    disk_eviction(DiskBackend::OffsetFile).await
+}
+
+async fn disk_eviction(backend: DiskBackend) {
+    let dir = TempDir::new(&format!("disk-evict-{backend:?}"));
     // Room for 8 values on disk; 30 go through it.
-    let cluster = cluster(&dir, |d| {
+    let cluster = cluster(&dir, backend, |d| {
         d.capacity = 8 * VALUE as u64;
         d.eviction = DiskEviction::Fifo;
     })

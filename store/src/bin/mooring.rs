@@ -12,7 +12,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use mooring::bench::{self, BenchConfig, MasterPlacement};
 use mooring::config::{FileConfig, MasterSection, parse_duration, parse_size};
-use mooring::disk_tier::{DiskEviction, DiskIo, DiskTierConfig};
+use mooring::disk_tier::{DiskBackend, DiskEviction, DiskIo, DiskTierConfig};
 use mooring::{
     Client, ClientConfig, RunningMaster, SegmentConfig, StandaloneNode, demo, random_client_id,
 };
@@ -148,6 +148,9 @@ struct NodeArgs {
     /// recently read) go [default: no limit].
     #[arg(long)]
     disk_capacity: Option<String>,
+    /// How copies are laid out on disk [default: bucket].
+    #[arg(long, value_enum)]
+    disk_backend: Option<DiskBackend>,
     /// Which copies leave the disk first once it is full [default: fifo].
     #[arg(long, value_enum)]
     disk_eviction: Option<DiskEviction>,
@@ -351,6 +354,9 @@ async fn run_node(args: NodeArgs) -> Result<(), Error> {
                     let mut disk = DiskTierConfig::new(dir);
                     if let Some(capacity) = args.disk_capacity.or(f.disk_capacity) {
                         disk.capacity = parse_size(&capacity).map_err(usage_error)?;
+                    }
+                    if let Some(backend) = args.disk_backend.or(f.disk_backend) {
+                        disk.backend = backend;
                     }
                     if let Some(eviction) = args.disk_eviction.or(f.disk_eviction) {
                         disk.eviction = eviction;
