@@ -6,21 +6,15 @@
 //! (set `MOORING_BENCH_DIR` to measure another device). Throughput is reported in bytes/s.
 
 use std::io;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use mooring_benches::{bench_dir, bench_runtime};
 use mooring_core::disk::Disk;
 use mooring_disk::{FilePerKey, IoMode, PosixDisk, UringDisk};
 
 const OBJECTS: usize = 256;
 const SIZE: usize = 1 << 20;
-
-fn bench_dir() -> PathBuf {
-    std::env::var_os("MOORING_BENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/disk-bench"))
-}
 
 fn file_per_key_gets(c: &mut Criterion) {
     bench_adapter(c, "posix", |dir| {
@@ -36,12 +30,8 @@ fn bench_adapter(
     adapter: &str,
     open: impl FnOnce(&std::path::Path) -> io::Result<Arc<dyn Disk>>,
 ) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let dir = bench_dir().join(adapter);
+    let runtime = bench_runtime();
+    let dir = bench_dir("disk-bench").join(adapter);
     let _ = std::fs::remove_dir_all(&dir);
     let disk = match open(&dir) {
         Ok(disk) => disk,

@@ -7,31 +7,19 @@
 //! Run: `cargo bench -p mooring-benches --bench offload`. The disk lives under
 //! `target/offload-bench` (set `MOORING_BENCH_DIR` to measure another device).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use mooring::disk_tier::DiskTierConfig;
 use mooring::{EmbeddedCluster, EmbeddedConfig};
+use mooring_benches::{bench_dir, bench_runtime};
 use mooring_core::{MasterConfig, Millis, ReplicateConfig};
 
 const SIZE: usize = 1 << 20;
 
-fn bench_dir() -> PathBuf {
-    std::env::var_os("MOORING_BENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/offload-bench")
-        })
-}
-
 fn offload_under_write_pressure(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let dir = bench_dir();
+    let runtime = bench_runtime();
+    let dir = bench_dir("offload-bench");
     let _ = std::fs::remove_dir_all(&dir);
     let mut disk = DiskTierConfig::new(&dir);
     disk.direct = true;

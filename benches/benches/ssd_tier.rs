@@ -7,24 +7,18 @@
 //! Run: `cargo bench -p mooring-benches --bench ssd_tier`. The disk lives under
 //! `target/ssd-bench` (set `MOORING_BENCH_DIR` to measure another device).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use mooring::disk_tier::{DiskIo, DiskTierConfig};
 use mooring::{Client, EmbeddedCluster, EmbeddedConfig};
+use mooring_benches::{bench_dir, bench_runtime};
 use mooring_core::{MasterConfig, Medium, Millis, ReplicateConfig};
 
 const SIZE: usize = 1 << 20;
 const OBJECTS: u64 = 96;
 /// Keys per batched get.
 const BATCH: usize = 8;
-
-fn bench_dir() -> PathBuf {
-    std::env::var_os("MOORING_BENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/ssd-bench"))
-}
 
 async fn media(client: &Client, key: &str) -> Vec<Medium> {
     let found = client
@@ -45,12 +39,8 @@ fn ssd_tier_with(c: &mut Criterion, io: DiskIo) {
         DiskIo::Uring => "io_uring",
         DiskIo::Posix => "posix",
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let dir = bench_dir();
+    let runtime = bench_runtime();
+    let dir = bench_dir("ssd-bench");
     let _ = std::fs::remove_dir_all(&dir);
     let mut disk = DiskTierConfig::new(&dir);
     disk.direct = true;

@@ -14,6 +14,28 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[unsafe(export_name = "_rjem_malloc_conf")]
 pub static malloc_conf: &[u8; 31] = b"thp:always,metadata_thp:always\0";
 
+/// Where a disk bench keeps its files: `MOORING_BENCH_DIR` (to measure another device) or
+/// `target/<name>`.
+pub fn bench_dir(name: &str) -> std::path::PathBuf {
+    std::env::var_os("MOORING_BENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../target")
+                .join(name)
+        })
+}
+
+/// The runtime the end-to-end benches drive their clusters with: two workers, as this
+/// machine has two cores.
+pub fn bench_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
 /// The client the benches act as.
 pub const CLIENT: ClientId = ClientId(1);
 /// Value size used for resident objects (a typical KV-cache block is a few KiB to a few MiB).

@@ -100,6 +100,18 @@ struct Entry {
     value_len: u64,
 }
 
+impl Entry {
+    /// The index entry of a meta entry of bucket `bucket`.
+    fn of(bucket: u64, e: &meta::MetaEntry) -> Entry {
+        Entry {
+            bucket,
+            version: e.version,
+            offset: e.offset,
+            value_len: e.value_len,
+        }
+    }
+}
+
 /// What the backend holds, in memory.
 #[derive(Default)]
 struct Index {
@@ -278,12 +290,7 @@ impl Bucket {
         let mut index = self.lock();
         let mut displaced = BTreeSet::new();
         for e in entries {
-            let entry = Entry {
-                bucket: id,
-                version: e.version,
-                offset: e.offset,
-                value_len: e.value_len,
-            };
+            let entry = Entry::of(id, e);
             if let Some(old) = index.keys.insert(e.key.clone(), entry)
                 && let Some(live) = index.buckets.get_mut(&old.bucket)
             {
@@ -493,12 +500,7 @@ impl Bucket {
         for (&id, entries) in buckets {
             let mut live = BTreeSet::new();
             for e in entries {
-                let entry = Entry {
-                    bucket: id,
-                    version: e.version,
-                    offset: e.offset,
-                    value_len: e.value_len,
-                };
+                let entry = Entry::of(id, e);
                 index.keys.insert(e.key.clone(), entry);
                 live.insert(e.key.clone());
                 found.objects.push(Held {
