@@ -1,8 +1,9 @@
 //! Offload keeping up with eviction under a write-heavy workload (spec 001): one node with
 //! 64 MiB of memory and a disk tier takes a stream of fresh 1 MiB puts, so every put evicts.
-//! The bench times the puts; afterwards it prints how many evictions left a disk copy (the
-//! rest were dropped because their offload had not happened in time). Offload keeps up when
-//! the two counts match.
+//! First a paced stream (128 MiB/s), then an unthrottled one that
+//! criterion times. After each it prints how many evictions left a disk copy (the rest were
+//! dropped because their offload had not happened in time). Offload keeps up when the two
+//! counts match.
 //!
 //! Run: `cargo bench -p mooring-benches --bench offload`. The disk lives under
 //! `target/offload-bench` (set `MOORING_BENCH_DIR` to measure another device).
@@ -43,6 +44,37 @@ fn offload_under_write_pressure(c: &mut Criterion) {
         (cluster, client)
     });
     let value: Vec<u8> = (0..SIZE).map(|i| (i * 13) as u8).collect();
+    let put = |key: &str| {
+        // Puts refused while eviction waits for offload are retried, as a client would.
+        loop {
+            match runtime.block_on(client.put(key, &value, &ReplicateConfig::single())) {
+                Ok(()) => break,
+                Err(e) if e.code == mooring_core::ErrorCode::NO_AVAILABLE_HANDLE => {
+                    runtime.block_on(async { tokio::time::sleep(Duration::from_millis(1)).await })
+                }
+                Err(e) => panic!("put: {e}"),
+            }
+        }
+    };
+    let report = |phase: &str, before: &mooring_core::Stats| {
+        let now = runtime.block_on(client.stats()).expect("stats");
+        let evicted = now.evicted_objects - before.evicted_objects;
+        let kept = now.evicted_to_disk - before.evicted_to_disk;
+        eprintln!(
+            "offload, {phase}: {evicted} evictions, {kept} of them left a disk copy ({:.1}%)",
+            100.0 * kept as f64 / evicted.max(1) as f64
+        );
+        now
+    };
+    // Paced: 1 MiB every 8 ms.
+    let start = runtime.block_on(client.stats()).expect("stats");
+    let began = std::time::Instant::now();
+    for i in 0..768u32 {
+        put(&format!("paced/{i}"));
+        let due = began + Duration::from_millis(8) * (i + 1);
+        std::thread::sleep(due.saturating_duration_since(std::time::Instant::now()));
+    }
+    let paced = report("paced at 128 MiB/s", &start);
     let mut group = c.benchmark_group("offload");
     group.throughput(Throughput::Bytes(SIZE as u64));
     group.sample_size(20);
@@ -51,29 +83,11 @@ fn offload_under_write_pressure(c: &mut Criterion) {
     group.bench_function("put_1mib_evicting_into_disk_tier", |b| {
         b.iter(|| {
             next += 1;
-            let key = format!("stream/{next}");
-            // Puts refused while eviction waits for offload are retried, as a client would.
-            loop {
-                match runtime.block_on(client.put(&key, &value, &ReplicateConfig::single())) {
-                    Ok(()) => break,
-                    Err(e) if e.code == mooring_core::ErrorCode::NO_AVAILABLE_HANDLE => {
-                        runtime.block_on(tokio::time::sleep(Duration::from_millis(1)))
-                    }
-                    Err(e) => panic!("put: {e}"),
-                }
-            }
+            put(&format!("stream/{next}"));
         })
     });
     group.finish();
-    let stats = runtime.block_on(client.stats()).expect("stats");
-    eprintln!(
-        "offload: {} puts; {} evictions, {} of them left a disk copy ({:.1}%); {} disk copies written",
-        next,
-        stats.evicted_objects,
-        stats.evicted_to_disk,
-        100.0 * stats.evicted_to_disk as f64 / stats.evicted_objects.max(1) as f64,
-        stats.disk_copies_recorded
-    );
+    report(&format!("unthrottled ({next} puts)"), &paced);
     runtime.block_on(cluster.shutdown()).expect("shutdown");
     let _ = std::fs::remove_dir_all(&dir);
 }

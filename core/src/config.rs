@@ -48,6 +48,10 @@ pub struct MasterConfig {
     pub offload_on_evict: bool,
     /// Every completed write is also queued for offload (write-through). Default false.
     pub offload_write_through: bool,
+    /// Offload ahead: once a segment whose node has a disk is this full, the node's disk syncs
+    /// also take its least recently used memory-only objects, so eviction later finds copies
+    /// to drop rather than values. Above 1 turns it off. Default 0.8.
+    pub offload_ahead_watermark: f64,
 }
 
 impl Default for MasterConfig {
@@ -68,6 +72,7 @@ impl Default for MasterConfig {
             max_replicas: 16,
             offload_on_evict: true,
             offload_write_through: false,
+            offload_ahead_watermark: 0.8,
         }
     }
 }
@@ -86,6 +91,12 @@ impl MasterConfig {
             return bad(format!(
                 "eviction_ratio must be in (0, 1], got {}",
                 self.eviction_ratio
+            ));
+        }
+        if self.offload_ahead_watermark.is_nan() || self.offload_ahead_watermark <= 0.0 {
+            return bad(format!(
+                "offload_ahead_watermark must be positive (above 1 turns it off), got {}",
+                self.offload_ahead_watermark
             ));
         }
         if self.lease_ttl == Millis::ZERO {

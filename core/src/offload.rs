@@ -518,8 +518,47 @@ impl Master {
         }
     }
 
+    /// Offload ahead: if segment `seg` is at least `offload_ahead_watermark` full, queues its
+    /// `count` least recently used objects that have no disk copy yet, so the copies exist
+    /// before eviction needs them. Paced by the node, which asks for orders only as fast as it
+    /// writes them. Costs a scan of the table per call.
+    fn offload_ahead(&mut self, seg: u32, count: usize, now: Millis) {
+        let segment = self.segments.at(seg);
+        let capacity = segment.allocator.capacity();
+        let used = segment.allocator.used_bytes();
+        if (used as f64) < self.config.offload_ahead_watermark * capacity as f64 {
+            return;
+        }
+        let mut candidates: Vec<(Millis, u32)> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| {
+                o.offload == OffloadMark::None
+                    && !o.has_disk_replica()
+                    && !o.writing
+                    && o.eviction_class(now).is_some()
+                    && o.replicas
+                        .iter()
+                        .any(|r| r.segment == seg && r.is_complete())
+            })
+            .map(|(slot, o)| (o.lease_expiry, slot))
+            .collect();
+        if candidates.len() > count {
+            candidates.select_nth_unstable(count);
+            candidates.truncate(count);
+        }
+        candidates.sort_unstable();
+        for (_, slot) in candidates {
+            self.queue_offload(slot);
+        }
+    }
+
     /// Pops up to `want` valid entries off segment `seg`'s queue as orders, each with a lease.
     fn issue_orders(&mut self, seg: u32, want: usize, now: Millis) -> Vec<OffloadOrder> {
+        let queued = self.disks.queues.get(&seg).map_or(0, VecDeque::len);
+        if queued < want {
+            self.offload_ahead(seg, want - queued, now);
+        }
         let lease_ttl = self.config.lease_ttl;
         let mut orders = Vec::new();
         while orders.len() < want {

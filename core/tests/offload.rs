@@ -137,6 +137,41 @@ fn eviction_offloads_first_then_drops_only_memory() {
 }
 
 #[test]
+fn offload_runs_ahead_of_eviction_once_a_segment_is_mostly_full() {
+    let mut f = Fixture::new(1, MIB);
+    sync(&mut f, "seg0", want(0));
+    // 40 of 64 blocks: under the 0.8 mark, nothing is offered.
+    for i in 0..40 {
+        f.put(A, &format!("k{i:02}"), 16 * KIB, &one());
+        f.advance(Millis(1));
+    }
+    assert!(sync(&mut f, "seg0", want(8)).offload.is_empty());
+    // 54 of 64: the least recently used go to disk before any eviction is needed.
+    for i in 40..54 {
+        f.put(A, &format!("k{i:02}"), 16 * KIB, &one());
+        f.advance(Millis(1));
+    }
+    let ack = sync(&mut f, "seg0", want(8));
+    let keys: Vec<&str> = ack.offload.iter().map(|o| o.key.as_str()).collect();
+    assert_eq!(keys[..2], ["k00", "k01"], "oldest first: {keys:?}");
+    assert_eq!(f.m.stats().evicted_objects, 0);
+    let done = ack
+        .offload
+        .iter()
+        .map(|o| (o.key.clone(), o.write))
+        .collect();
+    sync(
+        &mut f,
+        "seg0",
+        DiskReport {
+            offloaded: done,
+            ..DiskReport::default()
+        },
+    );
+    assert_eq!(media(&mut f, "k00"), vec![Medium::Memory, Medium::Disk]);
+}
+
+#[test]
 fn without_a_disk_eviction_drops_objects() {
     let mut f = Fixture::new(1, MIB);
     for i in 0..62 {

@@ -687,6 +687,7 @@ async fn sync_loop(
             client,
             control: &control,
             segment,
+            memory: node.memory().len() as u64,
         };
         for (order, bytes) in copies {
             if group.copies.len() >= tier.config.group_keys.max(1)
@@ -803,14 +804,19 @@ struct Sink<'a> {
     client: ClientId,
     control: &'a Arc<dyn ControlPlane>,
     segment: SegmentId,
+    /// Bytes of the node's segment.
+    memory: u64,
 }
 
 impl Sink<'_> {
-    /// Most bytes in one group: a group never needs more room than the disk has.
+    /// Most bytes in one group: a group never needs more room than the disk has, and never
+    /// keeps more than a quarter of the node's memory waiting for it (objects being offloaded
+    /// cannot be evicted).
     fn group_limit(&self) -> u64 {
+        let memory = (self.memory / 4).max(1);
         match self.tier.config.capacity {
-            0 => self.tier.config.group_bytes,
-            capacity => self.tier.config.group_bytes.min(capacity),
+            0 => self.tier.config.group_bytes.min(memory),
+            capacity => self.tier.config.group_bytes.min(capacity).min(memory),
         }
     }
 
