@@ -26,7 +26,7 @@ use io_uring::{IoUring, Probe, opcode, squeue, types};
 use mooring_core::disk::Disk;
 use mooring_core::transport::BoxFuture;
 use tokio::sync::oneshot;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::AlignedBuf;
 
@@ -57,6 +57,8 @@ pub struct UringDisk {
     files: Arc<Mutex<Files>>,
     /// `Some` until dropped; dropping it lets the I/O thread finish and exit.
     requests: Option<Sender<Request>>,
+    /// The registered buffer (address, length), if any: reads into it go straight there.
+    fixed: Option<(usize, usize)>,
     /// Written after every request: the I/O thread keeps a read of it in the ring, so a
     /// request arriving while it waits for completions is submitted at once.
     wake: Arc<OwnedFd>,
@@ -77,7 +79,45 @@ impl UringDisk {
     /// caller can fall back to [`PosixDisk`], or, for `IoMode::Direct`, if the filesystem
     /// cannot do direct I/O.
     pub fn open(root: impl Into<PathBuf>, mode: IoMode) -> io::Result<UringDisk> {
+        // SAFETY: no buffer is registered.
+        unsafe { UringDisk::open_with_buffer(root, mode, None) }
+    }
+
+    /// [`UringDisk::open`], registering `buffer` (address, length) with the ring as a fixed
+    /// buffer (after `MADV_NOHUGEPAGE`, so pinning its pages works whatever the system's
+    /// transparent huge page policy): reads whose destination lies inside it go straight into
+    /// it, with no bounce buffer. If registration fails, reads bounce as usual (logged).
+    ///
+    /// # Safety
+    ///
+    /// The buffer must stay mapped until this disk is dropped. A read into it whose future is
+    /// dropped before it completes may still land afterwards: the caller must not hand that
+    /// part of the buffer to anyone else until this disk is dropped.
+    pub unsafe fn open_with_buffer(
+        root: impl Into<PathBuf>,
+        mode: IoMode,
+        buffer: Option<(std::ptr::NonNull<u8>, usize)>,
+    ) -> io::Result<UringDisk> {
         let ring = new_ring()?;
+        let fixed = buffer.and_then(|(ptr, len)| {
+            // SAFETY: the caller vouches that the range is a live mapping; madvise and the
+            // registration only pin and describe it.
+            let registered = unsafe {
+                libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_NOHUGEPAGE);
+                let iovec = libc::iovec {
+                    iov_base: ptr.as_ptr().cast(),
+                    iov_len: len,
+                };
+                ring.submitter().register_buffers(&[iovec])
+            };
+            match registered {
+                Ok(()) => Some((ptr.as_ptr() as usize, len)),
+                Err(e) => {
+                    warn!("io_uring could not register the staging buffer, reads will bounce: {e}");
+                    None
+                }
+            }
+        });
         let posix = PosixDisk::open(root, mode)?;
         let alignment = posix.alignment();
         let (requests, received) = mpsc::channel();
@@ -99,6 +139,7 @@ impl UringDisk {
             direct: mode == IoMode::Direct,
             files: Arc::default(),
             requests: Some(requests),
+            fixed,
             wake,
             thread: Some(thread),
         })
@@ -110,6 +151,11 @@ impl UringDisk {
         // SAFETY: writes 8 bytes from a live buffer to an open eventfd. A failure (the
         // counter saturated) still leaves the thread woken.
         unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    }
+
+    /// Whether a buffer is registered (reads into it skip the bounce buffer).
+    pub fn has_registered_buffer(&self) -> bool {
+        self.fixed.is_some()
     }
 
     /// The directory.
@@ -274,6 +320,14 @@ enum Op {
     Sync {
         reply: oneshot::Sender<io::Result<()>>,
     },
+    /// A read straight into the registered buffer (fixed buffer 0), at address `addr`.
+    ReadFixed {
+        addr: usize,
+        len: usize,
+        offset: u64,
+        done: usize,
+        reply: oneshot::Sender<io::Result<usize>>,
+    },
 }
 
 impl Request {
@@ -308,6 +362,18 @@ impl Request {
             Op::Sync { .. } => opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
                 .build(),
+            Op::ReadFixed {
+                addr,
+                len,
+                offset,
+                done,
+                ..
+            } => {
+                let n = (*len - *done).min(MAX_CHUNK);
+                opcode::ReadFixed::new(fd, (*addr + *done) as *mut u8, n as u32, 0)
+                    .offset(*offset + *done as u64)
+                    .build()
+            }
         };
         entry.user_data(slot as u64)
     }
@@ -319,7 +385,7 @@ impl Request {
         }
         let failed = || io::Error::from_raw_os_error(-res);
         match &mut self.op {
-            Op::Read { len, done, .. } => {
+            Op::Read { len, done, .. } | Op::ReadFixed { len, done, .. } => {
                 if res > 0 {
                     *done += res as usize;
                     // Direct reads keep whole aligned blocks: a short one ends the file.
@@ -351,6 +417,8 @@ impl Request {
             Op::Write { reply, .. } => drop(reply.send(Ok(()))),
             Op::Sync { reply } if res < 0 => drop(reply.send(Err(failed()))),
             Op::Sync { reply } => drop(reply.send(Ok(()))),
+            Op::ReadFixed { reply, .. } if res < 0 => drop(reply.send(Err(failed()))),
+            Op::ReadFixed { done, reply, .. } => drop(reply.send(Ok(done))),
         }
         None
     }
@@ -367,6 +435,10 @@ impl Request {
                 Some(buf)
             }
             Op::Sync { reply } => {
+                let _ = reply.send(Err(error()));
+                None
+            }
+            Op::ReadFixed { reply, .. } => {
                 let _ = reply.send(Err(error()));
                 None
             }
@@ -481,6 +553,19 @@ fn run(mut ring: IoUring, requests: Receiver<Request>, alignment: usize, wake: A
     }
 }
 
+/// The bytes a chunked read got: its chunks' up to the first short one (the end of the file).
+fn sum_reads(chunks: Vec<io::Result<(usize, usize)>>) -> io::Result<usize> {
+    let mut total = 0;
+    for chunk in chunks {
+        let (done, len) = chunk?;
+        total += done;
+        if done < len {
+            break;
+        }
+    }
+    Ok(total)
+}
+
 impl Disk for UringDisk {
     fn alignment(&self) -> usize {
         self.posix.alignment()
@@ -536,6 +621,31 @@ impl Disk for UringDisk {
             // A large read goes out as several chunks in one submission: the device works
             // on them in parallel (queue depth > 1 for a single value).
             let chunk = READ_CHUNK.max(alignment);
+            let start = buf.as_ptr() as usize;
+            if let Some((base, size)) = self.fixed
+                && start >= base
+                && start + len <= base + size
+            {
+                let reads = (0..len.div_ceil(chunk)).map(|i| {
+                    let file = file.clone();
+                    let part = chunk.min(len - i * chunk);
+                    let at = offset + (i * chunk) as u64;
+                    async move {
+                        let done = self
+                            .submit(file, |reply| Op::ReadFixed {
+                                addr: start + i * chunk,
+                                len: part,
+                                offset: at,
+                                done: 0,
+                                reply,
+                            })
+                            .await?;
+                        Ok::<_, io::Error>((done, part))
+                    }
+                });
+                // The kernel writes `buf` meanwhile; this future holds its borrow throughout.
+                return sum_reads(futures_util::future::join_all(reads).await);
+            }
             let reads = buf.chunks_mut(chunk).enumerate().map(|(i, part)| {
                 let file = file.clone();
                 let len = part.len();
@@ -555,15 +665,7 @@ impl Disk for UringDisk {
                     Ok::<_, io::Error>((done, len))
                 }
             });
-            let mut total = 0;
-            for read in futures_util::future::join_all(reads).await {
-                let (done, len) = read?;
-                total += done;
-                if done < len {
-                    break; // the end of the file
-                }
-            }
-            Ok(total)
+            sum_reads(futures_util::future::join_all(reads).await)
         })
     }
 

@@ -268,6 +268,8 @@ pub struct DiskTier {
 
 struct TierInner {
     config: DiskTierConfig,
+    /// Declared before `staging`, so it goes first: an io_uring disk has the staging buffer
+    /// registered.
     store: Arc<dyn Backend>,
     index: Mutex<Index>,
     /// Evicted copies whose deletion failed, retried every sync.
@@ -288,7 +290,7 @@ impl Drop for DiskTier {
 /// Under the simulator there are no real disks: simulations hand the tier the simulated one
 /// ([`DiskTierConfig::device`]).
 #[cfg(madsim)]
-fn open_real_disk(config: &DiskTierConfig) -> Result<Arc<dyn Disk>> {
+fn open_real_disk(config: &DiskTierConfig, _staging: &SegmentMemory) -> Result<Arc<dyn Disk>> {
     Err(Error::new(
         ErrorCode::FILE_OPEN_FAIL,
         format!(
@@ -298,17 +300,17 @@ fn open_real_disk(config: &DiskTierConfig) -> Result<Arc<dyn Disk>> {
     ))
 }
 
-/// The disk the config asks for.
-fn open_disk(config: &DiskTierConfig) -> Result<Arc<dyn Disk>> {
+/// The disk the config asks for; an io_uring disk registers the staging buffer.
+fn open_disk(config: &DiskTierConfig, staging: &SegmentMemory) -> Result<Arc<dyn Disk>> {
     match &config.device {
         Some(device) => Ok(device.0.clone()),
-        None => open_real_disk(config),
+        None => open_real_disk(config, staging),
     }
 }
 
 /// Opens the directory the config names.
 #[cfg(not(madsim))]
-fn open_real_disk(config: &DiskTierConfig) -> Result<Arc<dyn Disk>> {
+fn open_real_disk(config: &DiskTierConfig, staging: &SegmentMemory) -> Result<Arc<dyn Disk>> {
     use mooring_disk::{IoMode, PosixDisk};
     let mode = if config.direct {
         IoMode::Direct
@@ -322,7 +324,13 @@ fn open_real_disk(config: &DiskTierConfig) -> Result<Arc<dyn Disk>> {
         )
     };
     if config.io == DiskIo::Uring {
-        match mooring_disk::UringDisk::open(&config.dir, mode) {
+        let buffer = staging
+            .range(staging.base(), staging.len() as u64)
+            .map(|ptr| (ptr, staging.len()));
+        // SAFETY: the staging memory outlives the disk (the tier holds both, and the data
+        // server's export keeps the memory mapped), and a slot whose load was abandoned is
+        // never handed out again (reclaim and unstage skip slots still loading).
+        match unsafe { mooring_disk::UringDisk::open_with_buffer(&config.dir, mode, buffer) } {
             Ok(disk) => return Ok(Arc::new(disk)),
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
                 warn!("io_uring unavailable, using POSIX pread/pwrite: {e}")
@@ -370,7 +378,8 @@ impl DiskTier {
         control: Arc<dyn ControlPlane>,
         server: Arc<dyn DataServer>,
     ) -> Result<DiskTier> {
-        let store = open_backend(open_disk(&config)?, &config)?;
+        let memory = MappedMemory::new(config.staging as usize, true)?.into_segment();
+        let store = open_backend(open_disk(&config, &memory)?, &config)?;
         let recovered = store
             .recover()
             .await
@@ -387,7 +396,6 @@ impl DiskTier {
             dropped = recovered.dropped.len(),
             "disk tier recovered"
         );
-        let memory = MappedMemory::new(config.staging as usize, true)?.into_segment();
         let staging_addr = server.export(memory.clone())?;
         let inner = Arc::new(TierInner {
             staging: Staging {
