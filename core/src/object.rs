@@ -85,7 +85,8 @@ pub(crate) enum OffloadMark {
     None,
     /// Queued (or handed to its node) for writing to disk; eviction passes it over.
     Queued,
-    /// Its node failed to write it; evicted without offloading from now on.
+    /// Its node failed to write it, or evicted its copy from disk: evicted without
+    /// offloading from now on (offloading it again would only churn the disk).
     Failed,
 }
 

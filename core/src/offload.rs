@@ -46,6 +46,7 @@ use crate::ids::{ClientId, SegmentId, WriteId};
 use crate::master::Master;
 use crate::object::{NO_DISK, Object, OffloadMark, Replica, ReplicaDescriptor};
 use crate::put::PutGrant;
+use crate::segments::block_len;
 use crate::time::Millis;
 
 /// Most objects waiting in one segment's offload queue; beyond it, eviction drops objects
@@ -422,6 +423,8 @@ impl Master {
             return;
         }
         self.clear_disk_copy(slot);
+        // The disk chose to drop it: offloading it again would evict another copy.
+        self.objects.at_mut(slot).offload = OffloadMark::Failed;
         let object = self.objects.at(slot);
         if object.replicas.is_empty() && !object.writing {
             let object = self.remove_object(slot);
@@ -518,38 +521,48 @@ impl Master {
         }
     }
 
-    /// Offload ahead: if segment `seg` is at least `offload_ahead_watermark` full, queues its
-    /// `count` least recently used objects that have no disk copy yet, so the copies exist
-    /// before eviction needs them. Paced by the node, which asks for orders only as fast as it
-    /// writes them. Costs a scan of the table per call.
+    /// Offload ahead: if segment `seg` is more than `offload_ahead_watermark` full, makes sure
+    /// its least recently used objects holding the bytes above that mark have disk copies,
+    /// queueing up to `count` that lack one, so eviction later finds copies to drop rather
+    /// than values. Only the bytes above the mark: a disk smaller than memory would otherwise
+    /// churn, evicting copies to make room for ones never needed. Paced by the node, which
+    /// asks for orders only as fast as it writes them. Costs a scan of the table per call.
     fn offload_ahead(&mut self, seg: u32, count: usize, now: Millis) {
         let segment = self.segments.at(seg);
-        let capacity = segment.allocator.capacity();
-        let used = segment.allocator.used_bytes();
-        if (used as f64) < self.config.offload_ahead_watermark * capacity as f64 {
+        let mark =
+            (self.config.offload_ahead_watermark * segment.allocator.capacity() as f64) as u64;
+        let above = segment.allocator.used_bytes().saturating_sub(mark);
+        if above == 0 {
             return;
         }
-        let mut candidates: Vec<(Millis, u32)> = self
+        // Every object eviction could take from the segment: (LRU position, slot, bytes,
+        // has a copy or one on the way).
+        let mut candidates: Vec<(Millis, u32, u64, bool)> = self
             .objects
             .iter()
             .filter(|(_, o)| {
-                o.offload == OffloadMark::None
-                    && !o.has_disk_replica()
-                    && !o.writing
+                !o.writing
                     && o.eviction_class(now).is_some()
                     && o.replicas
                         .iter()
                         .any(|r| r.segment == seg && r.is_complete())
             })
-            .map(|(slot, o)| (o.lease_expiry, slot))
+            .map(|(slot, o)| {
+                let covered = o.has_disk_replica() || o.offload != OffloadMark::None;
+                (o.lease_expiry, slot, block_len(o.size), covered)
+            })
             .collect();
-        if candidates.len() > count {
-            candidates.select_nth_unstable(count);
-            candidates.truncate(count);
-        }
         candidates.sort_unstable();
-        for (_, slot) in candidates {
-            self.queue_offload(slot);
+        let mut bytes = 0;
+        let mut queued = 0;
+        for (_, slot, len, covered) in candidates {
+            if bytes >= above || queued >= count {
+                break;
+            }
+            bytes += len;
+            if !covered && self.queue_offload(slot) {
+                queued += 1;
+            }
         }
     }
 
