@@ -50,7 +50,7 @@ pub struct MasterConfig {
     pub offload_write_through: bool,
     /// Offload ahead: once a segment whose node has a disk is this full, the node's disk syncs
     /// also take its least recently used memory-only objects, so eviction later finds copies
-    /// to drop rather than values. Above 1 turns it off. Default 0.8.
+    /// to drop rather than values. Above 1 turns it off. Default 0.6.
     pub offload_ahead_watermark: f64,
 }
 
@@ -72,7 +72,7 @@ impl Default for MasterConfig {
             max_replicas: 16,
             offload_on_evict: true,
             offload_write_through: false,
-            offload_ahead_watermark: 0.8,
+            offload_ahead_watermark: 0.6,
         }
     }
 }

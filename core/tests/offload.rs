@@ -140,14 +140,14 @@ fn eviction_offloads_first_then_drops_only_memory() {
 fn offload_runs_ahead_of_eviction_once_a_segment_is_mostly_full() {
     let mut f = Fixture::new(1, MIB);
     sync(&mut f, "seg0", want(0));
-    // 40 of 64 blocks: under the 0.8 mark, nothing is offered.
-    for i in 0..40 {
+    // 36 of 64 blocks: under the 0.6 mark, nothing is offered.
+    for i in 0..36 {
         f.put(A, &format!("k{i:02}"), 16 * KIB, &one());
         f.advance(Millis(1));
     }
     assert!(sync(&mut f, "seg0", want(8)).offload.is_empty());
     // 54 of 64: the least recently used go to disk before any eviction is needed.
-    for i in 40..54 {
+    for i in 36..54 {
         f.put(A, &format!("k{i:02}"), 16 * KIB, &one());
         f.advance(Millis(1));
     }

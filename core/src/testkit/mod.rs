@@ -172,7 +172,7 @@ pub fn harness_config(seed: u64) -> MasterConfig {
         // simulation), so these change nothing here.
         offload_on_evict: true,
         offload_write_through: false,
-        offload_ahead_watermark: 0.8,
+        offload_ahead_watermark: 0.6,
     }
 }
 
