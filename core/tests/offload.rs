@@ -26,6 +26,14 @@ fn sync(f: &mut Fixture, name: &str, report: DiskReport) -> DiskSyncAck {
     ack
 }
 
+/// The (key, write) of every order in `ack`.
+fn ordered(ack: &DiskSyncAck) -> Vec<(String, WriteId)> {
+    ack.offload
+        .iter()
+        .map(|o| (o.key.clone(), o.write))
+        .collect()
+}
+
 fn want(n: u32) -> DiskReport {
     DiskReport {
         want: n,
@@ -36,11 +44,7 @@ fn want(n: u32) -> DiskReport {
 /// Offloads everything queued on `name`; returns the keys written.
 fn offload_all(f: &mut Fixture, name: &str) -> Vec<String> {
     let ack = sync(f, name, want(1000));
-    let done: Vec<(String, WriteId)> = ack
-        .offload
-        .iter()
-        .map(|o| (o.key.clone(), o.write))
-        .collect();
+    let done: Vec<(String, WriteId)> = ordered(&ack);
     sync(
         f,
         name,
@@ -94,11 +98,7 @@ fn eviction_offloads_first_then_drops_only_memory() {
         f.get(oldest).unwrap().replicas[0].addr,
         "the order points at the memory replica"
     );
-    let written: Vec<(String, WriteId)> = ack
-        .offload
-        .iter()
-        .map(|o| (o.key.clone(), o.write))
-        .collect();
+    let written: Vec<(String, WriteId)> = ordered(&ack);
     sync(
         &mut f,
         "seg0",
@@ -155,11 +155,7 @@ fn offload_runs_ahead_of_eviction_once_a_segment_is_mostly_full() {
     let keys: Vec<&str> = ack.offload.iter().map(|o| o.key.as_str()).collect();
     assert_eq!(keys[..2], ["k00", "k01"], "oldest first: {keys:?}");
     assert_eq!(f.m.stats().evicted_objects, 0);
-    let done = ack
-        .offload
-        .iter()
-        .map(|o| (o.key.clone(), o.write))
-        .collect();
+    let done = ordered(&ack);
     sync(
         &mut f,
         "seg0",
@@ -188,11 +184,7 @@ fn failed_offloads_are_evicted_without_a_copy() {
     let (mut f, keys) = full_with_disk();
     f.tick_after(Millis(10));
     let ack = sync(&mut f, "seg0", want(1000));
-    let failed: Vec<(String, WriteId)> = ack
-        .offload
-        .iter()
-        .map(|o| (o.key.clone(), o.write))
-        .collect();
+    let failed: Vec<(String, WriteId)> = ordered(&ack);
     sync(
         &mut f,
         "seg0",
@@ -214,11 +206,7 @@ fn failed_offloads_are_evicted_without_a_copy() {
                 order.key
             );
         }
-        let failed = ack
-            .offload
-            .iter()
-            .map(|o| (o.key.clone(), o.write))
-            .collect();
+        let failed = ordered(&ack);
         sync(
             &mut f,
             "seg0",
