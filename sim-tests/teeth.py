@@ -37,6 +37,12 @@ EXPS = {
    ('core/src/put.rs', "        if object.write_id != write {\n            return Err(Error::new(\n                ErrorCode::OBJECT_NOT_FOUND,", "        if object.write_id != write && false {\n            return Err(Error::new(\n                ErrorCode::OBJECT_NOT_FOUND,"),
    ('core/src/put.rs', "        if object.writer != client {\n            return Err(Error::new(\n                ErrorCode::ILLEGAL_CLIENT,", "        if object.writer != client && false {\n            return Err(Error::new(\n                ErrorCode::ILLEGAL_CLIENT,"),
  ],
+ 'adopt-any-recovered': [
+   ('core/src/offload.rs', "                if !adopt {", "                if !adopt && false {"),
+ ],
+ 'serve-rotted': [
+   ('disk/src/record.rs', "    if crc != stored {", "    if crc != stored && false {"),
+ ],
  'no-write-deadline': [
    ('transport-tcp/src/data.rs', "        let region = if Instant::now() >= deadline {", "        let deadline = Instant::now() + Duration::from_secs(86_400);\n        let region = if Instant::now() >= deadline {"),
    ('transport-sim/src/data.rs', "            if sim_clock_us() > sent_at_us.saturating_add(valid_for_us) {", "            if sim_clock_us() > sent_at_us.saturating_add(valid_for_us) && false {"),
