@@ -286,21 +286,26 @@ impl DiskPlan {
     fn faults(seed: u64, nodes: usize, horizon: Duration) -> Vec<(Duration, Fault)> {
         let mut rng = Rng::seeded(seed ^ 0xD15C_FA17);
         let ms = |n: u64| Duration::from_millis(n);
-        (0..rng.below(4))
+        (0..rng.below(5))
             .map(|_| {
                 let at = between(&mut rng, ms(300), horizon);
                 let node = rng.below(nodes);
-                let fault = if chance(&mut rng, 0.6) {
-                    Fault::DiskErrors {
+                let fault = match rng.below(10) {
+                    0..=3 => Fault::DiskErrors {
                         node,
                         rate: (1 + rng.below(60)) as f64 / 100.0,
                         lasts: between(&mut rng, ms(100), ms(4000)),
-                    }
-                } else {
-                    Fault::RotDisk {
+                    },
+                    4..=6 => Fault::RotDisk {
                         node,
                         pick: rng.next_u64(),
-                    }
+                    },
+                    // A restart mid-offload or mid-eviction: the node comes back on its disk,
+                    // sometimes before the master noticed it was gone.
+                    _ => Fault::KillNode {
+                        node,
+                        down_for: between(&mut rng, ms(50), ms(4000)),
+                    },
                 };
                 (at, fault)
             })
