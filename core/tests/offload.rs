@@ -226,12 +226,7 @@ fn failed_keys(ack: &DiskSyncAck) -> Vec<String> {
 
 #[test]
 fn write_through_queues_every_completed_write() {
-    let config = MasterConfig {
-        offload_write_through: true,
-        ..MasterConfig::default()
-    };
-    let mut f = Fixture::with_config(config, 1, MIB);
-    sync(&mut f, "seg0", want(0));
+    let mut f = write_through();
     f.put(A, "a", 4 * KIB, &one());
     f.put(A, "b", 4 * KIB, &one());
     assert_eq!(offload_all(&mut f, "seg0"), vec!["a", "b"]);
@@ -242,12 +237,7 @@ fn write_through_queues_every_completed_write() {
 
 #[test]
 fn a_report_for_a_replaced_value_becomes_a_tombstone() {
-    let config = MasterConfig {
-        offload_write_through: true,
-        ..MasterConfig::default()
-    };
-    let mut f = Fixture::with_config(config, 1, MIB);
-    sync(&mut f, "seg0", want(0));
+    let mut f = write_through();
     f.put(A, "k", 4 * KIB, &one());
     let ack = sync(&mut f, "seg0", want(10));
     let old = ack.offload[0].write;
