@@ -137,7 +137,7 @@ impl Master {
                 continue;
             }
             let bytes = block_len(object.size) * object.replicas.len() as u64;
-            let candidate = (object.lease_expiry, slot, bytes);
+            let candidate = (object.last_access, slot, bytes);
             match object.eviction_class(now) {
                 Some(EvictionClass::Unpinned) if object.has_disk_replica() => {
                     on_disk.push(candidate)
@@ -213,7 +213,7 @@ impl Master {
             let evictable = match object.eviction_class(now) {
                 Some(class) if object.readers_done_at(grace) <= now => {
                     let soft = class == EvictionClass::SoftPinned;
-                    (!soft || allow_soft).then_some((slot, soft, object.lease_expiry))
+                    (!soft || allow_soft).then_some((slot, soft, object.last_access))
                 }
                 _ => None,
             };

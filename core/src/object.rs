@@ -181,8 +181,7 @@ pub(crate) struct Object {
     pub replicas: SmallVec<[Replica; 1]>,
     /// Value length in bytes; every replica holds exactly this many.
     pub size: u64,
-    /// Readers that got descriptors before this instant may still be reading. Also the LRU
-    /// position: a read sets it to `now + lease_ttl`, a completed write to `now`.
+    /// Readers that got descriptors before this instant may still be reading.
     pub lease_expiry: Millis,
     /// Soft pin TTL in milliseconds; zero means not soft-pinned.
     pub soft_pin_ttl_ms: u32,
@@ -194,6 +193,10 @@ pub(crate) struct Object {
     /// Offload progress (see `offload`); read by every eviction pass, hence hot.
     pub offload: OffloadMark,
     // ---- cold ----
+    /// The last access, write or read: the LRU position eviction and offload order by. A
+    /// block just written must rank as recent as one just read, so it is not the lease.
+    /// (Eviction passes already read this line for holds and tasks; lookups never need it.)
+    pub last_access: Millis,
     /// The soft pin lapses (until the next access) at this instant.
     pub soft_pin_expiry: Millis,
     /// The client of the current (or last) put/upsert.
@@ -226,6 +229,7 @@ impl Object {
             replicas: SmallVec::new(),
             size,
             lease_expiry: Millis::ZERO,
+            last_access: Millis::ZERO,
             soft_pin_ttl_ms: 0,
             writing: false,
             hard_pinned: false,
@@ -280,6 +284,7 @@ impl Object {
     /// Records a read at `now`: extends the lease and refreshes the soft pin.
     pub(crate) fn grant_lease(&mut self, now: Millis, lease_ttl: Millis) {
         self.lease_expiry = self.lease_expiry.max(now + lease_ttl);
+        self.touch(now);
         self.leased = true;
         self.refresh_soft_pin(now);
     }
@@ -293,6 +298,11 @@ impl Object {
         } else {
             Millis::ZERO
         }
+    }
+
+    /// Records an access (a completed write or a read) at `now` for LRU ordering.
+    pub(crate) fn touch(&mut self, now: Millis) {
+        self.last_access = self.last_access.max(now);
     }
 
     pub(crate) fn refresh_soft_pin(&mut self, now: Millis) {
@@ -350,7 +360,7 @@ mod tests {
         assert!(std::mem::offset_of!(Object, hard_pinned) < 64);
         assert!(std::mem::offset_of!(Object, leased) < 64);
         assert!(std::mem::offset_of!(Object, offload) < 64);
-        assert!(std::mem::offset_of!(Object, soft_pin_expiry) >= 64);
+        assert!(std::mem::offset_of!(Object, last_access) >= 64);
         assert_eq!(size_of::<Object>(), 128);
         assert_eq!(
             size_of::<Option<Object>>(),

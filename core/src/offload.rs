@@ -549,7 +549,7 @@ impl Master {
             })
             .map(|(slot, o)| {
                 let covered = o.has_disk_replica() || o.offload != OffloadMark::None;
-                (o.lease_expiry, slot, block_len(o.size), covered)
+                (o.last_access, slot, block_len(o.size), covered)
             })
             .collect();
         candidates.sort_unstable();

@@ -97,7 +97,7 @@ impl Master {
             replica.set_status(ReplicaStatus::Complete);
         }
         // A completed write counts as an access for LRU purposes; it grants no reader lease.
-        object.lease_expiry = object.lease_expiry.max(now);
+        object.touch(now);
         object.refresh_soft_pin(now);
         self.counters.writing_objects -= 1;
         if self.config.offload_write_through {

@@ -252,6 +252,36 @@ fn watermark_triggers_lru_eviction_on_tick() {
 }
 
 #[test]
+fn a_block_just_written_outranks_one_read_earlier() {
+    // The demo's failure: a prefill's fresh block was evicted before decode read it, because
+    // a read object ranked by its lease expiry (read + lease TTL) and a written one by its
+    // write time, so a block written now looked older than one read seconds ago.
+    let mut f = filled();
+    f.advance(Millis::from_secs(6));
+    for i in 0..15 {
+        f.get(&format!("k{i}")).unwrap(); // read at t, lease until t + 5 s
+    }
+    f.advance(Millis::from_secs(4));
+    f.put(A, "fresh", 64 * KIB, &one()); // the newest access of all; 100% full
+    f.tick_after(Millis(1_500)); // every read lease is over: eviction runs
+    let evicted: Vec<String> =
+        f.m.drain_events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Evicted { key, .. } => Some(key.into()),
+                _ => None,
+            })
+            .collect();
+    assert!(!evicted.is_empty(), "the watermark forced an eviction");
+    assert!(
+        !evicted.iter().any(|k| k == "fresh"),
+        "evicted the block just written before older ones: {evicted:?}"
+    );
+    assert_eq!(evicted[0], "k0", "the least recently read goes first");
+    f.get("fresh").unwrap();
+}
+
+#[test]
 fn allocation_failure_triggers_eviction() {
     let mut f = filled();
     f.advance(Millis::from_secs(6));

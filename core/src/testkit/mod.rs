@@ -844,6 +844,7 @@ impl Harness {
                         write_id: grant.write_id,
                         version: None,
                         lease_expiry: Millis::ZERO,
+                        last_access: Millis::ZERO,
                         leased: false,
                         soft_ttl,
                         soft_expiry: now + soft_ttl,
@@ -1105,7 +1106,7 @@ impl Harness {
                 r.complete = true;
             }
             o.version = Some(write.version);
-            o.lease_expiry = o.lease_expiry.max(now);
+            o.last_access = o.last_access.max(now);
             o.refresh_soft(now);
         } else {
             o.replicas.retain(|r| r.complete);
@@ -2042,7 +2043,7 @@ impl Harness {
                         )?;
                         self.hit("evict-window");
                     } else {
-                        evicted.push((object.lease_expiry, soft_pinned));
+                        evicted.push((object.last_access, soft_pinned));
                         self.hit(if soft_pinned {
                             "evict-soft-pinned"
                         } else {
@@ -2067,10 +2068,10 @@ impl Harness {
                     continue;
                 }
                 if o.eviction_tier(now) == Some(soft) {
-                    ensure(o.lease_expiry >= newest, || {
+                    ensure(o.last_access >= newest, || {
                         format!(
                             "evicted an object used at {newest} but kept {key:?} used at {}",
-                            o.lease_expiry
+                            o.last_access
                         )
                     })?;
                 }

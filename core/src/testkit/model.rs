@@ -53,6 +53,8 @@ pub struct MObject {
     /// The readable version (None while a write is in progress).
     pub version: Option<u64>,
     pub lease_expiry: Millis,
+    /// The last completed write or read: the LRU position.
+    pub last_access: Millis,
     pub soft_ttl: Millis,
     pub soft_expiry: Millis,
     pub hard: bool,
@@ -93,6 +95,7 @@ impl MObject {
 
     pub fn grant_lease(&mut self, now: Millis, ttl: Millis) {
         self.lease_expiry = self.lease_expiry.max(now + ttl);
+        self.last_access = self.last_access.max(now);
         self.leased = true;
         self.refresh_soft(now);
     }
