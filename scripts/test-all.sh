@@ -44,7 +44,7 @@ sim_target="$TARGET_DIR/madsim"
 RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR="$sim_target" \
     cargo clippy --release --locked -p mooring-transport-sim -p mooring-sim-tests --all-targets -- -D warnings
 RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR="$sim_target" \
-    cargo clippy --release --locked -p mooring -p mooring-transport-tcp -p mooring-core --lib -- -D warnings
+    cargo clippy --release --locked -p mooring -p mooring-transport-tcp -p mooring-core -p mooring-proto --lib -- -D warnings
 RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR="$sim_target" \
     cargo test --release --locked -p mooring-transport-sim -p mooring-sim-tests
 elapsed $t
@@ -55,7 +55,7 @@ elapsed $t
 
 t=$SECONDS; step "loom model checks (own target dir)"
 RUSTFLAGS="--cfg mooring_loom" CARGO_TARGET_DIR="$TARGET_DIR/loom" \
-    cargo clippy --release --locked -p mooring-core --tests -- -D warnings
+    cargo clippy --release --locked -p mooring-proto --tests -- -D warnings
 MOORING_LOOM_TARGET_DIR="$TARGET_DIR/loom" scripts/loom.sh
 elapsed $t
 

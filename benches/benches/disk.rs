@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use mooring_benches::{bench_dir, bench_runtime};
-use mooring_core::disk::Disk;
 use mooring_disk::{FilePerKey, IoMode, PosixDisk, UringDisk};
+use mooring_proto::disk::Disk;
 
 const OBJECTS: usize = 256;
 const SIZE: usize = 1 << 20;

@@ -7,6 +7,10 @@
 //! randomness it was not seeded with: time comes in as an argument to every call, effects come
 //! out as return values and [`Event`]s. Services, simulations and tests drive the same code.
 //!
+//! The core holds decisions only: no async, no I/O, no `unsafe`. The wire messages, the
+//! transport and disk traits and the mapping of requests onto these calls live in
+//! `mooring-proto`.
+//!
 //! Start at [`Master`]. The modules, one concept each:
 //!
 //! | module | concept |
@@ -24,18 +28,15 @@
 //! | `membership`, `clients` | heartbeats, mounts, client expiry |
 //! | `replication` | copy and move tasks |
 //! | `snapshot` | versioned, checksummed rkyv snapshot and restore |
-//! | [`wire`], `dispatch` | messages, the checksummed frame codec, request handling |
-//! | [`transport`] | the control-plane and data-plane traits transports implement |
-//! | [`disk`] | the file I/O trait the SSD tier's disks implement |
 //! | [`invariants`] | the checkers every test layer calls |
+
+#![forbid(unsafe_code)]
 
 pub mod allocator;
 mod chunked;
 mod clients;
 pub mod config;
 mod discard;
-pub mod disk;
-mod dispatch;
 pub mod error;
 pub mod events;
 mod eviction;
@@ -56,13 +57,8 @@ mod replication;
 pub mod rng;
 pub mod segments;
 mod snapshot;
-/// Lock and atomic types, swapped for loom's under `--cfg mooring_loom` so loom can model
-/// the structures that share state across threads (the export table).
-mod sync;
 pub mod time;
-pub mod transport;
 mod upsert;
-pub mod wire;
 mod zombies;
 
 #[cfg(feature = "testkit")]

@@ -8,7 +8,7 @@
 use std::io;
 use std::ops::Range;
 
-use mooring_core::transport::BoxFuture;
+use mooring_proto::transport::BoxFuture;
 
 use crate::record;
 

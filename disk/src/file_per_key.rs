@@ -10,8 +10,8 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use mooring_core::disk::Disk;
-use mooring_core::transport::BoxFuture;
+use mooring_proto::disk::Disk;
+use mooring_proto::transport::BoxFuture;
 use tracing::warn;
 
 use crate::AlignedBuf;

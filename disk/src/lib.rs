@@ -1,6 +1,6 @@
 //! Mooring's SSD tier on real disks.
 //!
-//! - [`PosixDisk`]: the core's [`Disk`](mooring_core::disk::Disk) trait over positional
+//! - [`PosixDisk`]: the core's [`Disk`](mooring_proto::disk::Disk) trait over positional
 //!   `pread`/`pwrite` on a directory, buffered or with `O_DIRECT` (alignment read from
 //!   `statx`, never assumed);
 //! - [`UringDisk`]: the same over io_uring (one ring on a dedicated thread, submissions

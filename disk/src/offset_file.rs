@@ -28,8 +28,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use mooring_core::allocator::{Allocation, MAX_CAPACITY, OffsetAllocator};
-use mooring_core::disk::Disk;
-use mooring_core::transport::BoxFuture;
+use mooring_proto::disk::Disk;
+use mooring_proto::transport::BoxFuture;
 use tracing::{debug, info, warn};
 
 use crate::AlignedBuf;

@@ -1,4 +1,4 @@
-//! Validation of the relative names a [`Disk`](mooring_core::disk::Disk) addresses files by.
+//! Validation of the relative names a [`Disk`](mooring_proto::disk::Disk) addresses files by.
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -10,8 +10,8 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use mooring_core::disk::Disk;
-use mooring_core::transport::BoxFuture;
+use mooring_proto::disk::Disk;
+use mooring_proto::transport::BoxFuture;
 use tracing::info;
 
 use crate::aligned::check_aligned;

@@ -23,8 +23,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use io_uring::{IoUring, Probe, opcode, squeue, types};
-use mooring_core::disk::Disk;
-use mooring_core::transport::BoxFuture;
+use mooring_proto::disk::Disk;
+use mooring_proto::transport::BoxFuture;
 use tokio::sync::oneshot;
 use tracing::{error, info, warn};
 

@@ -11,13 +11,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
-use mooring_core::disk::Disk;
 use mooring_core::rng::Rng;
-use mooring_core::transport::BoxFuture;
 use mooring_disk::backend::read_len;
 use mooring_disk::{
     AlignedBuf, Backend, Bucket, DATA_FILE, FilePerKey, Held, IoMode, Item, OffsetFile, PosixDisk,
 };
+use mooring_proto::disk::Disk;
+use mooring_proto::transport::BoxFuture;
 use mooring_transport_sim::disk::{DiskFaults, SimDisk};
 
 /// A fresh directory for one test, removed when dropped.

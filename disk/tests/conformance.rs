@@ -5,8 +5,8 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mooring_core::disk::Disk;
 use mooring_disk::{AlignedBuf, IoMode, PosixDisk};
+use mooring_proto::disk::Disk;
 use mooring_transport_sim::disk::SimDisk;
 
 /// A fresh directory for one test, removed when dropped.

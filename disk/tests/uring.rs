@@ -7,8 +7,8 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mooring_core::disk::Disk;
 use mooring_disk::{AlignedBuf, IoMode, UringDisk};
+use mooring_proto::disk::Disk;
 
 /// A fresh directory for one test, removed when dropped.
 struct TempDir(PathBuf);

@@ -17,7 +17,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::{Error, ErrorCode, Result};
+use mooring_core::{Error, ErrorCode, Result};
 // The export table's lock and key counter: loom's under `--cfg mooring_loom`.
 use crate::sync::{AtomicU64, Ordering, RwLock};
 use crate::wire::{MAX_DATA_REQUEST, MasterRequest, MasterResponse, Range, Reply, StagedSlot};

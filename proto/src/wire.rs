@@ -19,17 +19,11 @@
 use rkyv::rancor;
 use rkyv::util::AlignedVec;
 
-use crate::config::ReplicateConfig;
-use crate::error::{Error, ErrorCode};
-use crate::ids::{ClientId, HoldId, SegmentId, TaskId, WriteId};
-use crate::master::Stats;
-use crate::membership::HeartbeatAck;
-use crate::offload::{DiskReport, DiskSyncAck, PrefetchGrant};
-use crate::put::PutGrant;
-use crate::reads::ReplicaList;
-use crate::replication::CopyGrant;
-use crate::segments::{SegmentInfo, SegmentSpec};
-use crate::time::Millis;
+use mooring_core::{
+    ClientId, CopyGrant, DiskReport, DiskSyncAck, Error, ErrorCode, HeartbeatAck, HoldId, Millis,
+    PrefetchGrant, PutGrant, ReplicaList, ReplicateConfig, SegmentId, SegmentInfo, SegmentSpec,
+    Stats, TaskId, WriteId,
+};
 
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MOOR";
@@ -251,7 +245,7 @@ pub struct ClusterInfo {
 pub use messages::{MasterRequest, Reply};
 
 /// The request and reply enums. Each variant is the master operation of the same name (see
-/// [`Master`](crate::Master)), with its arguments; rkyv's generated archive types carry no
+/// [`Master`](mooring_core::Master)), with its arguments; rkyv's generated archive types carry no
 /// docs, hence the allowance.
 #[allow(missing_docs)]
 mod messages {
@@ -421,7 +415,7 @@ pub type MasterResponse = Result<Reply, Error>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 #[rkyv(derive(Debug))]
 pub struct Range {
-    /// Absolute address (as in a [`crate::ReplicaDescriptor`]).
+    /// Absolute address (as in a [`mooring_core::ReplicaDescriptor`]).
     pub addr: u64,
     /// Length in bytes.
     pub len: u64,
@@ -647,7 +641,7 @@ mod tests {
     fn checksummed_garbage_is_refused_by_validation() {
         // A payload with a correct checksum but random content must decode to an error,
         // never panic.
-        let mut rng = crate::rng::Rng::seeded(5);
+        let mut rng = mooring_core::rng::Rng::seeded(5);
         for len in [0usize, 1, 7, 16, 64, 333] {
             let payload: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
             let h = header(FrameKind::MasterRequest, 0, &payload);

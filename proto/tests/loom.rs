@@ -4,7 +4,7 @@
 //! all schedules, not just the ones a stress test happens to hit.
 //!
 //! Built only under `--cfg mooring_loom` (which swaps loom's lock and atomics into the table,
-//! see `core/src/sync.rs`); run with `scripts/loom.sh`.
+//! see `proto/src/sync.rs`); run with `scripts/loom.sh`.
 #![cfg(mooring_loom)]
 
 use std::ptr::NonNull;
@@ -14,8 +14,8 @@ use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use loom::thread;
 use mooring_core::ErrorCode;
-use mooring_core::transport::{ExportTable, SegmentMemory};
-use mooring_core::wire::Range;
+use mooring_proto::transport::{ExportTable, SegmentMemory};
+use mooring_proto::wire::Range;
 
 const LEN: usize = 64;
 

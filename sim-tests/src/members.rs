@@ -11,8 +11,8 @@ use mooring::{
     Client, ClientConfig, Contribution, MasterService, NodeConfig, RunningMaster, SegmentConfig,
     StandaloneNode, random_client_id,
 };
-use mooring_core::transport::{ControlPlane, DataPlane, RpcHandler};
 use mooring_core::{ClientId, Result};
+use mooring_proto::transport::{ControlPlane, DataPlane, RpcHandler};
 use mooring_transport_sim::{SimControlPlane, SimDataPlane, SimDataServer, serve_rpc};
 use mooring_transport_tcp::{DataPlaneConfig, LocalSegments};
 use tracing::{debug, info};

@@ -23,12 +23,12 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use mooring_core::transport::{ControlPlane, DataPlane, NodeAddr, ReadOp, WriteOp};
-use mooring_core::wire::{ClusterInfo, MasterRequest, Reply};
 use mooring_core::{
     ClientId, Error, ErrorCode, Medium, PutGrant, ReplicaDescriptor, ReplicaList, ReplicateConfig,
     Result, SegmentId, SegmentInfo, Stats,
 };
+use mooring_proto::transport::{ControlPlane, DataPlane, NodeAddr, ReadOp, WriteOp};
+use mooring_proto::wire::{ClusterInfo, MasterRequest, Reply};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mooring_core::transport::ControlPlane;
 use mooring_core::{ClientId, Result};
+use mooring_proto::transport::ControlPlane;
 use mooring_transport_tcp::{
     DataPlaneConfig, LocalSegments, TcpControlPlane, TcpDataPlane, TcpDataServer,
 };

@@ -24,9 +24,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mooring_core::allocator::OffsetAllocator;
-use mooring_core::disk::Disk;
-use mooring_core::transport::{BoxFuture, ControlPlane, DataServer, SegmentMemory, Stager};
-use mooring_core::wire::{MasterRequest, Reply, StagedSlot};
 use mooring_core::{
     ClientId, DiskReport, DiskSyncAck, Error, ErrorCode, OffloadOrder, Result, SegmentId, WriteId,
 };
@@ -34,6 +31,9 @@ use mooring_disk::backend::read_len;
 use mooring_disk::{
     BUCKET_BYTES, BUCKET_KEYS, Backend, Bucket, FilePerKey, Held, Item, OffsetFile,
 };
+use mooring_proto::disk::Disk;
+use mooring_proto::transport::{BoxFuture, ControlPlane, DataServer, SegmentMemory, Stager};
+use mooring_proto::wire::{MasterRequest, Reply, StagedSlot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};

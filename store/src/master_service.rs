@@ -5,9 +5,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mooring_core::transport::RpcHandler;
-use mooring_core::wire::{MasterRequest, MasterResponse};
 use mooring_core::{Error, ErrorCode, Event, Master, MasterConfig, Result, Stats};
+use mooring_proto::dispatch;
+use mooring_proto::transport::RpcHandler;
+use mooring_proto::wire::{MasterRequest, MasterResponse};
 use mooring_transport_tcp::spawn_rpc_server;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -70,7 +71,7 @@ impl RpcHandler for MasterService {
     fn handle(&self, request: MasterRequest) -> MasterResponse {
         // Every request and answer, for replaying a failure (RUST_LOG=mooring::master_service=trace).
         let logged = tracing::enabled!(tracing::Level::TRACE).then(|| format!("{request:?}"));
-        let response = self.with_master(|m, now| m.handle(request, now));
+        let response = self.with_master(|m, now| dispatch::handle(m, request, now));
         if let Some(request) = logged {
             tracing::trace!(%request, ?response, "handled");
         }

@@ -7,8 +7,8 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use mooring_core::transport::SegmentMemory;
 use mooring_core::{Error, ErrorCode, Result};
+use mooring_proto::transport::SegmentMemory;
 
 /// An anonymous private mapping.
 pub struct MappedMemory {

@@ -9,9 +9,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mooring_core::transport::{ControlPlane, DataServer, NodeAddr, SegmentMemory};
-use mooring_core::wire::{MasterRequest, Reply};
 use mooring_core::{ClientId, Error, ErrorCode, Result, SegmentId, SegmentSpec};
+use mooring_proto::transport::{ControlPlane, DataServer, NodeAddr, SegmentMemory};
+use mooring_proto::wire::{MasterRequest, Reply};
 use tokio::time::Instant;
 use tracing::{info, warn};
 

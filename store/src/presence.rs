@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mooring_core::transport::ControlPlane;
-use mooring_core::wire::{ClusterInfo, MasterRequest, Reply};
 use mooring_core::{ClientId, HeartbeatAck, HeartbeatStatus, Millis, Result};
+use mooring_proto::transport::ControlPlane;
+use mooring_proto::wire::{ClusterInfo, MasterRequest, Reply};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
@@ -84,7 +84,7 @@ pub struct Contribution {
     /// What to contribute.
     pub config: crate::node::NodeConfig,
     /// The data server exporting it.
-    pub server: Arc<dyn mooring_core::transport::DataServer>,
+    pub server: Arc<dyn mooring_proto::transport::DataServer>,
     /// The segment's name if the config gives none (usually the data endpoint).
     pub default_name: String,
 }

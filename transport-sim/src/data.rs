@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use mooring_core::transport::{
+use mooring_core::{Error, ErrorCode, Result};
+use mooring_proto::transport::{
     BoxFuture, DataPlane, DataServer, ExportTable, NodeAddr, ReadOp, SegmentMemory, Stager, WriteOp,
 };
-use mooring_core::wire::{DataReply, DataRequest, DataResponse, Range, StagedSlot};
-use mooring_core::{Error, ErrorCode, Result};
+use mooring_proto::wire::{DataReply, DataRequest, DataResponse, Range, StagedSlot};
 use tokio::task::JoinHandle;
 use tracing::warn;
 

@@ -2,7 +2,7 @@
 //! crc32c of the bulk, so corruption anywhere is caught (TCP and RDMA have link checksums
 //! that cover bulk data; the frame checksum covers only the payload).
 
-use mooring_core::wire::{FrameError, FrameHeader, HEADER_LEN, WireMessage, parse_header};
+use mooring_proto::wire::{FrameError, FrameHeader, HEADER_LEN, WireMessage, parse_header};
 
 /// Tag of requests (to a server's endpoint).
 pub(crate) const TAG_REQUEST: u64 = 1;
@@ -68,7 +68,7 @@ pub(crate) fn decode<M: WireMessage>(datagram: &[u8]) -> Result<(u64, M, &[u8]),
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mooring_core::wire::{DataRequest, Range};
+    use mooring_proto::wire::{DataRequest, Range};
 
     #[test]
     fn round_trip_and_every_flipped_bit_is_caught() {

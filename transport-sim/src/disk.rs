@@ -13,9 +13,9 @@ use std::ops::Range;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use mooring_core::disk::Disk;
 use mooring_core::rng::Rng;
-use mooring_core::transport::BoxFuture;
+use mooring_proto::disk::Disk;
+use mooring_proto::transport::BoxFuture;
 
 /// Granularity of torn writes: a crash keeps whole sectors of a write in progress.
 pub const SECTOR: usize = 512;

@@ -2,7 +2,7 @@
 //!
 //! The simulation side of Mooring's seams, for seeded whole-cluster runs under madsim:
 //!
-//! - [`disk::SimDisk`]: an in-memory [`mooring_core::disk::Disk`] with latency, EIO, torn
+//! - [`disk::SimDisk`]: an in-memory [`mooring_proto::disk::Disk`] with latency, EIO, torn
 //!   writes and loss of unsynced data on crash (madsim's own file system injects no faults).
 //!   It works in any build; its randomness is seeded.
 //! - (`--cfg madsim` builds only) [`SimNet`], [`SimControlPlane`], [`SimDataPlane`],

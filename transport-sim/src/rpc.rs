@@ -5,9 +5,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use mooring_core::transport::{BoxFuture, ControlPlane, RpcHandler};
-use mooring_core::wire::{MasterRequest, MasterResponse, Reply};
 use mooring_core::{Error, ErrorCode, Result};
+use mooring_proto::transport::{BoxFuture, ControlPlane, RpcHandler};
+use mooring_proto::wire::{MasterRequest, MasterResponse, Reply};
 use tokio::task::JoinHandle;
 use tracing::warn;
 

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use madsim::net::Endpoint;
-use mooring_core::transport::BoxFuture;
+use mooring_proto::transport::BoxFuture;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use madsim::runtime::Runtime;
 use mooring_core::ErrorCode;
-use mooring_core::transport::{
+use mooring_proto::transport::{
     ControlPlane, DataPlane, DataServer, ReadOp, RpcHandler, SegmentMemory, WriteOp,
 };
-use mooring_core::wire::{MasterRequest, MasterResponse, Reply};
+use mooring_proto::wire::{MasterRequest, MasterResponse, Reply};
 use mooring_transport_sim::{
     NetFaults, SimControlPlane, SimDataPlane, SimDataServer, SimNet, serve_rpc,
 };

@@ -16,7 +16,7 @@
 use std::io::{self, IoSlice};
 use std::time::Duration;
 
-use mooring_core::wire::{FrameError, FrameHeader, HEADER_LEN, WireMessage, parse_header};
+use mooring_proto::wire::{FrameError, FrameHeader, HEADER_LEN, WireMessage, parse_header};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

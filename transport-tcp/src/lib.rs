@@ -3,7 +3,7 @@
 //! Mooring's TCP transport. The control plane is framed request/response RPC
 //! ([`TcpControlPlane`], [`spawn_rpc_server`]); the data plane emulates one-sided RDMA reads and
 //! writes with a small data server on each node ([`TcpDataServer`], [`TcpDataPlane`]). Frames
-//! are `mooring_core::wire` frames: checksummed, size-limited, rkyv-validated; a bad frame
+//! are `mooring_proto::wire` frames: checksummed, size-limited, rkyv-validated; a bad frame
 //! closes its connection with a logged reason and never panics the process.
 //!
 //! Built on `madsim-tokio`, so the same code runs on real sockets and inside the simulator.

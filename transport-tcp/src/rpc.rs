@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use mooring_core::transport::{BoxFuture, ControlPlane, RpcHandler};
-use mooring_core::wire::{MasterRequest, MasterResponse, Reply};
 use mooring_core::{Error, ErrorCode, Result};
+use mooring_proto::transport::{BoxFuture, ControlPlane, RpcHandler};
+use mooring_proto::wire::{MasterRequest, MasterResponse, Reply};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};

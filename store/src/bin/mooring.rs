@@ -566,9 +566,9 @@ async fn run_debug(args: DebugArgs) -> Result<(), Error> {
                 Duration::from_secs(10),
                 mooring::client_spin(),
             );
-            use mooring_core::transport::ControlPlane;
+            use mooring_proto::transport::ControlPlane;
             let reply = control
-                .call(mooring_core::wire::MasterRequest::PutStart {
+                .call(mooring_proto::wire::MasterRequest::PutStart {
                     client: random_client_id(),
                     key: key.clone(),
                     size,

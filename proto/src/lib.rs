@@ -1,0 +1,22 @@
+//! # mooring-proto
+//!
+//! The seams between Mooring's pure core and the adapters that do I/O, and the wire they
+//! speak. Nothing here decides policy (that is `mooring-core`) and nothing here moves bytes
+//! over a real network or disk (that is the transports and `mooring-disk`): this crate names
+//! the messages, how they are framed and checked, and the traits every transport and disk
+//! implements, so that production and the simulation plug into one shape.
+//!
+//! | module | concept |
+//! | --- | --- |
+//! | [`wire`] | messages and the checksummed frame codec |
+//! | [`dispatch`] | a request to the master, applied to the core; the reply it gives |
+//! | [`transport`] | the control-plane and data-plane traits, segment memory, the export table |
+//! | [`disk`] | the file I/O trait the SSD tier's disks implement |
+
+pub mod disk;
+pub mod dispatch;
+/// Lock and atomic types, swapped for loom's under `--cfg mooring_loom` so loom can model
+/// the structures that share state across threads (the export table).
+mod sync;
+pub mod transport;
+pub mod wire;
