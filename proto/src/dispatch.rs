@@ -4,7 +4,7 @@
 
 use mooring_core::{Master, MasterConfig, Millis, Result};
 
-use crate::wire::{ClusterInfo, MasterRequest, Reply};
+use crate::wire::*;
 
 /// The settings clients need to follow the protocol.
 pub fn cluster_info(config: &MasterConfig) -> ClusterInfo {
@@ -20,120 +20,116 @@ pub fn cluster_info(config: &MasterConfig) -> ClusterInfo {
 /// Applies one request to `master` at `now` and gives the reply.
 pub fn handle(master: &mut Master, request: MasterRequest, now: Millis) -> Result<Reply> {
     use MasterRequest as R;
-    let this = master;
+    let m = master;
     Ok(match request {
-        R::Hello { client } => {
-            this.heartbeat(client, now);
-            Reply::Hello(cluster_info(this.config()))
+        R::Hello(Hello { client }) => {
+            m.heartbeat(client, now);
+            Reply::Hello(cluster_info(m.config()))
         }
-        R::Heartbeat { client } => Reply::Heartbeat(this.heartbeat(client, now)),
-        R::MountSegment { client, spec } => Reply::Segment(this.mount_segment(client, &spec, now)?),
-        R::UnmountSegment { client, name } => {
-            this.unmount_segment(client, &name, now)?;
-            Reply::Unit
+        R::Heartbeat(Heartbeat { client }) => Reply::Heartbeat(m.heartbeat(client, now)),
+        R::MountSegment(MountSegment { client, spec }) => {
+            Reply::MountSegment(m.mount_segment(client, &spec, now)?)
         }
-        R::SegmentInfo { ids } => {
-            Reply::Segments(ids.iter().map(|&id| this.segment_info(id)).collect())
+        R::UnmountSegment(UnmountSegment { client, name }) => {
+            Reply::UnmountSegment(m.unmount_segment(client, &name, now)?)
         }
-        R::ListSegments => Reply::SegmentList(this.segments()),
-        R::PutStart {
+        R::DescribeSegments(DescribeSegments { ids }) => {
+            Reply::DescribeSegments(ids.iter().map(|&id| m.segment_info(id)).collect())
+        }
+        R::ListSegments(ListSegments {}) => Reply::ListSegments(m.segments()),
+        R::PutStart(PutStart {
             client,
             key,
             size,
             config,
             upsert,
-        } => Reply::Grant(if upsert {
-            this.upsert_start(client, &key, size, &config, now)?
+        }) => Reply::PutStart(if upsert {
+            m.upsert_start(client, &key, size, &config, now)?
         } else {
-            this.put_start(client, &key, size, &config, now)?
+            m.put_start(client, &key, size, &config, now)?
         }),
-        R::PutEnd { client, key, write } => {
-            this.put_end(client, &key, write, now)?;
-            Reply::Unit
+        R::PutEnd(PutEnd { client, key, write }) => {
+            Reply::PutEnd(m.put_end(client, &key, write, now)?)
         }
-        R::PutRevoke { client, key, write } => {
-            this.put_revoke(client, &key, write, now)?;
-            Reply::Unit
+        R::PutRevoke(PutRevoke { client, key, write }) => {
+            Reply::PutRevoke(m.put_revoke(client, &key, write, now)?)
         }
-        R::PutAbort { client, key, write } => {
-            this.put_abort(client, &key, write, now)?;
-            Reply::Unit
+        R::PutAbort(PutAbort { client, key, write }) => {
+            Reply::PutAbort(m.put_abort(client, &key, write, now)?)
         }
-        R::BatchPutStart {
+        R::BatchPutStart(BatchPutStart {
             client,
             items,
             config,
             upsert,
-        } => Reply::Grants(if upsert {
-            this.batch_upsert_start(client, &items, &config, now)
+        }) => Reply::BatchPutStart(if upsert {
+            m.batch_upsert_start(client, &items, &config, now)
         } else {
-            this.batch_put_start(client, &items, &config, now)
+            m.batch_put_start(client, &items, &config, now)
         }),
-        R::BatchPutEnd { client, items } => Reply::Units(this.batch_put_end(client, &items, now)),
-        R::BatchPutRevoke { client, items } => {
-            Reply::Units(this.batch_put_revoke(client, &items, now))
+        R::BatchPutEnd(BatchPutEnd { client, items }) => {
+            Reply::BatchPutEnd(m.batch_put_end(client, &items, now))
         }
-        R::GetReplicaList { key } => Reply::List(this.get_replica_list(&key, now)?),
-        R::BatchGetReplicaList { keys } => Reply::Lists(this.batch_get_replica_list(&keys, now)),
-        R::Exist { key } => Reply::Bool(this.exist(&key, now)?),
-        R::BatchExist { keys } => Reply::Bools(this.batch_exist(&keys, now)),
-        R::ExistPrefetch {
+        R::BatchPutRevoke(BatchPutRevoke { client, items }) => {
+            Reply::BatchPutRevoke(m.batch_put_revoke(client, &items, now))
+        }
+        R::GetReplicaList(GetReplicaList { key }) => {
+            Reply::GetReplicaList(m.get_replica_list(&key, now)?)
+        }
+        R::BatchGetReplicaList(BatchGetReplicaList { keys }) => {
+            Reply::BatchGetReplicaList(m.batch_get_replica_list(&keys, now))
+        }
+        R::Exist(Exist { key }) => Reply::Exist(m.exist(&key, now)?),
+        R::BatchExist(BatchExist { keys }) => Reply::BatchExist(m.batch_exist(&keys, now)),
+        R::ExistPrefetch(ExistPrefetch {
             client,
             key,
             preferred,
-        } => {
-            let (exists, grant) = this.exist_prefetch(client, &key, &preferred, now)?;
-            Reply::Prefetch(exists, grant)
-        }
-        R::BatchExistPrefetch {
+        }) => Reply::ExistPrefetch(m.exist_prefetch(client, &key, &preferred, now)?),
+        R::BatchExistPrefetch(BatchExistPrefetch {
             client,
             keys,
             preferred,
-        } => Reply::Prefetches(
+        }) => Reply::BatchExistPrefetch(
             keys.iter()
-                .map(|key| this.exist_prefetch(client, key, &preferred, now))
+                .map(|key| m.exist_prefetch(client, key, &preferred, now))
                 .collect(),
         ),
-        R::DiskSync {
+        R::DiskSync(DiskSync {
             client,
             segment,
             report,
-        } => Reply::DiskSync(this.disk_sync(client, segment, report, now)?),
-        R::GetSize { key } => Reply::Count(this.get_size(&key)?),
-        R::Remove { key } => {
-            this.remove(&key, now)?;
-            Reply::Unit
+        }) => Reply::DiskSync(m.disk_sync(client, segment, report, now)?),
+        R::GetSize(GetSize { key }) => Reply::GetSize(m.get_size(&key)?),
+        R::Remove(Remove { key }) => Reply::Remove(m.remove(&key, now)?),
+        R::RemoveAll(RemoveAll {}) => Reply::RemoveAll(m.remove_all(now)),
+        R::RemoveByRegex(RemoveByRegex { pattern }) => {
+            Reply::RemoveByRegex(m.remove_by_regex(&pattern, now)?)
         }
-        R::RemoveAll => Reply::Count(this.remove_all(now)),
-        R::RemoveByRegex { pattern } => Reply::Count(this.remove_by_regex(&pattern, now)?),
-        R::QueryByRegex { pattern } => Reply::Query(this.query_by_regex(&pattern, now)?),
-        R::AcquireHold { client, key } => {
-            let (hold, list) = this.acquire_hold(client, &key, now)?;
-            Reply::Hold(hold, list)
+        R::QueryByRegex(QueryByRegex { pattern }) => {
+            Reply::QueryByRegex(m.query_by_regex(&pattern, now)?)
         }
-        R::ReleaseHold { client, hold } => {
-            this.release_hold(client, hold, now)?;
-            Reply::Unit
+        R::AcquireHold(AcquireHold { client, key }) => {
+            Reply::AcquireHold(m.acquire_hold(client, &key, now)?)
         }
-        R::CopyStart {
+        R::ReleaseHold(ReleaseHold { client, hold }) => {
+            Reply::ReleaseHold(m.release_hold(client, hold, now)?)
+        }
+        R::CopyStart(CopyStart {
             client,
             key,
             targets,
-        } => Reply::Copy(this.copy_start(client, &key, &targets, now)?),
-        R::MoveStart {
+        }) => Reply::CopyStart(m.copy_start(client, &key, &targets, now)?),
+        R::MoveStart(MoveStart {
             client,
             key,
             source,
             target,
-        } => Reply::Copy(this.move_start(client, &key, &source, &target, now)?),
-        R::TaskEnd { client, task } => {
-            this.task_end(client, task, now)?;
-            Reply::Unit
+        }) => Reply::MoveStart(m.move_start(client, &key, &source, &target, now)?),
+        R::TaskEnd(TaskEnd { client, task }) => Reply::TaskEnd(m.task_end(client, task, now)?),
+        R::TaskRevoke(TaskRevoke { client, task }) => {
+            Reply::TaskRevoke(m.task_revoke(client, task, now)?)
         }
-        R::TaskRevoke { client, task } => {
-            this.task_revoke(client, task, now)?;
-            Reply::Unit
-        }
-        R::Stats => Reply::Stats(this.stats()),
+        R::GetStats(GetStats {}) => Reply::GetStats(m.stats()),
     })
 }

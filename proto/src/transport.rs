@@ -20,7 +20,9 @@ use std::time::Duration;
 use mooring_core::{Error, ErrorCode, Result};
 // The export table's lock and key counter: loom's under `--cfg mooring_loom`.
 use crate::sync::{AtomicU64, Ordering, RwLock};
-use crate::wire::{MAX_DATA_REQUEST, MasterRequest, MasterResponse, Range, Reply, StagedSlot};
+use crate::wire::{
+    Call, MAX_DATA_REQUEST, MasterRequest, MasterResponse, Range, Reply, StagedSlot,
+};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -55,8 +57,26 @@ pub struct WriteOp<'a> {
 
 /// Request/response RPC to the master.
 pub trait ControlPlane: Send + Sync {
-    /// Sends `request` and waits for the reply (or a transport error, `RPC_FAIL`).
-    fn call(&self, request: MasterRequest) -> BoxFuture<'_, Result<Reply>>;
+    /// Sends `request` and waits for the reply (or a transport error, `RPC_FAIL`). Callers
+    /// use the typed [`call`](#method.call), which checks the reply's kind.
+    fn send(&self, request: MasterRequest) -> BoxFuture<'_, Result<Reply>>;
+}
+
+impl dyn ControlPlane {
+    /// Sends `request` and returns the reply it names; a reply of another kind (a confused or
+    /// lying master) is an `INTERNAL_ERROR`.
+    pub async fn call<C: Call>(&self, request: C) -> Result<C::Reply> {
+        let reply = self.send(request.into()).await?;
+        C::from_reply(reply).map_err(|other| {
+            Error::new(
+                ErrorCode::INTERNAL_ERROR,
+                format!(
+                    "the master answered {} with a reply to another request: {other:?}",
+                    C::NAME
+                ),
+            )
+        })
+    }
 }
 
 /// The master's side of the control plane: answers requests as they arrive. Every control

@@ -28,7 +28,7 @@ use mooring_core::{
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MOOR";
 /// The wire format version this build speaks.
-pub const WIRE_VERSION: u8 = 5;
+pub const WIRE_VERSION: u8 = 6;
 /// Length of the frame header.
 pub const HEADER_LEN: usize = 24;
 /// Largest frame payload accepted (a batch of many keys fits; bulk data travels outside).
@@ -242,169 +242,143 @@ pub struct ClusterInfo {
     pub max_key_len: u32,
 }
 
-pub use messages::{MasterRequest, Reply};
+pub use messages::*;
 
-/// The request and reply enums. Each variant is the master operation of the same name (see
-/// [`Master`](mooring_core::Master)), with its arguments; rkyv's generated archive types carry no
-/// docs, hence the allowance.
+/// A request to the master that names its reply: `control.call(GetReplicaList { key })`
+/// returns a [`ReplicaList`], and a reply of another kind is an error, not an arm at every
+/// call site. Every request type travels as its [`MasterRequest`] variant of the same name,
+/// answered by the [`Reply`] variant of that name.
+pub trait Call: Into<MasterRequest> {
+    /// What the master answers this request with.
+    type Reply;
+    /// The request's name, for errors and logs.
+    const NAME: &'static str;
+    /// The reply of this request's kind, or the reply as received if it is another kind.
+    fn from_reply(reply: Reply) -> Result<Self::Reply, Box<Reply>>;
+}
+
+/// Declares each master RPC once: its request type (fields), its reply type, and their
+/// variants in [`MasterRequest`] and [`Reply`].
+macro_rules! master_rpcs {
+    ($(
+        $(#[$meta:meta])*
+        $name:ident { $($field:ident : $fty:ty),* $(,)? } => $reply:ty;
+    )*) => {
+        $(
+            $(#[$meta])*
+            #[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+            #[rkyv(derive(Debug))]
+            pub struct $name { $(pub $field: $fty,)* }
+
+            impl From<$name> for MasterRequest {
+                fn from(request: $name) -> MasterRequest {
+                    MasterRequest::$name(request)
+                }
+            }
+
+            impl Call for $name {
+                type Reply = $reply;
+                const NAME: &'static str = stringify!($name);
+                fn from_reply(reply: Reply) -> Result<$reply, Box<Reply>> {
+                    match reply {
+                        Reply::$name(r) => Ok(r),
+                        other => Err(Box::new(other)),
+                    }
+                }
+            }
+        )*
+
+        /// A request to the master. Every call that names a client counts as its heartbeat.
+        #[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+        #[rkyv(derive(Debug))]
+        pub enum MasterRequest { $($name($name),)* }
+
+        /// What the master answers: the variant named after the request, carrying its reply.
+        #[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+        #[rkyv(derive(Debug))]
+        pub enum Reply { $($name($reply),)* }
+
+        impl MasterRequest {
+            /// The request's name, for errors and logs.
+            pub fn name(&self) -> &'static str {
+                match self { $(MasterRequest::$name(_) => stringify!($name),)* }
+            }
+        }
+    };
+}
+
+/// The master's RPCs. Each is the master operation of the same name (see
+/// [`Master`](mooring_core::Master)), with its arguments and its result; rkyv's generated
+/// archive types carry no docs, hence the allowance.
 #[allow(missing_docs)]
 mod messages {
     use super::*;
 
-    /// A request to the master. Every call that names a client counts as its heartbeat.
-    #[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
-    #[rkyv(derive(Debug))]
-    pub enum MasterRequest {
-        Hello {
-            client: ClientId,
-        },
-        Heartbeat {
-            client: ClientId,
-        },
-        MountSegment {
-            client: ClientId,
-            spec: SegmentSpec,
-        },
-        UnmountSegment {
-            client: ClientId,
-            name: String,
-        },
-        SegmentInfo {
-            ids: Vec<SegmentId>,
-        },
-        ListSegments,
+    master_rpcs! {
+        /// Registers a client; the reply carries the settings it must follow.
+        Hello { client: ClientId } => ClusterInfo;
+        Heartbeat { client: ClientId } => HeartbeatAck;
+        MountSegment { client: ClientId, spec: SegmentSpec } => SegmentId;
+        UnmountSegment { client: ClientId, name: String } => ();
+        /// The segments with these ids (None for one not mounted).
+        DescribeSegments { ids: Vec<SegmentId> } => Vec<Option<SegmentInfo>>;
+        ListSegments {} => Vec<SegmentInfo>;
+        /// Starts a put, or an upsert if `upsert`.
         PutStart {
             client: ClientId,
             key: String,
             size: u64,
             config: ReplicateConfig,
             upsert: bool,
-        },
-        PutEnd {
-            client: ClientId,
-            key: String,
-            write: WriteId,
-        },
-        PutRevoke {
-            client: ClientId,
-            key: String,
-            write: WriteId,
-        },
-        PutAbort {
-            client: ClientId,
-            key: String,
-            write: WriteId,
-        },
+        } => PutGrant;
+        PutEnd { client: ClientId, key: String, write: WriteId } => ();
+        PutRevoke { client: ClientId, key: String, write: WriteId } => ();
+        PutAbort { client: ClientId, key: String, write: WriteId } => ();
         BatchPutStart {
             client: ClientId,
             items: Vec<(String, u64)>,
             config: ReplicateConfig,
             upsert: bool,
-        },
-        BatchPutEnd {
-            client: ClientId,
-            items: Vec<(String, WriteId)>,
-        },
+        } => Vec<Result<PutGrant, Error>>;
+        BatchPutEnd { client: ClientId, items: Vec<(String, WriteId)> } => Vec<Result<(), Error>>;
         BatchPutRevoke {
             client: ClientId,
             items: Vec<(String, WriteId)>,
-        },
-        GetReplicaList {
-            key: String,
-        },
-        BatchGetReplicaList {
-            keys: Vec<String>,
-        },
-        Exist {
-            key: String,
-        },
-        BatchExist {
-            keys: Vec<String>,
-        },
+        } => Vec<Result<(), Error>>;
+        GetReplicaList { key: String } => ReplicaList;
+        BatchGetReplicaList { keys: Vec<String> } => Vec<Result<ReplicaList, Error>>;
+        Exist { key: String } => bool;
+        BatchExist { keys: Vec<String> } => Vec<Result<bool, Error>>;
         /// `exist(key, prefetch=true)` (RFC 003); `preferred` are the caller's own segments.
         ExistPrefetch {
             client: ClientId,
             key: String,
             preferred: Vec<String>,
-        },
+        } => (bool, Option<PrefetchGrant>);
         BatchExistPrefetch {
             client: ClientId,
             keys: Vec<String>,
             preferred: Vec<String>,
-        },
-        DiskSync {
-            client: ClientId,
-            segment: SegmentId,
-            report: DiskReport,
-        },
-        GetSize {
-            key: String,
-        },
-        Remove {
-            key: String,
-        },
-        RemoveAll,
-        RemoveByRegex {
-            pattern: String,
-        },
-        QueryByRegex {
-            pattern: String,
-        },
-        AcquireHold {
-            client: ClientId,
-            key: String,
-        },
-        ReleaseHold {
-            client: ClientId,
-            hold: HoldId,
-        },
-        CopyStart {
-            client: ClientId,
-            key: String,
-            targets: Vec<String>,
-        },
+        } => Vec<Result<(bool, Option<PrefetchGrant>), Error>>;
+        DiskSync { client: ClientId, segment: SegmentId, report: DiskReport } => DiskSyncAck;
+        GetSize { key: String } => u64;
+        Remove { key: String } => ();
+        /// Removes every removable object; answers how many.
+        RemoveAll {} => u64;
+        RemoveByRegex { pattern: String } => u64;
+        QueryByRegex { pattern: String } => Vec<(String, ReplicaList)>;
+        AcquireHold { client: ClientId, key: String } => (HoldId, ReplicaList);
+        ReleaseHold { client: ClientId, hold: HoldId } => ();
+        CopyStart { client: ClientId, key: String, targets: Vec<String> } => CopyGrant;
         MoveStart {
             client: ClientId,
             key: String,
             source: String,
             target: String,
-        },
-        TaskEnd {
-            client: ClientId,
-            task: TaskId,
-        },
-        TaskRevoke {
-            client: ClientId,
-            task: TaskId,
-        },
-        Stats,
-    }
-
-    /// What the master answers; the variant matches the request.
-    #[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
-    #[rkyv(derive(Debug))]
-    pub enum Reply {
-        Unit,
-        Hello(ClusterInfo),
-        Heartbeat(HeartbeatAck),
-        Segment(SegmentId),
-        Segments(Vec<Option<SegmentInfo>>),
-        SegmentList(Vec<SegmentInfo>),
-        Grant(PutGrant),
-        Grants(Vec<Result<PutGrant, Error>>),
-        Units(Vec<Result<(), Error>>),
-        List(ReplicaList),
-        Lists(Vec<Result<ReplicaList, Error>>),
-        Bool(bool),
-        Bools(Vec<Result<bool, Error>>),
-        Count(u64),
-        Query(Vec<(String, ReplicaList)>),
-        Hold(HoldId, ReplicaList),
-        Copy(CopyGrant),
-        Stats(Stats),
-        Prefetch(bool, Option<PrefetchGrant>),
-        Prefetches(Vec<Result<(bool, Option<PrefetchGrant>), Error>>),
-        DiskSync(DiskSyncAck),
+        } => CopyGrant;
+        TaskEnd { client: ClientId, task: TaskId } => ();
+        TaskRevoke { client: ClientId, task: TaskId } => ();
+        GetStats {} => Stats;
     }
 }
 
@@ -558,17 +532,17 @@ mod tests {
 
     #[test]
     fn messages_roundtrip() {
-        roundtrip(&MasterRequest::PutStart {
+        roundtrip(&MasterRequest::from(PutStart {
             client: ClientId(7),
             key: "k".into(),
             size: 4096,
             config: ReplicateConfig::replicas(2).hard_pinned().preferring("seg"),
             upsert: true,
-        });
-        roundtrip(&MasterRequest::BatchExist {
+        }));
+        roundtrip(&MasterRequest::from(BatchExist {
             keys: vec!["a".into(), "b".into()],
-        });
-        roundtrip::<MasterResponse>(&Ok(Reply::Bools(vec![
+        }));
+        roundtrip::<MasterResponse>(&Ok(Reply::BatchExist(vec![
             Ok(true),
             Err(ErrorCode::INVALID_PARAMS.into()),
         ])));
@@ -597,8 +571,22 @@ mod tests {
     }
 
     #[test]
+    fn each_request_accepts_only_its_own_reply() {
+        assert_eq!(GetSize::from_reply(Reply::GetSize(7)), Ok(7));
+        assert_eq!(
+            GetSize::from_reply(Reply::RemoveAll(7)),
+            Err(Box::new(Reply::RemoveAll(7))),
+            "same payload type, other request: refused"
+        );
+        assert_eq!(Remove::from_reply(Reply::Remove(())), Ok(()));
+        let request = MasterRequest::from(GetStats {});
+        assert_eq!(request.name(), "GetStats");
+        assert_eq!(<GetStats as Call>::NAME, "GetStats");
+    }
+
+    #[test]
     fn corrupt_frames_are_refused_not_misread() {
-        let frame = MasterRequest::Exist { key: "abc".into() }.to_frame(1);
+        let frame = MasterRequest::from(Exist { key: "abc".into() }).to_frame(1);
         let header = parse_header(frame[..HEADER_LEN].try_into().unwrap()).unwrap();
         for i in HEADER_LEN..frame.len() {
             for bit in 0..8 {

@@ -11,6 +11,7 @@ use madsim::net::NetSim;
 use madsim::rand::Rng as _;
 use madsim::runtime::{Handle, NodeHandle, Runtime};
 use madsim::task::NodeId;
+use mooring::buggify::Site;
 use mooring_core::{ErrorCode, Stats, invariants};
 use mooring_transport_sim::{NetFaults, NetStats};
 
@@ -213,7 +214,7 @@ fn install_crash_hook(world: &Arc<World>) {
     let slow_readers = world.plan.slow_readers;
     let lease = Duration::from_millis(world.plan.master.lease_ttl.as_millis());
     let hook: mooring::buggify::HoldHook = Rc::new(move |site| {
-        if site == "client.before_read_transfer" {
+        if site == Site::CLIENT_BEFORE_READ_TRANSFER {
             // One read in five stalls for up to 80% of its lease (the client still checks
             // its lease after the transfer and retries a read that outlived it).
             let mut rng = madsim::rand::thread_rng();
@@ -222,7 +223,9 @@ fn install_crash_hook(world: &Arc<World>) {
         }
         if !matches!(
             site,
-            "client.before_put_end" | "client.before_batch_put_end" | "client.after_put_start"
+            Site::CLIENT_BEFORE_PUT_END
+                | Site::CLIENT_BEFORE_BATCH_PUT_END
+                | Site::CLIENT_AFTER_PUT_START
         ) {
             return None;
         }
@@ -484,7 +487,10 @@ async fn supervise(plan: Plan) -> Report {
         sim_time: world.now(),
         stats: workload_stats,
         net: world.net.stats(),
-        buggified: mooring::buggify::active_sites(),
+        buggified: mooring::buggify::active_sites()
+            .into_iter()
+            .map(Site::name)
+            .collect(),
         sizes: history.sizes(),
         fingerprint,
         plan: world.plan.clone(),

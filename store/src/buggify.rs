@@ -12,9 +12,49 @@
 
 use std::time::Duration;
 
+/// A named timing decision or protocol step that a simulation may distort or hold. Sites
+/// are constants, so a typo is a compile error and the simulation matches the same value the
+/// services use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Site(&'static str);
+
+impl Site {
+    /// A client between PutStart and its transfers (hold).
+    pub const CLIENT_AFTER_PUT_START: Site = Site("client.after_put_start");
+    /// A client between a batch's transfers and its BatchPutEnd (hold).
+    pub const CLIENT_BEFORE_BATCH_PUT_END: Site = Site("client.before_batch_put_end");
+    /// A client between a put's transfers and its PutEnd (hold).
+    pub const CLIENT_BEFORE_PUT_END: Site = Site("client.before_put_end");
+    /// A reader between its replica list and the transfer (hold).
+    pub const CLIENT_BEFORE_READ_TRANSFER: Site = Site("client.before_read_transfer");
+    /// Every member's heartbeat period (period).
+    pub const HEARTBEAT_INTERVAL: Site = Site("heartbeat.interval");
+    /// The master's tick period (period).
+    pub const MASTER_TICK: Site = Site("master.tick");
+    /// How long a writer retries OBJECT_REPLICA_BUSY (timeout).
+    pub const CLIENT_BUSY_RETRY: Site = Site("client.busy_retry");
+    /// How long a reader trusts its lease (timeout).
+    pub const CLIENT_READ_LEASE: Site = Site("client.read_lease");
+    /// A client's RPC timeout (timeout).
+    pub const CLIENT_RPC_TIMEOUT: Site = Site("client.rpc_timeout");
+    /// A writer's self-fence (timeout).
+    pub const CLIENT_WRITE_FENCE: Site = Site("client.write_fence");
+    /// How long an unmounting node keeps serving readers (timeout).
+    pub const NODE_LINGER: Site = Site("node.linger");
+    /// How long a node waits for its mount (timeout).
+    pub const NODE_MOUNT_PATIENCE: Site = Site("node.mount_patience");
+    /// A node's RPC timeout (timeout).
+    pub const NODE_RPC_TIMEOUT: Site = Site("node.rpc_timeout");
+
+    /// The site's name, as printed with a failing seed.
+    pub fn name(self) -> &'static str {
+        self.0
+    }
+}
+
 /// A timeout or budget at `site`: in simulation, sometimes cut to between a tenth and a half.
 #[inline]
-pub fn timeout(site: &'static str, normal: Duration) -> Duration {
+pub fn timeout(site: Site, normal: Duration) -> Duration {
     #[cfg(madsim)]
     if let Some(roll) = sim::fire(site) {
         return normal.mul_f64(0.1 + 0.4 * roll);
@@ -25,7 +65,7 @@ pub fn timeout(site: &'static str, normal: Duration) -> Duration {
 
 /// A period at `site`: in simulation, sometimes stretched to between 1.5 and 6 times.
 #[inline]
-pub fn period(site: &'static str, normal: Duration) -> Duration {
+pub fn period(site: Site, normal: Duration) -> Duration {
     #[cfg(madsim)]
     if let Some(roll) = sim::fire(site) {
         return normal.mul_f64(1.5 + 4.5 * roll);
@@ -37,7 +77,7 @@ pub fn period(site: &'static str, normal: Duration) -> Duration {
 /// A protocol step where a simulation may hold this task (to crash or cut off the process at
 /// exactly that step: a client between PutStart and PutEnd, say). A no-op in production
 /// builds and in simulations without a hold hook.
-pub async fn hold(site: &'static str) {
+pub async fn hold(site: Site) {
     #[cfg(madsim)]
     if let Some(pause) = sim::hold(site) {
         tokio::time::sleep(pause).await;
@@ -48,7 +88,7 @@ pub async fn hold(site: &'static str) {
 /// What a simulation's hold hook decides for a hold point: `Some(pause)` holds the task that
 /// long.
 #[cfg(madsim)]
-pub type HoldHook = std::rc::Rc<dyn Fn(&'static str) -> Option<Duration>>;
+pub type HoldHook = std::rc::Rc<dyn Fn(Site) -> Option<Duration>>;
 
 /// Installs (or with `None` removes) this run's hold hook.
 #[cfg(madsim)]
@@ -73,7 +113,7 @@ pub fn calm() {
 
 /// The sites switched on in this run so far, in order (the harness prints them with a
 /// failing seed).
-pub fn active_sites() -> Vec<&'static str> {
+pub fn active_sites() -> Vec<Site> {
     #[cfg(madsim)]
     return sim::active();
     #[cfg(not(madsim))]
@@ -90,11 +130,11 @@ mod sim {
     thread_local! {
         static HOLD: RefCell<Option<super::HoldHook>> = const { RefCell::new(None) };
         static ENABLED: Cell<bool> = const { Cell::new(false) };
-        static SITES: RefCell<BTreeMap<&'static str, bool>> = const { RefCell::new(BTreeMap::new()) };
+        static SITES: RefCell<BTreeMap<super::Site, bool>> = const { RefCell::new(BTreeMap::new()) };
     }
 
     /// If `site` is switched on in this run, a uniform roll in [0, 1) for this use of it.
-    pub(super) fn fire(site: &'static str) -> Option<f64> {
+    pub(super) fn fire(site: super::Site) -> Option<f64> {
         if !ENABLED.with(Cell::get) {
             return None;
         }
@@ -108,7 +148,7 @@ mod sim {
         on.then(|| rng.r#gen::<f64>())
     }
 
-    pub(super) fn hold(site: &'static str) -> Option<std::time::Duration> {
+    pub(super) fn hold(site: super::Site) -> Option<std::time::Duration> {
         let hook = HOLD.with(|h| h.borrow().clone())?;
         hook(site)
     }
@@ -127,7 +167,7 @@ mod sim {
         ENABLED.with(|e| e.set(false));
     }
 
-    pub(super) fn active() -> Vec<&'static str> {
+    pub(super) fn active() -> Vec<super::Site> {
         SITES.with(|sites| {
             sites
                 .borrow()

@@ -28,12 +28,16 @@ use mooring_core::{
     Result, SegmentId, SegmentInfo, Stats,
 };
 use mooring_proto::transport::{ControlPlane, DataPlane, NodeAddr, ReadOp, WriteOp};
-use mooring_proto::wire::{ClusterInfo, MasterRequest, Reply};
+use mooring_proto::wire::{
+    BatchExist, BatchGetReplicaList, BatchPutEnd, BatchPutStart, Call, ClusterInfo,
+    DescribeSegments, Exist, ExistPrefetch, GetReplicaList, GetSize, GetStats, ListSegments,
+    PutAbort, PutEnd, PutStart, QueryByRegex, Remove, RemoveAll, RemoveByRegex,
+};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::buggify;
-use crate::node::{Node, unexpected};
+use crate::buggify::{self, Site};
+use crate::node::Node;
 use crate::presence::{Contribution, Presence};
 
 /// A write planned for one node: (job index, remote address, bytes).
@@ -112,7 +116,7 @@ impl Client {
         self.inner.presence.leave().await
     }
 
-    async fn call(&self, request: MasterRequest) -> Result<Reply> {
+    async fn call<C: Call>(&self, request: C) -> Result<C::Reply> {
         self.inner.presence.control().call(request).await
     }
 
@@ -146,13 +150,13 @@ impl Client {
         let grant = self
             .start_write(key, value.len() as u64, config, upsert)
             .await?;
-        buggify::hold("client.after_put_start").await;
+        buggify::hold(Site::CLIENT_AFTER_PUT_START).await;
         let result = self
             .write_batch(&[(&grant, value)], started)
             .await
             .pop()
             .expect("one result");
-        buggify::hold("client.before_put_end").await;
+        buggify::hold(Site::CLIENT_BEFORE_PUT_END).await;
         self.finish_write(key, &grant, result).await
     }
 
@@ -167,10 +171,10 @@ impl Client {
         upsert: bool,
     ) -> Result<PutGrant> {
         let lease = Duration::from_millis(self.cluster_info().lease_ttl.as_millis());
-        let give_up = Instant::now() + buggify::timeout("client.busy_retry", lease * 2);
+        let give_up = Instant::now() + buggify::timeout(Site::CLIENT_BUSY_RETRY, lease * 2);
         let mut backoff = Duration::from_millis(5);
         loop {
-            let request = MasterRequest::PutStart {
+            let request = PutStart {
                 client: self.id(),
                 key: key.to_string(),
                 size,
@@ -178,8 +182,7 @@ impl Client {
                 upsert,
             };
             match self.call(request).await {
-                Ok(Reply::Grant(grant)) => return Ok(grant),
-                Ok(other) => return Err(unexpected(&other)),
+                Ok(grant) => return Ok(grant),
                 Err(e) if e.code == ErrorCode::OBJECT_REPLICA_BUSY && Instant::now() < give_up => {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(lease / 4).max(Duration::from_millis(1));
@@ -194,18 +197,9 @@ impl Client {
         let client = self.id();
         let (key, write) = (key.to_string(), grant.write_id);
         match transfer {
-            Ok(()) => match self
-                .call(MasterRequest::PutEnd { client, key, write })
-                .await?
-            {
-                Reply::Unit => Ok(()),
-                other => Err(unexpected(&other)),
-            },
+            Ok(()) => self.call(PutEnd { client, key, write }).await,
             Err(e) => {
-                if let Err(abort) = self
-                    .call(MasterRequest::PutAbort { client, key, write })
-                    .await
-                {
+                if let Err(abort) = self.call(PutAbort { client, key, write }).await {
                     debug!(
                         "abort after a failed transfer also failed (the master will discard the write): {abort}"
                     );
@@ -251,7 +245,7 @@ impl Client {
     ) -> Vec<Result<()>> {
         let started = Instant::now();
         let grants = match self
-            .call(MasterRequest::BatchPutStart {
+            .call(BatchPutStart {
                 client: self.id(),
                 items: items
                     .iter()
@@ -261,9 +255,9 @@ impl Client {
                 upsert,
             })
             .await
+            .and_then(|grants| per_key(grants, items.len(), "BatchPutStart"))
         {
-            Ok(Reply::Grants(grants)) if grants.len() == items.len() => grants,
-            Ok(other) => return vec![Err(unexpected(&other)); items.len()],
+            Ok(grants) => grants,
             Err(e) => return vec![Err(e); items.len()],
         };
         let started_ok: Vec<(usize, &PutGrant)> = grants
@@ -274,7 +268,7 @@ impl Client {
         let jobs: Vec<(&PutGrant, &[u8])> =
             started_ok.iter().map(|&(i, g)| (g, items[i].1)).collect();
         let transfers = self.write_batch(&jobs, started).await;
-        buggify::hold("client.before_batch_put_end").await;
+        buggify::hold(Site::CLIENT_BEFORE_BATCH_PUT_END).await;
         let mut results: Vec<Result<()>> = grants
             .iter()
             .map(|g| g.as_ref().map(|_| ()).map_err(Clone::clone))
@@ -293,25 +287,19 @@ impl Client {
         if !aborts.is_empty() {
             for (key, write) in aborts {
                 let client = self.id();
-                let _ = self
-                    .call(MasterRequest::PutAbort { client, key, write })
-                    .await;
+                let _ = self.call(PutAbort { client, key, write }).await;
             }
         }
         if !ends.is_empty() {
-            let request = MasterRequest::BatchPutEnd {
+            let request = BatchPutEnd {
                 client: self.id(),
                 items: ends.iter().map(|(_, e)| e.clone()).collect(),
             };
-            match self.call(request).await {
-                Ok(Reply::Units(units)) if units.len() == ends.len() => {
+            let units = self.call(request).await;
+            match units.and_then(|units| per_key(units, ends.len(), "BatchPutEnd")) {
+                Ok(units) => {
                     for ((i, _), unit) in ends.iter().zip(units) {
                         results[*i] = unit;
-                    }
-                }
-                Ok(other) => {
-                    for (i, _) in &ends {
-                        results[*i] = Err(unexpected(&other));
                     }
                 }
                 Err(e) => {
@@ -392,7 +380,7 @@ impl Client {
     fn write_fence(&self, started: Instant) -> Duration {
         let release =
             Duration::from_millis(self.cluster_info().put_start_release_timeout.as_millis());
-        let release = buggify::timeout("client.write_fence", release);
+        let release = buggify::timeout(Site::CLIENT_WRITE_FENCE, release);
         release
             .saturating_sub(release / 10)
             .saturating_sub(started.elapsed())
@@ -421,15 +409,11 @@ impl Client {
     ) -> Result<(Option<Vec<u8>>, usize)> {
         for _ in 0..LEASE_RETRIES {
             let asked = Instant::now();
-            let list = match self
-                .call(MasterRequest::GetReplicaList {
+            let list = self
+                .call(GetReplicaList {
                     key: key.to_string(),
                 })
-                .await?
-            {
-                Reply::List(list) => list,
-                other => return Err(unexpected(&other)),
-            };
+                .await?;
             let size = list.replicas.first().map_or(0, |r| r.len) as usize;
             let mut owned = Vec::new();
             let caller_buffer = into.is_some();
@@ -449,7 +433,7 @@ impl Client {
                 };
                 // A simulation may stall the reader here, inside its lease, so the race between
                 // a reader holding descriptors and eviction or upsert of the same bytes is hit.
-                buggify::hold("client.before_read_transfer").await;
+                buggify::hold(Site::CLIENT_BEFORE_READ_TRANSFER).await;
                 self.read_replica(key, &list.replicas, buf).await?;
             }
             if self.inside_lease(asked, &list) {
@@ -469,7 +453,7 @@ impl Client {
 
     fn inside_lease(&self, asked: Instant, list: &ReplicaList) -> bool {
         let lease = Duration::from_millis(list.lease_ttl.as_millis());
-        let usable = buggify::timeout("client.read_lease", lease.saturating_sub(lease / 10));
+        let usable = buggify::timeout(Site::CLIENT_READ_LEASE, lease.saturating_sub(lease / 10));
         asked.elapsed() < usable
     }
 
@@ -647,15 +631,12 @@ impl Client {
     }
 
     async fn batch_lists(&self, keys: &[&str]) -> Result<Vec<Result<ReplicaList>>> {
-        match self
-            .call(MasterRequest::BatchGetReplicaList {
+        let lists = self
+            .call(BatchGetReplicaList {
                 keys: keys.iter().map(|k| k.to_string()).collect(),
             })
-            .await?
-        {
-            Reply::Lists(lists) if lists.len() == keys.len() => Ok(lists),
-            other => Err(unexpected(&other)),
-        }
+            .await?;
+        per_key(lists, keys.len(), "BatchGetReplicaList")
     }
 
     /// Reads every listed object into its destination: first choice of replica per key,
@@ -678,7 +659,7 @@ impl Client {
             Ok(nodes) => nodes,
             Err(e) => return vec![Err(e); lists.len()],
         };
-        buggify::hold("client.before_read_transfer").await;
+        buggify::hold(Site::CLIENT_BEFORE_READ_TRANSFER).await;
         let mut results: Vec<Result<usize>> = Vec::with_capacity(lists.len());
         let mut per_node: BTreeMap<NodeAddr, Vec<(usize, u64)>> = BTreeMap::new();
         // Keys read one by one: only on disk, or their node's batch failed.
@@ -781,15 +762,12 @@ impl Client {
         if missing.is_empty() {
             return Ok(found);
         }
-        let infos = match self
-            .call(MasterRequest::SegmentInfo {
+        let infos = self
+            .call(DescribeSegments {
                 ids: missing.clone(),
             })
-            .await?
-        {
-            Reply::Segments(infos) if infos.len() == missing.len() => infos,
-            other => return Err(unexpected(&other)),
-        };
+            .await?;
+        let infos = per_key(infos, missing.len(), "DescribeSegments")?;
         let mut cache = self.inner.segments.write().expect("segment cache lock");
         for (id, info) in missing.into_iter().zip(infos) {
             if let Some(info) = info {
@@ -808,15 +786,10 @@ impl Client {
 
     /// Whether `key` has a complete replica (grants a lease if so).
     pub async fn exist(&self, key: &str) -> Result<bool> {
-        match self
-            .call(MasterRequest::Exist {
-                key: key.to_string(),
-            })
-            .await?
-        {
-            Reply::Bool(b) => Ok(b),
-            other => Err(unexpected(&other)),
-        }
+        self.call(Exist {
+            key: key.to_string(),
+        })
+        .await
     }
 
     /// RFC 003's `exist(key, prefetch=true)`: whether `key` exists and, if its only copy is on
@@ -824,7 +797,7 @@ impl Client {
     /// answering, so a later get is a memory hit. Best effort: if the promotion fails the
     /// answer is still `true` and the failure is logged.
     pub async fn exist_prefetch(&self, key: &str) -> Result<bool> {
-        let request = MasterRequest::ExistPrefetch {
+        let request = ExistPrefetch {
             client: self.id(),
             key: key.to_string(),
             preferred: self
@@ -833,10 +806,7 @@ impl Client {
                 .into_iter()
                 .collect(),
         };
-        let (exists, grant) = match self.call(request).await? {
-            Reply::Prefetch(exists, grant) => (exists, grant),
-            other => return Err(unexpected(&other)),
-        };
+        let (exists, grant) = self.call(request).await?;
         if let Some(prefetch) = grant {
             let started = Instant::now();
             let mut value = vec![0u8; prefetch.source.len as usize];
@@ -859,75 +829,47 @@ impl Client {
 
     /// [`Client::exist`] for many keys, in one RPC.
     pub async fn batch_exist(&self, keys: &[&str]) -> Result<Vec<Result<bool>>> {
-        match self
-            .call(MasterRequest::BatchExist {
-                keys: keys.iter().map(|k| k.to_string()).collect(),
-            })
-            .await?
-        {
-            Reply::Bools(bools) => Ok(bools),
-            other => Err(unexpected(&other)),
-        }
+        self.call(BatchExist {
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+        })
+        .await
     }
 
     /// The size of `key`'s value.
     pub async fn get_size(&self, key: &str) -> Result<u64> {
-        match self
-            .call(MasterRequest::GetSize {
-                key: key.to_string(),
-            })
-            .await?
-        {
-            Reply::Count(n) => Ok(n),
-            other => Err(unexpected(&other)),
-        }
+        self.call(GetSize {
+            key: key.to_string(),
+        })
+        .await
     }
 
     /// Removes `key` (`OBJECT_HAS_LEASE` while a reader holds it).
     pub async fn remove(&self, key: &str) -> Result<()> {
-        match self
-            .call(MasterRequest::Remove {
-                key: key.to_string(),
-            })
-            .await?
-        {
-            Reply::Unit => Ok(()),
-            other => Err(unexpected(&other)),
-        }
+        self.call(Remove {
+            key: key.to_string(),
+        })
+        .await
     }
 
     /// Removes every object nobody is using; returns how many.
     pub async fn remove_all(&self) -> Result<u64> {
-        match self.call(MasterRequest::RemoveAll).await? {
-            Reply::Count(n) => Ok(n),
-            other => Err(unexpected(&other)),
-        }
+        self.call(RemoveAll {}).await
     }
 
     /// Removes every unused object whose key matches `pattern`; returns how many.
     pub async fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
-        match self
-            .call(MasterRequest::RemoveByRegex {
-                pattern: pattern.to_string(),
-            })
-            .await?
-        {
-            Reply::Count(n) => Ok(n),
-            other => Err(unexpected(&other)),
-        }
+        self.call(RemoveByRegex {
+            pattern: pattern.to_string(),
+        })
+        .await
     }
 
     /// The readable objects whose keys match `pattern`, with their replicas.
     pub async fn query_by_regex(&self, pattern: &str) -> Result<Vec<(String, ReplicaList)>> {
-        match self
-            .call(MasterRequest::QueryByRegex {
-                pattern: pattern.to_string(),
-            })
-            .await?
-        {
-            Reply::Query(found) => Ok(found),
-            other => Err(unexpected(&other)),
-        }
+        self.call(QueryByRegex {
+            pattern: pattern.to_string(),
+        })
+        .await
     }
 
     /// Keys matching `pattern`, with sizes and replica counts.
@@ -946,18 +888,12 @@ impl Client {
 
     /// The master's gauges and counters.
     pub async fn stats(&self) -> Result<Stats> {
-        match self.call(MasterRequest::Stats).await? {
-            Reply::Stats(stats) => Ok(stats),
-            other => Err(unexpected(&other)),
-        }
+        self.call(GetStats {}).await
     }
 
     /// Every mounted segment.
     pub async fn segments(&self) -> Result<Vec<SegmentInfo>> {
-        match self.call(MasterRequest::ListSegments).await? {
-            Reply::SegmentList(list) => Ok(list),
-            other => Err(unexpected(&other)),
-        }
+        self.call(ListSegments {}).await
     }
 }
 
@@ -966,4 +902,20 @@ fn segment_gone(id: SegmentId) -> Error {
         ErrorCode::REPLICA_IS_GONE,
         format!("{id} is no longer mounted"),
     )
+}
+
+/// A batch reply's per-key results, checked to be one per key asked: a master that answers
+/// another count is confused or lying, and no result can be matched to its key.
+fn per_key<T>(results: Vec<T>, asked: usize, request: &str) -> Result<Vec<T>> {
+    if results.len() == asked {
+        Ok(results)
+    } else {
+        Err(Error::new(
+            ErrorCode::INTERNAL_ERROR,
+            format!(
+                "the master answered {request} for {asked} keys with {} results",
+                results.len()
+            ),
+        ))
+    }
 }

@@ -38,21 +38,37 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is too large"))
 }
 
-/// Parses a duration: a number with a unit (`ms`, `s`, `m`, `h`); a bare number is seconds.
+/// The units [`parse_duration`] accepts, for error messages.
+const DURATION_UNITS: &str = "us, ms, s, m or h (e.g. 50us, 500ms, 5s, 10m)";
+
+/// Parses a duration: a whole number and a unit (`us` or `µs`, `ms`, `s`, `m` or `min`, `h`).
+/// The one duration parser of every flag, file and environment variable. A bare `0` is zero
+/// (where the docs say zero turns something off); any other number without a unit is refused,
+/// because one reader's seconds are another's microseconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (try 500ms, 5s or 10m)"))?;
-    Ok(match unit.trim() {
-        "ms" => Duration::from_millis(n),
-        "" | "s" => Duration::from_secs(n),
-        "m" | "min" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        other => return Err(format!("unknown duration unit {other:?} in {text:?}")),
-    })
+    let n: u64 = digits.parse().map_err(|_| {
+        format!("{text:?} is not a duration: give a number and a unit, {DURATION_UNITS}")
+    })?;
+    let scaled = match unit.trim() {
+        "" if n == 0 => Some(Duration::ZERO),
+        "" => {
+            return Err(format!("{text:?} has no unit: write {DURATION_UNITS}"));
+        }
+        "us" | "µs" => Some(Duration::from_micros(n)),
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "m" | "min" => n.checked_mul(60).map(Duration::from_secs),
+        "h" => n.checked_mul(3600).map(Duration::from_secs),
+        other => {
+            return Err(format!(
+                "unknown duration unit {other:?} in {text:?}: use {DURATION_UNITS}"
+            ));
+        }
+    };
+    scaled.ok_or_else(|| format!("{text:?} is too long"))
 }
 
 fn millis(d: Duration) -> Millis {
@@ -229,8 +245,17 @@ mod tests {
     #[test]
     fn durations() {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("20us"), Ok(Duration::from_micros(20)));
+        assert_eq!(parse_duration(" 20 µs "), Ok(Duration::from_micros(20)));
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        // A bare number meant seconds to the config file and microseconds to the spin
+        // variables; now it means nothing, and the message says what to write.
+        let bare = parse_duration("20").unwrap_err();
+        assert!(bare.contains("no unit") && bare.contains("ms"), "{bare}");
+        assert!(parse_duration(&format!("{}h", u64::MAX)).is_err());
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("3 fortnights").is_err());
     }

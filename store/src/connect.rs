@@ -9,7 +9,7 @@ use mooring_transport_tcp::{
     DataPlaneConfig, LocalSegments, TcpControlPlane, TcpDataPlane, TcpDataServer,
 };
 
-use crate::buggify;
+use crate::buggify::{self, Site};
 use crate::client::Client;
 use crate::node::{Node, NodeConfig};
 use crate::presence::{Contribution, Presence};
@@ -100,7 +100,7 @@ fn transports(config: &ClientConfig, local: Arc<LocalSegments>) -> Transports {
     Transports {
         control: TcpControlPlane::new(
             config.master.clone(),
-            buggify::timeout("client.rpc_timeout", config.rpc_timeout),
+            buggify::timeout(Site::CLIENT_RPC_TIMEOUT, config.rpc_timeout),
             crate::tuning::client_spin(),
         ),
         data: TcpDataPlane::new(local.clone(), config.data.clone()),
@@ -167,7 +167,7 @@ impl StandaloneNode {
         let id = id.unwrap_or_else(random_client_id);
         let control = TcpControlPlane::new(
             master,
-            buggify::timeout("node.rpc_timeout", Duration::from_secs(10)),
+            buggify::timeout(Site::NODE_RPC_TIMEOUT, Duration::from_secs(10)),
             crate::tuning::client_spin(),
         );
         let contribution = contribution(id, segment, local).await?;

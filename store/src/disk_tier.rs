@@ -33,13 +33,13 @@ use mooring_disk::{
 };
 use mooring_proto::disk::Disk;
 use mooring_proto::transport::{BoxFuture, ControlPlane, DataServer, SegmentMemory, Stager};
-use mooring_proto::wire::{MasterRequest, Reply, StagedSlot};
+use mooring_proto::wire::{DiskSync, StagedSlot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::memory::MappedMemory;
-use crate::node::{Node, unexpected};
+use crate::node::Node;
 
 /// Which copies disk eviction takes first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
@@ -732,17 +732,13 @@ async fn call_sync(
     segment: SegmentId,
     report: DiskReport,
 ) -> Result<DiskSyncAck> {
-    match control
-        .call(MasterRequest::DiskSync {
+    control
+        .call(DiskSync {
             client,
             segment,
             report,
         })
-        .await?
-    {
-        Reply::DiskSync(ack) => Ok(ack),
-        other => Err(unexpected(&other)),
-    }
+        .await
 }
 
 /// Carries out tombstones: a key is deleted only if it holds that write.

@@ -53,7 +53,7 @@ impl MasterService {
     /// Runs `tick` whenever it is due, until the task is aborted.
     pub fn spawn_timer(self: &Arc<Self>) -> JoinHandle<()> {
         let service = Arc::clone(self);
-        let resolution = crate::buggify::period("master.tick", TICK_RESOLUTION);
+        let resolution = crate::buggify::period(crate::buggify::Site::MASTER_TICK, TICK_RESOLUTION);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(resolution).await;

@@ -9,13 +9,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mooring_core::{ClientId, Error, ErrorCode, Result, SegmentId, SegmentSpec};
+use mooring_core::{ClientId, ErrorCode, Result, SegmentId, SegmentSpec};
 use mooring_proto::transport::{ControlPlane, DataServer, NodeAddr, SegmentMemory};
-use mooring_proto::wire::{MasterRequest, Reply};
+use mooring_proto::wire::{MountSegment, UnmountSegment};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::buggify;
+use crate::buggify::{self, Site};
 
 use crate::memory::MappedMemory;
 
@@ -73,7 +73,7 @@ impl Node {
                 mount: Mutex::new(None),
             }),
         };
-        let give_up = Instant::now() + buggify::timeout("node.mount_patience", patience);
+        let give_up = Instant::now() + buggify::timeout(Site::NODE_MOUNT_PATIENCE, patience);
         let mut backoff = Duration::from_millis(50);
         loop {
             match node.mount().await {
@@ -131,23 +131,19 @@ impl Node {
         };
         let reply = inner
             .control
-            .call(MasterRequest::MountSegment {
+            .call(MountSegment {
                 client: inner.client,
                 spec,
             })
             .await;
         match reply {
-            Ok(Reply::Segment(id)) => {
+            Ok(id) => {
                 info!(name = %inner.name, %id, bytes = inner.memory.len(), endpoint = %addr.endpoint, "segment mounted");
                 let previous = inner.mount.lock().expect("mount lock").replace((addr, id));
                 if let Some((old, _)) = previous {
                     inner.server.unexport(old.key);
                 }
                 Ok(())
-            }
-            Ok(other) => {
-                inner.server.unexport(addr.key);
-                Err(unexpected(&other))
             }
             Err(e) => {
                 inner.server.unexport(addr.key);
@@ -173,7 +169,7 @@ impl Node {
         let unmounted = self
             .inner
             .control
-            .call(MasterRequest::UnmountSegment {
+            .call(UnmountSegment {
                 client: self.inner.client,
                 name: self.inner.name.clone(),
             })
@@ -184,14 +180,6 @@ impl Node {
         tokio::time::sleep(linger).await;
         self.inner.server.unexport(addr.key);
         info!(name = %self.inner.name, "segment unmounted");
-        unmounted.map(|_| ())
+        unmounted
     }
-}
-
-/// The error for a reply of the wrong kind (a protocol bug).
-pub(crate) fn unexpected(reply: &Reply) -> Error {
-    Error::new(
-        ErrorCode::INTERNAL_ERROR,
-        format!("unexpected reply from the master: {reply:?}"),
-    )
 }

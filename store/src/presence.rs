@@ -15,14 +15,14 @@ use std::time::Duration;
 
 use mooring_core::{ClientId, HeartbeatAck, HeartbeatStatus, Millis, Result};
 use mooring_proto::transport::ControlPlane;
-use mooring_proto::wire::{ClusterInfo, MasterRequest, Reply};
+use mooring_proto::wire::{ClusterInfo, Heartbeat, Hello};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use crate::buggify;
+use crate::buggify::{self, Site};
 use crate::clock::Clock;
 use crate::disk_tier::DiskTier;
-use crate::node::{Node, unexpected};
+use crate::node::Node;
 
 /// When this member last proved to the master that it is alive.
 #[derive(Debug)]
@@ -97,10 +97,7 @@ impl Presence {
         contribution: Option<Contribution>,
     ) -> Result<Presence> {
         let clock = Clock::new();
-        let info = match control.call(MasterRequest::Hello { client: id }).await? {
-            Reply::Hello(info) => info,
-            other => return Err(unexpected(&other)),
-        };
+        let info = control.call(Hello { client: id }).await?;
         let contact = Arc::new(MasterContact::new(clock, info.client_ttl));
         let (node, disk) = match contribution {
             Some(c) => {
@@ -166,7 +163,7 @@ impl Presence {
         self.stop_heartbeat();
         match &self.node {
             Some(node) => {
-                node.shutdown(buggify::timeout("node.linger", self.lease()))
+                node.shutdown(buggify::timeout(Site::NODE_LINGER, self.lease()))
                     .await
             }
             None => Ok(()),
@@ -216,19 +213,15 @@ fn spawn_heartbeat(
         loop {
             // The period is drawn each round, so a simulation that calms its buggify down
             // (to check liveness after healing) gets regular heartbeats back.
-            let period = buggify::period("heartbeat.interval", interval);
+            let period = buggify::period(Site::HEARTBEAT_INTERVAL, interval);
             next += period;
             tokio::time::sleep_until(next).await;
             // Fell behind (a paused process): resume from now rather than burst.
             next = next.max(tokio::time::Instant::now() - period);
             let sent = contact.now();
-            let call = control.call(MasterRequest::Heartbeat { client });
+            let call = control.call(Heartbeat { client });
             let ack = match tokio::time::timeout(period, call).await {
-                Ok(Ok(Reply::Heartbeat(ack))) => ack,
-                Ok(Ok(other)) => {
-                    warn!("unexpected heartbeat reply {other:?}");
-                    continue;
-                }
+                Ok(Ok(ack)) => ack,
                 Ok(Err(e)) => {
                     warn!("heartbeat failed: {e}");
                     continue;

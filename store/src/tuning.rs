@@ -11,6 +11,8 @@
 
 use std::time::Duration;
 
+use crate::config::parse_duration;
+
 /// Default client-side polling before parking.
 const CLIENT_SPIN: Duration = Duration::from_micros(50);
 /// Default server-side polling for a connection's next request.
@@ -18,21 +20,10 @@ const SERVER_SPIN: Duration = Duration::from_micros(20);
 
 fn from_env(var: &str, default: Duration) -> Duration {
     match std::env::var(var) {
-        Ok(text) => {
-            let text = text.trim();
-            let (digits, unit) = text.split_at(
-                text.find(|c: char| !c.is_ascii_digit())
-                    .unwrap_or(text.len()),
-            );
-            match (digits.parse::<u64>(), unit) {
-                (Ok(n), "" | "us") => Duration::from_micros(n),
-                (Ok(n), "ms") => Duration::from_millis(n),
-                _ => {
-                    tracing::warn!("ignoring {var}={text:?}: expected microseconds like 20us");
-                    default
-                }
-            }
-        }
+        Ok(text) => parse_duration(&text).unwrap_or_else(|e| {
+            tracing::warn!("ignoring {var}: {e}");
+            default
+        }),
         Err(_) => default,
     }
 }

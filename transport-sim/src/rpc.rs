@@ -41,7 +41,7 @@ impl SimControlPlane {
 }
 
 impl ControlPlane for SimControlPlane {
-    fn call(&self, request: MasterRequest) -> BoxFuture<'_, Result<Reply>> {
+    fn send(&self, request: MasterRequest) -> BoxFuture<'_, Result<Reply>> {
         Box::pin(async move {
             let id = self.mux.next_id();
             let fail = |what: String| {

@@ -13,7 +13,7 @@ use mooring_core::ErrorCode;
 use mooring_proto::transport::{
     ControlPlane, DataPlane, DataServer, ReadOp, RpcHandler, SegmentMemory, WriteOp,
 };
-use mooring_proto::wire::{MasterRequest, MasterResponse, Reply};
+use mooring_proto::wire::{MasterRequest, MasterResponse, RemoveAll, Reply};
 use mooring_transport_sim::{
     NetFaults, SimControlPlane, SimDataPlane, SimDataServer, SimNet, serve_rpc,
 };
@@ -24,7 +24,7 @@ struct Counter(AtomicU64);
 
 impl RpcHandler for Counter {
     fn handle(&self, _: MasterRequest) -> MasterResponse {
-        Ok(Reply::Count(self.0.fetch_add(1, Ordering::Relaxed) + 1))
+        Ok(Reply::RemoveAll(self.0.fetch_add(1, Ordering::Relaxed) + 1))
     }
 }
 
@@ -78,8 +78,8 @@ fn rpc_round_trips_and_faults_behave() {
             )
             .await
             .unwrap();
-            let call = || control.call(MasterRequest::Stats);
-            assert!(matches!(call().await, Ok(Reply::Count(1))));
+            let call = || control.send(MasterRequest::from(RemoveAll {}));
+            assert!(matches!(call().await, Ok(Reply::RemoveAll(1))));
 
             net.set_faults(NetFaults {
                 loss: 1.0,
@@ -98,11 +98,11 @@ fn rpc_round_trips_and_faults_behave() {
                 duplicate: 1.0,
                 ..NetFaults::default()
             });
-            let Ok(Reply::Count(before)) = call().await else {
+            let Ok(Reply::RemoveAll(before)) = call().await else {
                 panic!("call failed")
             };
             net.heal();
-            let Ok(Reply::Count(after)) = call().await else {
+            let Ok(Reply::RemoveAll(after)) = call().await else {
                 panic!("call failed")
             };
             assert_eq!(after, before + 1, "a duplicated request is handled once");

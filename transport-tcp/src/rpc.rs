@@ -88,7 +88,7 @@ impl TcpControlPlane {
 }
 
 impl ControlPlane for TcpControlPlane {
-    fn call(&self, request: MasterRequest) -> BoxFuture<'_, Result<Reply>> {
+    fn send(&self, request: MasterRequest) -> BoxFuture<'_, Result<Reply>> {
         Box::pin(async move {
             match tokio::time::timeout(self.timeout, self.round_trip(&request)).await {
                 Ok(result) => result,

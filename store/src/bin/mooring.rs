@@ -42,7 +42,9 @@ const DEFAULT_MASTER: &str = "127.0.0.1:50051";
 blocks and model weights. A master allocates space and grants leases; clients move bytes \
 straight to and from the nodes.\n\nStart a master, start nodes pointing at it, then put and \
 get from anywhere. `mooring demo` runs a whole cluster in one process.\n\nLogs go to stderr; \
-set RUST_LOG (e.g. RUST_LOG=mooring=debug) to see more.\n\nTuning (environment): \
+set RUST_LOG (e.g. RUST_LOG=mooring=debug) to see more.\n\nDurations (flags, config file, \
+environment) take a unit: us, ms, s, m or h (500ms, 5s, 10m); a bare 0 means zero.\n\nTuning \
+(environment): \
 MOORING_WORKER_THREADS (runtime threads; 0 = one), MOORING_CLIENT_SPIN and MOORING_SERVER_SPIN \
 (how long sockets busy-poll before parking, e.g. 50us; 0 = never), MOORING_STRIPES \
 (connections per large transfer)."
@@ -566,9 +568,9 @@ async fn run_debug(args: DebugArgs) -> Result<(), Error> {
                 Duration::from_secs(10),
                 mooring::client_spin(),
             );
-            use mooring_proto::transport::ControlPlane;
+            let control: &dyn mooring_proto::transport::ControlPlane = &*control;
             let reply = control
-                .call(mooring_proto::wire::MasterRequest::PutStart {
+                .call(mooring_proto::wire::PutStart {
                     client: random_client_id(),
                     key: key.clone(),
                     size,
