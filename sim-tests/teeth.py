@@ -44,8 +44,8 @@ EXPS = {
    ('disk/src/record.rs', "    if crc != stored {", "    if crc != stored && false {"),
  ],
  'no-write-deadline': [
-   ('transport-tcp/src/data.rs', "        let region = if Instant::now() >= deadline {", "        let deadline = Instant::now() + Duration::from_secs(86_400);\n        let region = if Instant::now() >= deadline {"),
-   ('transport-sim/src/data.rs', "            if sim_clock_us() > sent_at_us.saturating_add(valid_for_us) {", "            if sim_clock_us() > sent_at_us.saturating_add(valid_for_us) && false {"),
+   ('transport-tcp/src/data.rs', "        self.origin + at\n", "        self.origin + at + Duration::from_secs(86_400)\n"),
+   ('transport-sim/src/data.rs', "        sim_clock_us() > sent_at_us.saturating_add(valid_for_us)\n", "        sim_clock_us() > sent_at_us.saturating_add(valid_for_us) && false\n"),
  ],
 }
 if len(sys.argv) < 2 or sys.argv[1] not in EXPS:

@@ -11,10 +11,12 @@
 //! | [`wire`] | messages and the checksummed frame codec |
 //! | [`dispatch`] | a request to the master, applied to the core; the reply it gives |
 //! | [`transport`] | the control-plane and data-plane traits, segment memory, the export table |
+//! | [`serve`] | a node's answer to each data request, shared by every transport's data server |
 //! | [`disk`] | the file I/O trait the SSD tier's disks implement |
 
 pub mod disk;
 pub mod dispatch;
+pub mod serve;
 /// Lock and atomic types, swapped for loom's under `--cfg mooring_loom` so loom can model
 /// the structures that share state across threads (the export table).
 mod sync;

@@ -21,7 +21,8 @@ use mooring_core::{Error, ErrorCode, Result};
 // The export table's lock and key counter: loom's under `--cfg mooring_loom`.
 use crate::sync::{AtomicU64, Ordering, RwLock};
 use crate::wire::{
-    Call, MAX_DATA_REQUEST, MasterRequest, MasterResponse, Range, Reply, StagedSlot,
+    Call, DataReply, DataRequest, MAX_DATA_REQUEST, MasterRequest, MasterResponse, Range, Reply,
+    StagedSlot,
 };
 
 /// A boxed, sendable future.
@@ -100,6 +101,13 @@ pub trait DataPlane: Send + Sync {
         ops: Vec<WriteOp<'a>>,
         valid_for: Duration,
     ) -> BoxFuture<'a, Result<()>>;
+    /// Sends `request`, which moves no bulk bytes (stage, unstage), to `node` and returns the
+    /// node's reply.
+    fn request<'a>(
+        &'a self,
+        node: &'a NodeAddr,
+        request: DataRequest,
+    ) -> BoxFuture<'a, Result<DataReply>>;
     /// Asks `node` to load the disk copy of `object` (write `write`, `size` bytes) into its
     /// staging buffer. Read it from the returned slot (at `NodeAddr { key: slot.key, .. }`),
     /// then [`DataPlane::unstage`] it.
@@ -109,9 +117,26 @@ pub trait DataPlane: Send + Sync {
         object: &'a str,
         write: u64,
         size: u64,
-    ) -> BoxFuture<'a, Result<StagedSlot>>;
+    ) -> BoxFuture<'a, Result<StagedSlot>> {
+        Box::pin(async move {
+            let request = DataRequest::Stage {
+                object: object.to_string(),
+                size,
+                write,
+            };
+            self.request(node, request)
+                .await?
+                .into_staged(&node.endpoint)
+        })
+    }
     /// Frees a staging slot on `node`.
-    fn unstage<'a>(&'a self, node: &'a NodeAddr, slot: u64) -> BoxFuture<'a, Result<()>>;
+    fn unstage<'a>(&'a self, node: &'a NodeAddr, slot: u64) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            self.request(node, DataRequest::Unstage { slot })
+                .await
+                .map(|_| ())
+        })
+    }
 }
 
 /// A node's disk tier as its data server sees it: loads disk copies into the staging buffer

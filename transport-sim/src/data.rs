@@ -3,15 +3,16 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use mooring_core::{Error, ErrorCode, Result};
+use mooring_proto::serve::{DataService, SenderClock, Served};
 use mooring_proto::transport::{
-    BoxFuture, DataPlane, DataServer, ExportTable, NodeAddr, ReadOp, SegmentMemory, Stager, WriteOp,
+    BoxFuture, DataPlane, DataServer, NodeAddr, ReadOp, SegmentMemory, Stager, WriteOp,
 };
-use mooring_proto::wire::{DataReply, DataRequest, DataResponse, Range, StagedSlot};
+use mooring_proto::wire::{DataReply, DataRequest, DataResponse, Range};
 use tokio::task::JoinHandle;
 use tracing::warn;
 
@@ -23,9 +24,7 @@ use crate::server::{Handled, spawn_server};
 /// A node's data server on the simulated network.
 pub struct SimDataServer {
     endpoint: Arc<str>,
-    exports: Arc<ExportTable>,
-    /// The node's disk tier, once it serves one.
-    stager: Arc<RwLock<Option<Arc<dyn Stager>>>>,
+    service: Arc<DataService>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -36,22 +35,17 @@ impl SimDataServer {
         bind: SocketAddr,
         key_seed: u64,
     ) -> io::Result<Arc<SimDataServer>> {
-        let exports = Arc::new(ExportTable::new(key_seed));
-        let stager: Arc<RwLock<Option<Arc<dyn Stager>>>> = Arc::default();
-        let (table, disk) = (exports.clone(), stager.clone());
+        let service = Arc::new(DataService::new(key_seed));
+        let serving = service.clone();
         let task = spawn_server(
             net,
             bind,
-            Box::new(move |datagram, from| {
-                let stager = disk.read().unwrap_or_else(|e| e.into_inner()).clone();
-                serve(&table, stager, datagram, from)
-            }),
+            Box::new(move |datagram, from| serve(&serving, datagram, from)),
         )
         .await?;
         Ok(Arc::new(SimDataServer {
             endpoint: bind.to_string().into(),
-            exports,
-            stager,
+            service,
             task: Mutex::new(Some(task)),
         }))
     }
@@ -75,13 +69,19 @@ impl Drop for SimDataServer {
     }
 }
 
+/// Every simulated node shares madsim's clock, so a write's deadline is checked directly.
+struct SharedClock;
+
+impl SenderClock for SharedClock {
+    fn observe(&mut self, _sent_at_us: u64) {}
+
+    fn expired(&mut self, sent_at_us: u64, valid_for_us: u64) -> bool {
+        sim_clock_us() > sent_at_us.saturating_add(valid_for_us)
+    }
+}
+
 /// Performs one transfer request; the reply carries read data.
-fn serve(
-    exports: &ExportTable,
-    stager: Option<Arc<dyn Stager>>,
-    datagram: &[u8],
-    from: SocketAddr,
-) -> Handled {
+fn serve(service: &DataService, datagram: &[u8], from: SocketAddr) -> Handled {
     let (id, request, bulk) = match decode::<DataRequest>(datagram) {
         Ok(decoded) => decoded,
         Err(e) => {
@@ -91,81 +91,17 @@ fn serve(
     };
     let reply =
         |response: DataResponse, bulk: &[&[u8]]| Handled::Now(Some(encode(id, &response, bulk)));
-    match request {
-        DataRequest::Write {
-            key,
-            ranges,
-            sent_at_us,
-            valid_for_us,
-        } => {
-            // Every simulated node shares madsim's clock, so the deadline is checked directly.
-            if sim_clock_us() > sent_at_us.saturating_add(valid_for_us) {
-                let e = Error::new(
-                    ErrorCode::TRANSFER_FAIL,
-                    "the write arrived after its deadline (delayed in the network); not applied",
-                );
-                return reply(Err(e), &[]);
-            }
-            let region = match exports.resolve(key, &ranges) {
-                Ok(region) => region,
-                Err(e) => return reply(Err(e), &[]),
-            };
-            let total: u64 = ranges.iter().map(|r| r.len).sum();
-            if total != bulk.len() as u64 {
-                let e = Error::new(
-                    ErrorCode::INVALID_PARAMS,
-                    format!("write announces {total} bytes but carries {}", bulk.len()),
-                );
-                return reply(Err(e), &[]);
-            }
-            let mut at = 0;
-            for r in &ranges {
-                let len = r.len as usize;
-                region.copy_in(r.addr, &bulk[at..at + len]);
-                at += len;
-            }
-            reply(Ok(DataReply::Done), &[])
+    match service.serve(request, &mut SharedClock) {
+        Served::Answer(response) => reply(response, &[]),
+        Served::RefuseWrite(e) => reply(Err(e), &[]),
+        Served::Write(target) => reply(target.copy_in(bulk).map(|()| DataReply::Done), &[]),
+        Served::Read(source) => reply(Ok(DataReply::Done), &source.read_slices()),
+        Served::Later(staging) => {
+            Handled::Later(Box::pin(
+                async move { Some(encode(id, &staging.await, &[])) },
+            ))
         }
-        DataRequest::Read { key, ranges } => {
-            let region = match exports.resolve(key, &ranges) {
-                Ok(region) => region,
-                Err(e) => return reply(Err(e), &[]),
-            };
-            let mut data = Vec::new();
-            for r in &ranges {
-                let start = data.len();
-                data.resize(start + r.len as usize, 0);
-                region.copy_out(r.addr, &mut data[start..]);
-            }
-            reply(Ok(DataReply::Done), &[&data])
-        }
-        DataRequest::Probe { .. } => reply(Ok(DataReply::Done), &[]),
-        DataRequest::Stage {
-            object,
-            size,
-            write,
-        } => match stager {
-            Some(stager) => Handled::Later(Box::pin(async move {
-                let response = stager
-                    .stage(object, write, size)
-                    .await
-                    .map(DataReply::Staged);
-                Some(encode(id, &response, &[]))
-            })),
-            None => reply(Err(no_disk_tier()), &[]),
-        },
-        DataRequest::Unstage { slot } => match stager {
-            Some(stager) => {
-                stager.unstage(slot);
-                reply(Ok(DataReply::Done), &[])
-            }
-            None => reply(Err(no_disk_tier()), &[]),
-        },
     }
-}
-
-fn no_disk_tier() -> Error {
-    Error::new(ErrorCode::INVALID_PARAMS, "this node serves no disk tier")
 }
 
 /// The simulation's shared clock, in microseconds.
@@ -177,18 +113,15 @@ fn sim_clock_us() -> u64 {
 
 impl DataServer for SimDataServer {
     fn export(&self, memory: SegmentMemory) -> Result<NodeAddr> {
-        Ok(NodeAddr {
-            endpoint: self.endpoint.clone(),
-            key: self.exports.export(memory),
-        })
+        Ok(self.service.export(&self.endpoint, memory))
     }
 
     fn unexport(&self, key: u64) {
-        self.exports.unexport(key);
+        self.service.unexport(key);
     }
 
     fn serve_disk(&self, stager: Arc<dyn Stager>) -> Result<()> {
-        *self.stager.write().unwrap_or_else(|e| e.into_inner()) = Some(stager);
+        self.service.serve_disk(stager);
         Ok(())
     }
 }
@@ -214,7 +147,7 @@ impl SimDataPlane {
     }
 
     /// Sends one request and returns the reply's bulk bytes.
-    async fn request(
+    async fn exchange(
         &self,
         node: &NodeAddr,
         request: DataRequest,
@@ -291,7 +224,7 @@ impl DataPlane for SimDataPlane {
                         })
                         .collect();
                     let (_, data) = self
-                        .request(
+                        .exchange(
                             node,
                             DataRequest::Read {
                                 key: node.key,
@@ -349,7 +282,7 @@ impl DataPlane for SimDataPlane {
                         })
                         .collect();
                     let bulk: Vec<&[u8]> = group.iter().map(|(_, s)| *s).collect();
-                    self.request(
+                    self.exchange(
                         node,
                         DataRequest::Write {
                             key: node.key,
@@ -366,29 +299,11 @@ impl DataPlane for SimDataPlane {
         })
     }
 
-    fn stage<'a>(
+    fn request<'a>(
         &'a self,
         node: &'a NodeAddr,
-        object: &'a str,
-        write: u64,
-        size: u64,
-    ) -> BoxFuture<'a, Result<StagedSlot>> {
-        Box::pin(async move {
-            let request = DataRequest::Stage {
-                object: object.to_string(),
-                size,
-                write,
-            };
-            let (reply, _) = self.request(node, request, &[]).await?;
-            reply.into_staged(&node.endpoint)
-        })
-    }
-
-    fn unstage<'a>(&'a self, node: &'a NodeAddr, slot: u64) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move {
-            self.request(node, DataRequest::Unstage { slot }, &[])
-                .await
-                .map(|_| ())
-        })
+        request: DataRequest,
+    ) -> BoxFuture<'a, Result<DataReply>> {
+        Box::pin(async move { Ok(self.exchange(node, request, &[]).await?.0) })
     }
 }

@@ -14,10 +14,11 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use mooring_core::{Error, ErrorCode, Result};
+use mooring_proto::serve::{DataService, Ranges, SenderClock, Served};
 use mooring_proto::transport::{
-    BoxFuture, DataPlane, DataServer, ExportTable, NodeAddr, ReadOp, SegmentMemory, Stager, WriteOp,
+    BoxFuture, DataPlane, DataServer, NodeAddr, ReadOp, SegmentMemory, Stager, WriteOp,
 };
-use mooring_proto::wire::{DataReply, DataRequest, DataResponse, Range, StagedSlot};
+use mooring_proto::wire::{DataReply, DataRequest, DataResponse, Range};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -45,11 +46,10 @@ impl LocalSegments {
 /// A node's data server: serves one-sided transfers to the segments it exports.
 pub struct TcpDataServer {
     endpoint: Arc<str>,
-    exports: ExportTable,
+    service: DataService,
     local: Arc<LocalSegments>,
     accept: Mutex<Option<JoinHandle<()>>>,
     spin: Duration,
-    stager: RwLock<Option<Arc<dyn Stager>>>,
 }
 
 /// A dropped server releases its port at once: the accept loop holds only a weak reference,
@@ -86,11 +86,10 @@ impl TcpDataServer {
             .map_err(|e| Error::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
         let server = Arc::new(TcpDataServer {
             endpoint: advertise.unwrap_or_else(|| bound.to_string()).into(),
-            exports: ExportTable::new(key_seed),
+            service: DataService::new(key_seed),
             local,
             accept: Mutex::new(None),
             spin,
-            stager: RwLock::new(None),
         });
         let weak = Arc::downgrade(&server);
         let task = tokio::spawn(async move {
@@ -124,7 +123,7 @@ impl TcpDataServer {
         if let Some(task) = self.accept.lock().expect("accept lock").take() {
             task.abort();
         }
-        for key in self.exports.keys() {
+        for key in self.service.keys() {
             self.unexport(key);
         }
     }
@@ -144,50 +143,34 @@ impl TcpDataServer {
                     return;
                 }
             };
-            let keep_going = match request {
+            // The write's local deadline bounds how long its bulk bytes may take to arrive.
+            let deadline = match &request {
                 DataRequest::Write {
-                    key,
-                    ranges,
                     sent_at_us,
                     valid_for_us,
-                } => {
-                    let deadline = clock.deadline(sent_at_us, valid_for_us);
-                    self.serve_write(&mut conn, id, key, &ranges, deadline, peer)
-                        .await
-                }
-                DataRequest::Read { key, ranges } => {
-                    self.serve_read(&mut conn, id, key, &ranges).await
-                }
-                DataRequest::Probe { sent_at_us } => {
-                    clock.observe(sent_at_us);
-                    conn.write_message::<DataResponse>(id, &Ok(DataReply::Done), &[])
-                        .await
-                        .is_ok()
-                }
-                DataRequest::Stage {
-                    object,
-                    size,
-                    write,
-                } => {
-                    let response = match self.stager() {
-                        Ok(stager) => stager
-                            .stage(object, write, size)
-                            .await
-                            .map(DataReply::Staged),
-                        Err(e) => Err(e),
-                    };
-                    conn.write_message::<DataResponse>(id, &response, &[])
-                        .await
-                        .is_ok()
-                }
-                DataRequest::Unstage { slot } => {
-                    let response = self.stager().map(|stager| {
-                        stager.unstage(slot);
-                        DataReply::Done
-                    });
-                    conn.write_message::<DataResponse>(id, &response, &[])
-                        .await
-                        .is_ok()
+                    ..
+                } => clock.deadline(*sent_at_us, *valid_for_us),
+                _ => far_future(),
+            };
+            let keep_going = match self.service.serve(request, &mut clock) {
+                Served::Answer(response) => conn
+                    .write_message::<DataResponse>(id, &response, &[])
+                    .await
+                    .is_ok(),
+                Served::Later(staging) => conn
+                    .write_message::<DataResponse>(id, &staging.await, &[])
+                    .await
+                    .is_ok(),
+                Served::Read(source) => conn
+                    .write_message::<DataResponse>(id, &Ok(DataReply::Done), &source.read_slices())
+                    .await
+                    .is_ok(),
+                Served::Write(target) => receive_write(&mut conn, id, target, deadline, peer).await,
+                Served::RefuseWrite(e) => {
+                    // The bulk bytes that follow cannot be skipped safely: answer, then close.
+                    warn!(peer, "refusing write: {e}");
+                    let _ = conn.write_message::<DataResponse>(id, &Err(e), &[]).await;
+                    false
                 }
             };
             if !keep_going {
@@ -195,113 +178,52 @@ impl TcpDataServer {
             }
         }
     }
+}
 
-    fn stager(&self) -> Result<Arc<dyn Stager>> {
-        self.stager
-            .read()
-            .expect("stager lock")
-            .clone()
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorCode::INVALID_PARAMS,
-                    "this node has no disk tier (start it with a disk directory)",
-                )
-            })
-    }
-
-    async fn serve_write(
-        &self,
-        conn: &mut Framed,
-        id: u64,
-        key: u64,
-        ranges: &[Range],
-        deadline: Instant,
-        peer: &str,
-    ) -> bool {
-        let region = if Instant::now() >= deadline {
-            Err(Error::new(
-                ErrorCode::TRANSFER_FAIL,
-                "the write reached the node after its deadline (delayed in the network); not \
-                 applied, since the master may have given its ranges to another writer",
-            ))
-        } else {
-            self.exports.resolve(key, ranges)
-        };
-        let region = match region {
-            Ok(region) => region,
-            Err(e) => {
-                // The bulk bytes that follow cannot be skipped safely: answer, then close.
-                warn!(peer, "refusing write: {e}");
-                let _ = conn.write_message::<DataResponse>(id, &Err(e), &[]).await;
+/// Reads a write's bulk bytes straight from the socket into the segment, within `deadline`,
+/// and answers. False if the connection must close.
+async fn receive_write(
+    conn: &mut Framed,
+    id: u64,
+    mut target: Ranges,
+    deadline: Instant,
+    peer: &str,
+) -> bool {
+    for dest in target.write_slices() {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(remaining, conn.read_exact(dest)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                debug!(peer, "write aborted: {e}");
                 return false;
             }
-        };
-        for r in ranges {
-            let ptr = region.range(r.addr, r.len).expect("resolved");
-            // SAFETY: `ptr` points at `r.len` bytes inside the exported segment, kept mapped by
-            // `region`; the protocol gives this writer exclusive use of the range.
-            let dest = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), r.len as usize) };
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(remaining, conn.read_exact(dest)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    debug!(peer, "write aborted: {e}");
-                    return false;
-                }
-                Err(_) => {
-                    warn!(
-                        peer,
-                        "write still arriving at its deadline; closing the connection"
-                    );
-                    return false;
-                }
+            Err(_) => {
+                warn!(
+                    peer,
+                    "write still arriving at its deadline; closing the connection"
+                );
+                return false;
             }
         }
-        conn.write_message::<DataResponse>(id, &Ok(DataReply::Done), &[])
-            .await
-            .is_ok()
     }
-
-    async fn serve_read(&self, conn: &mut Framed, id: u64, key: u64, ranges: &[Range]) -> bool {
-        let region = match self.exports.resolve(key, ranges) {
-            Ok(region) => region,
-            Err(e) => {
-                return conn
-                    .write_message::<DataResponse>(id, &Err(e), &[])
-                    .await
-                    .is_ok();
-            }
-        };
-        let slices: Vec<&[u8]> = ranges
-            .iter()
-            .map(|r| {
-                let ptr = region.range(r.addr, r.len).expect("resolved");
-                // SAFETY: inside the exported segment, kept mapped by `region`.
-                unsafe { std::slice::from_raw_parts(ptr.as_ptr(), r.len as usize) }
-            })
-            .collect();
-        conn.write_message::<DataResponse>(id, &Ok(DataReply::Done), &slices)
-            .await
-            .is_ok()
-    }
+    conn.write_message::<DataResponse>(id, &Ok(DataReply::Done), &[])
+        .await
+        .is_ok()
 }
 
 impl DataServer for TcpDataServer {
     fn export(&self, memory: SegmentMemory) -> Result<NodeAddr> {
-        let key = self.exports.export(memory.clone());
+        let addr = self.service.export(&self.endpoint, memory.clone());
         self.local
             .segments
             .write()
             .expect("local segments lock")
-            .insert((self.endpoint.clone(), key), memory);
-        Ok(NodeAddr {
-            endpoint: self.endpoint.clone(),
-            key,
-        })
+            .insert((self.endpoint.clone(), addr.key), memory);
+        Ok(addr)
     }
 
     fn unexport(&self, key: u64) {
-        self.exports.unexport(key);
+        self.service.unexport(key);
         self.local
             .segments
             .write()
@@ -310,7 +232,7 @@ impl DataServer for TcpDataServer {
     }
 
     fn serve_disk(&self, stager: Arc<dyn Stager>) -> Result<()> {
-        *self.stager.write().expect("stager lock") = Some(stager);
+        self.service.serve_disk(stager);
         Ok(())
     }
 }
@@ -337,7 +259,7 @@ impl PeerClock {
     }
 
     /// Records a message sent at `sent_at_us` (sender's clock) arriving now.
-    fn observe(&mut self, sent_at_us: u64) -> i64 {
+    fn offset(&mut self, sent_at_us: u64) -> i64 {
         let arrived = self.origin.elapsed().as_micros() as i64;
         let gap = arrived.saturating_sub(sent_at_us.min(i64::MAX as u64) as i64);
         let offset = self.offset_us.map_or(gap, |o| o.min(gap));
@@ -347,13 +269,23 @@ impl PeerClock {
 
     /// The local deadline of a write sent at `sent_at_us` and valid for `valid_for_us`.
     fn deadline(&mut self, sent_at_us: u64, valid_for_us: u64) -> Instant {
-        let offset = self.observe(sent_at_us);
+        let offset = self.offset(sent_at_us);
         let at = (sent_at_us.min(i64::MAX as u64) as i64)
             .saturating_add(offset)
             .saturating_add(valid_for_us.min(i64::MAX as u64) as i64);
         // Far-future deadlines are capped: a day is forever for a transfer.
         let at = Duration::from_micros(at.clamp(0, 86_400_000_000) as u64);
         self.origin + at
+    }
+}
+
+impl SenderClock for PeerClock {
+    fn observe(&mut self, sent_at_us: u64) {
+        self.offset(sent_at_us);
+    }
+
+    fn expired(&mut self, sent_at_us: u64, valid_for_us: u64) -> bool {
+        Instant::now() >= self.deadline(sent_at_us, valid_for_us)
     }
 }
 
@@ -749,29 +681,12 @@ impl DataPlane for TcpDataPlane {
         })
     }
 
-    fn stage<'a>(
+    fn request<'a>(
         &'a self,
         node: &'a NodeAddr,
-        object: &'a str,
-        write: u64,
-        size: u64,
-    ) -> BoxFuture<'a, Result<StagedSlot>> {
-        Box::pin(async move {
-            let request = DataRequest::Stage {
-                object: object.to_string(),
-                size,
-                write,
-            };
-            self.call(node, request).await?.into_staged(&node.endpoint)
-        })
-    }
-
-    fn unstage<'a>(&'a self, node: &'a NodeAddr, slot: u64) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move {
-            self.call(node, DataRequest::Unstage { slot })
-                .await
-                .map(|_| ())
-        })
+        request: DataRequest,
+    ) -> BoxFuture<'a, Result<DataReply>> {
+        Box::pin(self.call(node, request))
     }
 }
 

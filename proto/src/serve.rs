@@ -1,0 +1,295 @@
+//! Serving data requests: what a node's data server does with each request, shared by every
+//! transport. A transport reads a request off its wire, asks [`DataService::serve`] what to do,
+//! and moves the bytes it is told to move; it decides nothing itself.
+
+use std::sync::{Arc, RwLock};
+
+use mooring_core::{Error, ErrorCode, Result};
+
+use crate::transport::{BoxFuture, ExportTable, NodeAddr, SegmentMemory, Stager};
+use crate::wire::{DataReply, DataRequest, DataResponse, Range};
+
+/// How a transport relates a sender's send times to its own clock, so that a write delayed in
+/// the network past its validity is refused (see `DataRequest::Write::valid_for_us`).
+pub trait SenderClock {
+    /// A probe or write sent at `sent_at_us` (the sender's clock) arrived now.
+    fn observe(&mut self, sent_at_us: u64);
+    /// Whether a write sent at `sent_at_us` and valid for `valid_for_us` arrived too late.
+    fn expired(&mut self, sent_at_us: u64, valid_for_us: u64) -> bool;
+}
+
+/// What the transport does with one request.
+pub enum Served {
+    /// Answer this at once; no bulk bytes follow.
+    Answer(DataResponse),
+    /// Put the request's bulk bytes into these ranges, in order, then answer `Done`.
+    Write(Ranges),
+    /// Refuse the write: answer this error. Its bulk bytes follow on the wire; a stream
+    /// transport cannot skip them safely and closes the connection after answering.
+    RefuseWrite(Error),
+    /// Answer `Done`, then send the bytes of these ranges, in order.
+    Read(Ranges),
+    /// Answer with what this gives (a disk copy being staged).
+    Later(BoxFuture<'static, DataResponse>),
+}
+
+/// Ranges of one exported segment that a request may touch, checked against the segment.
+pub struct Ranges {
+    memory: SegmentMemory,
+    ranges: Vec<Range>,
+}
+
+impl Ranges {
+    /// Total bytes.
+    pub fn len(&self) -> u64 {
+        self.ranges.iter().map(|r| r.len).sum()
+    }
+
+    /// Whether there are no bytes to move.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The ranges' bytes, to send to a reader.
+    pub fn read_slices(&self) -> Vec<&[u8]> {
+        self.ranges
+            .iter()
+            .map(|r| {
+                let ptr = self
+                    .memory
+                    .range(r.addr, r.len)
+                    .expect("checked at resolve");
+                // SAFETY: `ptr` points at `r.len` bytes inside the segment, which `self.memory`
+                // keeps mapped; concurrent writers of these bytes are excluded by the master's
+                // protocol (a replica is read only once complete), as for an RDMA READ.
+                unsafe { std::slice::from_raw_parts(ptr.as_ptr(), r.len as usize) }
+            })
+            .collect()
+    }
+
+    /// The ranges' bytes, for a transport to fill straight from its wire.
+    pub fn write_slices(&mut self) -> Vec<&mut [u8]> {
+        self.ranges
+            .iter()
+            .map(|r| {
+                let ptr = self
+                    .memory
+                    .range(r.addr, r.len)
+                    .expect("checked at resolve");
+                // SAFETY: inside the segment, kept mapped by `self.memory`; the master's
+                // protocol gives this writer exclusive use of the ranges (its grant), as for an
+                // RDMA WRITE; the ranges of one request do not overlap each other in practice
+                // and a writer that made them overlap only races its own bytes.
+                unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), r.len as usize) }
+            })
+            .collect()
+    }
+
+    /// Copies `bulk`, which must be exactly [`Ranges::len`] bytes, into the ranges in order.
+    pub fn copy_in(&self, bulk: &[u8]) -> Result<()> {
+        if bulk.len() as u64 != self.len() {
+            return Err(Error::new(
+                ErrorCode::INVALID_PARAMS,
+                format!(
+                    "write announces {} bytes but carries {}",
+                    self.len(),
+                    bulk.len()
+                ),
+            ));
+        }
+        let mut at = 0;
+        for r in &self.ranges {
+            let len = r.len as usize;
+            self.memory.copy_in(r.addr, &bulk[at..at + len]);
+            at += len;
+        }
+        Ok(())
+    }
+}
+
+/// A node's data service: the segments it exports and its disk tier, and the answer to every
+/// data request. Every transport's data server owns one.
+pub struct DataService {
+    exports: ExportTable,
+    stager: RwLock<Option<Arc<dyn Stager>>>,
+}
+
+impl DataService {
+    /// A service exporting nothing yet; keys derive from `key_seed` (see [`ExportTable::new`]).
+    pub fn new(key_seed: u64) -> DataService {
+        DataService {
+            exports: ExportTable::new(key_seed),
+            stager: RwLock::new(None),
+        }
+    }
+
+    /// Exports `memory` at `endpoint` under a fresh key.
+    pub fn export(&self, endpoint: &Arc<str>, memory: SegmentMemory) -> NodeAddr {
+        NodeAddr {
+            endpoint: endpoint.clone(),
+            key: self.exports.export(memory),
+        }
+    }
+
+    /// Stops serving `key`.
+    pub fn unexport(&self, key: u64) {
+        self.exports.unexport(key);
+    }
+
+    /// Every exported key.
+    pub fn keys(&self) -> Vec<u64> {
+        self.exports.keys()
+    }
+
+    /// Serves readers' stage requests from `stager` from now on.
+    pub fn serve_disk(&self, stager: Arc<dyn Stager>) {
+        *self.stager.write().unwrap_or_else(|e| e.into_inner()) = Some(stager);
+    }
+
+    /// What to do with `request`, which arrived now from a sender whose clock `clock` tracks.
+    pub fn serve(&self, request: DataRequest, clock: &mut dyn SenderClock) -> Served {
+        match request {
+            DataRequest::Write {
+                key,
+                ranges,
+                sent_at_us,
+                valid_for_us,
+            } => {
+                if clock.expired(sent_at_us, valid_for_us) {
+                    return Served::RefuseWrite(Error::new(
+                        ErrorCode::TRANSFER_FAIL,
+                        "the write reached the node after its deadline (delayed in the \
+                         network); not applied, since the master may have given its ranges to \
+                         another writer",
+                    ));
+                }
+                match self.exports.resolve(key, &ranges) {
+                    Ok(memory) => Served::Write(Ranges { memory, ranges }),
+                    Err(e) => Served::RefuseWrite(e),
+                }
+            }
+            DataRequest::Read { key, ranges } => match self.exports.resolve(key, &ranges) {
+                Ok(memory) => Served::Read(Ranges { memory, ranges }),
+                Err(e) => Served::Answer(Err(e)),
+            },
+            DataRequest::Probe { sent_at_us } => {
+                clock.observe(sent_at_us);
+                Served::Answer(Ok(DataReply::Done))
+            }
+            DataRequest::Stage {
+                object,
+                size,
+                write,
+            } => match self.stager() {
+                Ok(stager) => Served::Later(Box::pin(async move {
+                    stager
+                        .stage(object, write, size)
+                        .await
+                        .map(DataReply::Staged)
+                })),
+                Err(e) => Served::Answer(Err(e)),
+            },
+            DataRequest::Unstage { slot } => Served::Answer(self.stager().map(|stager| {
+                stager.unstage(slot);
+                DataReply::Done
+            })),
+        }
+    }
+
+    fn stager(&self) -> Result<Arc<dyn Stager>> {
+        self.stager
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorCode::INVALID_PARAMS,
+                    "this node has no disk tier (start it with a disk directory)",
+                )
+            })
+    }
+}
+
+#[cfg(all(test, not(mooring_loom)))]
+mod tests {
+    use std::ptr::NonNull;
+
+    use super::*;
+
+    /// A clock that reports every write expired or none.
+    struct Fixed(bool);
+
+    impl SenderClock for Fixed {
+        fn observe(&mut self, _: u64) {}
+        fn expired(&mut self, _: u64, _: u64) -> bool {
+            self.0
+        }
+    }
+
+    fn segment() -> SegmentMemory {
+        let owner = Arc::new(std::sync::Mutex::new(vec![0u8; 4096]));
+        let ptr = NonNull::new(owner.lock().unwrap().as_mut_ptr()).unwrap();
+        // SAFETY: the vector lives as long as `owner`, which the memory keeps.
+        unsafe { SegmentMemory::new(ptr, 4096, owner) }
+    }
+
+    #[test]
+    fn writes_land_and_read_back_and_late_or_foreign_writes_are_refused() {
+        let service = DataService::new(1);
+        let memory = segment();
+        let base = memory.base();
+        let addr = service.export(&Arc::from("node:1"), memory);
+        let ranges = vec![
+            Range { addr: base, len: 3 },
+            Range {
+                addr: base + 100,
+                len: 2,
+            },
+        ];
+        let write = |key| DataRequest::Write {
+            key,
+            ranges: ranges.clone(),
+            sent_at_us: 0,
+            valid_for_us: 1,
+        };
+        let Served::Write(target) = service.serve(write(addr.key), &mut Fixed(false)) else {
+            panic!("a valid write is accepted");
+        };
+        assert!(target.copy_in(b"abcd").is_err(), "short bulk refused");
+        target.copy_in(b"abcde").unwrap();
+        let read = DataRequest::Read {
+            key: addr.key,
+            ranges: ranges.clone(),
+        };
+        let Served::Read(source) = service.serve(read, &mut Fixed(false)) else {
+            panic!("a valid read is served");
+        };
+        assert_eq!(source.read_slices(), [&b"abc"[..], &b"de"[..]]);
+        assert!(matches!(
+            service.serve(write(addr.key), &mut Fixed(true)),
+            Served::RefuseWrite(e) if e.code == ErrorCode::TRANSFER_FAIL
+        ));
+        assert!(matches!(
+            service.serve(write(addr.key ^ 2), &mut Fixed(false)),
+            Served::RefuseWrite(e) if e.code == ErrorCode::REPLICA_IS_GONE
+        ));
+        let stage = DataRequest::Stage {
+            object: "k".into(),
+            size: 1,
+            write: 1,
+        };
+        assert!(matches!(
+            service.serve(stage, &mut Fixed(false)),
+            Served::Answer(Err(e)) if e.code == ErrorCode::INVALID_PARAMS
+        ));
+        service.unexport(addr.key);
+        let read = DataRequest::Read {
+            key: addr.key,
+            ranges,
+        };
+        assert!(matches!(
+            service.serve(read, &mut Fixed(false)),
+            Served::Answer(Err(e)) if e.code == ErrorCode::REPLICA_IS_GONE
+        ));
+    }
+}

@@ -1,0 +1,117 @@
+//! Metadata calls: exist (with prefetch), sizes, removal, queries, stats.
+
+use super::*;
+
+impl Client {
+    /// Whether `key` has a complete replica (grants a lease if so).
+    pub async fn exist(&self, key: &str) -> Result<bool> {
+        self.call(Exist {
+            key: key.to_string(),
+        })
+        .await
+    }
+
+    /// RFC 003's `exist(key, prefetch=true)`: whether `key` exists and, if its only copy is on
+    /// a node's disk, promotes it into memory (this client's own segment first) before
+    /// answering, so a later get is a memory hit. Best effort: if the promotion fails the
+    /// answer is still `true` and the failure is logged.
+    pub async fn exist_prefetch(&self, key: &str) -> Result<bool> {
+        let request = ExistPrefetch {
+            client: self.id(),
+            key: key.to_string(),
+            preferred: self
+                .segment_name()
+                .map(str::to_string)
+                .into_iter()
+                .collect(),
+        };
+        let (exists, grant) = self.call(request).await?;
+        if let Some(prefetch) = grant {
+            let started = Instant::now();
+            let mut value = vec![0u8; prefetch.source.len as usize];
+            let mut transfer = self
+                .read_replica(key, std::slice::from_ref(&prefetch.source), &mut value)
+                .await;
+            if transfer.is_ok() {
+                transfer = self
+                    .write_batch(&[(&prefetch.grant, &value)], started)
+                    .await
+                    .pop()
+                    .expect("one result");
+            }
+            if let Err(e) = self.finish_write(key, &prefetch.grant, transfer).await {
+                warn!(key, "prefetch from disk failed; reads stay on disk: {e}");
+            }
+        }
+        Ok(exists)
+    }
+
+    /// [`Client::exist`] for many keys, in one RPC.
+    pub async fn batch_exist(&self, keys: &[&str]) -> Result<Vec<Result<bool>>> {
+        self.call(BatchExist {
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+        })
+        .await
+    }
+
+    /// The size of `key`'s value.
+    pub async fn get_size(&self, key: &str) -> Result<u64> {
+        self.call(GetSize {
+            key: key.to_string(),
+        })
+        .await
+    }
+
+    /// Removes `key` (`OBJECT_HAS_LEASE` while a reader holds it).
+    pub async fn remove(&self, key: &str) -> Result<()> {
+        self.call(Remove {
+            key: key.to_string(),
+        })
+        .await
+    }
+
+    /// Removes every object nobody is using; returns how many.
+    pub async fn remove_all(&self) -> Result<u64> {
+        self.call(RemoveAll {}).await
+    }
+
+    /// Removes every unused object whose key matches `pattern`; returns how many.
+    pub async fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
+        self.call(RemoveByRegex {
+            pattern: pattern.to_string(),
+        })
+        .await
+    }
+
+    /// The readable objects whose keys match `pattern`, with their replicas.
+    pub async fn query_by_regex(&self, pattern: &str) -> Result<Vec<(String, ReplicaList)>> {
+        self.call(QueryByRegex {
+            pattern: pattern.to_string(),
+        })
+        .await
+    }
+
+    /// Keys matching `pattern`, with sizes and replica counts.
+    pub async fn query(&self, pattern: &str) -> Result<Vec<KeyInfo>> {
+        Ok(self
+            .query_by_regex(pattern)
+            .await?
+            .into_iter()
+            .map(|(key, list)| KeyInfo {
+                key,
+                size: list.replicas.first().map_or(0, |r| r.len),
+                replicas: list.replicas.len(),
+            })
+            .collect())
+    }
+
+    /// The master's gauges and counters.
+    pub async fn stats(&self) -> Result<Stats> {
+        self.call(GetStats {}).await
+    }
+
+    /// Every mounted segment.
+    pub async fn segments(&self) -> Result<Vec<SegmentInfo>> {
+        self.call(ListSegments {}).await
+    }
+}

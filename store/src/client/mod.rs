@@ -1,0 +1,182 @@
+//! The client library: put, get and everything else, over any transport.
+//!
+//! A client talks to the master for metadata and moves bytes itself, straight to and from the
+//! nodes. It is cheap to clone and safe to share across tasks and threads. A client may also
+//! contribute a segment (as Mooncake's clients do), in which case it runs a node in-process and
+//! transfers to its own segment are a `memcpy`.
+//!
+//! Two rules from the protocol are enforced here, on the client side:
+//!
+//! - **Reads finish inside their lease.** A get measures from just before asking for the
+//!   replica list; if the transfer ends later than the lease (minus a margin), the bytes are
+//!   discarded and the get retried (`LEASE_EXPIRED` if it keeps happening). Inside the lease the
+//!   master guarantees the bytes are not overwritten, evicted or removed.
+//! - **A failed write is aborted, not revoked.** A transfer that timed out or lost its
+//!   connection may still land on the node; `PutAbort` frees the key at once but keeps the
+//!   blocks out of reuse for the release timeout. Writes also stop shortly before the release
+//!   timeout after their start, and once the master may have presumed this client dead (the
+//!   writer's self-fence; see [`crate::presence`]).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use mooring_core::{
+    ClientId, Error, ErrorCode, Medium, PutGrant, ReplicaDescriptor, ReplicaList, ReplicateConfig,
+    Result, SegmentId, SegmentInfo, Stats,
+};
+use mooring_proto::transport::{ControlPlane, DataPlane, NodeAddr, ReadOp, WriteOp};
+use mooring_proto::wire::{
+    BatchExist, BatchGetReplicaList, BatchPutEnd, BatchPutStart, Call, ClusterInfo,
+    DescribeSegments, Exist, ExistPrefetch, GetReplicaList, GetSize, GetStats, ListSegments,
+    PutAbort, PutEnd, PutStart, QueryByRegex, Remove, RemoveAll, RemoveByRegex,
+};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::buggify::{self, Site};
+use crate::node::Node;
+use crate::presence::{Contribution, Presence};
+
+mod meta;
+mod read;
+mod write;
+
+/// A key's size and replica count, as listed by [`Client::query`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyInfo {
+    /// The key.
+    pub key: String,
+    /// Value size in bytes.
+    pub size: u64,
+    /// Complete replicas.
+    pub replicas: usize,
+}
+
+/// A handle to the store.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    presence: Presence,
+    data: Arc<dyn DataPlane>,
+    segments: RwLock<BTreeMap<SegmentId, NodeAddr>>,
+    next_replica: AtomicUsize,
+}
+
+impl Client {
+    /// A client over the given transports, contributing `contribution` (kept mounted by the
+    /// client's heartbeat) if given.
+    pub async fn with_transport(
+        id: ClientId,
+        control: Arc<dyn ControlPlane>,
+        data: Arc<dyn DataPlane>,
+        contribution: Option<Contribution>,
+    ) -> Result<Client> {
+        let presence = Presence::join(id, control, contribution).await?;
+        Ok(Client {
+            inner: Arc::new(Inner {
+                presence,
+                data,
+                segments: RwLock::new(BTreeMap::new()),
+                next_replica: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    /// This client's id.
+    pub fn id(&self) -> ClientId {
+        self.inner.presence.id
+    }
+
+    /// The master's protocol settings.
+    pub fn cluster_info(&self) -> &ClusterInfo {
+        &self.inner.presence.info
+    }
+
+    /// The name of the segment this client contributes, if any (pass it as a preferred
+    /// segment to keep values local).
+    pub fn segment_name(&self) -> Option<&str> {
+        self.node().map(Node::name)
+    }
+
+    fn node(&self) -> Option<&Node> {
+        self.inner.presence.node.as_ref()
+    }
+
+    /// Stops heartbeating and, if this client contributes a segment, unmounts it (after
+    /// letting readers finish within a lease).
+    pub async fn close(&self) -> Result<()> {
+        self.inner.presence.leave().await
+    }
+
+    async fn call<C: Call>(&self, request: C) -> Result<C::Reply> {
+        self.inner.presence.control().call(request).await
+    }
+
+    /// Resolves segment ids to data-plane addresses, asking the master for unknown ones.
+    async fn resolve(&self, ids: &[SegmentId]) -> Result<BTreeMap<SegmentId, NodeAddr>> {
+        let mut found = BTreeMap::new();
+        let mut missing = Vec::new();
+        {
+            let cache = self.inner.segments.read().expect("segment cache lock");
+            for id in ids {
+                match cache.get(id) {
+                    Some(addr) => {
+                        found.insert(*id, addr.clone());
+                    }
+                    None if !missing.contains(id) => missing.push(*id),
+                    None => {}
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(found);
+        }
+        let infos = self
+            .call(DescribeSegments {
+                ids: missing.clone(),
+            })
+            .await?;
+        let infos = per_key(infos, missing.len(), "DescribeSegments")?;
+        let mut cache = self.inner.segments.write().expect("segment cache lock");
+        for (id, info) in missing.into_iter().zip(infos) {
+            if let Some(info) = info {
+                let addr = NodeAddr {
+                    endpoint: info.endpoint.into(),
+                    key: info.key,
+                };
+                cache.insert(id, addr.clone());
+                found.insert(id, addr);
+            }
+        }
+        Ok(found)
+    }
+}
+
+fn segment_gone(id: SegmentId) -> Error {
+    Error::new(
+        ErrorCode::REPLICA_IS_GONE,
+        format!("{id} is no longer mounted"),
+    )
+}
+
+/// A batch reply's per-key results, checked to be one per key asked: a master that answers
+/// another count is confused or lying, and no result can be matched to its key.
+fn per_key<T>(results: Vec<T>, asked: usize, request: &str) -> Result<Vec<T>> {
+    if results.len() == asked {
+        Ok(results)
+    } else {
+        Err(Error::new(
+            ErrorCode::INTERNAL_ERROR,
+            format!(
+                "the master answered {request} for {asked} keys with {} results",
+                results.len()
+            ),
+        ))
+    }
+}

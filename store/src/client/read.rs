@@ -1,0 +1,365 @@
+//! Reads: get and its batches, inside the lease, from memory replicas or a node's disk.
+
+use super::*;
+
+/// How many times a get is retried when its lease ran out mid-transfer.
+const LEASE_RETRIES: usize = 3;
+
+impl Client {
+    /// The value of `key`.
+    pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
+        self.read(key, None)
+            .await
+            .map(|(v, _)| v.expect("owned read"))
+    }
+
+    /// Reads the value of `key` into `buf`; returns its length. `BUFFER_OVERFLOW` if `buf` is
+    /// smaller than the value.
+    pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize> {
+        self.read(key, Some(buf)).await.map(|(_, n)| n)
+    }
+
+    pub(super) async fn read(
+        &self,
+        key: &str,
+        mut into: Option<&mut [u8]>,
+    ) -> Result<(Option<Vec<u8>>, usize)> {
+        for _ in 0..LEASE_RETRIES {
+            let asked = Instant::now();
+            let list = self
+                .call(GetReplicaList {
+                    key: key.to_string(),
+                })
+                .await?;
+            let size = list.replicas.first().map_or(0, |r| r.len) as usize;
+            let mut owned = Vec::new();
+            let caller_buffer = into.is_some();
+            {
+                let buf: &mut [u8] = match into.as_deref_mut() {
+                    Some(buf) if buf.len() < size => {
+                        return Err(Error::new(
+                            ErrorCode::BUFFER_OVERFLOW,
+                            format!("{key:?} is {size} bytes, the buffer {}", buf.len()),
+                        ));
+                    }
+                    Some(buf) => &mut buf[..size],
+                    None => {
+                        owned = vec![0u8; size];
+                        &mut owned[..]
+                    }
+                };
+                // A simulation may stall the reader here, inside its lease, so the race between
+                // a reader holding descriptors and eviction or upsert of the same bytes is hit.
+                buggify::hold(Site::CLIENT_BEFORE_READ_TRANSFER).await;
+                self.read_replica(key, &list.replicas, buf).await?;
+            }
+            if self.inside_lease(asked, &list) {
+                return Ok(if caller_buffer {
+                    (None, size)
+                } else {
+                    (Some(owned), size)
+                });
+            }
+            debug!(key, "read outlived its lease; retrying");
+        }
+        Err(Error::new(
+            ErrorCode::LEASE_EXPIRED,
+            format!("reading {key:?} kept outliving its lease"),
+        ))
+    }
+
+    pub(super) fn inside_lease(&self, asked: Instant, list: &ReplicaList) -> bool {
+        let lease = Duration::from_millis(list.lease_ttl.as_millis());
+        let usable = buggify::timeout(Site::CLIENT_READ_LEASE, lease.saturating_sub(lease / 10));
+        asked.elapsed() < usable
+    }
+
+    /// Reads one of `key`'s `replicas` into `buf`, trying the next on failure (memory
+    /// replicas before the disk one).
+    pub(super) async fn read_replica(
+        &self,
+        key: &str,
+        replicas: &[ReplicaDescriptor],
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let ids: Vec<SegmentId> = replicas.iter().map(|r| r.segment).collect();
+        let nodes = self.resolve(&ids).await?;
+        let mut last = Error::new(ErrorCode::REPLICA_IS_NOT_READY, "no readable replica");
+        for replica in self.read_order(replicas) {
+            let Some(node) = nodes.get(&replica.segment) else {
+                last = segment_gone(replica.segment);
+                continue;
+            };
+            let read = match replica.medium {
+                Medium::Memory => {
+                    let op = ReadOp {
+                        addr: replica.addr,
+                        dest: &mut *buf,
+                    };
+                    self.inner.data.read(node, vec![op]).await
+                }
+                Medium::Disk => self.read_disk(node, key, replica.addr, buf).await,
+            };
+            match read {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    debug!(endpoint = %node.endpoint, "replica read failed, trying another: {e}");
+                    last = e;
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// Reads `key`'s disk copy from `node`: the node stages it, this client pulls it from the
+    /// staging buffer with a one-sided read, then frees the slot (the node reclaims it after
+    /// its TTL if the unstage is lost).
+    pub(super) async fn read_disk(
+        &self,
+        node: &NodeAddr,
+        key: &str,
+        write: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let asked = Instant::now();
+        let staged = self
+            .inner
+            .data
+            .stage(node, key, write, buf.len() as u64)
+            .await?;
+        if staged.len != buf.len() as u64 {
+            return Err(Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                format!(
+                    "node staged {} bytes of a {}-byte value",
+                    staged.len,
+                    buf.len()
+                ),
+            ));
+        }
+        let staging = NodeAddr {
+            endpoint: node.endpoint.clone(),
+            key: staged.key,
+        };
+        let op = ReadOp {
+            addr: staged.addr,
+            dest: buf,
+        };
+        let read = self.inner.data.read(&staging, vec![op]).await;
+        // The node may reuse a slot once its TTL (counted from after the load, so after
+        // `asked`) is up: bytes read later than that may be another value's.
+        let in_time = asked.elapsed() < Duration::from_millis(staged.ttl_ms);
+        if let Err(e) = self.inner.data.unstage(node, staged.slot).await {
+            debug!(endpoint = %node.endpoint, "unstage failed (the node reclaims the slot): {e}");
+        }
+        read?;
+        if !in_time {
+            return Err(Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                format!("the read of {key:?}'s staged disk copy outlived its slot's TTL; retry"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Replicas in the order to try them: memory before disk, this node's own segment first,
+    /// otherwise rotating so load spreads over replicas.
+    pub(super) fn read_order<'a>(
+        &self,
+        replicas: &'a [ReplicaDescriptor],
+    ) -> Vec<&'a ReplicaDescriptor> {
+        if replicas.is_empty() {
+            return Vec::new();
+        }
+        let local = self.node().and_then(Node::segment);
+        let start = self.inner.next_replica.fetch_add(1, Ordering::Relaxed) % replicas.len();
+        let mut order: Vec<&ReplicaDescriptor> =
+            replicas[start..].iter().chain(&replicas[..start]).collect();
+        order.sort_by_key(|r| (r.medium == Medium::Disk, Some(r.segment) != local));
+        order
+    }
+
+    /// The values of many keys: one RPC for the replica lists, transfers in parallel grouped
+    /// per node.
+    pub async fn batch_get(&self, keys: &[&str]) -> Vec<Result<Vec<u8>>> {
+        let mut results: Vec<Result<Vec<u8>>> = vec![Ok(Vec::new()); keys.len()];
+        let asked = Instant::now();
+        let lists = match self.batch_lists(keys).await {
+            Ok(lists) => lists,
+            Err(e) => return vec![Err(e); keys.len()],
+        };
+        let mut buffers: Vec<Vec<u8>> = lists
+            .iter()
+            .map(|l| match l {
+                Ok(list) => vec![0u8; list.replicas.first().map_or(0, |r| r.len) as usize],
+                Err(_) => Vec::new(),
+            })
+            .collect();
+        let mut dests: Vec<Option<&mut [u8]>> =
+            buffers.iter_mut().map(|b| Some(&mut b[..])).collect();
+        let outcomes = self.batch_read(keys, &lists, &mut dests, asked).await;
+        drop(dests);
+        for (i, outcome) in outcomes.into_iter().enumerate() {
+            results[i] = match outcome {
+                Ok(_) => Ok(std::mem::take(&mut buffers[i])),
+                Err(e) if e.code == ErrorCode::LEASE_EXPIRED => Box::pin(self.get(keys[i])).await,
+                Err(e) => Err(e),
+            };
+        }
+        results
+    }
+
+    /// Reads many keys into caller buffers; one result (the length) per key.
+    pub async fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize>> {
+        let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
+        let asked = Instant::now();
+        let lists = match self.batch_lists(&keys).await {
+            Ok(lists) => lists,
+            Err(e) => return vec![Err(e); items.len()],
+        };
+        let mut dests: Vec<Option<&mut [u8]>> = Vec::with_capacity(items.len());
+        let mut early: Vec<Option<Error>> = vec![None; items.len()];
+        for (i, (key, buf)) in items.iter_mut().enumerate() {
+            let size = match &lists[i] {
+                Ok(list) => list.replicas.first().map_or(0, |r| r.len) as usize,
+                Err(_) => 0,
+            };
+            if buf.len() < size {
+                early[i] = Some(Error::new(
+                    ErrorCode::BUFFER_OVERFLOW,
+                    format!("{key:?} is {size} bytes, the buffer {}", buf.len()),
+                ));
+                dests.push(None);
+            } else {
+                dests.push(Some(&mut buf[..size]));
+            }
+        }
+        let outcomes = self.batch_read(&keys, &lists, &mut dests, asked).await;
+        drop(dests);
+        let mut results = Vec::with_capacity(items.len());
+        for (i, outcome) in outcomes.into_iter().enumerate() {
+            results.push(match (early[i].take(), outcome) {
+                (Some(e), _) => Err(e),
+                (None, Err(e)) if e.code == ErrorCode::LEASE_EXPIRED => {
+                    let (key, buf) = &mut items[i];
+                    Box::pin(self.get_into(key, buf)).await
+                }
+                (None, outcome) => outcome,
+            });
+        }
+        results
+    }
+
+    pub(super) async fn batch_lists(&self, keys: &[&str]) -> Result<Vec<Result<ReplicaList>>> {
+        let lists = self
+            .call(BatchGetReplicaList {
+                keys: keys.iter().map(|k| k.to_string()).collect(),
+            })
+            .await?;
+        per_key(lists, keys.len(), "BatchGetReplicaList")
+    }
+
+    /// Reads every listed object into its destination: first choice of replica per key,
+    /// grouped per node, all nodes in parallel; keys whose node failed retry their other
+    /// replicas one by one. Returns each key's length or error (`LEASE_EXPIRED` if the batch
+    /// outlived the lease).
+    pub(super) async fn batch_read(
+        &self,
+        keys: &[&str],
+        lists: &[Result<ReplicaList>],
+        dests: &mut [Option<&mut [u8]>],
+        asked: Instant,
+    ) -> Vec<Result<usize>> {
+        let ids: Vec<SegmentId> = lists
+            .iter()
+            .filter_map(|l| l.as_ref().ok())
+            .flat_map(|l| l.replicas.iter().map(|r| r.segment))
+            .collect();
+        let nodes = match self.resolve(&ids).await {
+            Ok(nodes) => nodes,
+            Err(e) => return vec![Err(e); lists.len()],
+        };
+        buggify::hold(Site::CLIENT_BEFORE_READ_TRANSFER).await;
+        let mut results: Vec<Result<usize>> = Vec::with_capacity(lists.len());
+        let mut per_node: BTreeMap<NodeAddr, Vec<(usize, u64)>> = BTreeMap::new();
+        // Keys read one by one: only on disk, or their node's batch failed.
+        let mut failed = Vec::new();
+        for (i, list) in lists.iter().enumerate() {
+            match list {
+                Err(e) => results.push(Err(e.clone())),
+                Ok(list) => {
+                    let size = list.replicas.first().map_or(0, |r| r.len) as usize;
+                    results.push(Ok(size));
+                    if dests[i].is_none() {
+                        continue;
+                    }
+                    let order = self.read_order(&list.replicas);
+                    let first = order.iter().find(|r| nodes.contains_key(&r.segment));
+                    match first {
+                        Some(r) if r.medium == Medium::Memory => per_node
+                            .entry(nodes[&r.segment].clone())
+                            .or_default()
+                            .push((i, r.addr)),
+                        Some(_) => failed.push(i),
+                        None => results[i] = Err(segment_gone(list.replicas[0].segment)),
+                    }
+                }
+            }
+        }
+        // Hand each key's destination to its node's batch.
+        let mut slots: Vec<Option<&mut [u8]>> =
+            dests.iter_mut().map(|d| d.as_deref_mut()).collect();
+        let mut batches = Vec::new();
+        for (node, keys) in &per_node {
+            let ops: Vec<(usize, ReadOp<'_>)> = keys
+                .iter()
+                .map(|&(i, addr)| {
+                    let dest = slots[i].take().expect("one destination per key");
+                    (i, ReadOp { addr, dest })
+                })
+                .collect();
+            batches.push((node, ops));
+        }
+        let reads = batches.into_iter().map(|(node, ops)| async move {
+            let (keys, ops): (Vec<usize>, Vec<ReadOp<'_>>) = ops.into_iter().unzip();
+            (keys, self.inner.data.read(node, ops).await)
+        });
+        for (keys, outcome) in join_all(reads).await {
+            if let Err(e) = outcome {
+                debug!("batch read from a node failed, retrying its keys one by one: {e}");
+                failed.extend(keys);
+            }
+        }
+        // The rest concurrently (a disk read each, typically: the nodes' disks see them
+        // all at once).
+        drop(slots);
+        failed.sort_unstable();
+        let singles = dests
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| failed.binary_search(i).is_ok())
+            .map(|(i, dest)| {
+                let list = lists[i].as_ref().expect("read only listed keys");
+                let dest = dest.as_deref_mut().expect("read only keys with buffers");
+                async move { (i, self.read_replica(keys[i], &list.replicas, dest).await) }
+            });
+        for (i, outcome) in join_all(singles).await {
+            if let Err(e) = outcome {
+                results[i] = Err(e);
+            }
+        }
+        let lease_ok = lists
+            .iter()
+            .filter_map(|l| l.as_ref().ok())
+            .all(|l| self.inside_lease(asked, l));
+        if !lease_ok {
+            for r in results.iter_mut().filter(|r| r.is_ok()) {
+                *r = Err(Error::new(
+                    ErrorCode::LEASE_EXPIRED,
+                    "the batch outlived its lease",
+                ));
+            }
+        }
+        results
+    }
+}
