@@ -224,6 +224,17 @@ fn filled() -> Fixture {
     f
 }
 
+/// The keys evicted since the last drain, in order.
+fn evicted_keys(f: &mut Fixture) -> Vec<String> {
+    f.m.drain_events()
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Evicted { key, .. } => Some(key.into()),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
 fn watermark_triggers_lru_eviction_on_tick() {
     let mut f = filled();
@@ -238,14 +249,7 @@ fn watermark_triggers_lru_eviction_on_tick() {
         "eviction is due at once"
     );
     f.tick_after(Millis(0));
-    let evicted: Vec<String> =
-        f.m.drain_events()
-            .into_iter()
-            .filter_map(|e| match e {
-                Event::Evicted { key, .. } => Some(key.into()),
-                _ => None,
-            })
-            .collect();
+    let evicted = evicted_keys(&mut f);
     // Down to 90% (95% - 5%): two 64 KiB objects, the least recently used.
     assert_eq!(evicted, ["k0", "k2"]);
     assert!(f.used() as f64 <= 0.9 * MIB as f64);
@@ -264,14 +268,7 @@ fn a_block_just_written_outranks_one_read_earlier() {
     f.advance(Millis::from_secs(4));
     f.put(A, "fresh", 64 * KIB, &one()); // the newest access of all; 100% full
     f.tick_after(Millis(1_500)); // every read lease is over: eviction runs
-    let evicted: Vec<String> =
-        f.m.drain_events()
-            .into_iter()
-            .filter_map(|e| match e {
-                Event::Evicted { key, .. } => Some(key.into()),
-                _ => None,
-            })
-            .collect();
+    let evicted = evicted_keys(&mut f);
     assert!(!evicted.is_empty(), "the watermark forced an eviction");
     assert!(
         !evicted.iter().any(|k| k == "fresh"),

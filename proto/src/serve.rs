@@ -50,38 +50,34 @@ impl Ranges {
         self.len() == 0
     }
 
+    /// Each range's first byte and length (inside the segment: checked when resolved).
+    fn spans(&self) -> impl Iterator<Item = (*mut u8, usize)> + '_ {
+        self.ranges.iter().map(|r| {
+            let ptr = self
+                .memory
+                .range(r.addr, r.len)
+                .expect("checked at resolve");
+            (ptr.as_ptr(), r.len as usize)
+        })
+    }
+
     /// The ranges' bytes, to send to a reader.
     pub fn read_slices(&self) -> Vec<&[u8]> {
-        self.ranges
-            .iter()
-            .map(|r| {
-                let ptr = self
-                    .memory
-                    .range(r.addr, r.len)
-                    .expect("checked at resolve");
-                // SAFETY: `ptr` points at `r.len` bytes inside the segment, which `self.memory`
-                // keeps mapped; concurrent writers of these bytes are excluded by the master's
-                // protocol (a replica is read only once complete), as for an RDMA READ.
-                unsafe { std::slice::from_raw_parts(ptr.as_ptr(), r.len as usize) }
-            })
+        // SAFETY: each span lies inside the segment, which `self.memory` keeps mapped while the
+        // slices (borrowing `self`) live; writers of these bytes are excluded by the master's
+        // protocol (a replica is read only once complete), as for an RDMA READ.
+        self.spans()
+            .map(|(ptr, len)| unsafe { std::slice::from_raw_parts(ptr.cast_const(), len) })
             .collect()
     }
 
     /// The ranges' bytes, for a transport to fill straight from its wire.
     pub fn write_slices(&mut self) -> Vec<&mut [u8]> {
-        self.ranges
-            .iter()
-            .map(|r| {
-                let ptr = self
-                    .memory
-                    .range(r.addr, r.len)
-                    .expect("checked at resolve");
-                // SAFETY: inside the segment, kept mapped by `self.memory`; the master's
-                // protocol gives this writer exclusive use of the ranges (its grant), as for an
-                // RDMA WRITE; the ranges of one request do not overlap each other in practice
-                // and a writer that made them overlap only races its own bytes.
-                unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), r.len as usize) }
-            })
+        // SAFETY: as for `read_slices`; the master's protocol gives this writer exclusive use
+        // of the ranges (its grant), as for an RDMA WRITE. A writer whose ranges overlap each
+        // other only races its own bytes.
+        self.spans()
+            .map(|(ptr, len)| unsafe { std::slice::from_raw_parts_mut(ptr, len) })
             .collect()
     }
 
