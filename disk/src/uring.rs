@@ -1,16 +1,34 @@
 //! The [`Disk`] trait over io_uring.
 //!
-//! Data transfers and `fdatasync` go through one ring owned by a dedicated I/O thread: the
-//! thread blocks for a first request when idle, then drains up to the queue depth of pending
-//! requests into the submission queue and submits them in one `io_uring_enter`, so concurrent
-//! reads are batched up to the queue depth. Namespace operations (create, remove, rename,
-//! list, len) and opening files run on tokio's blocking pool through the POSIX adapter, which
-//! also validates names and learns the direct-I/O alignment.
+//! Data transfers and `fdatasync` go through one ring owned by a dedicated I/O thread. The
+//! thread keeps a read of an eventfd in the ring and waits in `io_uring_enter` for any
+//! completion; a caller queues its request on a channel and then writes the eventfd, so the
+//! thread wakes for it at once, even while transfers are in flight. Each time it wakes, the
+//! thread moves up to the queue depth of pending requests into the submission queue and
+//! submits them in one `io_uring_enter`, so concurrent transfers are batched up to the queue
+//! depth. A read larger than [`READ_CHUNK`] is split into chunks, one request each, submitted
+//! together so the device works on them in parallel.
 //!
-//! Soundness: the kernel only ever sees memory and file descriptors the I/O thread owns (an
-//! [`AlignedBuf`] and an `Arc<File>` per request), kept until the request's completion is
-//! reaped, so a caller dropping its future mid-transfer cannot free memory the kernel writes
-//! to. Reads copy out of the owned buffer; writes copy into one, like the POSIX adapter.
+//! Namespace operations (create, remove, rename, list, len) run on tokio's blocking pool
+//! through the POSIX adapter, which also learns the direct-I/O alignment; files are opened on
+//! the blocking pool too (names validated as the POSIX adapter does) and cached by name.
+//!
+//! Soundness: memory or a descriptor the kernel uses for a request must stay valid until that
+//! request's completion is reaped, even if the caller drops its future mid-transfer.
+//!
+//! - Writes, syncs and reads outside the registered buffer use only what the request owns, held
+//!   in the I/O thread's slot until its completion is reaped: an `Arc<File>` and, for a
+//!   transfer, an [`AlignedBuf`]. Writes copy into one and such reads copy out of one, like the
+//!   POSIX adapter.
+//! - Reads into the buffer registered by [`UringDisk::open_with_buffer`] (the staging buffer)
+//!   go straight into the caller's memory with `READ_FIXED`; nothing of that memory is owned
+//!   here. `read_at` keeps its borrow until every chunk has completed, but a future dropped
+//!   mid-read releases it early, and a broken ring fails reads the kernel may still run: both
+//!   are left to that function's safety contract.
+//! - The eventfd read's 8-byte buffer is leaked: the read is still pending when the ring goes.
+//! - Dropping the disk waits for the I/O thread, which exits once no transfer is in flight.
+//!   If the ring fails, which entries the kernel took is unknown: the requests in flight fail,
+//!   and their buffers and files, and the ring itself, are leaked rather than freed.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -30,7 +48,8 @@ use tracing::{error, info, warn};
 
 use crate::AlignedBuf;
 
-/// Reads larger than this are split into chunks submitted together.
+/// Reads larger than this (or than the alignment, if larger) are split into chunks, one
+/// request each, submitted together.
 const READ_CHUNK: usize = 256 << 10;
 use crate::aligned::check_aligned;
 use crate::paths::resolve;
@@ -40,7 +59,8 @@ use crate::posix::{IoMode, PosixDisk};
 const DEPTH: usize = 64;
 
 /// The largest transfer one SQE asks for (the length field is 32 bits); larger transfers
-/// continue with further SQEs. A power of two, so it keeps any direct-I/O alignment.
+/// continue with further SQEs (in practice only writes: reads are already split at
+/// [`READ_CHUNK`]). A power of two, so it keeps any direct-I/O alignment.
 const MAX_CHUNK: usize = 1 << 30;
 
 /// `user_data` of the eventfd read that wakes the I/O thread for new requests.
@@ -83,16 +103,28 @@ impl UringDisk {
         unsafe { UringDisk::open_with_buffer(root, mode, None) }
     }
 
-    /// [`UringDisk::open`], registering `buffer` (address, length) with the ring as a fixed
-    /// buffer (after `MADV_NOHUGEPAGE`, so pinning its pages works whatever the system's
-    /// transparent huge page policy): reads whose destination lies inside it go straight into
-    /// it, with no bounce buffer. If registration fails, reads bounce as usual (logged).
+    /// [`UringDisk::open`], registering `buffer` (address, length) with the ring as fixed
+    /// buffer 0 (after `MADV_NOHUGEPAGE` on the range, so pinning its pages works whatever the
+    /// system's transparent huge page policy): a read whose destination lies wholly inside it
+    /// goes straight into it with `READ_FIXED` (chunked like any read), with no bounce buffer
+    /// or copy; other reads bounce as usual. If registration fails, every read bounces
+    /// (logged; see [`UringDisk::has_registered_buffer`]).
     ///
     /// # Safety
     ///
-    /// The buffer must stay mapped until this disk is dropped. A read into it whose future is
-    /// dropped before it completes may still land afterwards: the caller must not hand that
-    /// part of the buffer to anyone else until this disk is dropped.
+    /// The buffer must stay mapped and writable until this disk is dropped: the ring pins its
+    /// pages, and reads write into it from the kernel, outside Rust's borrows. `read_at` keeps
+    /// its destination borrowed until every chunk has completed, but the kernel may still
+    /// write a read's destination after that borrow ends:
+    ///
+    /// - a read whose future is dropped before it completes may still land afterwards, up to
+    ///   the drop of this disk (which waits for every transfer in flight);
+    /// - if the ring fails, a read in flight returns an error while the kernel may still run
+    ///   it, and the ring is leaked, so it may land at any later time, even after this disk
+    ///   is dropped.
+    ///
+    /// The caller must not hand such a part of the buffer to anyone else while a read may
+    /// still land there.
     pub unsafe fn open_with_buffer(
         root: impl Into<PathBuf>,
         mode: IoMode,
@@ -100,8 +132,10 @@ impl UringDisk {
     ) -> io::Result<UringDisk> {
         let ring = new_ring()?;
         let fixed = buffer.and_then(|(ptr, len)| {
-            // SAFETY: the caller vouches that the range is a live mapping; madvise and the
-            // registration only pin and describe it.
+            // SAFETY: the caller vouches that the range is a live, writable mapping that
+            // stays so until this disk is dropped. madvise only changes the mapping's huge
+            // page advice (its result is ignored: advice, not a requirement); the registration
+            // pins the pages. Neither changes the contents.
             let registered = unsafe {
                 libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_NOHUGEPAGE);
                 let iovec = libc::iovec {
@@ -148,8 +182,10 @@ impl UringDisk {
     /// Wakes the I/O thread.
     fn wake(&self) {
         let one = 1u64.to_ne_bytes();
-        // SAFETY: writes 8 bytes from a live buffer to an open eventfd. A failure (the
-        // counter saturated) still leaves the thread woken.
+        // SAFETY: writes 8 bytes from a live buffer to the eventfd this disk owns. The
+        // result is ignored: the eventfd is blocking, but a write blocks only if the counter
+        // would pass `u64::MAX - 1`, which adding 1 per request cannot reach (the thread's
+        // wake read resets it to zero).
         unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
     }
 
@@ -271,6 +307,7 @@ fn thread_gone() -> io::Error {
 }
 
 /// A ring of [`DEPTH`] entries that supports every opcode used here, or `Unsupported`.
+/// `READ_FIXED` is not probed: it predates `READ` (Linux 5.1 against 5.6).
 fn new_ring() -> io::Result<IoUring> {
     let unsupported = |what: String| {
         io::Error::new(
@@ -301,7 +338,7 @@ struct Request {
     op: Op,
 }
 
-/// What to do, with the owned buffer and progress so far.
+/// What to do, with the buffer (owned, except for `ReadFixed`) and progress so far.
 enum Op {
     Read {
         buf: AlignedBuf,
@@ -320,7 +357,8 @@ enum Op {
     Sync {
         reply: oneshot::Sender<io::Result<()>>,
     },
-    /// A read straight into the registered buffer (fixed buffer 0), at address `addr`.
+    /// A read straight into the registered buffer (fixed buffer 0), at address `addr`: memory
+    /// of the caller's, not of this request (see [`UringDisk::open_with_buffer`]).
     ReadFixed {
         addr: usize,
         len: usize,
@@ -423,7 +461,9 @@ impl Request {
         None
     }
 
-    /// Replies `error` and returns the resources the kernel may still use, to be leaked.
+    /// Replies `error` and returns the resources the kernel may still use, to be leaked. A
+    /// `ReadFixed` has none here: its destination is the caller's registered buffer, which the
+    /// kernel may still write after this reply (see [`UringDisk::open_with_buffer`]).
     fn fail(self, error: impl Fn() -> io::Error) -> (Arc<File>, Option<AlignedBuf>) {
         let buf = match self.op {
             Op::Read { buf, reply, .. } => {
@@ -450,8 +490,12 @@ impl Request {
 /// Queues `entry`, submitting first if the submission queue is full.
 fn push(ring: &mut IoUring, entry: &squeue::Entry) -> io::Result<()> {
     loop {
-        // SAFETY: the entry points at a buffer and a file owned by a request in a slot, which
-        // stays there until the entry's completion is reaped.
+        // SAFETY: what every entry points at stays valid until its completion is reaped. A
+        // transfer or sync points at its request's file and, for a transfer, at the request's
+        // owned buffer, both kept in the request's slot until then; a `ReadFixed` points into
+        // the registered buffer instead, which `open_with_buffer`'s contract keeps valid. The
+        // wake read points at a leaked buffer and at the eventfd, which stays open until the
+        // thread has exited (and the kernel holds its own reference once it is submitted).
         if unsafe { ring.submission().push(entry) }.is_ok() {
             return Ok(());
         }
@@ -505,7 +549,7 @@ fn run(mut ring: IoUring, requests: Receiver<Request>, alignment: usize, wake: A
                 }
             }
             if !open && free.len() == DEPTH {
-                return; // closed, and nothing in flight
+                return; // closed, and no transfer in flight (only the wake read, see above)
             }
             // Until a transfer completes or a new request wakes us.
             match ring.submit_and_wait(1) {
@@ -542,6 +586,8 @@ fn run(mut ring: IoUring, requests: Receiver<Request>, alignment: usize, wake: A
     };
     // The ring is broken: which entries the kernel took is unknown, so every request in
     // flight fails and leaks its buffer and file rather than free what the kernel may use.
+    // A `ReadFixed`'s destination is the caller's: such a read may still land after its
+    // error is returned, which `open_with_buffer`'s contract covers.
     error!(error = %fatal, "io_uring failed; failing all requests");
     let failure = || io::Error::other(format!("io_uring failed: {fatal}"));
     for request in slots.into_iter().flatten() {
@@ -643,7 +689,10 @@ impl Disk for UringDisk {
                         Ok::<_, io::Error>((done, part))
                     }
                 });
-                // The kernel writes `buf` meanwhile; this future holds its borrow throughout.
+                // The kernel writes `buf` meanwhile. `join_all` (not `try_join_all`) waits for
+                // every chunk, even after one fails, so this future holds the borrow until the
+                // kernel is done with it; if the future is dropped first, or the ring fails,
+                // `open_with_buffer`'s contract covers the reads still running.
                 return sum_reads(futures_util::future::join_all(reads).await);
             }
             let reads = buf.chunks_mut(chunk).enumerate().map(|(i, part)| {
