@@ -33,7 +33,8 @@ pub enum ReplicaStatus {
 }
 
 /// Where one replica of an object lives, as handed to clients: the segment, the absolute
-/// address within the node's registered memory, and the length.
+/// address within the node's registered memory (for a disk replica, the write id of the copy
+/// instead), and the length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 #[rkyv(derive(Debug, PartialEq, Eq))]
 pub struct ReplicaDescriptor {
@@ -47,7 +48,7 @@ pub struct ReplicaDescriptor {
     /// Whether the bytes are readable yet.
     pub status: ReplicaStatus,
     /// Memory (read `addr` with a one-sided read) or the node's disk (ask the node to stage
-    /// it first; `addr` is 0).
+    /// it first, naming the write id in `addr`).
     pub medium: Medium,
 }
 

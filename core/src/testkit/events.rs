@@ -1,0 +1,273 @@
+//! Events: judging and applying what the master reports (client expiry, lost objects,
+//! unmounted segments, discarded writes, evictions), including the eviction order checks.
+
+use super::model::MReplica;
+use super::{Harness, client_index, ensure};
+use crate::events::{DiscardCause, Event};
+use crate::ids::{ClientId, SegmentId};
+use crate::segments::block_len;
+use crate::time::Millis;
+
+impl Harness {
+    pub(super) fn no_events(&mut self, what: &str) -> Result<(), String> {
+        let events = self.master.drain_events();
+        ensure(events.is_empty(), || {
+            format!("{what} produced events {events:?}")
+        })
+    }
+
+    /// Judges and applies events the master reported. `unmounter` is the client whose unmount
+    /// request produced them, if any.
+    /// `exempt` is a key the operation itself protects from its own eviction (an upsert
+    /// allocating fresh buffers for it).
+    pub(super) fn apply_events(
+        &mut self,
+        events: Vec<Event>,
+        unmounter: Option<ClientId>,
+        exempt: Option<&str>,
+    ) -> Result<(), String> {
+        let now = self.now;
+        let mut evicted: Vec<(Millis, bool)> = Vec::new();
+        let mut lost_replicas: Vec<(SegmentId, u64)> = Vec::new();
+        let mut expiring: Option<ClientId> = None;
+        for event in &events {
+            self.note(format!("    event {event:?}"));
+        }
+        for event in events {
+            let part_of_expiry = matches!(
+                event,
+                Event::ClientExpired { .. }
+                    | Event::ObjectLost { .. }
+                    | Event::SegmentUnmounted { .. }
+                    | Event::WriteDiscarded {
+                        cause: DiscardCause::WriterDead,
+                        ..
+                    }
+            );
+            if !part_of_expiry && let Some(client) = expiring.take() {
+                self.release_dead_client(client);
+            }
+            match event {
+                Event::PrefetchFailed { key, .. } => {
+                    return Err(format!(
+                        "prefetch of {key:?}, but the harness never prefetches"
+                    ));
+                }
+                Event::ClientExpired { client } => {
+                    self.hit("client-expired");
+                    self.model.clients.remove(&client);
+                    self.model.announced.remove(&client);
+                    let side = &mut self.clients[client_index(client)];
+                    side.grants.clear();
+                    side.holds.clear();
+                    side.tasks.clear();
+                    // The master drops the client's segments and writes first, then its holds
+                    // and tasks.
+                    if let Some(previous) = expiring.replace(client) {
+                        self.release_dead_client(previous);
+                    }
+                }
+                Event::ObjectLost { key, segment } => {
+                    let (task, on_segment) = self.model.objects.get(&*key).map_or((None, 0), |o| {
+                        (
+                            o.task,
+                            o.replicas.iter().filter(|r| r.segment == segment).count() as u64,
+                        )
+                    });
+                    if let Some(task) = task {
+                        self.abandon_task(task);
+                    }
+                    let object = self
+                        .model
+                        .objects
+                        .get(&*key)
+                        .ok_or_else(|| format!("lost unknown {key:?}"))?;
+                    ensure(object.replicas.iter().all(|r| r.segment == segment), || {
+                        format!("{key:?} reported lost but has replicas elsewhere")
+                    })?;
+                    lost_replicas.push((segment, on_segment));
+                    self.hit("object-lost");
+                    self.model.objects.remove(&*key);
+                }
+                Event::SegmentUnmounted {
+                    segment,
+                    name,
+                    replicas_dropped,
+                    objects_lost,
+                } => {
+                    let seg = self
+                        .model
+                        .segments
+                        .get(&*name)
+                        .filter(|s| s.id == segment)
+                        .ok_or_else(|| format!("unmounted unknown segment {name:?}"))?;
+                    ensure(
+                        Some(seg.owner) == unmounter
+                            || !self.model.clients.contains_key(&seg.owner),
+                        || format!("segment {name:?} of live client {} dropped", seg.owner),
+                    )?;
+                    let mut dropped: u64 = lost_replicas
+                        .iter()
+                        .filter(|(s, _)| *s == segment)
+                        .map(|(_, n)| n)
+                        .sum();
+                    for (key, o) in &mut self.model.objects {
+                        let before = o.replicas.len();
+                        o.replicas.retain(|r| r.segment != segment);
+                        dropped += (before - o.replicas.len()) as u64;
+                        let lost = if o.writing.is_some() {
+                            o.replicas.is_empty()
+                        } else {
+                            !o.has_complete()
+                        };
+                        ensure(!lost, || format!("{key:?} lost without an event"))?;
+                    }
+                    let lost = lost_replicas.iter().filter(|(s, _)| *s == segment).count() as u64;
+                    ensure(lost == objects_lost, || {
+                        format!("{name:?} reported {objects_lost} objects lost, model saw {lost}")
+                    })?;
+                    ensure(dropped == replicas_dropped, || {
+                        format!("{name:?} dropped {replicas_dropped} replicas, model had {dropped}")
+                    })?;
+                    self.model.reserved.retain(|b| b.segment != segment);
+                    self.model.segments.remove(&*name);
+                    self.memory.unmount(segment);
+                }
+                Event::WriteDiscarded {
+                    key,
+                    write,
+                    cause,
+                    object_removed,
+                } => {
+                    let object = self
+                        .model
+                        .objects
+                        .get(&*key)
+                        .ok_or_else(|| format!("discarded write of unknown {key:?}"))?;
+                    let w = object
+                        .writing
+                        .filter(|w| w.write_id == write)
+                        .ok_or_else(|| format!("discarded {write} which is not {key:?}'s write"))?;
+                    self.hit(match cause {
+                        DiscardCause::Timeout => "write-timeout",
+                        DiscardCause::WriterDead => "writer-dead",
+                        DiscardCause::Preempted => "write-preempted",
+                        DiscardCause::Aborted => "write-aborted",
+                        DiscardCause::ReplicasLost => "write-replicas-lost",
+                    });
+                    match cause {
+                        DiscardCause::Timeout => ensure(
+                            w.start + self.config.put_start_discard_timeout <= now,
+                            || format!("{key:?} discarded before its timeout"),
+                        )?,
+                        DiscardCause::WriterDead => {
+                            ensure(!self.model.clients.contains_key(&w.client), || {
+                                format!("{key:?} discarded though its writer lives")
+                            })?
+                        }
+                        DiscardCause::Preempted | DiscardCause::Aborted => {}
+                        DiscardCause::ReplicasLost => {
+                            return Err(format!(
+                                "{key:?}: a disk-tier event in a model without disks"
+                            ));
+                        }
+                    }
+                    let object = self.model.objects.get_mut(&*key).expect("exists");
+                    object.writing = None;
+                    let processing: Vec<MReplica> = object
+                        .replicas
+                        .iter()
+                        .filter(|r| !r.complete)
+                        .copied()
+                        .collect();
+                    object.replicas.retain(|r| r.complete);
+                    let (size, empty) = (object.size, object.replicas.is_empty());
+                    ensure(empty == object_removed, || {
+                        format!("{key:?} removal {object_removed}")
+                    })?;
+                    if empty {
+                        self.model.objects.remove(&*key);
+                    }
+                    let release_at = w.start + self.config.put_start_release_timeout;
+                    self.model
+                        .reserve_for_writer(&processing, size, release_at, w.client);
+                }
+                Event::Evicted {
+                    key,
+                    soft_pinned,
+                    bytes,
+                    contiguous,
+                    kept_on_disk,
+                } => {
+                    ensure(!kept_on_disk, || {
+                        format!("{key:?} kept on disk, but the harness mounts no disk")
+                    })?;
+                    let object = self
+                        .model
+                        .objects
+                        .get(&*key)
+                        .ok_or_else(|| format!("evicted unknown {key:?}"))?;
+                    let tier = object.eviction_tier(now);
+                    ensure(tier == Some(soft_pinned), || {
+                        format!(
+                            "evicted {key:?} (soft {soft_pinned}) but its tier is {tier:?}: {object:?}"
+                        )
+                    })?;
+                    ensure(!soft_pinned || self.config.allow_evict_soft_pinned, || {
+                        format!("evicted soft-pinned {key:?} though not allowed")
+                    })?;
+                    let expected = block_len(object.size) * object.replicas.len() as u64;
+                    ensure(bytes == expected, || {
+                        format!("evicted {key:?} freed {bytes}, expected {expected}")
+                    })?;
+                    if contiguous {
+                        // A window eviction may skip LRU order, but only takes objects whose
+                        // blocks are free at once (lease and grace over).
+                        ensure(
+                            object.readers_done_at(self.config.lease_grace) <= now,
+                            || format!("window-evicted {key:?} inside its lease grace"),
+                        )?;
+                        self.hit("evict-window");
+                    } else {
+                        evicted.push((object.last_access, soft_pinned));
+                        self.hit(if soft_pinned {
+                            "evict-soft-pinned"
+                        } else {
+                            "evict"
+                        });
+                    }
+                    self.model_remove(&key);
+                }
+            }
+        }
+        if let Some(client) = expiring.take() {
+            self.release_dead_client(client);
+        }
+        // Order: least recently used first within a tier, every unpinned candidate before any
+        // soft-pinned one.
+        for soft in [false, true] {
+            let Some(newest) = evicted.iter().filter(|e| e.1 == soft).map(|e| e.0).max() else {
+                continue;
+            };
+            for (key, o) in &self.model.objects {
+                if Some(key.as_str()) == exempt {
+                    continue;
+                }
+                if o.eviction_tier(now) == Some(soft) {
+                    ensure(o.last_access >= newest, || {
+                        format!(
+                            "evicted an object used at {newest} but kept {key:?} used at {}",
+                            o.last_access
+                        )
+                    })?;
+                }
+                if soft {
+                    ensure(o.eviction_tier(now) != Some(false), || {
+                        format!("evicted soft-pinned objects but kept unpinned {key:?}")
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,190 @@
+//! Reads, judged by content: the model's expected replicas and version for a key, byte checks
+//! against the memory, get (and reads carried out later inside their lease), exist and query.
+
+use super::harness::PendingRead;
+use super::memory::{self, pattern};
+use super::model::MObject;
+use super::{Harness, ensure, expect_code, key_name};
+use crate::error::ErrorCode;
+use crate::ids::SegmentId;
+use crate::object::{ReplicaDescriptor, ReplicaStatus};
+
+/// What the model expects a read to return: the replicas (segment, address), the version
+/// and the size.
+type ExpectedRead = (Vec<(SegmentId, u64)>, u64, u64);
+
+impl Harness {
+    pub(super) fn check_bytes(
+        &self,
+        key: &str,
+        replica: &ReplicaDescriptor,
+        versions: &[u64],
+    ) -> Result<(), String> {
+        let Some(bytes) = self.memory.read(replica) else {
+            return Err(format!(
+                "replica {replica:?} of {key:?} points outside any memory"
+            ));
+        };
+        ensure(memory::identify(&bytes, versions).is_some(), || {
+            let expected = versions.first().map(|&v| pattern(v, bytes.len() as u64));
+            let diff = expected.and_then(|e| e.iter().zip(&bytes).position(|(a, b)| a != b));
+            format!(
+                "read of {key:?} at {replica:?} is not version {versions:?} (first difference at byte {diff:?})"
+            )
+        })
+    }
+
+    /// The model's verdict for a read of `key`: the error it expects, or the replicas and
+    /// version it expects.
+    pub(super) fn expected_read(&self, key: &str) -> Result<ExpectedRead, ErrorCode> {
+        let object = self
+            .model
+            .objects
+            .get(key)
+            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        if !object.has_complete() {
+            return Err(ErrorCode::REPLICA_IS_NOT_READY);
+        }
+        let replicas = object
+            .replicas
+            .iter()
+            .filter(|r| r.complete)
+            .map(|r| (r.segment, r.addr))
+            .collect();
+        Ok((
+            replicas,
+            object.version.expect("complete object has a version"),
+            object.size,
+        ))
+    }
+
+    pub(super) fn judge_list(
+        &mut self,
+        key: &str,
+        list: &crate::ReplicaList,
+    ) -> Result<u64, String> {
+        let (replicas, version, size) = self
+            .expected_read(key)
+            .map_err(|code| format!("read of {key:?} succeeded, expected {code}"))?;
+        let got: Vec<(SegmentId, u64)> =
+            list.replicas.iter().map(|r| (r.segment, r.addr)).collect();
+        ensure(got == replicas, || {
+            format!("replicas of {key:?}: {got:?}, expected {replicas:?}")
+        })?;
+        ensure(list.lease_ttl == self.config.lease_ttl, || {
+            "lease ttl".into()
+        })?;
+        for r in &list.replicas {
+            ensure(r.status == ReplicaStatus::Complete && r.len == size, || {
+                format!("served replica {r:?} of {key:?} ({size} bytes)")
+            })?;
+            self.check_bytes(key, r, &[version])?;
+        }
+        let lease = self.config.lease_ttl;
+        self.model
+            .objects
+            .get_mut(key)
+            .expect("exists")
+            .grant_lease(self.now, lease);
+        Ok(version)
+    }
+
+    pub(super) fn get(&mut self, key: u8, keep: bool) -> Result<(), String> {
+        let key = key_name(key);
+        let got = self.master.get_replica_list(&key, self.now);
+        self.no_events("get")?;
+        match self.expected_read(&key) {
+            Err(code) => expect_code(&got, code, "get"),
+            Ok(_) => {
+                let list = got.map_err(|e| format!("get failed: {e}"))?;
+                let version = self.judge_list(&key, &list)?;
+                self.hit("read");
+                if keep {
+                    if self.reads.len() >= 8 {
+                        self.reads.remove(0);
+                    }
+                    self.reads.push(PendingRead {
+                        key,
+                        version,
+                        replicas: list.replicas,
+                        lease_until: self.now + list.lease_ttl,
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    pub(super) fn read_late(&mut self, read: u8) -> Result<(), String> {
+        if self.reads.is_empty() {
+            return Ok(());
+        }
+        let read = self.reads.remove(usize::from(read) % self.reads.len());
+        if self.now >= read.lease_until {
+            return Ok(()); // the reader's lease check would discard it
+        }
+        for r in &read.replicas {
+            if self.memory.read(r).is_some() {
+                self.check_bytes(&read.key, r, &[read.version])?;
+            }
+        }
+        let replaced = self
+            .model
+            .objects
+            .get(&read.key)
+            .is_none_or(|o| o.version != Some(read.version));
+        self.hit(if replaced {
+            "late-read-of-replaced-value"
+        } else {
+            "late-read"
+        });
+        Ok(())
+    }
+
+    pub(super) fn exist(&mut self, key: u8) -> Result<(), String> {
+        let key = key_name(key);
+        let got = self.master.exist(&key, self.now);
+        self.no_events("exist")?;
+        let expected = self
+            .model
+            .objects
+            .get(&key)
+            .is_some_and(MObject::has_complete);
+        ensure(got.as_ref().ok() == Some(&expected), || {
+            format!("exist {got:?}, expected {expected}")
+        })?;
+        if expected {
+            let (now, lease) = (self.now, self.config.lease_ttl);
+            self.model
+                .objects
+                .get_mut(&key)
+                .expect("exists")
+                .grant_lease(now, lease);
+        }
+        Ok(())
+    }
+
+    pub(super) fn query(&mut self, prefix: u8) -> Result<(), String> {
+        let prefix = format!("k{}", prefix % 10);
+        let got = self
+            .master
+            .query_by_regex(&format!("^{prefix}"), self.now)
+            .map_err(|e| format!("query failed: {e}"))?;
+        self.no_events("query")?;
+        let expected: Vec<String> = self
+            .model
+            .objects
+            .iter()
+            .filter(|(k, o)| k.starts_with(&prefix) && o.has_complete())
+            .map(|(k, _)| k.clone())
+            .collect();
+        let keys: Vec<String> = got.iter().map(|(k, _)| k.clone()).collect();
+        ensure(keys == expected, || {
+            format!("query keys {keys:?}, expected {expected:?}")
+        })?;
+        for (key, list) in &got {
+            self.judge_list(key, list)?;
+        }
+        Ok(())
+    }
+}
