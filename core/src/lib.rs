@@ -24,6 +24,7 @@
 //! | `remove` | remove, remove-all, remove-by-regex |
 //! | `eviction` | watermark- and pressure-driven LRU eviction with pin tiers |
 //! | `offload` | the SSD tier: offload selection, disk replicas, tombstones, prefetch |
+//! | [`disk_copies`], [`staging`] | a storage node's disk: its copies, disk eviction, two-phase deletion; its staging slots |
 //! | `zombies`, `discard` | timed-out writes; delayed release of discarded blocks |
 //! | `membership`, `clients` | heartbeats, mounts, client expiry |
 //! | `replication` | copy and move tasks |
@@ -37,6 +38,7 @@ mod chunked;
 mod clients;
 pub mod config;
 mod discard;
+pub mod disk_copies;
 pub mod error;
 pub mod events;
 mod eviction;
@@ -57,6 +59,7 @@ mod replication;
 pub mod rng;
 pub mod segments;
 mod snapshot;
+pub mod staging;
 pub mod time;
 mod upsert;
 mod zombies;

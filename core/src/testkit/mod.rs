@@ -1,5 +1,5 @@
-//! The operation-sequence harness shared by the proptest model test, the fuzz target and the
-//! benches: a small language of operations ([`Op`]), and a [`Harness`] that runs them against
+//! The operation-sequence harness shared by the proptest model test and the fuzz targets: a
+//! small language of operations ([`Op`]), and a [`Harness`] that runs them against
 //! a real [`Master`](crate::master::Master) while a reference model ([`model`]) and a
 //! byte-level memory ([`memory`]) judge every result and event, and
 //! [`crate::invariants::check`] runs after every step.

@@ -1,0 +1,277 @@
+//! The disk sync: the node's one RPC with the master about its disk. Each round reports what
+//! happened since the last (copies written, failed, deleted, evicted, recovered after a
+//! mount), carries out the master's tombstones, and copies the master's offload orders out of
+//! the segment, groups them, makes room (disk eviction) and writes them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mooring_core::{
+    ClientId, DiskReport, DiskSyncAck, Error, ErrorCode, OffloadOrder, Result, SegmentId, WriteId,
+};
+use mooring_disk::Item;
+use mooring_proto::transport::ControlPlane;
+use mooring_proto::wire::DiskSync;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::{TierInner, io_error};
+use crate::node::Node;
+
+/// Offloaded values copied out of the segment, waiting to be written as one group.
+#[derive(Default)]
+struct Group {
+    copies: Vec<(OffloadOrder, Vec<u8>)>,
+    bytes: u64,
+}
+
+/// Syncs with the master until aborted.
+pub(super) async fn sync_loop(
+    tier: Arc<TierInner>,
+    node: Node,
+    client: ClientId,
+    control: Arc<dyn ControlPlane>,
+) {
+    let mut pending = DiskReport::default();
+    let mut group = Group::default();
+    let mut synced_mount: Option<SegmentId> = None;
+    loop {
+        let Some(segment) = node.segment() else {
+            tokio::time::sleep(tier.config.sync_interval).await;
+            continue;
+        };
+        if synced_mount != Some(segment) {
+            // A new mount: the master knows none of our copies, and orders taken under the
+            // old one are void.
+            if !group.copies.is_empty() {
+                warn!(
+                    count = group.copies.len(),
+                    "dropping offload copies taken before a remount"
+                );
+                group = Group::default();
+            }
+            pending.recovered = tier.copies().report();
+        }
+        tier.retry_doomed().await;
+        pending.evicted.extend(tier.copies().take_damaged());
+        pending.want = tier.config.batch;
+        let sent = Instant::now();
+        let ack = match call_sync(&control, client, segment, pending.clone()).await {
+            Ok(ack) => ack,
+            Err(e) => {
+                warn!("disk sync failed, retrying: {e}");
+                tokio::time::sleep(tier.config.sync_interval).await;
+                continue;
+            }
+        };
+        synced_mount = Some(segment);
+        pending = DiskReport::default();
+        let busy = ack.offload.len() as u32 >= tier.config.batch.max(1);
+        carry_out_tombstones(&tier, ack.delete, &mut pending).await;
+        let lease = Duration::from_millis(ack.lease_ttl.as_millis());
+        let copies = copy_orders(&node, ack.offload, sent, lease, &mut pending);
+        let target = Sink {
+            tier: &tier,
+            client,
+            control: &control,
+            segment,
+            memory: node.memory().len() as u64,
+        };
+        for (order, bytes) in copies {
+            if group.copies.len() >= tier.config.group_keys.max(1)
+                || group.bytes + order.size > target.group_limit()
+            {
+                target
+                    .write_group(std::mem::take(&mut group), &mut pending)
+                    .await;
+            }
+            // A group holds distinct keys: a newer order of a key supersedes the older one.
+            if let Some(pos) = group.copies.iter().position(|(o, _)| o.key == order.key) {
+                let (older, _) = group.copies.swap_remove(pos);
+                group.bytes -= older.size;
+                pending.failed.push((older.key, older.write));
+            }
+            group.bytes += order.size;
+            group.copies.push((order, bytes));
+        }
+        // Leftovers wait for the next sync while orders keep coming (grouping backends).
+        if (!busy || !tier.store.groups_writes()) && !group.copies.is_empty() {
+            target
+                .write_group(std::mem::take(&mut group), &mut pending)
+                .await;
+        }
+        if !busy {
+            tokio::time::sleep(tier.config.sync_interval).await;
+        }
+    }
+}
+
+async fn call_sync(
+    control: &Arc<dyn ControlPlane>,
+    client: ClientId,
+    segment: SegmentId,
+    report: DiskReport,
+) -> Result<DiskSyncAck> {
+    control
+        .call(DiskSync {
+            client,
+            segment,
+            report,
+        })
+        .await
+}
+
+/// Carries out tombstones: a key is deleted only if it holds that write.
+async fn carry_out_tombstones(
+    tier: &Arc<TierInner>,
+    tombstones: Vec<(String, WriteId)>,
+    pending: &mut DiskReport,
+) {
+    let held = tier.copies().take_tombstoned(&tombstones);
+    let writes: Vec<(String, u64)> = held.iter().map(|(k, c)| (k.clone(), c.version)).collect();
+    match tier.delete(&writes).await {
+        Ok(()) => {
+            tier.copies().deletion_finished(&writes, true);
+            pending.deleted.extend(tombstones);
+        }
+        Err(e) => {
+            // Back into the index, so the master's next resend finds them.
+            warn!("tombstones not carried out, will retry: {e}");
+            tier.copies().restore(held);
+        }
+    }
+}
+
+/// Copies every order's bytes out of the segment while their lease holds; orders that
+/// cannot be copied in time are reported failed.
+fn copy_orders(
+    node: &Node,
+    orders: Vec<OffloadOrder>,
+    sent: Instant,
+    lease: Duration,
+    pending: &mut DiskReport,
+) -> Vec<(OffloadOrder, Vec<u8>)> {
+    let copies: Vec<(OffloadOrder, Option<Vec<u8>>)> = orders
+        .into_iter()
+        .map(|order| {
+            let mut bytes = vec![0u8; order.size as usize];
+            let copied = node.memory().copy_out(order.addr, &mut bytes);
+            (order, copied.then_some(bytes))
+        })
+        .collect();
+    let in_time = sent.elapsed() < lease;
+    copies
+        .into_iter()
+        .filter_map(|(order, bytes)| match bytes.filter(|_| in_time) {
+            Some(bytes) => Some((order, bytes)),
+            None => {
+                warn!(key = %order.key, "offload order not copied within its lease");
+                pending.failed.push((order.key, order.write));
+                None
+            }
+        })
+        .collect()
+}
+
+/// Where groups of copies go: the backend, after disk eviction made room.
+struct Sink<'a> {
+    tier: &'a Arc<TierInner>,
+    client: ClientId,
+    control: &'a Arc<dyn ControlPlane>,
+    segment: SegmentId,
+    /// Bytes of the node's segment.
+    memory: u64,
+}
+
+impl Sink<'_> {
+    /// Most bytes in one group: a group never needs more room than the disk has, and never
+    /// keeps more than a quarter of the node's memory waiting for it (objects being offloaded
+    /// cannot be evicted).
+    fn group_limit(&self) -> u64 {
+        let memory = (self.memory / 4).max(1);
+        match self.tier.config.capacity {
+            0 => self.tier.config.group_bytes.min(memory),
+            capacity => self.tier.config.group_bytes.min(capacity).min(memory),
+        }
+    }
+
+    /// Makes room for `group` (disk eviction), writes it, and reports the outcome.
+    async fn write_group(&self, group: Group, pending: &mut DiskReport) {
+        let capacity = self.tier.config.capacity;
+        let (items, too_large): (Vec<_>, Vec<_>) = group
+            .copies
+            .iter()
+            .partition(|(order, _)| capacity == 0 || order.size <= capacity);
+        for (order, _) in too_large {
+            warn!(key = %order.key, size = order.size, capacity, "a value larger than the disk tier is not offloaded");
+            pending.failed.push((order.key.clone(), order.write));
+        }
+        let failed = |pending: &mut DiskReport, e: &Error| {
+            warn!(count = items.len(), "offload failed: {e}");
+            pending
+                .failed
+                .extend(items.iter().map(|(o, _)| (o.key.clone(), o.write)));
+        };
+        let need = items.iter().map(|(order, _)| order.size).sum();
+        if let Err(e) = self.make_room(need).await {
+            return failed(pending, &e);
+        }
+        let batch: Vec<Item<'_>> = items
+            .iter()
+            .map(|(order, bytes)| Item {
+                key: &order.key,
+                version: order.write.0,
+                value: bytes,
+            })
+            .collect();
+        match self.tier.store.put(&batch).await {
+            Ok(held) => {
+                let mut copies = self.tier.copies();
+                for copy in held {
+                    pending
+                        .offloaded
+                        .push((copy.key.clone(), WriteId(copy.version)));
+                    copies.insert(copy.key, copy.version, copy.len, copy.unit);
+                }
+            }
+            Err(e) => failed(
+                pending,
+                &io_error(ErrorCode::FILE_WRITE_FAIL, "disk write failed", e),
+            ),
+        }
+    }
+
+    /// Disk eviction: takes victims out of the index, tells the master, then deletes them.
+    async fn make_room(&self, need: u64) -> Result<()> {
+        let capacity = self.tier.config.capacity;
+        if capacity == 0 {
+            return Ok(());
+        }
+        let victims =
+            self.tier
+                .copies()
+                .choose_victims(need, capacity, self.tier.config.eviction.into());
+        if victims.is_empty() {
+            return Ok(());
+        }
+        let report = DiskReport {
+            evicted: victims
+                .iter()
+                .map(|(k, c)| (k.clone(), WriteId(c.version)))
+                .collect(),
+            ..DiskReport::default()
+        };
+        if let Err(e) = call_sync(self.control, self.client, self.segment, report).await {
+            // The master may still point at them: keep them.
+            self.tier.copies().restore(victims);
+            return Err(Error::new(
+                e.code,
+                format!("could not tell the master about disk eviction: {e}"),
+            ));
+        }
+        debug!(count = victims.len(), "disk eviction");
+        let writes = victims.into_iter().map(|(k, c)| (k, c.version)).collect();
+        self.tier.delete_for_good(writes).await;
+        Ok(())
+    }
+}
