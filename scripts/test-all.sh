@@ -70,7 +70,9 @@ if [ "$FUZZ_RUNS" != "0" ]; then
     fi
     scratch="$(mktemp -d)"
     trap 'rm -rf "$scratch"' EXIT
-    for target in core_ops snapshot_restore; do
+    # Every target fuzz/Cargo.toml declares.
+    targets=$(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^mooring-fuzz$')
+    for target in $targets; do
         mkdir -p "$scratch/$target"
         # New inputs go to the scratch dir; the committed corpus is only read.
         log="$scratch/$target.log"

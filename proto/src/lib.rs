@@ -13,9 +13,11 @@
 //! | [`transport`] | the control-plane and data-plane traits, segment memory, the export table |
 //! | [`serve`] | a node's answer to each data request, shared by every transport's data server |
 //! | [`disk`] | the file I/O trait the SSD tier's disks implement |
+//! | [`fuzz`] | fuzz entry points for every decoder of network bytes |
 
 pub mod disk;
 pub mod dispatch;
+pub mod fuzz;
 pub mod serve;
 /// Lock and atomic types, swapped for loom's under `--cfg mooring_loom` so loom can model
 /// the structures that share state across threads (the export table).

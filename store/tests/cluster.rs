@@ -356,3 +356,42 @@ async fn garbage_to_every_port_is_refused_without_harm() {
     );
     let _ = &cluster.master;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_output_into_a_closed_pipe_ends_quietly() {
+    // `mooring stat | head -1`: the reader goes away; the CLI must not panic.
+    let cluster = start_cluster(1, "16MiB");
+    let c = client(&cluster.addr).await;
+    for i in 0..3u64 {
+        c.put(
+            &format!("k{i}"),
+            &value(i, 1000),
+            &ReplicateConfig::single(),
+        )
+        .await
+        .unwrap();
+    }
+    for command in [&["stat"][..], &["ls"], &["get", "k0"]] {
+        let mut child = Command::new(BIN)
+            .args(command)
+            .args(["--master", &cluster.addr])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start mooring");
+        // Close the read end before the CLI has connected, let alone printed.
+        drop(child.stdout.take());
+        let output = child.wait_with_output().expect("wait for mooring");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !stderr.contains("panicked"),
+            "mooring {command:?} panicked on a closed pipe: {stderr}"
+        );
+        assert!(
+            output.status.success(),
+            "mooring {command:?} failed on a closed pipe: {:?} {stderr}",
+            output.status
+        );
+    }
+}

@@ -19,6 +19,17 @@ use mooring::{
 use mooring_core::{Error, ErrorCode, ReplicateConfig};
 use mooring_transport_tcp::LocalSegments;
 
+/// Prints a line of the CLI's output. A closed stdout (`mooring stat | head -1`) ends the
+/// process quietly, as for any Unix filter, instead of a panic.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            output_failed(e);
+        }
+    }};
+}
+
 #[cfg(not(madsim))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -327,7 +338,7 @@ async fn run_master(args: MasterArgs) -> Result<(), Error> {
     let config = settings.master_config().map_err(usage_error)?;
     let listen = settings.listen.unwrap_or_else(|| "0.0.0.0:50051".into());
     let master = RunningMaster::start(&listen, config).await?;
-    println!("mooring master listening on {}", master.addr);
+    out!("mooring master listening on {}", master.addr);
     let _ = std::io::stdout().flush();
     wait_for_shutdown().await;
     drop(master);
@@ -380,7 +391,7 @@ async fn run_node(args: NodeArgs) -> Result<(), Error> {
     };
     let node =
         StandaloneNode::start(&master, None, &segment, Arc::new(LocalSegments::default())).await?;
-    println!(
+    out!(
         "mooring node {} serving {size} bytes (master {master})",
         node.node().name()
     );
@@ -430,7 +441,7 @@ async fn run_put(args: PutArgs) -> Result<(), Error> {
     } else {
         client.put(&args.key, &value, &config).await?;
     }
-    println!("stored {} ({} bytes)", args.key, value.len());
+    out!("stored {} ({} bytes)", args.key, value.len());
     Ok(())
 }
 
@@ -452,9 +463,12 @@ async fn run_get(args: GetArgs) -> Result<(), Error> {
                 format!("{}: {e}", path.display()),
             )
         })?,
-        None => std::io::stdout()
-            .write_all(&value)
-            .map_err(|e| Error::new(ErrorCode::FILE_WRITE_FAIL, format!("stdout: {e}")))?,
+        None => {
+            let mut stdout = std::io::stdout();
+            if let Err(e) = stdout.write_all(&value).and_then(|()| stdout.flush()) {
+                output_failed(e);
+            }
+        }
     }
     Ok(())
 }
@@ -463,11 +477,11 @@ async fn run_rm(args: RmArgs) -> Result<(), Error> {
     let client = connect(&args.client).await?;
     if let Some(key) = &args.key {
         client.remove(key).await?;
-        println!("removed {key}");
+        out!("removed {key}");
     } else if let Some(regex) = &args.regex {
-        println!("removed {} objects", client.remove_by_regex(regex).await?);
+        out!("removed {} objects", client.remove_by_regex(regex).await?);
     } else {
-        println!("removed {} objects", client.remove_all().await?);
+        out!("removed {} objects", client.remove_all().await?);
     }
     Ok(())
 }
@@ -476,9 +490,9 @@ async fn run_ls(args: LsArgs) -> Result<(), Error> {
     let client = connect(&args.client).await?;
     let keys = client.query(&args.regex).await?;
     for k in &keys {
-        println!("{:>12}  {}x  {}", k.size, k.replicas, k.key);
+        out!("{:>12}  {}x  {}", k.size, k.replicas, k.key);
     }
-    println!("{} keys", keys.len());
+    out!("{} keys", keys.len());
     Ok(())
 }
 
@@ -490,29 +504,35 @@ async fn run_stat(args: ClientArgs) -> Result<(), Error> {
     } else {
         100.0 * s.used as f64 / s.capacity as f64
     };
-    println!("objects        {} ({} being written)", s.objects, s.writing);
-    println!(
+    out!("objects        {} ({} being written)", s.objects, s.writing);
+    out!(
         "memory         {} of {} bytes used ({pct:.1}%)",
-        s.used, s.capacity
+        s.used,
+        s.capacity
     );
-    println!("segments       {}", s.segments);
-    println!("clients        {}", s.clients);
-    println!(
+    out!("segments       {}", s.segments);
+    out!("clients        {}", s.clients);
+    out!(
         "evicted        {} objects, {} bytes",
-        s.evicted_objects, s.evicted_bytes
+        s.evicted_objects,
+        s.evicted_bytes
     );
-    println!(
+    out!(
         "discarded      {} unfinished writes ({} blocks awaiting release)",
-        s.discarded_writes, s.discarded_blocks
+        s.discarded_writes,
+        s.discarded_blocks
     );
-    println!(
+    out!(
         "lost           {} objects (their last node went away)",
         s.lost_objects
     );
     for seg in client.segments().await? {
-        println!(
+        out!(
             "  {:<24} {:>14} / {:<14} {}",
-            seg.name, seg.used, seg.size, seg.endpoint
+            seg.name,
+            seg.used,
+            seg.size,
+            seg.endpoint
         );
     }
     Ok(())
@@ -553,9 +573,9 @@ async fn run_bench(args: BenchArgs) -> Result<(), Error> {
     )
     .await?;
     if args.json {
-        println!("{}", report.to_json());
+        out!("{}", report.to_json());
     } else {
-        print!("{}", report.to_table());
+        out!("{}", report.to_table().trim_end());
     }
     Ok(())
 }
@@ -578,12 +598,22 @@ async fn run_debug(args: DebugArgs) -> Result<(), Error> {
                     upsert: false,
                 })
                 .await?;
-            println!("started put of {key}: {reply:?}");
+            out!("started put of {key}: {reply:?}");
             let _ = std::io::stdout().flush();
             std::future::pending::<()>().await;
             Ok(())
         }
     }
+}
+
+/// Ends the process after stdout failed: quietly (success) if the reader went away, with an
+/// error otherwise.
+fn output_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("error: cannot write the output: {e}");
+    std::process::exit(1);
 }
 
 fn main() -> ExitCode {

@@ -1,0 +1,108 @@
+//! Replays the wire fuzz targets' corpora (`fuzz/corpus/<target>/`) and a set of generated
+//! inputs through the same entry points `cargo fuzz` drives, so every test run re-checks every
+//! decoder of network bytes. Inputs the fuzzer once failed on are kept in the corpora.
+
+use std::path::{Path, PathBuf};
+
+use mooring_core::rng::Rng;
+use mooring_proto::fuzz;
+use mooring_proto::wire::{FrameKind, HEADER_LEN};
+
+/// A fuzz entry point: arbitrary bytes in, a panic on a defect.
+type Entry = fn(&[u8]);
+
+/// Each wire target with its entry point.
+const TARGETS: [(&str, Entry); 5] = [
+    ("wire_frame", fuzz::frame),
+    ("master_request", fuzz::master_request),
+    ("master_response", fuzz::master_response),
+    ("data_request", fuzz::data_request),
+    ("data_response", fuzz::data_response),
+];
+
+fn corpus_dir(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus")
+        .join(target)
+}
+
+fn corpus(target: &str) -> Vec<Vec<u8>> {
+    let dir = corpus_dir(target);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("corpus {}: {e}", dir.display()))
+        .map(|e| e.expect("corpus entry").path())
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|p| std::fs::read(p).expect("corpus file"))
+        .collect()
+}
+
+fn generated(seed: u64, count: usize, max_len: usize) -> Vec<Vec<u8>> {
+    let mut rng = Rng::seeded(seed);
+    (0..count)
+        .map(|_| {
+            let len = rng.below(max_len) + 1;
+            (0..len).map(|_| rng.next_u64() as u8).collect()
+        })
+        .collect()
+}
+
+/// Every corpus input and its single-bit flips, plus random bytes, through every target.
+#[test]
+fn wire_corpora_and_generated_inputs_pass() {
+    for (i, (target, entry)) in TARGETS.iter().enumerate() {
+        let inputs = corpus(target);
+        assert!(!inputs.is_empty(), "the {target} corpus is empty");
+        for input in &inputs {
+            entry(input);
+            for bit in (0..input.len() * 8).step_by(7) {
+                let mut flipped = input.clone();
+                flipped[bit / 8] ^= 1 << (bit % 8);
+                entry(&flipped);
+            }
+        }
+        for input in generated(10 + i as u64, 300, 512) {
+            entry(&input);
+        }
+    }
+}
+
+/// The seeds decode: a corpus that no longer means anything would fuzz only garbage.
+#[test]
+fn the_seed_frames_decode() {
+    let frames = fuzz::sample_frames();
+    assert!(frames.len() >= 10);
+    for (kind, frame) in &frames {
+        fuzz::frame(frame);
+        let payload = &frame[HEADER_LEN..];
+        match kind {
+            FrameKind::MasterRequest => fuzz::master_request(payload),
+            FrameKind::MasterResponse => fuzz::master_response(payload),
+            FrameKind::DataRequest => fuzz::data_request(payload),
+            FrameKind::DataResponse => fuzz::data_response(payload),
+        }
+    }
+}
+
+/// Writes the seed corpora (run once by hand after a wire change:
+/// `cargo test -p mooring-proto --test fuzz_corpus -- --ignored`).
+#[test]
+#[ignore = "writes fuzz/corpus; run by hand after a wire change"]
+fn write_seed_corpora() {
+    for (kind, frame) in fuzz::sample_frames() {
+        let (target, input) = match kind {
+            FrameKind::MasterRequest => ("master_request", &frame[HEADER_LEN..]),
+            FrameKind::MasterResponse => ("master_response", &frame[HEADER_LEN..]),
+            FrameKind::DataRequest => ("data_request", &frame[HEADER_LEN..]),
+            FrameKind::DataResponse => ("data_response", &frame[HEADER_LEN..]),
+        };
+        for (target, input) in [(target, input), ("wire_frame", &frame[..])] {
+            let dir = corpus_dir(target);
+            std::fs::create_dir_all(&dir).expect("corpus dir");
+            let name = format!("seed-{:08x}", crc32c::crc32c(input));
+            std::fs::write(dir.join(name), input).expect("corpus file");
+        }
+    }
+}
