@@ -76,7 +76,7 @@ pub use membership::{HeartbeatAck, HeartbeatStatus};
 pub use object::{Medium, ReplicaDescriptor, ReplicaStatus};
 pub use offload::{DiskReport, DiskSyncAck, MAX_OFFLOAD_QUEUE, OffloadOrder, PrefetchGrant};
 pub use put::PutGrant;
-pub use reads::ReplicaList;
+pub use reads::{KeyListing, ReplicaList};
 pub use replication::CopyGrant;
 pub use segments::{SegmentInfo, SegmentSpec};
 pub use snapshot::SNAPSHOT_VERSION;

@@ -28,6 +28,20 @@ pub struct ReplicaList {
 /// Longest regular expression accepted, in bytes.
 const MAX_PATTERN_LEN: usize = 4096;
 
+/// One object as a listing shows it.
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub struct KeyListing {
+    /// The key.
+    pub key: String,
+    /// Value size in bytes.
+    pub size: u64,
+    /// Complete memory replicas.
+    pub replicas: u32,
+    /// Whether a node also holds it on disk.
+    pub on_disk: bool,
+}
+
 impl Master {
     /// The complete replicas of `key`, with a lease. `OBJECT_NOT_FOUND` if there is no such
     /// object, `REPLICA_IS_NOT_READY` while it is being written.
@@ -92,6 +106,26 @@ impl Master {
             .into_iter()
             .map(|(key, slot)| (key, self.read_replicas(slot, now)))
             .collect())
+    }
+
+    /// Every readable object whose key matches `pattern`, sorted by key, with its size and
+    /// where it is. Grants no lease and changes nothing: listing must not keep objects from
+    /// eviction or removal (an operator's `mooring ls` once made later puts fail).
+    pub fn list_by_regex(&self, pattern: &str) -> Result<Vec<KeyListing>> {
+        let regex = compile_pattern(pattern)?;
+        let mut listed: Vec<KeyListing> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| o.is_readable() && regex.is_match(&o.key))
+            .map(|(_, o)| KeyListing {
+                key: o.key.to_string(),
+                size: o.size,
+                replicas: o.replicas.iter().filter(|r| r.is_complete()).count() as u32,
+                on_disk: o.has_disk_replica(),
+            })
+            .collect();
+        listed.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        Ok(listed)
     }
 
     /// Rejects keys no object could have.

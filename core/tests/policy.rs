@@ -175,6 +175,24 @@ fn lease_blocks_remove_until_it_expires() {
 }
 
 #[test]
+fn listing_grants_no_lease() {
+    let mut f = Fixture::new(1, MIB);
+    f.put(A, "a/1", 4 * KIB, &one());
+    f.put(A, "a/2", 4 * KIB, &one());
+    f.put(A, "b", 4 * KIB, &one());
+    let listed = f.m.list_by_regex("^a/").unwrap();
+    let keys: Vec<&str> = listed.iter().map(|k| k.key.as_str()).collect();
+    assert_eq!(keys, ["a/1", "a/2"]);
+    assert!(
+        listed
+            .iter()
+            .all(|k| k.size == 4 * KIB && k.replicas == 1 && !k.on_disk)
+    );
+    f.remove("a/1").expect("a listed object is not leased");
+    assert_eq!(code(f.m.list_by_regex("(")), ErrorCode::INVALID_PARAMS);
+}
+
+#[test]
 fn exist_grants_a_lease_and_remove_all_and_regex_skip_leased() {
     let mut f = Fixture::new(1, MIB);
     for k in ["a1", "a2", "b1", "b2"] {

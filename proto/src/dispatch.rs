@@ -109,6 +109,7 @@ pub fn handle(master: &mut Master, request: MasterRequest, now: Millis) -> Resul
         R::QueryByRegex(QueryByRegex { pattern }) => {
             Reply::QueryByRegex(m.query_by_regex(&pattern, now)?)
         }
+        R::ListKeys(ListKeys { pattern }) => Reply::ListKeys(m.list_by_regex(&pattern)?),
         R::AcquireHold(AcquireHold { client, key }) => {
             Reply::AcquireHold(m.acquire_hold(client, &key, now)?)
         }

@@ -78,10 +78,11 @@ fn payload_roundtrip<T: WireMessage + PartialEq + std::fmt::Debug>(payload: &[u8
 
 /// A few valid frames of every kind: the seeds of the fuzz corpora.
 pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
-    use mooring_core::{ClientId, Error, ErrorCode, ReplicateConfig, WriteId};
+    use mooring_core::{ClientId, Error, ErrorCode, KeyListing, ReplicateConfig, WriteId};
 
     use crate::wire::{
-        BatchExist, DataReply, GetReplicaList, Hello, PutEnd, PutStart, Range, Reply, StagedSlot,
+        BatchExist, DataReply, GetReplicaList, Hello, ListKeys, PutEnd, PutStart, Range, Reply,
+        StagedSlot,
     };
     let requests: Vec<MasterRequest> = vec![
         Hello {
@@ -103,6 +104,10 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
         }
         .into(),
         GetReplicaList { key: "k".into() }.into(),
+        ListKeys {
+            pattern: "^kv/".into(),
+        }
+        .into(),
         BatchExist {
             keys: vec!["a".into(), "b".into()],
         }
@@ -115,6 +120,12 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
             Err(ErrorCode::OBJECT_NOT_FOUND.into()),
         ])),
         Ok(Reply::GetSize(4096)),
+        Ok(Reply::ListKeys(vec![KeyListing {
+            key: "kv/1".into(),
+            size: 10,
+            replicas: 2,
+            on_disk: true,
+        }])),
         Err(Error::new(ErrorCode::OBJECT_HAS_LEASE, "leased")),
     ];
     let data_requests = [

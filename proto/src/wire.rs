@@ -20,9 +20,9 @@ use rkyv::rancor;
 use rkyv::util::AlignedVec;
 
 use mooring_core::{
-    ClientId, CopyGrant, DiskReport, DiskSyncAck, Error, ErrorCode, HeartbeatAck, HoldId, Millis,
-    PrefetchGrant, PutGrant, ReplicaList, ReplicateConfig, SegmentId, SegmentInfo, SegmentSpec,
-    Stats, TaskId, WriteId,
+    ClientId, CopyGrant, DiskReport, DiskSyncAck, Error, ErrorCode, HeartbeatAck, HoldId,
+    KeyListing, Millis, PrefetchGrant, PutGrant, ReplicaList, ReplicateConfig, SegmentId,
+    SegmentInfo, SegmentSpec, Stats, TaskId, WriteId,
 };
 
 /// First bytes of every frame.
@@ -367,6 +367,8 @@ mod messages {
         RemoveAll {} => u64;
         RemoveByRegex { pattern: String } => u64;
         QueryByRegex { pattern: String } => Vec<(String, ReplicaList)>;
+        /// Keys matching `pattern` with sizes and replica counts; grants no lease.
+        ListKeys { pattern: String } => Vec<KeyListing>;
         AcquireHold { client: ClientId, key: String } => (HoldId, ReplicaList);
         ReleaseHold { client: ClientId, hold: HoldId } => ();
         CopyStart { client: ClientId, key: String, targets: Vec<String> } => CopyGrant;

@@ -29,7 +29,7 @@ pub mod node;
 pub mod presence;
 pub mod tuning;
 
-pub use client::{Client, KeyInfo};
+pub use client::Client;
 pub use cluster::{EmbeddedCluster, EmbeddedConfig};
 pub use connect::{ClientConfig, SegmentConfig, StandaloneNode, random_client_id};
 pub use master_service::{MasterService, RunningMaster};

@@ -394,4 +394,11 @@ async fn cli_output_into_a_closed_pipe_ends_quietly() {
             output.status
         );
     }
+    // Listing takes no lease: the listed object can be removed at once.
+    let ls = Command::new(BIN)
+        .args(["ls", "--master", &cluster.addr])
+        .output()
+        .expect("mooring ls");
+    assert!(String::from_utf8_lossy(&ls.stdout).contains("3 keys"));
+    c.remove("k1").await.expect("mooring ls leased k1");
 }

@@ -490,7 +490,8 @@ async fn run_ls(args: LsArgs) -> Result<(), Error> {
     let client = connect(&args.client).await?;
     let keys = client.query(&args.regex).await?;
     for k in &keys {
-        out!("{:>12}  {}x  {}", k.size, k.replicas, k.key);
+        let disk = if k.on_disk { " +disk" } else { "" };
+        out!("{:>12}  {}x{disk}  {}", k.size, k.replicas, k.key);
     }
     out!("{} keys", keys.len());
     Ok(())

@@ -91,18 +91,13 @@ impl Client {
         .await
     }
 
-    /// Keys matching `pattern`, with sizes and replica counts.
-    pub async fn query(&self, pattern: &str) -> Result<Vec<KeyInfo>> {
-        Ok(self
-            .query_by_regex(pattern)
-            .await?
-            .into_iter()
-            .map(|(key, list)| KeyInfo {
-                key,
-                size: list.replicas.first().map_or(0, |r| r.len),
-                replicas: list.replicas.len(),
-            })
-            .collect())
+    /// Keys matching `pattern`, with sizes and replica counts. Grants no lease: a listing
+    /// never keeps objects from eviction or removal.
+    pub async fn query(&self, pattern: &str) -> Result<Vec<KeyListing>> {
+        self.call(ListKeys {
+            pattern: pattern.to_string(),
+        })
+        .await
     }
 
     /// The master's gauges and counters.

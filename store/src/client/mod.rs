@@ -24,14 +24,14 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use mooring_core::{
-    ClientId, Error, ErrorCode, Medium, PutGrant, ReplicaDescriptor, ReplicaList, ReplicateConfig,
-    Result, SegmentId, SegmentInfo, Stats,
+    ClientId, Error, ErrorCode, KeyListing, Medium, PutGrant, ReplicaDescriptor, ReplicaList,
+    ReplicateConfig, Result, SegmentId, SegmentInfo, Stats,
 };
 use mooring_proto::transport::{ControlPlane, DataPlane, NodeAddr, ReadOp, WriteOp};
 use mooring_proto::wire::{
     BatchExist, BatchGetReplicaList, BatchPutEnd, BatchPutStart, Call, ClusterInfo,
-    DescribeSegments, Exist, ExistPrefetch, GetReplicaList, GetSize, GetStats, ListSegments,
-    PutAbort, PutEnd, PutStart, QueryByRegex, Remove, RemoveAll, RemoveByRegex,
+    DescribeSegments, Exist, ExistPrefetch, GetReplicaList, GetSize, GetStats, ListKeys,
+    ListSegments, PutAbort, PutEnd, PutStart, QueryByRegex, Remove, RemoveAll, RemoveByRegex,
 };
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -43,17 +43,6 @@ use crate::presence::{Contribution, Presence};
 mod meta;
 mod read;
 mod write;
-
-/// A key's size and replica count, as listed by [`Client::query`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyInfo {
-    /// The key.
-    pub key: String,
-    /// Value size in bytes.
-    pub size: u64,
-    /// Complete replicas.
-    pub replicas: usize,
-}
 
 /// A handle to the store.
 #[derive(Clone)]
