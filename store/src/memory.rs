@@ -95,6 +95,35 @@ impl Drop for MappedMemory {
     }
 }
 
+/// A zeroed buffer of `len` bytes for a value a peer described, or an error if it cannot be
+/// had: a length from the network must never abort the process (a `vec![0; len]` does when
+/// the allocator refuses). Zeroed pages come from the kernel lazily, as with `vec!`.
+pub fn value_buffer(len: u64) -> Result<Vec<u8>> {
+    let refused = || {
+        Error::new(
+            ErrorCode::INTERNAL_ERROR,
+            format!(
+                "cannot allocate a buffer for a {len}-byte value in this process (is the \
+                 master describing values truthfully?)"
+            ),
+        )
+    };
+    let len = usize::try_from(len).map_err(|_| refused())?;
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len).map_err(|_| refused())?;
+    // SAFETY: the layout's size is non-zero (checked above).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return Err(refused());
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `len` bytes at
+    // alignment 1, which is what a `Vec<u8>` of capacity `len` frees with; all `len` bytes are
+    // initialized (zeroed).
+    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +139,18 @@ mod tests {
         assert_eq!(&out, b"abc");
         assert!(!segment.copy_in(base + (1 << 20) - 1, b"ab"));
         assert!(MappedMemory::new(0, false).is_err());
+    }
+
+    #[test]
+    fn value_buffers_are_zeroed_and_impossible_ones_are_refused() {
+        let buf = value_buffer(4096).unwrap();
+        assert_eq!(buf.len(), 4096);
+        assert!(buf.iter().all(|&b| b == 0));
+        assert!(value_buffer(0).unwrap().is_empty());
+        assert_eq!(
+            value_buffer(1 << 62).unwrap_err().code,
+            ErrorCode::INTERNAL_ERROR
+        );
+        assert!(value_buffer(u64::MAX).is_err());
     }
 }

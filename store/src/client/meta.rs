@@ -28,7 +28,7 @@ impl Client {
         let (exists, grant) = self.call(request).await?;
         if let Some(prefetch) = grant {
             let started = Instant::now();
-            let mut value = vec![0u8; prefetch.source.len as usize];
+            let mut value = crate::memory::value_buffer(prefetch.source.len)?;
             let mut transfer = self
                 .read_replica(key, std::slice::from_ref(&prefetch.source), &mut value)
                 .await;

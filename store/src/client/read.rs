@@ -1,6 +1,7 @@
 //! Reads: get and its batches, inside the lease, from memory replicas or a node's disk.
 
 use super::*;
+use crate::memory::value_buffer;
 
 /// How many times a get is retried when its lease ran out mid-transfer.
 const LEASE_RETRIES: usize = 3;
@@ -31,7 +32,7 @@ impl Client {
                     key: key.to_string(),
                 })
                 .await?;
-            let size = list.replicas.first().map_or(0, |r| r.len) as usize;
+            let size = value_len(key, &list)?;
             let mut owned = Vec::new();
             let caller_buffer = into.is_some();
             {
@@ -44,7 +45,7 @@ impl Client {
                     }
                     Some(buf) => &mut buf[..size],
                     None => {
-                        owned = vec![0u8; size];
+                        owned = value_buffer(size as u64)?;
                         &mut owned[..]
                     }
                 };
@@ -184,17 +185,21 @@ impl Client {
     pub async fn batch_get(&self, keys: &[&str]) -> Vec<Result<Vec<u8>>> {
         let mut results: Vec<Result<Vec<u8>>> = vec![Ok(Vec::new()); keys.len()];
         let asked = Instant::now();
-        let lists = match self.batch_lists(keys).await {
+        let mut lists = match self.batch_lists(keys).await {
             Ok(lists) => lists,
             Err(e) => return vec![Err(e); keys.len()],
         };
-        let mut buffers: Vec<Vec<u8>> = lists
-            .iter()
-            .map(|l| match l {
-                Ok(list) => vec![0u8; list.replicas.first().map_or(0, |r| r.len) as usize],
-                Err(_) => Vec::new(),
-            })
-            .collect();
+        let mut buffers: Vec<Vec<u8>> = Vec::with_capacity(lists.len());
+        for list in &mut lists {
+            let buffer = match list {
+                Ok(list) => value_buffer(list.replicas[0].len),
+                Err(_) => Ok(Vec::new()),
+            };
+            buffers.push(buffer.unwrap_or_else(|e| {
+                *list = Err(e);
+                Vec::new()
+            }));
+        }
         let mut dests: Vec<Option<&mut [u8]>> =
             buffers.iter_mut().map(|b| Some(&mut b[..])).collect();
         let outcomes = self.batch_read(keys, &lists, &mut dests, asked).await;
@@ -221,7 +226,7 @@ impl Client {
         let mut early: Vec<Option<Error>> = vec![None; items.len()];
         for (i, (key, buf)) in items.iter_mut().enumerate() {
             let size = match &lists[i] {
-                Ok(list) => list.replicas.first().map_or(0, |r| r.len) as usize,
+                Ok(list) => list.replicas[0].len as usize,
                 Err(_) => 0,
             };
             if buf.len() < size {
@@ -256,7 +261,12 @@ impl Client {
                 keys: keys.iter().map(|k| k.to_string()).collect(),
             })
             .await?;
-        per_key(lists, keys.len(), "BatchGetReplicaList")
+        let lists = per_key(lists, keys.len(), "BatchGetReplicaList")?;
+        Ok(keys
+            .iter()
+            .zip(lists)
+            .map(|(key, list)| list.and_then(|l| value_len(key, &l).map(|_| l)))
+            .collect())
     }
 
     /// Reads every listed object into its destination: first choice of replica per key,
@@ -288,7 +298,7 @@ impl Client {
             match list {
                 Err(e) => results.push(Err(e.clone())),
                 Ok(list) => {
-                    let size = list.replicas.first().map_or(0, |r| r.len) as usize;
+                    let size = list.replicas[0].len as usize;
                     results.push(Ok(size));
                     if dests[i].is_none() {
                         continue;
@@ -362,4 +372,30 @@ impl Client {
         }
         results
     }
+}
+
+/// The length of the value a replica list describes, checked before anything is allocated or
+/// read for it: a list with no replica, or whose replicas disagree, or whose length this
+/// process cannot address, is a confused or lying master's, and an error.
+fn value_len(key: &str, list: &ReplicaList) -> Result<usize> {
+    let lying = |what: String| {
+        Error::new(
+            ErrorCode::INTERNAL_ERROR,
+            format!("the master described {key:?} {what}"),
+        )
+    };
+    let first = list
+        .replicas
+        .first()
+        .ok_or_else(|| lying("with no replica".into()))?;
+    if let Some(other) = list.replicas.iter().find(|r| r.len != first.len) {
+        return Err(lying(format!(
+            "with replicas of {} and {} bytes",
+            first.len, other.len
+        )));
+    }
+    usize::try_from(first.len)
+        .ok()
+        .filter(|&len| len <= isize::MAX as usize)
+        .ok_or_else(|| lying(format!("as {} bytes", first.len)))
 }
