@@ -26,6 +26,7 @@ pub mod disk_tier;
 pub mod master_service;
 pub mod memory;
 pub mod node;
+pub mod preflight;
 pub mod presence;
 pub mod tuning;
 

@@ -402,3 +402,67 @@ async fn cli_output_into_a_closed_pipe_ends_quietly() {
     assert!(String::from_utf8_lossy(&ls.stdout).contains("3 keys"));
     c.remove("k1").await.expect("mooring ls leased k1");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flags_that_would_hurt_are_refused_before_anything_is_mounted() {
+    let cluster = start_cluster(2, "16MiB");
+    let node = |extra: &[&str]| {
+        let output = Command::new(BIN)
+            .args(["node", "--master", &cluster.addr, "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run mooring node");
+        (
+            output.status,
+            String::from_utf8_lossy(&output.stderr).to_string(),
+        )
+    };
+    // A segment larger than the machine: refused at once, not prefaulted toward the OOM killer.
+    let (status, stderr) = node(&["--size", "64TiB"]);
+    assert!(!status.success(), "64 TiB accepted: {stderr}");
+    assert!(stderr.contains("exceeds"), "{stderr}");
+    // A disk directory that takes no files (procfs, even for root).
+    let (status, stderr) = node(&["--size", "16MiB", "--disk-dir", "/proc/self"]);
+    assert!(
+        !status.success(),
+        "an unwritable disk directory accepted: {stderr}"
+    );
+    assert!(stderr.contains("not writable"), "{stderr}");
+    // More disk capacity than the file system has.
+    let dir = std::env::temp_dir().join(format!("mooring-cap-{}", std::process::id()));
+    let (status, stderr) = node(&[
+        "--size",
+        "16MiB",
+        "--disk-dir",
+        dir.to_str().unwrap(),
+        "--disk-capacity",
+        "100000TiB",
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!status.success(), "100,000 TiB of disk accepted: {stderr}");
+    assert!(stderr.contains("exceeds the space"), "{stderr}");
+    // None of them mounted anything.
+    let c = client(&cluster.addr).await;
+    assert_eq!(c.segments().await.unwrap().len(), 2);
+    // Five replicas asked of two nodes: the CLI says how many were stored.
+    let put = Command::new(BIN)
+        .args([
+            "put",
+            "--master",
+            &cluster.addr,
+            "five",
+            "--value",
+            "v",
+            "--replicas",
+            "5",
+        ])
+        .output()
+        .expect("mooring put");
+    let stdout = String::from_utf8_lossy(&put.stdout);
+    assert!(put.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("with 2 of the 5 replicas asked"),
+        "{stdout}"
+    );
+}

@@ -389,6 +389,11 @@ async fn run_node(args: NodeArgs) -> Result<(), Error> {
             .unwrap_or_else(|| "0.0.0.0:0".into()),
         advertise: args.advertise.or(f.advertise),
     };
+    // Before anything is mapped or mounted: a bad flag fails here, with what to change.
+    mooring::preflight::check_segment_size(size)?;
+    if let Some(disk) = &segment.node.disk {
+        mooring::preflight::check_disk_dir(&disk.dir, disk.capacity)?;
+    }
     let node =
         StandaloneNode::start(&master, None, &segment, Arc::new(LocalSegments::default())).await?;
     out!(
@@ -441,7 +446,25 @@ async fn run_put(args: PutArgs) -> Result<(), Error> {
     } else {
         client.put(&args.key, &value, &config).await?;
     }
-    out!("stored {} ({} bytes)", args.key, value.len());
+    // Replicas go to distinct segments: with fewer segments than asked, fewer are stored.
+    let pattern = format!("^{}$", regex::escape(&args.key));
+    let stored = client.query(&pattern).await?;
+    let replicas = stored.first().map_or(0, |k| k.replicas);
+    if replicas < args.replicas {
+        out!(
+            "stored {} ({} bytes) with {replicas} of the {} replicas asked: only {replicas} \
+             segments could take a copy",
+            args.key,
+            value.len(),
+            args.replicas
+        );
+    } else {
+        out!(
+            "stored {} ({} bytes, {replicas} replicas)",
+            args.key,
+            value.len()
+        );
+    }
     Ok(())
 }
 
