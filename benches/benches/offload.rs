@@ -37,6 +37,7 @@ fn offload_under_write_pressure(c: &mut Criterion) {
                 ..MasterConfig::default()
             },
             disk: Some(disk),
+            ..EmbeddedConfig::default()
         })
         .await
         .expect("cluster");

@@ -58,6 +58,7 @@ fn ssd_tier_with(c: &mut Criterion, io: DiskIo) {
                 ..MasterConfig::default()
             },
             disk: Some(disk),
+            ..EmbeddedConfig::default()
         })
         .await
         .expect("cluster");

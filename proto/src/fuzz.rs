@@ -4,6 +4,7 @@
 //! `cargo fuzz` drives them (`fuzz/fuzz_targets/`), and `proto/tests/fuzz_corpus.rs` replays
 //! their corpora on every test run.
 
+use crate::auth::Handshake;
 use crate::wire::{
     DataRequest, DataResponse, FrameKind, HEADER_LEN, MasterRequest, MasterResponse, WireMessage,
     header, parse_header,
@@ -23,6 +24,7 @@ pub fn frame(data: &[u8]) {
         MasterResponse::from_frame(&h, payload).is_ok(),
         DataRequest::from_frame(&h, payload).is_ok(),
         DataResponse::from_frame(&h, payload).is_ok(),
+        Handshake::from_frame(&h, payload).is_ok(),
     ];
     assert!(
         accepted.iter().filter(|&&ok| ok).count() <= 1,
@@ -54,6 +56,12 @@ pub fn data_response(payload: &[u8]) {
     payload_roundtrip::<DataResponse>(payload);
 }
 
+/// As [`master_request`], for the handshake that opens every connection (the first bytes a
+/// server reads from a stranger).
+pub fn handshake(payload: &[u8]) {
+    payload_roundtrip::<Handshake>(payload);
+}
+
 /// Decodes `payload` as a `T` behind a valid header; a decoded message must encode and
 /// decode to itself.
 fn payload_roundtrip<T: WireMessage + PartialEq + std::fmt::Debug>(payload: &[u8]) -> Option<T> {
@@ -80,6 +88,7 @@ fn payload_roundtrip<T: WireMessage + PartialEq + std::fmt::Debug>(payload: &[u8
 pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
     use mooring_core::{ClientId, Error, ErrorCode, KeyListing, ReplicateConfig, WriteId};
 
+    use crate::auth::Handshake;
     use crate::wire::{
         BatchExist, DataReply, GetReplicaList, Hello, ListKeys, PutEnd, PutStart, Range, Reply,
         StagedSlot,
@@ -182,5 +191,20 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
             .iter()
             .map(|m| (DataResponse::KIND, m.to_frame(1))),
     );
+    let handshakes = [
+        Handshake::Challenge {
+            nonce: [7; 32],
+            token_required: true,
+        },
+        Handshake::Answer {
+            nonce: [8; 32],
+            proof: [9; 32],
+        },
+        Handshake::Welcome { proof: [10; 32] },
+        Handshake::Refused {
+            reason: "authentication failed".into(),
+        },
+    ];
+    frames.extend(handshakes.iter().map(|m| (Handshake::KIND, m.to_frame(0))));
     frames
 }

@@ -8,6 +8,7 @@
 //!
 //! | module | concept |
 //! | --- | --- |
+//! | [`auth`] | the cluster token and the handshake that opens every connection |
 //! | [`wire`] | messages and the checksummed frame codec |
 //! | [`dispatch`] | a request to the master, applied to the core; the reply it gives |
 //! | [`transport`] | the control-plane and data-plane traits, segment memory, the export table |
@@ -15,6 +16,7 @@
 //! | [`disk`] | the file I/O trait the SSD tier's disks implement |
 //! | [`fuzz`] | fuzz entry points for every decoder of network bytes |
 
+pub mod auth;
 pub mod disk;
 pub mod dispatch;
 pub mod fuzz;

@@ -48,6 +48,8 @@ pub enum FrameKind {
     DataRequest = 3,
     /// A [`DataResponse`] (bulk bytes follow for successful reads).
     DataResponse = 4,
+    /// A [`Handshake`](crate::auth::Handshake) step, the first frames of every connection.
+    Handshake = 5,
 }
 
 impl FrameKind {
@@ -57,6 +59,7 @@ impl FrameKind {
             2 => FrameKind::MasterResponse,
             3 => FrameKind::DataRequest,
             4 => FrameKind::DataResponse,
+            5 => FrameKind::Handshake,
             _ => return None,
         })
     }
@@ -200,6 +203,7 @@ pub trait WireMessage: Sized {
     }
 }
 
+/// Implements [`WireMessage`] for a message type carried in frames of one kind.
 macro_rules! wire_message {
     ($ty:ty, $kind:expr) => {
         impl WireMessage for $ty {
@@ -513,6 +517,8 @@ impl DataReply {
 
 /// A node's answer to a data request (read data follows a successful read's response).
 pub type DataResponse = Result<DataReply, Error>;
+
+pub(crate) use wire_message;
 
 wire_message!(MasterRequest, FrameKind::MasterRequest);
 wire_message!(MasterResponse, FrameKind::MasterResponse);

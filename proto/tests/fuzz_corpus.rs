@@ -12,12 +12,13 @@ use mooring_proto::wire::{FrameKind, HEADER_LEN};
 type Entry = fn(&[u8]);
 
 /// Each wire target with its entry point.
-const TARGETS: [(&str, Entry); 5] = [
+const TARGETS: [(&str, Entry); 6] = [
     ("wire_frame", fuzz::frame),
     ("master_request", fuzz::master_request),
     ("master_response", fuzz::master_response),
     ("data_request", fuzz::data_request),
     ("data_response", fuzz::data_response),
+    ("handshake", fuzz::handshake),
 ];
 
 fn corpus_dir(target: &str) -> PathBuf {
@@ -82,6 +83,7 @@ fn the_seed_frames_decode() {
             FrameKind::MasterResponse => fuzz::master_response(payload),
             FrameKind::DataRequest => fuzz::data_request(payload),
             FrameKind::DataResponse => fuzz::data_response(payload),
+            FrameKind::Handshake => fuzz::handshake(payload),
         }
     }
 }
@@ -97,6 +99,7 @@ fn write_seed_corpora() {
             FrameKind::MasterResponse => ("master_response", &frame[HEADER_LEN..]),
             FrameKind::DataRequest => ("data_request", &frame[HEADER_LEN..]),
             FrameKind::DataResponse => ("data_response", &frame[HEADER_LEN..]),
+            FrameKind::Handshake => ("handshake", &frame[HEADER_LEN..]),
         };
         for (target, input) in [(target, input), ("wire_frame", &frame[..])] {
             let dir = corpus_dir(target);

@@ -12,6 +12,7 @@ use mooring::{
     StandaloneNode, random_client_id,
 };
 use mooring_core::{ClientId, Result};
+use mooring_proto::auth::ClusterToken;
 use mooring_proto::transport::{ControlPlane, DataPlane, RpcHandler};
 use mooring_transport_sim::{SimControlPlane, SimDataPlane, SimDataServer, serve_rpc};
 use mooring_transport_tcp::{DataPlaneConfig, LocalSegments};
@@ -23,6 +24,11 @@ use crate::world::{DATA_PORT, World, ip, master_addr};
 
 /// How long any one RPC or transfer may take before the caller gives up.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The simulated cluster's token: every TCP connection opens with the real handshake.
+fn cluster_token() -> ClusterToken {
+    ClusterToken::from_bytes([0x5A; 32])
+}
 
 fn io_error(what: &str, e: std::io::Error) -> mooring_core::Error {
     mooring_core::Error::new(
@@ -36,9 +42,10 @@ pub async fn master(world: Arc<World>) {
     let config = world.plan.master.clone();
     match world.plan.transport {
         Transport::Tcp => {
-            let running = RunningMaster::start(&master_addr().to_string(), config)
-                .await
-                .expect("the simulated master starts");
+            let running =
+                RunningMaster::start(&master_addr().to_string(), config, Some(cluster_token()))
+                    .await
+                    .expect("the simulated master starts");
             world.set_master(running.service.clone());
             std::future::pending::<()>().await;
             drop(running);
@@ -108,6 +115,7 @@ async fn start_node(world: &World, i: usize, name: &str) -> Result<StandaloneNod
                 Some(id),
                 &segment,
                 Arc::new(LocalSegments::default()),
+                Some(cluster_token()),
             )
             .await
         }
@@ -163,6 +171,7 @@ pub async fn connect(world: &World, at: IpAddr, segment: Option<String>) -> Resu
             let mut config = ClientConfig::new(master_addr().to_string());
             config.id = Some(id);
             config.rpc_timeout = CALL_TIMEOUT;
+            config.token = Some(cluster_token());
             config.data = DataPlaneConfig {
                 timeout: CALL_TIMEOUT,
                 spin: Duration::ZERO,

@@ -9,7 +9,7 @@
 //! own value checking, which happens between calls.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -181,6 +181,7 @@ impl Writer {
     /// Starts `exe bench-writer ...`.
     fn spawn(
         exe: &PathBuf,
+        token: Option<&Path>,
         master: &str,
         sizes: &[u64],
         count: usize,
@@ -198,12 +199,16 @@ impl Writer {
             "--run",
             run,
         ];
-        Writer::spawn_args(exe, &args)
+        Writer::spawn_args(exe, token, &args)
     }
 
-    /// Starts `exe args...` with piped stdin and stdout.
-    fn spawn_args(exe: &PathBuf, args: &[&str]) -> Result<Writer> {
+    /// Starts `exe args...` with piped stdin and stdout, holding the token in `token` if
+    /// given (else whatever this process's environment names).
+    fn spawn_args(exe: &PathBuf, token: Option<&Path>, args: &[&str]) -> Result<Writer> {
         let mut command = Command::new(exe);
+        if let Some(token) = token {
+            command.env(crate::token::TOKEN_FILE_VAR, token);
+        }
         if std::env::var_os("RUST_LOG").is_none() {
             // The helpers' routine logs (segments unmounting at the end) are not results.
             command.env("RUST_LOG", "error");
@@ -291,6 +296,33 @@ fn progress(enabled: bool, len: u64, label: String) -> ProgressBar {
     bar
 }
 
+/// A fresh cluster token in a private temporary directory, removed when dropped.
+struct TokenDir {
+    dir: PathBuf,
+    file: PathBuf,
+}
+
+impl TokenDir {
+    fn new(run: &str) -> Result<TokenDir> {
+        let dir = std::env::temp_dir().join(format!("mooring-bench-{run}"));
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            Error::new(
+                ErrorCode::FILE_WRITE_FAIL,
+                format!("{}: {e}", dir.display()),
+            )
+        })?;
+        let file = dir.join("token");
+        crate::token::write_new(&file)?;
+        Ok(TokenDir { dir, file })
+    }
+}
+
+impl Drop for TokenDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// Runs the benchmark; `exe` is this program (started again as the writer).
 pub async fn run(config: &BenchConfig, exe: PathBuf) -> Result<Report> {
     if config.sizes.is_empty() || config.count == 0 || config.batch == 0 {
@@ -300,27 +332,38 @@ pub async fn run(config: &BenchConfig, exe: PathBuf) -> Result<Report> {
         ));
     }
     let run = format!("{:016x}", crate::connect::random_client_id().0 as u64);
+    // A cluster the bench starts shares a fresh token; a remote one's comes from the
+    // environment (MOORING_TOKEN_FILE), as for any client.
+    let own_token = match config.master {
+        MasterPlacement::Remote(_) => None,
+        _ => Some(TokenDir::new(&run)?),
+    };
+    let token = own_token.as_ref().map(|t| t.file.as_path());
     let mut master_process = None;
     let (mut writer, master) = match &config.master {
         MasterPlacement::Remote(addr) => {
-            let writer = Writer::spawn(&exe, addr, &config.sizes, config.count, &run)?;
+            let writer = Writer::spawn(&exe, token, addr, &config.sizes, config.count, &run)?;
             (writer, addr.clone())
         }
         MasterPlacement::Process => {
-            let mut master = Writer::spawn_args(&exe, &["master", "--listen", "127.0.0.1:0"])?;
+            let mut master =
+                Writer::spawn_args(&exe, token, &["master", "--listen", "127.0.0.1:0"])?;
             let addr = master.expect("mooring master listening on").await?;
             master_process = Some(master);
-            let writer = Writer::spawn(&exe, &addr, &config.sizes, config.count, &run)?;
+            let writer = Writer::spawn(&exe, token, &addr, &config.sizes, config.count, &run)?;
             (writer, addr)
         }
         MasterPlacement::InWriter => {
-            let mut writer = Writer::spawn(&exe, "embedded", &config.sizes, config.count, &run)?;
+            let mut writer =
+                Writer::spawn(&exe, token, "embedded", &config.sizes, config.count, &run)?;
             let addr = writer.expect("master").await?;
             (writer, addr)
         }
     };
     writer.expect("ready").await?;
-    let reader = Client::connect(ClientConfig::new(master.clone())).await?;
+    let mut reader_config = ClientConfig::new(master.clone());
+    reader_config.token = token.map(crate::token::load).transpose()?;
+    let reader = Client::connect(reader_config).await?;
     let mut report = Report::default();
     for &size in &config.sizes {
         writer.send(&format!("put {size}"))?;
@@ -453,7 +496,14 @@ async fn exist_phases(reader: &Client, config: &BenchConfig, run: &str) -> Resul
 /// With `master == "embedded"` the writer also runs the master (and announces its address).
 pub async fn run_writer(master: &str, sizes: &[u64], count: usize, run: &str) -> Result<()> {
     let embedded = match master {
-        "embedded" => Some(RunningMaster::start("127.0.0.1:0", MasterConfig::default()).await?),
+        "embedded" => Some(
+            RunningMaster::start(
+                "127.0.0.1:0",
+                MasterConfig::default(),
+                crate::token::resolve(None)?,
+            )
+            .await?,
+        ),
         _ => None,
     };
     let master = match &embedded {

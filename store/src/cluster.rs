@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use mooring_core::{MasterConfig, Result};
+use mooring_proto::auth::ClusterToken;
 use mooring_transport_tcp::LocalSegments;
 
 use crate::client::Client;
@@ -28,6 +29,9 @@ pub struct EmbeddedConfig {
     pub local_memcpy: bool,
     /// A disk tier for every node: node `i` keeps its copies in `dir/node-i`.
     pub disk: Option<DiskTierConfig>,
+    /// The cluster token every member proves (by default a fresh one: an embedded cluster
+    /// is closed to strangers like any other).
+    pub token: Option<ClusterToken>,
 }
 
 impl Default for EmbeddedConfig {
@@ -39,6 +43,7 @@ impl Default for EmbeddedConfig {
             prefault: false,
             local_memcpy: true,
             disk: None,
+            token: Some(crate::token::generate()),
         }
     }
 }
@@ -56,7 +61,9 @@ pub struct EmbeddedCluster {
 impl EmbeddedCluster {
     /// Starts a master and `config.nodes` nodes on 127.0.0.1.
     pub async fn start(config: EmbeddedConfig) -> Result<EmbeddedCluster> {
-        let master = RunningMaster::start("127.0.0.1:0", config.master.clone()).await?;
+        let master =
+            RunningMaster::start("127.0.0.1:0", config.master.clone(), config.token.clone())
+                .await?;
         let local = Arc::new(LocalSegments::default());
         let mut nodes = Vec::new();
         for i in 0..config.nodes {
@@ -74,8 +81,14 @@ impl EmbeddedCluster {
                 advertise: None,
             };
             nodes.push(
-                StandaloneNode::start(&master.addr.to_string(), None, &segment, local.clone())
-                    .await?,
+                StandaloneNode::start(
+                    &master.addr.to_string(),
+                    None,
+                    &segment,
+                    local.clone(),
+                    config.token.clone(),
+                )
+                .await?,
             );
         }
         Ok(EmbeddedCluster {
@@ -84,6 +97,11 @@ impl EmbeddedCluster {
             local,
             config,
         })
+    }
+
+    /// The cluster token its members prove.
+    pub fn token(&self) -> Option<&ClusterToken> {
+        self.config.token.as_ref()
     }
 
     /// The master's address.
@@ -95,6 +113,7 @@ impl EmbeddedCluster {
     pub async fn client(&self) -> Result<Client> {
         let mut config = ClientConfig::new(self.master_addr());
         config.data.local_memcpy = self.config.local_memcpy;
+        config.token = self.config.token.clone();
         Client::connect_with(config, self.local.clone()).await
     }
 

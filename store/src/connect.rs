@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mooring_core::{ClientId, Result};
+use mooring_proto::auth::ClusterToken;
 use mooring_proto::transport::ControlPlane;
 use mooring_transport_tcp::{
     DataPlaneConfig, LocalSegments, TcpControlPlane, TcpDataPlane, TcpDataServer,
@@ -38,6 +39,8 @@ pub struct ClientConfig {
     pub data: DataPlaneConfig,
     /// Memory this client contributes, if any.
     pub segment: Option<SegmentConfig>,
+    /// The cluster token; when `None`, the file `MOORING_TOKEN_FILE` names, if set.
+    pub token: Option<ClusterToken>,
 }
 
 impl ClientConfig {
@@ -53,6 +56,7 @@ impl ClientConfig {
                 ..DataPlaneConfig::default()
             },
             segment: None,
+            token: None,
         }
     }
 
@@ -96,30 +100,44 @@ struct Transports {
     local: Arc<LocalSegments>,
 }
 
-fn transports(config: &ClientConfig, local: Arc<LocalSegments>) -> Transports {
+fn transports(
+    config: &ClientConfig,
+    token: Option<ClusterToken>,
+    local: Arc<LocalSegments>,
+) -> Transports {
     Transports {
         control: TcpControlPlane::new(
             config.master.clone(),
             buggify::timeout(Site::CLIENT_RPC_TIMEOUT, config.rpc_timeout),
             crate::tuning::client_spin(),
+            token.clone(),
         ),
-        data: TcpDataPlane::new(local.clone(), config.data.clone()),
+        data: TcpDataPlane::new(
+            local.clone(),
+            DataPlaneConfig {
+                token,
+                ..config.data.clone()
+            },
+        ),
         local,
     }
 }
 
 /// Starts a data server for `segment` and describes the contribution.
 async fn contribution(
-    id: ClientId,
     segment: &SegmentConfig,
+    token: Option<ClusterToken>,
     local: Arc<LocalSegments>,
 ) -> Result<Contribution> {
+    // Data-plane keys derive from a fresh random seed, not from anything a peer can see.
+    let key_seed = random_client_id().0 as u64;
     let server = TcpDataServer::start(
         &segment.listen,
         segment.advertise.clone(),
         local,
-        id.0 as u64 ^ (id.0 >> 64) as u64,
+        key_seed,
         crate::tuning::server_spin(),
+        token,
     )
     .await?;
     let default_name = server.endpoint().to_string();
@@ -141,9 +159,13 @@ impl Client {
     /// to their segments are a `memcpy`.
     pub async fn connect_with(config: ClientConfig, local: Arc<LocalSegments>) -> Result<Client> {
         let id = config.id.unwrap_or_else(random_client_id);
-        let t = transports(&config, local);
+        let token = match &config.token {
+            Some(token) => Some(token.clone()),
+            None => crate::token::resolve(None)?,
+        };
+        let t = transports(&config, token.clone(), local);
         let contribution = match &config.segment {
-            Some(segment) => Some(contribution(id, segment, t.local).await?),
+            Some(segment) => Some(contribution(segment, token, t.local).await?),
             None => None,
         };
         Client::with_transport(id, t.control, t.data, contribution).await
@@ -157,20 +179,23 @@ pub struct StandaloneNode {
 }
 
 impl StandaloneNode {
-    /// Starts serving `segment` to the master at `master` over TCP.
+    /// Starts serving `segment` to the master at `master` over TCP, proving `token` to the
+    /// master and requiring it of readers and writers.
     pub async fn start(
         master: &str,
         id: Option<ClientId>,
         segment: &SegmentConfig,
         local: Arc<LocalSegments>,
+        token: Option<ClusterToken>,
     ) -> Result<StandaloneNode> {
         let id = id.unwrap_or_else(random_client_id);
         let control = TcpControlPlane::new(
             master,
             buggify::timeout(Site::NODE_RPC_TIMEOUT, Duration::from_secs(10)),
             crate::tuning::client_spin(),
+            token.clone(),
         );
-        let contribution = contribution(id, segment, local).await?;
+        let contribution = contribution(segment, token, local).await?;
         StandaloneNode::with_transport(id, control, contribution).await
     }
 

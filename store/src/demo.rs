@@ -88,6 +88,7 @@ pub async fn run(config: &DemoConfig, out: &mut dyn Write) -> Result<()> {
         prefault: true,
         local_memcpy: false,
         disk: config.disk.then(|| DiskTierConfig::new(&disk_dir)),
+        ..EmbeddedConfig::default()
     })
     .await?;
     let result = stream(config, &cluster, out).await;

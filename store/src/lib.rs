@@ -28,6 +28,7 @@ pub mod memory;
 pub mod node;
 pub mod preflight;
 pub mod presence;
+pub mod token;
 pub mod tuning;
 
 pub use client::Client;

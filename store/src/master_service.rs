@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mooring_core::{Error, ErrorCode, Event, Master, MasterConfig, Result, Stats};
+use mooring_proto::auth::ClusterToken;
 use mooring_proto::dispatch;
 use mooring_proto::transport::RpcHandler;
 use mooring_proto::wire::{MasterRequest, MasterResponse};
@@ -127,8 +128,12 @@ pub struct RunningMaster {
 }
 
 impl RunningMaster {
-    /// Binds `listen` and serves.
-    pub async fn start(listen: &str, config: MasterConfig) -> Result<RunningMaster> {
+    /// Binds `listen` and serves peers that prove they hold `token`.
+    pub async fn start(
+        listen: &str,
+        config: MasterConfig,
+        token: Option<ClusterToken>,
+    ) -> Result<RunningMaster> {
         let service = MasterService::new(config)?;
         let listener = TcpListener::bind(listen).await.map_err(|e| {
             Error::new(
@@ -140,7 +145,12 @@ impl RunningMaster {
             .local_addr()
             .map_err(|e| Error::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
         let tasks = vec![
-            spawn_rpc_server(listener, service.clone(), crate::tuning::server_spin()),
+            spawn_rpc_server(
+                listener,
+                service.clone(),
+                crate::tuning::server_spin(),
+                token,
+            ),
             service.spawn_timer(),
         ];
         info!(%addr, "master listening");

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use mooring::{Client, ClientConfig};
 use mooring_core::{ErrorCode, ReplicateConfig};
+use mooring_proto::auth::Handshake;
+use mooring_proto::wire::{HEADER_LEN, WireMessage, parse_header};
 
 const BIN: &str = env!("CARGO_BIN_EXE_mooring");
 
@@ -337,12 +339,24 @@ async fn garbage_to_every_port_is_refused_without_harm() {
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             let _ = s.write_all(bytes);
             let mut rest = Vec::new();
-            // The peer closes the connection instead of answering garbage.
+            // The peer opens with its handshake challenge, then closes the connection instead
+            // of answering garbage.
             let _ = s.read_to_end(&mut rest);
+            assert!(rest.len() >= HEADER_LEN, "{port} sent no challenge");
+            let (head, payload) = rest.split_at(HEADER_LEN);
+            let header = parse_header(head.try_into().unwrap()).unwrap();
+            let payload = &payload[..header.len as usize];
             assert!(
-                rest.is_empty(),
-                "{port} answered garbage with {} bytes",
-                rest.len()
+                matches!(
+                    Handshake::from_frame(&header, payload),
+                    Ok(Handshake::Challenge { .. })
+                ),
+                "{port} did not open with a challenge"
+            );
+            assert_eq!(
+                rest.len(),
+                HEADER_LEN + payload.len(),
+                "{port} answered garbage beyond its challenge"
             );
         }
     }

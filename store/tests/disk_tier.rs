@@ -145,6 +145,7 @@ async fn round_trip_and_restart(backend: DiskBackend) {
 
     // The node goes away: its copies go unreachable with it...
     let master = cluster.master_addr();
+    let token = cluster.token().cloned();
     let EmbeddedCluster {
         nodes,
         master: running,
@@ -170,7 +171,7 @@ async fn round_trip_and_restart(backend: DiskBackend) {
         advertise: None,
     };
     let local = Arc::new(mooring_transport_tcp::LocalSegments::default());
-    let node = mooring::StandaloneNode::start(&master, None, &segment, local)
+    let node = mooring::StandaloneNode::start(&master, None, &segment, local, token)
         .await
         .unwrap();
     wait_for(&client, |s| s.disk_replicas >= 40).await;

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use mooring_core::{Error, ErrorCode, Result};
+use mooring_proto::auth::ClusterToken;
 use mooring_proto::serve::{DataService, Ranges, SenderClock, Served};
 use mooring_proto::transport::{
     BoxFuture, DataPlane, DataServer, NodeAddr, ReadOp, SegmentMemory, Stager, WriteOp,
@@ -25,6 +26,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::framed::{Framed, ReadError};
+use crate::handshake;
 
 /// Segments served from this process, so transfers to them are a `memcpy`. Share one between
 /// the data servers and data planes of one process; never across simulated nodes.
@@ -50,6 +52,7 @@ pub struct TcpDataServer {
     local: Arc<LocalSegments>,
     accept: Mutex<Option<JoinHandle<()>>>,
     spin: Duration,
+    token: Option<ClusterToken>,
 }
 
 /// A dropped server releases its port at once: the accept loop holds only a weak reference,
@@ -64,16 +67,17 @@ impl Drop for TcpDataServer {
 }
 
 impl TcpDataServer {
-    /// Listens on `bind` and serves transfers. Clients are told to connect to `advertise`
-    /// (default: the bound address). Keys are derived from `key_seed`, so distinct nodes and
-    /// restarts should use distinct seeds. Connections busy-poll for up to `spin` for their next
-    /// request before parking.
+    /// Listens on `bind` and serves transfers to peers that prove they hold `token`. Clients
+    /// are told to connect to `advertise` (default: the bound address). Keys are derived from
+    /// `key_seed`, so distinct nodes and restarts should use distinct (random) seeds.
+    /// Connections busy-poll for up to `spin` for their next request before parking.
     pub async fn start(
         bind: &str,
         advertise: Option<String>,
         local: Arc<LocalSegments>,
         key_seed: u64,
         spin: Duration,
+        token: Option<ClusterToken>,
     ) -> Result<Arc<TcpDataServer>> {
         let listener = TcpListener::bind(bind).await.map_err(|e| {
             Error::new(
@@ -90,6 +94,7 @@ impl TcpDataServer {
             local,
             accept: Mutex::new(None),
             spin,
+            token,
         });
         let weak = Arc::downgrade(&server);
         let task = tokio::spawn(async move {
@@ -104,8 +109,11 @@ impl TcpDataServer {
                 };
                 let Some(server) = weak.upgrade() else { return };
                 tokio::spawn(async move {
-                    let conn = Framed::new(stream, server.spin);
-                    server.serve_connection(conn, &peer.to_string()).await;
+                    let mut conn = Framed::new(stream, server.spin);
+                    match handshake::server(&mut conn, server.token.as_ref()).await {
+                        Ok(()) => server.serve_connection(conn, &peer.to_string()).await,
+                        Err(e) => warn!(%peer, "refused a data connection: {e}"),
+                    }
                 });
             }
         });
@@ -306,6 +314,8 @@ pub struct DataPlaneConfig {
     pub spin: Duration,
     /// Largest transfer one request carries; bigger transfers are pipelined as several.
     pub request_bulk: u64,
+    /// The cluster token every connection proves (see [`crate::handshake`]).
+    pub token: Option<ClusterToken>,
 }
 
 impl Default for DataPlaneConfig {
@@ -318,6 +328,7 @@ impl Default for DataPlaneConfig {
             local_memcpy: true,
             spin: Duration::from_micros(50),
             request_bulk: 1 << 20,
+            token: None,
         }
     }
 }
@@ -395,6 +406,9 @@ impl TcpDataPlane {
         let mut framed = Framed::connect(&node.endpoint, self.config.spin)
             .await
             .map_err(|e| fail(e.to_string()))?;
+        handshake::client(&mut framed, self.config.token.as_ref())
+            .await
+            .map_err(fail)?;
         let opened = Instant::now();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         framed

@@ -6,10 +6,13 @@
 //! are `mooring_proto::wire` frames: checksummed, size-limited, rkyv-validated; a bad frame
 //! closes its connection with a logged reason and never panics the process.
 //!
+//! Every connection opens with the cluster-token handshake ([`handshake`]).
+//!
 //! Built on `madsim-tokio`, so the same code runs on real sockets and inside the simulator.
 
 mod data;
 mod framed;
+pub mod handshake;
 mod rpc;
 #[cfg(all(target_os = "linux", not(madsim)))]
 mod splice;

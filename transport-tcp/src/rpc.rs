@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use mooring_core::{Error, ErrorCode, Result};
+use mooring_proto::auth::ClusterToken;
 use mooring_proto::transport::{BoxFuture, ControlPlane, RpcHandler};
 use mooring_proto::wire::{MasterRequest, MasterResponse, Reply};
 use tokio::net::TcpListener;
@@ -18,6 +19,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 use crate::framed::{Framed, ReadError};
+use crate::handshake;
 
 /// Most idle connections kept per peer.
 const MAX_IDLE: usize = 64;
@@ -31,19 +33,43 @@ pub struct TcpControlPlane {
     next_id: AtomicU64,
     timeout: Duration,
     spin: Duration,
+    token: Option<ClusterToken>,
 }
 
 impl TcpControlPlane {
-    /// A client for the master at `addr`; every call fails with `RPC_FAIL` if no reply comes
-    /// within `timeout`. While waiting for a reply it busy-polls for up to `spin` first.
-    pub fn new(addr: impl Into<String>, timeout: Duration, spin: Duration) -> Arc<TcpControlPlane> {
+    /// A client for the master at `addr`, proving it holds `token` on every connection;
+    /// every call fails with `RPC_FAIL` if no reply comes within `timeout`. While waiting for
+    /// a reply it busy-polls for up to `spin` first.
+    pub fn new(
+        addr: impl Into<String>,
+        timeout: Duration,
+        spin: Duration,
+        token: Option<ClusterToken>,
+    ) -> Arc<TcpControlPlane> {
         Arc::new(TcpControlPlane {
             addr: addr.into(),
             idle: std::sync::Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
             timeout,
             spin,
+            token,
         })
+    }
+
+    /// A new connection to the master, past the handshake.
+    async fn open(&self) -> Result<Framed> {
+        let mut conn = Framed::connect(&self.addr, self.spin).await.map_err(|e| {
+            Error::new(
+                ErrorCode::RPC_FAIL,
+                format!("cannot connect to the master at {}: {e}", self.addr),
+            )
+        })?;
+        handshake::client(&mut conn, self.token.as_ref())
+            .await
+            .map_err(|e| {
+                Error::new(ErrorCode::RPC_FAIL, format!("master at {}: {e}", self.addr))
+            })?;
+        Ok(conn)
     }
 
     /// The master's address.
@@ -55,12 +81,7 @@ impl TcpControlPlane {
         let pooled = self.idle.lock().expect("pool lock").pop();
         let mut conn = match pooled {
             Some(conn) => conn,
-            None => Framed::connect(&self.addr, self.spin).await.map_err(|e| {
-                Error::new(
-                    ErrorCode::RPC_FAIL,
-                    format!("cannot connect to the master at {}: {e}", self.addr),
-                )
-            })?,
+            None => self.open().await?,
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let fail = |what: String| {
@@ -104,13 +125,14 @@ impl ControlPlane for TcpControlPlane {
     }
 }
 
-/// Serves `handler` on every connection `listener` accepts, until the task is aborted. Each
-/// connection busy-polls for up to `spin` for its next request before parking (a client
-/// making back-to-back calls is answered without an epoll wake-up).
+/// Serves `handler` on every connection `listener` accepts whose peer proves it holds `token`,
+/// until the task is aborted. Each connection busy-polls for up to `spin` for its next request
+/// before parking (a client making back-to-back calls is answered without an epoll wake-up).
 pub fn spawn_rpc_server(
     listener: TcpListener,
     handler: Arc<dyn RpcHandler>,
     spin: Duration,
+    token: Option<ClusterToken>,
 ) -> JoinHandle<()> {
     let connections = Arc::new(AtomicUsize::new(0));
     tokio::spawn(async move {
@@ -128,9 +150,14 @@ pub fn spawn_rpc_server(
                 continue;
             }
             connections.fetch_add(1, Ordering::Relaxed);
-            let (handler, connections) = (handler.clone(), connections.clone());
+            let (handler, connections, token) =
+                (handler.clone(), connections.clone(), token.clone());
             tokio::spawn(async move {
-                serve_connection(Framed::new(stream, spin), &*handler, &peer.to_string()).await;
+                let mut conn = Framed::new(stream, spin);
+                match handshake::server(&mut conn, token.as_ref()).await {
+                    Ok(()) => serve_connection(conn, &*handler, &peer.to_string()).await,
+                    Err(e) => warn!(%peer, "refused a control connection: {e}"),
+                }
                 connections.fetch_sub(1, Ordering::Relaxed);
             });
         }

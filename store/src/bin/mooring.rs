@@ -17,6 +17,7 @@ use mooring::{
     Client, ClientConfig, RunningMaster, SegmentConfig, StandaloneNode, demo, random_client_id,
 };
 use mooring_core::{Error, ErrorCode, ReplicateConfig};
+use mooring_proto::auth::ClusterToken;
 use mooring_transport_tcp::LocalSegments;
 
 /// Prints a line of the CLI's output. A closed stdout (`mooring stat | head -1`) ends the
@@ -88,9 +89,84 @@ enum Command {
     /// The writer half of `mooring bench` (started by it).
     #[command(hide = true)]
     BenchWriter(BenchWriterArgs),
+    /// Cluster tokens: every member of a cluster proves it holds the same one.
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Fault-injection helpers for tests.
     #[command(hide = true)]
     Debug(DebugArgs),
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Write a fresh cluster token to FILE (readable by its owner only; never replaces a
+    /// file). Give it to every master, node and client: --token-file FILE, or
+    /// MOORING_TOKEN_FILE=FILE in their environment.
+    New {
+        /// Where to write the token.
+        file: PathBuf,
+    },
+}
+
+/// How a process proves it belongs to the cluster.
+#[derive(Args, Clone)]
+struct AuthArgs {
+    /// The cluster token file every member shares (make one with `mooring token new FILE`).
+    /// Without one, this process only meets peers without one.
+    #[arg(long, env = "MOORING_TOKEN_FILE", value_name = "FILE")]
+    token_file: Option<PathBuf>,
+}
+
+impl AuthArgs {
+    fn token(&self) -> Result<Option<ClusterToken>, Error> {
+        mooring::token::resolve(self.token_file.as_deref())
+    }
+}
+
+/// Where a server listens, and whether it may go beyond loopback without a token.
+#[derive(Args, Clone)]
+struct ServeArgs {
+    #[command(flatten)]
+    auth: AuthArgs,
+    /// Listen beyond loopback without a cluster token: anyone who reaches the port can read,
+    /// change and remove everything. Only on a network you trust completely.
+    #[arg(long)]
+    insecure: bool,
+}
+
+impl ServeArgs {
+    /// The token, after checking that `listen` is safe without one.
+    fn token_for(&self, listen: &str) -> Result<Option<ClusterToken>, Error> {
+        let token = self.auth.token()?;
+        if token.is_none() && !is_loopback(listen) {
+            if !self.insecure {
+                return Err(usage_error(format!(
+                    "refusing to listen on {listen} without a cluster token: anyone who reaches \
+                     it could read and change every value. Make a token (`mooring token new \
+                     FILE`) and pass --token-file FILE (or MOORING_TOKEN_FILE) to every member, \
+                     listen on 127.0.0.1, or pass --insecure on a network you trust"
+                )));
+            }
+            tracing::warn!(
+                %listen,
+                "listening beyond loopback WITHOUT a cluster token (--insecure): anyone who \
+                 reaches this port can read, change and remove everything"
+            );
+        }
+        Ok(token)
+    }
+}
+
+/// Whether every address `listen` names is a loopback address.
+fn is_loopback(listen: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    match listen.to_socket_addrs() {
+        Ok(addrs) => {
+            let addrs: Vec<_> = addrs.collect();
+            !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback())
+        }
+        Err(_) => false,
+    }
 }
 
 #[derive(Args)]
@@ -98,9 +174,11 @@ struct MasterArgs {
     /// TOML config file with a [master] section (flags override it).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Address to listen on [default: 0.0.0.0:50051].
+    /// Address to listen on [default: 0.0.0.0:50051 with a token, 127.0.0.1:50051 without].
     #[arg(long)]
     listen: Option<String>,
+    #[command(flatten)]
+    serve: ServeArgs,
     /// How long a read protects an object from removal, eviction and overwrite [default: 5s].
     #[arg(long)]
     lease_ttl: Option<String>,
@@ -144,9 +222,11 @@ struct NodeArgs {
     /// Segment name, unique in the cluster [default: the advertised address].
     #[arg(long)]
     name: Option<String>,
-    /// Data server bind address [default: 0.0.0.0:0].
+    /// Data server bind address [default: 0.0.0.0:0 with a token, 127.0.0.1:0 without].
     #[arg(long)]
     listen: Option<String>,
+    #[command(flatten)]
+    serve: ServeArgs,
     /// Address clients connect to, if not the bound one (e.g. behind NAT).
     #[arg(long)]
     advertise: Option<String>,
@@ -183,6 +263,8 @@ struct ClientArgs {
     /// Time allowed for one request.
     #[arg(long, default_value = "10s")]
     timeout: String,
+    #[command(flatten)]
+    auth: AuthArgs,
 }
 
 #[derive(Args)]
@@ -314,6 +396,7 @@ fn usage_error(message: String) -> Error {
 async fn connect(args: &ClientArgs) -> Result<Client, Error> {
     let mut config = ClientConfig::new(args.master.clone());
     config.rpc_timeout = parse_duration(&args.timeout).map_err(usage_error)?;
+    config.token = args.auth.token()?;
     Client::connect(config).await
 }
 
@@ -336,8 +419,13 @@ async fn run_master(args: MasterArgs) -> Result<(), Error> {
     };
     let settings = file.master.overlay(flags);
     let config = settings.master_config().map_err(usage_error)?;
-    let listen = settings.listen.unwrap_or_else(|| "0.0.0.0:50051".into());
-    let master = RunningMaster::start(&listen, config).await?;
+    let default_listen = match args.serve.auth.token()? {
+        Some(_) => "0.0.0.0:50051",
+        None => "127.0.0.1:50051",
+    };
+    let listen = settings.listen.unwrap_or_else(|| default_listen.into());
+    let token = args.serve.token_for(&listen)?;
+    let master = RunningMaster::start(&listen, config, token).await?;
     out!("mooring master listening on {}", master.addr);
     let _ = std::io::stdout().flush();
     wait_for_shutdown().await;
@@ -357,6 +445,7 @@ async fn run_node(args: NodeArgs) -> Result<(), Error> {
         .unwrap_or_else(|| DEFAULT_MASTER.into());
     let size =
         parse_size(&args.size.or(f.size).unwrap_or_else(|| "1GiB".into())).map_err(usage_error)?;
+    let token_given = args.serve.auth.token()?.is_some();
     let segment = SegmentConfig {
         node: mooring::NodeConfig {
             name: args.name.or(f.name),
@@ -383,19 +472,29 @@ async fn run_node(args: NodeArgs) -> Result<(), Error> {
                 None => None,
             },
         },
-        listen: args
-            .listen
-            .or(f.listen)
-            .unwrap_or_else(|| "0.0.0.0:0".into()),
+        listen: args.listen.or(f.listen).unwrap_or_else(|| {
+            match token_given {
+                true => "0.0.0.0:0",
+                false => "127.0.0.1:0",
+            }
+            .into()
+        }),
         advertise: args.advertise.or(f.advertise),
     };
     // Before anything is mapped or mounted: a bad flag fails here, with what to change.
+    let token = args.serve.token_for(&segment.listen)?;
     mooring::preflight::check_segment_size(size)?;
     if let Some(disk) = &segment.node.disk {
         mooring::preflight::check_disk_dir(&disk.dir, disk.capacity)?;
     }
-    let node =
-        StandaloneNode::start(&master, None, &segment, Arc::new(LocalSegments::default())).await?;
+    let node = StandaloneNode::start(
+        &master,
+        None,
+        &segment,
+        Arc::new(LocalSegments::default()),
+        token,
+    )
+    .await?;
     out!(
         "mooring node {} serving {size} bytes (master {master})",
         node.node().name()
@@ -611,6 +710,7 @@ async fn run_debug(args: DebugArgs) -> Result<(), Error> {
                 master,
                 Duration::from_secs(10),
                 mooring::client_spin(),
+                mooring::token::resolve(None)?,
             );
             let control: &dyn mooring_proto::transport::ControlPlane = &*control;
             let reply = control
@@ -686,6 +786,15 @@ fn main() -> ExitCode {
             Command::Ls(args) => run_ls(args).await,
             Command::Stat(args) => run_stat(args).await,
             Command::Bench(args) => run_bench(args).await,
+            Command::Token(TokenCommand::New { file }) => {
+                mooring::token::write_new(&file)?;
+                out!(
+                    "wrote a new cluster token to {} (mode 0600); give it to every member: \
+                     --token-file {0} or MOORING_TOKEN_FILE={0}",
+                    file.display()
+                );
+                Ok(())
+            }
             Command::BenchWriter(args) => {
                 bench::run_writer(&args.master, &args.sizes, args.count, &args.run).await
             }

@@ -1,0 +1,194 @@
+//! Authentication as users meet it: real `mooring` processes on loopback sharing a token file,
+//! and strangers without it (no token, a wrong token) refused with a clear message.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mooring");
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `mooring args...` (with no token in its environment unless `args` give one) and
+/// returns it with its first stdout line.
+fn start(args: &[&str]) -> (Proc, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("MOORING_TOKEN_FILE")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start mooring");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("first line");
+    assert!(!line.is_empty(), "mooring {args:?} exited without output");
+    (Proc(child), line)
+}
+
+/// Runs `mooring args...` to completion with no token in its environment.
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("MOORING_TOKEN_FILE")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run mooring")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mooring-auth-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn new_token(path: &Path) {
+    let out = run(&["token", "new", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[test]
+fn only_members_holding_the_token_get_in() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("members");
+    let (token, wrong) = (dir.join("token"), dir.join("wrong"));
+    new_token(&token);
+    new_token(&wrong);
+    let mode = std::fs::metadata(&token).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "a token file is its owner's alone");
+    assert!(
+        !run(&["token", "new", token.to_str().unwrap()])
+            .status
+            .success(),
+        "never replaced"
+    );
+    let token = token.to_str().unwrap();
+    let wrong = wrong.to_str().unwrap();
+
+    let (_master, line) = start(&["master", "--listen", "127.0.0.1:0", "--token-file", token]);
+    let addr = line.trim().rsplit(' ').next().unwrap().to_string();
+    let (_node, _) = start(&[
+        "node",
+        "--master",
+        &addr,
+        "--size",
+        "8MiB",
+        "--no-prefault",
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        token,
+    ]);
+    // A member stores and reads.
+    let put = run(&[
+        "put",
+        "--master",
+        &addr,
+        "--token-file",
+        token,
+        "k",
+        "--value",
+        "secret",
+    ]);
+    assert!(put.status.success(), "{put:?}");
+    let get = run(&["get", "--master", &addr, "--token-file", token, "k"]);
+    assert_eq!(get.stdout, b"secret");
+    // The token also comes from the environment, for programs that take no flag.
+    let env = Command::new(BIN)
+        .args(["get", "--master", &addr, "k"])
+        .env("MOORING_TOKEN_FILE", token)
+        .output()
+        .unwrap();
+    assert_eq!(env.stdout, b"secret", "{env:?}");
+    // Strangers learn nothing and change nothing: no token, or the wrong one.
+    for stranger in [&["--timeout", "2s"][..], &["--token-file", wrong]] {
+        for command in [&["get", "k"][..], &["stat"], &["rm", "--all"], &["ls"]] {
+            let out = Command::new(BIN)
+                .args(command)
+                .args(["--master", &addr])
+                .args(stranger)
+                .env_remove("MOORING_TOKEN_FILE")
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success(),
+                "{command:?} {stranger:?} got in: {out:?}"
+            );
+            assert!(stderr.contains("authentication failed"), "{stderr}");
+            assert!(!String::from_utf8_lossy(&out.stdout).contains("secret"));
+        }
+    }
+    // A node with the wrong token cannot join.
+    let node = run(&[
+        "node",
+        "--master",
+        &addr,
+        "--size",
+        "8MiB",
+        "--no-prefault",
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        wrong,
+    ]);
+    assert!(!node.status.success(), "{node:?}");
+    assert!(String::from_utf8_lossy(&node.stderr).contains("authentication failed"));
+    // Nothing the strangers tried changed anything.
+    let get = run(&["get", "--master", &addr, "--token-file", token, "k"]);
+    assert_eq!(get.stdout, b"secret");
+    let stat = run(&["stat", "--master", &addr, "--token-file", token]);
+    assert!(
+        String::from_utf8_lossy(&stat.stdout).contains("segments       1"),
+        "{stat:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn without_a_token_servers_stay_on_loopback_unless_told_insecure() {
+    let out = run(&["master", "--listen", "0.0.0.0:0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("without a cluster token"), "{stderr}");
+    let out = run(&["node", "--listen", "0.0.0.0:0", "--size", "8MiB"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("without a cluster token"));
+    // Loopback needs no token; --insecure opens the port anyway, with a warning.
+    let (_loopback, line) = start(&["master", "--listen", "127.0.0.1:0"]);
+    assert!(line.contains("listening on 127.0.0.1:"), "{line}");
+    let (_open, line) = start(&["master", "--listen", "0.0.0.0:0", "--insecure"]);
+    assert!(line.contains("listening on 0.0.0.0:"), "{line}");
+    // A client with a token refuses a master without one: it cannot prove it is the cluster.
+    let dir = scratch("insecure");
+    let token = dir.join("token");
+    new_token(&token);
+    let addr = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .replace("0.0.0.0", "127.0.0.1");
+    let out = run(&[
+        "stat",
+        "--master",
+        &addr,
+        "--token-file",
+        token.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("runs without a cluster token"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

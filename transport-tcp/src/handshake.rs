@@ -1,0 +1,93 @@
+//! The handshake that opens every TCP connection (see `mooring_proto::auth`): the server
+//! challenges, the client proves it holds the cluster token, the server proves it back. A
+//! peer that fails gets one clear refusal frame and the connection closes; it never reaches a
+//! request handler.
+
+use std::time::Duration;
+
+use mooring_proto::auth::{
+    ClusterToken, Handshake, NONCE_LEN, answer_challenge, check_welcome, judge_answer,
+};
+
+use crate::framed::{Framed, ReadError};
+
+/// How long a server waits for a new connection's answer. Short: a peer that connects and
+/// says nothing holds a connection slot for no more than this.
+pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// A fresh nonce (in simulation builds, from the run's seeded generator, so seeds replay).
+fn nonce() -> [u8; NONCE_LEN] {
+    #[cfg(madsim)]
+    return madsim::rand::random();
+    #[cfg(not(madsim))]
+    {
+        let mut nonce = [0u8; NONCE_LEN];
+        getrandom::fill(&mut nonce).expect("the operating system's random source");
+        nonce
+    }
+}
+
+/// The client's side: answers the server's challenge and checks its welcome.
+pub async fn client(conn: &mut Framed, token: Option<&ClusterToken>) -> Result<(), String> {
+    let exchange = async {
+        let (_, challenge) = conn.read_message::<Handshake>().await.map_err(unreadable)?;
+        let own = nonce();
+        let answer = answer_challenge(token, &challenge, &own)?;
+        conn.write_message(0, &answer, &[])
+            .await
+            .map_err(|e| format!("handshake send failed: {e}"))?;
+        let (_, last) = conn.read_message::<Handshake>().await.map_err(unreadable)?;
+        check_welcome(token, &own, &challenge, &last)
+    };
+    match tokio::time::timeout(HANDSHAKE_DEADLINE, exchange).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(format!(
+            "the server did not finish the handshake within {HANDSHAKE_DEADLINE:?}"
+        )),
+    }
+}
+
+/// The server's side: challenges, judges the answer, and welcomes or refuses (then the caller
+/// closes). Bounded by [`HANDSHAKE_DEADLINE`].
+pub async fn server(conn: &mut Framed, token: Option<&ClusterToken>) -> Result<(), String> {
+    let exchange = async {
+        let own = nonce();
+        let challenge = Handshake::Challenge {
+            nonce: own,
+            token_required: token.is_some(),
+        };
+        conn.write_message(0, &challenge, &[])
+            .await
+            .map_err(|e| format!("challenge send failed: {e}"))?;
+        let (_, answer) = conn.read_message::<Handshake>().await.map_err(unreadable)?;
+        match judge_answer(token, &own, &answer) {
+            Ok(welcome) => conn
+                .write_message(0, &welcome, &[])
+                .await
+                .map_err(|e| format!("welcome send failed: {e}")),
+            Err(reason) => {
+                let refusal = Handshake::Refused {
+                    reason: reason.clone(),
+                };
+                let _ = conn.write_message(0, &refusal, &[]).await;
+                Err(reason)
+            }
+        }
+    };
+    match tokio::time::timeout(HANDSHAKE_DEADLINE, exchange).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(format!(
+            "no handshake within {HANDSHAKE_DEADLINE:?}; closing"
+        )),
+    }
+}
+
+fn unreadable(e: ReadError) -> String {
+    match e {
+        ReadError::Closed => "the peer closed the connection during the handshake (wrong port, \
+                              or it refused us)"
+            .into(),
+        ReadError::Io(e) => format!("handshake failed: {e}"),
+        ReadError::Frame(e) => format!("handshake failed: not a Mooring peer? {e}"),
+    }
+}
