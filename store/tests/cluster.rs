@@ -480,3 +480,58 @@ async fn flags_that_would_hurt_are_refused_before_anything_is_mounted() {
         "{stdout}"
     );
 }
+
+/// Resident memory of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_announce_big_frames_and_stall_cost_little() {
+    let cluster = start_cluster(1, "16MiB");
+    let node_endpoint = client(&cluster.addr).await.segments().await.unwrap()[0]
+        .endpoint
+        .clone();
+    let pids = [cluster.master.child.id(), cluster.nodes[0].child.id()];
+    let before: Vec<u64> = pids.iter().map(|&p| rss(p)).collect();
+    // A handshake frame header announcing 16 MiB, then nothing: what used to get a 16 MiB
+    // buffer per connection before a single payload byte arrived.
+    let mut header = Vec::from(*b"MOOR");
+    header.extend_from_slice(&[mooring_proto::wire::WIRE_VERSION, 5, 0, 0]);
+    header.extend_from_slice(&0u64.to_le_bytes());
+    header.extend_from_slice(&(16u32 << 20).to_le_bytes());
+    header.extend_from_slice(&0u32.to_le_bytes());
+    let mut stalled = Vec::new();
+    for port in [&cluster.addr, &node_endpoint] {
+        for _ in 0..100 {
+            let mut s = TcpStream::connect(port).unwrap();
+            s.write_all(&header).unwrap();
+            s.write_all(&[0u8; 1000]).unwrap();
+            stalled.push(s);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (pid, before) in pids.iter().zip(before) {
+        let grew = rss(*pid).saturating_sub(before);
+        assert!(
+            grew < 64 << 20,
+            "200 stalled connections grew process {pid} by {} MiB",
+            grew >> 20
+        );
+    }
+    // Honest clients still get in meanwhile, and the stalled ones are closed by the deadline.
+    let c = client(&cluster.addr).await;
+    c.put("k", b"v", &ReplicateConfig::single()).await.unwrap();
+    assert_eq!(c.get("k").await.unwrap(), b"v");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    for mut s in stalled {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut rest = Vec::new();
+        // The challenge, then the close (no hang: read_to_end returns).
+        s.read_to_end(&mut rest)
+            .expect("the server closed the stalled connection");
+    }
+}

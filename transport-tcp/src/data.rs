@@ -8,7 +8,7 @@
 //! the segment lives in the caller's own process ([`LocalSegments`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::framed::{Framed, ReadError};
-use crate::handshake;
+use crate::{handshake, refusals};
 
 /// Segments served from this process, so transfers to them are a `memcpy`. Share one between
 /// the data servers and data planes of one process; never across simulated nodes.
@@ -53,7 +53,12 @@ pub struct TcpDataServer {
     accept: Mutex<Option<JoinHandle<()>>>,
     spin: Duration,
     token: Option<ClusterToken>,
+    /// Connections open now (capped at [`MAX_CONNECTIONS`]).
+    connections: AtomicUsize,
 }
+
+/// Most connections one data server serves at once; more are refused.
+const MAX_CONNECTIONS: usize = 4096;
 
 /// A dropped server releases its port at once: the accept loop holds only a weak reference,
 /// so without this it would keep listening until the next connection arrived, and a node
@@ -95,6 +100,7 @@ impl TcpDataServer {
             accept: Mutex::new(None),
             spin,
             token,
+            connections: AtomicUsize::new(0),
         });
         let weak = Arc::downgrade(&server);
         let task = tokio::spawn(async move {
@@ -108,12 +114,21 @@ impl TcpDataServer {
                     }
                 };
                 let Some(server) = weak.upgrade() else { return };
+                if server.connections.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+                    refusals::refused(
+                        &peer.to_string(),
+                        &format!("{MAX_CONNECTIONS} data connections already open"),
+                    );
+                    continue;
+                }
+                server.connections.fetch_add(1, Ordering::Relaxed);
                 tokio::spawn(async move {
                     let mut conn = Framed::new(stream, server.spin);
                     match handshake::server(&mut conn, server.token.as_ref()).await {
                         Ok(()) => server.serve_connection(conn, &peer.to_string()).await,
-                        Err(e) => warn!(%peer, "refused a data connection: {e}"),
+                        Err(e) => refusals::refused(&peer.to_string(), &e),
                     }
+                    server.connections.fetch_sub(1, Ordering::Relaxed);
                 });
             }
         });
@@ -147,7 +162,7 @@ impl TcpDataServer {
                     return;
                 }
                 Err(ReadError::Frame(e)) => {
-                    warn!(peer, "closing data connection: {e}");
+                    refusals::refused(peer, &format!("closing the data connection: {e}"));
                     return;
                 }
             };
@@ -176,7 +191,7 @@ impl TcpDataServer {
                 Served::Write(target) => receive_write(&mut conn, id, target, deadline, peer).await,
                 Served::RefuseWrite(e) => {
                     // The bulk bytes that follow cannot be skipped safely: answer, then close.
-                    warn!(peer, "refusing write: {e}");
+                    refusals::refused(peer, &format!("refusing a write: {e}"));
                     let _ = conn.write_message::<DataResponse>(id, &Err(e), &[]).await;
                     false
                 }

@@ -22,6 +22,9 @@ use tokio::net::TcpStream;
 
 /// Read buffer size.
 const BUFFER: usize = 64 * 1024;
+/// Once a frame's header has arrived, the rest of the frame must arrive within this: a peer
+/// that announces a frame and stalls holds its connection for no longer.
+pub const FRAME_DEADLINE: Duration = Duration::from_secs(10);
 /// Bulk data up to this size is copied after its frame and sent in one write; larger bulk
 /// goes out in a gathered write straight from its slices.
 const COALESCE: usize = 16 * 1024;
@@ -215,18 +218,39 @@ impl Framed {
         self.start += HEADER_LEN;
         let header: FrameHeader = parse_header(&header).map_err(ReadError::Frame)?;
         let len = header.len as usize;
-        let message = if len <= BUFFER {
-            self.fill(len, false).await?;
-            let payload = &self.buf[self.start..self.start + len];
-            let message = M::from_frame(&header, payload).map_err(ReadError::Frame)?;
-            self.start += len;
-            message
-        } else {
-            let mut payload = vec![0u8; len];
-            self.read_exact(&mut payload).await?;
-            M::from_frame(&header, &payload).map_err(ReadError::Frame)?
+        let rest = async {
+            if len <= BUFFER {
+                self.fill(len, false).await?;
+                let payload = &self.buf[self.start..self.start + len];
+                let message = M::from_frame(&header, payload).map_err(ReadError::Frame)?;
+                self.start += len;
+                Ok(message)
+            } else {
+                let payload = self.read_growing(len).await?;
+                M::from_frame(&header, &payload).map_err(ReadError::Frame)
+            }
         };
-        Ok((header.request_id, message))
+        match tokio::time::timeout(FRAME_DEADLINE, rest).await {
+            Ok(message) => Ok((header.request_id, message?)),
+            Err(_) => Err(ReadError::Io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("a {len}-byte frame did not arrive within {FRAME_DEADLINE:?}"),
+            ))),
+        }
+    }
+
+    /// Reads a `len`-byte payload into a buffer that grows with the bytes that arrive, not
+    /// with what the header announced: a peer announcing 16 MiB and stalling costs this
+    /// process one buffer's worth, not 16 MiB.
+    async fn read_growing(&mut self, len: usize) -> Result<Vec<u8>, ReadError> {
+        let mut payload = Vec::new();
+        while payload.len() < len {
+            let filled = payload.len();
+            let step = filled.max(BUFFER).min(len - filled);
+            payload.resize(filled + step, 0);
+            self.read_exact(&mut payload[filled..]).await?;
+        }
+        Ok(payload)
     }
 
     /// Reads exactly `dest.len()` bulk bytes: what is buffered first, the rest straight from

@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 use crate::framed::{Framed, ReadError};
-use crate::handshake;
+use crate::{handshake, refusals};
 
 /// Most idle connections kept per peer.
 const MAX_IDLE: usize = 64;
@@ -146,7 +146,10 @@ pub fn spawn_rpc_server(
                 }
             };
             if connections.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
-                warn!(%peer, "refusing connection: {MAX_CONNECTIONS} already open");
+                refusals::refused(
+                    &peer.to_string(),
+                    &format!("{MAX_CONNECTIONS} control connections already open"),
+                );
                 continue;
             }
             connections.fetch_add(1, Ordering::Relaxed);
@@ -156,7 +159,7 @@ pub fn spawn_rpc_server(
                 let mut conn = Framed::new(stream, spin);
                 match handshake::server(&mut conn, token.as_ref()).await {
                     Ok(()) => serve_connection(conn, &*handler, &peer.to_string()).await,
-                    Err(e) => warn!(%peer, "refused a control connection: {e}"),
+                    Err(e) => refusals::refused(&peer.to_string(), &e),
                 }
                 connections.fetch_sub(1, Ordering::Relaxed);
             });
@@ -174,7 +177,7 @@ async fn serve_connection(mut conn: Framed, handler: &dyn RpcHandler, peer: &str
                 return;
             }
             Err(ReadError::Frame(e)) => {
-                warn!(peer, "closing connection: {e}");
+                refusals::refused(peer, &format!("closing the connection: {e}"));
                 return;
             }
         };
