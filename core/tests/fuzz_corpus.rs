@@ -3,35 +3,11 @@
 //! The corpora live in `fuzz/corpus/<target>/`; crashes the fuzzer finds are fixed and then
 //! added there as regression inputs.
 
-use std::path::Path;
+#[path = "common/corpus.rs"]
+mod corpus;
 
-use mooring_core::rng::Rng;
+use corpus::{corpus, generated};
 use mooring_core::testkit::{fuzz_one, fuzz_snapshot};
-
-fn corpus(target: &str) -> Vec<Vec<u8>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz/corpus")
-        .join(target);
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("corpus {}: {e}", dir.display()))
-        .map(|e| e.expect("corpus entry").path())
-        .collect();
-    files.sort();
-    files
-        .iter()
-        .map(|p| std::fs::read(p).expect("corpus file"))
-        .collect()
-}
-
-fn generated(seed: u64, count: usize, max_len: usize) -> Vec<Vec<u8>> {
-    let mut rng = Rng::seeded(seed);
-    (0..count)
-        .map(|_| {
-            let len = rng.below(max_len) + 1;
-            (0..len).map(|_| rng.next_u64() as u8).collect()
-        })
-        .collect()
-}
 
 #[test]
 fn core_ops_corpus_and_generated_inputs_pass() {

@@ -2,9 +2,10 @@
 //! inputs through the same entry points `cargo fuzz` drives, so every test run re-checks every
 //! decoder of network bytes. Inputs the fuzzer once failed on are kept in the corpora.
 
-use std::path::{Path, PathBuf};
+#[path = "../../core/tests/common/corpus.rs"]
+mod corpus;
 
-use mooring_core::rng::Rng;
+use corpus::{corpus, corpus_dir, generated};
 use mooring_proto::fuzz;
 use mooring_proto::wire::{FrameKind, HEADER_LEN};
 
@@ -20,35 +21,6 @@ const TARGETS: [(&str, Entry); 6] = [
     ("data_response", fuzz::data_response),
     ("handshake", fuzz::handshake),
 ];
-
-fn corpus_dir(target: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz/corpus")
-        .join(target)
-}
-
-fn corpus(target: &str) -> Vec<Vec<u8>> {
-    let dir = corpus_dir(target);
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("corpus {}: {e}", dir.display()))
-        .map(|e| e.expect("corpus entry").path())
-        .collect();
-    files.sort();
-    files
-        .iter()
-        .map(|p| std::fs::read(p).expect("corpus file"))
-        .collect()
-}
-
-fn generated(seed: u64, count: usize, max_len: usize) -> Vec<Vec<u8>> {
-    let mut rng = Rng::seeded(seed);
-    (0..count)
-        .map(|_| {
-            let len = rng.below(max_len) + 1;
-            (0..len).map(|_| rng.next_u64() as u8).collect()
-        })
-        .collect()
-}
 
 /// Every corpus input and its single-bit flips, plus random bytes, through every target.
 #[test]

@@ -1,40 +1,19 @@
 //! Authentication as users meet it: real `mooring` processes on loopback sharing a token file,
 //! and strangers without it (no token, a wrong token) refused with a clear message.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_mooring");
+mod common;
 
-/// A child process killed when dropped.
-struct Proc(Child);
+use common::{BIN, Proc};
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `mooring args...` (with no token in its environment unless `args` give one) and
+/// Starts `mooring args...` with no token in its environment (only what `args` give) and
 /// returns it with its first stdout line.
 fn start(args: &[&str]) -> (Proc, String) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env_remove("MOORING_TOKEN_FILE")
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start mooring");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("first line");
-    assert!(!line.is_empty(), "mooring {args:?} exited without output");
-    (Proc(child), line)
+    let proc = Proc::start_without_token(args);
+    let line = proc.line.clone();
+    (proc, line)
 }
 
 /// Runs `mooring args...` to completion with no token in its environment.

@@ -1,9 +1,9 @@
 //! The cluster as users run it: a master and storage nodes as separate processes on
 //! 127.0.0.1, clients in this process, faults injected with SIGKILL and garbage bytes.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mooring::{Client, ClientConfig};
@@ -11,44 +11,9 @@ use mooring_core::{ErrorCode, ReplicateConfig};
 use mooring_proto::auth::Handshake;
 use mooring_proto::wire::{HEADER_LEN, WireMessage, parse_header};
 
-const BIN: &str = env!("CARGO_BIN_EXE_mooring");
+mod common;
 
-/// A child process killed when dropped.
-struct Proc {
-    child: Child,
-    line: String,
-}
-
-impl Proc {
-    /// Starts `mooring args...` and waits for its first stdout line.
-    fn start(args: &[&str]) -> Proc {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start mooring");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("first line");
-        assert!(!line.is_empty(), "mooring {args:?} exited without output");
-        Proc { child, line }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+use common::{BIN, Proc};
 
 struct Cluster {
     master: Proc,
@@ -70,7 +35,7 @@ fn start_cluster(nodes: usize, node_size: &str) -> Cluster {
         "--client-ttl",
         "2s",
     ]);
-    let addr = master.line.trim().rsplit(' ').next().unwrap().to_string();
+    let addr = master.announced_addr();
     let nodes = (0..nodes)
         .map(|i| {
             Proc::start(&[
