@@ -14,8 +14,8 @@ ROOT=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPS = {
  'lease-evict': [
    ('core/src/object.rs', "            || self.lease_active(now)\n", ""),
-   ('core/src/eviction.rs', "        let done = object.readers_done_at(self.config.lease_grace);\n        self.release_read_blocks(&object.replicas, done);\n        self.counters.evicted_objects",
-                            "        let done = crate::time::Millis::ZERO;\n        self.release_read_blocks(&object.replicas, done);\n        self.counters.evicted_objects"),
+   ('core/src/eviction.rs', "        self.release_read_blocks(&replicas, done);\n        self.counters.evicted_objects",
+                            "        self.release_read_blocks(&replicas, crate::time::Millis::ZERO);\n        self.counters.evicted_objects"),
  ],
  'double-free': [
    ('core/src/master.rs', "        } else {\n            self.discarded.push(", "        } else {\n            let _ = self.segments.free(replica.segment, replica.alloc);\n            self.discarded.push("),
