@@ -25,6 +25,8 @@ pub mod run;
 #[cfg(madsim)]
 pub mod runner;
 #[cfg(madsim)]
+mod stranger;
+#[cfg(madsim)]
 mod workload;
 #[cfg(madsim)]
 mod world;

@@ -121,6 +121,12 @@ pub enum Fault {
         /// Picks the file and the bit.
         pick: u64,
     },
+    /// A process without the cluster token knocks on every port (wrong-token handshakes,
+    /// garbage, frames announced and never finished, silent connections); TCP runs only.
+    Stranger {
+        /// How long it keeps at it.
+        lasts: Duration,
+    },
 }
 
 impl Fault {
@@ -132,7 +138,8 @@ impl Fault {
             | Fault::Isolate { lasts, .. }
             | Fault::Noise { lasts, .. }
             | Fault::PauseNode { lasts, .. }
-            | Fault::DiskErrors { lasts, .. } => *lasts,
+            | Fault::DiskErrors { lasts, .. }
+            | Fault::Stranger { lasts } => *lasts,
             Fault::RotDisk { .. } => Duration::ZERO,
         }
     }
@@ -187,6 +194,12 @@ impl fmt::Display for Fault {
             }
             Fault::RotDisk { node, pick } => {
                 write!(f, "flip a bit on node{node}'s disk ({pick:#x})")
+            }
+            Fault::Stranger { lasts } => {
+                write!(
+                    f,
+                    "a stranger without the token knocks on every port for {lasts:?}"
+                )
             }
         }
     }
@@ -389,6 +402,14 @@ impl Plan {
             }
             if disk.is_some() {
                 faults.extend(DiskPlan::faults(seed, shape.nodes, horizon));
+            }
+            // Drawn from its own stream, so adding it left every other choice of a seed
+            // unchanged. Over TCP only: the datagram transport has no connections to attack.
+            let mut strangers = Rng::seeded(seed ^ 0x57A4_6E25);
+            if transport == Transport::Tcp && chance(&mut strangers, 0.5) {
+                let at = between(&mut strangers, ms(300), horizon);
+                let lasts = between(&mut strangers, ms(1000), ms(8000));
+                faults.push((at, Fault::Stranger { lasts }));
             }
             faults.sort_by_key(|(at, _)| *at);
         }

@@ -18,6 +18,7 @@ use mooring_transport_sim::{NetFaults, NetStats};
 use crate::history::Tally;
 use crate::members;
 use crate::plan::{Fault, Member, Plan, Transport};
+use crate::stranger::{self, stranger_ip};
 use crate::workload::OPERATION_BOUND;
 use crate::world::{CrashOrder, World, checker_ip, ip};
 
@@ -162,6 +163,8 @@ impl Nodes {
 #[derive(Clone, Debug)]
 enum Heal {
     Restart(NodeId),
+    /// A process that only ever lived for the fault (the stranger) goes for good.
+    Stop(NodeId),
     Unblock(Member, Member),
     Quiet,
     Resume(NodeId),
@@ -339,6 +342,17 @@ impl Supervisor {
                 self.handle.pause(id);
                 self.heals.push((until, Heal::Resume(id)));
             }
+            Fault::Stranger { .. } => {
+                let world = self.world.clone();
+                let stranger = self
+                    .handle
+                    .create_node()
+                    .name("stranger")
+                    .ip(stranger_ip())
+                    .init(move || stranger::knock(world.clone()))
+                    .build();
+                self.heals.push((until, Heal::Stop(stranger.id())));
+            }
             Fault::DiskErrors { node, rate, .. } => {
                 let disk = &self.world.disks[node];
                 disk.set_faults(World::disk_faults(&self.world.plan, rate));
@@ -373,6 +387,7 @@ impl Supervisor {
                 Transport::Tcp => NetSim::current().update_config(|c| c.packet_loss_rate = 0.0),
             },
             Heal::Resume(id) => self.handle.resume(id),
+            Heal::Stop(id) => self.handle.kill(id),
             Heal::DiskQuiet(node) => {
                 self.world.disks[node].set_faults(World::disk_faults(&self.world.plan, 0.0))
             }
