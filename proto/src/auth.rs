@@ -73,9 +73,27 @@ impl ClusterToken {
         mac
     }
 
-    /// The client's proof for a server nonce and its own.
-    pub fn client_proof(&self, server: &[u8; NONCE_LEN], client: &[u8; NONCE_LEN]) -> [u8; 32] {
-        self.mac(CLIENT_LABEL, server, client)
+    /// The client's MAC: over both nonces and the client id it claims, so the claim cannot
+    /// be changed on the way.
+    fn client_mac(
+        &self,
+        server: &[u8; NONCE_LEN],
+        client: &[u8; NONCE_LEN],
+        id: u128,
+    ) -> HmacSha256 {
+        let mut mac = self.mac(CLIENT_LABEL, server, client);
+        mac.update(&id.to_le_bytes());
+        mac
+    }
+
+    /// The client's proof for a server nonce, its own nonce and the client id it claims.
+    pub fn client_proof(
+        &self,
+        server: &[u8; NONCE_LEN],
+        client: &[u8; NONCE_LEN],
+        id: u128,
+    ) -> [u8; 32] {
+        self.client_mac(server, client, id)
             .finalize()
             .into_bytes()
             .into()
@@ -89,14 +107,15 @@ impl ClusterToken {
             .into()
     }
 
-    /// Whether `proof` is the client's proof for these nonces (compared in constant time).
+    /// Whether `proof` is the client's proof for these nonces and id (constant time).
     pub fn check_client(
         &self,
         server: &[u8; NONCE_LEN],
         client: &[u8; NONCE_LEN],
+        id: u128,
         proof: &[u8; 32],
     ) -> bool {
-        self.mac(CLIENT_LABEL, server, client)
+        self.client_mac(server, client, id)
             .verify_slice(proof)
             .is_ok()
     }
@@ -136,9 +155,11 @@ mod messages {
             nonce: [u8; NONCE_LEN],
             token_required: bool,
         },
-        /// Client → server: its nonce and its proof (all zero when no token is required).
+        /// Client → server: its nonce, the client id the connection will speak for (0: none,
+        /// a data connection) and its proof (all zero when no token is required).
         Answer {
             nonce: [u8; NONCE_LEN],
+            client: u128,
             proof: [u8; 32],
         },
         /// Server → client: accepted; the server's proof (all zero without a token).
@@ -150,20 +171,29 @@ mod messages {
 
 wire_message!(Handshake, FrameKind::Handshake);
 
-/// What a server decides about a client's answer.
+/// What a server decides about a client's answer: its welcome and the client id the
+/// connection speaks for (0: none), or why not.
 pub fn judge_answer(
     token: Option<&ClusterToken>,
     server_nonce: &[u8; NONCE_LEN],
     answer: &Handshake,
-) -> Result<Handshake, String> {
-    let Handshake::Answer { nonce, proof } = answer else {
+) -> Result<(Handshake, u128), String> {
+    let Handshake::Answer {
+        nonce,
+        client,
+        proof,
+    } = answer
+    else {
         return Err("authentication failed: the peer did not answer the challenge".into());
     };
     match token {
-        None => Ok(Handshake::Welcome { proof: [0; 32] }),
-        Some(token) if token.check_client(server_nonce, nonce, proof) => Ok(Handshake::Welcome {
-            proof: token.server_proof(nonce, server_nonce),
-        }),
+        None => Ok((Handshake::Welcome { proof: [0; 32] }, *client)),
+        Some(token) if token.check_client(server_nonce, nonce, *client, proof) => Ok((
+            Handshake::Welcome {
+                proof: token.server_proof(nonce, server_nonce),
+            },
+            *client,
+        )),
         Some(_) => Err(
             "authentication failed: wrong or missing cluster token (give every member the same \
              token file: --token-file or MOORING_TOKEN_FILE)"
@@ -172,11 +202,13 @@ pub fn judge_answer(
     }
 }
 
-/// What a client answers a challenge with, or why it will not go on.
+/// What a client speaking for `client` (0: none) answers a challenge with, or why it will
+/// not go on.
 pub fn answer_challenge(
     token: Option<&ClusterToken>,
     challenge: &Handshake,
     client_nonce: &[u8; NONCE_LEN],
+    client: u128,
 ) -> Result<Handshake, String> {
     let Handshake::Challenge {
         nonce,
@@ -191,10 +223,12 @@ pub fn answer_challenge(
     match (token, token_required) {
         (Some(token), true) => Ok(Handshake::Answer {
             nonce: *client_nonce,
-            proof: token.client_proof(nonce, client_nonce),
+            client,
+            proof: token.client_proof(nonce, client_nonce, client),
         }),
         (None, false) => Ok(Handshake::Answer {
             nonce: *client_nonce,
+            client,
             proof: [0; 32],
         }),
         (None, true) => Err(
@@ -253,9 +287,14 @@ mod tests {
             nonce: sn,
             token_required: server.is_some(),
         };
-        let answer = answer_challenge(client, &challenge, &cn)?;
-        let last = judge_answer(server, &sn, &answer)
-            .unwrap_or_else(|reason| Handshake::Refused { reason });
+        let answer = answer_challenge(client, &challenge, &cn, 5)?;
+        let last = match judge_answer(server, &sn, &answer) {
+            Ok((welcome, id)) => {
+                assert_eq!(id, 5, "the claimed id reaches the server");
+                welcome
+            }
+            Err(reason) => Handshake::Refused { reason },
+        };
         check_welcome(client, &cn, &challenge, &last)
     }
 
@@ -279,12 +318,20 @@ mod tests {
             token_required: true,
         };
         // It replays the client's own proof as its welcome.
-        let Handshake::Answer { proof, .. } = answer_challenge(Some(&a), &challenge, &cn).unwrap()
+        let Handshake::Answer { proof, .. } =
+            answer_challenge(Some(&a), &challenge, &cn, 5).unwrap()
         else {
             panic!("an answer");
         };
         let fake = Handshake::Welcome { proof };
         assert!(check_welcome(Some(&a), &cn, &challenge, &fake).is_err());
+        // A claim changed on the way no longer matches its proof.
+        let forged = Handshake::Answer {
+            nonce: cn,
+            client: 6,
+            proof,
+        };
+        assert!(judge_answer(Some(&a), &sn, &forged).is_err());
     }
 
     #[test]

@@ -198,6 +198,7 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
         },
         Handshake::Answer {
             nonce: [8; 32],
+            client: 3,
             proof: [9; 32],
         },
         Handshake::Welcome { proof: [10; 32] },

@@ -388,6 +388,60 @@ mod messages {
     }
 }
 
+impl MasterRequest {
+    /// The client the request acts as, if it names one: a server that knows which client a
+    /// connection speaks for refuses requests naming another.
+    pub fn client(&self) -> Option<ClientId> {
+        use MasterRequest as R;
+        match self {
+            R::Hello(Hello { client })
+            | R::Heartbeat(Heartbeat { client })
+            | R::MountSegment(MountSegment { client, .. })
+            | R::UnmountSegment(UnmountSegment { client, .. })
+            | R::PutStart(PutStart { client, .. })
+            | R::PutEnd(PutEnd { client, .. })
+            | R::PutRevoke(PutRevoke { client, .. })
+            | R::PutAbort(PutAbort { client, .. })
+            | R::BatchPutStart(BatchPutStart { client, .. })
+            | R::BatchPutEnd(BatchPutEnd { client, .. })
+            | R::BatchPutRevoke(BatchPutRevoke { client, .. })
+            | R::ExistPrefetch(ExistPrefetch { client, .. })
+            | R::BatchExistPrefetch(BatchExistPrefetch { client, .. })
+            | R::DiskSync(DiskSync { client, .. })
+            | R::AcquireHold(AcquireHold { client, .. })
+            | R::ReleaseHold(ReleaseHold { client, .. })
+            | R::CopyStart(CopyStart { client, .. })
+            | R::MoveStart(MoveStart { client, .. })
+            | R::TaskEnd(TaskEnd { client, .. })
+            | R::TaskRevoke(TaskRevoke { client, .. }) => Some(*client),
+            R::DescribeSegments(_)
+            | R::ListSegments(_)
+            | R::GetReplicaList(_)
+            | R::BatchGetReplicaList(_)
+            | R::Exist(_)
+            | R::BatchExist(_)
+            | R::GetSize(_)
+            | R::Remove(_)
+            | R::RemoveAll(_)
+            | R::RemoveByRegex(_)
+            | R::QueryByRegex(_)
+            | R::ListKeys(_)
+            | R::GetStats(_) => None,
+        }
+    }
+
+    /// Whether it changes the cluster wholesale (removes many objects, unmounts): logged with
+    /// the peer that asked.
+    pub fn is_admin(&self) -> bool {
+        matches!(
+            self,
+            MasterRequest::RemoveAll(_)
+                | MasterRequest::RemoveByRegex(_)
+                | MasterRequest::UnmountSegment(_)
+        )
+    }
+}
+
 /// A master response: the reply or the error.
 pub type MasterResponse = Result<Reply, Error>;
 

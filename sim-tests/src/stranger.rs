@@ -66,7 +66,7 @@ async fn attempt(mut stream: TcpStream, kind: u8, wrong: &ClusterToken) -> Resul
                 .read_message::<Handshake>()
                 .await
                 .map_err(|e| format!("{e:?}"))?;
-            let answer = answer_challenge(Some(wrong), &challenge, &[0x11; NONCE_LEN])?;
+            let answer = answer_challenge(Some(wrong), &challenge, &[0x11; NONCE_LEN], 0)?;
             conn.write_message(0, &answer, &[])
                 .await
                 .map_err(|e| e.to_string())?;

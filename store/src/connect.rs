@@ -102,6 +102,7 @@ struct Transports {
 
 fn transports(
     config: &ClientConfig,
+    id: ClientId,
     token: Option<ClusterToken>,
     local: Arc<LocalSegments>,
 ) -> Transports {
@@ -111,6 +112,7 @@ fn transports(
             buggify::timeout(Site::CLIENT_RPC_TIMEOUT, config.rpc_timeout),
             crate::tuning::client_spin(),
             token.clone(),
+            id,
         ),
         data: TcpDataPlane::new(
             local.clone(),
@@ -163,7 +165,7 @@ impl Client {
             Some(token) => Some(token.clone()),
             None => crate::token::resolve(None)?,
         };
-        let t = transports(&config, token.clone(), local);
+        let t = transports(&config, id, token.clone(), local);
         let contribution = match &config.segment {
             Some(segment) => Some(contribution(segment, token, t.local).await?),
             None => None,
@@ -194,6 +196,7 @@ impl StandaloneNode {
             buggify::timeout(Site::NODE_RPC_TIMEOUT, Duration::from_secs(10)),
             crate::tuning::client_spin(),
             token.clone(),
+            id,
         );
         let contribution = contribution(segment, token, local).await?;
         StandaloneNode::with_transport(id, control, contribution).await

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 mod common;
 
@@ -169,5 +170,77 @@ fn without_a_token_servers_stay_on_loopback_unless_told_insecure() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("runs without a cluster token"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_member_can_act_as_another() {
+    use mooring_core::{ClientId, ErrorCode};
+    use mooring_proto::auth::ClusterToken;
+    use mooring_proto::transport::ControlPlane;
+    use mooring_proto::wire::{ListSegments, UnmountSegment};
+    use mooring_transport_tcp::TcpControlPlane;
+
+    let dir = scratch("impostor");
+    let token_file = dir.join("token");
+    new_token(&token_file);
+    let token = ClusterToken::parse(&std::fs::read_to_string(&token_file).unwrap()).unwrap();
+    let token_file = token_file.to_str().unwrap();
+    let (_master, line) = start(&[
+        "master",
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        token_file,
+    ]);
+    let addr = line.trim().rsplit(' ').next().unwrap().to_string();
+    let (_node, _) = start(&[
+        "node",
+        "--master",
+        &addr,
+        "--size",
+        "8MiB",
+        "--no-prefault",
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        token_file,
+    ]);
+    // A member holding the token, speaking for itself...
+    let me = ClientId(0x1234);
+    let control = TcpControlPlane::new(
+        &addr,
+        Duration::from_secs(5),
+        Duration::ZERO,
+        Some(token),
+        me,
+    );
+    let control: &dyn ControlPlane = &*control;
+    let segments = control.call(ListSegments {}).await.unwrap();
+    let victim = &segments[0];
+    // ...cannot unmount the node's segment by naming the node's id.
+    let err = control
+        .call(UnmountSegment {
+            client: victim.owner,
+            name: victim.name.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::ILLEGAL_CLIENT, "{err}");
+    assert_eq!(
+        control.call(ListSegments {}).await.unwrap().len(),
+        1,
+        "still mounted"
+    );
+    // Acting as itself, it reaches the core, whose own rule refuses a non-owner.
+    let err = control
+        .call(UnmountSegment {
+            client: me,
+            name: victim.name.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("belongs to client"), "{err}");
+    assert_eq!(control.call(ListSegments {}).await.unwrap().len(), 1, "still mounted");
     let _ = std::fs::remove_dir_all(&dir);
 }

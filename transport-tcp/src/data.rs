@@ -125,7 +125,7 @@ impl TcpDataServer {
                 tokio::spawn(async move {
                     let mut conn = Framed::new(stream, server.spin);
                     match handshake::server(&mut conn, server.token.as_ref()).await {
-                        Ok(()) => server.serve_connection(conn, &peer.to_string()).await,
+                        Ok(_) => server.serve_connection(conn, &peer.to_string()).await,
                         Err(e) => refusals::refused(&peer.to_string(), &e),
                     }
                     server.connections.fetch_sub(1, Ordering::Relaxed);
@@ -421,7 +421,7 @@ impl TcpDataPlane {
         let mut framed = Framed::connect(&node.endpoint, self.config.spin)
             .await
             .map_err(|e| fail(e.to_string()))?;
-        handshake::client(&mut framed, self.config.token.as_ref())
+        handshake::client(&mut framed, self.config.token.as_ref(), 0)
             .await
             .map_err(fail)?;
         let opened = Instant::now();

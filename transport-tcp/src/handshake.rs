@@ -27,12 +27,17 @@ fn nonce() -> [u8; NONCE_LEN] {
     }
 }
 
-/// The client's side: answers the server's challenge and checks its welcome.
-pub async fn client(conn: &mut Framed, token: Option<&ClusterToken>) -> Result<(), String> {
+/// The client's side, speaking for client id `client` (0: none, a data connection): answers
+/// the server's challenge and checks its welcome.
+pub async fn client(
+    conn: &mut Framed,
+    token: Option<&ClusterToken>,
+    client: u128,
+) -> Result<(), String> {
     let exchange = async {
         let (_, challenge) = conn.read_message::<Handshake>().await.map_err(unreadable)?;
         let own = nonce();
-        let answer = answer_challenge(token, &challenge, &own)?;
+        let answer = answer_challenge(token, &challenge, &own, client)?;
         conn.write_message(0, &answer, &[])
             .await
             .map_err(|e| format!("handshake send failed: {e}"))?;
@@ -48,8 +53,9 @@ pub async fn client(conn: &mut Framed, token: Option<&ClusterToken>) -> Result<(
 }
 
 /// The server's side: challenges, judges the answer, and welcomes or refuses (then the caller
-/// closes). Bounded by [`HANDSHAKE_DEADLINE`].
-pub async fn server(conn: &mut Framed, token: Option<&ClusterToken>) -> Result<(), String> {
+/// closes). Returns the client id the peer proved it speaks for (0: none). Bounded by
+/// [`HANDSHAKE_DEADLINE`].
+pub async fn server(conn: &mut Framed, token: Option<&ClusterToken>) -> Result<u128, String> {
     let exchange = async {
         let own = nonce();
         let challenge = Handshake::Challenge {
@@ -61,9 +67,10 @@ pub async fn server(conn: &mut Framed, token: Option<&ClusterToken>) -> Result<(
             .map_err(|e| format!("challenge send failed: {e}"))?;
         let (_, answer) = conn.read_message::<Handshake>().await.map_err(unreadable)?;
         match judge_answer(token, &own, &answer) {
-            Ok(welcome) => conn
+            Ok((welcome, client)) => conn
                 .write_message(0, &welcome, &[])
                 .await
+                .map(|()| client)
                 .map_err(|e| format!("welcome send failed: {e}")),
             Err(reason) => {
                 let refusal = Handshake::Refused {

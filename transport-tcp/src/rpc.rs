@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use mooring_core::{Error, ErrorCode, Result};
+use mooring_core::{ClientId, Error, ErrorCode, Result};
 use mooring_proto::auth::ClusterToken;
 use mooring_proto::transport::{BoxFuture, ControlPlane, RpcHandler};
 use mooring_proto::wire::{MasterRequest, MasterResponse, Reply};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::framed::{Framed, ReadError};
 use crate::{handshake, refusals};
@@ -34,17 +34,20 @@ pub struct TcpControlPlane {
     timeout: Duration,
     spin: Duration,
     token: Option<ClusterToken>,
+    client: ClientId,
 }
 
 impl TcpControlPlane {
-    /// A client for the master at `addr`, proving it holds `token` on every connection;
-    /// every call fails with `RPC_FAIL` if no reply comes within `timeout`. While waiting for
-    /// a reply it busy-polls for up to `spin` first.
+    /// A client for the master at `addr` speaking for `client`, proving it holds `token` on
+    /// every connection (the master then refuses requests that name another client); every
+    /// call fails with `RPC_FAIL` if no reply comes within `timeout`. While waiting for a
+    /// reply it busy-polls for up to `spin` first.
     pub fn new(
         addr: impl Into<String>,
         timeout: Duration,
         spin: Duration,
         token: Option<ClusterToken>,
+        client: ClientId,
     ) -> Arc<TcpControlPlane> {
         Arc::new(TcpControlPlane {
             addr: addr.into(),
@@ -53,6 +56,7 @@ impl TcpControlPlane {
             timeout,
             spin,
             token,
+            client,
         })
     }
 
@@ -64,7 +68,7 @@ impl TcpControlPlane {
                 format!("cannot connect to the master at {}: {e}", self.addr),
             )
         })?;
-        handshake::client(&mut conn, self.token.as_ref())
+        handshake::client(&mut conn, self.token.as_ref(), self.client.0)
             .await
             .map_err(|e| {
                 Error::new(ErrorCode::RPC_FAIL, format!("master at {}: {e}", self.addr))
@@ -158,7 +162,10 @@ pub fn spawn_rpc_server(
             tokio::spawn(async move {
                 let mut conn = Framed::new(stream, spin);
                 match handshake::server(&mut conn, token.as_ref()).await {
-                    Ok(()) => serve_connection(conn, &*handler, &peer.to_string()).await,
+                    Ok(client) => {
+                        let bound = ClientId(client);
+                        serve_connection(conn, &*handler, &peer.to_string(), bound).await
+                    }
                     Err(e) => refusals::refused(&peer.to_string(), &e),
                 }
                 connections.fetch_sub(1, Ordering::Relaxed);
@@ -167,7 +174,9 @@ pub fn spawn_rpc_server(
     })
 }
 
-async fn serve_connection(mut conn: Framed, handler: &dyn RpcHandler, peer: &str) {
+/// Serves one connection that speaks for client `bound`: a request naming another client is
+/// refused (no peer may act as another's id: end its writes, unmount its segments).
+async fn serve_connection(mut conn: Framed, handler: &dyn RpcHandler, peer: &str, bound: ClientId) {
     loop {
         let (id, request) = match conn.read_message::<MasterRequest>().await {
             Ok(message) => message,
@@ -181,7 +190,27 @@ async fn serve_connection(mut conn: Framed, handler: &dyn RpcHandler, peer: &str
                 return;
             }
         };
-        let response = handler.handle(request);
+        let response = match request.client() {
+            Some(named) if named != bound => {
+                refusals::refused(
+                    peer,
+                    &format!(
+                        "{} names {named:?} on a connection of {bound:?}",
+                        request.name()
+                    ),
+                );
+                Err(Error::new(
+                    ErrorCode::ILLEGAL_CLIENT,
+                    format!("this connection speaks for {bound:?}; it cannot act as {named:?}"),
+                ))
+            }
+            _ => {
+                if request.is_admin() {
+                    info!(peer, client = ?bound, request = request.name(), "admin request");
+                }
+                handler.handle(request)
+            }
+        };
         if let Err(e) = conn.write_message(id, &response, &[]).await {
             debug!(peer, "reply failed: {e}");
             return;

@@ -706,16 +706,18 @@ async fn run_bench(args: BenchArgs) -> Result<(), Error> {
 async fn run_debug(args: DebugArgs) -> Result<(), Error> {
     match args.action {
         DebugAction::HangPut { master, key, size } => {
+            let client = random_client_id();
             let control = mooring_transport_tcp::TcpControlPlane::new(
                 master,
                 Duration::from_secs(10),
                 mooring::client_spin(),
                 mooring::token::resolve(None)?,
+                client,
             );
             let control: &dyn mooring_proto::transport::ControlPlane = &*control;
             let reply = control
                 .call(mooring_proto::wire::PutStart {
-                    client: random_client_id(),
+                    client,
                     key: key.clone(),
                     size,
                     config: ReplicateConfig::single(),
