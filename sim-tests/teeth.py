@@ -21,7 +21,7 @@ EXPS = {
    ('core/src/master.rs', "        } else {\n            self.discarded.push(", "        } else {\n            let _ = self.segments.free(replica.segment, replica.alloc);\n            self.discarded.push("),
  ],
  'serve-processing': [
-   ('core/src/reads.rs', "        if !self.objects.at(slot).has_complete_replica() {\n            return Err(ErrorCode::REPLICA_IS_NOT_READY.into());", "        if false {\n            return Err(ErrorCode::REPLICA_IS_NOT_READY.into());"),
+   ('core/src/reads.rs', "        if !self.objects.at(slot).is_readable() {\n            return Err(ErrorCode::REPLICA_IS_NOT_READY.into());", "        if false {\n            return Err(ErrorCode::REPLICA_IS_NOT_READY.into());"),
    ('core/src/reads.rs', "            .filter(|r| r.is_complete())\n            .map(|r| self.segments.describe(r, object.size))",
                          "            .map(|r| self.segments.describe(r, object.size))"),
  ],
