@@ -9,7 +9,8 @@
 //! one (and, by the CLI's rule, listens on loopback only unless told `--insecure`).
 //!
 //! Threat model: authenticated, not encrypted. Anyone who can watch the fabric sees values
-//! and keys; run on a trusted network or put TLS in front.
+//! and keys, and anyone who can rewrite packets can inject into a connection after its
+//! handshake (nothing binds later frames to it); run on a trusted network or put TLS in front.
 //!
 //! Everything here is pure: message types, MAC computation and checks. The transports move the
 //! frames and draw the nonces.
