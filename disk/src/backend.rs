@@ -3,16 +3,19 @@
 //!
 //! Every backend stores values as [`record`](crate::record)s, each starting at an offset
 //! aligned to the disk's alignment, so a reader can load a whole record with one aligned read
-//! straight into its destination (the staging buffer) and check it there.
+//! straight into its destination (the staging buffer) and check it there. Writers hand the
+//! backend records already laid out in aligned buffers ([`RecordBuf`]), which it writes as
+//! they are.
 
 use std::io;
 use std::ops::Range;
 
 use mooring_proto::transport::BoxFuture;
 
-use crate::record;
+use crate::record::{self, RecordBuf};
+use mooring_proto::disk::{IoBuf, IoResult};
 
-/// One value to store.
+/// One value in memory to store (see [`Backend::put_items`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Item<'a> {
     /// The object's key.
@@ -60,21 +63,40 @@ pub trait Backend: Send + Sync {
         false
     }
 
-    /// Stores `items` (distinct keys) durably, replacing earlier values of their keys, and
-    /// returns where each went. All or nothing: on error none of them is stored.
-    fn put<'a>(&'a self, items: &'a [Item<'a>]) -> BoxFuture<'a, io::Result<Vec<Held>>>;
+    /// Alignment the records handed to [`Backend::put`] are best padded to (their layout's:
+    /// a record padded less is copied once more).
+    fn record_alignment(&self) -> usize {
+        self.alignment()
+    }
+
+    /// Stores `records` (distinct keys; see [`RecordBuf`]) durably, replacing earlier values
+    /// of their keys, and returns where each went, writing each record's buffer as it is (no
+    /// copy). All or nothing: on error none of them is stored.
+    fn put(&self, records: Vec<RecordBuf>) -> BoxFuture<'_, io::Result<Vec<Held>>>;
+
+    /// [`Backend::put`] of values in memory: each is copied once into its record.
+    fn put_items<'a>(&'a self, items: &'a [Item<'a>]) -> BoxFuture<'a, io::Result<Vec<Held>>> {
+        Box::pin(async move {
+            let align = self.record_alignment();
+            let records = items
+                .iter()
+                .map(|item| RecordBuf::encode(item.key, item.version, item.value, align))
+                .collect::<io::Result<Vec<_>>>()?;
+            self.put(records).await
+        })
+    }
 
     /// Loads the record of `key`'s write `version` into `buf` (aligned to
-    /// [`Backend::alignment`], at least [`read_len`] bytes) and returns where the value lies
-    /// in `buf`. `NotFound` if the backend does not hold that write; `InvalidData` if its
-    /// record is damaged. The bytes in the returned range are checked against the record's
-    /// checksum.
+    /// [`Backend::alignment`], of at least [`read_len`] bytes of capacity), straight from the
+    /// disk, and hands it back with where the value lies in it. `NotFound` if the backend does
+    /// not hold that write; `InvalidData` if its record is damaged. The bytes in the returned
+    /// range are checked against the record's checksum.
     fn read<'a>(
         &'a self,
         key: &'a str,
         version: u64,
-        buf: &'a mut [u8],
-    ) -> BoxFuture<'a, io::Result<Range<usize>>>;
+        buf: IoBuf,
+    ) -> BoxFuture<'a, IoResult<IoBuf, Range<usize>>>;
 
     /// Removes these writes durably; a key holding another write keeps it.
     fn remove<'a>(&'a self, writes: &'a [(String, u64)]) -> BoxFuture<'a, io::Result<()>>;

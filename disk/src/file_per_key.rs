@@ -10,13 +10,12 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use mooring_proto::disk::Disk;
+use mooring_proto::disk::{Disk, IoBuf, IoResult};
 use mooring_proto::transport::BoxFuture;
 use tracing::warn;
 
-use crate::AlignedBuf;
-use crate::backend::{Backend, Held, Item, Recovered, check_record};
-use crate::record::{self, RecordError};
+use crate::backend::{Backend, Held, Recovered, check_record};
+use crate::record::{self, RecordBuf, RecordError};
 
 /// Where writes in progress live until renamed into place; emptied by recovery.
 const TMP_DIR: &str = "tmp";
@@ -75,25 +74,22 @@ impl FilePerKey {
 
     /// Stores `value` under `key` as `version`, durably, replacing any earlier value.
     pub async fn put(&self, key: &str, version: u64, value: &[u8]) -> io::Result<()> {
-        if key.len() > record::MAX_KEY_LEN {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "key of {} bytes; at most {}",
-                    key.len(),
-                    record::MAX_KEY_LEN
-                ),
-            ));
-        }
+        let record = RecordBuf::encode(key, version, value, self.disk.alignment())?;
+        self.put_record(record).await
+    }
+
+    /// Stores `record` durably, replacing any earlier value of its key, writing its buffer as
+    /// it is.
+    pub async fn put_record(&self, record: RecordBuf) -> io::Result<()> {
+        let key = record.key().to_string();
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
-        let tmp = format!("{TMP_DIR}/{:016x}.{n}", key_hash(key));
-        let bytes =
-            AlignedBuf::copy_of(&record::encode(key, version, value), self.disk.alignment());
+        let tmp = format!("{TMP_DIR}/{:016x}.{n}", key_hash(&key));
+        let record = record.aligned_to(self.disk.alignment());
         self.disk.create(&tmp).await?;
         let written = async {
-            self.disk.write_at(&tmp, 0, &bytes).await?;
+            self.disk.write_at(&tmp, 0, record.into_buf()).await.1?;
             self.disk.sync(&tmp).await?;
-            self.disk.rename(&tmp, &Self::file_name(key)).await
+            self.disk.rename(&tmp, &Self::file_name(&key)).await
         }
         .await;
         if written.is_err() {
@@ -179,28 +175,30 @@ impl FilePerKey {
 
     /// [`Backend::put`]: one file each, written concurrently (their syncs overlap), and the
     /// group's other files removed if one fails.
-    async fn put_group(&self, items: &[Item<'_>]) -> io::Result<Vec<Held>> {
-        let writes = items
+    async fn put_group(&self, records: Vec<RecordBuf>) -> io::Result<Vec<Held>> {
+        let written: Vec<(String, u64, u64)> = records
             .iter()
-            .map(|item| self.put(item.key, item.version, item.value));
+            .map(|r| (r.key().to_string(), r.version(), r.value_len()))
+            .collect();
+        let writes = records.into_iter().map(|record| self.put_record(record));
         let results = futures_util::future::join_all(writes).await;
         if let Some(pos) = results.iter().position(Result::is_err) {
-            for (item, result) in items.iter().zip(&results) {
+            for ((key, version, _), result) in written.iter().zip(&results) {
                 if result.is_ok()
-                    && let Err(undo) = self.remove_version(item.key, item.version).await
+                    && let Err(undo) = self.remove_version(key, *version).await
                 {
-                    warn!(key = %item.key, "could not undo a failed group write: {undo}");
+                    warn!(%key, "could not undo a failed group write: {undo}");
                 }
             }
             let mut results = results;
             return Err(results.swap_remove(pos).expect_err("the failed write"));
         }
-        Ok(items
-            .iter()
-            .map(|item| Held {
-                key: item.key.to_string(),
-                version: item.version,
-                len: item.value.len() as u64,
+        Ok(written
+            .into_iter()
+            .map(|(key, version, len)| Held {
+                key,
+                version,
+                len,
                 unit: self.next_unit.fetch_add(1, Ordering::Relaxed),
             })
             .collect())
@@ -211,11 +209,13 @@ impl FilePerKey {
         &self,
         key: &str,
         version: u64,
-        buf: &mut [u8],
-    ) -> io::Result<Range<usize>> {
+        buf: IoBuf,
+    ) -> IoResult<IoBuf, Range<usize>> {
         let name = Self::file_name(key);
-        let n = self.disk.read_at(&name, 0, buf).await?;
-        check_record(&buf[..n], key, version, &name)
+        let (buf, read) = self.disk.read_at(&name, 0, buf).await;
+        let checked =
+            read.and_then(|n| check_record(&buf[..n.min(buf.len())], key, version, &name));
+        (buf, checked)
     }
 
     async fn drop_file(&self, found: &mut Recovered, name: String, why: String) -> io::Result<()> {
@@ -235,9 +235,9 @@ impl FilePerKey {
         let len = usize::try_from(len).map_err(|_| {
             io::Error::new(io::ErrorKind::InvalidData, format!("{name}: too large"))
         })?;
-        let mut buf = AlignedBuf::new(len, self.disk.alignment());
-        let whole = buf.len();
-        let n = self.disk.read_at(name, 0, &mut buf[..whole]).await?;
+        let buf = IoBuf::new(len, self.disk.alignment());
+        let (buf, read) = self.disk.read_at(name, 0, buf).await;
+        let n = read?;
         Ok(buf[..n.min(len)].to_vec())
     }
 }
@@ -251,16 +251,16 @@ impl Backend for FilePerKey {
         self.disk.alignment()
     }
 
-    fn put<'a>(&'a self, items: &'a [Item<'a>]) -> BoxFuture<'a, io::Result<Vec<Held>>> {
-        Box::pin(self.put_group(items))
+    fn put(&self, records: Vec<RecordBuf>) -> BoxFuture<'_, io::Result<Vec<Held>>> {
+        Box::pin(self.put_group(records))
     }
 
     fn read<'a>(
         &'a self,
         key: &'a str,
         version: u64,
-        buf: &'a mut [u8],
-    ) -> BoxFuture<'a, io::Result<Range<usize>>> {
+        buf: IoBuf,
+    ) -> BoxFuture<'a, IoResult<IoBuf, Range<usize>>> {
         Box::pin(self.read_record(key, version, buf))
     }
 

@@ -31,12 +31,13 @@ pub mod record;
 #[cfg(all(target_os = "linux", not(madsim)))]
 mod uring;
 
-pub use aligned::AlignedBuf;
 pub use backend::{Backend, Held, Item, Recovered};
 pub use bucket::{BUCKET_BYTES, BUCKET_KEYS, Bucket};
 pub use file_per_key::{FilePerKey, Stored};
+pub use mooring_proto::disk::IoBuf;
 pub use offset_file::{DATA_FILE, OffsetFile};
 #[cfg(not(madsim))]
 pub use posix::{IoMode, PosixDisk};
+pub use record::RecordBuf;
 #[cfg(all(target_os = "linux", not(madsim)))]
 pub use uring::UringDisk;

@@ -28,13 +28,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use mooring_core::allocator::{Allocation, MAX_CAPACITY, OffsetAllocator};
-use mooring_proto::disk::Disk;
+use mooring_proto::disk::{Disk, IoBuf, IoResult};
 use mooring_proto::transport::BoxFuture;
 use tracing::{debug, info, warn};
 
-use crate::AlignedBuf;
-use crate::backend::{Backend, Held, Item, Recovered, check_record, read_len};
+use crate::backend::{Backend, Held, Recovered, check_record, read_len};
 use crate::bucket::{align_up, check_items, layout_alignment};
+use crate::record::RecordBuf;
 use crate::record::{self, RecordError};
 
 /// The one data file.
@@ -116,29 +116,31 @@ impl OffsetFile {
         lock(&self.shards[crc32c::crc32c(key.as_bytes()) as usize % SHARDS])
     }
 
-    /// [`Backend::put`].
-    async fn put_group(&self, items: &[Item<'_>]) -> io::Result<Vec<Held>> {
-        check_items(items)?;
-        if items.is_empty() {
+    /// [`Backend::put`]: each record written from its own buffer at its allocated offset.
+    async fn put_group(&self, records: Vec<RecordBuf>) -> io::Result<Vec<Held>> {
+        check_items(&records)?;
+        if records.is_empty() {
             return Ok(Vec::new());
         }
-        let mut sizes = Vec::with_capacity(items.len());
-        for item in items {
-            let len = (record::HEADER_LEN + item.key.len()) as u64 + item.value.len() as u64;
-            let size = align_up(len, self.align)
-                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "value too large"))?;
-            sizes.push(size);
-        }
+        // Already padded to `self.align` when the caller asked `record_alignment`.
+        let records: Vec<RecordBuf> = records
+            .into_iter()
+            .map(|r| r.aligned_to(self.align))
+            .collect();
+        let sizes: Vec<u64> = records.iter().map(|r| r.bytes().len() as u64).collect();
         let allocations = self.allocate(&sizes)?;
+        let kept: Vec<(String, u64, u64)> = records
+            .iter()
+            .map(|r| (r.key().to_string(), r.version(), r.value_len()))
+            .collect();
         let mut attempted = 0;
         let written = async {
-            for (item, at) in items.iter().zip(&allocations) {
+            for (record, at) in records.into_iter().zip(&allocations) {
                 attempted += 1;
-                let bytes = AlignedBuf::copy_of(
-                    &record::encode(item.key, item.version, item.value),
-                    self.align,
-                );
-                self.disk.write_at(DATA_FILE, at.offset, &bytes).await?;
+                self.disk
+                    .write_at(DATA_FILE, at.offset, record.into_buf())
+                    .await
+                    .1?;
             }
             self.disk.sync(DATA_FILE).await
         }
@@ -152,20 +154,20 @@ impl OffsetFile {
             self.free(allocations.iter().map(|a| a.node));
             return Err(e);
         }
-        let mut held = Vec::with_capacity(items.len());
+        let mut held = Vec::with_capacity(kept.len());
         let mut replaced = Vec::new();
-        for (item, at) in items.iter().zip(&allocations) {
+        for ((key, version, value_len), at) in kept.into_iter().zip(&allocations) {
             let entry = Entry {
                 offset: at.offset,
                 node: at.node,
-                version: item.version,
-                value_len: item.value.len() as u64,
+                version,
+                value_len,
             };
-            replaced.extend(self.shard(item.key).insert(item.key.to_string(), entry));
+            replaced.extend(self.shard(&key).insert(key.clone(), entry));
             held.push(Held {
-                key: item.key.to_string(),
-                version: item.version,
-                len: item.value.len() as u64,
+                key,
+                version,
+                len: value_len,
                 unit: self.next_unit.fetch_add(1, Ordering::Relaxed),
             });
         }
@@ -233,9 +235,11 @@ impl OffsetFile {
         if offsets.is_empty() {
             return Ok(());
         }
-        let zeros = AlignedBuf::new(self.align, self.align);
+        let mut zeros = IoBuf::new(self.align, self.align);
         for &offset in offsets {
-            self.disk.write_at(DATA_FILE, offset, &zeros).await?;
+            let (back, written) = self.disk.write_at(DATA_FILE, offset, zeros).await;
+            zeros = back;
+            written?;
         }
         self.disk.sync(DATA_FILE).await
     }
@@ -255,29 +259,34 @@ impl OffsetFile {
         &self,
         key: &str,
         version: u64,
-        buf: &mut [u8],
-    ) -> io::Result<Range<usize>> {
+        mut buf: IoBuf,
+    ) -> IoResult<IoBuf, Range<usize>> {
         let entry = self.shard(key).get(key).copied();
         let Some(entry) = entry.filter(|e| e.version == version) else {
-            return Err(io::Error::new(
+            let e = io::Error::new(
                 io::ErrorKind::NotFound,
                 format!("write {version} of {key:?} is not on disk"),
-            ));
+            );
+            return (buf, Err(e));
         };
         let len = read_len(key, entry.value_len, self.disk.alignment());
-        if buf.len() < len {
-            return Err(io::Error::new(
+        if buf.capacity() < len {
+            let e = io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("read buffer of {} bytes; the record needs {len}", buf.len()),
-            ));
+                format!(
+                    "read buffer of {} bytes; the record needs {len}",
+                    buf.capacity()
+                ),
+            );
+            return (buf, Err(e));
         }
+        buf.set_len(len);
         // The space may be retired and reused meanwhile; the checksum, key and version
         // checks refuse whatever else is there now.
-        let n = self
-            .disk
-            .read_at(DATA_FILE, entry.offset, &mut buf[..len])
-            .await?;
-        check_record(&buf[..n], key, version, DATA_FILE)
+        let (buf, read) = self.disk.read_at(DATA_FILE, entry.offset, buf).await;
+        let checked =
+            read.and_then(|n| check_record(&buf[..n.min(buf.len())], key, version, DATA_FILE));
+        (buf, checked)
     }
 
     /// [`Backend::remove`].
@@ -359,9 +368,9 @@ impl OffsetFile {
         let existing = (len / self.align as u64 * self.align as u64).min(MAX_CAPACITY);
         let capacity = self.wanted.max(existing);
         if len < capacity {
-            let zeros = AlignedBuf::new(self.align, self.align);
+            let zeros = IoBuf::new(self.align, self.align);
             let last = capacity - self.align as u64;
-            self.disk.write_at(DATA_FILE, last, &zeros).await?;
+            self.disk.write_at(DATA_FILE, last, zeros).await.1?;
             self.disk.sync(DATA_FILE).await?;
             debug!(from = len, to = capacity, "{DATA_FILE} extended");
         } else if capacity > self.wanted {
@@ -381,7 +390,7 @@ impl OffsetFile {
         let mut records = Vec::new();
         let mut damaged = Vec::new();
         let chunk = (SCAN_CHUNK as u64).min(capacity) as usize;
-        let mut window = AlignedBuf::new(chunk, self.align);
+        let mut window = IoBuf::new(chunk, self.align);
         // The window holds the file's bytes [base, base + filled).
         let (mut base, mut filled) = (0u64, 0usize);
         let mut pos = 0u64;
@@ -389,10 +398,10 @@ impl OffsetFile {
             if pos + record::HEADER_LEN as u64 > base + filled as u64 {
                 base = pos;
                 let want = (capacity - pos).min(chunk as u64) as usize;
-                filled = self
-                    .disk
-                    .read_at(DATA_FILE, base, &mut window[..want])
-                    .await?;
+                window.set_len(want);
+                let (back, read) = self.disk.read_at(DATA_FILE, base, window).await;
+                window = back;
+                filled = read?;
                 if filled < record::HEADER_LEN {
                     break; // the end of the file
                 }
@@ -428,8 +437,9 @@ impl OffsetFile {
             } else {
                 // Longer than what the window holds: read it whole. Its length comes from an
                 // unchecked header, but it is bounded by the file.
-                let mut whole = AlignedBuf::new(span as usize, self.align);
-                let n = self.disk.read_at(DATA_FILE, pos, &mut whole).await?;
+                let whole = IoBuf::new(span as usize, self.align);
+                let (whole, read) = self.disk.read_at(DATA_FILE, pos, whole).await;
+                let n = read?;
                 decode_found(&whole[..n], pos, span)
             };
             match decoded {
@@ -543,16 +553,20 @@ impl Backend for OffsetFile {
         self.disk.alignment()
     }
 
-    fn put<'a>(&'a self, items: &'a [Item<'a>]) -> BoxFuture<'a, io::Result<Vec<Held>>> {
-        Box::pin(self.put_group(items))
+    fn record_alignment(&self) -> usize {
+        self.align
+    }
+
+    fn put(&self, records: Vec<RecordBuf>) -> BoxFuture<'_, io::Result<Vec<Held>>> {
+        Box::pin(self.put_group(records))
     }
 
     fn read<'a>(
         &'a self,
         key: &'a str,
         version: u64,
-        buf: &'a mut [u8],
-    ) -> BoxFuture<'a, io::Result<Range<usize>>> {
+        buf: IoBuf,
+    ) -> BoxFuture<'a, IoResult<IoBuf, Range<usize>>> {
         Box::pin(self.read_record(key, version, buf))
     }
 

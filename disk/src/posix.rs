@@ -10,7 +10,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use mooring_proto::disk::Disk;
+use mooring_proto::disk::{Disk, IoBuf, IoResult};
 use mooring_proto::transport::BoxFuture;
 use tracing::info;
 
@@ -78,6 +78,63 @@ impl PosixDisk {
             tokio::task::spawn_blocking(move || op(disk))
                 .await
                 .map_err(io::Error::other)?
+        })
+    }
+}
+
+impl PosixDisk {
+    /// Runs `op` on the blocking pool with `buf`, which the task owns until `op` returns
+    /// (even if the caller stops waiting) and then hands back.
+    fn blocking_with<'a, B: Default + Send + 'static, T: Send + 'static>(
+        &'a self,
+        buf: B,
+        op: impl FnOnce(PosixDisk, &mut B) -> io::Result<T> + Send + 'static,
+    ) -> BoxFuture<'a, (B, io::Result<T>)> {
+        let disk = self.clone();
+        Box::pin(async move {
+            let task = tokio::task::spawn_blocking(move || {
+                let mut buf = buf;
+                let result = op(disk, &mut buf);
+                (buf, result)
+            });
+            match task.await {
+                Ok(done) => done,
+                // The task panicked: the buffer went with it (dropped, or unwound).
+                Err(e) => (Default::default(), Err(io::Error::other(e))),
+            }
+        })
+    }
+
+    /// Writes `bufs` back to back from `offset` with no copy (direct I/O writes them as they
+    /// are: they are aligned, checked here), then `finish` shapes the result.
+    fn write_bufs<'a, R: Send + 'static>(
+        &'a self,
+        name: &'a str,
+        offset: u64,
+        bufs: Vec<IoBuf>,
+        finish: impl FnOnce(Vec<IoBuf>, io::Result<()>) -> R + Send + 'a,
+    ) -> BoxFuture<'a, R> {
+        let checked = bufs.iter().try_fold(offset, |at, buf| {
+            check_aligned(self.alignment, at, buf.as_ptr(), buf.len())?;
+            Ok::<_, io::Error>(at + buf.len() as u64)
+        });
+        if let Err(e) = checked {
+            return Box::pin(async move { finish(bufs, Err(e)) });
+        }
+        let name = name.to_string();
+        let write = self.blocking_with(bufs, move |disk, bufs| {
+            let path = resolve(&disk.root, &name)?;
+            let file = disk.open_options().write(true).open(&path)?;
+            let mut at = offset;
+            for buf in bufs.iter() {
+                file.write_all_at(buf, at)?;
+                at += buf.len() as u64;
+            }
+            Ok(())
+        });
+        Box::pin(async move {
+            let (bufs, result) = write.await;
+            finish(bufs, result)
         })
     }
 }
@@ -189,42 +246,43 @@ impl Disk for PosixDisk {
         &'a self,
         name: &'a str,
         offset: u64,
-        data: &'a [u8],
-    ) -> BoxFuture<'a, io::Result<()>> {
-        if let Err(e) = check_aligned(self.alignment, offset, data.as_ptr(), data.len()) {
-            return Box::pin(async move { Err(e) });
-        }
-        // The blocking pool needs owned data; direct I/O needs it aligned too.
-        let owned = crate::AlignedBuf::copy_of(data, self.alignment);
-        let len = data.len();
-        let name = name.to_string();
-        self.blocking(move |disk| {
-            let path = resolve(&disk.root, &name)?;
-            let file = disk.open_options().write(true).open(&path)?;
-            file.write_all_at(&owned[..len], offset)
+        buf: IoBuf,
+    ) -> BoxFuture<'a, IoResult<IoBuf, ()>> {
+        self.write_bufs(name, offset, vec![buf], |mut bufs, result| {
+            (bufs.pop().expect("the one buffer"), result)
         })
+    }
+
+    fn write_all_at<'a>(
+        &'a self,
+        name: &'a str,
+        offset: u64,
+        bufs: Vec<IoBuf>,
+    ) -> BoxFuture<'a, IoResult<Vec<IoBuf>, ()>> {
+        self.write_bufs(name, offset, bufs, |bufs, result| (bufs, result))
     }
 
     fn read_at<'a>(
         &'a self,
         name: &'a str,
         offset: u64,
-        buf: &'a mut [u8],
-    ) -> BoxFuture<'a, io::Result<usize>> {
+        buf: IoBuf,
+    ) -> BoxFuture<'a, IoResult<IoBuf, usize>> {
         if let Err(e) = check_aligned(self.alignment, offset, buf.as_ptr(), buf.len()) {
-            return Box::pin(async move { Err(e) });
+            return Box::pin(async move { (buf, Err(e)) });
         }
-        let len = buf.len();
-        let alignment = self.alignment;
         let name = name.to_string();
-        let read = self.blocking(move |disk| {
+        let alignment = self.alignment;
+        // The blocking task owns the buffer until the read returns, even if this future is
+        // dropped first; direct reads go straight into it (it is aligned, checked above).
+        self.blocking_with(buf, move |disk, buf| {
             let path = resolve(&disk.root, &name)?;
             let file = disk.open_options().read(true).open(&path)?;
-            let mut owned = crate::AlignedBuf::new(len, alignment);
+            let len = buf.len();
             let mut done = 0;
             while done < len {
                 // Direct reads keep whole aligned blocks: a short read ends the file.
-                match file.read_at(&mut owned[done..len], offset + done as u64) {
+                match file.read_at(&mut buf[done..len], offset + done as u64) {
                     Ok(0) => break,
                     Ok(n) => done += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -234,11 +292,6 @@ impl Disk for PosixDisk {
                     break;
                 }
             }
-            Ok((owned, done))
-        });
-        Box::pin(async move {
-            let (owned, done) = read.await?;
-            buf[..done].copy_from_slice(&owned[..done]);
             Ok(done)
         })
     }

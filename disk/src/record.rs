@@ -12,6 +12,9 @@
 //! key it holds (deletions are per write; see the core's `offload`).
 
 use std::fmt;
+use std::io;
+
+use mooring_proto::disk::IoBuf;
 
 /// First bytes of every record.
 pub const MAGIC: [u8; 4] = *b"MKVR";
@@ -63,28 +66,126 @@ impl fmt::Display for RecordError {
 
 impl std::error::Error for RecordError {}
 
+/// Writes the header of a record of `key`'s write `version` into `out[..HEADER_LEN]`, and
+/// the key after it, with the checksum over both and the value, which must already lie at
+/// `out[HEADER_LEN + key.len()..][..value_len]`.
+fn write_header(out: &mut [u8], key: &str, version: u64, value_len: usize) {
+    let key_at = HEADER_LEN..HEADER_LEN + key.len();
+    out[key_at.clone()].copy_from_slice(key.as_bytes());
+    out[0..4].copy_from_slice(&MAGIC);
+    out[4] = VERSION;
+    out[5] = 0; // flags
+    out[6..8].copy_from_slice(&0u16.to_le_bytes());
+    out[8..12].copy_from_slice(&(key.len() as u32).to_le_bytes());
+    out[12..20].copy_from_slice(&(value_len as u64).to_le_bytes());
+    out[20..CRC_AT].copy_from_slice(&version.to_le_bytes());
+    let body = &out[HEADER_LEN..HEADER_LEN + key.len() + value_len];
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[..CRC_AT]), body);
+    out[CRC_AT..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+}
+
 /// Encodes `key`'s value `value`, written by write `version`, as one record.
 pub fn encode(key: &str, version: u64, value: &[u8]) -> Vec<u8> {
     assert!(
         key.len() <= MAX_KEY_LEN,
         "key longer than {MAX_KEY_LEN} bytes"
     );
-    let mut out = Vec::with_capacity(HEADER_LEN + key.len() + value.len());
-    out.extend_from_slice(&MAGIC);
-    out.push(VERSION);
-    out.push(0); // flags
-    out.extend_from_slice(&0u16.to_le_bytes());
-    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-    out.extend_from_slice(&(value.len() as u64).to_le_bytes());
-    out.extend_from_slice(&version.to_le_bytes());
-    let crc = crc32c::crc32c_append(
-        crc32c::crc32c_append(crc32c::crc32c(&out), key.as_bytes()),
-        value,
-    );
-    out.extend_from_slice(&crc.to_le_bytes());
-    out.extend_from_slice(key.as_bytes());
-    out.extend_from_slice(value);
+    let mut out = vec![0; HEADER_LEN + key.len() + value.len()];
+    out[HEADER_LEN + key.len()..].copy_from_slice(value);
+    write_header(&mut out, key, version, value.len());
     out
+}
+
+/// One record laid out in a buffer aligned for direct I/O and zero-padded to a multiple of
+/// the alignment, ready to be written with no further copy: the value is copied once, from
+/// wherever it lives, straight into its place, and the header is written around it.
+#[derive(Debug)]
+pub struct RecordBuf {
+    key: String,
+    version: u64,
+    value_len: u64,
+    buf: IoBuf,
+}
+
+impl RecordBuf {
+    /// The record of `key`'s write `version`, a `value_len`-byte value that `fill` copies into
+    /// the slice it is given (exactly `value_len` bytes); padded to `align`. `None` if `fill`
+    /// returns false. `InvalidInput` if the key is longer than [`MAX_KEY_LEN`].
+    pub fn with_value(
+        key: &str,
+        version: u64,
+        value_len: usize,
+        align: usize,
+        fill: impl FnOnce(&mut [u8]) -> bool,
+    ) -> io::Result<Option<RecordBuf>> {
+        if key.len() > MAX_KEY_LEN {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("key of {} bytes; at most {MAX_KEY_LEN}", key.len()),
+            ));
+        }
+        let value_at = HEADER_LEN + key.len();
+        let len = value_at
+            .checked_add(value_len)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "value too large"))?;
+        let mut buf = IoBuf::new(len, align);
+        if !fill(&mut buf[value_at..len]) {
+            return Ok(None);
+        }
+        write_header(&mut buf, key, version, value_len);
+        Ok(Some(RecordBuf {
+            key: key.to_string(),
+            version,
+            value_len: value_len as u64,
+            buf,
+        }))
+    }
+
+    /// The record of `key`'s write `version` holding a copy of `value`, padded to `align`.
+    pub fn encode(key: &str, version: u64, value: &[u8], align: usize) -> io::Result<RecordBuf> {
+        let record = RecordBuf::with_value(key, version, value.len(), align, |out| {
+            out.copy_from_slice(value);
+            true
+        })?;
+        Ok(record.expect("filled"))
+    }
+
+    /// The object's key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Which write of the key it is.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The value's length.
+    pub fn value_len(&self) -> u64 {
+        self.value_len
+    }
+
+    /// The record's bytes, padding included.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// This record padded to a multiple of `align` (a copy only if it is not already).
+    pub fn aligned_to(self, align: usize) -> RecordBuf {
+        let align = align.max(1);
+        if self.buf.len().is_multiple_of(align)
+            && (self.buf.as_ptr() as usize).is_multiple_of(align)
+        {
+            return self;
+        }
+        let buf = IoBuf::copy_of(&self.buf, align);
+        RecordBuf { buf, ..self }
+    }
+
+    /// The buffer to write.
+    pub fn into_buf(self) -> IoBuf {
+        self.buf
+    }
 }
 
 /// The whole record's length as its header announces it (header included), after checking
@@ -156,6 +257,27 @@ mod tests {
             }
         );
         assert_eq!(decode(&encode("", 0, b"")).unwrap().value, b"");
+    }
+
+    #[test]
+    fn record_buffers_hold_the_same_record_padded_and_aligned() {
+        let record = RecordBuf::encode("layer/7", 42, b"kv-cache bytes", 512).unwrap();
+        assert_eq!(record.bytes().len(), 512);
+        assert_eq!(record.bytes().as_ptr() as usize % 512, 0);
+        let plain = encode("layer/7", 42, b"kv-cache bytes");
+        assert_eq!(&record.bytes()[..plain.len()], &plain[..]);
+        assert!(record.bytes()[plain.len()..].iter().all(|&b| b == 0));
+        assert_eq!(
+            (record.key(), record.version(), record.value_len()),
+            ("layer/7", 42, 14)
+        );
+        let wider = record.aligned_to(4096);
+        assert_eq!(wider.bytes().len(), 4096);
+        assert_eq!(decode(wider.bytes()).unwrap().value, b"kv-cache bytes");
+        let not_filled = RecordBuf::with_value("k", 1, 10, 1, |_| false).unwrap();
+        assert!(not_filled.is_none());
+        let long = "k".repeat(MAX_KEY_LEN + 1);
+        assert!(RecordBuf::encode(&long, 1, b"", 1).is_err());
     }
 
     #[test]

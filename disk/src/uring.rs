@@ -4,35 +4,41 @@
 //! thread keeps a read of an eventfd in the ring and waits in `io_uring_enter` for any
 //! completion; a caller queues its request on a channel and then writes the eventfd, so the
 //! thread wakes for it at once, even while transfers are in flight. Each time it wakes, the
-//! thread moves up to the queue depth of pending requests into the submission queue and
-//! submits them in one `io_uring_enter`, so concurrent transfers are batched up to the queue
-//! depth. A read larger than [`READ_CHUNK`] is split into chunks, one request each, submitted
-//! together so the device works on them in parallel.
+//! thread takes every pending request and moves their entries into the submission queue, up
+//! to the queue depth in flight, submitting them in one `io_uring_enter`, so concurrent
+//! transfers are batched. A transfer larger than [`CHUNK`] is split into chunks, one entry
+//! each, submitted together so the device works on them in parallel; a write of several
+//! buffers ([`Disk::write_all_at`]) is one request whose chunks cover them all.
 //!
 //! Namespace operations (create, remove, rename, list, len) run on tokio's blocking pool
 //! through the POSIX adapter, which also learns the direct-I/O alignment; files are opened on
 //! the blocking pool too (names validated as the POSIX adapter does) and cached by name.
 //!
 //! Soundness: memory or a descriptor the kernel uses for a request must stay valid until that
-//! request's completion is reaped, even if the caller drops its future mid-transfer.
+//! request's completion is reaped, even if the caller drops its future mid-transfer. Every
+//! transfer owns what it points at: its [`IoBuf`]s (moved in by the caller, handed back with
+//! the result) and an `Arc<File>`, held in the I/O thread's request table until the last of
+//! its chunks completes. A caller that stops waiting only loses the reply; the thread still
+//! drops the buffers after the kernel is done, which for a lent staging slot is what gives the
+//! slot back. So no unsafe contract is asked of callers:
 //!
-//! - Writes, syncs and reads outside the registered buffer use only what the request owns, held
-//!   in the I/O thread's slot until its completion is reaped: an `Arc<File>` and, for a
-//!   transfer, an [`AlignedBuf`]. Writes copy into one and such reads copy out of one, like the
-//!   POSIX adapter.
-//! - Reads into the buffer registered by [`UringDisk::open_with_buffer`] (the staging buffer)
-//!   go straight into the caller's memory with `READ_FIXED`; nothing of that memory is owned
-//!   here. `read_at` keeps its borrow until every chunk has completed, but a future dropped
-//!   mid-read releases it early, and a broken ring fails reads the kernel may still run: both
-//!   are left to that function's safety contract.
-//! - The eventfd read's 8-byte buffer is leaked: the read is still pending when the ring goes.
+//! - reads whose buffer lies in the memory registered by [`UringDisk::open_with_buffer`] (the
+//!   staging buffer) use `READ_FIXED` straight into it; the thread keeps a clone of that
+//!   [`SegmentMemory`], so the mapping outlives the ring's registration of it;
+//! - other reads and all writes go straight to or from the buffer with `READ`/`WRITE` (no
+//!   bounce buffer, no copy);
+//! - the eventfd read's 8-byte buffer is leaked: the read is still pending when the ring goes.
 //! - Dropping the disk waits for the I/O thread, which exits once no transfer is in flight.
-//!   If the ring fails, which entries the kernel took is unknown: the requests in flight fail,
-//!   and their buffers and files, and the ring itself, are leaked rather than freed.
+//!   If the ring fails, which entries the kernel took is unknown: the requests with entries in
+//!   flight fail, and their buffers and files, the ring itself and the registered memory are
+//!   leaked rather than freed (a lent slot is then never given back). If the thread panics,
+//!   the same is leaked by unwinding (the table and the ring are `ManuallyDrop`).
 
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -41,27 +47,21 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use io_uring::{IoUring, Probe, opcode, squeue, types};
-use mooring_proto::disk::Disk;
+use mooring_proto::disk::{Disk, IoBuf, IoResult};
 use mooring_proto::transport::BoxFuture;
+use mooring_proto::transport::SegmentMemory;
 use tokio::sync::oneshot;
 use tracing::{error, info, warn};
 
-use crate::AlignedBuf;
-
-/// Reads larger than this (or than the alignment, if larger) are split into chunks, one
-/// request each, submitted together.
-const READ_CHUNK: usize = 256 << 10;
+/// Transfers larger than this (or than the alignment, if larger) are split into chunks, one
+/// entry each, submitted together, so the device works on them in parallel.
+const CHUNK: usize = 256 << 10;
 use crate::aligned::check_aligned;
 use crate::paths::resolve;
 use crate::posix::{IoMode, PosixDisk};
 
-/// Submission queue depth: the most transfers in flight at once.
+/// Submission queue depth: the most entries (chunks) in flight at once.
 const DEPTH: usize = 64;
-
-/// The largest transfer one SQE asks for (the length field is 32 bits); larger transfers
-/// continue with further SQEs (in practice only writes: reads are already split at
-/// [`READ_CHUNK`]). A power of two, so it keeps any direct-I/O alignment.
-const MAX_CHUNK: usize = 1 << 30;
 
 /// `user_data` of the eventfd read that wakes the I/O thread for new requests.
 const WAKE: u64 = u64::MAX;
@@ -99,43 +99,33 @@ impl UringDisk {
     /// caller can fall back to [`PosixDisk`], or, for `IoMode::Direct`, if the filesystem
     /// cannot do direct I/O.
     pub fn open(root: impl Into<PathBuf>, mode: IoMode) -> io::Result<UringDisk> {
-        // SAFETY: no buffer is registered.
-        unsafe { UringDisk::open_with_buffer(root, mode, None) }
+        UringDisk::open_with_buffer(root, mode, None)
     }
 
-    /// [`UringDisk::open`], registering `buffer` (address, length) with the ring as fixed
-    /// buffer 0 (after `MADV_NOHUGEPAGE` on the range, so pinning its pages works whatever the
-    /// system's transparent huge page policy): a read whose destination lies wholly inside it
-    /// goes straight into it with `READ_FIXED` (chunked like any read), with no bounce buffer
-    /// or copy; other reads bounce as usual. If registration fails, every read bounces
-    /// (logged; see [`UringDisk::has_registered_buffer`]).
-    ///
-    /// # Safety
-    ///
-    /// The buffer must stay mapped and writable until this disk is dropped: the ring pins its
-    /// pages, and reads write into it from the kernel, outside Rust's borrows. `read_at` keeps
-    /// its destination borrowed until every chunk has completed, but the kernel may still
-    /// write a read's destination after that borrow ends:
-    ///
-    /// - a read whose future is dropped before it completes may still land afterwards, up to
-    ///   the drop of this disk (which waits for every transfer in flight);
-    /// - if the ring fails, a read in flight returns an error while the kernel may still run
-    ///   it, and the ring is leaked, so it may land at any later time, even after this disk
-    ///   is dropped.
-    ///
-    /// The caller must not hand such a part of the buffer to anyone else while a read may
-    /// still land there.
-    pub unsafe fn open_with_buffer(
+    /// [`UringDisk::open`], registering `buffer` with the ring as fixed buffer 0 (after
+    /// `MADV_NOHUGEPAGE` on the range, so pinning its pages works whatever the system's
+    /// transparent huge page policy): a read into an [`IoBuf`] lying wholly inside it (a
+    /// staging slot) goes there with `READ_FIXED` (chunked like any read). The disk keeps a
+    /// clone of `buffer`, so the memory stays mapped while the ring may use it. If
+    /// registration fails, such reads use plain `READ` (logged; see
+    /// [`UringDisk::has_registered_buffer`]).
+    pub fn open_with_buffer(
         root: impl Into<PathBuf>,
         mode: IoMode,
-        buffer: Option<(std::ptr::NonNull<u8>, usize)>,
+        buffer: Option<SegmentMemory>,
     ) -> io::Result<UringDisk> {
         let ring = new_ring()?;
-        let fixed = buffer.and_then(|(ptr, len)| {
-            // SAFETY: the caller vouches that the range is a live, writable mapping that
-            // stays so until this disk is dropped. madvise only changes the mapping's huge
-            // page advice (its result is ignored: advice, not a requirement); the registration
-            // pins the pages. Neither changes the contents.
+        let registered = buffer.and_then(|memory| {
+            let ptr = memory.range(memory.base(), memory.len() as u64)?;
+            let len = memory.len();
+            if len == 0 {
+                return None;
+            }
+            // SAFETY: `memory` is a live mapping of `len` bytes at `ptr` for as long as a clone
+            // of it lives, and the I/O thread keeps this one until the ring is gone (or leaks
+            // both). madvise only changes the mapping's huge page advice (its result is
+            // ignored: advice, not a requirement); the registration pins the pages. Neither
+            // changes the contents.
             let registered = unsafe {
                 libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_NOHUGEPAGE);
                 let iovec = libc::iovec {
@@ -145,13 +135,16 @@ impl UringDisk {
                 ring.submitter().register_buffers(&[iovec])
             };
             match registered {
-                Ok(()) => Some((ptr.as_ptr() as usize, len)),
+                Ok(()) => Some(memory),
                 Err(e) => {
-                    warn!("io_uring could not register the staging buffer, reads will bounce: {e}");
+                    warn!("io_uring could not register the staging buffer, reads will not use READ_FIXED: {e}");
                     None
                 }
             }
         });
+        let fixed = registered
+            .as_ref()
+            .map(|memory| (memory.base() as usize, memory.len()));
         let posix = PosixDisk::open(root, mode)?;
         let alignment = posix.alignment();
         let (requests, received) = mpsc::channel();
@@ -166,7 +159,7 @@ impl UringDisk {
         let thread_wake = wake.clone();
         let thread = std::thread::Builder::new()
             .name("mooring-uring".into())
-            .spawn(move || run(ring, received, alignment, thread_wake))?;
+            .spawn(move || run(ring, registered, received, alignment, thread_wake))?;
         info!(root = %posix.root().display(), depth = DEPTH, "io_uring disk opened");
         Ok(UringDisk {
             posix,
@@ -189,7 +182,7 @@ impl UringDisk {
         unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
     }
 
-    /// Whether a buffer is registered (reads into it skip the bounce buffer).
+    /// Whether a buffer is registered (reads into it use `READ_FIXED`).
     pub fn has_registered_buffer(&self) -> bool {
         self.fixed.is_some()
     }
@@ -262,24 +255,75 @@ impl UringDisk {
         })
     }
 
-    /// Hands `op` on `file` to the I/O thread and waits for its result.
-    async fn submit<T>(
-        &self,
-        file: Arc<File>,
-        op: impl FnOnce(oneshot::Sender<io::Result<T>>) -> Op,
-    ) -> io::Result<T> {
-        let (reply, result) = oneshot::channel();
-        let request = Request {
-            file,
-            op: op(reply),
-        };
+    /// Hands `request` to the I/O thread with `reply`; gives the request back if the thread
+    /// has stopped.
+    fn send(&self, mut request: Request, reply: Reply) -> Result<(), Request> {
+        request.reply = Some(reply);
         self.requests
             .as_ref()
             .expect("the request channel lives until drop")
             .send(request)
-            .map_err(|_| thread_gone())?;
+            .map_err(|back| back.0)?;
         self.wake();
-        result.await.map_err(|_| thread_gone())?
+        Ok(())
+    }
+
+    /// Splits `bufs` (written or read back to back from `offset`) into chunks of at most
+    /// [`CHUNK`] bytes (or the alignment, if larger), one request entry each.
+    fn chunks(&self, bufs: &[IoBuf], offset: u64) -> Vec<Chunk> {
+        let size = CHUNK.max(self.alignment());
+        let mut chunks = Vec::new();
+        let mut at = offset;
+        for (i, buf) in bufs.iter().enumerate() {
+            let mut start = 0;
+            while start < buf.len() {
+                let len = size.min(buf.len() - start);
+                chunks.push(Chunk {
+                    buf: i,
+                    start,
+                    len,
+                    offset: at + start as u64,
+                    done: 0,
+                });
+                start += len;
+            }
+            at += buf.len() as u64;
+        }
+        chunks
+    }
+
+    /// Writes `bufs` back to back from `offset`: every chunk of every buffer in flight at
+    /// once (up to the queue depth).
+    async fn write_bufs(
+        &self,
+        name: &str,
+        offset: u64,
+        bufs: Vec<IoBuf>,
+    ) -> IoResult<Vec<IoBuf>, ()> {
+        let alignment = self.alignment();
+        let mut at = offset;
+        for buf in &bufs {
+            if let Err(e) = check_aligned(alignment, at, buf.as_ptr(), buf.len()) {
+                return (bufs, Err(e));
+            }
+            at += buf.len() as u64;
+        }
+        let file = match self.file(name).await {
+            Ok(file) => file,
+            Err(e) => return (bufs, Err(e)),
+        };
+        let chunks = self.chunks(&bufs, offset);
+        if chunks.is_empty() {
+            return (bufs, Ok(()));
+        }
+        let (reply, result) = oneshot::channel();
+        let request = Request::new(file, Kind::Write, bufs, chunks);
+        if let Err(back) = self.send(request, Reply::Write(reply)) {
+            return (back.bufs, Err(thread_gone()));
+        }
+        result
+            .await
+            .unwrap_or_else(|_| (Vec::new(), Err(thread_gone())))
     }
 }
 
@@ -332,158 +376,183 @@ fn new_ring() -> io::Result<IoUring> {
     Ok(ring)
 }
 
-/// A transfer or sync for the I/O thread. The file stays open until it completes.
+/// A transfer or sync for the I/O thread: what it owns until its last chunk completes.
 struct Request {
     file: Arc<File>,
-    op: Op,
+    kind: Kind,
+    /// The buffers, moved in by the caller and handed back with the reply.
+    bufs: Vec<IoBuf>,
+    chunks: Vec<Chunk>,
+    /// The next chunk to submit.
+    next: usize,
+    /// Entries of this request in the ring.
+    in_flight: usize,
+    /// The first failure.
+    error: Option<io::Error>,
+    /// `None` only until sent.
+    reply: Option<Reply>,
 }
 
-/// What to do, with the buffer (owned, except for `ReadFixed`) and progress so far.
-enum Op {
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Into the buffer; `fixed`: it lies in the registered buffer (fixed buffer 0).
     Read {
-        buf: AlignedBuf,
-        len: usize,
-        offset: u64,
-        done: usize,
-        reply: oneshot::Sender<io::Result<(AlignedBuf, usize)>>,
+        fixed: bool,
     },
-    Write {
-        buf: AlignedBuf,
-        len: usize,
-        offset: u64,
-        done: usize,
-        reply: oneshot::Sender<io::Result<()>>,
-    },
-    Sync {
-        reply: oneshot::Sender<io::Result<()>>,
-    },
-    /// A read straight into the registered buffer (fixed buffer 0), at address `addr`: memory
-    /// of the caller's, not of this request (see [`UringDisk::open_with_buffer`]).
-    ReadFixed {
-        addr: usize,
-        len: usize,
-        offset: u64,
-        done: usize,
-        reply: oneshot::Sender<io::Result<usize>>,
-    },
+    Write,
+    Sync,
+}
+
+/// One entry's worth of a request: `len` bytes at `start` of buffer `buf`, at file `offset`.
+struct Chunk {
+    buf: usize,
+    start: usize,
+    len: usize,
+    offset: u64,
+    done: usize,
+}
+
+impl Chunk {
+    /// The one "chunk" of a sync.
+    fn sync() -> Chunk {
+        Chunk {
+            buf: 0,
+            start: 0,
+            len: 0,
+            offset: 0,
+            done: 0,
+        }
+    }
+}
+
+enum Reply {
+    Read(oneshot::Sender<IoResult<IoBuf, usize>>),
+    Write(oneshot::Sender<IoResult<Vec<IoBuf>, ()>>),
+    Sync(oneshot::Sender<io::Result<()>>),
+}
+
+/// `user_data` of chunk `chunk` of the request in table entry `id`.
+fn tag(id: usize, chunk: usize) -> u64 {
+    ((id as u64) << 32) | chunk as u64
 }
 
 impl Request {
-    /// The SQE for the rest of this request, tagged with its slot.
-    fn entry(&mut self, slot: usize) -> squeue::Entry {
+    fn new(file: Arc<File>, kind: Kind, bufs: Vec<IoBuf>, chunks: Vec<Chunk>) -> Request {
+        Request {
+            file,
+            kind,
+            bufs,
+            chunks,
+            next: 0,
+            in_flight: 0,
+            error: None,
+            reply: None,
+        }
+    }
+
+    /// Whether chunks are left to submit.
+    fn has_more(&self) -> bool {
+        self.next < self.chunks.len()
+    }
+
+    /// Whether every chunk has completed (or the rest will not be submitted after an error).
+    fn finished(&self) -> bool {
+        !self.has_more() && self.in_flight == 0
+    }
+
+    /// The SQE for the rest of chunk `c`, tagged with table entry `id`.
+    fn entry(&mut self, id: usize, c: usize) -> squeue::Entry {
         let fd = types::Fd(self.file.as_raw_fd());
-        let entry = match &mut self.op {
-            Op::Read {
-                buf,
-                len,
-                offset,
-                done,
-                ..
-            } => {
-                let n = (*len - *done).min(MAX_CHUNK);
-                opcode::Read::new(fd, buf[*done..].as_mut_ptr(), n as u32)
-                    .offset(*offset + *done as u64)
-                    .build()
-            }
-            Op::Write {
-                buf,
-                len,
-                offset,
-                done,
-                ..
-            } => {
-                let n = (*len - *done).min(MAX_CHUNK);
-                opcode::Write::new(fd, buf[*done..].as_ptr(), n as u32)
-                    .offset(*offset + *done as u64)
-                    .build()
-            }
-            Op::Sync { .. } => opcode::Fsync::new(fd)
+        let chunk = &self.chunks[c];
+        let entry = if self.kind == Kind::Sync {
+            opcode::Fsync::new(fd)
                 .flags(types::FsyncFlags::DATASYNC)
-                .build(),
-            Op::ReadFixed {
-                addr,
-                len,
-                offset,
-                done,
-                ..
-            } => {
-                let n = (*len - *done).min(MAX_CHUNK);
-                opcode::ReadFixed::new(fd, (*addr + *done) as *mut u8, n as u32, 0)
-                    .offset(*offset + *done as u64)
-                    .build()
+                .build()
+        } else {
+            let at = chunk.start + chunk.done;
+            let n = (chunk.len - chunk.done) as u32;
+            let offset = chunk.offset + chunk.done as u64;
+            // A raw pointer, no reference: the kernel may be writing other chunks of the
+            // buffer meanwhile. `at < len <= capacity`, so it stays inside the allocation.
+            let ptr = self.bufs[chunk.buf].as_mut_ptr().wrapping_add(at);
+            match self.kind {
+                Kind::Read { fixed: true } => {
+                    opcode::ReadFixed::new(fd, ptr, n, 0).offset(offset).build()
+                }
+                Kind::Read { fixed: false } => opcode::Read::new(fd, ptr, n).offset(offset).build(),
+                _ => opcode::Write::new(fd, ptr, n).offset(offset).build(),
             }
         };
-        entry.user_data(slot as u64)
+        entry.user_data(tag(id, c))
     }
 
-    /// Accounts for a completion with result `res`; `Some(self)` if more is to be submitted.
-    fn complete(mut self, res: i32, alignment: usize) -> Option<Request> {
+    /// Accounts for chunk `c`'s completion with result `res`; `true` if the rest of the chunk
+    /// is to be submitted again.
+    fn complete(&mut self, c: usize, res: i32, alignment: usize) -> bool {
         if res == -libc::EINTR || res == -libc::EAGAIN {
-            return Some(self);
+            return true;
         }
-        let failed = || io::Error::from_raw_os_error(-res);
-        match &mut self.op {
-            Op::Read { len, done, .. } | Op::ReadFixed { len, done, .. } => {
-                if res > 0 {
-                    *done += res as usize;
-                    // Direct reads keep whole aligned blocks: a short one ends the file.
-                    if *done < *len && done.is_multiple_of(alignment) {
-                        return Some(self);
-                    }
-                }
+        let chunk = &mut self.chunks[c];
+        if res < 0 {
+            self.error
+                .get_or_insert_with(|| io::Error::from_raw_os_error(-res));
+            self.next = self.chunks.len(); // submit nothing more
+            return false;
+        }
+        match self.kind {
+            Kind::Read { .. } => {
+                chunk.done += res as usize;
+                // Direct reads keep whole aligned blocks: a short one ends the file, as does
+                // an empty one.
+                res > 0 && chunk.done < chunk.len && chunk.done.is_multiple_of(alignment)
             }
-            Op::Write { len, done, .. } => {
-                if res > 0 {
-                    *done += res as usize;
-                    if *done < *len {
-                        return Some(self);
-                    }
-                }
+            Kind::Write if res == 0 => {
+                self.error.get_or_insert_with(|| {
+                    io::Error::new(io::ErrorKind::WriteZero, "the write made no progress")
+                });
+                self.next = self.chunks.len();
+                false
             }
-            Op::Sync { .. } => {}
+            Kind::Write => {
+                chunk.done += res as usize;
+                chunk.done < chunk.len
+            }
+            Kind::Sync => false,
         }
-        match self.op {
-            Op::Read { reply, .. } if res < 0 => drop(reply.send(Err(failed()))),
-            Op::Read {
-                buf, done, reply, ..
-            } => drop(reply.send(Ok((buf, done)))),
-            Op::Write { reply, .. } if res < 0 => drop(reply.send(Err(failed()))),
-            Op::Write { reply, .. } if res == 0 => drop(reply.send(Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "the write made no progress",
-            )))),
-            Op::Write { reply, .. } => drop(reply.send(Ok(()))),
-            Op::Sync { reply } if res < 0 => drop(reply.send(Err(failed()))),
-            Op::Sync { reply } => drop(reply.send(Ok(()))),
-            Op::ReadFixed { reply, .. } if res < 0 => drop(reply.send(Err(failed()))),
-            Op::ReadFixed { done, reply, .. } => drop(reply.send(Ok(done))),
-        }
-        None
     }
 
-    /// Replies `error` and returns the resources the kernel may still use, to be leaked. A
-    /// `ReadFixed` has none here: its destination is the caller's registered buffer, which the
-    /// kernel may still write after this reply (see [`UringDisk::open_with_buffer`]).
-    fn fail(self, error: impl Fn() -> io::Error) -> (Arc<File>, Option<AlignedBuf>) {
-        let buf = match self.op {
-            Op::Read { buf, reply, .. } => {
-                let _ = reply.send(Err(error()));
-                Some(buf)
-            }
-            Op::Write { buf, reply, .. } => {
-                let _ = reply.send(Err(error()));
-                Some(buf)
-            }
-            Op::Sync { reply } => {
-                let _ = reply.send(Err(error()));
-                None
-            }
-            Op::ReadFixed { reply, .. } => {
-                let _ = reply.send(Err(error()));
-                None
-            }
+    /// Sends the result, handing the buffers back.
+    fn reply(self) {
+        let result = match self.error {
+            Some(e) => Err(e),
+            None => Ok(()),
         };
-        (self.file, buf)
+        match self.reply.expect("a sent request has its reply") {
+            Reply::Read(reply) => {
+                // The bytes read: the chunks' up to the first short one (the end of the file).
+                let mut total = 0;
+                for chunk in &self.chunks {
+                    total += chunk.done;
+                    if chunk.done < chunk.len {
+                        break;
+                    }
+                }
+                let buf = self.bufs.into_iter().next().unwrap_or_default();
+                let _ = reply.send((buf, result.map(|()| total)));
+            }
+            Reply::Write(reply) => drop(reply.send((self.bufs, result))),
+            Reply::Sync(reply) => drop(reply.send(result)),
+        }
+    }
+
+    /// Replies `error` without the buffers, which are returned to be leaked: the kernel may
+    /// still use them.
+    fn fail_keeping(mut self, error: io::Error) -> (Arc<File>, Vec<IoBuf>) {
+        let bufs = std::mem::take(&mut self.bufs);
+        self.error = Some(error);
+        let file = self.file.clone();
+        self.reply();
+        (file, bufs)
     }
 }
 
@@ -491,11 +560,13 @@ impl Request {
 fn push(ring: &mut IoUring, entry: &squeue::Entry) -> io::Result<()> {
     loop {
         // SAFETY: what every entry points at stays valid until its completion is reaped. A
-        // transfer or sync points at its request's file and, for a transfer, at the request's
-        // owned buffer, both kept in the request's slot until then; a `ReadFixed` points into
-        // the registered buffer instead, which `open_with_buffer`'s contract keeps valid. The
-        // wake read points at a leaked buffer and at the eventfd, which stays open until the
-        // thread has exited (and the kernel holds its own reference once it is submitted).
+        // transfer or sync points at its request's file and, for a transfer, into one of the
+        // request's own buffers (a `ReadFixed`'s lies in the registered memory, which the I/O
+        // thread keeps mapped until the ring is gone), all held in the request table until the
+        // request's last entry completes, leaked if the ring fails, and never handed to anyone
+        // else meanwhile. The wake read points at a leaked buffer and at the eventfd, which
+        // stays open until the thread has exited (and the kernel holds its own reference once
+        // it is submitted).
         if unsafe { ring.submission().push(entry) }.is_ok() {
             return Ok(());
         }
@@ -515,11 +586,56 @@ fn transient(e: &io::Error) -> bool {
     )
 }
 
-/// The I/O thread: submits requests in batches of up to [`DEPTH`] and completes them until
-/// the channel closes and nothing is in flight.
-fn run(mut ring: IoUring, requests: Receiver<Request>, alignment: usize, wake: Arc<OwnedFd>) {
-    let mut slots: Vec<Option<Request>> = (0..DEPTH).map(|_| None).collect();
-    let mut free: Vec<usize> = (0..DEPTH).rev().collect();
+/// The requests the I/O thread holds, by table entry.
+#[derive(Default)]
+struct Table {
+    entries: Vec<Option<Request>>,
+    vacant: Vec<usize>,
+    live: usize,
+}
+
+impl Table {
+    fn insert(&mut self, request: Request) -> usize {
+        self.live += 1;
+        match self.vacant.pop() {
+            Some(id) => {
+                self.entries[id] = Some(request);
+                id
+            }
+            None => {
+                self.entries.push(Some(request));
+                self.entries.len() - 1
+            }
+        }
+    }
+
+    fn get(&mut self, id: usize) -> &mut Request {
+        self.entries[id].as_mut().expect("a live table entry")
+    }
+
+    fn remove(&mut self, id: usize) -> Request {
+        self.live -= 1;
+        self.vacant.push(id);
+        self.entries[id].take().expect("a live table entry")
+    }
+}
+
+/// The I/O thread: takes requests, keeps up to [`DEPTH`] of their chunks in flight, and
+/// completes them until the channel closes and nothing is in flight.
+fn run(
+    ring: IoUring,
+    registered: Option<SegmentMemory>,
+    requests: Receiver<Request>,
+    alignment: usize,
+    wake: Arc<OwnedFd>,
+) {
+    // Leaked if this thread unwinds: the kernel may still use what they point at.
+    let mut ring = ManuallyDrop::new(ring);
+    let mut table = ManuallyDrop::new(Table::default());
+    let registered = ManuallyDrop::new(registered);
+    // Requests with chunks left to submit, oldest first.
+    let mut ready: VecDeque<usize> = VecDeque::new();
+    let mut in_flight = 0usize;
     let mut completed: Vec<(u64, i32)> = Vec::with_capacity(2 * DEPTH);
     let mut open = true;
     // The wake read's buffer: leaked, as the kernel may still hold the read when the ring
@@ -533,23 +649,42 @@ fn run(mut ring: IoUring, requests: Receiver<Request>, alignment: usize, wake: A
             break 'run e;
         }
         loop {
-            // Take what is pending, up to the queue depth.
-            while open && let Some(&slot) = free.last() {
+            // Take everything pending.
+            while open {
                 match requests.try_recv() {
-                    Ok(mut request) => {
-                        free.pop();
-                        let entry = request.entry(slot);
-                        slots[slot] = Some(request);
-                        if let Err(e) = push(&mut ring, &entry) {
-                            break 'run e;
-                        }
-                    }
+                    Ok(request) => ready.push_back(table.insert(request)),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => open = false,
                 }
             }
-            if !open && free.len() == DEPTH {
-                return; // closed, and no transfer in flight (only the wake read, see above)
+            // Queue chunks, up to the queue depth in flight.
+            while in_flight < DEPTH
+                && let Some(&id) = ready.front()
+            {
+                // An entry may be stale: its request failed and finished, and the table entry
+                // may even hold a newer request (listed again further back).
+                let Some(request) = table.entries[id].as_mut().filter(|r| r.has_more()) else {
+                    ready.pop_front();
+                    continue;
+                };
+                let c = request.next;
+                request.next += 1;
+                request.in_flight += 1;
+                in_flight += 1;
+                let entry = request.entry(id, c);
+                if !request.has_more() {
+                    ready.pop_front();
+                }
+                if let Err(e) = push(&mut ring, &entry) {
+                    break 'run e;
+                }
+            }
+            if !open && table.live == 0 {
+                // Closed, and no transfer in flight (only the wake read, see above): the
+                // registration goes with the ring, before the registered memory.
+                drop(ManuallyDrop::into_inner(ring));
+                drop(ManuallyDrop::into_inner(registered));
+                return;
             }
             // Until a transfer completes or a new request wakes us.
             match ring.submit_and_wait(1) {
@@ -564,19 +699,21 @@ fn run(mut ring: IoUring, requests: Receiver<Request>, alignment: usize, wake: A
                     rearm = true;
                     continue;
                 }
-                let slot = tag as usize;
-                let request = slots[slot]
-                    .take()
-                    .expect("a completion for an occupied slot");
-                match request.complete(res, alignment) {
-                    Some(mut more) => {
-                        let entry = more.entry(slot);
-                        slots[slot] = Some(more);
-                        if let Err(e) = push(&mut ring, &entry) {
-                            break 'run e;
-                        }
+                let (id, c) = ((tag >> 32) as usize, (tag & 0xffff_ffff) as usize);
+                let request = table.get(id);
+                if request.complete(c, res, alignment) {
+                    let entry = request.entry(id, c);
+                    if let Err(e) = push(&mut ring, &entry) {
+                        break 'run e;
                     }
-                    None => free.push(slot),
+                    continue;
+                }
+                request.in_flight -= 1;
+                in_flight -= 1;
+                if request.finished() {
+                    // The kernel is done with its buffers: hand them back (or, if the caller
+                    // stopped waiting, drop them here, which gives lent memory back).
+                    table.remove(id).reply();
                 }
             }
             if rearm {
@@ -584,32 +721,28 @@ fn run(mut ring: IoUring, requests: Receiver<Request>, alignment: usize, wake: A
             }
         }
     };
-    // The ring is broken: which entries the kernel took is unknown, so every request in
-    // flight fails and leaks its buffer and file rather than free what the kernel may use.
-    // A `ReadFixed`'s destination is the caller's: such a read may still land after its
-    // error is returned, which `open_with_buffer`'s contract covers.
+    // The ring is broken: which entries the kernel took is unknown, so every request with an
+    // entry in flight fails and leaks its buffers and file rather than free what the kernel may
+    // use; so do the ring and the registered memory. Requests with nothing in flight get their
+    // buffers back.
     error!(error = %fatal, "io_uring failed; failing all requests");
     let failure = || io::Error::other(format!("io_uring failed: {fatal}"));
-    for request in slots.into_iter().flatten() {
-        std::mem::forget(request.fail(failure));
-    }
-    std::mem::forget(ring);
-    for request in requests {
-        drop(request.fail(failure));
-    }
-}
-
-/// The bytes a chunked read got: its chunks' up to the first short one (the end of the file).
-fn sum_reads(chunks: Vec<io::Result<(usize, usize)>>) -> io::Result<usize> {
-    let mut total = 0;
-    for chunk in chunks {
-        let (done, len) = chunk?;
-        total += done;
-        if done < len {
-            break;
+    for id in 0..table.entries.len() {
+        if table.entries[id].is_none() {
+            continue;
+        }
+        let mut request = table.remove(id);
+        if request.in_flight > 0 {
+            std::mem::forget(request.fail_keeping(failure()));
+        } else {
+            request.error = Some(failure());
+            request.reply();
         }
     }
-    Ok(total)
+    for mut request in requests {
+        request.error = Some(failure());
+        request.reply();
+    }
 }
 
 impl Disk for UringDisk {
@@ -627,101 +760,72 @@ impl Disk for UringDisk {
         &'a self,
         name: &'a str,
         offset: u64,
-        data: &'a [u8],
-    ) -> BoxFuture<'a, io::Result<()>> {
+        buf: IoBuf,
+    ) -> BoxFuture<'a, IoResult<IoBuf, ()>> {
         Box::pin(async move {
-            let alignment = self.alignment();
-            check_aligned(alignment, offset, data.as_ptr(), data.len())?;
-            let file = self.file(name).await?;
-            if data.is_empty() {
-                return Ok(());
-            }
-            // The ring needs owned data; direct I/O needs it aligned too.
-            let buf = AlignedBuf::copy_of(data, alignment);
-            let len = data.len();
-            self.submit(file, |reply| Op::Write {
-                buf,
-                len,
-                offset,
-                done: 0,
-                reply,
-            })
-            .await
+            let (mut bufs, result) = self.write_bufs(name, offset, vec![buf]).await;
+            (bufs.pop().unwrap_or_default(), result)
         })
+    }
+
+    fn write_all_at<'a>(
+        &'a self,
+        name: &'a str,
+        offset: u64,
+        bufs: Vec<IoBuf>,
+    ) -> BoxFuture<'a, IoResult<Vec<IoBuf>, ()>> {
+        Box::pin(self.write_bufs(name, offset, bufs))
     }
 
     fn read_at<'a>(
         &'a self,
         name: &'a str,
         offset: u64,
-        buf: &'a mut [u8],
-    ) -> BoxFuture<'a, io::Result<usize>> {
+        buf: IoBuf,
+    ) -> BoxFuture<'a, IoResult<IoBuf, usize>> {
         Box::pin(async move {
-            let alignment = self.alignment();
-            check_aligned(alignment, offset, buf.as_ptr(), buf.len())?;
-            let file = self.file(name).await?;
-            let len = buf.len();
-            if len == 0 {
-                return Ok(0);
+            if let Err(e) = check_aligned(self.alignment(), offset, buf.as_ptr(), buf.len()) {
+                return (buf, Err(e));
             }
-            // A large read goes out as several chunks in one submission: the device works
-            // on them in parallel (queue depth > 1 for a single value).
-            let chunk = READ_CHUNK.max(alignment);
-            let start = buf.as_ptr() as usize;
-            if let Some((base, size)) = self.fixed
-                && start >= base
-                && start + len <= base + size
-            {
-                let reads = (0..len.div_ceil(chunk)).map(|i| {
-                    let file = file.clone();
-                    let part = chunk.min(len - i * chunk);
-                    let at = offset + (i * chunk) as u64;
-                    async move {
-                        let done = self
-                            .submit(file, |reply| Op::ReadFixed {
-                                addr: start + i * chunk,
-                                len: part,
-                                offset: at,
-                                done: 0,
-                                reply,
-                            })
-                            .await?;
-                        Ok::<_, io::Error>((done, part))
-                    }
-                });
-                // The kernel writes `buf` meanwhile. `join_all` (not `try_join_all`) waits for
-                // every chunk, even after one fails, so this future holds the borrow until the
-                // kernel is done with it; if the future is dropped first, or the ring fails,
-                // `open_with_buffer`'s contract covers the reads still running.
-                return sum_reads(futures_util::future::join_all(reads).await);
+            let file = match self.file(name).await {
+                Ok(file) => file,
+                Err(e) => return (buf, Err(e)),
+            };
+            if buf.is_empty() {
+                return (buf, Ok(0));
             }
-            let reads = buf.chunks_mut(chunk).enumerate().map(|(i, part)| {
-                let file = file.clone();
-                let len = part.len();
-                let owned = AlignedBuf::new(len, alignment);
-                let at = offset + (i * chunk) as u64;
-                async move {
-                    let (owned, done) = self
-                        .submit(file, |reply| Op::Read {
-                            buf: owned,
-                            len,
-                            offset: at,
-                            done: 0,
-                            reply,
-                        })
-                        .await?;
-                    part[..done].copy_from_slice(&owned[..done]);
-                    Ok::<_, io::Error>((done, len))
-                }
-            });
-            sum_reads(futures_util::future::join_all(reads).await)
+            // A buffer inside the registered memory (a staging slot) is read with READ_FIXED.
+            let (start, len) = (buf.as_ptr() as usize, buf.len());
+            let fixed = self
+                .fixed
+                .is_some_and(|(base, size)| start >= base && start + len <= base + size);
+            // A large read goes out as several chunks in one submission: the device works on
+            // them in parallel (queue depth > 1 for a single value).
+            let bufs = vec![buf];
+            let chunks = self.chunks(&bufs, offset);
+            let (reply, result) = oneshot::channel();
+            let request = Request::new(file, Kind::Read { fixed }, bufs, chunks);
+            if let Err(back) = self.send(request, Reply::Read(reply)) {
+                let buf = back.bufs.into_iter().next().unwrap_or_default();
+                return (buf, Err(thread_gone()));
+            }
+            // If this future is dropped now, the I/O thread still owns the buffer and drops it
+            // only after the kernel has finished with it.
+            result
+                .await
+                .unwrap_or_else(|_| (IoBuf::default(), Err(thread_gone())))
         })
     }
 
     fn sync<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>> {
         Box::pin(async move {
             let file = self.file(name).await?;
-            self.submit(file, |reply| Op::Sync { reply }).await
+            let (reply, result) = oneshot::channel();
+            let request = Request::new(file, Kind::Sync, Vec::new(), vec![Chunk::sync()]);
+            if self.send(request, Reply::Sync(reply)).is_err() {
+                return Err(thread_gone());
+            }
+            result.await.map_err(|_| thread_gone())?
         })
     }
 

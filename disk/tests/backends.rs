@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use mooring_core::rng::Rng;
 use mooring_disk::backend::read_len;
 use mooring_disk::{
-    AlignedBuf, Backend, Bucket, DATA_FILE, FilePerKey, Held, IoMode, Item, OffsetFile, PosixDisk,
+    Backend, Bucket, DATA_FILE, FilePerKey, Held, IoMode, Item, OffsetFile, PosixDisk,
 };
-use mooring_proto::disk::Disk;
+use mooring_proto::disk::{Disk, IoBuf, IoResult, write_copy};
 use mooring_proto::transport::BoxFuture;
 use mooring_transport_sim::disk::{DiskFaults, SimDisk};
 
@@ -87,9 +87,9 @@ async fn read_value(
     len: u64,
 ) -> io::Result<Vec<u8>> {
     let a = backend.alignment();
-    let mut buf = AlignedBuf::new(read_len(key, len, a), a);
-    let range = backend.read(key, version, &mut buf).await?;
-    Ok(buf[range].to_vec())
+    let buf = IoBuf::new(read_len(key, len, a), a);
+    let (buf, read) = backend.read(key, version, buf).await;
+    Ok(buf[read?].to_vec())
 }
 
 /// Puts `(key, version)` pairs as one group, with [`value`]s.
@@ -104,7 +104,7 @@ async fn put(backend: &dyn Backend, writes: &[(&str, u64)]) -> io::Result<Vec<He
             value,
         })
         .collect();
-    backend.put(&items).await
+    backend.put_items(&items).await
 }
 
 /// What the backend should hold: key → version.
@@ -266,9 +266,9 @@ async fn files(disk: &dyn Disk) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
     for name in disk.list().await.unwrap() {
         let len = disk.len(&name).await.unwrap() as usize;
-        let mut buf = AlignedBuf::new(len, disk.alignment());
-        let whole = buf.len();
-        let n = disk.read_at(&name, 0, &mut buf[..whole]).await.unwrap();
+        let buf = IoBuf::new(len, disk.alignment());
+        let (buf, read) = disk.read_at(&name, 0, buf).await;
+        let n = read.unwrap();
         out.push((name, buf[..n.min(len)].to_vec()));
     }
     out
@@ -288,11 +288,12 @@ async fn find(disk: &dyn Disk, needle: &[u8]) -> (String, u64) {
 async fn flip(disk: &dyn Disk, name: &str, at: u64) {
     let a = disk.alignment() as u64;
     let start = at / a * a;
-    let mut block = AlignedBuf::new(a as usize, a as usize);
-    let n = disk.read_at(name, start, &mut block).await.unwrap();
+    let block = IoBuf::new(a as usize, a as usize);
+    let (mut block, read) = disk.read_at(name, start, block).await;
+    let n = read.unwrap();
     assert!(n as u64 > at - start);
     block[(at - start) as usize] ^= 0x10;
-    disk.write_at(name, start, &block[..]).await.unwrap();
+    disk.write_at(name, start, block).await.1.unwrap();
     disk.sync(name).await.unwrap();
 }
 
@@ -327,7 +328,7 @@ async fn damage(kind: Kind, disk: Arc<dyn Disk>, truncate: &dyn Fn(&str, u64)) {
                 value,
             })
             .collect();
-        b.put(&batch).await.unwrap();
+        b.put_items(&batch).await.unwrap();
     }
     let (name, at) = find(disk.as_ref(), b"FLIP-MARK").await;
     flip(disk.as_ref(), &name, at + 3).await;
@@ -484,12 +485,15 @@ impl Disk for Crashy {
         &'a self,
         name: &'a str,
         offset: u64,
-        data: &'a [u8],
-    ) -> BoxFuture<'a, io::Result<()>> {
+        buf: IoBuf,
+    ) -> BoxFuture<'a, IoResult<IoBuf, ()>> {
         Box::pin(async move {
-            let fatal = self.gate()?;
-            let r = self.sim.write_at(name, offset, data).await;
-            self.finish(fatal, r)
+            let fatal = match self.gate() {
+                Ok(fatal) => fatal,
+                Err(e) => return (buf, Err(e)),
+            };
+            let (buf, r) = self.sim.write_at(name, offset, buf).await;
+            (buf, self.finish(fatal, r))
         })
     }
 
@@ -497,12 +501,15 @@ impl Disk for Crashy {
         &'a self,
         name: &'a str,
         offset: u64,
-        buf: &'a mut [u8],
-    ) -> BoxFuture<'a, io::Result<usize>> {
+        buf: IoBuf,
+    ) -> BoxFuture<'a, IoResult<IoBuf, usize>> {
         Box::pin(async move {
-            let fatal = self.gate()?;
-            let r = self.sim.read_at(name, offset, buf).await;
-            self.finish(fatal, r)
+            let fatal = match self.gate() {
+                Ok(fatal) => fatal,
+                Err(e) => return (buf, Err(e)),
+            };
+            let (buf, r) = self.sim.read_at(name, offset, buf).await;
+            (buf, self.finish(fatal, r))
         })
     }
 
@@ -849,8 +856,9 @@ async fn bucket_recovery_drops_unfinished_and_damaged_buckets() {
         .find(|(name, _)| *name == Bucket::meta_name(one))
         .unwrap();
     disk.create(meta).await.unwrap();
-    disk.write_at(meta, 0, &AlignedBuf::copy_of(bytes, 512))
+    disk.write_at(meta, 0, IoBuf::copy_of(bytes, 512))
         .await
+        .1
         .unwrap();
     disk.sync(meta).await.unwrap();
     drop(backend);
@@ -858,7 +866,9 @@ async fn bucket_recovery_drops_unfinished_and_damaged_buckets() {
     sim.flip_bit(&Bucket::meta_name(two), 20, 3).unwrap();
     let stray = Bucket::data_name(0x40);
     disk.create(&stray).await.unwrap();
-    disk.write_at(&stray, 0, &[1; 512]).await.unwrap();
+    write_copy(disk.as_ref(), &stray, 0, &[1; 512])
+        .await
+        .unwrap();
     let tmp = format!("{}.tmp", Bucket::meta_name(0x41));
     disk.create(&tmp).await.unwrap();
 
@@ -931,7 +941,7 @@ async fn offset_file_reuses_space_and_reports_full() {
                     value: block,
                 })
                 .collect();
-            store.put(&batch).await
+            store.put_items(&batch).await
         }
     };
     for round in 1..=3u64 {
@@ -958,7 +968,7 @@ async fn offset_file_reuses_space_and_reports_full() {
     assert_eq!(store.free_bytes(), 32 << 10);
     let huge = vec![0u8; 128 << 10];
     let e = store
-        .put(&[Item {
+        .put_items(&[Item {
             key: "huge",
             version: 1,
             value: &huge,

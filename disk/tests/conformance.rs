@@ -4,8 +4,9 @@
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use mooring_disk::{AlignedBuf, IoMode, PosixDisk};
+use mooring_disk::{IoBuf, IoMode, PosixDisk};
 use mooring_proto::disk::Disk;
 use mooring_transport_sim::disk::SimDisk;
 
@@ -31,31 +32,75 @@ impl Drop for TempDir {
 }
 
 /// `data` as the disk needs it: aligned and padded to its alignment.
-fn block(disk: &dyn Disk, data: &[u8]) -> AlignedBuf {
-    AlignedBuf::copy_of(data, disk.alignment())
+fn block(disk: &dyn Disk, data: &[u8]) -> IoBuf {
+    IoBuf::copy_of(data, disk.alignment())
+}
+
+/// A lender that counts its drops.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 async fn conformance(disk: &dyn Disk) {
     let a = disk.alignment();
     disk.create("x/y/data").await.unwrap();
     assert_eq!(disk.len("x/y/data").await.unwrap(), 0);
+    // Owned buffers go in and come back, the same ones.
     let first = block(disk, b"first block");
-    disk.write_at("x/y/data", 0, &first).await.unwrap();
+    let first_at = first.as_ptr();
+    let (first, written) = disk.write_at("x/y/data", 0, first).await;
+    written.unwrap();
+    assert_eq!(first.as_ptr(), first_at, "write_at hands its buffer back");
     let second = block(disk, b"second");
-    disk.write_at("x/y/data", first.len() as u64, &second)
-        .await
-        .unwrap();
+    let (second, written) = disk.write_at("x/y/data", first.len() as u64, second).await;
+    written.unwrap();
     disk.sync("x/y/data").await.unwrap();
     let total = first.len() + second.len();
     assert_eq!(disk.len("x/y/data").await.unwrap(), total as u64);
 
-    let mut back = AlignedBuf::new(total, a);
-    assert_eq!(disk.read_at("x/y/data", 0, &mut back).await.unwrap(), total);
+    let back = IoBuf::new(total, a);
+    let back_at = back.as_ptr();
+    let (back, read) = disk.read_at("x/y/data", 0, back).await;
+    assert_eq!(read.unwrap(), total);
+    assert_eq!(back.as_ptr(), back_at, "read_at hands its buffer back");
     assert_eq!(&back[..11], b"first block");
     assert_eq!(&back[first.len()..first.len() + 6], b"second");
     // Reading past the end returns what is there.
-    let mut more = AlignedBuf::new(total + 4 * a.max(512), a);
-    assert_eq!(disk.read_at("x/y/data", 0, &mut more).await.unwrap(), total);
+    let more = IoBuf::new(total + 4 * a.max(512), a);
+    let (_, read) = disk.read_at("x/y/data", 0, more).await;
+    assert_eq!(read.unwrap(), total);
+
+    // Several buffers back to back in one write, and a read into lent memory, which goes
+    // back to its lender once the disk is done with it.
+    disk.create("v").await.unwrap();
+    let parts = vec![
+        block(disk, b"one"),
+        block(disk, b"two"),
+        block(disk, b"three"),
+    ];
+    let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+    let (parts, written) = disk.write_all_at("v", 0, parts).await;
+    written.unwrap();
+    assert_eq!(parts.len(), 3, "write_all_at hands every buffer back");
+    let whole: usize = lens.iter().sum();
+    let mut memory = IoBuf::new(whole, a.max(4096));
+    let ptr = std::ptr::NonNull::new(memory.as_mut_ptr()).unwrap();
+    let returned = Arc::new(AtomicUsize::new(0));
+    // SAFETY: `memory` outlives the lent buffer and is not touched until it is dropped.
+    let lent = unsafe { IoBuf::lend(ptr, whole, Box::new(Counted(returned.clone()))) };
+    let (lent, read) = disk.read_at("v", 0, lent).await;
+    assert_eq!(read.unwrap(), whole);
+    assert_eq!(returned.load(Ordering::SeqCst), 0, "still lent");
+    drop(lent);
+    assert_eq!(returned.load(Ordering::SeqCst), 1, "given back");
+    assert_eq!(&memory[..3], b"one");
+    assert_eq!(&memory[lens[0]..lens[0] + 3], b"two");
+    assert_eq!(&memory[lens[0] + lens[1]..lens[0] + lens[1] + 5], b"three");
+    disk.remove("v").await.unwrap();
 
     disk.create("z").await.unwrap();
     disk.rename("x/y/data", "z").await.unwrap();
@@ -100,7 +145,10 @@ async fn posix_direct() {
     conformance(&disk).await;
     // Direct I/O refuses unaligned transfers with a clear error instead of EINVAL.
     disk.create("u").await.unwrap();
-    let err = disk.write_at("u", 1, b"x").await.unwrap_err();
+    let buf = IoBuf::copy_of(b"x", disk.alignment());
+    let (buf, written) = disk.write_at("u", 1, buf).await;
+    let err = written.unwrap_err();
+    assert_eq!(buf.len(), disk.alignment(), "a refused buffer comes back");
     assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
     assert!(err.to_string().contains("aligned"), "{err}");
 }
@@ -139,4 +187,49 @@ async fn posix_refuses_names_outside_its_directory() {
             "{bad:?}"
         );
     }
+}
+
+/// The POSIX adapter's blocking task owns the buffer: a read whose future is dropped before
+/// the task runs still runs later, into the buffer, which goes back to its lender only then.
+#[test]
+fn posix_dropped_read_keeps_its_buffer_until_done() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let dir = TempDir::new("posix-dropped");
+        let disk = PosixDisk::open(&dir.0, IoMode::Buffered).unwrap();
+        disk.create("f").await.unwrap();
+        let data: Vec<u8> = (0..8192).map(|i| (i % 241) as u8).collect();
+        disk.write_at("f", 0, IoBuf::copy_of(&data, 1))
+            .await
+            .1
+            .unwrap();
+        // Hold the only blocking thread, so the read waits in the queue.
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let blocker = tokio::task::spawn_blocking(move || held.recv());
+        let mut memory = IoBuf::new(8192, 4096);
+        let ptr = std::ptr::NonNull::new(memory.as_mut_ptr()).unwrap();
+        let returned = Arc::new(AtomicUsize::new(0));
+        // SAFETY: `memory` outlives the lent buffer and is not touched until it is given back.
+        let lent = unsafe { IoBuf::lend(ptr, 8192, Box::new(Counted(returned.clone()))) };
+        let read = disk.read_at("f", 0, lent);
+        let timed_out = tokio::time::timeout(std::time::Duration::from_millis(100), read).await;
+        assert!(timed_out.is_err(), "the read waits for the blocking thread");
+        assert_eq!(returned.load(Ordering::SeqCst), 0, "the task still owns it");
+        release.send(()).unwrap();
+        blocker.await.unwrap().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while returned.load(Ordering::SeqCst) == 0 {
+            assert!(std::time::Instant::now() < deadline, "never given back");
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        assert!(
+            memory[..] == data[..],
+            "the read ran into the buffer after all"
+        );
+    });
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use mooring_disk::{FilePerKey, IoMode, PosixDisk};
-use mooring_proto::disk::Disk;
+use mooring_proto::disk::{Disk, write_copy};
 use mooring_transport_sim::disk::{DiskFaults, SimDisk};
 
 struct TempDir(PathBuf);
@@ -194,7 +194,7 @@ async fn crashes_never_leave_a_wrong_value_behind() {
             }
             // A put cut short by the crash: its tmp file is unsynced.
             disk.create("tmp/ffffffffffffffff.0").await.unwrap();
-            disk.write_at("tmp/ffffffffffffffff.0", 0, b"half a record")
+            write_copy(disk.as_ref(), "tmp/ffffffffffffffff.0", 0, b"half a record")
                 .await
                 .unwrap();
             disk.crash();

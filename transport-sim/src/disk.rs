@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use mooring_core::rng::Rng;
-use mooring_proto::disk::Disk;
+use mooring_proto::disk::{Disk, IoBuf, IoResult};
 use mooring_proto::transport::BoxFuture;
 
 /// Granularity of torn writes: a crash keeps whole sectors of a write in progress.
@@ -218,6 +218,35 @@ impl SimDisk {
         Ok(())
     }
 
+    async fn write_bytes(&self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.check_aligned(offset, data.len())?;
+        self.delay().await;
+        let mut state = self.lock();
+        if state.fault(|f| f.write_error) {
+            state.stats.errors += 1;
+            return Err(eio("write"));
+        }
+        let file = state.file(name)?;
+        apply(&mut file.visible, offset, data);
+        file.unsynced.push((offset, data.to_vec()));
+        Ok(())
+    }
+
+    async fn read_bytes(&self, name: &str, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.check_aligned(offset, buf.len())?;
+        self.delay().await;
+        let mut state = self.lock();
+        if state.fault(|f| f.read_error) {
+            state.stats.errors += 1;
+            return Err(eio("read"));
+        }
+        let file = state.file(name)?;
+        let start = (offset as usize).min(file.visible.len());
+        let n = buf.len().min(file.visible.len() - start);
+        buf[..n].copy_from_slice(&file.visible[start..start + n]);
+        Ok(n)
+    }
+
     async fn delay(&self) {
         let latency = self.lock().latency();
         if !latency.is_zero() {
@@ -245,20 +274,13 @@ impl Disk for SimDisk {
         &'a self,
         name: &'a str,
         offset: u64,
-        data: &'a [u8],
-    ) -> BoxFuture<'a, io::Result<()>> {
+        buf: IoBuf,
+    ) -> BoxFuture<'a, IoResult<IoBuf, ()>> {
+        // The future owns the buffer: nothing runs after it is dropped, so the transfer ends
+        // with it.
         Box::pin(async move {
-            self.check_aligned(offset, data.len())?;
-            self.delay().await;
-            let mut state = self.lock();
-            if state.fault(|f| f.write_error) {
-                state.stats.errors += 1;
-                return Err(eio("write"));
-            }
-            let file = state.file(name)?;
-            apply(&mut file.visible, offset, data);
-            file.unsynced.push((offset, data.to_vec()));
-            Ok(())
+            let result = self.write_bytes(name, offset, &buf).await;
+            (buf, result)
         })
     }
 
@@ -266,21 +288,11 @@ impl Disk for SimDisk {
         &'a self,
         name: &'a str,
         offset: u64,
-        buf: &'a mut [u8],
-    ) -> BoxFuture<'a, io::Result<usize>> {
+        mut buf: IoBuf,
+    ) -> BoxFuture<'a, IoResult<IoBuf, usize>> {
         Box::pin(async move {
-            self.check_aligned(offset, buf.len())?;
-            self.delay().await;
-            let mut state = self.lock();
-            if state.fault(|f| f.read_error) {
-                state.stats.errors += 1;
-                return Err(eio("read"));
-            }
-            let file = state.file(name)?;
-            let start = (offset as usize).min(file.visible.len());
-            let n = buf.len().min(file.visible.len() - start);
-            buf[..n].copy_from_slice(&file.visible[start..start + n]);
-            Ok(n)
+            let result = self.read_bytes(name, offset, &mut buf).await;
+            (buf, result)
         })
     }
 
@@ -341,6 +353,7 @@ impl Disk for SimDisk {
 #[cfg(all(test, not(madsim)))]
 mod tests {
     use super::*;
+    use mooring_proto::disk::{read_copy, write_copy};
 
     fn block_on<F: std::future::Future>(f: F) -> F::Output {
         tokio::runtime::Builder::new_current_thread()
@@ -353,7 +366,7 @@ mod tests {
     async fn read_all(disk: &SimDisk, name: &str) -> Vec<u8> {
         let len = disk.len(name).await.unwrap() as usize;
         let mut buf = vec![0; len];
-        assert_eq!(disk.read_at(name, 0, &mut buf).await.unwrap(), len);
+        assert_eq!(read_copy(disk, name, 0, &mut buf).await.unwrap(), len);
         buf
     }
 
@@ -366,9 +379,9 @@ mod tests {
                 ..DiskFaults::default()
             });
             disk.create("a").await.unwrap();
-            disk.write_at("a", 0, b"durable").await.unwrap();
+            write_copy(&disk, "a", 0, b"durable").await.unwrap();
             disk.sync("a").await.unwrap();
-            disk.write_at("a", 7, b" and not").await.unwrap();
+            write_copy(&disk, "a", 7, b" and not").await.unwrap();
             assert_eq!(read_all(&disk, "a").await, b"durable and not");
             disk.crash();
             assert_eq!(read_all(&disk, "a").await, b"durable");
@@ -387,7 +400,7 @@ mod tests {
                     ..DiskFaults::default()
                 });
                 disk.create("f").await.unwrap();
-                disk.write_at("f", 0, &[7u8; 4 * SECTOR]).await.unwrap();
+                write_copy(&disk, "f", 0, &[7u8; 4 * SECTOR]).await.unwrap();
                 disk.crash();
                 let kept = read_all(&disk, "f").await;
                 assert_eq!(kept.len() % SECTOR, 0);
@@ -409,16 +422,16 @@ mod tests {
                 read_error: 1.0,
                 ..DiskFaults::default()
             });
-            assert!(disk.write_at("f", 0, b"x").await.is_err());
+            assert!(write_copy(&disk, "f", 0, b"x").await.is_err());
             let mut buf = [0u8; 1];
-            assert!(disk.read_at("f", 0, &mut buf).await.is_err());
+            assert!(read_copy(&disk, "f", 0, &mut buf).await.is_err());
             disk.set_faults(DiskFaults::default());
             assert_eq!(
                 disk.len("f").await.unwrap(),
                 0,
                 "a failed write writes nothing"
             );
-            disk.write_at("f", 0, b"y").await.unwrap();
+            write_copy(&disk, "f", 0, b"y").await.unwrap();
             disk.set_faults(DiskFaults {
                 sync_error: 1.0,
                 ..DiskFaults::default()
@@ -434,17 +447,37 @@ mod tests {
     }
 
     #[test]
+    fn owned_buffers_round_trip_and_come_back() {
+        block_on(async {
+            let disk = SimDisk::with_alignment(5, 512);
+            disk.create("f").await.unwrap();
+            let data = IoBuf::copy_of(&[9u8; 1024], 512);
+            let ptr = data.as_ptr();
+            let (back, written) = disk.write_at("f", 512, data).await;
+            written.unwrap();
+            assert_eq!(back.as_ptr(), ptr, "the same buffer comes back");
+            let (back, read) = disk.read_at("f", 0, IoBuf::new(2048, 512)).await;
+            assert_eq!(read.unwrap(), 1536);
+            assert!(back[..512].iter().all(|&b| b == 0));
+            assert!(back[512..1536].iter().all(|&b| b == 9));
+            let (back, refused) = disk.write_at("f", 100, back).await;
+            assert_eq!(refused.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+            assert_eq!(back.len(), 2048, "a refused buffer comes back too");
+        });
+    }
+
+    #[test]
     fn namespace_operations_and_alignment() {
         block_on(async {
             let disk = SimDisk::with_alignment(4, 512);
             disk.create("x/1").await.unwrap();
-            assert!(disk.write_at("x/1", 1, &[0; 512]).await.is_err());
-            disk.write_at("x/1", 0, &[1; 512]).await.unwrap();
+            assert!(write_copy(&disk, "x/1", 1, &[0; 512]).await.is_err());
+            write_copy(&disk, "x/1", 0, &[1; 512]).await.unwrap();
             disk.rename("x/1", "y/2").await.unwrap();
             assert_eq!(disk.list().await.unwrap(), vec!["y/2".to_string()]);
             disk.flip_bit("y/2", 3, 0).unwrap();
             let mut buf = [0u8; 512];
-            disk.read_at("y/2", 0, &mut buf).await.unwrap();
+            read_copy(&disk, "y/2", 0, &mut buf).await.unwrap();
             assert_eq!(buf[3], 0);
             disk.truncate("y/2", 0).unwrap();
             assert_eq!(disk.len("y/2").await.unwrap(), 0);

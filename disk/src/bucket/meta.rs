@@ -10,8 +10,8 @@
 //! everything before it. The file is padded to the disk's alignment (direct I/O writes whole
 //! blocks); the padding is ignored.
 
-use crate::AlignedBuf;
 use crate::record::MAX_KEY_LEN;
+use mooring_proto::disk::IoBuf;
 
 const MAGIC: [u8; 4] = *b"MKVB";
 const FORMAT: u8 = 1;
@@ -29,7 +29,7 @@ pub(super) struct MetaEntry {
 }
 
 /// Bucket `id`'s meta listing `entries`, padded to `align`.
-pub(super) fn encode(id: u64, entries: &[MetaEntry], align: usize) -> AlignedBuf {
+pub(super) fn encode(id: u64, entries: &[MetaEntry], align: usize) -> IoBuf {
     let mut out = Vec::with_capacity(
         HEADER_LEN
             + 4
@@ -54,7 +54,7 @@ pub(super) fn encode(id: u64, entries: &[MetaEntry], align: usize) -> AlignedBuf
     out[8..16].copy_from_slice(&meta_len.to_le_bytes());
     let crc = crc32c::crc32c(&out);
     out.extend_from_slice(&crc.to_le_bytes());
-    AlignedBuf::copy_of(&out, align)
+    IoBuf::copy_of(&out, align)
 }
 
 /// Reads fixed-size fields off the front of a byte slice.

@@ -34,9 +34,9 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::backend::{Backend, Held, Item, Recovered, check_record, read_len};
-use crate::record;
-use mooring_proto::disk::Disk;
+use crate::backend::{Backend, Held, Recovered, check_record, read_len};
+use crate::record::{self, RecordBuf};
+use mooring_proto::disk::{Disk, IoBuf, IoResult};
 use mooring_proto::transport::BoxFuture;
 
 /// Default most bytes of values the caller groups into one bucket (spec: 256 MB).
@@ -68,23 +68,23 @@ pub(crate) fn align_up(len: u64, align: usize) -> Option<u64> {
 
 /// Refuses keys a record cannot carry and keys repeated within one put (the trait asks for
 /// distinct keys; a repeat would leave two records of a key in one unit).
-pub(crate) fn check_items(items: &[Item<'_>]) -> io::Result<()> {
+pub(crate) fn check_items(items: &[RecordBuf]) -> io::Result<()> {
     let mut seen = HashSet::with_capacity(items.len());
     for item in items {
-        if item.key.len() > record::MAX_KEY_LEN {
+        if item.key().len() > record::MAX_KEY_LEN {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
                     "key of {} bytes; at most {}",
-                    item.key.len(),
+                    item.key().len(),
                     record::MAX_KEY_LEN
                 ),
             ));
         }
-        if !seen.insert(item.key) {
+        if !seen.insert(item.key()) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("key {:?} twice in one put", item.key),
+                format!("key {:?} twice in one put", item.key()),
             ));
         }
     }
@@ -183,30 +183,35 @@ impl Bucket {
         &self,
         key: &str,
         version: u64,
-        buf: &mut [u8],
-    ) -> io::Result<Range<usize>> {
+        mut buf: IoBuf,
+    ) -> IoResult<IoBuf, Range<usize>> {
         let entry = self.lock().keys.get(key).copied();
         let Some(entry) = entry.filter(|e| e.version == version) else {
-            return Err(io::Error::new(
+            let e = io::Error::new(
                 io::ErrorKind::NotFound,
                 format!("write {version} of {key:?} is not on disk"),
-            ));
+            );
+            return (buf, Err(e));
         };
         let len = read_len(key, entry.value_len, self.disk.alignment());
-        if buf.len() < len {
-            return Err(io::Error::new(
+        if buf.capacity() < len {
+            let e = io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("read buffer of {} bytes; the record needs {len}", buf.len()),
-            ));
+                format!(
+                    "read buffer of {} bytes; the record needs {len}",
+                    buf.capacity()
+                ),
+            );
+            return (buf, Err(e));
         }
+        buf.set_len(len);
         let name = Self::data_name(entry.bucket);
         // The bucket may be deleted meanwhile (NotFound); ids are never reused, and the
         // record's checksum, key and version are checked, so wrong bytes are never returned.
-        let n = self
-            .disk
-            .read_at(&name, entry.offset, &mut buf[..len])
-            .await?;
-        check_record(&buf[..n], key, version, &name)
+        let (buf, read) = self.disk.read_at(&name, entry.offset, buf).await;
+        let checked =
+            read.and_then(|n| check_record(&buf[..n.min(buf.len())], key, version, &name));
+        (buf, checked)
     }
 }
 
@@ -223,16 +228,20 @@ impl Backend for Bucket {
         true
     }
 
-    fn put<'a>(&'a self, items: &'a [Item<'a>]) -> BoxFuture<'a, io::Result<Vec<Held>>> {
-        Box::pin(self.put_group(items))
+    fn record_alignment(&self) -> usize {
+        self.align
+    }
+
+    fn put(&self, records: Vec<RecordBuf>) -> BoxFuture<'_, io::Result<Vec<Held>>> {
+        Box::pin(self.put_group(records))
     }
 
     fn read<'a>(
         &'a self,
         key: &'a str,
         version: u64,
-        buf: &'a mut [u8],
-    ) -> BoxFuture<'a, io::Result<Range<usize>>> {
+        buf: IoBuf,
+    ) -> BoxFuture<'a, IoResult<IoBuf, Range<usize>>> {
         Box::pin(self.read_record(key, version, buf))
     }
 

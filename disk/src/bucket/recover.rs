@@ -10,9 +10,9 @@ use std::sync::atomic::Ordering;
 use tracing::{info, warn};
 
 use super::{Bucket, DATA_EXT, DIR, Entry, META_EXT, TMP_EXT, meta, remove_if_present};
-use crate::AlignedBuf;
 use crate::backend::{Held, Recovered, check_record, read_len};
 use crate::record;
+use mooring_proto::disk::IoBuf;
 
 /// Why a file or value found by recovery is not kept.
 type Damage = String;
@@ -87,7 +87,7 @@ impl Bucket {
                 buckets.remove(&id);
             } else {
                 let bytes = meta::encode(id, entries, self.disk.alignment());
-                self.write_meta(id, &bytes).await?;
+                self.write_meta(id, bytes).await?;
             }
         }
         self.install(&buckets, &mut found);
@@ -129,9 +129,9 @@ impl Bucket {
         let Ok(len) = usize::try_from(len) else {
             return Ok(Err(format!("meta of {len} bytes is too large")));
         };
-        let mut buf = AlignedBuf::new(len, self.disk.alignment());
-        let whole = buf.len();
-        let n = self.disk.read_at(&name, 0, &mut buf[..whole]).await?;
+        let buf = IoBuf::new(len, self.disk.alignment());
+        let (buf, read) = self.disk.read_at(&name, 0, buf).await;
+        let n = read?;
         Ok(meta::decode(&buf[..n.min(len)], id).map_err(|why| format!("damaged meta: {why}")))
     }
 
@@ -159,11 +159,10 @@ impl Bucket {
             }
         }
         let len = read_len(&entry.key, entry.value_len, a as usize);
-        let mut buf = AlignedBuf::new(len, a as usize);
-        let n = self
-            .disk
-            .read_at(data, entry.offset, &mut buf[..len])
-            .await?;
+        let mut buf = IoBuf::new(len, a as usize);
+        buf.set_len(len);
+        let (buf, read) = self.disk.read_at(data, entry.offset, buf).await;
+        let n = read?;
         Ok(check_record(&buf[..n], &entry.key, entry.version, data)
             .map(|_| ())
             .map_err(|e| e.to_string()))

@@ -8,36 +8,33 @@ use std::sync::atomic::Ordering;
 
 use tracing::{debug, warn};
 
-use super::{Bucket, Entry, align_up, check_items, meta, remove_if_present};
-use crate::AlignedBuf;
-use crate::backend::{Held, Item};
-use crate::record;
+use super::{Bucket, Entry, check_items, meta, remove_if_present};
+use crate::backend::Held;
+use crate::record::RecordBuf;
+use mooring_proto::disk::IoBuf;
 
 impl Bucket {
-    /// [`Backend::put`](crate::Backend::put): one bucket for all of `items`.
-    pub(super) async fn put_group(&self, items: &[Item<'_>]) -> io::Result<Vec<Held>> {
+    /// [`Backend::put`](crate::Backend::put): one bucket for all of `records`, written back
+    /// to back from their own buffers.
+    pub(super) async fn put_group(&self, records: Vec<RecordBuf>) -> io::Result<Vec<Held>> {
         if !self.recovered.load(Ordering::Acquire) {
             return Err(io::Error::other(
                 "bucket backend: recover() must run before the first put",
             ));
         }
-        check_items(items)?;
-        if items.is_empty() {
+        check_items(&records)?;
+        if records.is_empty() {
             return Ok(Vec::new());
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (data, entries) = self.lay_out(items)?;
+        let (data, entries) = self.lay_out(records)?;
+        let bytes: usize = data.iter().map(|b| b.len()).sum();
         let meta = meta::encode(id, &entries, self.disk.alignment());
-        if let Err(e) = self.write_bucket(id, &data, &meta).await {
+        if let Err(e) = self.write_bucket(id, data, meta).await {
             self.discard(id).await;
             return Err(e);
         }
-        debug!(
-            bucket = id,
-            keys = items.len(),
-            bytes = data.len(),
-            "bucket written"
-        );
+        debug!(bucket = id, keys = entries.len(), bytes, "bucket written");
         for old in self.publish(id, &entries) {
             // The new values are durable and served; the old entry stays on disk only until
             // this succeeds or, failing that, until recovery drops the lower version.
@@ -59,48 +56,45 @@ impl Bucket {
             .collect())
     }
 
-    /// The bucket's data file contents and its meta entries.
-    fn lay_out(&self, items: &[Item<'_>]) -> io::Result<(AlignedBuf, Vec<meta::MetaEntry>)> {
+    /// The bucket's data file contents (the records' buffers, each padded to the layout's
+    /// alignment, back to back) and its meta entries.
+    fn lay_out(&self, records: Vec<RecordBuf>) -> io::Result<(Vec<IoBuf>, Vec<meta::MetaEntry>)> {
         let too_large = || io::Error::new(io::ErrorKind::InvalidInput, "bucket too large");
-        let mut entries = Vec::with_capacity(items.len());
+        let mut entries = Vec::with_capacity(records.len());
+        let mut data = Vec::with_capacity(records.len());
         let mut total = 0u64;
-        for item in items {
-            let len = (record::HEADER_LEN + item.key.len()) as u64 + item.value.len() as u64;
+        for record in records {
+            // Already padded to `self.align` when the caller asked `record_alignment`.
+            let record = record.aligned_to(self.align);
             entries.push(meta::MetaEntry {
-                key: item.key.to_string(),
-                version: item.version,
+                key: record.key().to_string(),
+                version: record.version(),
                 offset: total,
-                value_len: item.value.len() as u64,
+                value_len: record.value_len(),
             });
-            total = align_up(len, self.align)
-                .and_then(|len| total.checked_add(len))
-                .ok_or_else(too_large)?;
+            let buf = record.into_buf();
+            total = total.checked_add(buf.len() as u64).ok_or_else(too_large)?;
+            data.push(buf);
         }
-        let mut data =
-            AlignedBuf::new(usize::try_from(total).map_err(|_| too_large())?, self.align);
-        for (item, entry) in items.iter().zip(&entries) {
-            let bytes = record::encode(item.key, item.version, item.value);
-            let at = entry.offset as usize;
-            data[at..at + bytes.len()].copy_from_slice(&bytes);
-        }
+        usize::try_from(total).map_err(|_| too_large())?;
         Ok((data, entries))
     }
 
     /// Writes and syncs the data file, then commits the meta.
-    async fn write_bucket(&self, id: u64, data: &[u8], meta: &[u8]) -> io::Result<()> {
+    async fn write_bucket(&self, id: u64, data: Vec<IoBuf>, meta: IoBuf) -> io::Result<()> {
         let name = Self::data_name(id);
         self.disk.create(&name).await?;
-        self.disk.write_at(&name, 0, data).await?;
+        self.disk.write_all_at(&name, 0, data).await.1?;
         self.disk.sync(&name).await?;
         self.write_meta(id, meta).await
     }
 
     /// Replaces bucket `id`'s meta atomically: temporary file, sync, rename.
-    pub(super) async fn write_meta(&self, id: u64, meta: &[u8]) -> io::Result<()> {
+    pub(super) async fn write_meta(&self, id: u64, meta: IoBuf) -> io::Result<()> {
         let tmp = Self::tmp_name(id);
         let written = async {
             self.disk.create(&tmp).await?;
-            self.disk.write_at(&tmp, 0, meta).await?;
+            self.disk.write_at(&tmp, 0, meta).await.1?;
             self.disk.sync(&tmp).await?;
             self.disk.rename(&tmp, &Self::meta_name(id)).await
         }
@@ -177,7 +171,7 @@ impl Bucket {
             return Ok(());
         }
         entries.sort_by_key(|e| e.offset);
-        self.write_meta(id, &meta::encode(id, &entries, self.disk.alignment()))
+        self.write_meta(id, meta::encode(id, &entries, self.disk.alignment()))
             .await
     }
 

@@ -156,8 +156,6 @@ pub struct DiskTier {
 
 struct TierInner {
     config: DiskTierConfig,
-    /// Declared before `staging`, so it goes first: an io_uring disk has the staging buffer
-    /// registered.
     store: Arc<dyn Backend>,
     /// What the disk holds and what is leaving it (the core's policy).
     copies: Mutex<DiskCopies>,
@@ -170,7 +168,9 @@ struct Staging {
     memory: SegmentMemory,
     /// The buffer's access key on the data plane.
     key: u64,
-    slots: Mutex<StagingSlots>,
+    /// Shared with the buffers of loads in progress, which give their slot back when the disk
+    /// drops them.
+    slots: Arc<Mutex<StagingSlots>>,
 }
 
 impl Drop for DiskTier {
@@ -218,13 +218,9 @@ fn open_real_disk(config: &DiskTierConfig, staging: &SegmentMemory) -> Result<Ar
         )
     };
     if config.io == DiskIo::Uring {
-        let buffer = staging
-            .range(staging.base(), staging.len() as u64)
-            .map(|ptr| (ptr, staging.len()));
-        // SAFETY: the staging memory outlives the disk (the tier holds both, and the data
-        // server's export keeps the memory mapped), and a slot whose load was abandoned is
-        // never handed out again (reclaim and unstage skip slots still loading).
-        match unsafe { mooring_disk::UringDisk::open_with_buffer(&config.dir, mode, buffer) } {
+        // The disk keeps the staging memory mapped while its ring may read into it; each
+        // read into a slot owns the slot until the kernel is done with it (see `stage`).
+        match mooring_disk::UringDisk::open_with_buffer(&config.dir, mode, Some(staging.clone())) {
             Ok(disk) => return Ok(Arc::new(disk)),
             Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
                 warn!("io_uring unavailable, using POSIX pread/pwrite: {e}")
@@ -295,10 +291,10 @@ impl DiskTier {
         let inner = Arc::new(TierInner {
             staging: Staging {
                 key: staging_addr.key,
-                slots: Mutex::new(StagingSlots::new(
+                slots: Arc::new(Mutex::new(StagingSlots::new(
                     memory.len() as u64,
                     Millis(config.slot_ttl.as_millis() as u64),
-                )),
+                ))),
                 memory,
             },
             store,

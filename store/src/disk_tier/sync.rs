@@ -9,7 +9,7 @@ use std::time::Duration;
 use mooring_core::{
     ClientId, DiskReport, DiskSyncAck, Error, ErrorCode, OffloadOrder, Result, SegmentId, WriteId,
 };
-use mooring_disk::Item;
+use mooring_disk::RecordBuf;
 use mooring_proto::transport::ControlPlane;
 use mooring_proto::wire::DiskSync;
 use tokio::time::Instant;
@@ -18,10 +18,11 @@ use tracing::{debug, warn};
 use super::{TierInner, io_error};
 use crate::node::Node;
 
-/// Offloaded values copied out of the segment, waiting to be written as one group.
+/// Offloaded values copied out of the segment, each straight into its record's place in an
+/// aligned buffer (the one copy between segment and disk), waiting to be written as one group.
 #[derive(Default)]
 struct Group {
-    copies: Vec<(OffloadOrder, Vec<u8>)>,
+    copies: Vec<(OffloadOrder, RecordBuf)>,
     bytes: u64,
 }
 
@@ -69,7 +70,8 @@ pub(super) async fn sync_loop(
         let busy = ack.offload.len() as u32 >= tier.config.batch.max(1);
         carry_out_tombstones(&tier, ack.delete, &mut pending).await;
         let lease = Duration::from_millis(ack.lease_ttl.as_millis());
-        let copies = copy_orders(&node, ack.offload, sent, lease, &mut pending);
+        let align = tier.store.record_alignment();
+        let copies = copy_orders(&node, ack.offload, align, sent, lease, &mut pending);
         let target = Sink {
             tier: &tier,
             client,
@@ -142,28 +144,38 @@ async fn carry_out_tombstones(
     }
 }
 
-/// Copies every order's bytes out of the segment while their lease holds; orders that
-/// cannot be copied in time are reported failed.
+/// Copies every order's bytes out of the segment while their lease holds, each straight into
+/// its record (padded to `align`); orders that cannot be copied in time are reported failed.
 fn copy_orders(
     node: &Node,
     orders: Vec<OffloadOrder>,
+    align: usize,
     sent: Instant,
     lease: Duration,
     pending: &mut DiskReport,
-) -> Vec<(OffloadOrder, Vec<u8>)> {
-    let copies: Vec<(OffloadOrder, Option<Vec<u8>>)> = orders
+) -> Vec<(OffloadOrder, RecordBuf)> {
+    let copies: Vec<(OffloadOrder, Option<RecordBuf>)> = orders
         .into_iter()
         .map(|order| {
-            let mut bytes = vec![0u8; order.size as usize];
-            let copied = node.memory().copy_out(order.addr, &mut bytes);
-            (order, copied.then_some(bytes))
+            let record = RecordBuf::with_value(
+                &order.key,
+                order.write.0,
+                order.size as usize,
+                align,
+                |value| node.memory().copy_out(order.addr, value),
+            );
+            let record = record.unwrap_or_else(|e| {
+                warn!(key = %order.key, "offload order cannot be stored: {e}");
+                None
+            });
+            (order, record)
         })
         .collect();
     let in_time = sent.elapsed() < lease;
     copies
         .into_iter()
-        .filter_map(|(order, bytes)| match bytes.filter(|_| in_time) {
-            Some(bytes) => Some((order, bytes)),
+        .filter_map(|(order, record)| match record.filter(|_| in_time) {
+            Some(record) => Some((order, record)),
             None => {
                 warn!(key = %order.key, "offload order not copied within its lease");
                 pending.failed.push((order.key, order.write));
@@ -200,31 +212,24 @@ impl Sink<'_> {
         let capacity = self.tier.config.capacity;
         let (items, too_large): (Vec<_>, Vec<_>) = group
             .copies
-            .iter()
+            .into_iter()
             .partition(|(order, _)| capacity == 0 || order.size <= capacity);
         for (order, _) in too_large {
             warn!(key = %order.key, size = order.size, capacity, "a value larger than the disk tier is not offloaded");
-            pending.failed.push((order.key.clone(), order.write));
+            pending.failed.push((order.key, order.write));
         }
+        let (orders, records): (Vec<OffloadOrder>, Vec<RecordBuf>) = items.into_iter().unzip();
         let failed = |pending: &mut DiskReport, e: &Error| {
-            warn!(count = items.len(), "offload failed: {e}");
+            warn!(count = orders.len(), "offload failed: {e}");
             pending
                 .failed
-                .extend(items.iter().map(|(o, _)| (o.key.clone(), o.write)));
+                .extend(orders.iter().map(|o| (o.key.clone(), o.write)));
         };
-        let need = items.iter().map(|(order, _)| order.size).sum();
+        let need = orders.iter().map(|order| order.size).sum();
         if let Err(e) = self.make_room(need).await {
             return failed(pending, &e);
         }
-        let batch: Vec<Item<'_>> = items
-            .iter()
-            .map(|(order, bytes)| Item {
-                key: &order.key,
-                version: order.write.0,
-                value: bytes,
-            })
-            .collect();
-        match self.tier.store.put(&batch).await {
+        match self.tier.store.put(records).await {
             Ok(held) => {
                 let mut copies = self.tier.copies();
                 for copy in held {
