@@ -6,9 +6,9 @@
 //! thread wakes for it at once, even while transfers are in flight. Each time it wakes, the
 //! thread takes every pending request and moves their entries into the submission queue, up
 //! to the queue depth in flight, submitting them in one `io_uring_enter`, so concurrent
-//! transfers are batched. A transfer larger than [`CHUNK`] is split into chunks, one entry
-//! each, submitted together so the device works on them in parallel; a write of several
-//! buffers ([`Disk::write_all_at`]) is one request whose chunks cover them all.
+//! transfers are batched. A read larger than [`CHUNK`] is split into chunks, one entry each,
+//! submitted together so the device works on them in parallel; a write of several buffers
+//! ([`Disk::write_all_at`], a bucket's records) is one vectored write.
 //!
 //! Namespace operations (create, remove, rename, list, len) run on tokio's blocking pool
 //! through the POSIX adapter, which also learns the direct-I/O alignment; files are opened on
@@ -53,9 +53,16 @@ use mooring_proto::transport::SegmentMemory;
 use tokio::sync::oneshot;
 use tracing::{error, info, warn};
 
-/// Transfers larger than this (or than the alignment, if larger) are split into chunks, one
-/// entry each, submitted together, so the device works on them in parallel.
+/// Reads larger than this (or than the alignment, if larger) are split into chunks, one entry
+/// each, submitted together, so the device works on them in parallel.
 const CHUNK: usize = 256 << 10;
+
+/// The most bytes one write entry carries (the kernel caps a transfer just under 2 GiB); a
+/// power of two, so it keeps any direct-I/O alignment.
+const MAX_WRITE: usize = 1 << 30;
+
+/// The most segments of one vectored write.
+const IOV_MAX: usize = 1024;
 use crate::aligned::check_aligned;
 use crate::paths::resolve;
 use crate::posix::{IoMode, PosixDisk};
@@ -268,26 +275,43 @@ impl UringDisk {
         Ok(())
     }
 
-    /// Splits `bufs` (written or read back to back from `offset`) into chunks of at most
-    /// [`CHUNK`] bytes (or the alignment, if larger), one request entry each.
-    fn chunks(&self, bufs: &[IoBuf], offset: u64) -> Vec<Chunk> {
+    /// A read into `buf` at `offset`, split into chunks of at most [`CHUNK`] bytes (or the
+    /// alignment, if larger), one entry each, so the device works on them in parallel.
+    fn read_chunks(&self, buf: &IoBuf, offset: u64) -> Vec<Chunk> {
         let size = CHUNK.max(self.alignment());
+        (0..buf.len())
+            .step_by(size)
+            .map(|start| {
+                let len = size.min(buf.len() - start);
+                Chunk::of(vec![Seg { buf: 0, start, len }], offset + start as u64)
+            })
+            .collect()
+    }
+
+    /// A write of `bufs` back to back from `offset`, as few vectored writes as possible (up to
+    /// [`IOV_MAX`] segments and [`MAX_WRITE`] bytes each): one direct write per bucket, as an
+    /// extending `O_DIRECT` write is done under the inode's lock, so many small ones would be
+    /// serialised.
+    fn write_chunks(&self, bufs: &[IoBuf], offset: u64) -> Vec<Chunk> {
         let mut chunks = Vec::new();
-        let mut at = offset;
+        let mut segs = Vec::new();
+        let (mut start_at, mut at, mut bytes) = (offset, offset, 0usize);
         for (i, buf) in bufs.iter().enumerate() {
             let mut start = 0;
             while start < buf.len() {
-                let len = size.min(buf.len() - start);
-                chunks.push(Chunk {
-                    buf: i,
-                    start,
-                    len,
-                    offset: at + start as u64,
-                    done: 0,
-                });
+                let len = (MAX_WRITE - bytes).min(buf.len() - start);
+                segs.push(Seg { buf: i, start, len });
                 start += len;
+                bytes += len;
+                at += len as u64;
+                if bytes == MAX_WRITE || segs.len() == IOV_MAX {
+                    chunks.push(Chunk::of(std::mem::take(&mut segs), start_at));
+                    (start_at, bytes) = (at, 0);
+                }
             }
-            at += buf.len() as u64;
+        }
+        if !segs.is_empty() {
+            chunks.push(Chunk::of(segs, start_at));
         }
         chunks
     }
@@ -312,7 +336,7 @@ impl UringDisk {
             Ok(file) => file,
             Err(e) => return (bufs, Err(e)),
         };
-        let chunks = self.chunks(&bufs, offset);
+        let chunks = self.write_chunks(&bufs, offset);
         if chunks.is_empty() {
             return (bufs, Ok(()));
         }
@@ -403,24 +427,46 @@ enum Kind {
     Sync,
 }
 
-/// One entry's worth of a request: `len` bytes at `start` of buffer `buf`, at file `offset`.
+/// One entry's worth of a request: `len` bytes at file `offset`, from or into `segs`.
 struct Chunk {
-    buf: usize,
-    start: usize,
+    segs: Vec<Seg>,
     len: usize,
     offset: u64,
     done: usize,
+    /// The vector of a vectored write, rebuilt for each submission and kept until its
+    /// completion (the kernel reads it).
+    iov: Iovecs,
 }
+
+/// `len` bytes at `start` of buffer `buf`.
+#[derive(Clone, Copy)]
+struct Seg {
+    buf: usize,
+    start: usize,
+    len: usize,
+}
+
+/// A `writev` vector: pointers into the request's own buffers.
+#[derive(Default)]
+struct Iovecs(Vec<libc::iovec>);
+
+// SAFETY: the pointers are into buffers of the request that holds this vector (which moves
+// between threads with them) and are only used by the I/O thread.
+unsafe impl Send for Iovecs {}
 
 impl Chunk {
     /// The one "chunk" of a sync.
     fn sync() -> Chunk {
+        Chunk::of(Vec::new(), 0)
+    }
+
+    fn of(segs: Vec<Seg>, offset: u64) -> Chunk {
         Chunk {
-            buf: 0,
-            start: 0,
-            len: 0,
-            offset: 0,
+            len: segs.iter().map(|s| s.len).sum(),
+            segs,
+            offset,
             done: 0,
+            iov: Iovecs::default(),
         }
     }
 }
@@ -463,25 +509,49 @@ impl Request {
     /// The SQE for the rest of chunk `c`, tagged with table entry `id`.
     fn entry(&mut self, id: usize, c: usize) -> squeue::Entry {
         let fd = types::Fd(self.file.as_raw_fd());
-        let chunk = &self.chunks[c];
-        let entry = if self.kind == Kind::Sync {
-            opcode::Fsync::new(fd)
-                .flags(types::FsyncFlags::DATASYNC)
-                .build()
-        } else {
-            let at = chunk.start + chunk.done;
-            let n = (chunk.len - chunk.done) as u32;
-            let offset = chunk.offset + chunk.done as u64;
-            // A raw pointer, no reference: the kernel may be writing other chunks of the
-            // buffer meanwhile. `at < len <= capacity`, so it stays inside the allocation.
-            let ptr = self.bufs[chunk.buf].as_mut_ptr().wrapping_add(at);
-            match self.kind {
-                Kind::Read { fixed: true } => {
-                    opcode::ReadFixed::new(fd, ptr, n, 0).offset(offset).build()
-                }
-                Kind::Read { fixed: false } => opcode::Read::new(fd, ptr, n).offset(offset).build(),
-                _ => opcode::Write::new(fd, ptr, n).offset(offset).build(),
+        let chunk = &mut self.chunks[c];
+        let offset = chunk.offset + chunk.done as u64;
+        let n = (chunk.len - chunk.done) as u32;
+        // Raw pointers, no references: the kernel may be writing other chunks of the buffers
+        // meanwhile. Each stays inside its buffer (`start + skip < start + len <= capacity`).
+        let mut skip = chunk.done;
+        let mut rest = Vec::with_capacity(chunk.segs.len());
+        for seg in &chunk.segs {
+            if skip >= seg.len {
+                skip -= seg.len;
+                continue;
             }
+            let ptr = self.bufs[seg.buf]
+                .as_mut_ptr()
+                .wrapping_add(seg.start + skip);
+            rest.push(libc::iovec {
+                iov_base: ptr.cast(),
+                iov_len: seg.len - skip,
+            });
+            skip = 0;
+        }
+        let entry = match (self.kind, rest.as_slice()) {
+            (Kind::Sync, _) => opcode::Fsync::new(fd)
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+            (Kind::Read { fixed: true }, [one]) => {
+                opcode::ReadFixed::new(fd, one.iov_base.cast(), n, 0)
+                    .offset(offset)
+                    .build()
+            }
+            (Kind::Read { .. }, [one]) => opcode::Read::new(fd, one.iov_base.cast(), n)
+                .offset(offset)
+                .build(),
+            (Kind::Write, [one]) => opcode::Write::new(fd, one.iov_base.cast(), n)
+                .offset(offset)
+                .build(),
+            (Kind::Write, _) => {
+                chunk.iov = Iovecs(rest);
+                opcode::Writev::new(fd, chunk.iov.0.as_ptr(), chunk.iov.0.len() as u32)
+                    .offset(offset)
+                    .build()
+            }
+            (Kind::Read { .. }, _) => unreachable!("a read chunk has one segment"),
         };
         entry.user_data(tag(id, c))
     }
@@ -560,8 +630,8 @@ impl Request {
 fn push(ring: &mut IoUring, entry: &squeue::Entry) -> io::Result<()> {
     loop {
         // SAFETY: what every entry points at stays valid until its completion is reaped. A
-        // transfer or sync points at its request's file and, for a transfer, into one of the
-        // request's own buffers (a `ReadFixed`'s lies in the registered memory, which the I/O
+        // transfer or sync points at its request's file and, for a transfer, into the
+        // request's own buffers (through the chunk's own iovec array, for a vectored write) (a `ReadFixed`'s lies in the registered memory, which the I/O
         // thread keeps mapped until the ring is gone), all held in the request table until the
         // request's last entry completes, leaked if the ring fails, and never handed to anyone
         // else meanwhile. The wake read points at a leaked buffer and at the eventfd, which
@@ -801,8 +871,8 @@ impl Disk for UringDisk {
                 .is_some_and(|(base, size)| start >= base && start + len <= base + size);
             // A large read goes out as several chunks in one submission: the device works on
             // them in parallel (queue depth > 1 for a single value).
+            let chunks = self.read_chunks(&buf, offset);
             let bufs = vec![buf];
-            let chunks = self.chunks(&bufs, offset);
             let (reply, result) = oneshot::channel();
             let request = Request::new(file, Kind::Read { fixed }, bufs, chunks);
             if let Err(back) = self.send(request, Reply::Read(reply)) {

@@ -102,6 +102,33 @@ async fn conformance(disk: &dyn Disk) {
     assert_eq!(&memory[lens[0] + lens[1]..lens[0] + lens[1] + 5], b"three");
     disk.remove("v").await.unwrap();
 
+    // More buffers than one vectored write takes, of different sizes, back to back.
+    disk.create("w").await.unwrap();
+    let unit = a.max(8);
+    let parts: Vec<IoBuf> = (0..1100)
+        .map(|i| {
+            let mut part = IoBuf::new(unit * (1 + i % 3), a);
+            part.fill((i % 251) as u8);
+            part
+        })
+        .collect();
+    let whole: usize = parts.iter().map(|p| p.len()).sum();
+    let (parts, written) = disk.write_all_at("w", unit as u64, parts).await;
+    written.unwrap();
+    let (back, read) = disk.read_at("w", unit as u64, IoBuf::new(whole, a)).await;
+    assert_eq!(read.unwrap(), whole);
+    let mut at = 0;
+    for (i, part) in parts.iter().enumerate() {
+        assert!(
+            back[at..at + part.len()]
+                .iter()
+                .all(|&b| b == (i % 251) as u8),
+            "part {i}"
+        );
+        at += part.len();
+    }
+    disk.remove("w").await.unwrap();
+
     disk.create("z").await.unwrap();
     disk.rename("x/y/data", "z").await.unwrap();
     assert_eq!(disk.len("z").await.unwrap(), total as u64);
