@@ -241,6 +241,10 @@ async fn no_member_can_act_as_another() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("belongs to client"), "{err}");
-    assert_eq!(control.call(ListSegments {}).await.unwrap().len(), 1, "still mounted");
+    assert_eq!(
+        control.call(ListSegments {}).await.unwrap().len(),
+        1,
+        "still mounted"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
