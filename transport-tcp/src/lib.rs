@@ -13,6 +13,7 @@
 mod data;
 mod framed;
 pub mod handshake;
+mod peer_clock;
 mod refusals;
 mod rpc;
 #[cfg(all(target_os = "linux", not(madsim)))]

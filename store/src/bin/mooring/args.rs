@@ -1,0 +1,345 @@
+//! The command line: every subcommand and flag, with the help text `--help` shows.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use mooring::disk_tier::{DiskBackend, DiskEviction, DiskIo};
+use mooring_core::Error;
+use mooring_proto::auth::ClusterToken;
+
+use super::{DEFAULT_MASTER, usage_error};
+
+#[derive(Parser)]
+#[command(
+    name = "mooring",
+    version,
+    about = "Mooring: a distributed KV-cache store for LLM inference",
+    long_about = "Mooring pools memory contributed by storage nodes into one store for KV-cache \
+blocks and model weights. A master allocates space and grants leases; clients move bytes \
+straight to and from the nodes.\n\nStart a master, start nodes pointing at it, then put and \
+get from anywhere. `mooring demo` runs a whole cluster in one process.\n\nLogs go to stderr; \
+set RUST_LOG (e.g. RUST_LOG=mooring=debug) to see more.\n\nDurations (flags, config file, \
+environment) take a unit: us, ms, s, m or h (500ms, 5s, 10m); a bare 0 means zero.\n\nTuning \
+(environment): \
+MOORING_WORKER_THREADS (runtime threads; 0 = one), MOORING_CLIENT_SPIN and MOORING_SERVER_SPIN \
+(how long sockets busy-poll before parking, e.g. 50us; 0 = never), MOORING_STRIPES \
+(connections per large transfer)."
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// Run the master (metadata service).
+    Master(MasterArgs),
+    /// Run a storage node contributing memory to the pool.
+    Node(NodeArgs),
+    /// Store a value (from a file, stdin, or --value).
+    Put(PutArgs),
+    /// Fetch a value (to stdout or --out).
+    Get(GetArgs),
+    /// Remove one key, every key matching a regex, or everything unused.
+    Rm(RmArgs),
+    /// List keys (optionally matching a regex) with their sizes and replica counts.
+    Ls(LsArgs),
+    /// Show cluster statistics and segments.
+    Stat(ClientArgs),
+    /// Measure put/get/exist throughput and latency (writer and reader in separate processes).
+    Bench(BenchArgs),
+    /// Run an embedded cluster through a prefill/decode workload and report what happened.
+    Demo,
+    /// The writer half of `mooring bench` (started by it).
+    #[command(hide = true)]
+    BenchWriter(BenchWriterArgs),
+    /// Cluster tokens: every member of a cluster proves it holds the same one.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Fault-injection helpers for tests.
+    #[command(hide = true)]
+    Debug(DebugArgs),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum TokenCommand {
+    /// Write a fresh cluster token to FILE (readable by its owner only; never replaces a
+    /// file). Give it to every master, node and client: --token-file FILE, or
+    /// MOORING_TOKEN_FILE=FILE in their environment.
+    New {
+        /// Where to write the token.
+        file: PathBuf,
+    },
+}
+
+/// How a process proves it belongs to the cluster.
+#[derive(Args, Clone)]
+pub(crate) struct AuthArgs {
+    /// The cluster token file every member shares (make one with `mooring token new FILE`).
+    /// Without one, this process only meets peers without one.
+    #[arg(long, env = "MOORING_TOKEN_FILE", value_name = "FILE")]
+    pub(crate) token_file: Option<PathBuf>,
+}
+
+impl AuthArgs {
+    pub(crate) fn token(&self) -> Result<Option<ClusterToken>, Error> {
+        mooring::token::resolve(self.token_file.as_deref())
+    }
+}
+
+/// Where a server listens, and whether it may go beyond loopback without a token.
+#[derive(Args, Clone)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    pub(crate) auth: AuthArgs,
+    /// Listen beyond loopback without a cluster token: anyone who reaches the port can read,
+    /// change and remove everything. Only on a network you trust completely.
+    #[arg(long)]
+    pub(crate) insecure: bool,
+}
+
+impl ServeArgs {
+    /// The token, after checking that `listen` is safe without one.
+    pub(crate) fn token_for(&self, listen: &str) -> Result<Option<ClusterToken>, Error> {
+        let token = self.auth.token()?;
+        if token.is_none() && !is_loopback(listen) {
+            if !self.insecure {
+                return Err(usage_error(format!(
+                    "refusing to listen on {listen} without a cluster token: anyone who reaches \
+                     it could read and change every value. Make a token (`mooring token new \
+                     FILE`) and pass --token-file FILE (or MOORING_TOKEN_FILE) to every member, \
+                     listen on 127.0.0.1, or pass --insecure on a network you trust"
+                )));
+            }
+            tracing::warn!(
+                %listen,
+                "listening beyond loopback WITHOUT a cluster token (--insecure): anyone who \
+                 reaches this port can read, change and remove everything"
+            );
+        }
+        Ok(token)
+    }
+}
+
+/// Whether every address `listen` names is a loopback address.
+pub(crate) fn is_loopback(listen: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    match listen.to_socket_addrs() {
+        Ok(addrs) => {
+            let addrs: Vec<_> = addrs.collect();
+            !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback())
+        }
+        Err(_) => false,
+    }
+}
+
+#[derive(Args)]
+pub(crate) struct MasterArgs {
+    /// TOML config file with a [master] section (flags override it).
+    #[arg(long)]
+    pub(crate) config: Option<PathBuf>,
+    /// Address to listen on [default: 0.0.0.0:50051 with a token, 127.0.0.1:50051 without].
+    #[arg(long)]
+    pub(crate) listen: Option<String>,
+    #[command(flatten)]
+    pub(crate) serve: ServeArgs,
+    /// How long a read protects an object from removal, eviction and overwrite [default: 5s].
+    #[arg(long)]
+    pub(crate) lease_ttl: Option<String>,
+    /// Soft-pin TTL when a put does not give one [default: 30m].
+    #[arg(long)]
+    pub(crate) soft_pin_ttl: Option<String>,
+    /// Never evict soft-pinned objects (by default they go when nothing else is left).
+    #[arg(long)]
+    pub(crate) no_evict_soft_pinned: bool,
+    /// Usage fraction at which eviction starts [default: 0.95].
+    #[arg(long)]
+    pub(crate) high_watermark: Option<f64>,
+    /// Fraction of capacity one eviction pass frees [default: 0.05].
+    #[arg(long)]
+    pub(crate) eviction_ratio: Option<f64>,
+    /// An unfinished put may be taken over after this [default: 30s].
+    #[arg(long)]
+    pub(crate) discard_timeout: Option<String>,
+    /// An abandoned put's space is reused after this [default: 10m].
+    #[arg(long)]
+    pub(crate) release_timeout: Option<String>,
+    /// A silent client's segments and writes are dropped after this [default: 10s].
+    #[arg(long)]
+    pub(crate) client_ttl: Option<String>,
+    /// Seed for placement randomness.
+    #[arg(long)]
+    pub(crate) seed: Option<u64>,
+}
+
+#[derive(Args)]
+pub(crate) struct NodeArgs {
+    /// TOML config file with a [node] section (flags override it).
+    #[arg(long)]
+    pub(crate) config: Option<PathBuf>,
+    /// The master's address [default: 127.0.0.1:50051].
+    #[arg(long, env = "MOORING_MASTER")]
+    pub(crate) master: Option<String>,
+    /// Memory to contribute, e.g. 4GiB [default: 1GiB].
+    #[arg(long)]
+    pub(crate) size: Option<String>,
+    /// Segment name, unique in the cluster [default: the advertised address].
+    #[arg(long)]
+    pub(crate) name: Option<String>,
+    /// Data server bind address [default: 0.0.0.0:0 with a token, 127.0.0.1:0 without].
+    #[arg(long)]
+    pub(crate) listen: Option<String>,
+    #[command(flatten)]
+    pub(crate) serve: ServeArgs,
+    /// Address clients connect to, if not the bound one (e.g. behind NAT).
+    #[arg(long)]
+    pub(crate) advertise: Option<String>,
+    /// Do not touch every page at startup.
+    #[arg(long)]
+    pub(crate) no_prefault: bool,
+    /// Directory for the SSD tier: objects evicted from memory are kept here and read back
+    /// on demand; an existing directory is recovered. Without it the node is memory only.
+    #[arg(long)]
+    pub(crate) disk_dir: Option<PathBuf>,
+    /// Most bytes of values kept on disk, e.g. 100GiB; beyond it the oldest (or least
+    /// recently read) go [default: no limit].
+    #[arg(long)]
+    pub(crate) disk_capacity: Option<String>,
+    /// How copies are laid out on disk [default: bucket].
+    #[arg(long, value_enum)]
+    pub(crate) disk_backend: Option<DiskBackend>,
+    /// Which copies leave the disk first once it is full [default: fifo].
+    #[arg(long, value_enum)]
+    pub(crate) disk_eviction: Option<DiskEviction>,
+    /// How the disk is driven [default: uring, falling back to posix].
+    #[arg(long, value_enum)]
+    pub(crate) disk_io: Option<DiskIo>,
+    /// Bypass the page cache (O_DIRECT), with the alignment the filesystem reports.
+    #[arg(long)]
+    pub(crate) disk_direct: bool,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct ClientArgs {
+    /// The master's address.
+    #[arg(long, env = "MOORING_MASTER", default_value = DEFAULT_MASTER)]
+    pub(crate) master: String,
+    /// Time allowed for one request.
+    #[arg(long, default_value = "10s")]
+    pub(crate) timeout: String,
+    #[command(flatten)]
+    pub(crate) auth: AuthArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct PutArgs {
+    #[command(flatten)]
+    pub(crate) client: ClientArgs,
+    /// The key.
+    pub(crate) key: String,
+    /// File to read the value from ("-" for stdin).
+    pub(crate) file: Option<PathBuf>,
+    /// The value, given inline instead of a file.
+    #[arg(long, conflicts_with = "file")]
+    pub(crate) value: Option<String>,
+    /// Replicas, each on a different node (best effort).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) replicas: u32,
+    /// Never evict this object (until it is removed).
+    #[arg(long)]
+    pub(crate) hard_pin: bool,
+    /// Evict this object only after every unpinned one.
+    #[arg(long)]
+    pub(crate) soft_pin: bool,
+    /// Replace the value if the key exists.
+    #[arg(long)]
+    pub(crate) upsert: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct GetArgs {
+    #[command(flatten)]
+    pub(crate) client: ClientArgs,
+    /// The key.
+    pub(crate) key: String,
+    /// Write the value to this file instead of stdout.
+    #[arg(long)]
+    pub(crate) out: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub(crate) struct RmArgs {
+    #[command(flatten)]
+    pub(crate) client: ClientArgs,
+    /// The key to remove.
+    #[arg(required_unless_present_any = ["regex", "all"])]
+    pub(crate) key: Option<String>,
+    /// Remove every unused key matching this regex.
+    #[arg(long, conflicts_with_all = ["key", "all"])]
+    pub(crate) regex: Option<String>,
+    /// Remove every unused key.
+    #[arg(long, conflicts_with = "key")]
+    pub(crate) all: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct LsArgs {
+    #[command(flatten)]
+    pub(crate) client: ClientArgs,
+    /// Only keys matching this regex.
+    #[arg(default_value = ".*")]
+    pub(crate) regex: String,
+}
+
+#[derive(Args)]
+pub(crate) struct BenchArgs {
+    /// Benchmark a running cluster at this master address.
+    #[arg(long, env = "MOORING_MASTER", conflicts_with = "embedded")]
+    pub(crate) master: Option<String>,
+    /// Start the cluster for the run instead: `process` (the default) runs the master as its
+    /// own process, `writer` inside the writer's process (an engine embedding the master).
+    #[arg(long, value_name = "MASTER", num_args = 0..=1, default_missing_value = "process")]
+    pub(crate) embedded: Option<String>,
+    /// Value sizes to measure.
+    #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB,1MiB,4MiB")]
+    pub(crate) sizes: Vec<String>,
+    /// Objects per size.
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) count: usize,
+    /// Keys per batch in the batched phases.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) batch: usize,
+    /// Print results as JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct BenchWriterArgs {
+    #[arg(long)]
+    pub(crate) master: String,
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) sizes: Vec<u64>,
+    #[arg(long)]
+    pub(crate) count: usize,
+    #[arg(long)]
+    pub(crate) run: String,
+}
+
+#[derive(Args)]
+pub(crate) struct DebugArgs {
+    #[command(subcommand)]
+    pub(crate) action: DebugAction,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum DebugAction {
+    /// Start a put and never finish it (for crash tests).
+    HangPut {
+        #[arg(long, default_value = DEFAULT_MASTER)]
+        master: String,
+        key: String,
+        #[arg(long, default_value_t = 4096)]
+        size: u64,
+    },
+}
