@@ -34,6 +34,32 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// A master and one node holding the token in `token_file`: the master's address, and the
+/// processes (killed when dropped).
+fn token_cluster(token_file: &str) -> (String, [Proc; 2]) {
+    let (master, line) = start(&[
+        "master",
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        token_file,
+    ]);
+    let addr = line.trim().rsplit(' ').next().unwrap().to_string();
+    let (node, _) = start(&[
+        "node",
+        "--master",
+        &addr,
+        "--size",
+        "8MiB",
+        "--no-prefault",
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        token_file,
+    ]);
+    (addr, [master, node])
+}
+
 fn new_token(path: &Path) {
     let out = run(&["token", "new", path.to_str().unwrap()]);
     assert!(out.status.success(), "{out:?}");
@@ -57,20 +83,7 @@ fn only_members_holding_the_token_get_in() {
     let token = token.to_str().unwrap();
     let wrong = wrong.to_str().unwrap();
 
-    let (_master, line) = start(&["master", "--listen", "127.0.0.1:0", "--token-file", token]);
-    let addr = line.trim().rsplit(' ').next().unwrap().to_string();
-    let (_node, _) = start(&[
-        "node",
-        "--master",
-        &addr,
-        "--size",
-        "8MiB",
-        "--no-prefault",
-        "--listen",
-        "127.0.0.1:0",
-        "--token-file",
-        token,
-    ]);
+    let (addr, _cluster) = token_cluster(token);
     // A member stores and reads.
     let put = run(&[
         "put",
@@ -186,26 +199,7 @@ async fn no_member_can_act_as_another() {
     new_token(&token_file);
     let token = ClusterToken::parse(&std::fs::read_to_string(&token_file).unwrap()).unwrap();
     let token_file = token_file.to_str().unwrap();
-    let (_master, line) = start(&[
-        "master",
-        "--listen",
-        "127.0.0.1:0",
-        "--token-file",
-        token_file,
-    ]);
-    let addr = line.trim().rsplit(' ').next().unwrap().to_string();
-    let (_node, _) = start(&[
-        "node",
-        "--master",
-        &addr,
-        "--size",
-        "8MiB",
-        "--no-prefault",
-        "--listen",
-        "127.0.0.1:0",
-        "--token-file",
-        token_file,
-    ]);
+    let (addr, _cluster) = token_cluster(token_file);
     // A member holding the token, speaking for itself...
     let me = ClientId(0x1234);
     let control = TcpControlPlane::new(
