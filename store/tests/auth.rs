@@ -45,10 +45,16 @@ fn token_cluster(token_file: &str) -> (String, [Proc; 2]) {
         token_file,
     ]);
     let addr = line.trim().rsplit(' ').next().unwrap().to_string();
-    let (node, _) = start(&[
+    let (node, _) = start(&node_args(&addr, token_file));
+    (addr, [master, node])
+}
+
+/// `mooring node` joining the master at `addr` with the token in `token_file`.
+fn node_args<'a>(addr: &'a str, token_file: &'a str) -> [&'a str; 10] {
+    [
         "node",
         "--master",
-        &addr,
+        addr,
         "--size",
         "8MiB",
         "--no-prefault",
@@ -56,8 +62,7 @@ fn token_cluster(token_file: &str) -> (String, [Proc; 2]) {
         "127.0.0.1:0",
         "--token-file",
         token_file,
-    ]);
-    (addr, [master, node])
+    ]
 }
 
 fn new_token(path: &Path) {
@@ -125,18 +130,7 @@ fn only_members_holding_the_token_get_in() {
         }
     }
     // A node with the wrong token cannot join.
-    let node = run(&[
-        "node",
-        "--master",
-        &addr,
-        "--size",
-        "8MiB",
-        "--no-prefault",
-        "--listen",
-        "127.0.0.1:0",
-        "--token-file",
-        wrong,
-    ]);
+    let node = run(&node_args(&addr, wrong));
     assert!(!node.status.success(), "{node:?}");
     assert!(String::from_utf8_lossy(&node.stderr).contains("authentication failed"));
     // Nothing the strangers tried changed anything.
