@@ -16,7 +16,7 @@ use mooring_benches::malloc_conf as _;
 use mooring_benches::{CLIENT, VALUE, filled_master, key};
 use mooring_core::allocator::OffsetAllocator;
 use mooring_core::rng::Rng;
-use mooring_core::{MasterConfig, Millis, ReplicateConfig};
+use mooring_core::{Checksum, MasterConfig, Millis, ReplicateConfig};
 
 const RESIDENT: usize = 1_000_000;
 const GIB: u64 = 1 << 30;
@@ -73,7 +73,10 @@ fn master_ops(c: &mut Criterion) {
                     let g = master
                         .put_start(CLIENT, k, VALUE, &replicate, now)
                         .expect("put");
-                    master.put_end(CLIENT, k, g.write_id, now).expect("end");
+                    let sum = Checksum::of(k.as_bytes());
+                    master
+                        .put_end(CLIENT, k, g.write_id, sum, now)
+                        .expect("end");
                 }
                 elapsed += start.elapsed();
                 for k in &fresh[..batch] {

@@ -1,6 +1,8 @@
 //! Shared setup for Mooring's benchmarks: masters pre-filled with many resident objects.
 
-use mooring_core::{ClientId, Master, MasterConfig, Millis, ReplicateConfig, SegmentSpec};
+use mooring_core::{
+    Checksum, ClientId, Master, MasterConfig, Millis, ReplicateConfig, SegmentSpec,
+};
 
 /// The benches run on the allocator the `mooring` binary uses: jemalloc, with transparent
 /// huge pages for its arenas. A master's metadata is a large, long-lived, randomly accessed
@@ -73,7 +75,7 @@ pub fn filled_master(
             .put_start(CLIENT, &k, VALUE, &config, now)
             .expect("fill");
         master
-            .put_end(CLIENT, &k, grant.write_id, now)
+            .put_end(CLIENT, &k, grant.write_id, Checksum::of(k.as_bytes()), now)
             .expect("fill");
     }
     (master, now + Millis(1))

@@ -8,10 +8,17 @@
 #![allow(clippy::print_stdout)]
 
 use mooring_core::{
-    ClientId, Event, Master, MasterConfig, Millis, ReplicateConfig, SegmentSpec, invariants,
+    Checksum, ClientId, Event, Master, MasterConfig, Millis, ReplicateConfig, SegmentSpec,
+    invariants,
 };
 
 const MIB: u64 = 1 << 20;
+
+/// The checksum a client would compute over the value it wrote; this demo moves no bytes, so
+/// it names each value by its key.
+fn sum(key: &str) -> Checksum {
+    Checksum::of(key.as_bytes())
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut master = Master::new(MasterConfig::default())?;
@@ -35,7 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for shard in 0..4 {
         let key = format!("llama/weights/shard-{shard}");
         let grant = master.put_start(prefill, &key, 16 * MIB, &weights, now)?;
-        master.put_end(prefill, &key, grant.write_id, now)?;
+        master.put_end(prefill, &key, grant.write_id, sum(&key), now)?;
     }
     let prompt = "llama/system-prompt/kv";
     let grant = master.put_start(
@@ -45,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &ReplicateConfig::single().soft_pinned(None),
         now,
     )?;
-    master.put_end(prefill, prompt, grant.write_id, now)?;
+    master.put_end(prefill, prompt, grant.write_id, sum(prompt), now)?;
     println!("stored 4 hard-pinned weight shards (2 replicas) and a soft-pinned system prompt");
 
     // Prefill writes KV blocks; decode reads each one shortly after.
@@ -54,7 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         now = now + Millis(50);
         let key = format!("llama/req-{}/kv-block-{block}", block / 16);
         let grant = master.put_start(prefill, &key, 2 * MIB, &ReplicateConfig::single(), now)?;
-        master.put_end(prefill, &key, grant.write_id, now)?;
+        master.put_end(prefill, &key, grant.write_id, sum(&key), now)?;
         master.get_replica_list(&key, now + Millis(5))?;
         for client in [node_a, node_b, prefill, decode] {
             master.heartbeat(client, now);
@@ -82,7 +89,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let reading = master.get_replica_list("llama/weights/shard-0", now)?;
     let grant = master.upsert_start(prefill, "llama/weights/shard-0", 16 * MIB, &weights, now)?;
     let moved = grant.replicas[0].addr != reading.replicas[0].addr;
-    master.upsert_end(prefill, "llama/weights/shard-0", grant.write_id, now)?;
+    let shard = "llama/weights/shard-0";
+    master.upsert_end(prefill, shard, grant.write_id, sum(shard), now)?;
     println!(
         "upserted shard-0 while it was being read: new buffers = {moved} (the reader's bytes stay intact)"
     );

@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::checksum::Checksum;
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::WriteId;
 
@@ -31,6 +32,8 @@ pub struct DiskCopy {
     pub version: u64,
     /// The value's length.
     pub size: u64,
+    /// The value's checksum, reported to the master with a recovered copy.
+    pub checksum: Checksum,
     /// The eviction unit it belongs to (a bucket): evicted whole.
     pub unit: u64,
     /// Write order (FIFO).
@@ -71,11 +74,12 @@ impl DiskCopies {
     }
 
     /// Records a copy written (or found by recovery). It replaces any copy of the key.
-    pub fn insert(&mut self, key: String, version: u64, size: u64, unit: u64) {
+    pub fn insert(&mut self, key: String, version: u64, size: u64, checksum: Checksum, unit: u64) {
         self.tick += 1;
         let copy = DiskCopy {
             version,
             size,
+            checksum,
             unit,
             written: self.tick,
             read: 0,
@@ -97,11 +101,11 @@ impl DiskCopies {
         (self.entries.len(), self.bytes)
     }
 
-    /// Every copy, as a recovery report to the master: (key, write, size).
-    pub fn report(&self) -> Vec<(String, WriteId, u64)> {
+    /// Every copy, as a recovery report to the master: (key, write, size, checksum).
+    pub fn report(&self) -> Vec<(String, WriteId, u64, Checksum)> {
         self.entries
             .iter()
-            .map(|(k, c)| (k.clone(), WriteId(c.version), c.size))
+            .map(|(k, c)| (k.clone(), WriteId(c.version), c.size, c.checksum))
             .collect()
     }
 
@@ -271,7 +275,7 @@ mod tests {
         let mut disk = DiskCopies::new();
         // Units: {a}, {b, c} (one bucket), {d}.
         for (i, (key, unit)) in [("a", 1), ("b", 2), ("c", 2), ("d", 3)].iter().enumerate() {
-            disk.insert(key.to_string(), i as u64, 100, *unit);
+            disk.insert(key.to_string(), i as u64, 100, Checksum::EMPTY, *unit);
         }
         disk
     }
@@ -340,7 +344,7 @@ mod tests {
         assert_eq!(disk.get("d").unwrap().readers, 0);
         // A key written again while its old copy was leaving keeps the newer copy.
         let victims = disk.choose_victims(400, 400, DiskEvictionOrder::Fifo);
-        disk.insert("a".into(), 9, 50, 7);
+        disk.insert("a".into(), 9, 50, Checksum::of(b"a"), 7);
         disk.restore(victims);
         assert_eq!(disk.get("a").unwrap().version, 9);
         assert_eq!(disk.usage(), (4, 350));
@@ -363,8 +367,8 @@ mod tests {
         assert_eq!(
             disk.report(),
             [
-                ("a".to_string(), WriteId(0), 100),
-                ("d".to_string(), WriteId(3), 100)
+                ("a".to_string(), WriteId(0), 100, Checksum::EMPTY),
+                ("d".to_string(), WriteId(3), 100, Checksum::EMPTY)
             ]
         );
     }

@@ -18,6 +18,7 @@
 //! | `allocator` | per-segment O(1) bin-based offset allocator |
 //! | `segments`, `placement` | mounted segments; where replicas go |
 //! | `object`, `objects` | per-object metadata and predicates; the key-indexed table |
+//! | [`checksum`] | end-to-end value checksums (crc32c) |
 //! | `put` | two-phase put (start / end / revoke) |
 //! | `upsert` | RFC 000 upsert, with the torn-read window closed |
 //! | `reads`, `holds` | replica lists, exist, leases; held reads (refcounts) |
@@ -34,6 +35,7 @@
 #![forbid(unsafe_code)]
 
 pub mod allocator;
+pub mod checksum;
 mod chunked;
 mod clients;
 pub mod config;
@@ -67,6 +69,7 @@ mod zombies;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use checksum::Checksum;
 pub use config::{MasterConfig, ReplicateConfig};
 pub use error::{Error, ErrorCode, Result};
 pub use events::{DiscardCause, Event};

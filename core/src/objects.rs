@@ -4,19 +4,33 @@
 //! hashes to slots without storing the key twice. Iteration is in slot order, which depends only on the
 //! sequence of operations, so everything that walks the table (eviction, regex queries) is
 //! deterministic. The hash is seeded from the master's seed.
+//!
+//! Each object's value checksum sits in a column beside the slab rather than in [`Object`],
+//! whose two cache lines are full: four bytes per object instead of a third line.
 
 use std::hash::BuildHasher;
 
 use foldhash::fast::FixedState;
 
+use crate::checksum::Checksum;
 use crate::chunked::ChunkedVec;
 use crate::key_index::KeyIndex;
 use crate::object::Object;
+
+/// The table as a snapshot stores it: the slab with its checksum column, and the free list.
+#[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub(crate) struct TableParts {
+    pub(crate) slots: Vec<Option<Object>>,
+    pub(crate) checksums: Vec<Checksum>,
+    pub(crate) free_slots: Vec<u32>,
+}
 
 /// All objects, by slot and by key.
 #[derive(Clone)]
 pub(crate) struct ObjectTable {
     slots: ChunkedVec<Option<Object>>,
+    /// The checksum of each slot's current value (meaningless while it is being written).
+    checksums: ChunkedVec<Checksum>,
     free_slots: Vec<u32>,
     index: KeyIndex,
     hasher: FixedState,
@@ -27,6 +41,7 @@ impl ObjectTable {
     pub(crate) fn new(seed: u64) -> ObjectTable {
         ObjectTable {
             slots: ChunkedVec::default(),
+            checksums: ChunkedVec::default(),
             free_slots: Vec::new(),
             index: KeyIndex::new(),
             hasher: FixedState::with_seed(seed),
@@ -34,10 +49,16 @@ impl ObjectTable {
         }
     }
 
-    /// Rebuilds a table from its slab, as saved by a snapshot.
-    pub(crate) fn from_slots(seed: u64, slots: Vec<Option<Object>>, free_slots: Vec<u32>) -> Self {
+    /// Rebuilds a table from its parts, as saved by a snapshot.
+    pub(crate) fn from_parts(seed: u64, parts: TableParts) -> Self {
+        let TableParts {
+            slots,
+            checksums,
+            free_slots,
+        } = parts;
         let mut table = ObjectTable::new(seed);
         table.slots = slots.into_iter().collect();
+        table.checksums = checksums.into_iter().collect();
         table.free_slots = free_slots;
         for (slot, object) in table.slots.iter().enumerate() {
             if let Some(object) = object {
@@ -72,11 +93,13 @@ impl ObjectTable {
         let slot = match self.free_slots.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = Some(object);
+                self.checksums[slot as usize] = Checksum::EMPTY;
                 slot
             }
             None => {
                 let slot = u32::try_from(self.slots.len()).expect("more than 4 billion objects");
                 self.slots.push(Some(object));
+                self.checksums.push(Checksum::EMPTY);
                 slot
             }
         };
@@ -116,6 +139,17 @@ impl ObjectTable {
         self.slots[slot as usize].as_mut().expect("live slot")
     }
 
+    /// The checksum of the value in a live slot.
+    pub(crate) fn checksum(&self, slot: u32) -> Checksum {
+        self.checksums[slot as usize]
+    }
+
+    /// Records the checksum of the value just written into a live slot.
+    pub(crate) fn set_checksum(&mut self, slot: u32, checksum: Checksum) {
+        debug_assert!(self.get(slot).is_some(), "checksum of a free slot");
+        self.checksums[slot as usize] = checksum;
+    }
+
     /// Live objects in slot order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &Object)> {
         self.slots
@@ -124,17 +158,18 @@ impl ObjectTable {
             .filter_map(|(slot, o)| o.as_ref().map(|o| (slot as u32, o)))
     }
 
-    /// A copy of the slab and its free list, for snapshots.
-    pub(crate) fn parts(&self) -> (Vec<Option<Object>>, Vec<u32>) {
-        (
-            self.slots.iter().cloned().collect(),
-            self.free_slots.clone(),
-        )
+    /// A copy of the slab, its checksums and its free list, for snapshots.
+    pub(crate) fn parts(&self) -> TableParts {
+        TableParts {
+            slots: self.slots.iter().cloned().collect(),
+            checksums: self.checksums.iter().copied().collect(),
+            free_slots: self.free_slots.clone(),
+        }
     }
 
-    /// The slab and free list, for comparing states.
-    pub(crate) fn debug_parts(&self) -> (&ChunkedVec<Option<Object>>, &[u32]) {
-        (&self.slots, &self.free_slots)
+    /// The slab, checksums and free list, for comparing states.
+    pub(crate) fn debug_parts(&self) -> impl std::fmt::Debug + '_ {
+        (&self.slots, &self.checksums, &self.free_slots)
     }
 
     /// Heap bytes used by the table itself (not counting key bytes).
@@ -145,13 +180,21 @@ impl ObjectTable {
             .map(|(_, o)| o.replicas.capacity() * size_of::<crate::object::Replica>())
             .sum();
         self.slots.heap_bytes()
+            + self.checksums.heap_bytes()
             + self.free_slots.capacity() * size_of::<u32>()
             + self.index.heap_bytes()
             + spilled
     }
 
-    /// Checks that the index and the slab agree.
+    /// Checks that the index, the slab and its checksum column agree.
     pub(crate) fn check(&self) -> Result<(), String> {
+        if self.checksums.len() != self.slots.len() {
+            return Err(format!(
+                "object table: {} slots but {} checksums",
+                self.slots.len(),
+                self.checksums.len()
+            ));
+        }
         let live = self.slots.iter().filter(|s| s.is_some()).count();
         if live != self.len || self.index.len() != self.len {
             return Err(format!(

@@ -40,6 +40,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use crate::checksum::Checksum;
 use crate::error::{Error, ErrorCode, Result};
 use crate::events::Event;
 use crate::ids::{ClientId, SegmentId, WriteId};
@@ -109,8 +110,9 @@ pub struct DiskReport {
     pub evicted: Vec<(String, WriteId)>,
     /// Tombstones carried out: these files are gone.
     pub deleted: Vec<(String, WriteId)>,
-    /// Intact copies found on disk: `(key, write, size)`. Sent after every mount.
-    pub recovered: Vec<(String, WriteId, u64)>,
+    /// Intact copies found on disk: `(key, write, size, checksum of the value)`. Sent after
+    /// every mount.
+    pub recovered: Vec<(String, WriteId, u64, Checksum)>,
     /// Most new orders the node will take now.
     pub want: u32,
 }
@@ -127,6 +129,9 @@ pub struct OffloadOrder {
     pub addr: u64,
     /// Length in bytes.
     pub size: u64,
+    /// The value's checksum: check the bytes copied out against it (a damaged memory copy
+    /// must not become a disk copy; report the order failed), and keep it with the copy.
+    pub checksum: Checksum,
 }
 
 /// The master's answer to a disk sync.
@@ -153,6 +158,9 @@ pub struct PrefetchGrant {
     pub grant: PutGrant,
     /// The disk replica to read it from.
     pub source: ReplicaDescriptor,
+    /// The value's checksum: check the bytes read from disk against it, and end the write
+    /// with it.
+    pub checksum: Checksum,
 }
 
 impl Master {
@@ -203,8 +211,8 @@ impl Master {
             }
         }
         let first_sync = self.disks.known.insert(name.clone());
-        for (key, write, size) in &report.recovered {
-            let copy = (key.as_str(), *write, *size);
+        for (key, write, size, checksum) in &report.recovered {
+            let copy = (key.as_str(), *write, *size, *checksum);
             self.disk_copy_recovered(client, seg, &name, copy, first_sync, now);
         }
         let offload = self.issue_orders(seg, report.want as usize, now);
@@ -281,6 +289,7 @@ impl Master {
             Some(PrefetchGrant {
                 grant: self.grant(slot),
                 source: self.segments.describe_disk(disk, write, size),
+                checksum: self.objects.checksum(slot),
             }),
         ))
     }
@@ -460,7 +469,7 @@ impl Master {
         client: ClientId,
         seg: u32,
         name: &str,
-        (key, write, size): (&str, WriteId, u64),
+        (key, write, size, checksum): (&str, WriteId, u64, Checksum),
         first_sync: bool,
         now: Millis,
     ) {
@@ -494,13 +503,20 @@ impl Master {
                 let slot = self
                     .objects
                     .insert(Object::new(key, size, client, write, now));
+                self.objects.set_checksum(slot, checksum);
                 self.set_disk_copy(slot, seg);
                 // Write ids stay unique: later writes get higher ones.
                 self.counters.next_write = self.counters.next_write.max(write.0);
             }
             Some(slot) => {
                 let object = self.objects.at(slot);
-                if object.write_id == write && object.size == size && object.disk == NO_DISK {
+                // A copy of the current value that does not match its checksum is damaged.
+                let intact = self.objects.checksum(slot) == checksum;
+                if object.write_id == write
+                    && object.size == size
+                    && object.disk == NO_DISK
+                    && intact
+                {
                     self.set_disk_copy(slot, seg);
                 } else if !(object.write_id == write && object.disk == seg) {
                     self.tombstone(name, key, write);
@@ -604,6 +620,7 @@ impl Master {
                 write,
                 addr: self.segments.describe(&replica, object.size).addr,
                 size: object.size,
+                checksum: self.objects.checksum(slot),
             });
         }
         orders

@@ -9,6 +9,7 @@
 //! late End therefore fails (`ILLEGAL_CLIENT` if another client took over, `OBJECT_NOT_FOUND`
 //! if its write is gone) instead of completing replicas someone else is still writing.
 
+use crate::checksum::Checksum;
 use crate::config::{MAX_SOFT_PIN_TTL, ReplicateConfig};
 use crate::error::{Error, ErrorCode, Result};
 use crate::events::DiscardCause;
@@ -76,22 +77,37 @@ impl Master {
             .collect()
     }
 
-    /// Ends a put (or upsert): its replicas become readable. Ending a write that already ended
-    /// succeeds again (a retried RPC).
+    /// Ends a put (or upsert): its replicas become readable, and readers will check them
+    /// against `checksum`, the crc32c of the value written. Ending a write that already ended
+    /// succeeds again (a retried RPC). A prefetch writes a value the master already has the
+    /// checksum of: one that does not match is refused (`INVALID_WRITE`; revoke it).
     pub fn put_end(
         &mut self,
         client: ClientId,
         key: &str,
         write: WriteId,
+        checksum: Checksum,
         now: Millis,
     ) -> Result<()> {
         let now = self.advance(now);
         self.touch(client, now);
         let slot = self.owned_write(client, key, write)?;
-        let object = self.objects.at_mut(slot);
+        let object = self.objects.at(slot);
         if !object.writing {
             return Ok(());
         }
+        let known = self.objects.checksum(slot);
+        if object.has_disk_replica() && checksum != known {
+            return Err(Error::new(
+                ErrorCode::INVALID_WRITE,
+                format!(
+                    "the prefetched bytes of {key:?} have {checksum}, the value has {known}: \
+                     the copy read from disk is damaged; revoke the prefetch"
+                ),
+            ));
+        }
+        self.objects.set_checksum(slot, checksum);
+        let object = self.objects.at_mut(slot);
         object.writing = false;
         for replica in object.replicas.iter_mut() {
             replica.set_status(ReplicaStatus::Complete);
@@ -106,16 +122,16 @@ impl Master {
         Ok(())
     }
 
-    /// [`Master::put_end`] for many keys.
+    /// [`Master::put_end`] for many keys: `(key, write, checksum)` each.
     pub fn batch_put_end<K: AsRef<str>>(
         &mut self,
         client: ClientId,
-        items: &[(K, WriteId)],
+        items: &[(K, WriteId, Checksum)],
         now: Millis,
     ) -> Vec<Result<()>> {
         items
             .iter()
-            .map(|(key, write)| self.put_end(client, key.as_ref(), *write, now))
+            .map(|(key, write, sum)| self.put_end(client, key.as_ref(), *write, *sum, now))
             .collect()
     }
 

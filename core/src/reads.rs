@@ -8,6 +8,7 @@
 
 use regex::{Regex, RegexBuilder};
 
+use crate::checksum::Checksum;
 use crate::error::{Error, ErrorCode, Result};
 use crate::master::Master;
 use crate::object::ReplicaDescriptor;
@@ -23,6 +24,8 @@ pub struct ReplicaList {
     /// The lease granted with this list. The reader must finish within this long of sending
     /// its request, or discard what it read.
     pub lease_ttl: Millis,
+    /// The value's checksum: a replica whose bytes do not match it is damaged; read another.
+    pub checksum: Checksum,
 }
 
 /// Longest regular expression accepted, in bytes.
@@ -177,6 +180,7 @@ impl Master {
         ReplicaList {
             replicas,
             lease_ttl,
+            checksum: self.objects.checksum(slot),
         }
     }
 }

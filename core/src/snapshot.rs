@@ -19,8 +19,7 @@ use crate::events::EventQueue;
 use crate::holds::Holds;
 use crate::invariants;
 use crate::master::{Counters, Master};
-use crate::object::Object;
-use crate::objects::ObjectTable;
+use crate::objects::{ObjectTable, TableParts};
 use crate::offload::Disks;
 use crate::replication::Tasks;
 use crate::rng::Rng;
@@ -30,7 +29,7 @@ use crate::zombies::WriteDeadlines;
 
 const MAGIC: [u8; 8] = *b"MOORSNAP";
 /// The snapshot format this build writes and reads.
-pub const SNAPSHOT_VERSION: u32 = 5;
+pub const SNAPSHOT_VERSION: u32 = 6;
 const HEADER_LEN: usize = 8 + 4 + 8 + 4;
 
 /// Everything a restored master needs.
@@ -39,8 +38,7 @@ struct State {
     taken_at: Millis,
     rng: Rng,
     segments: Segments,
-    object_slots: Vec<Option<Object>>,
-    object_free: Vec<u32>,
+    objects: TableParts,
     clients: Clients,
     writes: WriteDeadlines,
     discarded: Discarded,
@@ -70,13 +68,11 @@ pub(crate) fn payload(snapshot: &[u8]) -> &[u8] {
 impl Master {
     /// Serializes the whole state.
     pub fn snapshot(&self) -> Vec<u8> {
-        let (slots, free) = self.objects.parts();
         let state = State {
             taken_at: self.now,
             rng: self.rng.clone(),
             segments: self.segments.clone(),
-            object_slots: slots,
-            object_free: free,
+            objects: self.objects.parts(),
             clients: self.clients.clone(),
             writes: self.writes.clone(),
             discarded: self.discarded.clone(),
@@ -92,14 +88,12 @@ impl Master {
     /// A canonical dump of the whole state, for checking that a restore is identical.
     #[doc(hidden)]
     pub fn state_fingerprint(&self) -> String {
-        let (slots, free) = self.objects.debug_parts();
         format!(
-            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
+            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}",
             self.now,
             self.rng,
             self.segments,
-            slots,
-            free,
+            self.objects.debug_parts(),
             self.clients,
             self.writes,
             self.discarded,
@@ -149,7 +143,7 @@ impl Master {
                 to - (from - t)
             }
         };
-        for object in state.object_slots.iter_mut().flatten() {
+        for object in state.objects.slots.iter_mut().flatten() {
             object.lease_expiry = shift(object.lease_expiry);
             object.last_access = shift(object.last_access);
             object.soft_pin_expiry = shift(object.soft_pin_expiry);
@@ -161,7 +155,7 @@ impl Master {
         state.tasks.rebase(shift);
         state.counters.last_eviction_pass = shift(state.counters.last_eviction_pass);
         let master = Master {
-            objects: ObjectTable::from_slots(config.seed, state.object_slots, state.object_free),
+            objects: ObjectTable::from_parts(config.seed, state.objects),
             now: to,
             rng: state.rng,
             segments: state.segments,

@@ -42,6 +42,7 @@
 //! copy-on-write path allocate the new buffers *before* releasing the old ones, and if that
 //! allocation fails the old value stays readable (the RFC erases it first).
 
+use crate::checksum::Checksum;
 use crate::config::ReplicateConfig;
 use crate::error::{Error, ErrorCode, Result};
 use crate::events::DiscardCause;
@@ -113,9 +114,10 @@ impl Master {
         client: ClientId,
         key: &str,
         write: WriteId,
+        checksum: Checksum,
         now: Millis,
     ) -> Result<()> {
-        self.put_end(client, key, write, now)
+        self.put_end(client, key, write, checksum, now)
     }
 
     /// Revokes an upsert; the same as [`Master::put_revoke`].
@@ -133,7 +135,7 @@ impl Master {
     pub fn batch_upsert_end<K: AsRef<str>>(
         &mut self,
         client: ClientId,
-        items: &[(K, WriteId)],
+        items: &[(K, WriteId, Checksum)],
         now: Millis,
     ) -> Vec<Result<()>> {
         self.batch_put_end(client, items, now)

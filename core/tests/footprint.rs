@@ -4,7 +4,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use mooring_core::{ClientId, Master, MasterConfig, Millis, ReplicateConfig, SegmentSpec};
+use mooring_core::{
+    Checksum, ClientId, Master, MasterConfig, Millis, ReplicateConfig, SegmentSpec,
+};
 
 struct Counting;
 
@@ -58,7 +60,9 @@ fn at_most_200_bytes_of_metadata_per_object() {
         let g = master
             .put_start(client, &key, 64 * 1024, &config, now)
             .unwrap();
-        master.put_end(client, &key, g.write_id, now).unwrap();
+        master
+            .put_end(client, &key, g.write_id, Checksum::of(key.as_bytes()), now)
+            .unwrap();
     }
     let total = LIVE.load(Ordering::Relaxed) - before;
     let per_object = (total - key_bytes) as f64 / objects as f64;

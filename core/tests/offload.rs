@@ -328,7 +328,7 @@ fn removing_a_disk_only_object_tombstones_its_copy() {
         &mut f,
         "seg0",
         DiskReport {
-            recovered: vec![("k".into(), w, 4 * KIB)],
+            recovered: vec![("k".into(), w, 4 * KIB, sum_of("k"))],
             ..DiskReport::default()
         },
     );
@@ -373,7 +373,10 @@ fn a_remount_reregisters_intact_copies_and_a_lost_node_takes_its_copies() {
     };
     let id = f.m.mount_segment(node2, &spec, f.now).unwrap();
     let report = DiskReport {
-        recovered: vec![("k".into(), w, 4 * KIB), ("".into(), w, 1)],
+        recovered: vec![
+            ("k".into(), w, 4 * KIB, sum_of("k")),
+            ("".into(), w, 1, sum_of("")),
+        ],
         ..DiskReport::default()
     };
     let ack = f.m.disk_sync(node2, id, report, f.now).unwrap();
@@ -443,7 +446,7 @@ fn a_departed_copy_of_a_key_written_again_never_comes_back() {
     let node2 = ClientId(0x90DF);
     let id = f.m.mount_segment(node2, &spec, f.now).unwrap();
     let report = DiskReport {
-        recovered: vec![("k".into(), w, 4 * KIB)],
+        recovered: vec![("k".into(), w, 4 * KIB, sum_of("k"))],
         ..DiskReport::default()
     };
     let ack = f.m.disk_sync(node2, id, report, f.now).unwrap();
@@ -474,7 +477,7 @@ fn a_departed_copy_of_a_value_still_in_memory_is_deleted_on_return() {
     let node2 = ClientId(0x90DF);
     let id = f.m.mount_segment(node2, &spec, f.now).unwrap();
     let report = DiskReport {
-        recovered: vec![("k".into(), g.write_id, 4 * KIB)],
+        recovered: vec![("k".into(), g.write_id, 4 * KIB, sum_of("k"))],
         ..DiskReport::default()
     };
     let ack = f.m.disk_sync(node2, id, report, f.now).unwrap();
@@ -489,7 +492,7 @@ fn a_disk_seen_before_has_its_unreported_copies_deleted_a_new_disk_has_them_adop
     // seg0's disk has synced with this master: a copy it never reported (written just before
     // a crash, say) may be of a value since overwritten and evicted, so it goes.
     let recovered = |key: &str| DiskReport {
-        recovered: vec![(key.into(), WriteId(999), 4 * KIB)],
+        recovered: vec![(key.into(), WriteId(999), 4 * KIB, sum_of(key))],
         ..DiskReport::default()
     };
     let ack = sync(&mut f, "seg0", recovered("unreported"));
@@ -510,7 +513,7 @@ fn a_recovered_copy_never_replaces_a_newer_value() {
         &mut f,
         "seg0",
         DiskReport {
-            recovered: vec![("k".into(), WriteId(999), 4 * KIB)],
+            recovered: vec![("k".into(), WriteId(999), 4 * KIB, sum_of("k"))],
             want: 0,
             ..DiskReport::default()
         },

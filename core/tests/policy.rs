@@ -67,8 +67,11 @@ fn batch_put_reports_per_key() {
         grants[2].as_ref().unwrap_err().code,
         ErrorCode::OBJECT_ALREADY_EXISTS
     );
-    let ends =
-        f.m.batch_put_end(A, &[("x", grants[0].as_ref().unwrap().write_id)], f.now);
+    let ends = f.m.batch_put_end(
+        A,
+        &[("x", grants[0].as_ref().unwrap().write_id, sum_of("x"))],
+        f.now,
+    );
     assert!(ends[0].is_ok());
     let lists = f.m.batch_get_replica_list(&["x", "nope"], f.now);
     assert!(lists[0].is_ok());

@@ -46,7 +46,8 @@ fn case_a_absent_key_behaves_as_put() {
     );
     assert_ne!(g.replicas[0].segment, g.replicas[1].segment);
     assert_eq!(code(f.get("w")), ErrorCode::REPLICA_IS_NOT_READY);
-    f.m.upsert_end(A, "w", g.write_id, f.now).unwrap();
+    f.m.upsert_end(A, "w", g.write_id, sum_of("w"), f.now)
+        .unwrap();
     let list = f.get("w").unwrap();
     assert_eq!(addrs(&list.replicas), addrs(&g.replicas));
     assert!(
@@ -422,8 +423,8 @@ fn batch_upsert_start_end_revoke_report_per_key() {
     let ends = f.m.batch_upsert_end(
         A,
         &[
-            ("a", grants[0].as_ref().unwrap().write_id),
-            ("zz", grants[1].as_ref().unwrap().write_id),
+            ("a", grants[0].as_ref().unwrap().write_id, sum_of("a")),
+            ("zz", grants[1].as_ref().unwrap().write_id, sum_of("zz")),
         ],
         f.now,
     );

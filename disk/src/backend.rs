@@ -13,6 +13,7 @@ use std::ops::Range;
 use mooring_proto::transport::BoxFuture;
 
 use crate::record::{self, RecordBuf};
+use mooring_core::Checksum;
 use mooring_proto::disk::{IoBuf, IoResult};
 
 /// One value in memory to store (see [`Backend::put_items`]).
@@ -35,6 +36,8 @@ pub struct Held {
     pub version: u64,
     /// The value's length.
     pub len: u64,
+    /// The value's checksum.
+    pub checksum: Checksum,
     /// The eviction unit it belongs to: values of one unit are stored, and best evicted,
     /// together (a bucket; a single value in the other backends).
     pub unit: u64,

@@ -10,6 +10,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use mooring_core::Checksum;
 use mooring_proto::disk::{Disk, IoBuf, IoResult};
 use mooring_proto::transport::BoxFuture;
 use tracing::warn;
@@ -161,6 +162,7 @@ impl FilePerKey {
                     key: record.key.to_string(),
                     version: record.version,
                     len: record.value.len() as u64,
+                    checksum: record.checksum,
                     unit: self.next_unit.fetch_add(1, Ordering::Relaxed),
                 }),
                 Ok(record) => {
@@ -176,14 +178,21 @@ impl FilePerKey {
     /// [`Backend::put`]: one file each, written concurrently (their syncs overlap), and the
     /// group's other files removed if one fails.
     async fn put_group(&self, records: Vec<RecordBuf>) -> io::Result<Vec<Held>> {
-        let written: Vec<(String, u64, u64)> = records
+        let written: Vec<(String, u64, u64, Checksum)> = records
             .iter()
-            .map(|r| (r.key().to_string(), r.version(), r.value_len()))
+            .map(|r| {
+                (
+                    r.key().to_string(),
+                    r.version(),
+                    r.value_len(),
+                    r.checksum(),
+                )
+            })
             .collect();
         let writes = records.into_iter().map(|record| self.put_record(record));
         let results = futures_util::future::join_all(writes).await;
         if let Some(pos) = results.iter().position(Result::is_err) {
-            for ((key, version, _), result) in written.iter().zip(&results) {
+            for ((key, version, _, _), result) in written.iter().zip(&results) {
                 if result.is_ok()
                     && let Err(undo) = self.remove_version(key, *version).await
                 {
@@ -195,10 +204,11 @@ impl FilePerKey {
         }
         Ok(written
             .into_iter()
-            .map(|(key, version, len)| Held {
+            .map(|(key, version, len, checksum)| Held {
                 key,
                 version,
                 len,
+                checksum,
                 unit: self.next_unit.fetch_add(1, Ordering::Relaxed),
             })
             .collect())

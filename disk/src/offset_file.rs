@@ -27,6 +27,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use mooring_core::Checksum;
 use mooring_core::allocator::{Allocation, MAX_CAPACITY, OffsetAllocator};
 use mooring_proto::disk::{Disk, IoBuf, IoResult};
 use mooring_proto::transport::BoxFuture;
@@ -129,9 +130,16 @@ impl OffsetFile {
             .collect();
         let sizes: Vec<u64> = records.iter().map(|r| r.bytes().len() as u64).collect();
         let allocations = self.allocate(&sizes)?;
-        let kept: Vec<(String, u64, u64)> = records
+        let kept: Vec<(String, u64, u64, Checksum)> = records
             .iter()
-            .map(|r| (r.key().to_string(), r.version(), r.value_len()))
+            .map(|r| {
+                (
+                    r.key().to_string(),
+                    r.version(),
+                    r.value_len(),
+                    r.checksum(),
+                )
+            })
             .collect();
         let mut attempted = 0;
         let written = async {
@@ -156,7 +164,7 @@ impl OffsetFile {
         }
         let mut held = Vec::with_capacity(kept.len());
         let mut replaced = Vec::new();
-        for ((key, version, value_len), at) in kept.into_iter().zip(&allocations) {
+        for ((key, version, value_len, checksum), at) in kept.into_iter().zip(&allocations) {
             let entry = Entry {
                 offset: at.offset,
                 node: at.node,
@@ -168,6 +176,7 @@ impl OffsetFile {
                 key,
                 version,
                 len: value_len,
+                checksum,
                 unit: self.next_unit.fetch_add(1, Ordering::Relaxed),
             });
         }
@@ -307,6 +316,7 @@ struct Found {
     key: String,
     version: u64,
     value_len: u64,
+    checksum: Checksum,
     offset: u64,
     /// Its aligned size.
     span: u64,
@@ -340,6 +350,7 @@ impl OffsetFile {
                 key: f.found.key,
                 version: f.found.version,
                 len: f.found.value_len,
+                checksum: f.found.checksum,
                 unit: self.next_unit.fetch_add(1, Ordering::Relaxed),
             });
         }
@@ -507,6 +518,7 @@ fn decode_found(bytes: &[u8], offset: u64, span: u64) -> Result<Found, RecordErr
         key: record.key.to_string(),
         version: record.version,
         value_len: record.value.len() as u64,
+        checksum: record.checksum,
         offset,
         span,
     })

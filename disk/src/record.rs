@@ -7,6 +7,9 @@
 //! ```
 //!
 //! Little-endian integers; the crc32c covers the first 28 header bytes, the key and the value.
+//! It is computed as the crc32c of header and key combined with the value's own crc32c, which
+//! is therefore known whenever a record is written or read, at no extra pass over the value:
+//! that is the value's end-to-end [`Checksum`], which the master holds too.
 //! Anything after `32 + key_len + value_len` is padding (direct I/O writes whole blocks). The
 //! object version is the master's write id of the value, so a node can tell which write of a
 //! key it holds (deletions are per write; see the core's `offload`).
@@ -14,6 +17,7 @@
 use std::fmt;
 use std::io;
 
+use mooring_core::Checksum;
 use mooring_proto::disk::IoBuf;
 
 /// First bytes of every record.
@@ -36,6 +40,8 @@ pub struct Record<'a> {
     pub version: u64,
     /// The object's bytes.
     pub value: &'a [u8],
+    /// The value's checksum.
+    pub checksum: Checksum,
 }
 
 /// Why bytes are not a record.
@@ -68,8 +74,8 @@ impl std::error::Error for RecordError {}
 
 /// Writes the header of a record of `key`'s write `version` into `out[..HEADER_LEN]`, and
 /// the key after it, with the checksum over both and the value, which must already lie at
-/// `out[HEADER_LEN + key.len()..][..value_len]`.
-fn write_header(out: &mut [u8], key: &str, version: u64, value_len: usize) {
+/// `out[HEADER_LEN + key.len()..][..value_len]`. Returns the value's checksum.
+fn write_header(out: &mut [u8], key: &str, version: u64, value_len: usize) -> Checksum {
     let key_at = HEADER_LEN..HEADER_LEN + key.len();
     out[key_at.clone()].copy_from_slice(key.as_bytes());
     out[0..4].copy_from_slice(&MAGIC);
@@ -79,9 +85,18 @@ fn write_header(out: &mut [u8], key: &str, version: u64, value_len: usize) {
     out[8..12].copy_from_slice(&(key.len() as u32).to_le_bytes());
     out[12..20].copy_from_slice(&(value_len as u64).to_le_bytes());
     out[20..CRC_AT].copy_from_slice(&version.to_le_bytes());
-    let body = &out[HEADER_LEN..HEADER_LEN + key.len() + value_len];
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[..CRC_AT]), body);
+    let value_at = HEADER_LEN + key.len();
+    let value = Checksum::of(&out[value_at..value_at + value_len]);
+    let crc = record_crc(&out[..CRC_AT], key.as_bytes(), value, value_len);
     out[CRC_AT..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+    value
+}
+
+/// The record checksum: over the header's first bytes and the key, then the value (whose
+/// checksum is `value`).
+fn record_crc(header: &[u8], key: &[u8], value: Checksum, value_len: usize) -> u32 {
+    let head = Checksum::of(header).append(key);
+    head.then(value, value_len as u64).0
 }
 
 /// Encodes `key`'s value `value`, written by write `version`, as one record.
@@ -104,6 +119,7 @@ pub struct RecordBuf {
     key: String,
     version: u64,
     value_len: u64,
+    checksum: Checksum,
     buf: IoBuf,
 }
 
@@ -132,11 +148,12 @@ impl RecordBuf {
         if !fill(&mut buf[value_at..len]) {
             return Ok(None);
         }
-        write_header(&mut buf, key, version, value_len);
+        let checksum = write_header(&mut buf, key, version, value_len);
         Ok(Some(RecordBuf {
             key: key.to_string(),
             version,
             value_len: value_len as u64,
+            checksum,
             buf,
         }))
     }
@@ -163,6 +180,11 @@ impl RecordBuf {
     /// The value's length.
     pub fn value_len(&self) -> u64 {
         self.value_len
+    }
+
+    /// The value's checksum (computed while the record was built).
+    pub fn checksum(&self) -> Checksum {
+        self.checksum
     }
 
     /// The record's bytes, padding included.
@@ -226,22 +248,34 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, RecordError> {
     let version = u64::from_le_bytes(bytes[20..CRC_AT].try_into().expect("8 bytes"));
     let stored = u32::from_le_bytes(bytes[CRC_AT..HEADER_LEN].try_into().expect("4 bytes"));
     let body = &bytes[HEADER_LEN..total as usize];
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[..CRC_AT]), body);
-    if crc != stored {
+    let (key, value) = body.split_at(key_len);
+    let checksum = Checksum::of(value);
+    if record_crc(&bytes[..CRC_AT], key, checksum, value.len()) != stored {
         return Err(RecordError::Corrupt("checksum mismatch"));
     }
-    let (key, value) = body.split_at(key_len);
     let key = std::str::from_utf8(key).map_err(|_| RecordError::Corrupt("key is not UTF-8"))?;
     Ok(Record {
         key,
         version,
         value,
+        checksum,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_record_crc_is_one_pass_over_header_key_and_value() {
+        // Records written before the value checksum was split out must still verify.
+        let (header, key, value) = ([7u8; CRC_AT], b"key/1", vec![0x5Au8; 5000]);
+        let mut whole = header.to_vec();
+        whole.extend_from_slice(key);
+        whole.extend_from_slice(&value);
+        let got = record_crc(&header, key, Checksum::of(&value), value.len());
+        assert_eq!(got, crc32c::crc32c(&whole));
+    }
 
     #[test]
     fn round_trips_with_padding() {
@@ -253,7 +287,8 @@ mod tests {
             Record {
                 key: "layer/7",
                 version: 42,
-                value: b"kv-cache bytes"
+                value: b"kv-cache bytes",
+                checksum: Checksum::of(b"kv-cache bytes"),
             }
         );
         assert_eq!(decode(&encode("", 0, b"")).unwrap().value, b"");

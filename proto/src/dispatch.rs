@@ -48,9 +48,12 @@ pub fn handle(master: &mut Master, request: MasterRequest, now: Millis) -> Resul
         } else {
             m.put_start(client, &key, size, &config, now)?
         }),
-        R::PutEnd(PutEnd { client, key, write }) => {
-            Reply::PutEnd(m.put_end(client, &key, write, now)?)
-        }
+        R::PutEnd(PutEnd {
+            client,
+            key,
+            write,
+            checksum,
+        }) => Reply::PutEnd(m.put_end(client, &key, write, checksum, now)?),
         R::PutRevoke(PutRevoke { client, key, write }) => {
             Reply::PutRevoke(m.put_revoke(client, &key, write, now)?)
         }

@@ -86,7 +86,9 @@ fn payload_roundtrip<T: WireMessage + PartialEq + std::fmt::Debug>(payload: &[u8
 
 /// A few valid frames of every kind: the seeds of the fuzz corpora.
 pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
-    use mooring_core::{ClientId, Error, ErrorCode, KeyListing, ReplicateConfig, WriteId};
+    use mooring_core::{
+        Checksum, ClientId, Error, ErrorCode, KeyListing, ReplicateConfig, WriteId,
+    };
 
     use crate::auth::Handshake;
     use crate::wire::{
@@ -110,6 +112,7 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
             client: ClientId(3),
             key: "k".into(),
             write: WriteId(9),
+            checksum: Checksum::of(b"value"),
         }
         .into(),
         GetReplicaList { key: "k".into() }.into(),

@@ -20,7 +20,7 @@ use rkyv::rancor;
 use rkyv::util::AlignedVec;
 
 use mooring_core::{
-    ClientId, CopyGrant, DiskReport, DiskSyncAck, Error, ErrorCode, HeartbeatAck, HoldId,
+    Checksum, ClientId, CopyGrant, DiskReport, DiskSyncAck, Error, ErrorCode, HeartbeatAck, HoldId,
     KeyListing, Millis, PrefetchGrant, PutGrant, ReplicaList, ReplicateConfig, SegmentId,
     SegmentInfo, SegmentSpec, Stats, TaskId, WriteId,
 };
@@ -28,7 +28,7 @@ use mooring_core::{
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MOOR";
 /// The wire format version this build speaks.
-pub const WIRE_VERSION: u8 = 6;
+pub const WIRE_VERSION: u8 = 7;
 /// Length of the frame header.
 pub const HEADER_LEN: usize = 24;
 /// Largest frame payload accepted (a batch of many keys fits; bulk data travels outside).
@@ -335,7 +335,13 @@ mod messages {
             config: ReplicateConfig,
             upsert: bool,
         } => PutGrant;
-        PutEnd { client: ClientId, key: String, write: WriteId } => ();
+        /// Ends a put or upsert; `checksum` is the crc32c of the value written.
+        PutEnd {
+            client: ClientId,
+            key: String,
+            write: WriteId,
+            checksum: Checksum,
+        } => ();
         PutRevoke { client: ClientId, key: String, write: WriteId } => ();
         PutAbort { client: ClientId, key: String, write: WriteId } => ();
         BatchPutStart {
@@ -344,7 +350,11 @@ mod messages {
             config: ReplicateConfig,
             upsert: bool,
         } => Vec<Result<PutGrant, Error>>;
-        BatchPutEnd { client: ClientId, items: Vec<(String, WriteId)> } => Vec<Result<(), Error>>;
+        /// Ends many writes: `(key, write, checksum)` each.
+        BatchPutEnd {
+            client: ClientId,
+            items: Vec<(String, WriteId, Checksum)>,
+        } => Vec<Result<(), Error>>;
         BatchPutRevoke {
             client: ClientId,
             items: Vec<(String, WriteId)>,

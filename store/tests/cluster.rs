@@ -4,6 +4,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mooring::{Client, ClientConfig};
@@ -499,4 +500,75 @@ async fn connections_that_announce_big_frames_and_stall_cost_little() {
         s.read_to_end(&mut rest)
             .expect("the server closed the stalled connection");
     }
+}
+
+/// Damages the bytes of `key`'s replica number `which` in place, as a stray write or a bad
+/// DIMM would: an authenticated peer writes garbage over them through the data plane.
+async fn damage_replica(addr: &str, key: &str, which: usize) {
+    use mooring_proto::transport::{ControlPlane, DataPlane, NodeAddr, WriteOp};
+    use mooring_proto::wire::{DescribeSegments, GetReplicaList};
+    use mooring_transport_tcp::{DataPlaneConfig, LocalSegments, TcpControlPlane, TcpDataPlane};
+    let control = TcpControlPlane::new(
+        addr,
+        Duration::from_secs(5),
+        Duration::ZERO,
+        None,
+        mooring_core::ClientId(0xBAD),
+    );
+    let control: &dyn ControlPlane = &*control;
+    let list = control
+        .call(GetReplicaList { key: key.into() })
+        .await
+        .unwrap();
+    let replica = list.replicas[which];
+    let info = control
+        .call(DescribeSegments {
+            ids: vec![replica.segment],
+        })
+        .await
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    let node = NodeAddr {
+        endpoint: info.endpoint.into(),
+        key: info.key,
+    };
+    let data = TcpDataPlane::new(
+        Arc::new(LocalSegments::default()),
+        DataPlaneConfig::default(),
+    );
+    let garbage = vec![0xEE; 64];
+    let op = WriteOp {
+        addr: replica.addr + replica.len / 2,
+        src: &garbage,
+    };
+    data.write(&node, vec![op], Duration::from_secs(5))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_replica_is_never_returned() {
+    let cluster = start_cluster(2, "32MiB");
+    let c = client(&cluster.addr).await;
+    let two = ReplicateConfig::replicas(2);
+    for key in ["single", "batched"] {
+        c.put(key, &value(7, 300_000), &two).await.unwrap();
+        damage_replica(&cluster.addr, key, 0).await;
+    }
+    // One replica is damaged: every read path returns the intact one.
+    for _ in 0..4 {
+        assert_eq!(c.get("single").await.unwrap(), value(7, 300_000));
+    }
+    let batch = c.batch_get(&["batched", "single"]).await;
+    for got in batch {
+        assert_eq!(got.unwrap(), value(7, 300_000));
+    }
+    // Both damaged: the read fails and says why, instead of returning wrong bytes.
+    damage_replica(&cluster.addr, "single", 1).await;
+    let err = c.get("single").await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::INVALID_REPLICA, "{err}");
+    assert!(err.to_string().contains("damaged"), "{err}");
+    let err = c.batch_get(&["single"]).await.remove(0).unwrap_err();
+    assert_eq!(err.code, ErrorCode::INVALID_REPLICA, "{err}");
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use mooring::{Client, ClientConfig};
 use mooring_core::{
-    ErrorCode, HeartbeatAck, HeartbeatStatus, Medium, Millis, ReplicaDescriptor, ReplicaList,
-    ReplicaStatus, SegmentId,
+    Checksum, ErrorCode, HeartbeatAck, HeartbeatStatus, Medium, Millis, ReplicaDescriptor,
+    ReplicaList, ReplicaStatus, SegmentId,
 };
 use mooring_proto::transport::RpcHandler;
 use mooring_proto::wire::{ClusterInfo, MasterRequest, MasterResponse, Reply};
@@ -28,6 +28,7 @@ fn list(lens: &[u64]) -> ReplicaList {
             })
             .collect(),
         lease_ttl: Millis(5_000),
+        checksum: Checksum::EMPTY,
     }
 }
 

@@ -5,6 +5,7 @@ use super::harness::PendingRead;
 use super::memory::{self, pattern};
 use super::model::MObject;
 use super::{Harness, ensure, expect_code, key_name};
+use crate::checksum::Checksum;
 use crate::error::ErrorCode;
 use crate::ids::SegmentId;
 use crate::object::{ReplicaDescriptor, ReplicaStatus};
@@ -73,6 +74,10 @@ impl Harness {
         })?;
         ensure(list.lease_ttl == self.config.lease_ttl, || {
             "lease ttl".into()
+        })?;
+        let sum = Checksum::of(&pattern(version, size));
+        ensure(list.checksum == sum, || {
+            format!("{key:?} listed with {}, its value has {sum}", list.checksum)
         })?;
         for r in &list.replicas {
             ensure(r.status == ReplicaStatus::Complete && r.len == size, || {

@@ -3,12 +3,14 @@
 //! writing their values, and end / revoke / abort.
 
 use super::harness::Grant;
+use super::memory::pattern;
 use super::model::{MObject, MWrite};
 use super::ops::Pin;
 use super::{
     CLIENTS, Harness, client_id, client_index, ensure, expect_code, key_name, segment_name,
     to_model_replica,
 };
+use crate::checksum::Checksum;
 use crate::config::ReplicateConfig;
 use crate::error::ErrorCode;
 use crate::events::{DiscardCause, Event};
@@ -410,9 +412,11 @@ impl Harness {
             return Ok(()); // an honest client does not end a write it has not finished
         }
         let now = self.now;
+        let size = g.replicas.first().map_or(0, |r| r.len);
+        let sum = Checksum::of(&pattern(g.version, size));
         let got = match (how, g.upsert) {
-            (Finish::End, false) => self.master.put_end(id, &g.key, g.write_id, now),
-            (Finish::End, true) => self.master.upsert_end(id, &g.key, g.write_id, now),
+            (Finish::End, false) => self.master.put_end(id, &g.key, g.write_id, sum, now),
+            (Finish::End, true) => self.master.upsert_end(id, &g.key, g.write_id, sum, now),
             (Finish::Revoke, false) => self.master.put_revoke(id, &g.key, g.write_id, now),
             (Finish::Revoke, true) => self.master.upsert_revoke(id, &g.key, g.write_id, now),
             (Finish::Abort, _) => self.master.put_abort(id, &g.key, g.write_id, now),

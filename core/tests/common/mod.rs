@@ -4,8 +4,8 @@
 #![allow(dead_code)]
 
 use mooring_core::{
-    ClientId, ErrorCode, Master, MasterConfig, Millis, PutGrant, ReplicaList, ReplicateConfig,
-    SegmentSpec, WriteId, invariants,
+    Checksum, ClientId, ErrorCode, Master, MasterConfig, Millis, PutGrant, ReplicaList,
+    ReplicateConfig, SegmentSpec, WriteId, invariants,
 };
 
 pub const A: ClientId = ClientId(0xA);
@@ -13,6 +13,12 @@ pub const B: ClientId = ClientId(0xB);
 pub const NODE: ClientId = ClientId(0x90DE);
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * 1024;
+
+/// The checksum the fixtures' writes of `key` report (these tests move no bytes; a value is
+/// named by its key).
+pub fn sum_of(key: &str) -> Checksum {
+    Checksum::of(key.as_bytes())
+}
 
 /// A master plus a clock.
 pub struct Fixture {
@@ -102,7 +108,7 @@ impl Fixture {
     }
 
     pub fn end(&mut self, client: ClientId, key: &str, write: WriteId) -> mooring_core::Result<()> {
-        let r = self.m.put_end(client, key, write, self.now);
+        let r = self.m.put_end(client, key, write, sum_of(key), self.now);
         self.check();
         r
     }

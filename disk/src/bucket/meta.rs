@@ -3,20 +3,22 @@
 //! ```text
 //! 0      4        5          8          16          24      28
 //! | MKVB | format | reserved | meta_len | bucket id | count | entries… | crc32c | padding
-//! entry: key_len u32 | version u64 | offset u64 | value_len u64 | key
+//! entry: key_len u32 | version u64 | offset u64 | value_len u64 | value crc32c u32 | key
 //! ```
 //!
 //! Little-endian; `meta_len` counts every byte up to and including the crc32c, which covers
 //! everything before it. The file is padded to the disk's alignment (direct I/O writes whole
-//! blocks); the padding is ignored.
+//! blocks); the padding is ignored. Format 1 (before the value checksum) is not read: its
+//! buckets are dropped on recovery, as damaged ones are.
 
 use crate::record::MAX_KEY_LEN;
+use mooring_core::Checksum;
 use mooring_proto::disk::IoBuf;
 
 const MAGIC: [u8; 4] = *b"MKVB";
-const FORMAT: u8 = 1;
+const FORMAT: u8 = 2;
 const HEADER_LEN: usize = 28;
-const ENTRY_LEN: usize = 28;
+const ENTRY_LEN: usize = 32;
 
 /// One value of a bucket.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +28,7 @@ pub(super) struct MetaEntry {
     /// Of its record in the data file.
     pub(super) offset: u64,
     pub(super) value_len: u64,
+    pub(super) checksum: Checksum,
 }
 
 /// Bucket `id`'s meta listing `entries`, padded to `align`.
@@ -48,6 +51,7 @@ pub(super) fn encode(id: u64, entries: &[MetaEntry], align: usize) -> IoBuf {
         out.extend_from_slice(&e.version.to_le_bytes());
         out.extend_from_slice(&e.offset.to_le_bytes());
         out.extend_from_slice(&e.value_len.to_le_bytes());
+        out.extend_from_slice(&e.checksum.0.to_le_bytes());
         out.extend_from_slice(e.key.as_bytes());
     }
     let meta_len = (out.len() + 4) as u64;
@@ -117,12 +121,14 @@ pub(super) fn decode(bytes: &[u8], id: u64) -> Result<Vec<MetaEntry>, &'static s
         let version = c.u64()?;
         let offset = c.u64()?;
         let value_len = c.u64()?;
+        let checksum = Checksum(c.u32()?);
         let key = std::str::from_utf8(c.take(key_len)?).map_err(|_| "key is not UTF-8")?;
         entries.push(MetaEntry {
             key: key.to_string(),
             version,
             offset,
             value_len,
+            checksum,
         });
     }
     if !c.0.is_empty() {
@@ -142,6 +148,7 @@ mod tests {
                 version: i + 10,
                 offset: i * 4096,
                 value_len: 100 * i,
+                checksum: Checksum(i as u32 * 0x1234_5678),
             })
             .collect()
     }

@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::backend::{Backend, Held, Recovered, check_record, read_len};
 use crate::record::{self, RecordBuf};
+use mooring_core::Checksum;
 use mooring_proto::disk::{Disk, IoBuf, IoResult};
 use mooring_proto::transport::BoxFuture;
 
@@ -106,6 +107,7 @@ struct Entry {
     version: u64,
     offset: u64,
     value_len: u64,
+    checksum: Checksum,
 }
 
 impl Entry {
@@ -116,6 +118,7 @@ impl Entry {
             version: e.version,
             offset: e.offset,
             value_len: e.value_len,
+            checksum: e.checksum,
         }
     }
 }

@@ -115,6 +115,7 @@ impl Bucket {
                     key: e.key.clone(),
                     version: e.version,
                     len: e.value_len,
+                    checksum: e.checksum,
                     unit: id,
                 });
             }

@@ -51,6 +51,7 @@ impl Bucket {
                 key: e.key,
                 version: e.version,
                 len: e.value_len,
+                checksum: e.checksum,
                 unit: id,
             })
             .collect())
@@ -71,6 +72,7 @@ impl Bucket {
                 version: record.version(),
                 offset: total,
                 value_len: record.value_len(),
+                checksum: record.checksum(),
             });
             let buf = record.into_buf();
             total = total.checked_add(buf.len() as u64).ok_or_else(too_large)?;
@@ -159,6 +161,7 @@ impl Bucket {
                         version: e.version,
                         offset: e.offset,
                         value_len: e.value_len,
+                        checksum: e.checksum,
                     })
                 })
                 .collect::<Vec<_>>()

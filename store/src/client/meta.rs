@@ -29,8 +29,9 @@ impl Client {
         if let Some(prefetch) = grant {
             let started = Instant::now();
             let mut value = crate::memory::value_buffer(prefetch.source.len)?;
+            let source = std::slice::from_ref(&prefetch.source);
             let mut transfer = self
-                .read_replica(key, std::slice::from_ref(&prefetch.source), &mut value)
+                .read_replica(key, source, prefetch.checksum, &mut value)
                 .await;
             if transfer.is_ok() {
                 transfer = self
@@ -39,6 +40,7 @@ impl Client {
                     .pop()
                     .expect("one result");
             }
+            let transfer = transfer.map(|()| prefetch.checksum);
             if let Err(e) = self.finish_write(key, &prefetch.grant, transfer).await {
                 warn!(key, "prefetch from disk failed; reads stay on disk: {e}");
             }

@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use mooring_core::{
-    ClientId, Error, ErrorCode, KeyListing, Medium, PutGrant, ReplicaDescriptor, ReplicaList,
-    ReplicateConfig, Result, SegmentId, SegmentInfo, Stats,
+    Checksum, ClientId, Error, ErrorCode, KeyListing, Medium, PutGrant, ReplicaDescriptor,
+    ReplicaList, ReplicateConfig, Result, SegmentId, SegmentInfo, Stats,
 };
 use mooring_proto::transport::{ControlPlane, DataPlane, NodeAddr, ReadOp, WriteOp};
 use mooring_proto::wire::{

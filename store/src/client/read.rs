@@ -52,7 +52,8 @@ impl Client {
                 // A simulation may stall the reader here, inside its lease, so the race between
                 // a reader holding descriptors and eviction or upsert of the same bytes is hit.
                 buggify::hold(Site::CLIENT_BEFORE_READ_TRANSFER).await;
-                self.read_replica(key, &list.replicas, buf).await?;
+                self.read_replica(key, &list.replicas, list.checksum, buf)
+                    .await?;
             }
             if self.inside_lease(asked, &list) {
                 return Ok(if caller_buffer {
@@ -75,12 +76,13 @@ impl Client {
         asked.elapsed() < usable
     }
 
-    /// Reads one of `key`'s `replicas` into `buf`, trying the next on failure (memory
-    /// replicas before the disk one).
+    /// Reads one of `key`'s `replicas` into `buf`, trying the next on failure or when the
+    /// bytes do not match the value's `checksum` (memory replicas before the disk one).
     pub(super) async fn read_replica(
         &self,
         key: &str,
         replicas: &[ReplicaDescriptor],
+        checksum: Checksum,
         buf: &mut [u8],
     ) -> Result<()> {
         let ids: Vec<SegmentId> = replicas.iter().map(|r| r.segment).collect();
@@ -101,6 +103,7 @@ impl Client {
                 }
                 Medium::Disk => self.read_disk(node, key, replica.addr, buf).await,
             };
+            let read = read.and_then(|()| verify(key, replica, checksum, buf));
             match read {
                 Ok(()) => return Ok(()),
                 Err(e) => {
@@ -340,9 +343,29 @@ impl Client {
                 failed.extend(keys);
             }
         }
+        drop(slots);
+        // Keys whose bytes are damaged are retried one by one too (from another replica).
+        failed.sort_unstable();
+        let read_whole: Vec<usize> = per_node
+            .values()
+            .flatten()
+            .map(|&(i, _)| i)
+            .filter(|i| failed.binary_search(i).is_err())
+            .collect();
+        for i in read_whole {
+            let (Some(dest), Ok(list)) = (dests[i].as_deref(), &lists[i]) else {
+                continue;
+            };
+            if Checksum::of(dest) != list.checksum {
+                warn!(
+                    key = keys[i],
+                    "a replica failed its checksum; reading another"
+                );
+                failed.push(i);
+            }
+        }
         // The rest concurrently (a disk read each, typically: the nodes' disks see them
         // all at once).
-        drop(slots);
         failed.sort_unstable();
         let singles = dests
             .iter_mut()
@@ -351,7 +374,11 @@ impl Client {
             .map(|(i, dest)| {
                 let list = lists[i].as_ref().expect("read only listed keys");
                 let dest = dest.as_deref_mut().expect("read only keys with buffers");
-                async move { (i, self.read_replica(keys[i], &list.replicas, dest).await) }
+                let checksum = list.checksum;
+                async move {
+                    let read = self.read_replica(keys[i], &list.replicas, checksum, dest);
+                    (i, read.await)
+                }
             });
         for (i, outcome) in join_all(singles).await {
             if let Err(e) = outcome {
@@ -372,6 +399,24 @@ impl Client {
         }
         results
     }
+}
+
+/// Checks the bytes read from `replica` of `key` against the value's checksum: a mismatch
+/// means that replica is damaged (`INVALID_REPLICA`; the caller reads another).
+fn verify(key: &str, replica: &ReplicaDescriptor, expected: Checksum, bytes: &[u8]) -> Result<()> {
+    let got = Checksum::of(bytes);
+    if got == expected {
+        return Ok(());
+    }
+    warn!(key, segment = %replica.segment, medium = ?replica.medium, "a replica failed its checksum; reading another");
+    Err(Error::new(
+        ErrorCode::INVALID_REPLICA,
+        format!(
+            "the copy of {key:?} on {} ({:?}) is damaged: its bytes have {got}, the value has \
+             {expected}; if no copy is intact, remove the key and put it again",
+            replica.segment, replica.medium
+        ),
+    ))
 }
 
 /// The length of the value a replica list describes, checked before anything is allocated or

@@ -41,7 +41,11 @@ impl Client {
             .pop()
             .expect("one result");
         buggify::hold(Site::CLIENT_BEFORE_PUT_END).await;
-        self.finish_write(key, &grant, result).await
+        let checksum = result
+            .as_ref()
+            .map(|()| Checksum::of(value))
+            .map_err(Clone::clone);
+        self.finish_write(key, &grant, checksum).await
     }
 
     /// Starts a put or upsert. An upsert refused with `OBJECT_REPLICA_BUSY` (readers hold the
@@ -76,17 +80,26 @@ impl Client {
         }
     }
 
-    /// Ends a write after its transfers: End on success, Abort on failure.
+    /// Ends a write after its transfers: End (with the checksum of the value written) on
+    /// success, Abort on failure.
     pub(super) async fn finish_write(
         &self,
         key: &str,
         grant: &PutGrant,
-        transfer: Result<()>,
+        transfer: Result<Checksum>,
     ) -> Result<()> {
         let client = self.id();
         let (key, write) = (key.to_string(), grant.write_id);
         match transfer {
-            Ok(()) => self.call(PutEnd { client, key, write }).await,
+            Ok(checksum) => {
+                let end = PutEnd {
+                    client,
+                    key,
+                    write,
+                    checksum,
+                };
+                self.call(end).await
+            }
             Err(e) => {
                 if let Err(abort) = self.call(PutAbort { client, key, write }).await {
                     debug!(
@@ -164,12 +177,12 @@ impl Client {
             .collect();
         let (mut ends, mut aborts) = (Vec::new(), Vec::new());
         for (&(i, grant), transfer) in started_ok.iter().zip(transfers) {
-            let entry = (items[i].0.to_string(), grant.write_id);
+            let (key, write) = (items[i].0.to_string(), grant.write_id);
             match transfer {
-                Ok(()) => ends.push((i, entry)),
+                Ok(()) => ends.push((i, (key, write, Checksum::of(items[i].1)))),
                 Err(e) => {
                     results[i] = Err(e);
-                    aborts.push(entry);
+                    aborts.push((key, write));
                 }
             }
         }

@@ -276,7 +276,7 @@ impl DiskTier {
             .map_err(|e| io_error(ErrorCode::FILE_READ_FAIL, "disk recovery scan failed", e))?;
         let mut copies = DiskCopies::new();
         for held in recovered.objects {
-            copies.insert(held.key, held.version, held.len, held.unit);
+            copies.insert(held.key, held.version, held.len, held.checksum, held.unit);
         }
         let (objects, bytes) = copies.usage();
         info!(

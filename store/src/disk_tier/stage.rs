@@ -185,7 +185,7 @@ mod tests {
     use std::time::Duration;
 
     use mooring_core::disk_copies::DiskCopies;
-    use mooring_core::{Millis, staging::StagingSlots};
+    use mooring_core::{Checksum, Millis, staging::StagingSlots};
     use mooring_disk::{FilePerKey, IoMode, PosixDisk};
     use mooring_proto::disk::{Disk, IoBuf, IoResult};
     use mooring_proto::transport::{BoxFuture, Stager};
@@ -264,7 +264,7 @@ mod tests {
         let value: Vec<u8> = (0..100_000).map(|i| (i % 249) as u8).collect();
         store.put("k", 7, &value).await.unwrap();
         let mut copies = DiskCopies::new();
-        copies.insert("k".into(), 7, value.len() as u64, 1);
+        copies.insert("k".into(), 7, value.len() as u64, Checksum::of(&value), 1);
         const STAGING: usize = 1 << 20;
         let memory = MappedMemory::new(STAGING, false).unwrap().into_segment();
         let tier = TierInner {

@@ -168,6 +168,15 @@ fn copy_orders(
                 warn!(key = %order.key, "offload order cannot be stored: {e}");
                 None
             });
+            // A damaged memory copy must not become a disk copy (it would outlive the memory
+            // one); the record's checksum comes from building it, at no extra pass.
+            let record = record.filter(|r| {
+                let intact = r.checksum() == order.checksum;
+                if !intact {
+                    warn!(key = %order.key, "the value in memory fails its checksum; not offloading it");
+                }
+                intact
+            });
             (order, record)
         })
         .collect();
@@ -236,7 +245,7 @@ impl Sink<'_> {
                     pending
                         .offloaded
                         .push((copy.key.clone(), WriteId(copy.version)));
-                    copies.insert(copy.key, copy.version, copy.len, copy.unit);
+                    copies.insert(copy.key, copy.version, copy.len, copy.checksum, copy.unit);
                 }
             }
             Err(e) => failed(
