@@ -17,7 +17,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mooring_core::{Error, ErrorCode, Result};
+use mooring_core::{Checksum, Error, ErrorCode, Result};
 // The export table's lock and key counter: loom's under `--cfg mooring_loom`.
 use crate::sync::{AtomicU64, Ordering, RwLock};
 use crate::wire::{
@@ -87,10 +87,42 @@ pub trait RpcHandler: Send + Sync + 'static {
     fn handle(&self, request: MasterRequest) -> MasterResponse;
 }
 
+/// A piece of a read operation's bytes that landed: which operation (its index in the
+/// request), where in the remote segment the piece starts, its length and its checksum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LandedPiece {
+    /// Index of the operation in the read's `ops`.
+    pub op: usize,
+    /// Remote address of the piece's first byte.
+    pub addr: u64,
+    /// Its length.
+    pub len: u64,
+    /// The checksum of its bytes.
+    pub checksum: Checksum,
+}
+
+/// The checksum of each of `ops` read operations, from the pieces of them that landed (in
+/// any order; an operation with no piece read no bytes).
+pub fn checksums_of(ops: usize, mut pieces: Vec<LandedPiece>) -> Vec<Checksum> {
+    pieces.sort_unstable_by_key(|p| (p.op, p.addr));
+    let mut sums = vec![Checksum::EMPTY; ops];
+    for p in pieces {
+        sums[p.op] = sums[p.op].then(p.checksum, p.len);
+    }
+    sums
+}
+
 /// Batched one-sided transfers to and from nodes' segments.
 pub trait DataPlane: Send + Sync {
-    /// Performs every read against `node`; fails (`TRANSFER_FAIL`) if any fails.
-    fn read<'a>(&'a self, node: &'a NodeAddr, ops: Vec<ReadOp<'a>>) -> BoxFuture<'a, Result<()>>;
+    /// Performs every read against `node`; fails (`TRANSFER_FAIL`) if any fails. Returns the
+    /// checksum of the bytes each operation read, in order, computed as they landed (so the
+    /// pass over them overlaps the rest of the transfer instead of following it), for the
+    /// caller to check against the value's.
+    fn read<'a>(
+        &'a self,
+        node: &'a NodeAddr,
+        ops: Vec<ReadOp<'a>>,
+    ) -> BoxFuture<'a, Result<Vec<Checksum>>>;
     /// Performs every write against `node`; fails (`TRANSFER_FAIL`) if any fails. No byte
     /// may land in the segment later than `valid_for` from now (the writer's fence: after it
     /// the master may give the ranges to another writer), even if the network delays it: a

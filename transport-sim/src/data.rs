@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use mooring_core::{Error, ErrorCode, Result};
+use mooring_core::{Checksum, Error, ErrorCode, Result};
 use mooring_proto::serve::{DataService, SenderClock, Served};
 use mooring_proto::transport::{
-    BoxFuture, DataPlane, DataServer, NodeAddr, ReadOp, SegmentMemory, Stager, WriteOp,
+    BoxFuture, DataPlane, DataServer, LandedPiece, NodeAddr, ReadOp, SegmentMemory, Stager,
+    WriteOp, checksums_of,
 };
 use mooring_proto::wire::{DataReply, DataRequest, DataResponse, Range};
 use tokio::task::JoinHandle;
@@ -202,23 +203,28 @@ fn pieces<'a>(addr: u64, len: usize) -> impl Iterator<Item = (u64, std::ops::Ran
 }
 
 impl DataPlane for SimDataPlane {
-    fn read<'a>(&'a self, node: &'a NodeAddr, ops: Vec<ReadOp<'a>>) -> BoxFuture<'a, Result<()>> {
+    fn read<'a>(
+        &'a self,
+        node: &'a NodeAddr,
+        ops: Vec<ReadOp<'a>>,
+    ) -> BoxFuture<'a, Result<Vec<Checksum>>> {
         Box::pin(async move {
-            let mut split: Vec<(u64, &mut [u8])> = Vec::new();
-            for op in ops {
+            let count = ops.len();
+            let mut split: Vec<(u64, (usize, &mut [u8]))> = Vec::new();
+            for (index, op) in ops.into_iter().enumerate() {
                 let mut rest = op.dest;
                 for (addr, range) in pieces(op.addr, rest.len()) {
                     let (head, tail) = std::mem::take(&mut rest).split_at_mut(range.len());
-                    split.push((addr, head));
+                    split.push((addr, (index, head)));
                     rest = tail;
                 }
             }
-            let requests = groups(split, |d| d.len())
+            let requests = groups(split, |(_, d)| d.len())
                 .into_iter()
                 .map(|group| async move {
                     let ranges: Vec<Range> = group
                         .iter()
-                        .map(|(addr, d)| Range {
+                        .map(|(addr, (_, d))| Range {
                             addr: *addr,
                             len: d.len() as u64,
                         })
@@ -233,7 +239,7 @@ impl DataPlane for SimDataPlane {
                             &[],
                         )
                         .await?;
-                    let expected: usize = group.iter().map(|(_, d)| d.len()).sum();
+                    let expected: usize = group.iter().map(|(_, (_, d))| d.len()).sum();
                     if data.len() != expected {
                         return Err(Error::new(
                             ErrorCode::TRANSFER_FAIL,
@@ -245,14 +251,27 @@ impl DataPlane for SimDataPlane {
                         ));
                     }
                     let mut at = 0;
-                    for (_, dest) in group {
+                    let mut landed = Vec::with_capacity(group.len());
+                    for (addr, (op, dest)) in group {
                         let len = dest.len();
                         dest.copy_from_slice(&data[at..at + len]);
                         at += len;
+                        let checksum = Checksum::of(dest);
+                        let len = len as u64;
+                        landed.push(LandedPiece {
+                            op,
+                            addr,
+                            len,
+                            checksum,
+                        });
                     }
-                    Ok(())
+                    Ok(landed)
                 });
-            join_all(requests).await.into_iter().collect()
+            let landed: Vec<Vec<LandedPiece>> = join_all(requests)
+                .await
+                .into_iter()
+                .collect::<Result<_>>()?;
+            Ok(checksums_of(count, landed.into_iter().flatten().collect()))
         })
     }
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use madsim::runtime::Runtime;
-use mooring_core::ErrorCode;
+use mooring_core::{Checksum, ErrorCode};
 use mooring_proto::transport::{
     ControlPlane, DataPlane, DataServer, ReadOp, RpcHandler, SegmentMemory, WriteOp,
 };
@@ -182,22 +182,25 @@ fn transfers_move_exact_bytes_and_refuse_dead_keys() {
             .unwrap();
             let mut back = vec![0u8; big.len()];
             let mut tail = [0u8; 4];
-            data.read(
-                &node,
-                vec![
-                    ReadOp {
-                        addr: base,
-                        dest: &mut back,
-                    },
-                    ReadOp {
-                        addr: base + (2 << 20),
-                        dest: &mut tail,
-                    },
-                ],
-            )
-            .await
-            .unwrap();
+            let sums = data
+                .read(
+                    &node,
+                    vec![
+                        ReadOp {
+                            addr: base,
+                            dest: &mut back,
+                        },
+                        ReadOp {
+                            addr: base + (2 << 20),
+                            dest: &mut tail,
+                        },
+                    ],
+                )
+                .await
+                .unwrap();
             assert!(back == big && &tail == b"tail");
+            // Each operation's checksum, assembled from the pieces it was cut into.
+            assert_eq!(sums, [Checksum::of(&big), Checksum::of(b"tail")]);
 
             let outside = data
                 .write(

@@ -13,11 +13,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use mooring_core::{Error, ErrorCode, Result};
+use mooring_core::{Checksum, Error, ErrorCode, Result};
 use mooring_proto::auth::ClusterToken;
 use mooring_proto::serve::{DataService, Ranges, Served};
 use mooring_proto::transport::{
-    BoxFuture, DataPlane, DataServer, NodeAddr, ReadOp, SegmentMemory, Stager, WriteOp,
+    BoxFuture, DataPlane, DataServer, LandedPiece, NodeAddr, ReadOp, SegmentMemory, Stager,
+    WriteOp, checksums_of,
 };
 use mooring_proto::wire::{DataReply, DataRequest, DataResponse, Range};
 use tokio::net::TcpListener;
@@ -320,9 +321,19 @@ const MAX_IDLE_PER_NODE: usize = 32;
 
 /// One lane of a (possibly striped) transfer: ranges and their local buffers.
 enum Lane<'a> {
-    Read(Vec<(u64, &'a mut [u8])>),
+    Read(Vec<(u64, ReadPiece<'a>)>),
     Write(Vec<(u64, &'a [u8])>),
 }
+
+/// A piece of a read operation's destination, remembering which operation it belongs to.
+struct ReadPiece<'a> {
+    op: usize,
+    dest: &'a mut [u8],
+}
+
+/// Bytes received between checksum updates: small enough that a piece is summed while it is
+/// still in cache, and while the lanes' other bytes are still arriving.
+const SUM_STEP: usize = 128 * 1024;
 
 impl TcpDataPlane {
     /// A data plane that recognises this process's segments through `local`.
@@ -434,9 +445,16 @@ impl TcpDataPlane {
     }
 
     /// Runs one lane; writes must have landed by `deadline` (see [`DataPlane::write`]).
-    async fn run_lane(&self, node: &NodeAddr, lane: Lane<'_>, deadline: Instant) -> Result<()> {
+    /// Runs one lane; a read lane returns the pieces that landed, with their checksums.
+    async fn run_lane(
+        &self,
+        node: &NodeAddr,
+        lane: Lane<'_>,
+        deadline: Instant,
+    ) -> Result<Vec<LandedPiece>> {
+        let mut landed = Vec::new();
         let bytes: usize = match &lane {
-            Lane::Read(ops) => ops.iter().map(|o| o.1.len()).sum(),
+            Lane::Read(ops) => ops.iter().map(|o| o.1.size()).sum(),
             Lane::Write(ops) => ops.iter().map(|o| o.1.len()).sum(),
         };
         let budget = self.config.timeout + self.config.timeout_per_mib * (bytes >> 20) as u32;
@@ -514,16 +532,26 @@ impl TcpDataPlane {
                             return Err(fail(format!("reply {reply_id} out of order")));
                         }
                         result?;
-                        for (_, dest) in chunk.iter_mut() {
-                            conn.read_exact(dest)
-                                .await
-                                .map_err(|e| fail(format!("receive failed: {e}")))?;
+                        for (addr, piece) in chunk.iter_mut() {
+                            let mut checksum = Checksum::EMPTY;
+                            for step in piece.dest.chunks_mut(SUM_STEP) {
+                                conn.read_exact(step)
+                                    .await
+                                    .map_err(|e| fail(format!("receive failed: {e}")))?;
+                                checksum = checksum.append(step);
+                            }
+                            landed.push(LandedPiece {
+                                op: piece.op,
+                                addr: *addr,
+                                len: piece.dest.len() as u64,
+                                checksum,
+                            });
                         }
                     }
                 }
             }
             self.checkin(node, data_conn);
-            Ok(())
+            Ok(landed)
         };
         match tokio::time::timeout(budget, transfer).await {
             Ok(result) => result,
@@ -588,6 +616,17 @@ impl SplitBuf for &mut [u8] {
     }
 }
 
+impl SplitBuf for ReadPiece<'_> {
+    fn size(&self) -> usize {
+        self.dest.len()
+    }
+    fn split(self, at: usize) -> (Self, Self) {
+        let (head, tail) = self.dest.split_at_mut(at);
+        let op = self.op;
+        (ReadPiece { op, dest: head }, ReadPiece { op, dest: tail })
+    }
+}
+
 impl SplitBuf for &[u8] {
     fn size(&self) -> usize {
         self.len()
@@ -602,14 +641,20 @@ fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86_400)
 }
 
-fn first_error(results: Vec<Result<()>>) -> Result<()> {
-    results.into_iter().collect()
+fn first_error(results: Vec<Result<Vec<LandedPiece>>>) -> Result<Vec<LandedPiece>> {
+    let lanes: Vec<Vec<LandedPiece>> = results.into_iter().collect::<Result<_>>()?;
+    Ok(lanes.into_iter().flatten().collect())
 }
 
 impl DataPlane for TcpDataPlane {
-    fn read<'a>(&'a self, node: &'a NodeAddr, ops: Vec<ReadOp<'a>>) -> BoxFuture<'a, Result<()>> {
+    fn read<'a>(
+        &'a self,
+        node: &'a NodeAddr,
+        ops: Vec<ReadOp<'a>>,
+    ) -> BoxFuture<'a, Result<Vec<Checksum>>> {
         Box::pin(async move {
             if let Some(segment) = self.local_segment(node) {
+                let mut sums = Vec::with_capacity(ops.len());
                 for op in ops {
                     if !segment.copy_out(op.addr, op.dest) {
                         return Err(Error::new(
@@ -617,16 +662,23 @@ impl DataPlane for TcpDataPlane {
                             format!("read {:#x}+{} outside the segment", op.addr, op.dest.len()),
                         ));
                     }
+                    sums.push(Checksum::of(op.dest));
                 }
-                return Ok(());
+                return Ok(sums);
             }
-            let ops: Vec<(u64, &mut [u8])> = ops.into_iter().map(|o| (o.addr, o.dest)).collect();
-            let total: usize = ops.iter().map(|o| o.1.len()).sum();
+            let count = ops.len();
+            let ops: Vec<(u64, ReadPiece<'_>)> = ops
+                .into_iter()
+                .enumerate()
+                .map(|(op, o)| (o.addr, ReadPiece { op, dest: o.dest }))
+                .collect();
+            let total: usize = ops.iter().map(|o| o.1.size()).sum();
             let lanes = self.lanes_for(total as u64);
             let runs = split_lanes(ops, lanes)
                 .into_iter()
                 .map(|lane| self.run_lane(node, Lane::Read(lane), far_future()));
-            first_error(join_all(runs).await)
+            let landed = first_error(join_all(runs).await)?;
+            Ok(checksums_of(count, landed))
         })
     }
 
@@ -655,7 +707,7 @@ impl DataPlane for TcpDataPlane {
             let runs = split_lanes(ops, lanes)
                 .into_iter()
                 .map(|lane| self.run_lane(node, Lane::Write(lane), deadline));
-            first_error(join_all(runs).await)
+            first_error(join_all(runs).await).map(drop)
         })
     }
 

@@ -99,11 +99,12 @@ impl Client {
                         addr: replica.addr,
                         dest: &mut *buf,
                     };
-                    self.inner.data.read(node, vec![op]).await
+                    let sums = self.inner.data.read(node, vec![op]).await;
+                    sums.and_then(|sums| one_sum(&sums))
                 }
                 Medium::Disk => self.read_disk(node, key, replica.addr, buf).await,
             };
-            let read = read.and_then(|()| verify(key, replica, checksum, buf));
+            let read = read.and_then(|got| verify(key, replica, checksum, got));
             match read {
                 Ok(()) => return Ok(()),
                 Err(e) => {
@@ -117,14 +118,14 @@ impl Client {
 
     /// Reads `key`'s disk copy from `node`: the node stages it, this client pulls it from the
     /// staging buffer with a one-sided read, then frees the slot (the node reclaims it after
-    /// its TTL if the unstage is lost).
+    /// its TTL if the unstage is lost). Returns the checksum of the bytes read.
     pub(super) async fn read_disk(
         &self,
         node: &NodeAddr,
         key: &str,
         write: u64,
         buf: &mut [u8],
-    ) -> Result<()> {
+    ) -> Result<Checksum> {
         let asked = Instant::now();
         let staged = self
             .inner
@@ -156,14 +157,14 @@ impl Client {
         if let Err(e) = self.inner.data.unstage(node, staged.slot).await {
             debug!(endpoint = %node.endpoint, "unstage failed (the node reclaims the slot): {e}");
         }
-        read?;
+        let sum = one_sum(&read?)?;
         if !in_time {
             return Err(Error::new(
                 ErrorCode::TRANSFER_FAIL,
                 format!("the read of {key:?}'s staged disk copy outlived its slot's TTL; retry"),
             ));
         }
-        Ok(())
+        Ok(sum)
     }
 
     /// Replicas in the order to try them: memory before disk, this node's own segment first,
@@ -337,33 +338,33 @@ impl Client {
             let (keys, ops): (Vec<usize>, Vec<ReadOp<'_>>) = ops.into_iter().unzip();
             (keys, self.inner.data.read(node, ops).await)
         });
-        for (keys, outcome) in join_all(reads).await {
-            if let Err(e) = outcome {
-                debug!("batch read from a node failed, retrying its keys one by one: {e}");
-                failed.extend(keys);
+        for (indices, outcome) in join_all(reads).await {
+            match outcome {
+                Ok(sums) if sums.len() == indices.len() => {
+                    // Keys whose bytes are damaged are retried one by one too (from another
+                    // replica).
+                    for (i, sum) in indices.into_iter().zip(sums) {
+                        let expected = lists[i].as_ref().map(|l| l.checksum);
+                        if expected.is_ok_and(|expected| expected != sum) {
+                            warn!(
+                                key = keys[i],
+                                "a replica failed its checksum; reading another"
+                            );
+                            failed.push(i);
+                        }
+                    }
+                }
+                Ok(_) => {
+                    debug!("a data plane answered a batch read with the wrong number of checksums");
+                    failed.extend(indices);
+                }
+                Err(e) => {
+                    debug!("batch read from a node failed, retrying its keys one by one: {e}");
+                    failed.extend(indices);
+                }
             }
         }
         drop(slots);
-        // Keys whose bytes are damaged are retried one by one too (from another replica).
-        failed.sort_unstable();
-        let read_whole: Vec<usize> = per_node
-            .values()
-            .flatten()
-            .map(|&(i, _)| i)
-            .filter(|i| failed.binary_search(i).is_err())
-            .collect();
-        for i in read_whole {
-            let (Some(dest), Ok(list)) = (dests[i].as_deref(), &lists[i]) else {
-                continue;
-            };
-            if Checksum::of(dest) != list.checksum {
-                warn!(
-                    key = keys[i],
-                    "a replica failed its checksum; reading another"
-                );
-                failed.push(i);
-            }
-        }
         // The rest concurrently (a disk read each, typically: the nodes' disks see them
         // all at once).
         failed.sort_unstable();
@@ -401,10 +402,9 @@ impl Client {
     }
 }
 
-/// Checks the bytes read from `replica` of `key` against the value's checksum: a mismatch
+/// Checks the checksum of the bytes read from `replica` of `key` against the value's: a mismatch
 /// means that replica is damaged (`INVALID_REPLICA`; the caller reads another).
-fn verify(key: &str, replica: &ReplicaDescriptor, expected: Checksum, bytes: &[u8]) -> Result<()> {
-    let got = Checksum::of(bytes);
+fn verify(key: &str, replica: &ReplicaDescriptor, expected: Checksum, got: Checksum) -> Result<()> {
     if got == expected {
         return Ok(());
     }
@@ -417,6 +417,17 @@ fn verify(key: &str, replica: &ReplicaDescriptor, expected: Checksum, bytes: &[u
             replica.segment, replica.medium
         ),
     ))
+}
+
+/// The checksum of a one-operation read.
+fn one_sum(sums: &[Checksum]) -> Result<Checksum> {
+    match sums {
+        [sum] => Ok(*sum),
+        _ => Err(Error::new(
+            ErrorCode::INTERNAL_ERROR,
+            format!("a one-operation read reported {} checksums", sums.len()),
+        )),
+    }
 }
 
 /// The length of the value a replica list describes, checked before anything is allocated or
