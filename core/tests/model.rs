@@ -48,6 +48,12 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (c.clone(), any::<u8>()).prop_map(|(client, task)| Op::TaskRevoke { client, task }),
         1 => Just(Op::Snapshot),
         1 => any::<u8>().prop_map(|kind| Op::BadInput { kind }),
+        8 => (0u8..4, prop_oneof![6 => 0u8..5, 1 => 128u8..133], any::<u8>()).prop_map(|(segment, want, dice)| Op::DiskSync {
+            segment,
+            want,
+            fail: dice % 16 == 0,
+            evict: dice % 8 == 1,
+        }),
     ]
 }
 
@@ -124,7 +130,24 @@ fn random_interaction_reaches_every_path() {
         "abort",
         "evict",
         "evict-soft-pinned",
+        "evict-to-disk",
+        "read-disk",
+        "disk-order",
+        "disk-order-late",
+        "disk-order-failed",
+        "disk-offloaded",
+        "disk-offload-stale",
+        "disk-evict",
+        "disk-evict-object",
+        "disk-tombstone-carried-out",
+        "disk-copy-departed",
+        "disk-ghost",
+        "disk-recovery-report",
+        "disk-recovered",
+        "disk-recovered-adopted",
+        "disk-recovered-refused",
     ];
+    eprintln!("coverage over 120 runs: {total:?}");
     let missing: Vec<&str> = required
         .iter()
         .copied()
