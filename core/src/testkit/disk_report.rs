@@ -130,6 +130,12 @@ impl Harness {
             let (version, _) = files.get(&(key.to_string(), write.0)).ok_or_else(|| {
                 format!("{name:?} recovered {key:?} {write}, which it never wrote")
             })?;
+            // Holds taken on the object that went away do not hold the adopted one.
+            for hold in self.model.holds.values_mut() {
+                if hold.key == key && hold.write_id == write {
+                    hold.write_id = WriteId(u64::MAX);
+                }
+            }
             let mut object = MObject::new(size, owner, write);
             object.version = Some(*version);
             object.disk = Some(seg);

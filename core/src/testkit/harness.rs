@@ -290,10 +290,12 @@ impl Harness {
                 self.master.heartbeat(client, self.now);
                 self.model.touch(client, self.now);
             }
+            self.model.mark_maybe_queued(self.now);
             self.tick()?;
             invariants::check(&self.master).map_err(|v| v.to_string())?;
             self.now = self.now + Millis(100);
         }
+        self.model.mark_maybe_queued(self.now);
         self.tick()?;
         let stats = self.master.stats();
         ensure(stats.writing == 0, || {
