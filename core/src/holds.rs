@@ -23,6 +23,10 @@ pub(crate) struct Hold {
     pub write: WriteId,
 }
 
+/// The slot of a hold whose object went away and whose slot and write now name another
+/// object (see [`Master::detach_holds`]): no object is ever in it.
+const DETACHED: u32 = u32::MAX;
+
 /// Outstanding held reads.
 #[derive(Clone, Debug, Default, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub(crate) struct Holds {
@@ -94,6 +98,17 @@ impl Master {
         for id in mine {
             let held = self.holds.by_id.remove(&id).expect("listed hold");
             self.unhold(held);
+        }
+    }
+
+    /// The object just put in `slot` is new but holds an old write, `write` (a disk copy
+    /// adopted after its object went away): holds taken on the object that went away are
+    /// not holds on this one, so they stop naming it (releasing them stays fine).
+    pub(crate) fn detach_holds(&mut self, slot: u32, write: WriteId) {
+        for hold in self.holds.by_id.values_mut() {
+            if hold.slot == slot && hold.write == write {
+                hold.slot = DETACHED;
+            }
         }
     }
 

@@ -504,6 +504,9 @@ impl Master {
                     .objects
                     .insert(Object::new(key, size, client, write, now));
                 self.objects.set_checksum(slot, checksum);
+                // Its old incarnation may have been held when it went away: the same slot and
+                // write must not make those holds count against the new object.
+                self.detach_holds(slot, write);
                 self.set_disk_copy(slot, seg);
                 // Write ids stay unique: later writes get higher ones.
                 self.counters.next_write = self.counters.next_write.max(write.0);

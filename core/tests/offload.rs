@@ -664,3 +664,36 @@ fn snapshots_carry_the_disk_tier() {
         .collect();
     assert_eq!(media, vec![Medium::Disk]);
 }
+
+/// Regression (found by the model test's disk tier): a hold outlives its object when the
+/// object's node goes away, and recovery re-creates the object with the same write id, often
+/// in the same slot. The old hold must not attach to the adopted object (its hold count was
+/// 0 while the hold table said 1, and releasing the hold would underflow it).
+#[test]
+fn a_hold_on_a_lost_object_does_not_attach_to_its_recovered_copy() {
+    let mut f = write_through();
+    let g = f.put(A, "k", 4 * KIB, &one());
+    assert_eq!(offload_all(&mut f, "seg0"), vec!["k".to_string()]);
+    let (hold, _) = f.m.acquire_hold(A, "k", f.now).unwrap();
+    f.check();
+    // The node goes away with the only copies: the object is lost, its disk copy a ghost.
+    f.m.unmount_segment(NODE, "seg0", f.now).unwrap();
+    f.check();
+    assert_eq!(code(f.get("k")), ErrorCode::OBJECT_NOT_FOUND);
+    f.mount("seg0", MIB);
+    // The node restarts and reports its copy: adopted, with the same write id.
+    sync(
+        &mut f,
+        "seg0",
+        DiskReport {
+            recovered: vec![("k".into(), g.write_id, 4 * KIB, sum_of("k"))],
+            ..DiskReport::default()
+        },
+    );
+    assert_eq!(media(&mut f, "k"), vec![Medium::Disk]);
+    // Releasing the old hold is fine and leaves the new object unheld: it can be removed.
+    f.m.release_hold(A, hold, f.now).unwrap();
+    f.check();
+    f.advance(Millis::from_secs(6));
+    f.remove("k").unwrap();
+}

@@ -8,6 +8,20 @@ use crate::ids::{ClientId, SegmentId};
 use crate::segments::block_len;
 use crate::time::Millis;
 
+/// Eviction tiers, in the order eviction takes them.
+const ON_DISK: u8 = 0;
+const UNPINNED: u8 = 1;
+const SOFT: u8 = 2;
+
+/// The eviction tier of a candidate.
+fn tier(soft_pinned: bool, on_disk: bool) -> u8 {
+    match (soft_pinned, on_disk) {
+        (true, _) => SOFT,
+        (false, true) => ON_DISK,
+        (false, false) => UNPINNED,
+    }
+}
+
 impl Harness {
     pub(super) fn no_events(&mut self, what: &str) -> Result<(), String> {
         let events = self.master.drain_events();
@@ -27,7 +41,7 @@ impl Harness {
         exempt: Option<&str>,
     ) -> Result<(), String> {
         let now = self.now;
-        let mut evicted: Vec<(Millis, bool)> = Vec::new();
+        let mut evicted: Vec<(Millis, u8)> = Vec::new();
         let mut lost_replicas: Vec<(SegmentId, u64)> = Vec::new();
         let mut expiring: Option<ClientId> = None;
         for event in &events {
@@ -87,7 +101,22 @@ impl Harness {
                     })?;
                     lost_replicas.push((segment, on_segment));
                     self.hit("object-lost");
-                    self.model.objects.remove(&*key);
+                    let object = self.model.objects.remove(&*key).expect("exists");
+                    if object.disk == Some(segment) {
+                        // It went with its node's disk: the node may bring it back.
+                        let name = self
+                            .model
+                            .segment_by_id(segment)
+                            .map(|(n, _)| n.clone())
+                            .ok_or_else(|| format!("{key:?} lost on an unknown segment"))?;
+                        let version = object.version.expect("a disk copy is of a complete value");
+                        self.model.bury_ghost(&key);
+                        self.model.ghosts.insert(
+                            key.to_string(),
+                            (name, object.write_id, version, object.size),
+                        );
+                        self.hit("disk-ghost");
+                    }
                 }
                 Event::SegmentUnmounted {
                     segment,
@@ -111,17 +140,29 @@ impl Harness {
                         .filter(|(s, _)| *s == segment)
                         .map(|(_, n)| n)
                         .sum();
+                    let mut departed = Vec::new();
                     for (key, o) in &mut self.model.objects {
                         let before = o.replicas.len();
                         o.replicas.retain(|r| r.segment != segment);
                         dropped += (before - o.replicas.len()) as u64;
+                        if o.disk == Some(segment) {
+                            // The object lives on in memory and may change before the node
+                            // returns: its disk copy is deleted when it does.
+                            o.disk = None;
+                            departed.push((key.clone(), o.write_id));
+                        }
                         let lost = if o.writing.is_some() {
-                            o.replicas.is_empty()
+                            o.replicas.is_empty() && o.disk.is_none()
                         } else {
-                            !o.has_complete()
+                            !o.readable()
                         };
                         ensure(!lost, || format!("{key:?} lost without an event"))?;
                     }
+                    for (key, write) in departed {
+                        self.hit("disk-copy-departed");
+                        self.model.tombstone(&name, &key, write);
+                    }
+                    self.model.disk_segments.remove(&segment);
                     let lost = lost_replicas.iter().filter(|(s, _)| *s == segment).count() as u64;
                     ensure(lost == objects_lost, || {
                         format!("{name:?} reported {objects_lost} objects lost, model saw {lost}")
@@ -168,7 +209,7 @@ impl Harness {
                         DiscardCause::Preempted | DiscardCause::Aborted => {}
                         DiscardCause::ReplicasLost => {
                             return Err(format!(
-                                "{key:?}: a disk-tier event in a model without disks"
+                                "{key:?}: a prefetch lost its target, but the harness never prefetches"
                             ));
                         }
                     }
@@ -181,7 +222,10 @@ impl Harness {
                         .copied()
                         .collect();
                     object.replicas.retain(|r| r.complete);
-                    let (size, empty) = (object.size, object.replicas.is_empty());
+                    let (size, empty) = (
+                        object.size,
+                        object.replicas.is_empty() && object.disk.is_none(),
+                    );
                     ensure(empty == object_removed, || {
                         format!("{key:?} removal {object_removed}")
                     })?;
@@ -199,18 +243,18 @@ impl Harness {
                     contiguous,
                     kept_on_disk,
                 } => {
-                    ensure(!kept_on_disk, || {
-                        format!("{key:?} kept on disk, but the harness mounts no disk")
-                    })?;
                     let object = self
                         .model
                         .objects
                         .get(&*key)
                         .ok_or_else(|| format!("evicted unknown {key:?}"))?;
-                    let tier = object.eviction_tier(now);
-                    ensure(tier == Some(soft_pinned), || {
+                    ensure(kept_on_disk == object.disk.is_some(), || {
+                        format!("evicted {key:?} (kept on disk {kept_on_disk}): {object:?}")
+                    })?;
+                    let class = object.eviction_tier(now);
+                    ensure(class == Some(soft_pinned), || {
                         format!(
-                            "evicted {key:?} (soft {soft_pinned}) but its tier is {tier:?}: {object:?}"
+                            "evicted {key:?} (soft {soft_pinned}) but its tier is {class:?}: {object:?}"
                         )
                     })?;
                     ensure(!soft_pinned || self.config.allow_evict_soft_pinned, || {
@@ -229,43 +273,56 @@ impl Harness {
                         )?;
                         self.hit("evict-window");
                     } else {
-                        evicted.push((object.last_access, soft_pinned));
+                        evicted.push((object.last_access, tier(soft_pinned, kept_on_disk)));
                         self.hit(if soft_pinned {
                             "evict-soft-pinned"
                         } else {
                             "evict"
                         });
                     }
-                    self.model_remove(&key);
+                    if kept_on_disk {
+                        // Only its memory goes: it lives on, readable from disk.
+                        self.hit("evict-to-disk");
+                        let grace = self.config.lease_grace;
+                        let object = self.model.objects.get_mut(&*key).expect("exists");
+                        let replicas = std::mem::take(&mut object.replicas);
+                        let (size, done) = (object.size, object.readers_done_at(grace));
+                        object.leased = false;
+                        self.model.reserve_for_readers(&replicas, size, done);
+                    } else {
+                        self.model_remove(&key);
+                    }
                 }
             }
         }
         if let Some(client) = expiring.take() {
             self.release_dead_client(client);
         }
-        // Order: least recently used first within a tier, every unpinned candidate before any
-        // soft-pinned one.
-        for soft in [false, true] {
-            let Some(newest) = evicted.iter().filter(|e| e.1 == soft).map(|e| e.0).max() else {
+        // Order: least recently used first within a tier, and a tier only once the one before
+        // is used up: unpinned objects with a disk copy (dropping their memory loses nothing),
+        // then other unpinned ones, then (if allowed) soft-pinned ones. Objects the master may
+        // have queued for offload instead are excused: the model cannot see its queues.
+        for t in [ON_DISK, UNPINNED, SOFT] {
+            let Some(newest) = evicted.iter().filter(|e| e.1 == t).map(|e| e.0).max() else {
                 continue;
             };
             for (key, o) in &self.model.objects {
-                if Some(key.as_str()) == exempt {
+                if Some(key.as_str()) == exempt || o.maybe_queued {
                     continue;
                 }
-                if o.eviction_tier(now) == Some(soft) {
-                    ensure(o.last_access >= newest, || {
-                        format!(
-                            "evicted an object used at {newest} but kept {key:?} used at {}",
-                            o.last_access
-                        )
-                    })?;
-                }
-                if soft {
-                    ensure(o.eviction_tier(now) != Some(false), || {
-                        format!("evicted soft-pinned objects but kept unpinned {key:?}")
-                    })?;
-                }
+                let Some(soft) = o.eviction_tier(now) else {
+                    continue;
+                };
+                let kept = tier(soft, o.disk.is_some());
+                ensure(kept != t || o.last_access >= newest, || {
+                    format!(
+                        "evicted an object used at {newest} but kept {key:?} used at {}",
+                        o.last_access
+                    )
+                })?;
+                ensure(kept >= t, || {
+                    format!("evicted from tier {t} but kept {key:?} of tier {kept}")
+                })?;
             }
         }
         Ok(())

@@ -5,6 +5,7 @@
 //! The [`Op::Snapshot`] step lives here too: it swaps in the restored master, which must be
 //! identical.
 
+use super::disk::NodeDisk;
 use super::memory::{self, Memory};
 use super::model::Model;
 use super::ops::Op;
@@ -70,6 +71,8 @@ pub struct Harness {
     pub(super) next_base: u64,
     steps: usize,
     pub(super) coverage: std::collections::BTreeMap<&'static str, u64>,
+    /// Each segment name's node disk (it outlives the segment's mounts).
+    pub(super) disks: std::collections::BTreeMap<String, NodeDisk>,
     /// The last steps, with the events they produced, for failure reports.
     trace: std::collections::VecDeque<String>,
 }
@@ -90,6 +93,7 @@ impl Harness {
             next_base: 1 << 32,
             steps: 0,
             coverage: Default::default(),
+            disks: Default::default(),
             trace: Default::default(),
         };
         for (client, segment) in [(0, 0), (1, 1), (2, 2)] {
@@ -176,6 +180,7 @@ impl Harness {
         self.steps += 1;
         let now = self.now;
         self.note(format!("{now} {op:?}"));
+        self.model.mark_maybe_queued(now);
         match *op {
             Op::Advance { ms } => {
                 self.now = now
@@ -254,7 +259,14 @@ impl Harness {
             Op::TaskRevoke { client, task } => self.task_finish(client, task, false),
             Op::Snapshot => self.snapshot(),
             Op::BadInput { kind } => self.bad_input(kind),
+            Op::DiskSync {
+                segment,
+                want,
+                fail,
+                evict,
+            } => self.disk_sync(segment, want, fail, evict),
         }?;
+        self.model.mark_maybe_queued(self.now);
         invariants::check(&self.master).map_err(|v| v.to_string())?;
         self.check_agreement()
     }
@@ -278,10 +290,12 @@ impl Harness {
                 self.master.heartbeat(client, self.now);
                 self.model.touch(client, self.now);
             }
+            self.model.mark_maybe_queued(self.now);
             self.tick()?;
             invariants::check(&self.master).map_err(|v| v.to_string())?;
             self.now = self.now + Millis(100);
         }
+        self.model.mark_maybe_queued(self.now);
         self.tick()?;
         let stats = self.master.stats();
         ensure(stats.writing == 0, || {
@@ -315,21 +329,30 @@ impl Harness {
             .values()
             .filter(|o| o.writing.is_some())
             .count() as u64;
+        let disk_replicas = self
+            .model
+            .objects
+            .values()
+            .filter(|o| o.disk.is_some())
+            .count() as u64;
         ensure(
             stats.objects == self.model.objects.len() as u64
                 && stats.writing == writing
                 && stats.segments == self.model.segments.len() as u64
                 && stats.clients == self.model.clients.len() as u64
                 && stats.tasks == self.model.tasks.len() as u64
-                && stats.holds == self.model.holds.len() as u64,
+                && stats.holds == self.model.holds.len() as u64
+                && stats.disk_replicas == disk_replicas
+                && stats.disk_tombstones == self.model.tombstone_count() as u64,
             || {
                 format!(
-                    "master {stats:?} disagrees with model: {} objects ({writing} writing), {} segments, {} clients, {} tasks, {} holds",
+                    "master {stats:?} disagrees with model: {} objects ({writing} writing), {} segments, {} clients, {} tasks, {} holds, {disk_replicas} disk copies, {} tombstones",
                     self.model.objects.len(),
                     self.model.segments.len(),
                     self.model.clients.len(),
                     self.model.tasks.len(),
-                    self.model.holds.len()
+                    self.model.holds.len(),
+                    self.model.tombstone_count()
                 )
             },
         )

@@ -11,15 +11,25 @@
 //! issued earlier and carried out later, inside its lease, the bytes of the version current
 //! when it was issued. Torn, stale or foreign bytes fail the run.
 //!
+//! It also plays each segment name's node disk (the SSD tier), driving the core's own
+//! node-side policy ([`DiskCopies`](crate::disk_copies::DiskCopies)) as the real node does:
+//! offload orders are copied out of memory inside their lease, written, evicted from disk in
+//! two phases, deleted by tombstone, and reported as recovered after every (re)mount. The
+//! model predicts which objects have disk copies (so reads of disk replicas are judged by
+//! content too), disk-only objects after eviction, the tombstones, and which recovered
+//! copies the master adopts.
+//!
 //! By concern: `ops` (the operations and their decoding), `harness` (the state and its
 //! stepping), `membership`, `writes`, `reads`, `holds`, `removal`, `tasks` (copy and move),
-//! `bad_input`, `events` (what the master reports, evictions included) and `fuzz` (the fuzz
-//! entry points and the sample snapshot).
+//! `disk` (the node disks and disk syncs), `disk_report` (the model's prediction of a sync), `bad_input`, `events` (what the master reports,
+//! evictions included) and `fuzz` (the fuzz entry points and the sample snapshot).
 
 pub mod memory;
 pub mod model;
 
 mod bad_input;
+mod disk;
+mod disk_report;
 mod events;
 mod fuzz;
 mod harness;
@@ -84,11 +94,12 @@ pub fn harness_config(seed: u64) -> MasterConfig {
         client_ttl: Millis(1200),
         max_key_len: 64,
         max_replicas: 4,
-        // The model has no disks (the SSD tier is tested in tests/offload.rs and the
-        // simulation), so these change nothing here.
+        // The harness plays a small disk for each segment name ([`Op::DiskSync`]): eviction
+        // offloads to it, and disk-only objects, disk eviction, tombstones and recovery are
+        // judged by the model like everything else.
         offload_on_evict: true,
         offload_write_through: false,
-        offload_ahead_watermark: 0.6,
+        offload_ahead_watermark: 0.3,
     }
 }
 

@@ -9,7 +9,7 @@
 // Plain data mirrored from the master; the fields are named after what they mirror.
 #![allow(missing_docs)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::ids::{ClientId, SegmentId, TaskId, WriteId};
 use crate::segments::block_len;
@@ -62,6 +62,13 @@ pub struct MObject {
     pub task: Option<TaskId>,
     /// A reader got a lease on the current replicas.
     pub leased: bool,
+    /// The segment whose node holds the current value on disk (the master's disk replica).
+    pub disk: Option<SegmentId>,
+    /// Its node failed to offload it, or evicted its disk copy: never queued again.
+    pub offload_failed: bool,
+    /// The master may have queued it for offload (silently, during an eviction pass or a
+    /// disk sync): eviction passes it over, so the eviction order checks excuse it.
+    pub maybe_queued: bool,
 }
 
 impl MObject {
@@ -75,6 +82,34 @@ impl MObject {
 
     pub fn has_complete(&self) -> bool {
         self.replicas.iter().any(|r| r.complete)
+    }
+
+    /// Whether a reader is served: a complete memory replica, or the disk copy.
+    pub fn readable(&self) -> bool {
+        self.has_complete() || self.disk.is_some()
+    }
+
+    /// A fresh object with nothing in memory yet.
+    pub fn new(size: u64, writer: ClientId, write_id: WriteId) -> MObject {
+        MObject {
+            size,
+            replicas: Vec::new(),
+            writing: None,
+            writer,
+            write_id,
+            version: None,
+            lease_expiry: Millis::ZERO,
+            last_access: Millis::ZERO,
+            soft_ttl: Millis::ZERO,
+            soft_expiry: Millis::ZERO,
+            hard: false,
+            holds: 0,
+            task: None,
+            leased: false,
+            disk: None,
+            offload_failed: false,
+            maybe_queued: false,
+        }
     }
 
     /// Eviction tier at `now`: None if not a candidate, Some(false) unpinned, Some(true)
@@ -157,6 +192,16 @@ pub struct Model {
     pub reserved: Vec<Reserved>,
     pub tasks: BTreeMap<TaskId, MTask>,
     pub holds: BTreeMap<crate::ids::HoldId, MHold>,
+    /// Disk copies the master dropped and their nodes have not confirmed deleting, by
+    /// segment name (the master's tombstones).
+    pub tombstones: BTreeMap<String, BTreeSet<(String, WriteId)>>,
+    /// Key -> the disk copy of an object that went away with its node: (segment name, write,
+    /// version, size). The node may bring it back.
+    pub ghosts: BTreeMap<String, (String, WriteId, u64, u64)>,
+    /// Segment names whose disks the master has synced with.
+    pub known_disks: BTreeSet<String>,
+    /// Mounted segments whose node announced a disk (they have an offload queue).
+    pub disk_segments: BTreeSet<SegmentId>,
 }
 
 impl Model {
@@ -168,6 +213,70 @@ impl Model {
     pub fn announce(&mut self, client: ClientId, now: Millis) -> bool {
         self.clients.insert(client, now);
         self.announced.insert(client)
+    }
+
+    /// The master drops the disk copy `(key, write)` on the disk of segment `name`: the node
+    /// must delete it.
+    pub fn tombstone(&mut self, name: &str, key: &str, write: WriteId) {
+        self.tombstones
+            .entry(name.to_string())
+            .or_default()
+            .insert((key.to_string(), write));
+    }
+
+    /// Tombstones outstanding, over all disks.
+    pub fn tombstone_count(&self) -> usize {
+        self.tombstones.values().map(BTreeSet::len).sum()
+    }
+
+    /// `key`'s object gets a new value or goes away: its disk copy, if any, is a tombstone.
+    pub fn retire_disk_copy(&mut self, key: &str) {
+        let Some(object) = self.objects.get_mut(key) else {
+            return;
+        };
+        object.offload_failed = false;
+        object.maybe_queued = false;
+        let (Some(disk), write) = (object.disk.take(), object.write_id) else {
+            return;
+        };
+        let name = self
+            .segment_by_id(disk)
+            .map(|(n, _)| n.clone())
+            .expect("a disk copy is on a mounted segment");
+        self.tombstone(&name, key, write);
+    }
+
+    /// `key` is written again: its ghost, an older value, is deleted when its node returns.
+    pub fn bury_ghost(&mut self, key: &str) {
+        if let Some((name, write, _, _)) = self.ghosts.remove(key) {
+            self.tombstone(&name, key, write);
+        }
+    }
+
+    /// Whether the master may queue the object for offload now: an eviction candidate with no
+    /// disk copy and a complete replica on a segment whose node has a disk.
+    pub fn may_queue(&self, object: &MObject, now: Millis) -> bool {
+        object.disk.is_none()
+            && !object.offload_failed
+            && object.eviction_tier(now).is_some()
+            && object
+                .replicas
+                .iter()
+                .any(|r| r.complete && self.disk_segments.contains(&r.segment))
+    }
+
+    /// Marks every object the master may have queued for offload by now (sticky: the model
+    /// cannot see the queue, only orders coming out of it).
+    pub fn mark_maybe_queued(&mut self, now: Millis) {
+        let marks: Vec<String> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| !o.maybe_queued && self.may_queue(o, now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in marks {
+            self.objects.get_mut(&key).expect("listed").maybe_queued = true;
+        }
     }
 
     pub fn segment_by_id(&self, id: SegmentId) -> Option<(&String, &MSegment)> {

@@ -102,6 +102,16 @@ pub enum Op {
     Snapshot,
     /// A malformed request; it must be refused with the right code and change nothing.
     BadInput { kind: u8 },
+    /// One round of a segment's node disk: carry out tombstones, copy the last orders (or
+    /// fail them all), evict from disk (down to half its capacity if `evict`), write, and
+    /// sync with the master taking up to `want % 5` new orders. After a (re)mount it reports
+    /// everything on the disk as recovered.
+    DiskSync {
+        segment: u8,
+        want: u8,
+        fail: bool,
+        evict: bool,
+    },
 }
 
 /// Decodes an op sequence from raw bytes (the fuzz target's input format).

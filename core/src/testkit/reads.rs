@@ -8,19 +8,29 @@ use super::{Harness, ensure, expect_code, key_name};
 use crate::checksum::Checksum;
 use crate::error::ErrorCode;
 use crate::ids::SegmentId;
-use crate::object::{ReplicaDescriptor, ReplicaStatus};
+use crate::object::{Medium, ReplicaDescriptor, ReplicaStatus};
 
 /// What the model expects a read to return: the replicas (segment, address), the version
 /// and the size.
 type ExpectedRead = (Vec<(SegmentId, u64)>, u64, u64);
 
 impl Harness {
+    /// Checks that a replica holds one of `versions`: a memory replica in the memory, a disk
+    /// replica in its node's disk (which must still hold that write).
     pub(super) fn check_bytes(
-        &self,
+        &mut self,
         key: &str,
         replica: &ReplicaDescriptor,
         versions: &[u64],
     ) -> Result<(), String> {
+        if replica.medium == Medium::Disk {
+            let bytes = self.read_disk(key, replica)?.ok_or_else(|| {
+                format!("disk replica {replica:?} of {key:?}, but its node's disk has no such copy")
+            })?;
+            return ensure(memory::identify(&bytes, versions).is_some(), || {
+                format!("disk read of {key:?} at {replica:?} is not version {versions:?}")
+            });
+        }
         let Some(bytes) = self.memory.read(replica) else {
             return Err(format!(
                 "replica {replica:?} of {key:?} points outside any memory"
@@ -43,14 +53,16 @@ impl Harness {
             .objects
             .get(key)
             .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        if !object.has_complete() {
+        if !object.readable() {
             return Err(ErrorCode::REPLICA_IS_NOT_READY);
         }
+        // Memory replicas first, then the disk copy (its address is the write id).
         let replicas = object
             .replicas
             .iter()
             .filter(|r| r.complete)
             .map(|r| (r.segment, r.addr))
+            .chain(object.disk.map(|d| (d, object.write_id.0)))
             .collect();
         Ok((
             replicas,
@@ -79,10 +91,17 @@ impl Harness {
         ensure(list.checksum == sum, || {
             format!("{key:?} listed with {}, its value has {sum}", list.checksum)
         })?;
-        for r in &list.replicas {
-            ensure(r.status == ReplicaStatus::Complete && r.len == size, || {
-                format!("served replica {r:?} of {key:?} ({size} bytes)")
-            })?;
+        let on_disk = self.model.objects[key].disk.is_some();
+        for (i, r) in list.replicas.iter().enumerate() {
+            let disk = on_disk && i + 1 == list.replicas.len();
+            let medium = if disk { Medium::Disk } else { Medium::Memory };
+            ensure(
+                r.status == ReplicaStatus::Complete && r.len == size && r.medium == medium,
+                || format!("served replica {r:?} of {key:?} ({size} bytes)"),
+            )?;
+            if disk {
+                self.hit("read-disk");
+            }
             self.check_bytes(key, r, &[version])?;
         }
         let lease = self.config.lease_ttl;
@@ -129,7 +148,13 @@ impl Harness {
             return Ok(()); // the reader's lease check would discard it
         }
         for r in &read.replicas {
-            if self.memory.read(r).is_some() {
+            let present = match r.medium {
+                // A disk copy may have gone since (evicted or tombstoned): the node then
+                // refuses the read, and the reader retries.
+                Medium::Disk => self.read_disk(&read.key, r)?.is_some(),
+                Medium::Memory => self.memory.read(r).is_some(),
+            };
+            if present {
                 self.check_bytes(&read.key, r, &[read.version])?;
             }
         }
@@ -150,11 +175,7 @@ impl Harness {
         let key = key_name(key);
         let got = self.master.exist(&key, self.now);
         self.no_events("exist")?;
-        let expected = self
-            .model
-            .objects
-            .get(&key)
-            .is_some_and(MObject::has_complete);
+        let expected = self.model.objects.get(&key).is_some_and(MObject::readable);
         ensure(got.as_ref().ok() == Some(&expected), || {
             format!("exist {got:?}, expected {expected}")
         })?;
@@ -180,7 +201,7 @@ impl Harness {
             .model
             .objects
             .iter()
-            .filter(|(k, o)| k.starts_with(&prefix) && o.has_complete())
+            .filter(|(k, o)| k.starts_with(&prefix) && o.readable())
             .map(|(k, _)| k.clone())
             .collect();
         let keys: Vec<String> = got.iter().map(|(k, _)| k.clone()).collect();

@@ -21,7 +21,10 @@ impl Harness {
         }
     }
 
+    /// The object goes away (removed or evicted): its disk copy, if any, is a tombstone, and
+    /// its blocks stay reserved for readers inside their lease.
     pub(super) fn model_remove(&mut self, key: &str) {
+        self.model.retire_disk_copy(key);
         let object = self.model.objects.remove(key).expect("exists");
         self.model.reserve_for_readers(
             &object.replicas,

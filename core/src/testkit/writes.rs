@@ -106,7 +106,8 @@ impl Harness {
                 hard: o.hard || config.with_hard_pin,
             },
             Some(o) if o.holds > 0 => Path::Fail(ErrorCode::OBJECT_REPLICA_BUSY),
-            Some(o) if o.size != size => Path::Reallocate,
+            // A new size, or a value only on disk: fresh memory.
+            Some(o) if o.size != size || o.replicas.is_empty() => Path::Reallocate,
             Some(o) if now < o.readers_done_at(self.config.lease_grace) => Path::CopyOnWrite,
             Some(_) => Path::InPlace,
         };
@@ -191,30 +192,19 @@ impl Harness {
                 }
                 self.accept_grant(id, &key, size, &grant, None)?;
                 let version = self.fresh_version();
-                self.model.objects.insert(
-                    key.clone(),
-                    MObject {
-                        size,
-                        replicas: grant.replicas.iter().map(to_model_replica).collect(),
-                        writing: Some(MWrite {
-                            client: id,
-                            write_id: grant.write_id,
-                            version,
-                            start: now,
-                        }),
-                        writer: id,
-                        write_id: grant.write_id,
-                        version: None,
-                        lease_expiry: Millis::ZERO,
-                        last_access: Millis::ZERO,
-                        leased: false,
-                        soft_ttl,
-                        soft_expiry: now + soft_ttl,
-                        hard,
-                        holds: 0,
-                        task: None,
-                    },
-                );
+                self.model.bury_ghost(&key);
+                let mut object = MObject::new(size, id, grant.write_id);
+                object.replicas = grant.replicas.iter().map(to_model_replica).collect();
+                object.writing = Some(MWrite {
+                    client: id,
+                    write_id: grant.write_id,
+                    version,
+                    start: now,
+                });
+                object.soft_ttl = soft_ttl;
+                object.soft_expiry = now + soft_ttl;
+                object.hard = hard;
+                self.model.objects.insert(key.clone(), object);
                 self.remember_grant(id, &key, version, grant, upsert);
                 Ok(())
             }
@@ -268,6 +258,7 @@ impl Harness {
                     );
                 }
                 let version = self.fresh_version();
+                self.model.retire_disk_copy(&key);
                 let object = self.model.objects.get_mut(&key).expect("exists");
                 object.size = size;
                 object.replicas = grant.replicas.iter().map(to_model_replica).collect();
@@ -479,7 +470,7 @@ impl Harness {
             o.refresh_soft(now);
         } else {
             o.replicas.retain(|r| r.complete);
-            if o.replicas.is_empty() {
+            if o.replicas.is_empty() && o.disk.is_none() {
                 self.model.objects.remove(&g.key);
             }
         }
