@@ -235,7 +235,7 @@ impl Sink<'_> {
                 .extend(orders.iter().map(|o| (o.key.clone(), o.write)));
         };
         let need = orders.iter().map(|order| order.size).sum();
-        if let Err(e) = self.make_room(need).await {
+        if let Err(e) = self.make_room(need, pending).await {
             return failed(pending, &e);
         }
         match self.tier.store.put(records).await {
@@ -256,7 +256,10 @@ impl Sink<'_> {
     }
 
     /// Disk eviction: takes victims out of the index, tells the master, then deletes them.
-    async fn make_room(&self, need: u64) -> Result<()> {
+    /// A victim written earlier in this round and not reported yet is withdrawn from the
+    /// report (as a failed order) instead: the master does not know it, so an eviction report
+    /// would be ignored and the next sync would record a copy whose file is gone.
+    async fn make_room(&self, need: u64, pending: &mut DiskReport) -> Result<()> {
         let capacity = self.tier.config.capacity;
         if capacity == 0 {
             return Ok(());
@@ -268,14 +271,20 @@ impl Sink<'_> {
         if victims.is_empty() {
             return Ok(());
         }
+        let (withdrawn, evicted): (Vec<_>, Vec<_>) = victims
+            .iter()
+            .map(|(key, copy)| (key.clone(), WriteId(copy.version)))
+            .partition(|write| pending.offloaded.contains(write));
         let report = DiskReport {
-            evicted: victims
-                .iter()
-                .map(|(k, c)| (k.clone(), WriteId(c.version)))
-                .collect(),
+            evicted,
             ..DiskReport::default()
         };
-        if let Err(e) = call_sync(self.control, self.client, self.segment, report).await {
+        let told = if report.evicted.is_empty() {
+            Ok(DiskSyncAck::default())
+        } else {
+            call_sync(self.control, self.client, self.segment, report).await
+        };
+        if let Err(e) = told {
             // The master may still point at them: keep them.
             self.tier.copies().restore(victims);
             return Err(Error::new(
@@ -283,6 +292,8 @@ impl Sink<'_> {
                 format!("could not tell the master about disk eviction: {e}"),
             ));
         }
+        pending.offloaded.retain(|write| !withdrawn.contains(write));
+        pending.failed.extend(withdrawn);
         debug!(count = victims.len(), "disk eviction");
         let writes = victims.into_iter().map(|(k, c)| (k, c.version)).collect();
         self.tier.delete_for_good(writes).await;
