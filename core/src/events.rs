@@ -39,6 +39,8 @@ pub enum Event {
         /// The object lives on, readable from its node's disk copy (only its memory went).
         /// Also set by a node evicting a disk copy (then `bytes` is 0 and this is false).
         kept_on_disk: bool,
+        /// Its last access (write or read): its place in least-recently-used order.
+        last_access: crate::time::Millis,
     },
     /// `exist(prefetch)` found an object only on disk but no memory to promote it into. The
     /// object still exists; reads go to disk.

@@ -2,8 +2,7 @@
 //!
 //! A pass runs when usage reaches the high watermark (from `tick`) or when an allocation finds
 //! no room. It frees about `eviction_ratio` of capacity (and at least what the allocation
-//! needs), oldest first by lease expiry, which is the last access plus the lease TTL, so the
-//! order is least-recently-used. Three tiers: unpinned objects that also have a copy on a
+//! needs), least recently accessed (written or read) first. Three tiers: unpinned objects that also have a copy on a
 //! node's disk go first (dropping their memory loses nothing: they stay readable from disk),
 //! then every other unpinned candidate, then soft-pinned ones, and those only if
 //! `allow_evict_soft_pinned`. Objects queued for offload wait for their copy (see `offload`). Hard-pinned,
@@ -32,7 +31,7 @@ use crate::placement::{Placed, place};
 use crate::segments::block_len;
 use crate::time::Millis;
 
-/// An eviction candidate: (lease expiry, slot, bytes freed).
+/// An eviction candidate: (last access, slot, bytes freed).
 type Candidate = (Millis, u32, u64);
 
 /// A block owner that may be evicted now: (object slot, soft-pinned, lease expiry).
@@ -175,6 +174,7 @@ impl Master {
     fn evict_object(&mut self, slot: u32, soft_pinned: bool, contiguous: bool) {
         let grace = self.config.lease_grace;
         let kept_on_disk = self.objects.at(slot).has_disk_replica();
+        let last_access = self.objects.at(slot).last_access;
         let (key, size, replicas, done) = if kept_on_disk {
             let object = self.objects.at_mut(slot);
             let replicas = std::mem::take(&mut object.replicas);
@@ -198,6 +198,7 @@ impl Master {
             bytes,
             contiguous,
             kept_on_disk,
+            last_access,
         });
     }
 

@@ -6,13 +6,17 @@
 //! never evicted; soft-pinned objects go only after unpinned ones; readers never see PROCESSING
 //! replicas) are judged from events and read results by the reference model in `testkit`.
 //!
+//! [`check_eviction_order`] judges one decision over time that a driver can check without a
+//! model: right after a call that evicted, nothing left evictable ranks before what went.
+//!
 //! The checker never panics, whatever the state: it also vets restored snapshots.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::events::Event;
 use crate::master::Master;
-use crate::object::OffloadMark;
+use crate::object::{EvictionClass, OffloadMark};
 use crate::segments::block_len;
 
 /// A broken invariant: which one, and what was seen.
@@ -54,6 +58,78 @@ pub fn check(master: &Master) -> Result<(), Violation> {
     check_holds_and_tasks(master)?;
     check_clients(master)?;
     Ok(())
+}
+
+/// Checks least-recently-used eviction right after the call that reported `events`, at the
+/// master's current time: every object it evicted in LRU order (not to open a contiguous
+/// range, not a node's disk eviction) ranks no later than any object still evictable, by
+/// tier (copies on disk first, then unpinned, then soft-pinned) and then by last access. A
+/// block just written ranks as recent as one just read, so it never goes before an older
+/// unpinned, unleased one. Objects waiting for their offload are left out, as eviction
+/// leaves them, and so are `protected`: the keys the call itself shielded from its own
+/// eviction (an upsert's, while it makes room for the new value).
+pub fn check_eviction_order(
+    master: &Master,
+    events: &[Event],
+    protected: &[&str],
+) -> Result<(), Violation> {
+    let latest_evicted = events
+        .iter()
+        .filter_map(|event| match event {
+            Event::Evicted {
+                key,
+                soft_pinned,
+                bytes,
+                contiguous: false,
+                kept_on_disk,
+                last_access,
+            } if *bytes > 0 => Some((
+                eviction_tier(*kept_on_disk, *soft_pinned),
+                *last_access,
+                key,
+            )),
+            _ => None,
+        })
+        .max();
+    let Some((tier, last_access, key)) = latest_evicted else {
+        return Ok(());
+    };
+    let now = master.now;
+    for (_, object) in master.objects.iter() {
+        if object.offload == OffloadMark::Queued || protected.contains(&&*object.key) {
+            continue;
+        }
+        let Some(class) = object.eviction_class(now) else {
+            continue;
+        };
+        let rank = (
+            eviction_tier(
+                object.has_disk_replica(),
+                class == EvictionClass::SoftPinned,
+            ),
+            object.last_access,
+        );
+        if rank < (tier, last_access) {
+            return Err(violation(
+                "eviction-order",
+                format!(
+                    "{key:?} (tier {tier}, last access {last_access}) was evicted while {:?} \
+                     (tier {}, last access {}) stayed",
+                    object.key, rank.0, rank.1
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Eviction's tiers, first taken first.
+fn eviction_tier(on_disk: bool, soft_pinned: bool) -> u8 {
+    match (soft_pinned, on_disk) {
+        (true, _) => 2,
+        (false, true) => 0,
+        (false, false) => 1,
+    }
 }
 
 /// Every live block belongs to exactly one replica or discarded entry, and vice versa: no

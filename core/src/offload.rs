@@ -444,6 +444,7 @@ impl Master {
                 bytes: 0,
                 contiguous: false,
                 kept_on_disk: false,
+                last_access: object.last_access,
             });
         }
     }

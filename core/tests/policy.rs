@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use mooring_core::{
     ClientId, DiscardCause, ErrorCode, Event, HeartbeatStatus, Master, MasterConfig, Millis,
-    ReplicaStatus, ReplicateConfig, SegmentSpec,
+    ReplicaStatus, ReplicateConfig, SegmentSpec, invariants,
 };
 
 fn one() -> ReplicateConfig {
@@ -289,7 +289,27 @@ fn a_block_just_written_outranks_one_read_earlier() {
     f.advance(Millis::from_secs(4));
     f.put(A, "fresh", 64 * KIB, &one()); // the newest access of all; 100% full
     f.tick_after(Millis(1_500)); // every read lease is over: eviction runs
-    let evicted = evicted_keys(&mut f);
+    let events = f.m.drain_events();
+    invariants::check_eviction_order(&f.m, &events, &[]).unwrap();
+    // The checker the simulation runs refuses the order of the bug: the fresh block reported
+    // evicted while older, unleased, unpinned ones stay.
+    let forged = [Event::Evicted {
+        key: "fresh".into(),
+        soft_pinned: false,
+        bytes: 64 * KIB,
+        contiguous: false,
+        kept_on_disk: false,
+        last_access: f.now,
+    }];
+    let refused = invariants::check_eviction_order(&f.m, &forged, &[]).unwrap_err();
+    assert_eq!(refused.invariant, "eviction-order", "{refused}");
+    let evicted: Vec<String> = events
+        .into_iter()
+        .filter_map(|e| match e {
+            Event::Evicted { key, .. } => Some(key.into()),
+            _ => None,
+        })
+        .collect();
     assert!(!evicted.is_empty(), "the watermark forced an eviction");
     assert!(
         !evicted.iter().any(|k| k == "fresh"),

@@ -46,12 +46,14 @@ pub async fn master(world: Arc<World>) {
                 RunningMaster::start(&master_addr().to_string(), config, Some(cluster_token()))
                     .await
                     .expect("the simulated master starts");
+            running.service.audit_eviction_order();
             world.set_master(running.service.clone());
             std::future::pending::<()>().await;
             drop(running);
         }
         Transport::Sim => {
             let service = MasterService::new(config).expect("a valid master config");
+            service.audit_eviction_order();
             let _timer = service.spawn_timer();
             let handler: Arc<dyn RpcHandler> = service.clone();
             let _server = serve_rpc(world.net.clone(), master_addr(), handler)

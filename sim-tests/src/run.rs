@@ -430,6 +430,13 @@ impl Supervisor {
                 self.world.now()
             ));
         }
+        if let Some(master) = self.world.master()
+            && let Some(violation) = master.audit_failure()
+        {
+            self.world
+                .history()
+                .violation(format!("master evicted out of order: {violation}"));
+        }
     }
 
     /// Heals everything now, including faults whose time is not up.

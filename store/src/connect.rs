@@ -118,6 +118,7 @@ fn transports(
             local.clone(),
             DataPlaneConfig {
                 token,
+                identity: id.0,
                 ..config.data.clone()
             },
         ),

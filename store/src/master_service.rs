@@ -2,14 +2,16 @@
 //! serving. All policy is in the core; this adds only time, locking and logging.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use mooring_core::invariants::{self, Violation};
 use mooring_core::{Error, ErrorCode, Event, Master, MasterConfig, Result, Stats};
 use mooring_proto::auth::ClusterToken;
 use mooring_proto::dispatch;
 use mooring_proto::transport::RpcHandler;
-use mooring_proto::wire::{MasterRequest, MasterResponse};
+use mooring_proto::wire::{BatchPutStart, MasterRequest, MasterResponse, PutStart};
 use mooring_transport_tcp::spawn_rpc_server;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -25,6 +27,11 @@ const TICK_RESOLUTION: Duration = Duration::from_millis(10);
 pub struct MasterService {
     master: Mutex<Master>,
     clock: Clock,
+    /// Whether every call that evicts is checked for LRU order (a full scan each; tests and
+    /// the simulation turn it on).
+    audit: AtomicBool,
+    /// The first eviction-order violation the audit found.
+    audit_failure: Mutex<Option<Violation>>,
 }
 
 impl MasterService {
@@ -33,14 +40,46 @@ impl MasterService {
         Ok(Arc::new(MasterService {
             master: Mutex::new(Master::new(config)?),
             clock: Clock::new(),
+            audit: AtomicBool::new(false),
+            audit_failure: Mutex::new(None),
         }))
+    }
+
+    /// Checks from now on, after every call that evicts, that nothing evictable is left that
+    /// ranks before what went ([`invariants::check_eviction_order`]).
+    pub fn audit_eviction_order(&self) {
+        self.audit.store(true, Ordering::Relaxed);
+    }
+
+    /// The first eviction-order violation the audit found, if any.
+    pub fn audit_failure(&self) -> Option<Violation> {
+        self.audit_failure.lock().expect("audit lock").clone()
     }
 
     /// Runs `f` on the master at the current time, then logs what it did on its own.
     pub fn with_master<T>(&self, f: impl FnOnce(&mut Master, mooring_core::Millis) -> T) -> T {
+        self.with_master_protecting(&[], f)
+    }
+
+    /// [`MasterService::with_master`] for a call that shields `protected` keys from its own
+    /// eviction.
+    fn with_master_protecting<T>(
+        &self,
+        protected: &[&str],
+        f: impl FnOnce(&mut Master, mooring_core::Millis) -> T,
+    ) -> T {
         let mut master = self.master.lock().expect("master lock");
         let result = f(&mut master, self.clock.now());
         let events = master.drain_events();
+        if self.audit.load(Ordering::Relaxed)
+            && let Err(violation) = invariants::check_eviction_order(&master, &events, protected)
+        {
+            warn!("{violation}");
+            self.audit_failure
+                .lock()
+                .expect("audit lock")
+                .get_or_insert(violation);
+        }
         drop(master);
         log_events(events);
         result
@@ -72,7 +111,21 @@ impl RpcHandler for MasterService {
     fn handle(&self, request: MasterRequest) -> MasterResponse {
         // Every request and answer, for replaying a failure (RUST_LOG=mooring::master_service=trace).
         let logged = tracing::enabled!(tracing::Level::TRACE).then(|| format!("{request:?}"));
-        let response = self.with_master(|m, now| dispatch::handle(m, request, now));
+        // An upsert shields the object it replaces while it makes room for the new value.
+        let protected: Vec<String> = match &request {
+            MasterRequest::PutStart(PutStart {
+                key, upsert: true, ..
+            }) => vec![key.clone()],
+            MasterRequest::BatchPutStart(BatchPutStart {
+                items,
+                upsert: true,
+                ..
+            }) => items.iter().map(|(key, _)| key.clone()).collect(),
+            _ => Vec::new(),
+        };
+        let protected: Vec<&str> = protected.iter().map(String::as_str).collect();
+        let response =
+            self.with_master_protecting(&protected, |m, now| dispatch::handle(m, request, now));
         if let Some(request) = logged {
             tracing::trace!(%request, ?response, "handled");
         }
@@ -89,6 +142,7 @@ fn log_events(events: Vec<Event>) {
                 bytes,
                 contiguous,
                 kept_on_disk,
+                ..
             } => debug!(%key, soft_pinned, bytes, contiguous, kept_on_disk, "evicted"),
             Event::PrefetchFailed { key, error } => {
                 info!(%key, "prefetch found no memory; reads stay on disk: {error}")

@@ -8,7 +8,7 @@
 //! the segment lives in the caller's own process ([`LocalSegments`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::framed::{Framed, ReadError};
+use crate::limits::{ConnectionLimits, IDLE_TIMEOUT};
 use crate::peer_clock::PeerClock;
 use crate::{handshake, refusals};
 
@@ -55,12 +56,9 @@ pub struct TcpDataServer {
     accept: Mutex<Option<JoinHandle<()>>>,
     spin: Duration,
     token: Option<ClusterToken>,
-    /// Connections open now (capped at [`MAX_CONNECTIONS`]).
-    connections: AtomicUsize,
+    /// Connections open now, capped in total, in their handshake and per identity.
+    limits: Arc<ConnectionLimits>,
 }
-
-/// Most connections one data server serves at once; more are refused.
-const MAX_CONNECTIONS: usize = 4096;
 
 /// A dropped server releases its port at once: the accept loop holds only a weak reference,
 /// so without this it would keep listening until the next connection arrived, and a node
@@ -102,7 +100,7 @@ impl TcpDataServer {
             accept: Mutex::new(None),
             spin,
             token,
-            connections: AtomicUsize::new(0),
+            limits: ConnectionLimits::standard(),
         });
         let weak = Arc::downgrade(&server);
         let task = tokio::spawn(async move {
@@ -116,21 +114,21 @@ impl TcpDataServer {
                     }
                 };
                 let Some(server) = weak.upgrade() else { return };
-                if server.connections.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
-                    refusals::refused(
-                        &peer.to_string(),
-                        &format!("{MAX_CONNECTIONS} data connections already open"),
-                    );
-                    continue;
-                }
-                server.connections.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(async move {
-                    let mut conn = Framed::new(stream, server.spin);
-                    match handshake::server(&mut conn, server.token.as_ref()).await {
-                        Ok(_) => server.serve_connection(conn, &peer.to_string()).await,
-                        Err(e) => refusals::refused(&peer.to_string(), &e),
+                let handshaking = match server.limits.admit() {
+                    Ok(handshaking) => handshaking,
+                    Err(why) => {
+                        refusals::refused(&peer.to_string(), &format!("data server: {why}"));
+                        continue;
                     }
-                    server.connections.fetch_sub(1, Ordering::Relaxed);
+                };
+                tokio::spawn(async move {
+                    let peer = peer.to_string();
+                    let mut conn = Framed::new(stream, server.spin);
+                    let identity = handshake::server(&mut conn, server.token.as_ref()).await;
+                    match identity.and_then(|id| handshaking.authenticated(id)) {
+                        Ok(_admitted) => server.serve_connection(conn, &peer).await,
+                        Err(e) => refusals::refused(&peer, &e),
+                    }
                 });
             }
         });
@@ -156,7 +154,12 @@ impl TcpDataServer {
     async fn serve_connection(&self, mut conn: Framed, peer: &str) {
         let mut clock = PeerClock::new();
         loop {
-            let (id, request) = match conn.read_message::<DataRequest>().await {
+            let next = tokio::time::timeout(IDLE_TIMEOUT, conn.read_message::<DataRequest>());
+            let Ok(next) = next.await else {
+                debug!(peer, "closing a data connection idle for {IDLE_TIMEOUT:?}");
+                return;
+            };
+            let (id, request) = match next {
                 Ok(message) => message,
                 Err(ReadError::Closed) => return,
                 Err(ReadError::Io(e)) => {
@@ -281,6 +284,9 @@ pub struct DataPlaneConfig {
     pub request_bulk: u64,
     /// The cluster token every connection proves (see [`crate::handshake`]).
     pub token: Option<ClusterToken>,
+    /// The identity every connection names in its handshake (the client id; 0: none):
+    /// servers cap connections per identity.
+    pub identity: u128,
 }
 
 impl Default for DataPlaneConfig {
@@ -294,6 +300,7 @@ impl Default for DataPlaneConfig {
             spin: Duration::from_micros(50),
             request_bulk: 1 << 20,
             token: None,
+            identity: 0,
         }
     }
 }
@@ -314,6 +321,8 @@ struct DataConn {
     /// The probe's round trip: a bound on the delay of the message the node measured the
     /// clock offset from (see [`PeerClock`]).
     rtt: Duration,
+    /// When it was last checked back into the pool.
+    last_used: Instant,
 }
 
 /// Most idle connections kept per node.
@@ -368,7 +377,11 @@ impl TcpDataPlane {
             .lock()
             .expect("pool lock")
             .get_mut(&node.endpoint)
-            .and_then(Vec::pop);
+            .and_then(|conns| {
+                // The node closes connections idle for IDLE_TIMEOUT: never race it.
+                conns.retain(|c| c.last_used.elapsed() < IDLE_TIMEOUT / 2);
+                conns.pop()
+            });
         if let Some(conn) = pooled {
             return Ok(conn);
         }
@@ -381,9 +394,13 @@ impl TcpDataPlane {
         let mut framed = Framed::connect(&node.endpoint, self.config.spin)
             .await
             .map_err(|e| fail(e.to_string()))?;
-        handshake::client(&mut framed, self.config.token.as_ref(), 0)
-            .await
-            .map_err(fail)?;
+        handshake::client(
+            &mut framed,
+            self.config.token.as_ref(),
+            self.config.identity,
+        )
+        .await
+        .map_err(fail)?;
         let opened = Instant::now();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         framed
@@ -400,10 +417,12 @@ impl TcpDataPlane {
             framed,
             opened,
             rtt: opened.elapsed(),
+            last_used: Instant::now(),
         })
     }
 
-    fn checkin(&self, node: &NodeAddr, conn: DataConn) {
+    fn checkin(&self, node: &NodeAddr, mut conn: DataConn) {
+        conn.last_used = Instant::now();
         let mut idle = self.idle.lock().expect("pool lock");
         let conns = idle.entry(node.endpoint.clone()).or_default();
         if conns.len() < MAX_IDLE_PER_NODE {

@@ -27,7 +27,7 @@ fn nonce() -> [u8; NONCE_LEN] {
     }
 }
 
-/// The client's side, speaking for client id `client` (0: none, a data connection): answers
+/// The client's side, speaking for client id `client` (0: none): answers
 /// the server's challenge and checks its welcome.
 pub async fn client(
     conn: &mut Framed,

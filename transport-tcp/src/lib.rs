@@ -13,6 +13,7 @@
 mod data;
 mod framed;
 pub mod handshake;
+pub mod limits;
 mod peer_clock;
 mod refusals;
 mod rpc;
@@ -21,4 +22,4 @@ mod splice;
 
 pub use data::{DataPlaneConfig, LocalSegments, TcpDataPlane, TcpDataServer};
 pub use framed::{Framed, ReadError};
-pub use rpc::{TcpControlPlane, spawn_rpc_server};
+pub use rpc::{TcpControlPlane, spawn_rpc_server, spawn_rpc_server_with_limits};

@@ -7,7 +7,7 @@
 //! several connections.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use mooring_core::{ClientId, Error, ErrorCode, Result};
@@ -16,20 +16,21 @@ use mooring_proto::transport::{BoxFuture, ControlPlane, RpcHandler};
 use mooring_proto::wire::{MasterRequest, MasterResponse, Reply};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::framed::{Framed, ReadError};
+use crate::limits::{ConnectionLimits, IDLE_TIMEOUT};
 use crate::{handshake, refusals};
 
 /// Most idle connections kept per peer.
 const MAX_IDLE: usize = 64;
-/// Most connections one server serves at once; more are refused.
-const MAX_CONNECTIONS: usize = 4096;
 
 /// A pooled RPC client to one master.
 pub struct TcpControlPlane {
     addr: String,
-    idle: std::sync::Mutex<Vec<Framed>>,
+    /// Pooled connections, with when each was last used.
+    idle: std::sync::Mutex<Vec<(Framed, Instant)>>,
     next_id: AtomicU64,
     timeout: Duration,
     spin: Duration,
@@ -82,7 +83,12 @@ impl TcpControlPlane {
     }
 
     async fn round_trip(&self, request: &MasterRequest) -> Result<Reply> {
-        let pooled = self.idle.lock().expect("pool lock").pop();
+        let pooled = {
+            let mut idle = self.idle.lock().expect("pool lock");
+            // The master closes connections idle for IDLE_TIMEOUT: never race it.
+            idle.retain(|(_, used)| used.elapsed() < IDLE_TIMEOUT / 2);
+            idle.pop().map(|(conn, _)| conn)
+        };
         let mut conn = match pooled {
             Some(conn) => conn,
             None => self.open().await?,
@@ -106,7 +112,7 @@ impl TcpControlPlane {
         }
         let mut idle = self.idle.lock().expect("pool lock");
         if idle.len() < MAX_IDLE {
-            idle.push(conn);
+            idle.push((conn, Instant::now()));
         }
         response
     }
@@ -138,7 +144,17 @@ pub fn spawn_rpc_server(
     spin: Duration,
     token: Option<ClusterToken>,
 ) -> JoinHandle<()> {
-    let connections = Arc::new(AtomicUsize::new(0));
+    spawn_rpc_server_with_limits(listener, handler, spin, token, ConnectionLimits::standard())
+}
+
+/// [`spawn_rpc_server`] with the connection caps `limits`.
+pub fn spawn_rpc_server_with_limits(
+    listener: TcpListener,
+    handler: Arc<dyn RpcHandler>,
+    spin: Duration,
+    token: Option<ClusterToken>,
+    limits: Arc<ConnectionLimits>,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             let (stream, peer) = match listener.accept().await {
@@ -149,26 +165,24 @@ pub fn spawn_rpc_server(
                     continue;
                 }
             };
-            if connections.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
-                refusals::refused(
-                    &peer.to_string(),
-                    &format!("{MAX_CONNECTIONS} control connections already open"),
-                );
-                continue;
-            }
-            connections.fetch_add(1, Ordering::Relaxed);
-            let (handler, connections, token) =
-                (handler.clone(), connections.clone(), token.clone());
-            tokio::spawn(async move {
-                let mut conn = Framed::new(stream, spin);
-                match handshake::server(&mut conn, token.as_ref()).await {
-                    Ok(client) => {
-                        let bound = ClientId(client);
-                        serve_connection(conn, &*handler, &peer.to_string(), bound).await
-                    }
-                    Err(e) => refusals::refused(&peer.to_string(), &e),
+            let handshaking = match limits.admit() {
+                Ok(handshaking) => handshaking,
+                Err(why) => {
+                    refusals::refused(&peer.to_string(), &format!("master: {why}"));
+                    continue;
                 }
-                connections.fetch_sub(1, Ordering::Relaxed);
+            };
+            let (handler, token) = (handler.clone(), token.clone());
+            tokio::spawn(async move {
+                let peer = peer.to_string();
+                let mut conn = Framed::new(stream, spin);
+                let client = handshake::server(&mut conn, token.as_ref()).await;
+                match client.and_then(|id| Ok((id, handshaking.authenticated(id)?))) {
+                    Ok((client, _admitted)) => {
+                        serve_connection(conn, &*handler, &peer, ClientId(client)).await
+                    }
+                    Err(e) => refusals::refused(&peer, &e),
+                }
             });
         }
     })
@@ -178,7 +192,15 @@ pub fn spawn_rpc_server(
 /// refused (no peer may act as another's id: end its writes, unmount its segments).
 async fn serve_connection(mut conn: Framed, handler: &dyn RpcHandler, peer: &str, bound: ClientId) {
     loop {
-        let (id, request) = match conn.read_message::<MasterRequest>().await {
+        let next = tokio::time::timeout(IDLE_TIMEOUT, conn.read_message::<MasterRequest>());
+        let Ok(next) = next.await else {
+            debug!(
+                peer,
+                "closing a control connection idle for {IDLE_TIMEOUT:?}"
+            );
+            return;
+        };
+        let (id, request) = match next {
             Ok(message) => message,
             Err(ReadError::Closed) => return,
             Err(ReadError::Io(e)) => {

@@ -40,6 +40,7 @@ impl Harness {
             object.offload_failed = true;
             object.maybe_queued = false;
             let gone = object.replicas.is_empty() && object.writing.is_none();
+            let last_access = object.last_access;
             self.hit("disk-evict");
             if gone {
                 // A disk-only object whose only copy goes: it is gone.
@@ -51,6 +52,7 @@ impl Harness {
                     bytes: 0,
                     contiguous: false,
                     kept_on_disk: false,
+                    last_access,
                 });
             }
         }

@@ -47,6 +47,10 @@ impl Harness {
         for event in &events {
             self.note(format!("    event {event:?}"));
         }
+        // The simulation's checker, which has no model, must agree on every run.
+        let protected: Vec<&str> = exempt.into_iter().collect();
+        crate::invariants::check_eviction_order(&self.master, &events, &protected)
+            .map_err(|v| v.to_string())?;
         for event in events {
             let part_of_expiry = matches!(
                 event,
@@ -242,6 +246,7 @@ impl Harness {
                     bytes,
                     contiguous,
                     kept_on_disk,
+                    last_access,
                 } => {
                     let object = self
                         .model
@@ -263,6 +268,9 @@ impl Harness {
                     let expected = block_len(object.size) * object.replicas.len() as u64;
                     ensure(bytes == expected, || {
                         format!("evicted {key:?} freed {bytes}, expected {expected}")
+                    })?;
+                    ensure(last_access == object.last_access, || {
+                        format!("evicted {key:?} reported last access {last_access}: {object:?}")
                     })?;
                     if contiguous {
                         // A window eviction may skip LRU order, but only takes objects whose
