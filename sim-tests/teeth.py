@@ -17,6 +17,9 @@ EXPS = {
    ('core/src/eviction.rs', "        self.release_read_blocks(&replicas, done);\n        self.counters.evicted_objects",
                             "        self.release_read_blocks(&replicas, crate::time::Millis::ZERO);\n        self.counters.evicted_objects"),
  ],
+ 'evict-by-lease-expiry': [
+   ('core/src/eviction.rs', "            let candidate = (object.last_access, slot, bytes);", "            let candidate = (object.lease_expiry, slot, bytes);"),
+ ],
  'double-free': [
    ('core/src/master.rs', "        } else {\n            self.discarded.push(", "        } else {\n            let _ = self.segments.free(replica.segment, replica.alloc);\n            self.discarded.push("),
  ],
