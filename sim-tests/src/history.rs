@@ -110,6 +110,8 @@ pub struct History {
     reads: Vec<Read>,
     removes: Vec<Remove>,
     violations: Vec<String>,
+    /// Keys whose bytes a memory fault damaged in some replica.
+    rotted: std::collections::BTreeSet<String>,
     /// Outcomes of every operation.
     pub tally: Tally,
 }
@@ -194,6 +196,17 @@ impl History {
     /// Records a safety violation found outside the history (an invariant, a stuck operation).
     pub fn violation(&mut self, what: String) {
         self.violations.push(what);
+    }
+
+    /// A memory fault damaged a replica of `key`.
+    pub fn note_rot(&mut self, key: &str) {
+        self.rotted.insert(key.to_string());
+    }
+
+    /// Whether a memory fault damaged a replica of `key`: reading it may fail (every copy
+    /// damaged), but must never return the damaged bytes.
+    pub fn was_rotted(&self, key: &str) -> bool {
+        self.rotted.contains(key)
     }
 
     /// Whether anything has been found wrong so far.

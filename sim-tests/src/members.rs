@@ -73,6 +73,7 @@ pub async fn storage_node(world: Arc<World>, i: usize) {
         match start_node(&world, i, &name).await {
             Ok(node) => {
                 info!(%name, "storage node up");
+                world.set_node(i, node.node().clone());
                 std::future::pending::<()>().await;
                 drop(node);
             }

@@ -121,6 +121,14 @@ pub enum Fault {
         /// Picks the file and the bit.
         pick: u64,
     },
+    /// Flip one bit of a value held in a storage node's memory (a bad DIMM, a stray write),
+    /// chosen by `pick`: readers must detect it by its checksum and never return it.
+    RotMemory {
+        /// Which node.
+        node: usize,
+        /// Picks the value and the bit.
+        pick: u64,
+    },
     /// A process without the cluster token knocks on every port (wrong-token handshakes,
     /// garbage, frames announced and never finished, silent connections); TCP runs only.
     Stranger {
@@ -140,7 +148,7 @@ impl Fault {
             | Fault::PauseNode { lasts, .. }
             | Fault::DiskErrors { lasts, .. }
             | Fault::Stranger { lasts } => *lasts,
-            Fault::RotDisk { .. } => Duration::ZERO,
+            Fault::RotDisk { .. } | Fault::RotMemory { .. } => Duration::ZERO,
         }
     }
 }
@@ -194,6 +202,12 @@ impl fmt::Display for Fault {
             }
             Fault::RotDisk { node, pick } => {
                 write!(f, "flip a bit on node{node}'s disk ({pick:#x})")
+            }
+            Fault::RotMemory { node, pick } => {
+                write!(
+                    f,
+                    "flip a bit of a value in node{node}'s memory ({pick:#x})"
+                )
             }
             Fault::Stranger { lasts } => {
                 write!(
@@ -410,6 +424,14 @@ impl Plan {
                 let at = between(&mut strangers, ms(300), horizon);
                 let lasts = between(&mut strangers, ms(1000), ms(8000));
                 faults.push((at, Fault::Stranger { lasts }));
+            }
+            // Its own stream too: memory damage that only checksums can see.
+            let mut rot = Rng::seeded(seed ^ 0x0B17_F11B);
+            for _ in 0..rot.below(3) {
+                let at = between(&mut rot, ms(300), horizon);
+                let node = rot.below(shape.nodes);
+                let pick = rot.next_u64();
+                faults.push((at, Fault::RotMemory { node, pick }));
             }
             faults.sort_by_key(|(at, _)| *at);
         }

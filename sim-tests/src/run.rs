@@ -358,6 +358,7 @@ impl Supervisor {
                 disk.set_faults(World::disk_faults(&self.world.plan, rate));
                 self.heals.push((until, Heal::DiskQuiet(node)));
             }
+            Fault::RotMemory { node, pick } => self.rot_memory(node, pick),
             Fault::RotDisk { node, pick } => {
                 let files = self.world.disks[node].files();
                 let nonempty: Vec<&(String, u64)> =
@@ -370,6 +371,45 @@ impl Supervisor {
                     let _ = self.world.disks[node].flip_bit(name, at, (pick >> 8) as u8);
                 }
             }
+        }
+    }
+
+    /// Flips one bit of a value held in node `node`'s memory: the first key from the one
+    /// `pick` names with a complete memory replica there (reading its replica list grants a
+    /// lease, as any reader's would).
+    fn rot_memory(&self, node: usize, pick: u64) {
+        let (Some(master), Some(target)) = (self.world.master(), self.world.node(node)) else {
+            return;
+        };
+        let Some(segment) = target.segment() else {
+            return;
+        };
+        let keys = &self.world.keys;
+        let start = (pick % keys.len() as u64) as usize;
+        let replica = keys
+            .iter()
+            .cycle()
+            .skip(start)
+            .take(keys.len())
+            .find_map(|key| {
+                let list = master
+                    .with_master(|m, now| m.get_replica_list(key, now))
+                    .ok()?;
+                let replica = list.replicas.into_iter().find(|r| {
+                    r.segment == segment && r.medium == mooring_core::Medium::Memory && r.len > 0
+                })?;
+                Some((key.clone(), replica))
+            });
+        let Some((key, replica)) = replica else {
+            return;
+        };
+        let at = replica.addr + (pick >> 16) % replica.len;
+        let mut byte = [0u8];
+        if target.memory().copy_out(at, &mut byte) {
+            byte[0] ^= 1 << ((pick >> 8) % 8);
+            let _ = target.memory().copy_in(at, &byte);
+            tracing::info!(%key, at, "flipping a bit in memory");
+            self.world.history().note_rot(&key);
         }
     }
 
@@ -630,6 +670,9 @@ async fn final_sweep(world: &Arc<World>, master: &Arc<mooring::MasterService>) {
                             ));
                         }
                     }
+                    // Every copy damaged in memory: refused by its checksum, never served.
+                    Err(e)
+                        if e.code == ErrorCode::INVALID_REPLICA && w.history().was_rotted(key) => {}
                     Err(e) => {
                         return Err(format!("after healing, reading {key:?} still fails: {e}"));
                     }

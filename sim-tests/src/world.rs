@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use madsim::task::NodeId;
 use mooring::MasterService;
+use mooring::node::Node;
 use mooring_transport_sim::SimNet;
 use mooring_transport_sim::disk::{DiskFaults, SimDisk};
 use tokio::time::Instant;
@@ -71,6 +72,8 @@ pub struct World {
     /// Each storage node's disk (if the plan gives them disks); it outlives the node's
     /// incarnations.
     pub disks: Vec<Arc<SimDisk>>,
+    /// Each storage node's current incarnation, once it is up (for memory faults).
+    nodes: Mutex<BTreeMap<usize, Node>>,
 }
 
 impl World {
@@ -103,8 +106,19 @@ impl World {
             crash_orders: Mutex::default(),
             incarnations: (0..shape.clients).map(|_| AtomicUsize::new(0)).collect(),
             disks,
+            nodes: Mutex::default(),
             plan,
         })
+    }
+
+    /// Storage node `i` is up as `node`.
+    pub fn set_node(&self, i: usize, node: Node) {
+        self.nodes.lock().expect("nodes lock").insert(i, node);
+    }
+
+    /// Storage node `i`'s latest incarnation, if it ever came up.
+    pub fn node(&self, i: usize) -> Option<Node> {
+        self.nodes.lock().expect("nodes lock").get(&i).cloned()
     }
 
     /// Simulated time since the run started.
