@@ -5,28 +5,6 @@ use super::*;
 /// A write planned for one node: (job index, remote address, bytes).
 type PlannedWrite<'a> = (usize, u64, &'a [u8]);
 
-/// Values at least this long are summed on two threads.
-const PARALLEL_SUM_FROM: usize = 1 << 20;
-
-/// The checksum of a value written: a large one is summed in two halves at once (while a put
-/// is being finished the process has nothing else to run; the second core is usually idle),
-/// then combined.
-fn value_checksum(value: &[u8]) -> Checksum {
-    // The simulation runs one thread; its values are small anyway.
-    if cfg!(madsim) || value.len() < PARALLEL_SUM_FROM {
-        return Checksum::of(value);
-    }
-    let (head, tail) = value.split_at(value.len() / 2);
-    let (head_sum, tail_sum) = std::thread::scope(|s| {
-        let tail_sum = s.spawn(|| Checksum::of(tail));
-        (
-            Checksum::of(head),
-            tail_sum.join().expect("a checksum cannot panic"),
-        )
-    });
-    head_sum.then(tail_sum, tail.len() as u64)
-}
-
 impl Client {
     /// Stores `value` under `key`. Objects are immutable: an existing key fails with
     /// `OBJECT_ALREADY_EXISTS` (see [`Client::upsert`]).
@@ -65,7 +43,7 @@ impl Client {
         buggify::hold(Site::CLIENT_BEFORE_PUT_END).await;
         let checksum = result
             .as_ref()
-            .map(|()| value_checksum(value))
+            .map(|()| Checksum::of(value))
             .map_err(Clone::clone);
         self.finish_write(key, &grant, checksum).await
     }
@@ -201,7 +179,7 @@ impl Client {
         for (&(i, grant), transfer) in started_ok.iter().zip(transfers) {
             let (key, write) = (items[i].0.to_string(), grant.write_id);
             match transfer {
-                Ok(()) => ends.push((i, (key, write, value_checksum(items[i].1)))),
+                Ok(()) => ends.push((i, (key, write, Checksum::of(items[i].1)))),
                 Err(e) => {
                     results[i] = Err(e);
                     aborts.push((key, write));
@@ -313,18 +291,5 @@ impl Client {
             .saturating_sub(release / 10)
             .saturating_sub(started.elapsed())
             .min(self.inner.presence.contact.write_window())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_value_summed_in_halves_has_its_checksum() {
-        for len in [0, 5, PARALLEL_SUM_FROM - 1, PARALLEL_SUM_FROM, 3 * PARALLEL_SUM_FROM + 7] {
-            let value: Vec<u8> = (0..len).map(|i| (i * 131 + i / 977) as u8).collect();
-            assert_eq!(value_checksum(&value), Checksum::of(&value), "{len} bytes");
-        }
     }
 }
