@@ -87,8 +87,9 @@ pub trait RpcHandler: Send + Sync + 'static {
     fn handle(&self, request: MasterRequest) -> MasterResponse;
 }
 
-/// A piece of a read operation's bytes that landed: which operation (its index in the
-/// request), where in the remote segment the piece starts, its length and its checksum.
+/// A piece of a transfer operation's bytes that landed (a read) or went out (a write):
+/// which operation (its index in the request), where in the remote segment the piece starts,
+/// its length and its checksum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LandedPiece {
     /// Index of the operation in the read's `ops`.
@@ -101,8 +102,8 @@ pub struct LandedPiece {
     pub checksum: Checksum,
 }
 
-/// The checksum of each of `ops` read operations, from the pieces of them that landed (in
-/// any order; an operation with no piece read no bytes).
+/// The checksum of each of `ops` transfer operations, from the pieces of them that moved (in
+/// any order; an operation with no piece moved no bytes).
 pub fn checksums_of(ops: usize, mut pieces: Vec<LandedPiece>) -> Vec<Checksum> {
     pieces.sort_unstable_by_key(|p| (p.op, p.addr));
     let mut sums = vec![Checksum::EMPTY; ops];
@@ -126,13 +127,15 @@ pub trait DataPlane: Send + Sync {
     /// Performs every write against `node`; fails (`TRANSFER_FAIL`) if any fails. No byte
     /// may land in the segment later than `valid_for` from now (the writer's fence: after it
     /// the master may give the ranges to another writer), even if the network delays it: a
-    /// transport whose deliveries can be late must make the node refuse them.
+    /// transport whose deliveries can be late must make the node refuse them. Returns the
+    /// checksum of the bytes each operation sent, in order, computed as they went out (so
+    /// the pass over them overlaps the transfer): the value's checksum for the master.
     fn write<'a>(
         &'a self,
         node: &'a NodeAddr,
         ops: Vec<WriteOp<'a>>,
         valid_for: Duration,
-    ) -> BoxFuture<'a, Result<()>>;
+    ) -> BoxFuture<'a, Result<Vec<Checksum>>>;
     /// Sends `request`, which moves no bulk bytes (stage, unstage), to `node` and returns the
     /// node's reply.
     fn request<'a>(

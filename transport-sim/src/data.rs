@@ -280,8 +280,9 @@ impl DataPlane for SimDataPlane {
         node: &'a NodeAddr,
         ops: Vec<WriteOp<'a>>,
         valid_for: Duration,
-    ) -> BoxFuture<'a, Result<()>> {
+    ) -> BoxFuture<'a, Result<Vec<Checksum>>> {
         Box::pin(async move {
+            let sums: Vec<Checksum> = ops.iter().map(|op| Checksum::of(op.src)).collect();
             let sent_at_us = sim_clock_us();
             let valid_for_us = valid_for.as_micros().min(u128::from(u64::MAX)) as u64;
             let split: Vec<(u64, &[u8])> = ops
@@ -314,7 +315,11 @@ impl DataPlane for SimDataPlane {
                     .await
                     .map(|_| ())
                 });
-            join_all(requests).await.into_iter().collect()
+            join_all(requests)
+                .await
+                .into_iter()
+                .collect::<Result<()>>()
+                .map(|()| sums)
         })
     }
 

@@ -331,7 +331,14 @@ const MAX_IDLE_PER_NODE: usize = 32;
 /// One lane of a (possibly striped) transfer: ranges and their local buffers.
 enum Lane<'a> {
     Read(Vec<(u64, ReadPiece<'a>)>),
-    Write(Vec<(u64, &'a [u8])>),
+    Write(Vec<(u64, WritePiece<'a>)>),
+}
+
+/// A piece of a write operation's source, remembering which operation it belongs to.
+#[derive(Clone, Copy)]
+struct WritePiece<'a> {
+    op: usize,
+    src: &'a [u8],
 }
 
 /// A piece of a read operation's destination, remembering which operation it belongs to.
@@ -474,7 +481,7 @@ impl TcpDataPlane {
         let mut landed = Vec::new();
         let bytes: usize = match &lane {
             Lane::Read(ops) => ops.iter().map(|o| o.1.size()).sum(),
-            Lane::Write(ops) => ops.iter().map(|o| o.1.len()).sum(),
+            Lane::Write(ops) => ops.iter().map(|o| o.1.size()).sum(),
         };
         let budget = self.config.timeout + self.config.timeout_per_mib * (bytes >> 20) as u32;
         let fail = |what: String| {
@@ -511,7 +518,17 @@ impl TcpDataPlane {
                             sent_at_us: (now - data_conn.opened).as_micros() as u64,
                             valid_for_us: valid_for.as_micros() as u64,
                         };
-                        let bulk: Vec<&[u8]> = chunk.iter().map(|o| o.1).collect();
+                        // Summed just before it goes out: the node takes in the previous
+                        // chunk meanwhile.
+                        for (addr, piece) in chunk {
+                            landed.push(LandedPiece {
+                                op: piece.op,
+                                addr: *addr,
+                                len: piece.src.len() as u64,
+                                checksum: Checksum::of(piece.src),
+                            });
+                        }
+                        let bulk: Vec<&[u8]> = chunk.iter().map(|o| o.1.src).collect();
                         conn.write_message(first + i as u64, &request, &bulk)
                             .await
                             .map_err(|e| fail(format!("send failed: {e}")))?;
@@ -646,12 +663,14 @@ impl SplitBuf for ReadPiece<'_> {
     }
 }
 
-impl SplitBuf for &[u8] {
+impl SplitBuf for WritePiece<'_> {
     fn size(&self) -> usize {
-        self.len()
+        self.src.len()
     }
     fn split(self, at: usize) -> (Self, Self) {
-        self.split_at(at)
+        let (head, tail) = self.src.split_at(at);
+        let op = self.op;
+        (WritePiece { op, src: head }, WritePiece { op, src: tail })
     }
 }
 
@@ -706,10 +725,11 @@ impl DataPlane for TcpDataPlane {
         node: &'a NodeAddr,
         ops: Vec<WriteOp<'a>>,
         valid_for: Duration,
-    ) -> BoxFuture<'a, Result<()>> {
+    ) -> BoxFuture<'a, Result<Vec<Checksum>>> {
         Box::pin(async move {
             let deadline = Instant::now() + valid_for.min(Duration::from_secs(86_400));
             if let Some(segment) = self.local_segment(node) {
+                let mut sums = Vec::with_capacity(ops.len());
                 for op in ops {
                     if !segment.copy_in(op.addr, op.src) {
                         return Err(Error::new(
@@ -717,16 +737,23 @@ impl DataPlane for TcpDataPlane {
                             format!("write {:#x}+{} outside the segment", op.addr, op.src.len()),
                         ));
                     }
+                    sums.push(Checksum::of(op.src));
                 }
-                return Ok(());
+                return Ok(sums);
             }
-            let ops: Vec<(u64, &[u8])> = ops.into_iter().map(|o| (o.addr, o.src)).collect();
-            let total: usize = ops.iter().map(|o| o.1.len()).sum();
+            let count = ops.len();
+            let ops: Vec<(u64, WritePiece<'_>)> = ops
+                .into_iter()
+                .enumerate()
+                .map(|(op, o)| (o.addr, WritePiece { op, src: o.src }))
+                .collect();
+            let total: usize = ops.iter().map(|o| o.1.size()).sum();
             let lanes = self.lanes_for(total as u64);
             let runs = split_lanes(ops, lanes)
                 .into_iter()
                 .map(|lane| self.run_lane(node, Lane::Write(lane), deadline));
-            first_error(join_all(runs).await).map(drop)
+            let sent = first_error(join_all(runs).await)?;
+            Ok(checksums_of(count, sent))
         })
     }
 

@@ -30,17 +30,18 @@ impl Client {
             let started = Instant::now();
             let mut value = crate::memory::value_buffer(prefetch.source.len)?;
             let source = std::slice::from_ref(&prefetch.source);
-            let mut transfer = self
+            let read = self
                 .read_replica(key, source, prefetch.checksum, &mut value)
                 .await;
-            if transfer.is_ok() {
-                transfer = self
+            let transfer = match read {
+                Ok(()) => self
                     .write_batch(&[(&prefetch.grant, &value)], started)
                     .await
                     .pop()
-                    .expect("one result");
-            }
-            let transfer = transfer.map(|()| prefetch.checksum);
+                    .expect("one result"),
+                Err(e) => Err(e),
+            };
+
             if let Err(e) = self.finish_write(key, &prefetch.grant, transfer).await {
                 warn!(key, "prefetch from disk failed; reads stay on disk: {e}");
             }

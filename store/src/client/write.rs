@@ -41,11 +41,7 @@ impl Client {
             .pop()
             .expect("one result");
         buggify::hold(Site::CLIENT_BEFORE_PUT_END).await;
-        let checksum = result
-            .as_ref()
-            .map(|()| Checksum::of(value))
-            .map_err(Clone::clone);
-        self.finish_write(key, &grant, checksum).await
+        self.finish_write(key, &grant, result).await
     }
 
     /// Starts a put or upsert. An upsert refused with `OBJECT_REPLICA_BUSY` (readers hold the
@@ -179,7 +175,7 @@ impl Client {
         for (&(i, grant), transfer) in started_ok.iter().zip(transfers) {
             let (key, write) = (items[i].0.to_string(), grant.write_id);
             match transfer {
-                Ok(()) => ends.push((i, (key, write, Checksum::of(items[i].1)))),
+                Ok(checksum) => ends.push((i, (key, write, checksum))),
                 Err(e) => {
                     results[i] = Err(e);
                     aborts.push((key, write));
@@ -215,12 +211,13 @@ impl Client {
     }
 
     /// Writes each value to every replica of its grant, grouped per node, all in parallel,
-    /// stopping at the writer's self-fence. One result per job.
+    /// stopping at the writer's self-fence. One result per job: the checksum of the value,
+    /// summed as it went out (every replica's copy must agree).
     pub(super) async fn write_batch(
         &self,
         jobs: &[(&PutGrant, &[u8])],
         started: Instant,
-    ) -> Vec<Result<()>> {
+    ) -> Vec<Result<Checksum>> {
         let fence = self.write_fence(started);
         if fence.is_zero() {
             let e = Error::new(
@@ -231,7 +228,7 @@ impl Client {
             return vec![Err(e); jobs.len()];
         }
         let mut per_node: BTreeMap<NodeAddr, Vec<PlannedWrite<'_>>> = BTreeMap::new();
-        let mut results: Vec<Result<()>> = vec![Ok(()); jobs.len()];
+        let mut results: Vec<Result<Option<Checksum>>> = vec![Ok(None); jobs.len()];
         let ids: Vec<SegmentId> = jobs
             .iter()
             .flat_map(|(g, _)| g.replicas.iter().map(|r| r.segment))
@@ -271,13 +268,40 @@ impl Client {
             (ops, outcome)
         });
         for (ops, outcome) in join_all(transfers).await {
-            if let Err(e) = outcome {
-                for &(job, _, _) in ops {
-                    results[job] = Err(e.clone());
+            let sums = outcome.and_then(|sums| {
+                if sums.len() == ops.len() {
+                    Ok(sums)
+                } else {
+                    Err(Error::new(
+                        ErrorCode::INTERNAL_ERROR,
+                        format!("{} checksums for {} writes", sums.len(), ops.len()),
+                    ))
+                }
+            });
+            match sums {
+                Ok(sums) => {
+                    for (&(job, _, _), sum) in ops.iter().zip(sums) {
+                        results[job] = match &results[job] {
+                            Ok(Some(seen)) if *seen != sum => Err(Error::new(
+                                ErrorCode::WRITE_FAIL,
+                                "the value changed while it was being written; put it again",
+                            )),
+                            Ok(_) => Ok(Some(sum)),
+                            Err(e) => Err(e.clone()),
+                        };
+                    }
+                }
+                Err(e) => {
+                    for &(job, _, _) in ops {
+                        results[job] = Err(e.clone());
+                    }
                 }
             }
         }
         results
+            .into_iter()
+            .map(|r| r.map(|sum| sum.unwrap_or(Checksum::EMPTY)))
+            .collect()
     }
 
     /// How long a write that started at `started` may still run (the self-fence): until
