@@ -385,9 +385,15 @@ impl TcpDataPlane {
             .expect("pool lock")
             .get_mut(&node.endpoint)
             .and_then(|conns| {
-                // The node closes connections idle for IDLE_TIMEOUT: never race it.
-                conns.retain(|c| c.last_used.elapsed() < IDLE_TIMEOUT / 2);
-                conns.pop()
+                // The node closes connections idle for IDLE_TIMEOUT: never race it. The newest
+                // is on top; below a stale one, all are stale.
+                let conn = conns.pop()?;
+                if conn.last_used.elapsed() < IDLE_TIMEOUT / 2 {
+                    Some(conn)
+                } else {
+                    conns.clear();
+                    None
+                }
             });
         if let Some(conn) = pooled {
             return Ok(conn);

@@ -85,9 +85,16 @@ impl TcpControlPlane {
     async fn round_trip(&self, request: &MasterRequest) -> Result<Reply> {
         let pooled = {
             let mut idle = self.idle.lock().expect("pool lock");
-            // The master closes connections idle for IDLE_TIMEOUT: never race it.
-            idle.retain(|(_, used)| used.elapsed() < IDLE_TIMEOUT / 2);
-            idle.pop().map(|(conn, _)| conn)
+            // The master closes connections idle for IDLE_TIMEOUT: never race it. The newest
+            // is on top; below a stale one, all are stale.
+            match idle.pop() {
+                Some((conn, used)) if used.elapsed() < IDLE_TIMEOUT / 2 => Some(conn),
+                Some(_) => {
+                    idle.clear();
+                    None
+                }
+                None => None,
+            }
         };
         let mut conn = match pooled {
             Some(conn) => conn,
