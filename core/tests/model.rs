@@ -57,6 +57,27 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// `ops` (a step may expand to several) after remounting the harness's three segments at
+/// 16 KiB each, so a dozen keys keep the pool full.
+fn on_small_pools(ops: Vec<Vec<Op>>) -> Vec<Op> {
+    (0..3u8)
+        .flat_map(|n| {
+            [
+                Op::Unmount {
+                    client: n,
+                    segment: n,
+                },
+                Op::Mount {
+                    client: n,
+                    segment: n,
+                    kib: 16,
+                },
+            ]
+        })
+        .chain(ops.into_iter().flatten())
+        .collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: std::env::var("MOORING_PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(256),
@@ -189,22 +210,7 @@ fn random_churn_exercises_window_eviction() {
     for _ in 0..60 {
         let (seed, ops) = strategy.new_tree(&mut runner).expect("generate").current();
         // Shrink the pool to 3 x 20 KiB so a dozen keys of up to 24 KiB keep it full.
-        let mut ops: Vec<Op> = (0..3u8)
-            .flat_map(|n| {
-                [
-                    Op::Unmount {
-                        client: n,
-                        segment: n,
-                    },
-                    Op::Mount {
-                        client: n,
-                        segment: n,
-                        kib: 16,
-                    },
-                ]
-            })
-            .chain(ops.into_iter().flatten())
-            .collect();
+        let mut ops = on_small_pools(ops);
         ops.push(Op::Tick);
         let mut harness = Harness::new(seed);
         if let Err(e) = harness.run(&ops) {
@@ -261,22 +267,7 @@ fn random_disk_churn_exercises_the_disk_tier() {
     let mut total: BTreeMap<&'static str, u64> = BTreeMap::new();
     for _ in 0..200 {
         let (seed, ops) = strategy.new_tree(&mut runner).expect("generate").current();
-        let ops: Vec<Op> = (0..3u8)
-            .flat_map(|n| {
-                [
-                    Op::Unmount {
-                        client: n,
-                        segment: n,
-                    },
-                    Op::Mount {
-                        client: n,
-                        segment: n,
-                        kib: 16,
-                    },
-                ]
-            })
-            .chain(ops.into_iter().flatten())
-            .collect();
+        let ops = on_small_pools(ops);
         let mut harness = Harness::new(seed);
         if let Err(e) = harness.run(&ops) {
             panic!("seed {seed}: {e}");

@@ -20,13 +20,14 @@ use mooring_proto::transport::{
     BoxFuture, DataPlane, DataServer, LandedPiece, NodeAddr, ReadOp, SegmentMemory, Stager,
     WriteOp, checksums_of,
 };
-use mooring_proto::wire::{DataReply, DataRequest, DataResponse, Range};
+use mooring_proto::wire::{DataReply, DataRequest, DataResponse};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::framed::{Framed, ReadError};
+use crate::lanes::{ReadPiece, SplitBuf, WritePiece, chunk_ops, ranges_of, split_lanes};
 use crate::limits::{ConnectionLimits, IDLE_TIMEOUT};
 use crate::peer_clock::PeerClock;
 use crate::{handshake, refusals};
@@ -334,19 +335,6 @@ enum Lane<'a> {
     Write(Vec<(u64, WritePiece<'a>)>),
 }
 
-/// A piece of a write operation's source, remembering which operation it belongs to.
-#[derive(Clone, Copy)]
-struct WritePiece<'a> {
-    op: usize,
-    src: &'a [u8],
-}
-
-/// A piece of a read operation's destination, remembering which operation it belongs to.
-struct ReadPiece<'a> {
-    op: usize,
-    dest: &'a mut [u8],
-}
-
 /// Bytes received between checksum updates: small enough that a piece is summed while it is
 /// still in cache, and while the lanes' other bytes are still arriving.
 const SUM_STEP: usize = 128 * 1024;
@@ -602,84 +590,6 @@ impl TcpDataPlane {
     }
 }
 
-/// Splits `(addr, buffer)` operations into `lanes` groups of about equal bytes, cutting
-/// buffers where needed.
-fn split_lanes<B: SplitBuf>(ops: Vec<(u64, B)>, lanes: usize) -> Vec<Vec<(u64, B)>> {
-    let total: usize = ops.iter().map(|o| o.1.size()).sum();
-    chunk_ops(ops, total.div_ceil(lanes.max(1)))
-}
-
-/// Splits `(addr, buffer)` operations, in order, into groups of at most `per_chunk` bytes,
-/// cutting buffers where needed.
-fn chunk_ops<B: SplitBuf>(ops: Vec<(u64, B)>, per_chunk: usize) -> Vec<Vec<(u64, B)>> {
-    let per_chunk = per_chunk.max(1);
-    let mut out: Vec<Vec<(u64, B)>> = vec![Vec::new()];
-    let mut room = per_chunk;
-    for (mut addr, mut buf) in ops {
-        while buf.size() > 0 {
-            if room == 0 {
-                out.push(Vec::new());
-                room = per_chunk;
-            }
-            let take = room.min(buf.size());
-            let (head, tail) = buf.split(take);
-            out.last_mut().expect("a chunk").push((addr, head));
-            addr += take as u64;
-            room -= take;
-            buf = tail;
-        }
-    }
-    out.retain(|c| !c.is_empty());
-    out
-}
-
-/// The ranges an operation group covers.
-fn ranges_of<B: SplitBuf>(ops: &[(u64, B)]) -> Vec<Range> {
-    ops.iter()
-        .map(|(addr, buf)| Range {
-            addr: *addr,
-            len: buf.size() as u64,
-        })
-        .collect()
-}
-
-/// A buffer that can be cut in two.
-trait SplitBuf: Sized {
-    fn size(&self) -> usize;
-    fn split(self, at: usize) -> (Self, Self);
-}
-
-impl SplitBuf for &mut [u8] {
-    fn size(&self) -> usize {
-        self.len()
-    }
-    fn split(self, at: usize) -> (Self, Self) {
-        self.split_at_mut(at)
-    }
-}
-
-impl SplitBuf for ReadPiece<'_> {
-    fn size(&self) -> usize {
-        self.dest.len()
-    }
-    fn split(self, at: usize) -> (Self, Self) {
-        let (head, tail) = self.dest.split_at_mut(at);
-        let op = self.op;
-        (ReadPiece { op, dest: head }, ReadPiece { op, dest: tail })
-    }
-}
-
-impl SplitBuf for WritePiece<'_> {
-    fn size(&self) -> usize {
-        self.src.len()
-    }
-    fn split(self, at: usize) -> (Self, Self) {
-        let (head, tail) = self.src.split_at(at);
-        let op = self.op;
-        (WritePiece { op, src: head }, WritePiece { op, src: tail })
-    }
-}
-
 /// A deadline that never matters (reads have none).
 fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86_400)
@@ -769,21 +679,5 @@ impl DataPlane for TcpDataPlane {
         request: DataRequest,
     ) -> BoxFuture<'a, Result<DataReply>> {
         Box::pin(self.call(node, request))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lanes_cover_every_byte_once_in_order() {
-        let mut a = vec![0u8; 1000];
-        let mut b = [0u8; 10];
-        let ops: Vec<(u64, &mut [u8])> = vec![(100, &mut a[..]), (5000, &mut b[..])];
-        let lanes = split_lanes(ops, 3);
-        assert_eq!(lanes.len(), 3);
-        let flat: Vec<(u64, usize)> = lanes.iter().flatten().map(|(a, b)| (*a, b.len())).collect();
-        assert_eq!(flat, [(100, 337), (437, 337), (774, 326), (5000, 10)]);
     }
 }

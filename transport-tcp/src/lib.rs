@@ -13,6 +13,7 @@
 mod data;
 mod framed;
 pub mod handshake;
+mod lanes;
 pub mod limits;
 mod peer_clock;
 mod refusals;
