@@ -78,6 +78,19 @@ fn on_small_pools(ops: Vec<Vec<Op>>) -> Vec<Op> {
         .collect()
 }
 
+/// Fails unless every path in `required` was reached in `total`.
+fn assert_reached(required: &[&str], total: &std::collections::BTreeMap<&'static str, u64>) {
+    let missing: Vec<&str> = required
+        .iter()
+        .copied()
+        .filter(|w| !total.contains_key(w))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "never reached {missing:?}; coverage {total:?}"
+    );
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: std::env::var("MOORING_PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(256),
@@ -169,15 +182,7 @@ fn random_interaction_reaches_every_path() {
         "disk-recovered-refused",
     ];
     eprintln!("coverage over 120 runs: {total:?}");
-    let missing: Vec<&str> = required
-        .iter()
-        .copied()
-        .filter(|w| !total.contains_key(w))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "never reached {missing:?}; coverage {total:?}"
-    );
+    assert_reached(&required, &total);
 }
 
 /// Churn of complete objects of mixed sizes (some hard-pinned, some read recently): the shape
@@ -287,13 +292,5 @@ fn random_disk_churn_exercises_the_disk_tier() {
         "disk-recovered-adopted",
         "disk-recovered-refused",
     ];
-    let missing: Vec<&str> = required
-        .iter()
-        .copied()
-        .filter(|w| !total.contains_key(w))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "never reached {missing:?}; coverage {total:?}"
-    );
+    assert_reached(&required, &total);
 }

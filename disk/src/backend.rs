@@ -43,6 +43,19 @@ pub struct Held {
     pub unit: u64,
 }
 
+impl Held {
+    /// What a backend holds once `record` is stored, in eviction unit `unit`.
+    pub fn of(record: &RecordBuf, unit: u64) -> Held {
+        Held {
+            key: record.key().to_string(),
+            version: record.version(),
+            len: record.value_len(),
+            checksum: record.checksum(),
+            unit,
+        }
+    }
+}
+
 /// What a recovery scan found.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Recovered {

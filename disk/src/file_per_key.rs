@@ -10,7 +10,6 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use mooring_core::Checksum;
 use mooring_proto::disk::{Disk, IoBuf, IoResult};
 use mooring_proto::transport::BoxFuture;
 use tracing::warn;
@@ -178,40 +177,24 @@ impl FilePerKey {
     /// [`Backend::put`]: one file each, written concurrently (their syncs overlap), and the
     /// group's other files removed if one fails.
     async fn put_group(&self, records: Vec<RecordBuf>) -> io::Result<Vec<Held>> {
-        let written: Vec<(String, u64, u64, Checksum)> = records
+        let written: Vec<Held> = records
             .iter()
-            .map(|r| {
-                (
-                    r.key().to_string(),
-                    r.version(),
-                    r.value_len(),
-                    r.checksum(),
-                )
-            })
+            .map(|r| Held::of(r, self.next_unit.fetch_add(1, Ordering::Relaxed)))
             .collect();
         let writes = records.into_iter().map(|record| self.put_record(record));
         let results = futures_util::future::join_all(writes).await;
         if let Some(pos) = results.iter().position(Result::is_err) {
-            for ((key, version, _, _), result) in written.iter().zip(&results) {
+            for (held, result) in written.iter().zip(&results) {
                 if result.is_ok()
-                    && let Err(undo) = self.remove_version(key, *version).await
+                    && let Err(undo) = self.remove_version(&held.key, held.version).await
                 {
-                    warn!(%key, "could not undo a failed group write: {undo}");
+                    warn!(key = %held.key, "could not undo a failed group write: {undo}");
                 }
             }
             let mut results = results;
             return Err(results.swap_remove(pos).expect_err("the failed write"));
         }
-        Ok(written
-            .into_iter()
-            .map(|(key, version, len, checksum)| Held {
-                key,
-                version,
-                len,
-                checksum,
-                unit: self.next_unit.fetch_add(1, Ordering::Relaxed),
-            })
-            .collect())
+        Ok(written)
     }
 
     /// [`Backend::read`]: the whole file into `buf`.

@@ -130,16 +130,9 @@ impl OffsetFile {
             .collect();
         let sizes: Vec<u64> = records.iter().map(|r| r.bytes().len() as u64).collect();
         let allocations = self.allocate(&sizes)?;
-        let kept: Vec<(String, u64, u64, Checksum)> = records
+        let kept: Vec<Held> = records
             .iter()
-            .map(|r| {
-                (
-                    r.key().to_string(),
-                    r.version(),
-                    r.value_len(),
-                    r.checksum(),
-                )
-            })
+            .map(|r| Held::of(r, self.next_unit.fetch_add(1, Ordering::Relaxed)))
             .collect();
         let mut attempted = 0;
         let written = async {
@@ -162,30 +155,22 @@ impl OffsetFile {
             self.free(allocations.iter().map(|a| a.node));
             return Err(e);
         }
-        let mut held = Vec::with_capacity(kept.len());
         let mut replaced = Vec::new();
-        for ((key, version, value_len, checksum), at) in kept.into_iter().zip(&allocations) {
+        for (held, at) in kept.iter().zip(&allocations) {
             let entry = Entry {
                 offset: at.offset,
                 node: at.node,
-                version,
-                value_len,
+                version: held.version,
+                value_len: held.len,
             };
-            replaced.extend(self.shard(&key).insert(key.clone(), entry));
-            held.push(Held {
-                key,
-                version,
-                len: value_len,
-                checksum,
-                unit: self.next_unit.fetch_add(1, Ordering::Relaxed),
-            });
+            replaced.extend(self.shard(&held.key).insert(held.key.clone(), entry));
         }
         if let Err(e) = self.retire(&replaced).await {
             // The new values are durable and served; an old record left intact is resolved by
             // recovery, which keeps the higher version.
             warn!("could not invalidate replaced records: {e}");
         }
-        Ok(held)
+        Ok(kept)
     }
 
     /// Space for records of `sizes`: all of it, or a `StorageFull` error and none.
