@@ -12,6 +12,7 @@
 //! | [`wire`] | messages and the checksummed frame codec |
 //! | [`dispatch`] | a request to the master, applied to the core; the reply it gives |
 //! | [`transport`] | the control-plane and data-plane traits, segment memory, the export table |
+//! | [`summing`] | checksums summed on a helper thread while a transfer moves the next bytes |
 //! | [`serve`] | a node's answer to each data request, shared by every transport's data server |
 //! | [`disk`] | the file I/O trait the SSD tier's disks implement |
 //! | [`fuzz`] | fuzz entry points for every decoder of network bytes |
@@ -21,6 +22,7 @@ pub mod disk;
 pub mod dispatch;
 pub mod fuzz;
 pub mod serve;
+pub mod summing;
 /// Lock and atomic types, swapped for loom's under `--cfg mooring_loom` so loom can model
 /// the structures that share state across threads (the export table).
 mod sync;

@@ -16,6 +16,7 @@ use futures_util::future::join_all;
 use mooring_core::{Checksum, Error, ErrorCode, Result};
 use mooring_proto::auth::ClusterToken;
 use mooring_proto::serve::{DataService, Ranges, Served};
+use mooring_proto::summing::{STEP, Summing};
 use mooring_proto::transport::{
     BoxFuture, DataPlane, DataServer, LandedPiece, NodeAddr, ReadOp, SegmentMemory, Stager,
     WriteOp, checksums_of,
@@ -335,10 +336,6 @@ enum Lane<'a> {
     Write(Vec<(u64, WritePiece<'a>)>),
 }
 
-/// Bytes received between checksum updates: small enough that a piece is summed while it is
-/// still in cache, and while the lanes' other bytes are still arriving.
-const SUM_STEP: usize = 128 * 1024;
-
 impl TcpDataPlane {
     /// A data plane that recognises this process's segments through `local`.
     pub fn new(local: Arc<LocalSegments>, config: DataPlaneConfig) -> Arc<TcpDataPlane> {
@@ -472,7 +469,6 @@ impl TcpDataPlane {
         lane: Lane<'_>,
         deadline: Instant,
     ) -> Result<Vec<LandedPiece>> {
-        let mut landed = Vec::new();
         let bytes: usize = match &lane {
             Lane::Read(ops) => ops.iter().map(|o| o.1.size()).sum(),
             Lane::Write(ops) => ops.iter().map(|o| o.1.size()).sum(),
@@ -490,12 +486,17 @@ impl TcpDataPlane {
             let mut data_conn = self.checkout(node).await?;
             let conn = &mut data_conn.framed;
             let request_bulk = self.config.request_bulk.max(1) as usize;
-            match lane {
+            let landed = match lane {
                 Lane::Write(ops) => {
                     let chunks = chunk_ops(ops, request_bulk);
                     let first = self
                         .next_id
                         .fetch_add(chunks.len() as u64, Ordering::Relaxed);
+                    // The helper sums the pieces while they go out.
+                    let mut sums = Summing::new();
+                    for (addr, piece) in chunks.iter().flatten() {
+                        sums.add_all(piece.op, *addr, piece.src);
+                    }
                     for (i, chunk) in chunks.iter().enumerate() {
                         // The node's view of the send time may be off by up to the probe's
                         // round trip: announce that much less.
@@ -512,16 +513,6 @@ impl TcpDataPlane {
                             sent_at_us: (now - data_conn.opened).as_micros() as u64,
                             valid_for_us: valid_for.as_micros() as u64,
                         };
-                        // Summed just before it goes out: the node takes in the previous
-                        // chunk meanwhile.
-                        for (addr, piece) in chunk {
-                            landed.push(LandedPiece {
-                                op: piece.op,
-                                addr: *addr,
-                                len: piece.src.len() as u64,
-                                checksum: Checksum::of(piece.src),
-                            });
-                        }
                         let bulk: Vec<&[u8]> = chunk.iter().map(|o| o.1.src).collect();
                         conn.write_message(first + i as u64, &request, &bulk)
                             .await
@@ -538,6 +529,7 @@ impl TcpDataPlane {
                         // A refused write closes the connection on the node's side.
                         result?;
                     }
+                    sums.finish()
                 }
                 Lane::Read(ops) => {
                     let mut chunks = chunk_ops(ops, request_bulk);
@@ -553,6 +545,8 @@ impl TcpDataPlane {
                             .await
                             .map_err(|e| fail(format!("send failed: {e}")))?;
                     }
+                    // Each step is summed by the helper while the next one lands.
+                    let mut sums = Summing::new();
                     for (i, chunk) in chunks.iter_mut().enumerate() {
                         let (reply_id, result) = conn
                             .read_message::<DataResponse>()
@@ -563,23 +557,20 @@ impl TcpDataPlane {
                         }
                         result?;
                         for (addr, piece) in chunk.iter_mut() {
-                            let mut checksum = Checksum::EMPTY;
-                            for step in piece.dest.chunks_mut(SUM_STEP) {
+                            let mut at = *addr;
+                            for step in piece.dest.chunks_mut(STEP) {
                                 conn.read_exact(step)
                                     .await
                                     .map_err(|e| fail(format!("receive failed: {e}")))?;
-                                checksum = checksum.append(step);
+                                let len = step.len() as u64;
+                                sums.add(piece.op, at, step);
+                                at += len;
                             }
-                            landed.push(LandedPiece {
-                                op: piece.op,
-                                addr: *addr,
-                                len: piece.dest.len() as u64,
-                                checksum,
-                            });
                         }
                     }
+                    sums.finish()
                 }
-            }
+            };
             self.checkin(node, data_conn);
             Ok(landed)
         };
@@ -608,17 +599,24 @@ impl DataPlane for TcpDataPlane {
     ) -> BoxFuture<'a, Result<Vec<Checksum>>> {
         Box::pin(async move {
             if let Some(segment) = self.local_segment(node) {
-                let mut sums = Vec::with_capacity(ops.len());
-                for op in ops {
-                    if !segment.copy_out(op.addr, op.dest) {
-                        return Err(Error::new(
-                            ErrorCode::INVALID_PARAMS,
-                            format!("read {:#x}+{} outside the segment", op.addr, op.dest.len()),
-                        ));
+                let count = ops.len();
+                let mut sums = Summing::new();
+                for (index, op) in ops.into_iter().enumerate() {
+                    let len = op.dest.len();
+                    let mut at = op.addr;
+                    for step in op.dest.chunks_mut(STEP) {
+                        if !segment.copy_out(at, step) {
+                            return Err(Error::new(
+                                ErrorCode::INVALID_PARAMS,
+                                format!("read {:#x}+{len} outside the segment", op.addr),
+                            ));
+                        }
+                        let step_len = step.len() as u64;
+                        sums.add(index, at, step);
+                        at += step_len;
                     }
-                    sums.push(Checksum::of(op.dest));
                 }
-                return Ok(sums);
+                return Ok(checksums_of(count, sums.finish()));
             }
             let count = ops.len();
             let ops: Vec<(u64, ReadPiece<'_>)> = ops
@@ -645,17 +643,19 @@ impl DataPlane for TcpDataPlane {
         Box::pin(async move {
             let deadline = Instant::now() + valid_for.min(Duration::from_secs(86_400));
             if let Some(segment) = self.local_segment(node) {
-                let mut sums = Vec::with_capacity(ops.len());
-                for op in ops {
+                let count = ops.len();
+                let mut sums = Summing::new();
+                for (index, op) in ops.into_iter().enumerate() {
+                    // The helper sums the source while it is copied.
+                    sums.add_all(index, op.addr, op.src);
                     if !segment.copy_in(op.addr, op.src) {
                         return Err(Error::new(
                             ErrorCode::INVALID_PARAMS,
                             format!("write {:#x}+{} outside the segment", op.addr, op.src.len()),
                         ));
                     }
-                    sums.push(Checksum::of(op.src));
                 }
-                return Ok(sums);
+                return Ok(checksums_of(count, sums.finish()));
             }
             let count = ops.len();
             let ops: Vec<(u64, WritePiece<'_>)> = ops
