@@ -6,7 +6,7 @@
 //! returning wrong bytes. The value's checksum does not change when the value moves (copy,
 //! move, offload to disk, prefetch back), only when a new value is written.
 //!
-//! crc32c is hardware-accelerated on x86-64 (SSE 4.2) and aarch64, and composes: checksums of
+//! crc32c is hardware-accelerated on x86-64 (`mooring-crc`: about 35 GB/s here) and aarch64, and composes: checksums of
 //! consecutive pieces combine into the checksum of the whole ([`Checksum::then`]), so readers
 //! can check pieces as they land, in parallel, and never make a second pass over the value.
 
@@ -32,12 +32,12 @@ impl Checksum {
 
     /// The checksum of `bytes`.
     pub fn of(bytes: &[u8]) -> Checksum {
-        Checksum(crc32c::crc32c(bytes))
+        Checksum(mooring_crc::append(0, bytes))
     }
 
     /// The checksum of the bytes this is the checksum of, followed by `more`.
     pub fn append(self, more: &[u8]) -> Checksum {
-        Checksum(crc32c::crc32c_append(self.0, more))
+        Checksum(mooring_crc::append(self.0, more))
     }
 
     /// The checksum of the bytes this is the checksum of, followed by `next_len` bytes whose

@@ -223,11 +223,15 @@ impl Helper {
     }
 }
 
-/// The process's helper, started on first use; `None` where a thread cannot be started or
-/// there is only one core (the caller sums everything itself then).
+/// The process's helper, started on first use; `None` where a thread cannot be started, where
+/// there is only one core, and in the simulation, which runs every node on one thread (the
+/// caller sums everything itself then).
 fn helper() -> Option<&'static Helper> {
     static HELPER: OnceLock<Option<&'static Helper>> = OnceLock::new();
     *HELPER.get_or_init(|| {
+        if cfg!(madsim) {
+            return None;
+        }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         if cores < 2 {
             return None;
