@@ -17,6 +17,9 @@ EXPS = {
    ('core/src/eviction.rs', "        self.release_read_blocks(&replicas, done);\n        self.counters.evicted_objects",
                             "        self.release_read_blocks(&replicas, crate::time::Millis::ZERO);\n        self.counters.evicted_objects"),
  ],
+ 'evict-hard-pinned': [
+   ('core/src/object.rs', "        if self.hard_pinned\n            || self.pinned_in_place()", "        if false\n            || self.pinned_in_place()"),
+ ],
  'evict-by-lease-expiry': [
    ('core/src/eviction.rs', "            let candidate = (object.last_access, slot, bytes);", "            let candidate = (object.lease_expiry, slot, bytes);"),
  ],

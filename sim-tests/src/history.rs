@@ -12,8 +12,14 @@
 //!   overwritten (or removed and replaced) for good before the read started. The same holds
 //!   for an acknowledged remove in place of `u`.
 //!
-//! "Not found" and errors are always allowed (eviction, node loss, faults); whether they
-//! happen only when they should is the liveness phase's and the master invariants' job.
+//! A read that finds nothing ("not found", `exist` false) must be justified: if a write of the
+//! key was acknowledged before the read began, something legal must have taken the object
+//! away since that write began — a remove (of any outcome, by key or by pattern), another
+//! write of the key (a preempted or abandoned write can take the object with it), or an event
+//! of the master's: eviction (never of a hard-pinned value: those stay while a node holding
+//! them lives), the loss of its last replica with a node, a discarded write that removed it.
+//! Other errors are allowed (faults, a damaged replica); whether they happen only when they
+//! should is the liveness phase's and the master invariants' job.
 //! Writes whose outcome the client could not know (a lost RPC, a crash mid-operation) may or
 //! may not have committed, so reading them is allowed but they never make others stale.
 
@@ -49,6 +55,43 @@ struct Write {
     invoked: At,
     outcome: Outcome,
     upsert: bool,
+    hard_pinned: bool,
+}
+
+/// A read that found no value.
+#[derive(Clone, Debug)]
+struct Absence {
+    key: String,
+    invoked: At,
+    completed: At,
+    what: &'static str,
+}
+
+/// A remove of any outcome, of one key or of every key matching a pattern.
+#[derive(Clone, Debug)]
+struct RemoveAttempt {
+    pattern: regex::Regex,
+    invoked: At,
+    /// `None` while running (at the end of a run: its client crashed).
+    ended: Option<At>,
+}
+
+/// Why the master let an object go on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GoneWhy {
+    /// Evicted from memory with no disk copy to read from.
+    Evicted,
+    /// Its last replica went with a node's segment.
+    Lost,
+    /// A discarded write took it.
+    Discarded,
+}
+
+#[derive(Clone, Debug)]
+struct Gone {
+    key: String,
+    at: At,
+    why: GoneWhy,
 }
 
 #[derive(Clone, Debug)]
@@ -109,6 +152,9 @@ pub struct History {
     writes: BTreeMap<u64, Write>,
     reads: Vec<Read>,
     removes: Vec<Remove>,
+    absences: Vec<Absence>,
+    remove_attempts: Vec<RemoveAttempt>,
+    gone: Vec<Gone>,
     violations: Vec<String>,
     /// Keys whose bytes a memory fault damaged in some replica.
     rotted: std::collections::BTreeSet<String>,
@@ -118,9 +164,16 @@ pub struct History {
 
 impl History {
     /// Records the start of a `size`-byte write of `key`; returns its version.
-    pub fn write_invoked(&mut self, key: &str, size: usize, at: At, upsert: bool) -> u64 {
+    pub fn write_invoked(
+        &mut self,
+        key: &str,
+        size: usize,
+        at: At,
+        upsert: bool,
+        hard_pinned: bool,
+    ) -> u64 {
         let version = self.writes.len() as u64 + 1;
-        debug!(key, version, size, upsert, "write invoked");
+        debug!(key, version, size, upsert, hard_pinned, "write invoked");
         self.writes.insert(
             version,
             Write {
@@ -129,6 +182,7 @@ impl History {
                 invoked: at,
                 outcome: Outcome::Pending,
                 upsert,
+                hard_pinned,
             },
         );
         version
@@ -181,6 +235,44 @@ impl History {
                 "{what} of {key:?} at {completed:?} returned another key's value (key hash {hash:#x})"
             )),
         }
+    }
+
+    /// Records that a read of `key` (`what` names the operation) found no value.
+    pub fn read_absent(&mut self, what: &'static str, key: &str, invoked: At, completed: At) {
+        debug!(what, key, "found nothing");
+        self.absences.push(Absence {
+            key: key.to_string(),
+            invoked,
+            completed,
+            what,
+        });
+    }
+
+    /// Records the start of a remove of every key matching `pattern` (a key's own remove
+    /// passes the key, escaped); returns a handle for [`History::remove_ended`].
+    pub fn remove_invoked(&mut self, pattern: &str, at: At) -> usize {
+        let pattern = regex::Regex::new(pattern).expect("the workload's patterns are valid");
+        self.remove_attempts.push(RemoveAttempt {
+            pattern,
+            invoked: at,
+            ended: None,
+        });
+        self.remove_attempts.len() - 1
+    }
+
+    /// Records when the remove `handle` ended, whatever its outcome.
+    pub fn remove_ended(&mut self, handle: usize, at: At) {
+        self.remove_attempts[handle].ended = Some(at);
+    }
+
+    /// Records that the master let `key`'s object go on its own at `at`.
+    pub fn gone(&mut self, key: &str, at: At, why: GoneWhy) {
+        debug!(key, ?at, ?why, "object gone");
+        self.gone.push(Gone {
+            key: key.to_string(),
+            at,
+            why,
+        });
     }
 
     /// Records a remove of `key` acknowledged at `acked`.
@@ -276,9 +368,79 @@ impl History {
                 ));
             }
         }
+        found.extend(self.absences.iter().filter_map(|a| self.unjustified(a)));
         let mut all = self.violations.clone();
         all.extend(found);
         all
+    }
+
+    /// Why the absence `a` is a violation, if it is: a write of its key was acknowledged
+    /// before it began and nothing legal took the value away since that write began.
+    fn unjustified(&self, a: &Absence) -> Option<String> {
+        let writes: Vec<(u64, &Write)> = self
+            .writes
+            .iter()
+            .filter(|(_, w)| w.key == a.key)
+            .map(|(v, w)| (*v, w))
+            .collect();
+        let acked_at = |w: &Write| match w.outcome {
+            Outcome::Acked(at) => Some(at),
+            _ => None,
+        };
+        // The write acknowledged last before the read began.
+        let (version, last) = writes
+            .iter()
+            .filter(|(_, w)| acked_at(w).is_some_and(|at| at < a.invoked))
+            .max_by_key(|(_, w)| acked_at(w))?;
+        let since = last.invoked;
+        let overlaps =
+            |from: At, to: Option<At>| from <= a.completed && to.is_none_or(|t| t >= since);
+        let other_write = writes.iter().any(|(v, w)| {
+            v != version
+                && overlaps(
+                    w.invoked,
+                    match w.outcome {
+                        Outcome::Acked(at) => Some(at),
+                        // A failed or unknown write's effects (a discard) may come later.
+                        _ => None,
+                    },
+                )
+        });
+        let removed = self
+            .remove_attempts
+            .iter()
+            .any(|r| r.pattern.is_match(&a.key) && overlaps(r.invoked, r.ended));
+        let taken = self.gone.iter().any(|g| {
+            g.key == a.key
+                && g.at >= since
+                && g.at <= a.completed
+                && !(last.hard_pinned && g.why == GoneWhy::Evicted)
+        });
+        if other_write || removed || taken {
+            return None;
+        }
+        let evicted = self
+            .gone
+            .iter()
+            .any(|g| g.key == a.key && g.at >= since && g.at <= a.completed);
+        Some(format!(
+            "{} of {:?} during [{:?}, {:?}] found nothing, but version {version} (acknowledged at {:?}{}) was {}",
+            a.what,
+            a.key,
+            a.invoked,
+            a.completed,
+            acked_at(last).expect("acknowledged"),
+            if last.hard_pinned {
+                ", hard-pinned"
+            } else {
+                ""
+            },
+            if evicted {
+                "hard-pinned and evicted anyway"
+            } else {
+                "neither removed, overwritten, evicted nor lost with a node"
+            }
+        ))
     }
 
     /// A digest of everything recorded, to compare two runs of one seed.
@@ -327,9 +489,9 @@ mod tests {
     #[test]
     fn the_judge_accepts_concurrent_reads_and_rejects_stale_failed_and_damaged_ones() {
         let mut h = History::default();
-        let v1 = h.write_invoked("k", 64, ms(0), false);
+        let v1 = h.write_invoked("k", 64, ms(0), false, false);
         h.write_completed(v1, ms(10), Ok(()));
-        let v2 = h.write_invoked("k", 64, ms(20), true);
+        let v2 = h.write_invoked("k", 64, ms(20), true, false);
         // Concurrent with v2: either value is fine.
         h.read_value("get", "k", ms(21), ms(25), &encode("k", v1, 64));
         h.read_value("get", "k", ms(22), ms(26), &encode("k", v2, 64));
@@ -342,9 +504,9 @@ mod tests {
 
         // A definitely failed write must never be seen; an unknown one may.
         let mut h = History::default();
-        let bad = h.write_invoked("k", 64, ms(0), false);
+        let bad = h.write_invoked("k", 64, ms(0), false, false);
         h.write_completed(bad, ms(5), Err(ErrorCode::TRANSFER_FAIL));
-        let unknown = h.write_invoked("k", 64, ms(6), false);
+        let unknown = h.write_invoked("k", 64, ms(6), false, false);
         h.write_completed(unknown, ms(9), Err(ErrorCode::RPC_FAIL));
         h.read_value("get", "k", ms(10), ms(11), &encode("k", unknown, 64));
         assert!(h.judge().is_empty());
@@ -353,7 +515,7 @@ mod tests {
 
         // A remove acknowledged before the read makes older values stale.
         let mut h = History::default();
-        let v = h.write_invoked("k", 64, ms(0), false);
+        let v = h.write_invoked("k", 64, ms(0), false, false);
         h.write_completed(v, ms(1), Ok(()));
         h.remove_acked("k", ms(2), ms(3));
         h.read_value("get", "k", ms(4), ms(5), &encode("k", v, 64));
@@ -361,12 +523,75 @@ mod tests {
 
         // Damaged and foreign bytes are violations at once.
         let mut h = History::default();
-        let v = h.write_invoked("a", 64, ms(0), false);
+        let v = h.write_invoked("a", 64, ms(0), false, false);
         h.read_value("get", "b", ms(1), ms(2), &encode("a", v, 64));
         let mut torn = encode("a", v, 64);
         torn[40] ^= 1;
         h.read_value("get", "a", ms(1), ms(2), &torn);
         assert_eq!(h.judge().len(), 2);
         assert!(h.failed());
+    }
+
+    #[test]
+    fn finding_nothing_needs_a_reason() {
+        // Nothing acknowledged before the read began: nothing to find.
+        let mut h = History::default();
+        let v = h.write_invoked("k", 64, ms(0), false, false);
+        h.read_absent("get", "k", ms(1), ms(2));
+        h.write_completed(v, ms(3), Ok(()));
+        assert!(h.judge().is_empty(), "{:?}", h.judge());
+
+        // Acknowledged, then found missing with no reason: the value was lost.
+        h.read_absent("exist", "k", ms(10), ms(11));
+        assert_eq!(h.judge().len(), 1, "{:?}", h.judge());
+
+        // Each legal reason excuses it: eviction, a remove of any outcome (by pattern too),
+        // another write of the key.
+        for reason in 0..4 {
+            let mut h = History::default();
+            let v = h.write_invoked("k1", 64, ms(0), false, false);
+            h.write_completed(v, ms(3), Ok(()));
+            match reason {
+                0 => h.gone("k1", ms(5), GoneWhy::Evicted),
+                1 => {
+                    let r = h.remove_invoked("^k1$", ms(4));
+                    h.remove_ended(r, ms(6));
+                }
+                2 => {
+                    // Still running when the run ended (its client crashed).
+                    h.remove_invoked("^k.$", ms(4));
+                }
+                _ => {
+                    let u = h.write_invoked("k1", 64, ms(4), true, false);
+                    h.write_completed(u, ms(6), Err(ErrorCode::TRANSFER_FAIL));
+                }
+            }
+            h.read_absent("get", "k1", ms(10), ms(11));
+            assert!(h.judge().is_empty(), "reason {reason}: {:?}", h.judge());
+        }
+
+        // Reasons that came before the write, or for another key, excuse nothing.
+        let mut h = History::default();
+        h.gone("k", ms(1), GoneWhy::Lost);
+        let r = h.remove_invoked("^k2$", ms(4));
+        h.remove_ended(r, ms(6));
+        let v = h.write_invoked("k", 64, ms(2), false, false);
+        h.write_completed(v, ms(3), Ok(()));
+        h.read_absent("get_size", "k", ms(10), ms(11));
+        assert_eq!(h.judge().len(), 1, "{:?}", h.judge());
+
+        // A hard-pinned value may go with its node, never by eviction.
+        let mut h = History::default();
+        let v = h.write_invoked("k", 64, ms(0), false, true);
+        h.write_completed(v, ms(3), Ok(()));
+        h.gone("k", ms(5), GoneWhy::Evicted);
+        h.read_absent("get", "k", ms(10), ms(11));
+        let found = h.judge();
+        assert!(
+            found.len() == 1 && found[0].contains("hard-pinned and evicted"),
+            "{found:?}"
+        );
+        h.gone("k", ms(6), GoneWhy::Lost);
+        assert!(h.judge().is_empty(), "{:?}", h.judge());
     }
 }

@@ -47,6 +47,7 @@ pub async fn master(world: Arc<World>) {
                     .await
                     .expect("the simulated master starts");
             running.service.audit_eviction_order();
+            running.service.keep_events();
             world.set_master(running.service.clone());
             std::future::pending::<()>().await;
             drop(running);
@@ -54,6 +55,7 @@ pub async fn master(world: Arc<World>) {
         Transport::Sim => {
             let service = MasterService::new(config).expect("a valid master config");
             service.audit_eviction_order();
+            service.keep_events();
             let _timer = service.spawn_timer();
             let handler: Arc<dyn RpcHandler> = service.clone();
             let _server = serve_rpc(world.net.clone(), master_addr(), handler)

@@ -12,10 +12,10 @@ use madsim::rand::Rng as _;
 use madsim::runtime::{Handle, NodeHandle, Runtime};
 use madsim::task::NodeId;
 use mooring::buggify::Site;
-use mooring_core::{ErrorCode, Stats, invariants};
+use mooring_core::{ErrorCode, Event, Stats, invariants};
 use mooring_transport_sim::{NetFaults, NetStats};
 
-use crate::history::Tally;
+use crate::history::{GoneWhy, Tally};
 use crate::members;
 use crate::plan::{Fault, Member, Plan, Transport};
 use crate::stranger::{self, stranger_ip};
@@ -461,6 +461,31 @@ impl Supervisor {
         }
     }
 
+    /// Hands the history every object the master let go of on its own since the last tick.
+    fn record_gone(&self) {
+        let Some(master) = self.world.master() else {
+            return;
+        };
+        let mut history = self.world.history();
+        for (when, event) in master.take_events() {
+            let at = when.duration_since(self.world.start);
+            match event {
+                Event::Evicted {
+                    key,
+                    kept_on_disk: false,
+                    ..
+                } => history.gone(&key, at, GoneWhy::Evicted),
+                Event::ObjectLost { key, .. } => history.gone(&key, at, GoneWhy::Lost),
+                Event::WriteDiscarded {
+                    key,
+                    object_removed: true,
+                    ..
+                } => history.gone(&key, at, GoneWhy::Discarded),
+                _ => {}
+            }
+        }
+    }
+
     fn check_invariants(&self) {
         if let Some(master) = self.world.master()
             && let Err(violation) = master.with_master(|m, _| invariants::check(m))
@@ -520,6 +545,7 @@ async fn supervise(plan: Plan) -> Report {
         }
         sup.serve_crash_orders(now);
         sup.heal_due(now);
+        sup.record_gone();
         sup.check_invariants();
         if world.all_finished() || world.history().failed() {
             break;
@@ -538,6 +564,7 @@ async fn supervise(plan: Plan) -> Report {
     if !world.history().failed() {
         liveness(&world, &mut sup).await;
     }
+    sup.record_gone();
 
     let mut history = world.history();
     history.settle();

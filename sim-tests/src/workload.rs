@@ -168,6 +168,15 @@ impl Workload {
         self.world.history().tally.count(op, &outcome(result));
     }
 
+    /// Records a read of `key` that failed with `e` as finding nothing, if that is what `e`
+    /// says.
+    fn absent_if_not_found(&self, what: &'static str, key: &str, invoked: Duration, e: &Error) {
+        if e.code == ErrorCode::OBJECT_NOT_FOUND {
+            let now = self.world.now();
+            self.world.history().read_absent(what, key, invoked, now);
+        }
+    }
+
     async fn run(&mut self, op: Op) {
         match op {
             Op::Put => self.write(false, None).await,
@@ -183,11 +192,13 @@ impl Workload {
                 let key = self.key();
                 let invoked = self.world.now();
                 let result = self.client.get(&key).await;
-                if let Ok(bytes) = &result {
-                    let now = self.world.now();
-                    self.world
+                let now = self.world.now();
+                match &result {
+                    Ok(bytes) => self
+                        .world
                         .history()
-                        .read_value("get", &key, invoked, now, bytes);
+                        .read_value("get", &key, invoked, now, bytes),
+                    Err(e) => self.absent_if_not_found("get", &key, invoked, e),
                 }
                 self.tally("get", &result);
             }
@@ -196,11 +207,14 @@ impl Workload {
                 let mut buf = vec![0u8; self.size()];
                 let invoked = self.world.now();
                 let result = self.client.get_into(&key, &mut buf).await;
-                if let Ok(n) = &result {
-                    let now = self.world.now();
-                    self.world
-                        .history()
-                        .read_value("get_into", &key, invoked, now, &buf[..*n]);
+                let now = self.world.now();
+                match &result {
+                    Ok(n) => {
+                        self.world
+                            .history()
+                            .read_value("get_into", &key, invoked, now, &buf[..*n])
+                    }
+                    Err(e) => self.absent_if_not_found("get_into", &key, invoked, e),
                 }
                 self.tally("get_into", &result);
             }
@@ -211,10 +225,13 @@ impl Workload {
                 let results = self.client.batch_get(&refs).await;
                 let now = self.world.now();
                 for (key, result) in keys.iter().zip(&results) {
-                    if let Ok(bytes) = result {
-                        self.world
-                            .history()
-                            .read_value("batch_get", key, invoked, now, bytes);
+                    match result {
+                        Ok(bytes) => {
+                            self.world
+                                .history()
+                                .read_value("batch_get", key, invoked, now, bytes)
+                        }
+                        Err(e) => self.absent_if_not_found("batch_get", key, invoked, e),
                     }
                     self.tally("batch_get", result);
                 }
@@ -232,14 +249,15 @@ impl Workload {
                 let now = self.world.now();
                 drop(items);
                 for ((key, buf), result) in keys.iter().zip(&buffers).zip(&results) {
-                    if let Ok(n) = result {
-                        self.world.history().read_value(
+                    match result {
+                        Ok(n) => self.world.history().read_value(
                             "batch_get_into",
                             key,
                             invoked,
                             now,
                             &buf[..*n],
-                        );
+                        ),
+                        Err(e) => self.absent_if_not_found("batch_get_into", key, invoked, e),
                     }
                     self.tally("batch_get_into", result);
                 }
@@ -247,38 +265,67 @@ impl Workload {
             Op::Exist => {
                 let key = self.key();
                 // With disks, half the checks promote a disk-only value (RFC 003).
-                if self.world.plan.disk.is_some() && self.rng.below(2) == 0 {
-                    let result = self.client.exist_prefetch(&key).await;
-                    self.tally("exist_prefetch", &result);
+                let invoked = self.world.now();
+                let (what, result) = if self.world.plan.disk.is_some() && self.rng.below(2) == 0 {
+                    ("exist_prefetch", self.client.exist_prefetch(&key).await)
                 } else {
-                    let result = self.client.exist(&key).await;
-                    self.tally("exist", &result);
+                    ("exist", self.client.exist(&key).await)
+                };
+                if let Ok(false) = result {
+                    let now = self.world.now();
+                    self.world.history().read_absent(what, &key, invoked, now);
                 }
+                self.tally(what, &result);
             }
             Op::BatchExist => {
                 let keys = self.some_keys(8);
                 let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let invoked = self.world.now();
                 let result = self.client.batch_exist(&refs).await;
+                let now = self.world.now();
+                if let Ok(each) = &result {
+                    for (key, exists) in keys.iter().zip(each) {
+                        if let Ok(false) = exists {
+                            self.world
+                                .history()
+                                .read_absent("batch_exist", key, invoked, now);
+                        }
+                    }
+                }
                 self.tally("batch_exist", &result);
             }
             Op::GetSize => {
                 let key = self.key();
+                let invoked = self.world.now();
                 let result = self.client.get_size(&key).await;
+                if let Err(e) = &result {
+                    self.absent_if_not_found("get_size", &key, invoked, e);
+                }
                 self.tally("get_size", &result);
             }
             Op::Remove => {
                 let key = self.key();
                 let invoked = self.world.now();
+                let attempt = self
+                    .world
+                    .history()
+                    .remove_invoked(&format!("^{}$", regex::escape(&key)), invoked);
                 let result = self.client.remove(&key).await;
+                let now = self.world.now();
+                self.world.history().remove_ended(attempt, now);
                 if result.is_ok() {
-                    let now = self.world.now();
                     self.world.history().remove_acked(&key, invoked, now);
                 }
                 self.tally("remove", &result);
             }
             Op::RemoveByRegex => {
                 let digit = self.rng.below(5);
-                let result = self.client.remove_by_regex(&format!("^k00{digit}$")).await;
+                let pattern = format!("^k00{digit}$");
+                let invoked = self.world.now();
+                let attempt = self.world.history().remove_invoked(&pattern, invoked);
+                let result = self.client.remove_by_regex(&pattern).await;
+                let now = self.world.now();
+                self.world.history().remove_ended(attempt, now);
                 self.tally("remove_by_regex", &result);
             }
             Op::Query => {
@@ -297,10 +344,10 @@ impl Workload {
         let size = size.unwrap_or_else(|| self.size());
         let config = self.config();
         let invoked = self.world.now();
-        let version = self
-            .world
-            .history()
-            .write_invoked(&key, size, invoked, upsert);
+        let version =
+            self.world
+                .history()
+                .write_invoked(&key, size, invoked, upsert, config.with_hard_pin);
         let value = encode(&key, version, size);
         let result = if upsert {
             self.client.upsert(&key, &value, &config).await
@@ -324,10 +371,13 @@ impl Workload {
             .into_iter()
             .map(|key| {
                 let size = self.size();
-                let version = self
-                    .world
-                    .history()
-                    .write_invoked(&key, size, invoked, upsert);
+                let version = self.world.history().write_invoked(
+                    &key,
+                    size,
+                    invoked,
+                    upsert,
+                    config.with_hard_pin,
+                );
                 let value = encode(&key, version, size);
                 (key, value, version)
             })

@@ -32,6 +32,8 @@ pub struct MasterService {
     audit: AtomicBool,
     /// The first eviction-order violation the audit found.
     audit_failure: Mutex<Option<Violation>>,
+    /// Every event with when it happened, while someone keeps them ([`MasterService::keep_events`]).
+    journal: Mutex<Option<Vec<(tokio::time::Instant, Event)>>>,
 }
 
 impl MasterService {
@@ -42,6 +44,7 @@ impl MasterService {
             clock: Clock::new(),
             audit: AtomicBool::new(false),
             audit_failure: Mutex::new(None),
+            journal: Mutex::new(None),
         }))
     }
 
@@ -49,6 +52,25 @@ impl MasterService {
     /// ranks before what went ([`invariants::check_eviction_order`]).
     pub fn audit_eviction_order(&self) {
         self.audit.store(true, Ordering::Relaxed);
+    }
+
+    /// Keeps every event the master emits from now on, for [`MasterService::take_events`]
+    /// (the simulation judges each lost or evicted object by them).
+    pub fn keep_events(&self) {
+        self.journal
+            .lock()
+            .expect("journal lock")
+            .get_or_insert_with(Vec::new);
+    }
+
+    /// The events kept since the last call, each with when it happened.
+    pub fn take_events(&self) -> Vec<(tokio::time::Instant, Event)> {
+        self.journal
+            .lock()
+            .expect("journal lock")
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// The first eviction-order violation the audit found, if any.
@@ -81,6 +103,10 @@ impl MasterService {
                 .get_or_insert(violation);
         }
         drop(master);
+        if let Some(journal) = self.journal.lock().expect("journal lock").as_mut() {
+            let now = tokio::time::Instant::now();
+            journal.extend(events.iter().map(|e| (now, e.clone())));
+        }
         log_events(events);
         result
     }
