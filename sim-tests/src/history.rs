@@ -456,6 +456,12 @@ impl History {
                 r.key, r.version, r.invoked, r.completed
             );
         }
+        for a in &self.absences {
+            let _ = write!(text, "a{}:{:?}:{:?};", a.key, a.invoked, a.completed);
+        }
+        for g in &self.gone {
+            let _ = write!(text, "g{}:{:?}:{:?};", g.key, g.at, g.why);
+        }
         for ((op, outcome), n) in &self.tally.counts {
             let _ = write!(text, "{op}:{outcome}:{n};");
         }
@@ -471,9 +477,9 @@ impl History {
         }
     }
 
-    /// (writes, reads judged) so far.
-    pub fn sizes(&self) -> (usize, usize) {
-        (self.writes.len(), self.reads.len())
+    /// (writes, reads judged, reads that found nothing) so far.
+    pub fn sizes(&self) -> (usize, usize, usize) {
+        (self.writes.len(), self.reads.len(), self.absences.len())
     }
 }
 

@@ -220,10 +220,17 @@ pub async fn client(world: Arc<World>, j: usize) {
             }
         }
     };
-    let mut workload = Workload::new(world.clone(), client.clone(), j, incarnation);
-    while world.take_op(j) {
-        workload.step().await;
-    }
+    // Several operations in flight on one client, each stream taking from the client's budget.
+    let streams = (0..world.plan.streams).map(|stream| {
+        let mut workload = Workload::new(world.clone(), client.clone(), j, incarnation, stream);
+        let world = world.clone();
+        async move {
+            while world.take_op(j) {
+                workload.step().await;
+            }
+        }
+    });
+    futures_util::future::join_all(streams).await;
     if let Err(e) = client.close().await {
         debug!(%member, "leaving: {e}");
     }

@@ -352,6 +352,8 @@ pub struct Plan {
     /// Whether some reads stall between receiving their descriptors and transferring (for up
     /// to most of their lease), to widen read/evict and read/upsert races.
     pub slow_readers: bool,
+    /// Operations each client keeps in flight, as a thread pool sharing one client would.
+    pub streams: usize,
     /// The master's policy (timeouts shrunk to simulation scale).
     pub master: MasterConfig,
     /// Faults in order of their start (offset from the start of the workload).
@@ -437,11 +439,18 @@ impl Plan {
         }
         // Drawn from its own stream, so adding it left every other choice of a seed unchanged.
         let slow_readers = chance(&mut Rng::seeded(seed ^ 0x5105_7EAD_E125), 0.5);
+        // Its own stream, so every other choice of a seed is unchanged: one operation at a
+        // time in a quarter of the seeds, two to four in flight in the rest.
+        let streams = match Rng::seeded(seed ^ 0x0C0C_57EA).below(4) {
+            0 => 1,
+            n => n + 1,
+        };
         Plan {
             seed,
             transport,
             buggify,
             slow_readers,
+            streams,
             master,
             faults,
             shape,
@@ -548,12 +557,13 @@ impl fmt::Display for Plan {
         let m = &self.master;
         writeln!(
             f,
-            "seed {} on {}: {} nodes, {} clients ({} contributing), {} ops over {} keys, buggify {}{}",
+            "seed {} on {}: {} nodes, {} clients ({} contributing, {} operation(s) in flight each), {} ops over {} keys, buggify {}{}",
             self.seed,
             self.transport,
             self.shape.nodes,
             self.shape.clients,
             self.shape.contributing,
+            self.streams,
             self.shape.ops,
             self.shape.keys,
             if self.buggify { "on" } else { "off" },

@@ -46,8 +46,8 @@ pub struct Report {
     pub net: NetStats,
     /// Buggify sites that were switched on.
     pub buggified: Vec<&'static str>,
-    /// (writes, reads judged).
-    pub sizes: (usize, usize),
+    /// (writes, reads judged, reads that found nothing judged).
+    pub sizes: (usize, usize, usize),
     /// A digest of the run, equal for two runs of one seed.
     pub fingerprint: u64,
 }
@@ -68,7 +68,7 @@ impl Report {
             stats: None,
             net: NetStats::default(),
             buggified: Vec::new(),
-            sizes: (0, 0),
+            sizes: (0, 0, 0),
             fingerprint: 0,
         }
     }
@@ -79,12 +79,13 @@ impl fmt::Display for Report {
         write!(f, "{}", self.plan)?;
         writeln!(
             f,
-            "  ran {:?} simulated: {} operations ({} ok), {} writes, {} reads judged",
+            "  ran {:?} simulated: {} operations ({} ok), {} writes, {} reads judged, {} that found nothing",
             self.sim_time,
             self.tally.total(),
             self.tally.ok(),
             self.sizes.0,
-            self.sizes.1
+            self.sizes.1,
+            self.sizes.2
         )?;
         if let Some(s) = &self.stats {
             writeln!(

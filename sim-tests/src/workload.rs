@@ -70,9 +70,18 @@ fn outcome<T>(result: &Result<T>) -> String {
 }
 
 impl Workload {
-    /// Client `j`'s workload in its `incarnation`-th process.
-    pub fn new(world: Arc<World>, client: Client, j: usize, incarnation: usize) -> Workload {
-        let seed = world.plan.seed ^ ((j as u64 + 1) << 40) ^ ((incarnation as u64 + 1) << 52);
+    /// Stream `stream` of client `j`'s workload in its `incarnation`-th process.
+    pub fn new(
+        world: Arc<World>,
+        client: Client,
+        j: usize,
+        incarnation: usize,
+        stream: usize,
+    ) -> Workload {
+        let seed = world.plan.seed
+            ^ ((j as u64 + 1) << 40)
+            ^ ((incarnation as u64 + 1) << 52)
+            ^ ((stream as u64) << 32);
         Workload {
             world,
             client,
