@@ -58,6 +58,10 @@ struct Write {
     hard_pinned: bool,
 }
 
+/// How long before the master hears of it a node's dropped disk copy may already be missed
+/// by readers: a disk sync period, stretched by faults between node and master.
+pub const DISK_REPORT_SLACK: Duration = Duration::from_secs(10);
+
 /// A read that found no value.
 #[derive(Clone, Debug)]
 struct Absence {
@@ -81,6 +85,10 @@ struct RemoveAttempt {
 pub enum GoneWhy {
     /// Evicted from memory with no disk copy to read from.
     Evicted,
+    /// A node dropped its disk copy (evicted from the disk, or found damaged). The master
+    /// hears of it at the node's next disk sync, so readers may find the copy missing up to
+    /// [`DISK_REPORT_SLACK`] before the event.
+    DiskDropped,
     /// Its last replica went with a node's segment.
     Lost,
     /// A discarded write took it.
@@ -395,8 +403,11 @@ impl History {
         let since = last.invoked;
         let overlaps =
             |from: At, to: Option<At>| from <= a.completed && to.is_none_or(|t| t >= since);
+        // An upsert replacing the value leaves nothing readable until it ends (a put of an
+        // existing key is refused and changes nothing).
         let other_write = writes.iter().any(|(v, w)| {
             v != version
+                && w.upsert
                 && overlaps(
                     w.invoked,
                     match w.outcome {
@@ -411,9 +422,13 @@ impl History {
             .iter()
             .any(|r| r.pattern.is_match(&a.key) && overlaps(r.invoked, r.ended));
         let taken = self.gone.iter().any(|g| {
+            let reported_by = match g.why {
+                GoneWhy::DiskDropped => a.completed + DISK_REPORT_SLACK,
+                _ => a.completed,
+            };
             g.key == a.key
                 && g.at >= since
-                && g.at <= a.completed
+                && g.at <= reported_by
                 && !(last.hard_pinned && g.why == GoneWhy::Evicted)
         });
         if other_write || removed || taken {
@@ -584,6 +599,21 @@ mod tests {
         let v = h.write_invoked("k", 64, ms(2), false, false);
         h.write_completed(v, ms(3), Ok(()));
         h.read_absent("get_size", "k", ms(10), ms(11));
+        assert_eq!(h.judge().len(), 1, "{:?}", h.judge());
+
+        // A node's dropped disk copy may be missed before the master hears of it, not long
+        // before.
+        let mut h = History::default();
+        let v = h.write_invoked("k", 64, ms(0), false, false);
+        h.write_completed(v, ms(3), Ok(()));
+        h.read_absent("get", "k", ms(10), ms(11));
+        h.gone("k", ms(11) + DISK_REPORT_SLACK, GoneWhy::DiskDropped);
+        assert!(h.judge().is_empty(), "{:?}", h.judge());
+        let mut h = History::default();
+        let v = h.write_invoked("k", 64, ms(0), false, false);
+        h.write_completed(v, ms(3), Ok(()));
+        h.read_absent("get", "k", ms(4), ms(5));
+        h.gone("k", ms(6) + DISK_REPORT_SLACK, GoneWhy::DiskDropped);
         assert_eq!(h.judge().len(), 1, "{:?}", h.judge());
 
         // A hard-pinned value may go with its node, never by eviction.

@@ -471,6 +471,13 @@ impl Supervisor {
         for (when, event) in master.take_events() {
             let at = when.duration_since(self.world.start);
             match event {
+                // A node's disk copy going (its eviction or damage) frees no memory.
+                Event::Evicted {
+                    key,
+                    kept_on_disk: false,
+                    bytes: 0,
+                    ..
+                } => history.gone(&key, at, GoneWhy::DiskDropped),
                 Event::Evicted {
                     key,
                     kept_on_disk: false,

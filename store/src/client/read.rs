@@ -109,7 +109,13 @@ impl Client {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     debug!(endpoint = %node.endpoint, "replica read failed, trying another: {e}");
-                    last = e;
+                    // A node without the copy the master listed says little about the object
+                    // (its other replicas exist but failed): report what stopped those.
+                    if e.code != ErrorCode::OBJECT_NOT_FOUND
+                        || last.code == ErrorCode::REPLICA_IS_NOT_READY
+                    {
+                        last = e;
+                    }
                 }
             }
         }
