@@ -14,6 +14,7 @@
 //!
 //! The same seed replays the same run exactly.
 
+pub mod coverage;
 pub mod history;
 pub mod plan;
 pub mod value;

@@ -22,6 +22,7 @@ mod sim {
     use std::time::Instant;
 
     use clap::{Parser, Subcommand, ValueEnum};
+    use mooring_sim_tests::coverage::{FLOOR_MIN_SEEDS, Totals};
     use mooring_sim_tests::plan::{Plan, Shape, Transport};
     use mooring_sim_tests::runner::{check_determinism, run_isolated, run_many};
 
@@ -148,10 +149,12 @@ mod sim {
                 let plans: Vec<Plan> = seeds.iter().map(|&s| shape.plan(s)).collect();
                 let started = Instant::now();
                 let mut failed = Vec::new();
+                let mut totals = Totals::default();
                 let mut done = 0;
                 let total = plans.len();
                 run_many(plans, jobs, |report| {
                     done += 1;
+                    totals.add(&report.coverage);
                     if !report.passed() {
                         failed.push(report.plan.seed);
                         println!("{report}");
@@ -174,7 +177,14 @@ mod sim {
                         format!(" {failed:?}")
                     }
                 );
-                i32::from(!failed.is_empty())
+                let short = totals.short_of_floors();
+                if total >= FLOOR_MIN_SEEDS {
+                    print!("{}", totals.table());
+                    for path in &short {
+                        println!("coverage floor missed: {path}");
+                    }
+                }
+                i32::from(!failed.is_empty() || !short.is_empty())
             }
             Command::Replay { seed, shape } => {
                 let Some(seed) = seed.or_else(env_seed) else {

@@ -294,7 +294,8 @@ impl DiskPlan {
         ];
         Some(DiskPlan {
             backend: backends[rng.below(backends.len())],
-            capacity: [256 << 10, 1 << 20, 4 << 20][rng.below(3)],
+            // Mostly small, so nodes evict from their disks; sometimes ample.
+            capacity: [96 << 10, 128 << 10, 160 << 10, 1 << 20][rng.below(4)],
             eviction: if chance(&mut rng, 0.5) {
                 DiskEviction::Fifo
             } else {

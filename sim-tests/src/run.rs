@@ -16,11 +16,11 @@ use mooring_core::{ErrorCode, Event, Stats, invariants};
 use mooring_transport_sim::{NetFaults, NetStats};
 
 use crate::history::{GoneWhy, Tally};
-use crate::members;
 use crate::plan::{Fault, Member, Plan, Transport};
 use crate::stranger::{self, stranger_ip};
 use crate::workload::OPERATION_BOUND;
 use crate::world::{CrashOrder, World, checker_ip, ip};
+use crate::{coverage, members};
 
 /// How often the supervisor applies faults and checks the master's invariants.
 const TICK: Duration = Duration::from_millis(20);
@@ -50,6 +50,8 @@ pub struct Report {
     pub sizes: (usize, usize, usize),
     /// A digest of the run, equal for two runs of one seed.
     pub fingerprint: u64,
+    /// Rare paths the run went down, with how often (see [`crate::coverage`]).
+    pub coverage: BTreeMap<&'static str, u64>,
 }
 
 impl Report {
@@ -70,6 +72,7 @@ impl Report {
             buggified: Vec::new(),
             sizes: (0, 0, 0),
             fingerprint: 0,
+            coverage: BTreeMap::new(),
         }
     }
 }
@@ -252,6 +255,8 @@ struct Supervisor {
     heals: Vec<(Duration, Heal)>,
     /// Armed crash orders: node, armed at, how long the client stays down.
     armed: BTreeMap<NodeId, (Duration, Duration)>,
+    /// What the master did on its own, by kind (see [`crate::coverage::of_event`]).
+    coverage: BTreeMap<&'static str, u64>,
 }
 
 impl Supervisor {
@@ -462,14 +467,16 @@ impl Supervisor {
         }
     }
 
-    /// Hands the history every object the master let go of on its own since the last tick.
-    fn record_gone(&self) {
+    /// Hands the history every object the master let go of on its own since the last tick,
+    /// and counts what the master did.
+    fn record_gone(&mut self) {
         let Some(master) = self.world.master() else {
             return;
         };
         let mut history = self.world.history();
         for (when, event) in master.take_events() {
             let at = when.duration_since(self.world.start);
+            *self.coverage.entry(coverage::of_event(&event)).or_default() += 1;
             match event {
                 // A node's disk copy going (its eviction or damage) frees no memory.
                 Event::Evicted {
@@ -540,6 +547,7 @@ async fn supervise(plan: Plan) -> Report {
         handle: Handle::current(),
         heals: Vec::new(),
         armed: BTreeMap::new(),
+        coverage: BTreeMap::new(),
     };
 
     // Safety phase: the workload under faults, invariants checked every tick.
@@ -590,6 +598,7 @@ async fn supervise(plan: Plan) -> Report {
             .collect(),
         sizes: history.sizes(),
         fingerprint,
+        coverage: coverage::of_run(sup.coverage, &history),
         plan: world.plan.clone(),
     }
 }

@@ -21,6 +21,7 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod connect;
+pub mod coverage;
 pub mod demo;
 pub mod disk_tier;
 pub mod master_service;

@@ -1,6 +1,7 @@
 //! Reads: get and its batches, inside the lease, from memory replicas or a node's disk.
 
 use super::*;
+use crate::coverage::{self, Path};
 use crate::memory::value_buffer;
 
 /// How many times a get is retried when its lease ran out mid-transfer.
@@ -63,6 +64,7 @@ impl Client {
                 });
             }
             debug!(key, "read outlived its lease; retrying");
+            coverage::hit(Path::READ_OUTLIVED_LEASE);
         }
         Err(Error::new(
             ErrorCode::LEASE_EXPIRED,
@@ -88,6 +90,7 @@ impl Client {
         let ids: Vec<SegmentId> = replicas.iter().map(|r| r.segment).collect();
         let nodes = self.resolve(&ids).await?;
         let mut last = Error::new(ErrorCode::REPLICA_IS_NOT_READY, "no readable replica");
+        let mut failed = false;
         for replica in self.read_order(replicas) {
             let Some(node) = nodes.get(&replica.segment) else {
                 last = segment_gone(replica.segment);
@@ -106,9 +109,18 @@ impl Client {
             };
             let read = read.and_then(|got| verify(key, replica, checksum, got));
             match read {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    if replica.medium == Medium::Disk {
+                        coverage::hit(Path::READ_FROM_DISK);
+                    }
+                    if failed {
+                        coverage::hit(Path::READ_FELL_BACK);
+                    }
+                    return Ok(());
+                }
                 Err(e) => {
                     debug!(endpoint = %node.endpoint, "replica read failed, trying another: {e}");
+                    failed = true;
                     // A node without the copy the master listed says little about the object
                     // (its other replicas exist but failed): report what stopped those.
                     if e.code != ErrorCode::OBJECT_NOT_FOUND

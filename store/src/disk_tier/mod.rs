@@ -37,6 +37,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::clock::Clock;
+use crate::coverage::{self, Path};
 use crate::memory::MappedMemory;
 use crate::node::Node;
 
@@ -279,6 +280,9 @@ impl DiskTier {
             copies.insert(held.key, held.version, held.len, held.checksum, held.unit);
         }
         let (objects, bytes) = copies.usage();
+        if !recovered.dropped.is_empty() {
+            coverage::hit(Path::RECOVERY_DROPPED);
+        }
         info!(
             dir = %config.dir.display(),
             backend = store.name(),

@@ -15,6 +15,7 @@ use mooring_proto::wire::StagedSlot;
 use tracing::warn;
 
 use super::{TierInner, io_error};
+use crate::coverage::{self, Path};
 
 /// A read of a disk copy in progress; ends when dropped (also when its stage is cancelled),
 /// so an evicted copy's deletion never waits on a read that is gone.
@@ -170,6 +171,7 @@ impl TierInner {
             std::io::ErrorKind::InvalidData => {
                 if self.copies().forget_damaged(object, version) {
                     warn!(%object, version, "disk copy damaged; dropping it");
+                    coverage::hit(Path::DISK_COPY_DAMAGED);
                 }
                 io_error(ErrorCode::FILE_READ_FAIL, "disk copy damaged", e)
             }

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::{TierInner, io_error};
+use crate::coverage::{self, Path};
 use crate::node::Node;
 
 /// Offloaded values copied out of the segment, each straight into its record's place in an
@@ -271,6 +272,7 @@ impl Sink<'_> {
         if victims.is_empty() {
             return Ok(());
         }
+        coverage::hit(Path::NODE_DISK_EVICTION);
         let (withdrawn, evicted): (Vec<_>, Vec<_>) = victims
             .iter()
             .map(|(key, copy)| (key.clone(), WriteId(copy.version)))

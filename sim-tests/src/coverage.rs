@@ -1,0 +1,199 @@
+//! Which rare paths a run exercised, and the floors a seed set must reach.
+//!
+//! A run's coverage comes from three places: the master's own events (evictions of each
+//! kind, discarded writes by cause, objects lost with a node), the services' simulation-only
+//! counters ([`mooring::coverage`]: reads from disk, fallbacks, disk eviction, damaged disk
+//! copies, recovery), and the history (reads that found nothing, upserts that landed). Over a
+//! seed set, each floored path must be reached in at least its share of the seeds; `run`
+//! prints the table and fails when a path falls short, so a change that quietly stops the
+//! simulation from reaching a path is caught like a bug.
+
+use std::collections::BTreeMap;
+
+use mooring_core::{DiscardCause, Event};
+
+use crate::history::History;
+
+/// Paths and the share of seeds (in a set of [`FLOOR_MIN_SEEDS`] or more) that must reach
+/// each: about two thirds of what the CI's 200 seeds reached when they were set (the table
+/// `scripts/sim.sh ci` prints; a quarter of the seeds have no disks). They catch a path
+/// that stops being reached. The rarest (a writer dying mid-write before its write times
+/// out, damaged disk copies, recovery dropping records) are reached in only 2-5% of seeds.
+pub const FLOORS: &[(&str, f64)] = &[
+    (EVICTED, 0.90),
+    (EVICTED_TO_DISK, 0.50),
+    (DISK_COPY_DROPPED, 0.12),
+    (CONTIGUOUS, 0.50),
+    (SOFT_PINNED_EVICTED, 0.75),
+    (PREEMPTED, 0.90),
+    (TIMED_OUT, 0.20),
+    (WRITER_DIED, 0.02),
+    (ABORTED, 0.60),
+    (LOST, 0.90),
+    (ABSENCE_JUDGED, 0.95),
+    (UPSERT_LANDED, 0.95),
+    ("read from a disk copy", 0.50),
+    ("read fell back to another replica", 0.60),
+    ("read outlived its lease", 0.20),
+    ("node evicted from its disk", 0.25),
+    ("disk copy found damaged", 0.01),
+    ("recovery dropped records", 0.01),
+];
+
+/// Floors are checked only over at least this many seeds (fewer say little about shares).
+pub const FLOOR_MIN_SEEDS: usize = 100;
+
+const EVICTED: &str = "evicted from memory";
+const EVICTED_TO_DISK: &str = "evicted to its disk copy";
+const DISK_COPY_DROPPED: &str = "disk copy dropped";
+const CONTIGUOUS: &str = "evicted for a contiguous range";
+const SOFT_PINNED_EVICTED: &str = "soft-pinned evicted";
+const PREEMPTED: &str = "write preempted";
+const TIMED_OUT: &str = "write timed out";
+const WRITER_DIED: &str = "writer died mid-write";
+const ABORTED: &str = "write aborted";
+const LOST: &str = "object lost with its node";
+const ABSENCE_JUDGED: &str = "read that found nothing judged";
+const UPSERT_LANDED: &str = "upsert landed";
+
+/// The path a master event stands for.
+pub fn of_event(event: &Event) -> &'static str {
+    match event {
+        Event::Evicted {
+            contiguous: true, ..
+        } => CONTIGUOUS,
+        Event::Evicted {
+            soft_pinned: true, ..
+        } => SOFT_PINNED_EVICTED,
+        Event::Evicted {
+            kept_on_disk: true, ..
+        } => EVICTED_TO_DISK,
+        Event::Evicted { bytes: 0, .. } => DISK_COPY_DROPPED,
+        Event::Evicted { .. } => EVICTED,
+        Event::PrefetchFailed { .. } => "prefetch without room",
+        Event::WriteDiscarded { cause, .. } => match cause {
+            DiscardCause::Preempted => PREEMPTED,
+            DiscardCause::Timeout => TIMED_OUT,
+            DiscardCause::WriterDead => WRITER_DIED,
+            DiscardCause::Aborted => ABORTED,
+            DiscardCause::ReplicasLost => "prefetch into a leaving segment",
+        },
+        Event::ObjectLost { .. } => LOST,
+        Event::SegmentUnmounted { .. } => "segment unmounted",
+        Event::ClientExpired { .. } => "client expired",
+    }
+}
+
+/// A run's coverage: the master's events by kind, the services' counters, the history's.
+pub fn of_run(
+    mut events: BTreeMap<&'static str, u64>,
+    history: &History,
+) -> BTreeMap<&'static str, u64> {
+    for (path, n) in mooring::coverage::take() {
+        *events.entry(path).or_default() += n;
+    }
+    let (_, _, absences) = history.sizes();
+    let upserts = history.tally.get("upsert", "ok") + history.tally.get("batch_upsert", "ok");
+    for (path, n) in [(ABSENCE_JUDGED, absences as u64), (UPSERT_LANDED, upserts)] {
+        if n > 0 {
+            events.insert(path, n);
+        }
+    }
+    events
+}
+
+/// Coverage summed over a seed set.
+#[derive(Default)]
+pub struct Totals {
+    seeds: usize,
+    /// Path -> (seeds that reached it, times in all).
+    paths: BTreeMap<&'static str, (usize, u64)>,
+}
+
+impl Totals {
+    /// Adds one run's coverage.
+    pub fn add(&mut self, coverage: &BTreeMap<&'static str, u64>) {
+        self.seeds += 1;
+        for (&path, &n) in coverage {
+            let entry = self.paths.entry(path).or_default();
+            entry.0 += usize::from(n > 0);
+            entry.1 += n;
+        }
+    }
+
+    /// The table: every path reached or floored, with its seeds, count and floor.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "coverage over {} seeds (seeds reaching each path, times in all, floor):\n",
+            self.seeds
+        );
+        let mut names: Vec<&str> = self.paths.keys().copied().collect();
+        names.extend(
+            FLOORS
+                .iter()
+                .map(|(p, _)| *p)
+                .filter(|p| !self.paths.contains_key(p)),
+        );
+        for name in names {
+            let (seeds, times) = self.paths.get(name).copied().unwrap_or_default();
+            let floor = FLOORS
+                .iter()
+                .find(|(p, _)| *p == name)
+                .map_or(String::new(), |(_, f)| format!("  floor {:.0}%", f * 100.0));
+            out.push_str(&format!(
+                "  {name:<36} {seeds:>5} ({:>3.0}%) {times:>8}{floor}\n",
+                100.0 * seeds as f64 / self.seeds.max(1) as f64
+            ));
+        }
+        out
+    }
+
+    /// The floored paths reached by fewer seeds than their floor (only over
+    /// [`FLOOR_MIN_SEEDS`] or more seeds).
+    pub fn short_of_floors(&self) -> Vec<String> {
+        if self.seeds < FLOOR_MIN_SEEDS {
+            return Vec::new();
+        }
+        FLOORS
+            .iter()
+            .filter_map(|&(path, floor)| {
+                let seeds = self.paths.get(path).map_or(0, |p| p.0);
+                let share = seeds as f64 / self.seeds as f64;
+                (share < floor).then(|| {
+                    format!(
+                        "{path:?} was reached in {seeds} of {} seeds ({:.0}%), under its floor of {:.0}%",
+                        self.seeds,
+                        share * 100.0,
+                        floor * 100.0
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_reached_too_rarely_falls_short_of_its_floor() {
+        let mut totals = Totals::default();
+        for i in 0..FLOOR_MIN_SEEDS {
+            let mut run = BTreeMap::new();
+            for &(path, floor) in FLOORS {
+                // Every path at its floor exactly, except "write preempted", one seed short.
+                let reached = (i as f64)
+                    < floor * FLOOR_MIN_SEEDS as f64 - f64::from(u8::from(path == PREEMPTED));
+                if reached {
+                    run.insert(path, 1);
+                }
+            }
+            totals.add(&run);
+        }
+        let short = totals.short_of_floors();
+        assert_eq!(short.len(), 1, "{short:?}");
+        assert!(short[0].contains("write preempted"), "{short:?}");
+        assert!(totals.table().contains("write preempted"));
+    }
+}

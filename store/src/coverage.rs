@@ -1,0 +1,71 @@
+//! Rare paths the services went down, counted in simulation builds only, so a simulation run
+//! can show which of them it exercised (`scripts/sim.sh ci` sums them over its seeds and
+//! holds each to a floor). In production builds [`hit`] compiles away.
+//!
+//! Like [`crate::buggify`], the counts live in a thread-local: each simulation runs on its
+//! own thread.
+
+/// A path worth knowing a simulation reached. Paths are constants, so a typo is a compile
+/// error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Path(&'static str);
+
+impl Path {
+    /// A get read a value from a node's disk copy.
+    pub const READ_FROM_DISK: Path = Path("read from a disk copy");
+    /// A get succeeded from another replica after one failed (or was damaged).
+    pub const READ_FELL_BACK: Path = Path("read fell back to another replica");
+    /// A read outlived its lease and asked again.
+    pub const READ_OUTLIVED_LEASE: Path = Path("read outlived its lease");
+    /// A node evicted copies from its disk to make room.
+    pub const NODE_DISK_EVICTION: Path = Path("node evicted from its disk");
+    /// A node found a disk copy damaged when staging it and dropped it.
+    pub const DISK_COPY_DAMAGED: Path = Path("disk copy found damaged");
+    /// A node's recovery scan dropped records it could not trust.
+    pub const RECOVERY_DROPPED: Path = Path("recovery dropped records");
+
+    /// The path's name, as the simulation prints it.
+    pub fn name(self) -> &'static str {
+        self.0
+    }
+}
+
+/// Counts one pass down `path` (simulation builds only).
+#[inline]
+pub fn hit(path: Path) {
+    #[cfg(madsim)]
+    sim::hit(path);
+    let _ = path;
+}
+
+/// The paths passed since the last call on this thread, with how often; empty outside
+/// simulation builds.
+pub fn take() -> Vec<(&'static str, u64)> {
+    #[cfg(madsim)]
+    return sim::take();
+    #[cfg(not(madsim))]
+    Vec::new()
+}
+
+#[cfg(madsim)]
+mod sim {
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+
+    thread_local! {
+        static HITS: RefCell<BTreeMap<super::Path, u64>> = const { RefCell::new(BTreeMap::new()) };
+    }
+
+    pub(super) fn hit(path: super::Path) {
+        HITS.with(|hits| *hits.borrow_mut().entry(path).or_default() += 1);
+    }
+
+    pub(super) fn take() -> Vec<(&'static str, u64)> {
+        HITS.with(|hits| {
+            std::mem::take(&mut *hits.borrow_mut())
+                .into_iter()
+                .map(|(path, n)| (path.name(), n))
+                .collect()
+        })
+    }
+}
