@@ -7,6 +7,8 @@
 #   scripts/sim.sh determinism [--seeds N]          each seed twice, runs must be identical
 #   scripts/sim.sh ci                               regression list, 200 seeds, determinism
 #   scripts/sim.sh overnight                        10,000 seeds
+#   scripts/sim.sh teeth [SEEDS]                    every planted bug (sim-tests/teeth.py): seeds
+#                                                   caught and the first failing seed, as a table
 #   scripts/sim.sh help                             every option
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +30,7 @@ case "$command" in
         "$sim" determinism --seeds 4
         ;;
     overnight) exec "$sim" run --seeds 10000 "$@" ;;
+    teeth) exec python3 sim-tests/teeth.py all "${1:-200}" ;;
     help) exec "$sim" help "$@" ;;
     *) exec "$sim" "$command" "$@" ;;
 esac

@@ -4,6 +4,7 @@ the simulator (its own target dir), runs a seed set, reports how many seeds caug
 restores the files with `git checkout`. The planted bugs are never committed.
 
     sim-tests/teeth.py NAME [SEEDS]      e.g. sim-tests/teeth.py serve-processing 200
+    sim-tests/teeth.py all [SEEDS]       every plant, then a table (also: scripts/sim.sh teeth)
     sim-tests/teeth.py list
 
 Refuses to run if a file it would patch has uncommitted changes. Results of the last run are
@@ -73,6 +74,18 @@ EXPS = {
    ('transport-sim/src/data.rs', "        sim_clock_us() > sent_at_us.saturating_add(valid_for_us)\n", "        sim_clock_us() > sent_at_us.saturating_add(valid_for_us) && false\n"),
  ],
 }
+if len(sys.argv) > 1 and sys.argv[1] == 'all':
+    # Every plant in turn, then one line each: seeds caught and seeds to detection.
+    seeds=sys.argv[2] if len(sys.argv)>2 else '200'
+    rows=[]
+    for plant in EXPS:
+        r=subprocess.run([sys.executable,os.path.abspath(__file__),plant,seeds],capture_output=True,text=True)
+        print(r.stdout,end='',flush=True)
+        m=re.search(r'== (\S+): (\d+)/(\d+) seeds failed; first failing seed (\w+)',r.stdout)
+        rows.append((plant,)+(m.groups()[1:] if m else ('?','?','?')))
+    print(f"\n| plant | seeds caught (of {seeds}) | first failing seed |\n| --- | --- | --- |")
+    for plant,caught,total,first in rows: print(f"| `{plant}` | {caught} | {first} |")
+    sys.exit(0 if all(r[1] not in ('0','?') for r in rows) else 1)
 if len(sys.argv) < 2 or sys.argv[1] not in EXPS:
     print('planted bugs:', ', '.join(EXPS)); sys.exit(0 if len(sys.argv) > 1 and sys.argv[1] == 'list' else 2)
 name=sys.argv[1]; seeds=int(sys.argv[2]) if len(sys.argv)>2 else 200
@@ -93,7 +106,8 @@ binp=os.path.join(env['CARGO_TARGET_DIR'],'release/mooring-sim')
 t=time.time()
 r=subprocess.run([binp,'run','--seeds',str(seeds)],cwd=ROOT,capture_output=True,text=True)
 out=r.stdout
-failed=re.search(r'failed(?: \[(.*)\])?$',out.strip().splitlines()[-1])
+summary=[l for l in out.splitlines() if re.match(r'^\d+ seeds in ',l)][-1]
+failed=re.search(r'failed(?: \[(.*)\])?$',summary)
 seeds_failed=[int(x) for x in failed.group(1).split(', ')] if failed and failed.group(1) else []
 viol=[l.strip() for l in out.splitlines() if l.strip().startswith('- ')]
 kinds={}
