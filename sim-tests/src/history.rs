@@ -166,6 +166,10 @@ pub struct History {
     violations: Vec<String>,
     /// Keys whose bytes a memory fault damaged in some replica.
     rotted: std::collections::BTreeSet<String>,
+    /// When a fault first flipped a bit on some node's disk (which key it hit is unknown).
+    disk_rot_since: Option<At>,
+    /// Reads refused because every replica they tried was damaged (`INVALID_REPLICA`).
+    damaged: Vec<Absence>,
     /// Outcomes of every operation.
     pub tally: Tally,
 }
@@ -303,6 +307,24 @@ impl History {
         self.rotted.insert(key.to_string());
     }
 
+    /// A fault flipped a bit on some node's disk at `at`.
+    pub fn note_disk_rot(&mut self, at: At) {
+        self.disk_rot_since.get_or_insert(at);
+    }
+
+    /// Records a read of `key` refused because the replicas it tried were damaged. Only a
+    /// fault that damaged bytes explains that (a slip that lets a block be overwritten under
+    /// its value would otherwise pass as an error).
+    pub fn read_damaged(&mut self, what: &'static str, key: &str, invoked: At, completed: At) {
+        debug!(what, key, "replicas damaged");
+        self.damaged.push(Absence {
+            key: key.to_string(),
+            invoked,
+            completed,
+            what,
+        });
+    }
+
     /// Whether a memory fault damaged a replica of `key`: reading it may fail (every copy
     /// damaged), but must never return the damaged bytes.
     pub fn was_rotted(&self, key: &str) -> bool {
@@ -377,6 +399,20 @@ impl History {
             }
         }
         found.extend(self.absences.iter().filter_map(|a| self.unjustified(a)));
+        found.extend(
+            self.damaged
+                .iter()
+                .filter(|d| {
+                    !self.was_rotted(&d.key)
+                        && self.disk_rot_since.is_none_or(|since| since > d.completed)
+                })
+                .map(|d| {
+                    format!(
+                        "{} of {:?} during [{:?}, {:?}] found every replica it tried damaged, but no fault had damaged bytes",
+                        d.what, d.key, d.invoked, d.completed
+                    )
+                }),
+        );
         let mut all = self.violations.clone();
         all.extend(found);
         all

@@ -366,6 +366,7 @@ impl Supervisor {
             }
             Fault::RotMemory { node, pick } => self.rot_memory(node, pick),
             Fault::RotDisk { node, pick } => {
+                self.world.history().note_disk_rot(self.world.now());
                 let files = self.world.disks[node].files();
                 let nonempty: Vec<&(String, u64)> =
                     files.iter().filter(|(_, len)| *len > 0).collect();

@@ -177,12 +177,14 @@ impl Workload {
         self.world.history().tally.count(op, &outcome(result));
     }
 
-    /// Records a read of `key` that failed with `e` as finding nothing, if that is what `e`
-    /// says.
-    fn absent_if_not_found(&self, what: &'static str, key: &str, invoked: Duration, e: &Error) {
+    /// Records a read of `key` that failed with `e` as finding nothing or as finding every
+    /// replica damaged, when that is what `e` says (other errors are the faults' doing).
+    fn record_failed_read(&self, what: &'static str, key: &str, invoked: Duration, e: &Error) {
+        let now = self.world.now();
         if e.code == ErrorCode::OBJECT_NOT_FOUND {
-            let now = self.world.now();
             self.world.history().read_absent(what, key, invoked, now);
+        } else if e.code == ErrorCode::INVALID_REPLICA {
+            self.world.history().read_damaged(what, key, invoked, now);
         }
     }
 
@@ -207,7 +209,7 @@ impl Workload {
                         .world
                         .history()
                         .read_value("get", &key, invoked, now, bytes),
-                    Err(e) => self.absent_if_not_found("get", &key, invoked, e),
+                    Err(e) => self.record_failed_read("get", &key, invoked, e),
                 }
                 self.tally("get", &result);
             }
@@ -223,7 +225,7 @@ impl Workload {
                             .history()
                             .read_value("get_into", &key, invoked, now, &buf[..*n])
                     }
-                    Err(e) => self.absent_if_not_found("get_into", &key, invoked, e),
+                    Err(e) => self.record_failed_read("get_into", &key, invoked, e),
                 }
                 self.tally("get_into", &result);
             }
@@ -240,7 +242,7 @@ impl Workload {
                                 .history()
                                 .read_value("batch_get", key, invoked, now, bytes)
                         }
-                        Err(e) => self.absent_if_not_found("batch_get", key, invoked, e),
+                        Err(e) => self.record_failed_read("batch_get", key, invoked, e),
                     }
                     self.tally("batch_get", result);
                 }
@@ -266,7 +268,7 @@ impl Workload {
                             now,
                             &buf[..*n],
                         ),
-                        Err(e) => self.absent_if_not_found("batch_get_into", key, invoked, e),
+                        Err(e) => self.record_failed_read("batch_get_into", key, invoked, e),
                     }
                     self.tally("batch_get_into", result);
                 }
@@ -308,7 +310,7 @@ impl Workload {
                 let invoked = self.world.now();
                 let result = self.client.get_size(&key).await;
                 if let Err(e) = &result {
-                    self.absent_if_not_found("get_size", &key, invoked, e);
+                    self.record_failed_read("get_size", &key, invoked, e);
                 }
                 self.tally("get_size", &result);
             }

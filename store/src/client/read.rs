@@ -36,7 +36,7 @@ impl Client {
             let size = value_len(key, &list)?;
             let mut owned = Vec::new();
             let caller_buffer = into.is_some();
-            {
+            let read = {
                 let buf: &mut [u8] = match into.as_deref_mut() {
                     Some(buf) if buf.len() < size => {
                         return Err(Error::new(
@@ -54,9 +54,16 @@ impl Client {
                 // a reader holding descriptors and eviction or upsert of the same bytes is hit.
                 buggify::hold(Site::CLIENT_BEFORE_READ_TRANSFER).await;
                 self.read_replica(key, &list.replicas, list.checksum, buf)
-                    .await?;
+                    .await
+            };
+            // Past its lease a read's blocks may have been reused under it: bytes that fail
+            // their checksum then say nothing about the replicas, and the read starts over.
+            let outlived = !self.inside_lease(asked, &list);
+            match read {
+                Err(e) if !(outlived && e.code == ErrorCode::INVALID_REPLICA) => return Err(e),
+                _ => {}
             }
-            if self.inside_lease(asked, &list) {
+            if !outlived {
                 return Ok(if caller_buffer {
                     (None, size)
                 } else {
@@ -409,7 +416,12 @@ impl Client {
             .filter_map(|l| l.as_ref().ok())
             .all(|l| self.inside_lease(asked, l));
         if !lease_ok {
-            for r in results.iter_mut().filter(|r| r.is_ok()) {
+            // As for a single read: past the lease, damage may be reuse.
+            let replaced = |r: &Result<_>| match r {
+                Ok(_) => true,
+                Err(e) => e.code == ErrorCode::INVALID_REPLICA,
+            };
+            for r in results.iter_mut().filter(|r| replaced(r)) {
                 *r = Err(Error::new(
                     ErrorCode::LEASE_EXPIRED,
                     "the batch outlived its lease",
