@@ -11,9 +11,15 @@
 //! constants fixed at compile time. About 1.5 times the speed of the `crc32` instruction alone
 //! (`cargo bench -p mooring-benches --bench crc`). Elsewhere, and for what is left after the
 //! last whole block, the `crc32c` crate does the work.
+//!
+//! Checksums of consecutive pieces join into the checksum of the whole ([`combine`], from
+//! [`poly`]), so pieces can be summed as they land, on any thread, in any order.
 
+pub mod poly;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
+
+pub use poly::combine;
 
 /// The crc32c of `crc`'s bytes followed by `bytes`, where `crc` is the crc32c of the bytes
 /// before (0 for none): `append(append(0, a), b) == append(0, a ++ b)`.

@@ -11,6 +11,8 @@
 
 use std::arch::x86_64::*;
 
+use crate::poly::x_pow;
+
 /// Bytes folded per step of the loop (four 256-bit accumulators).
 const FOLD_STEP: usize = 128;
 /// 8-byte words each `crc32` stream takes per step of the loop.
@@ -25,45 +27,15 @@ const STREAM_LEN: usize = 8 * STREAM_WORDS * STEPS;
 /// `crc32` instruction alone.
 pub const BLOCK: usize = FOLD_LEN + 3 * STREAM_LEN;
 
-/// The crc32c polynomial, reflected.
-const POLY: u32 = 0x82F6_3B78;
-/// The polynomial 1, reflected.
-const ONE: u32 = 1 << 31;
-
-/// `a * b` modulo the polynomial.
-const fn mul_mod_p(a: u32, mut b: u32) -> u32 {
-    let mut product = 0;
-    let mut bit = ONE;
-    while bit != 0 {
-        if a & bit != 0 {
-            product ^= b;
-        }
-        bit >>= 1;
-        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
-    }
-    product
-}
-
-/// `x^n` modulo the polynomial (computed once, at compile time).
-const fn x_pow(n: usize) -> u32 {
-    let mut power = ONE;
-    let mut i = 0;
-    while i < n {
-        power = mul_mod_p(power, ONE >> 1);
-        i += 1;
-    }
-    power
-}
-
 /// Folding a 128-bit lane forward by 1024 bits: its first 64 bits (the higher degrees) are
 /// multiplied by x^(1024 + 64) and its last 64 bits by x^1024. The carry-less product of two
 /// reflected operands comes out one degree short, hence the `- 1`; placed in the high half of
 /// a 64-bit lane, a 32-bit reflected constant keeps x^0 at bit 63.
-const FOLD_BY_1024_HIGH: u64 = (x_pow(1024 + 64 - 1) as u64) << 32;
-const FOLD_BY_1024_LOW: u64 = (x_pow(1024 - 1) as u64) << 32;
+const FOLD_BY_1024_HIGH: u64 = (x_pow(1024 + 64 - 1, 0) as u64) << 32;
+const FOLD_BY_1024_LOW: u64 = (x_pow(1024 - 1, 0) as u64) << 32;
 /// Shifting a CRC past one stream: multiplying by x^(8 * STREAM_LEN). The carry-less product
 /// is one degree short and the `crc32` reduction adds 32, hence `- 33`.
-const PAST_A_STREAM: u32 = x_pow(8 * STREAM_LEN - 33);
+const PAST_A_STREAM: u32 = x_pow(8 * STREAM_LEN as u64 - 33, 0);
 
 /// Whether this CPU has what [`append`] uses.
 pub fn available() -> bool {

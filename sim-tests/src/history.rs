@@ -62,13 +62,24 @@ struct Write {
 /// by readers: a disk sync period, stretched by faults between node and master.
 pub const DISK_REPORT_SLACK: Duration = Duration::from_secs(10);
 
-/// A read that found no value.
+/// A read that failed: it found no value, or found every replica it tried damaged.
 #[derive(Clone, Debug)]
 struct Absence {
     key: String,
     invoked: At,
     completed: At,
     what: &'static str,
+}
+
+impl Absence {
+    fn new(what: &'static str, key: &str, invoked: At, completed: At) -> Absence {
+        Absence {
+            key: key.to_string(),
+            invoked,
+            completed,
+            what,
+        }
+    }
 }
 
 /// A remove of any outcome, of one key or of every key matching a pattern.
@@ -252,12 +263,8 @@ impl History {
     /// Records that a read of `key` (`what` names the operation) found no value.
     pub fn read_absent(&mut self, what: &'static str, key: &str, invoked: At, completed: At) {
         debug!(what, key, "found nothing");
-        self.absences.push(Absence {
-            key: key.to_string(),
-            invoked,
-            completed,
-            what,
-        });
+        self.absences
+            .push(Absence::new(what, key, invoked, completed));
     }
 
     /// Records the start of a remove of every key matching `pattern` (a key's own remove
@@ -317,12 +324,8 @@ impl History {
     /// its value would otherwise pass as an error).
     pub fn read_damaged(&mut self, what: &'static str, key: &str, invoked: At, completed: At) {
         debug!(what, key, "replicas damaged");
-        self.damaged.push(Absence {
-            key: key.to_string(),
-            invoked,
-            completed,
-            what,
-        });
+        self.damaged
+            .push(Absence::new(what, key, invoked, completed));
     }
 
     /// Whether a memory fault damaged a replica of `key`: reading it may fail (every copy
