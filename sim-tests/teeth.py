@@ -55,6 +55,9 @@ EXPS = {
  'prefetch-checksum-unchecked': [
    ('core/src/put.rs', "        if object.has_disk_replica() && checksum != known {", "        if false && object.has_disk_replica() && checksum != known {"),
  ],
+ 'remove-while-held': [
+   ('core/src/remove.rs', "        if object.holds > 0 {\n            return Err(ErrorCode::OBJECT_REPLICA_BUSY.into());", "        if false {\n            return Err(ErrorCode::OBJECT_REPLICA_BUSY.into());"),
+ ],
  'evict-by-lease-expiry': [
    ('core/src/eviction.rs', "            let candidate = (object.last_access, slot, bytes);", "            let candidate = (object.lease_expiry, slot, bytes);"),
  ],
