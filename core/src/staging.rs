@@ -25,6 +25,8 @@ pub struct StagingSlots {
     live: BTreeMap<u64, (u32, Option<Millis>)>,
     next: u64,
     ttl: Millis,
+    /// Slots reclaimed because their reader outstayed the TTL, since the start.
+    reclaimed: u64,
 }
 
 impl StagingSlots {
@@ -35,6 +37,7 @@ impl StagingSlots {
             live: BTreeMap::new(),
             next: 1,
             ttl,
+            reclaimed: 0,
         }
     }
 
@@ -93,6 +96,11 @@ impl StagingSlots {
         }
     }
 
+    /// How many loaded slots were reclaimed because their reader outstayed the TTL.
+    pub fn reclaimed(&self) -> u64 {
+        self.reclaimed
+    }
+
     /// Slots live (loading or waiting for their reader).
     pub fn live(&self) -> usize {
         self.live.len()
@@ -108,6 +116,7 @@ impl StagingSlots {
         for id in expired {
             let (node, _) = self.live.remove(&id).expect("listed");
             self.allocator.free(node);
+            self.reclaimed += 1;
         }
     }
 }
@@ -145,9 +154,15 @@ mod tests {
             slots.allocate(1000, 1, 0, now + Millis(99)).is_none(),
             "TTLs not over yet"
         );
+        assert_eq!(slots.reclaimed(), 0);
         assert!(
             slots.allocate(1000, 1, 0, now + Millis(100)).is_some(),
             "expired slots reclaimed"
+        );
+        assert_eq!(
+            slots.reclaimed(),
+            taken,
+            "every expired slot was reclaimed at once"
         );
     }
 }

@@ -38,6 +38,8 @@ pub const FLOORS: &[(&str, f64)] = &[
     ("node evicted from its disk", 0.25),
     ("disk copy found damaged", 0.01),
     ("recovery dropped records", 0.01),
+    ("staging buffer ran full", 0.04),
+    ("held read outlasted its lease", 0.20),
 ];
 
 /// Floors are checked only over at least this many seeds (fewer say little about shares).

@@ -95,7 +95,7 @@ async fn start_node(world: &World, i: usize, name: &str) -> Result<StandaloneNod
         capacity: d.capacity,
         eviction: d.eviction,
         group_keys: d.group_keys,
-        staging: 1 << 20,
+        staging: d.staging,
         slot_ttl: d.slot_ttl,
         sync_interval: Duration::from_millis(100),
         batch: 8,

@@ -277,6 +277,9 @@ pub struct DiskPlan {
     pub lost_on_crash: f64,
     /// Whether every completed write is offloaded, not only evicted ones.
     pub write_through: bool,
+    /// Bytes of each node's staging buffer (sometimes tight, so loaded slots that outlived
+    /// their TTL are reclaimed to make room while readers race them).
+    pub staging: u64,
 }
 
 impl DiskPlan {
@@ -307,6 +310,7 @@ impl DiskPlan {
             torn_on_crash: rng.below(50) as f64 / 100.0,
             lost_on_crash: rng.below(50) as f64 / 100.0,
             write_through: chance(&mut rng, 0.3),
+            staging: [100 << 10, 128 << 10, 1 << 20][rng.below(3)],
         })
     }
 
@@ -585,12 +589,13 @@ impl fmt::Display for Plan {
         match &self.disk {
             Some(d) => writeln!(
                 f,
-                "  disks: {:?}, {} KiB each, {:?} eviction, alignment {}, {} per group, slot TTL {:?}, crash tears {:.2} / loses {:.2} of unsynced writes{}",
+                "  disks: {:?}, {} KiB each, {:?} eviction, alignment {}, {} per group, {} KiB staging, slot TTL {:?}, crash tears {:.2} / loses {:.2} of unsynced writes{}",
                 d.backend,
                 d.capacity >> 10,
                 d.eviction,
                 d.alignment,
                 d.group_keys,
+                d.staging >> 10,
                 d.slot_ttl,
                 d.torn_on_crash,
                 d.lost_on_crash,

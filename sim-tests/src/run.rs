@@ -220,6 +220,11 @@ fn install_crash_hook(world: &Arc<World>) {
     let w = world.clone();
     let slow_readers = world.plan.slow_readers;
     let lease = Duration::from_millis(world.plan.master.lease_ttl.as_millis());
+    let slot_ttl = world
+        .plan
+        .disk
+        .as_ref()
+        .map_or(Duration::ZERO, |d| d.slot_ttl);
     let hook: mooring::buggify::HoldHook = Rc::new(move |site| {
         if site == Site::CLIENT_BEFORE_READ_TRANSFER {
             // One read in five stalls for up to 80% of its lease (the client still checks
@@ -227,6 +232,21 @@ fn install_crash_hook(world: &Arc<World>) {
             let mut rng = madsim::rand::thread_rng();
             return (slow_readers && rng.gen_bool(0.2))
                 .then(|| lease.mul_f64(0.8 * rng.r#gen::<f64>()));
+        }
+        if site == Site::CLIENT_BEFORE_STAGED_PULL {
+            // Staged slots wait for their readers (inside the slot's TTL: a reader past it
+            // gives up), so a tight staging buffer fills with slots a node must not take back
+            // early.
+            let mut rng = madsim::rand::thread_rng();
+            return (slow_readers && rng.gen_bool(0.8))
+                .then(|| slot_ttl.min(lease).mul_f64(0.7 * rng.r#gen::<f64>()));
+        }
+        if site == Site::CLIENT_HELD_READ_TRANSFER {
+            // A held read is not bounded by its lease: half of them outlast it, so removes,
+            // upserts and eviction meet objects whose only protection is the hold.
+            let mut rng = madsim::rand::thread_rng();
+            return (slow_readers && rng.gen_bool(0.5))
+                .then(|| lease.mul_f64(0.5 + 2.0 * rng.r#gen::<f64>()));
         }
         if !matches!(
             site,

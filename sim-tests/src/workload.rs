@@ -25,6 +25,7 @@ const MIX: &[(Op, u32)] = &[
     (Op::BatchUpsert, 3),
     (Op::Get, 18),
     (Op::GetInto, 8),
+    (Op::GetHeld, 4),
     (Op::BatchGet, 6),
     (Op::BatchGetInto, 3),
     (Op::Exist, 5),
@@ -44,6 +45,7 @@ enum Op {
     BatchUpsert,
     Get,
     GetInto,
+    GetHeld,
     BatchGet,
     BatchGetInto,
     Exist,
@@ -212,6 +214,20 @@ impl Workload {
                     Err(e) => self.record_failed_read("get", &key, invoked, e),
                 }
                 self.tally("get", &result);
+            }
+            Op::GetHeld => {
+                let key = self.key();
+                let invoked = self.world.now();
+                let result = self.client.get_held(&key).await;
+                let now = self.world.now();
+                match &result {
+                    Ok(bytes) => self
+                        .world
+                        .history()
+                        .read_value("get_held", &key, invoked, now, bytes),
+                    Err(e) => self.record_failed_read("get_held", &key, invoked, e),
+                }
+                self.tally("get_held", &result);
             }
             Op::GetInto => {
                 let key = self.key();

@@ -27,6 +27,10 @@ impl Site {
     pub const CLIENT_BEFORE_PUT_END: Site = Site("client.before_put_end");
     /// A reader between its replica list and the transfer (hold).
     pub const CLIENT_BEFORE_READ_TRANSFER: Site = Site("client.before_read_transfer");
+    /// A reader between a node staging a disk copy and pulling it (hold).
+    pub const CLIENT_BEFORE_STAGED_PULL: Site = Site("client.before_staged_pull");
+    /// A held reader between its hold and the transfer (hold).
+    pub const CLIENT_HELD_READ_TRANSFER: Site = Site("client.held_read_transfer");
     /// Every member's heartbeat period (period).
     pub const HEARTBEAT_INTERVAL: Site = Site("heartbeat.interval");
     /// The master's tick period (period).

@@ -21,6 +21,11 @@ impl Path {
     pub const NODE_DISK_EVICTION: Path = Path("node evicted from its disk");
     /// A node found a disk copy damaged when staging it and dropped it.
     pub const DISK_COPY_DAMAGED: Path = Path("disk copy found damaged");
+    /// A node's staging buffer ran full: it reclaimed slots whose readers outstayed their
+    /// TTL, or refused the load.
+    pub const STAGING_FULL: Path = Path("staging buffer ran full");
+    /// A held read ended after its lease would have (only the hold protected it).
+    pub const HELD_PAST_LEASE: Path = Path("held read outlasted its lease");
     /// A node's recovery scan dropped records it could not trust.
     pub const RECOVERY_DROPPED: Path = Path("recovery dropped records");
 

@@ -29,9 +29,10 @@ use mooring_core::{
 };
 use mooring_proto::transport::{ControlPlane, DataPlane, NodeAddr, ReadOp, WriteOp};
 use mooring_proto::wire::{
-    BatchExist, BatchGetReplicaList, BatchPutEnd, BatchPutStart, Call, ClusterInfo,
+    AcquireHold, BatchExist, BatchGetReplicaList, BatchPutEnd, BatchPutStart, Call, ClusterInfo,
     DescribeSegments, Exist, ExistPrefetch, GetReplicaList, GetSize, GetStats, ListKeys,
-    ListSegments, PutAbort, PutEnd, PutStart, QueryByRegex, Remove, RemoveAll, RemoveByRegex,
+    ListSegments, PutAbort, PutEnd, PutStart, QueryByRegex, ReleaseHold, Remove, RemoveAll,
+    RemoveByRegex,
 };
 use tokio::time::Instant;
 use tracing::{debug, warn};

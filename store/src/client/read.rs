@@ -21,6 +21,43 @@ impl Client {
         self.read(key, Some(buf)).await.map(|(_, n)| n)
     }
 
+    /// The value of `key`, read under a hold instead of a lease: until the read ends, the
+    /// object is not evicted, removed or upserted, however long the transfer takes (a large
+    /// value over a slow link, a reader that may stall). The hold is released when the read
+    /// ends, and by the master if this client dies first.
+    pub async fn get_held(&self, key: &str) -> Result<Vec<u8>> {
+        let asked = Instant::now();
+        let (hold, list) = self
+            .call(AcquireHold {
+                client: self.id(),
+                key: key.to_string(),
+            })
+            .await?;
+        let read = async {
+            let mut value = value_buffer(value_len(key, &list)? as u64)?;
+            buggify::hold(Site::CLIENT_HELD_READ_TRANSFER).await;
+            self.read_replica(key, &list.replicas, list.checksum, &mut value)
+                .await
+                .map(|()| value)
+        }
+        .await;
+        if !self.inside_lease(asked, &list) {
+            coverage::hit(Path::HELD_PAST_LEASE);
+        }
+        let released = self
+            .call(ReleaseHold {
+                client: self.id(),
+                hold,
+            })
+            .await;
+        if let Err(e) = released {
+            // The object stays held (not evictable, not removable) until this client closes
+            // or expires: worth a warning, not a failed read.
+            warn!(key, "could not release the hold on {key:?}: {e}");
+        }
+        read
+    }
+
     pub(super) async fn read(
         &self,
         key: &str,
@@ -175,6 +212,7 @@ impl Client {
             addr: staged.addr,
             dest: buf,
         };
+        buggify::hold(Site::CLIENT_BEFORE_STAGED_PULL).await;
         let read = self.inner.data.read(&staging, vec![op]).await;
         // The node may reuse a slot once its TTL (counted from after the load, so after
         // `asked`) is up: bytes read later than that may be another value's.

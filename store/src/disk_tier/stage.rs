@@ -124,10 +124,14 @@ impl TierInner {
     fn lend_slot(&self, len: usize) -> Result<(u64, IoBuf)> {
         let align = self.store.alignment().max(1) as u64;
         let memory = &self.staging.memory;
-        let slot = self
-            .slots()
-            .allocate(len as u64, align, memory.base(), self.clock.now())
-            .ok_or_else(|| {
+        let mut slots = self.slots();
+        let reclaimed = slots.reclaimed();
+        let slot = slots.allocate(len as u64, align, memory.base(), self.clock.now());
+        if slot.is_none() || slots.reclaimed() > reclaimed {
+            coverage::hit(Path::STAGING_FULL);
+        }
+        drop(slots);
+        let slot = slot.ok_or_else(|| {
                 Error::new(
                     ErrorCode::BUFFER_OVERFLOW,
                     format!(
