@@ -54,6 +54,21 @@ impl Master {
         Ok(self.read_replicas(slot, now))
     }
 
+    /// The complete memory replicas of `key` and the checksum their bytes must have, for an
+    /// audit that reads them behind the master's back (a scrubber, the simulation's oracle):
+    /// no lease is granted and no access counted. `None` if `key` is not readable.
+    pub fn audit_memory_replicas(&self, key: &str) -> Option<(Vec<ReplicaDescriptor>, Checksum)> {
+        let slot = self.readable_slot(key).ok()?;
+        let object = self.objects.at(slot);
+        let replicas = object
+            .replicas
+            .iter()
+            .filter(|r| r.is_complete())
+            .map(|r| self.segments.describe(r, object.size))
+            .collect();
+        Some((replicas, self.objects.checksum(slot)))
+    }
+
     /// [`Master::get_replica_list`] for many keys.
     pub fn batch_get_replica_list<K: AsRef<str>>(
         &mut self,

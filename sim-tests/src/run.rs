@@ -12,7 +12,7 @@ use madsim::rand::Rng as _;
 use madsim::runtime::{Handle, NodeHandle, Runtime};
 use madsim::task::NodeId;
 use mooring::buggify::Site;
-use mooring_core::{ErrorCode, Event, Stats, invariants};
+use mooring_core::{Checksum, ErrorCode, Event, SegmentId, Stats, invariants};
 use mooring_transport_sim::{NetFaults, NetStats};
 
 use crate::history::{GoneWhy, Tally};
@@ -24,6 +24,9 @@ use crate::{coverage, members};
 
 /// How often the supervisor applies faults and checks the master's invariants.
 const TICK: Duration = Duration::from_millis(20);
+/// Every this many ticks the supervisor scrubs every memory replica (see
+/// [`Supervisor::scrub`]).
+const SCRUB_EVERY: u64 = 5;
 /// A crash-mid-write order that finds no write within this long crashes the client anyway.
 const CRASH_ORDER_PATIENCE: Duration = Duration::from_secs(2);
 /// Longest the workload may run (simulated) before the run counts as stuck.
@@ -540,6 +543,54 @@ impl Supervisor {
         }
     }
 
+    /// Checks every complete memory replica the master lists against the value's checksum,
+    /// reading the bytes straight out of the node's memory: damage that no read happened to
+    /// meet (a late write landing on reused blocks, blocks freed under a live object, a read
+    /// that fell back past a damaged replica) is caught where it lies. Keys whose memory was
+    /// rotted on purpose are skipped.
+    fn scrub(&self) {
+        let Some(master) = self.world.master() else {
+            return;
+        };
+        let nodes: Vec<(SegmentId, mooring::Node)> = (0..self.world.plan.shape.nodes)
+            .filter_map(|i| {
+                let node = self.world.node(i)?;
+                Some((node.segment()?, node))
+            })
+            .collect();
+        for key in &self.world.keys {
+            if self.world.history().was_rotted(key) {
+                continue;
+            }
+            let Some((replicas, checksum)) =
+                master.with_master(|m, _| m.audit_memory_replicas(key))
+            else {
+                continue;
+            };
+            for replica in replicas {
+                let Some((_, node)) = nodes.iter().find(|(s, _)| *s == replica.segment) else {
+                    continue;
+                };
+                let mut bytes = vec![0u8; replica.len as usize];
+                let found = node.memory().copy_out(replica.addr, &mut bytes);
+                if !found || Checksum::of(&bytes) != checksum {
+                    self.world.history().violation(format!(
+                        "scrub at {:?}: {key:?}'s complete replica on {} at {:#x} ({} bytes) {}",
+                        self.world.now(),
+                        replica.segment,
+                        replica.addr,
+                        replica.len,
+                        if found {
+                            "fails the value's checksum"
+                        } else {
+                            "lies outside the node's memory"
+                        }
+                    ));
+                }
+            }
+        }
+    }
+
     /// Heals everything now, including faults whose time is not up.
     fn heal_all(&mut self) {
         let now = self.world.now();
@@ -573,6 +624,7 @@ async fn supervise(plan: Plan) -> Report {
 
     // Safety phase: the workload under faults, invariants checked every tick.
     let mut faults = world.plan.faults.clone().into_iter().peekable();
+    let mut ticks = 0u64;
     loop {
         tokio::time::sleep(TICK).await;
         let now = world.now();
@@ -584,6 +636,10 @@ async fn supervise(plan: Plan) -> Report {
         sup.heal_due(now);
         sup.record_gone();
         sup.check_invariants();
+        ticks += 1;
+        if ticks.is_multiple_of(SCRUB_EVERY) {
+            sup.scrub();
+        }
         if world.all_finished() || world.history().failed() {
             break;
         }
