@@ -18,7 +18,9 @@
 //! write of the key (a preempted or abandoned write can take the object with it), or an event
 //! of the master's: eviction (never of a hard-pinned value: those stay while a node holding
 //! them lives), the loss of its last replica with a node, a discarded write that removed it.
-//! Other errors are allowed (faults, a damaged replica); whether they happen only when they
+//! A read refused because every replica it tried was damaged is justified only by a memory
+//! fault on that key (a node drops a damaged disk copy as it stages it, so disk rot never
+//! reaches a reader). Other errors are allowed (faults); whether they happen only when they
 //! should is the liveness phase's and the master invariants' job.
 //! Writes whose outcome the client could not know (a lost RPC, a crash mid-operation) may or
 //! may not have committed, so reading them is allowed but they never make others stale.
@@ -177,8 +179,6 @@ pub struct History {
     violations: Vec<String>,
     /// Keys whose bytes a memory fault damaged in some replica.
     rotted: std::collections::BTreeSet<String>,
-    /// When a fault first flipped a bit on some node's disk (which key it hit is unknown).
-    disk_rot_since: Option<At>,
     /// Reads refused because every replica they tried was damaged (`INVALID_REPLICA`).
     damaged: Vec<Absence>,
     /// Outcomes of every operation.
@@ -314,14 +314,11 @@ impl History {
         self.rotted.insert(key.to_string());
     }
 
-    /// A fault flipped a bit on some node's disk at `at`.
-    pub fn note_disk_rot(&mut self, at: At) {
-        self.disk_rot_since.get_or_insert(at);
-    }
-
     /// Records a read of `key` refused because the replicas it tried were damaged. Only a
-    /// fault that damaged bytes explains that (a slip that lets a block be overwritten under
-    /// its value would otherwise pass as an error).
+    /// fault that damaged this key's bytes in memory explains that (a slip that lets a block
+    /// be overwritten under its value would otherwise pass as an error). Disk rot does not:
+    /// a node checks a disk copy as it stages it and drops it if damaged, so rotted disk
+    /// bytes never reach a reader.
     pub fn read_damaged(&mut self, what: &'static str, key: &str, invoked: At, completed: At) {
         debug!(what, key, "replicas damaged");
         self.damaged
@@ -405,10 +402,7 @@ impl History {
         found.extend(
             self.damaged
                 .iter()
-                .filter(|d| {
-                    !self.was_rotted(&d.key)
-                        && self.disk_rot_since.is_none_or(|since| since > d.completed)
-                })
+                .filter(|d| !self.was_rotted(&d.key))
                 .map(|d| {
                     format!(
                         "{} of {:?} during [{:?}, {:?}] found every replica it tried damaged, but no fault had damaged bytes",

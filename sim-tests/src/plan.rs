@@ -129,6 +129,18 @@ pub enum Fault {
         /// Picks the value and the bit.
         pick: u64,
     },
+    /// Datagrams from `from` to `to` arrive `by` late (a switch buffer, a retransmission
+    /// backlog), intact; datagram-transport runs only (TCP's cut already delivers late).
+    Lag {
+        /// Sending side.
+        from: Member,
+        /// Receiving side.
+        to: Member,
+        /// How late each datagram arrives.
+        by: Duration,
+        /// How long the link lags.
+        lasts: Duration,
+    },
     /// A process without the cluster token knocks on every port (wrong-token handshakes,
     /// garbage, frames announced and never finished, silent connections); TCP runs only.
     Stranger {
@@ -147,7 +159,8 @@ impl Fault {
             | Fault::Noise { lasts, .. }
             | Fault::PauseNode { lasts, .. }
             | Fault::DiskErrors { lasts, .. }
-            | Fault::Stranger { lasts } => *lasts,
+            | Fault::Stranger { lasts }
+            | Fault::Lag { lasts, .. } => *lasts,
             Fault::RotDisk { .. } | Fault::RotMemory { .. } => Duration::ZERO,
         }
     }
@@ -194,6 +207,12 @@ impl fmt::Display for Fault {
                 "noise for {lasts:?}: loss {loss:.3}, duplicate {duplicate:.3}, corrupt {corrupt:.3}, delay up to {max_delay:?}"
             ),
             Fault::PauseNode { node, lasts } => write!(f, "pause node{node} for {lasts:?}"),
+            Fault::Lag {
+                from,
+                to,
+                by,
+                lasts,
+            } => write!(f, "lag {from} -> {to} by {by:?} for {lasts:?}"),
             Fault::DiskErrors { node, rate, lasts } => {
                 write!(
                     f,
@@ -431,6 +450,26 @@ impl Plan {
                 let at = between(&mut strangers, ms(300), horizon);
                 let lasts = between(&mut strangers, ms(1000), ms(8000));
                 faults.push((at, Fault::Stranger { lasts }));
+            }
+            // Its own stream too: a client's writes to a node arrive after the master has
+            // given their blocks to another writer, unless the node refuses them by their
+            // deadline.
+            let mut lag = Rng::seeded(seed ^ 0x01A6_11A6);
+            if transport == Transport::Sim && chance(&mut lag, 0.5) {
+                let at = between(&mut lag, ms(300), horizon);
+                let from = Member::Client(lag.below(shape.clients));
+                let to = Member::Node(lag.below(shape.nodes));
+                let by = release + between(&mut lag, ms(200), ms(2000));
+                let lasts = between(&mut lag, ms(300), ms(3000));
+                faults.push((
+                    at,
+                    Fault::Lag {
+                        from,
+                        to,
+                        by,
+                        lasts,
+                    },
+                ));
             }
             // Its own stream too: memory damage that only checksums can see.
             let mut rot = Rng::seeded(seed ^ 0x0B17_F11B);

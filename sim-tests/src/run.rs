@@ -173,6 +173,7 @@ enum Heal {
     /// A process that only ever lived for the fault (the stranger) goes for good.
     Stop(NodeId),
     Unblock(Member, Member),
+    Unlag(Member, Member),
     Quiet,
     Resume(NodeId),
     DiskQuiet(usize),
@@ -366,6 +367,10 @@ impl Supervisor {
                 }
                 self.heals.push((until, Heal::Quiet));
             }
+            Fault::Lag { from, to, by, .. } => {
+                self.world.net.lag(ip(from), ip(to), by);
+                self.heals.push((until, Heal::Unlag(from, to)));
+            }
             Fault::PauseNode { node, .. } => {
                 let id = self.nodes.storage[node].id();
                 self.handle.pause(id);
@@ -389,7 +394,6 @@ impl Supervisor {
             }
             Fault::RotMemory { node, pick } => self.rot_memory(node, pick),
             Fault::RotDisk { node, pick } => {
-                self.world.history().note_disk_rot(self.world.now());
                 let files = self.world.disks[node].files();
                 let nonempty: Vec<&(String, u64)> =
                     files.iter().filter(|(_, len)| *len > 0).collect();
@@ -452,6 +456,7 @@ impl Supervisor {
                 self.handle.restart(id);
             }
             Heal::Unblock(from, to) => self.unblock(from, to),
+            Heal::Unlag(from, to) => self.world.net.unlag(ip(from), ip(to)),
             Heal::Quiet => match self.world.plan.transport {
                 Transport::Sim => self.world.net.set_faults(NetFaults::default()),
                 Transport::Tcp => NetSim::current().update_config(|c| c.packet_loss_rate = 0.0),

@@ -102,6 +102,15 @@ impl Workload {
         keys[i].clone()
     }
 
+    /// A key to remove or overwrite: half the time one a held read is reading, if any.
+    fn contended_key(&mut self) -> String {
+        let held = self.world.held.lock().expect("held lock").clone();
+        if !held.is_empty() && self.rng.below(2) == 0 {
+            return held[self.rng.below(held.len())].clone();
+        }
+        self.key()
+    }
+
     /// Two to `2 + spread - 1` distinct keys.
     fn some_keys(&mut self, spread: usize) -> Vec<String> {
         let n = 2 + self.rng.below(spread);
@@ -194,7 +203,7 @@ impl Workload {
         match op {
             Op::Put => self.write(false, None).await,
             Op::UpsertSameSize => {
-                let key = self.key();
+                let key = self.contended_key();
                 let size = self.world.history().latest_size(&key);
                 self.write_key(key, true, size).await
             }
@@ -217,9 +226,15 @@ impl Workload {
             }
             Op::GetHeld => {
                 let key = self.key();
+                self.world.held.lock().expect("held lock").push(key.clone());
                 let invoked = self.world.now();
                 let result = self.client.get_held(&key).await;
                 let now = self.world.now();
+                let mut held = self.world.held.lock().expect("held lock");
+                if let Some(at) = held.iter().position(|k| *k == key) {
+                    held.swap_remove(at);
+                }
+                drop(held);
                 match &result {
                     Ok(bytes) => self
                         .world
@@ -331,7 +346,7 @@ impl Workload {
                 self.tally("get_size", &result);
             }
             Op::Remove => {
-                let key = self.key();
+                let key = self.contended_key();
                 let invoked = self.world.now();
                 let attempt = self
                     .world

@@ -1,6 +1,6 @@
 //! The simulated network's fault switchboard, shared by every node of one simulation.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -46,6 +46,8 @@ struct State {
     faults: NetFaults,
     /// One-way partitions: datagrams from the first address to the second are dropped.
     blocked: BTreeSet<(IpAddr, IpAddr)>,
+    /// Lagging links: datagrams from the first address to the second arrive this much late.
+    lagging: BTreeMap<(IpAddr, IpAddr), Duration>,
     stats: NetStats,
 }
 
@@ -67,6 +69,7 @@ impl SimNet {
             state: Mutex::new(State {
                 faults: NetFaults::default(),
                 blocked: BTreeSet::new(),
+                lagging: BTreeMap::new(),
                 stats: NetStats::default(),
             }),
         }
@@ -91,11 +94,23 @@ impl SimNet {
         self.lock().blocked.remove(&(from, to));
     }
 
+    /// Holds every datagram from `from` to `to` for `by` before delivering it (one way), as a
+    /// switch buffer or a retransmission backlog would: they arrive late, intact and all.
+    pub fn lag(&self, from: IpAddr, to: IpAddr, by: Duration) {
+        self.lock().lagging.insert((from, to), by);
+    }
+
+    /// Ends the lag from `from` to `to` (datagrams already held still arrive late).
+    pub fn unlag(&self, from: IpAddr, to: IpAddr) {
+        self.lock().lagging.remove(&(from, to));
+    }
+
     /// Turns every fault off and restores every link.
     pub fn heal(&self) {
         let mut state = self.lock();
         state.faults = NetFaults::default();
         state.blocked.clear();
+        state.lagging.clear();
     }
 
     /// What the network did so far.
@@ -131,6 +146,11 @@ impl SimNet {
                 return;
             }
             let faults = state.faults.clone();
+            let lag = state
+                .lagging
+                .get(&(from.ip(), to.ip()))
+                .copied()
+                .unwrap_or_default();
             if rng.gen_bool(faults.loss.clamp(0.0, 1.0)) {
                 state.stats.lost += 1;
                 return;
@@ -149,7 +169,7 @@ impl SimNet {
             (0..copies)
                 .map(|_| {
                     let nanos = faults.max_delay.as_nanos() as u64;
-                    Duration::from_nanos(if nanos == 0 {
+                    lag + Duration::from_nanos(if nanos == 0 {
                         0
                     } else {
                         rng.gen_range(0..=nanos)
