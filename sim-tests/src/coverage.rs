@@ -40,6 +40,7 @@ pub const FLOORS: &[(&str, f64)] = &[
     ("recovery dropped records", 0.01),
     ("staging buffer ran full", 0.04),
     ("held read outlasted its lease", 0.20),
+    ("damaged prefetch refused", 0.05),
 ];
 
 /// Floors are checked only over at least this many seeds (fewer say little about shares).

@@ -378,6 +378,10 @@ pub struct Plan {
     pub slow_readers: bool,
     /// Operations each client keeps in flight, as a thread pool sharing one client would.
     pub streams: usize,
+    /// Whether the clients' memory is failing: a bit of some values a client prefetches
+    /// flips between its checking them and writing them into memory (the master must refuse
+    /// them by the checksum it knows).
+    pub client_rot: bool,
     /// The master's policy (timeouts shrunk to simulation scale).
     pub master: MasterConfig,
     /// Faults in order of their start (offset from the start of the workload).
@@ -489,12 +493,15 @@ impl Plan {
             0 => 1,
             n => n + 1,
         };
+        // Its own stream too.
+        let client_rot = disk.is_some() && chance(&mut Rng::seeded(seed ^ 0xC11E_0B17), 0.4);
         Plan {
             seed,
             transport,
             buggify,
             slow_readers,
             streams,
+            client_rot,
             master,
             faults,
             shape,
@@ -601,7 +608,7 @@ impl fmt::Display for Plan {
         let m = &self.master;
         writeln!(
             f,
-            "seed {} on {}: {} nodes, {} clients ({} contributing, {} operation(s) in flight each), {} ops over {} keys, buggify {}{}",
+            "seed {} on {}: {} nodes, {} clients ({} contributing, {} operation(s) in flight each), {} ops over {} keys, buggify {}{}{}",
             self.seed,
             self.transport,
             self.shape.nodes,
@@ -613,6 +620,11 @@ impl fmt::Display for Plan {
             if self.buggify { "on" } else { "off" },
             if self.slow_readers {
                 ", slow readers"
+            } else {
+                ""
+            },
+            if self.client_rot {
+                ", failing client memory (prefetch buffers)"
             } else {
                 ""
             }

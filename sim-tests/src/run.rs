@@ -270,6 +270,14 @@ fn install_crash_hook(world: &Arc<World>) {
         Some(Duration::from_secs(3600))
     });
     mooring::buggify::set_hold_hook(Some(hook));
+    let client_rot = world.plan.client_rot;
+    let damage: mooring::buggify::DamageHook = Rc::new(move |site, len| {
+        // A failing client's memory damages one prefetch in three.
+        let mut rng = madsim::rand::thread_rng();
+        (client_rot && site == Site::CLIENT_PREFETCH_BUFFER && len > 0 && rng.gen_bool(1.0 / 3.0))
+            .then(|| rng.gen_range(0..len * 8))
+    });
+    mooring::buggify::set_damage_hook(Some(damage));
 }
 
 struct Supervisor {

@@ -29,6 +29,8 @@ impl Site {
     pub const CLIENT_BEFORE_READ_TRANSFER: Site = Site("client.before_read_transfer");
     /// A reader between a node staging a disk copy and pulling it (hold).
     pub const CLIENT_BEFORE_STAGED_PULL: Site = Site("client.before_staged_pull");
+    /// A prefetching client's copy of a value between reading and writing it (damage).
+    pub const CLIENT_PREFETCH_BUFFER: Site = Site("client.prefetch_buffer");
     /// A held reader between its hold and the transfer (hold).
     pub const CLIENT_HELD_READ_TRANSFER: Site = Site("client.held_read_transfer");
     /// Every member's heartbeat period (period).
@@ -89,6 +91,30 @@ pub async fn hold(site: Site) {
     let _ = site;
 }
 
+/// A buffer a simulation may damage at `site` (one bit, as a failing DIMM in the client's
+/// machine would between checking bytes and sending them on), so that the checks behind it
+/// are exercised. A no-op in production builds and in simulations without a damage hook.
+pub fn damage(site: Site, buf: &mut [u8]) {
+    #[cfg(madsim)]
+    if let Some(bit) = sim::damage(site, buf.len())
+        && let Some(byte) = buf.get_mut(bit / 8)
+    {
+        *byte ^= 1 << (bit % 8);
+    }
+    let _ = (site, buf);
+}
+
+/// What a simulation's damage hook decides for a buffer of `len` bytes at a damage point:
+/// `Some(bit)` flips that bit.
+#[cfg(madsim)]
+pub type DamageHook = std::rc::Rc<dyn Fn(Site, usize) -> Option<usize>>;
+
+/// Installs (or with `None` removes) this run's damage hook.
+#[cfg(madsim)]
+pub fn set_damage_hook(hook: Option<DamageHook>) {
+    sim::set_damage_hook(hook);
+}
+
 /// What a simulation's hold hook decides for a hold point: `Some(pause)` holds the task that
 /// long.
 #[cfg(madsim)]
@@ -133,6 +159,7 @@ mod sim {
 
     thread_local! {
         static HOLD: RefCell<Option<super::HoldHook>> = const { RefCell::new(None) };
+        static DAMAGE: RefCell<Option<super::DamageHook>> = const { RefCell::new(None) };
         static ENABLED: Cell<bool> = const { Cell::new(false) };
         static SITES: RefCell<BTreeMap<super::Site, bool>> = const { RefCell::new(BTreeMap::new()) };
     }
@@ -161,8 +188,18 @@ mod sim {
         HOLD.with(|h| *h.borrow_mut() = hook);
     }
 
+    pub(super) fn damage(site: super::Site, len: usize) -> Option<usize> {
+        let hook = DAMAGE.with(|h| h.borrow().clone())?;
+        hook(site, len)
+    }
+
+    pub(super) fn set_damage_hook(hook: Option<super::DamageHook>) {
+        DAMAGE.with(|h| *h.borrow_mut() = hook);
+    }
+
     pub(super) fn reset(enabled: bool) {
         HOLD.with(|h| *h.borrow_mut() = None);
+        DAMAGE.with(|h| *h.borrow_mut() = None);
         ENABLED.with(|e| e.set(enabled));
         SITES.with(|sites| sites.borrow_mut().clear());
     }

@@ -1,6 +1,7 @@
 //! Metadata calls: exist (with prefetch), sizes, removal, queries, stats.
 
 use super::*;
+use crate::coverage::{self, Path};
 
 impl Client {
     /// Whether `key` has a complete replica (grants a lease if so).
@@ -33,6 +34,7 @@ impl Client {
             let read = self
                 .read_replica(key, source, prefetch.checksum, &mut value)
                 .await;
+            buggify::damage(Site::CLIENT_PREFETCH_BUFFER, &mut value);
             let transfer = match read {
                 Ok(()) => self
                     .write_batch(&[(&prefetch.grant, &value)], started)
@@ -43,6 +45,9 @@ impl Client {
             };
 
             if let Err(e) = self.finish_write(key, &prefetch.grant, transfer).await {
+                if e.code == ErrorCode::INVALID_WRITE {
+                    coverage::hit(Path::PREFETCH_REFUSED);
+                }
                 warn!(key, "prefetch from disk failed; reads stay on disk: {e}");
             }
         }

@@ -25,7 +25,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use mooring_core::{
     Checksum, ClientId, Error, ErrorCode, KeyListing, Medium, PutGrant, ReplicaDescriptor,
-    ReplicaList, ReplicateConfig, Result, SegmentId, SegmentInfo, Stats,
+    ReplicaList, ReplicateConfig, Result, SegmentId, SegmentInfo, Stats, WriteId,
 };
 use mooring_proto::transport::{ControlPlane, DataPlane, NodeAddr, ReadOp, WriteOp};
 use mooring_proto::wire::{

@@ -86,24 +86,36 @@ impl Client {
     ) -> Result<()> {
         let client = self.id();
         let (key, write) = (key.to_string(), grant.write_id);
-        match transfer {
-            Ok(checksum) => {
-                let end = PutEnd {
-                    client,
-                    key,
-                    write,
-                    checksum,
-                };
-                self.call(end).await
-            }
+        let checksum = match transfer {
+            Ok(checksum) => checksum,
             Err(e) => {
-                if let Err(abort) = self.call(PutAbort { client, key, write }).await {
-                    debug!(
-                        "abort after a failed transfer also failed (the master will discard the write): {abort}"
-                    );
-                }
-                Err(e)
+                self.abort_write(key, write).await;
+                return Err(e);
             }
+        };
+        let end = PutEnd {
+            client,
+            key: key.clone(),
+            write,
+            checksum,
+        };
+        let ended = self.call(end).await;
+        // The master refuses bytes it knows to be wrong (a prefetch that does not match the
+        // value's checksum): take the write back rather than leave it to the discard timeout.
+        if let Err(e) = &ended
+            && e.code == ErrorCode::INVALID_WRITE
+        {
+            self.abort_write(key, write).await;
+        }
+        ended
+    }
+
+    /// Aborts a write whose bytes did not land (or were refused); if the abort is lost, the
+    /// master discards the write on its own.
+    async fn abort_write(&self, key: String, write: WriteId) {
+        let client = self.id();
+        if let Err(abort) = self.call(PutAbort { client, key, write }).await {
+            debug!("aborting a failed write also failed (the master will discard it): {abort}");
         }
     }
 
