@@ -459,12 +459,12 @@ impl Plan {
             // given their blocks to another writer, unless the node refuses them by their
             // deadline.
             let mut lag = Rng::seeded(seed ^ 0x01A6_11A6);
-            if transport == Transport::Sim && chance(&mut lag, 0.5) {
+            if transport == Transport::Sim && chance(&mut lag, 0.8) {
                 let at = between(&mut lag, ms(300), horizon);
                 let from = Member::Client(lag.below(shape.clients));
                 let to = Member::Node(lag.below(shape.nodes));
                 let by = release + between(&mut lag, ms(200), ms(2000));
-                let lasts = between(&mut lag, ms(300), ms(3000));
+                let lasts = between(&mut lag, ms(1000), ms(5000));
                 faults.push((
                     at,
                     Fault::Lag {

@@ -56,6 +56,21 @@ enum Op {
     Query,
 }
 
+/// A key listed in [`World::reading`] while this lives.
+struct Reading {
+    world: Arc<World>,
+    key: String,
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        let mut reading = self.world.reading.lock().expect("reading lock");
+        if let Some(at) = reading.iter().position(|k| *k == self.key) {
+            reading.swap_remove(at);
+        }
+    }
+}
+
 /// One client's stream of operations.
 pub struct Workload {
     world: Arc<World>,
@@ -102,13 +117,28 @@ impl Workload {
         keys[i].clone()
     }
 
-    /// A key to remove or overwrite: half the time one a held read is reading, if any.
+    /// A key to remove or overwrite: half the time one a get is reading, if any.
     fn contended_key(&mut self) -> String {
-        let held = self.world.held.lock().expect("held lock").clone();
-        if !held.is_empty() && self.rng.below(2) == 0 {
-            return held[self.rng.below(held.len())].clone();
+        let reading = self.world.reading.lock().expect("reading lock").clone();
+        if !reading.is_empty() && self.rng.below(2) == 0 {
+            return reading[self.rng.below(reading.len())].clone();
         }
         self.key()
+    }
+
+    /// A key to read, listed as being read until the guard goes (with the read, or with a
+    /// client killed mid-read).
+    fn key_to_read(&mut self) -> Reading {
+        let key = self.key();
+        self.world
+            .reading
+            .lock()
+            .expect("reading lock")
+            .push(key.clone());
+        Reading {
+            world: self.world.clone(),
+            key,
+        }
     }
 
     /// Two to `2 + spread - 1` distinct keys.
@@ -211,10 +241,12 @@ impl Workload {
             Op::BatchPut => self.batch_write(false).await,
             Op::BatchUpsert => self.batch_write(true).await,
             Op::Get => {
-                let key = self.key();
+                let reading = self.key_to_read();
+                let key = reading.key.clone();
                 let invoked = self.world.now();
                 let result = self.client.get(&key).await;
                 let now = self.world.now();
+                drop(reading);
                 match &result {
                     Ok(bytes) => self
                         .world
@@ -225,16 +257,12 @@ impl Workload {
                 self.tally("get", &result);
             }
             Op::GetHeld => {
-                let key = self.key();
-                self.world.held.lock().expect("held lock").push(key.clone());
+                let reading = self.key_to_read();
+                let key = reading.key.clone();
                 let invoked = self.world.now();
                 let result = self.client.get_held(&key).await;
                 let now = self.world.now();
-                let mut held = self.world.held.lock().expect("held lock");
-                if let Some(at) = held.iter().position(|k| *k == key) {
-                    held.swap_remove(at);
-                }
-                drop(held);
+                drop(reading);
                 match &result {
                     Ok(bytes) => self
                         .world
@@ -245,11 +273,13 @@ impl Workload {
                 self.tally("get_held", &result);
             }
             Op::GetInto => {
-                let key = self.key();
+                let reading = self.key_to_read();
+                let key = reading.key.clone();
                 let mut buf = vec![0u8; self.size()];
                 let invoked = self.world.now();
                 let result = self.client.get_into(&key, &mut buf).await;
                 let now = self.world.now();
+                drop(reading);
                 match &result {
                     Ok(n) => {
                         self.world

@@ -74,9 +74,9 @@ pub struct World {
     pub disks: Vec<Arc<SimDisk>>,
     /// Each storage node's current incarnation, once it is up (for memory faults).
     nodes: Mutex<BTreeMap<usize, Node>>,
-    /// Keys a held read is reading right now (once per read): removes and upserts aim at
-    /// them, so that the hold is what protects their bytes.
-    pub held: Mutex<Vec<String>>,
+    /// Keys a get is reading right now (once per read): removes and upserts aim at them,
+    /// so that leases and holds are what protect their bytes.
+    pub reading: Mutex<Vec<String>>,
 }
 
 impl World {
@@ -110,7 +110,7 @@ impl World {
             incarnations: (0..shape.clients).map(|_| AtomicUsize::new(0)).collect(),
             disks,
             nodes: Mutex::default(),
-            held: Mutex::default(),
+            reading: Mutex::default(),
             plan,
         })
     }

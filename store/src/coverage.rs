@@ -26,6 +26,8 @@ impl Path {
     pub const STAGING_FULL: Path = Path("staging buffer ran full");
     /// A held read ended after its lease would have (only the hold protected it).
     pub const HELD_PAST_LEASE: Path = Path("held read outlasted its lease");
+    /// A held read lost its hold (the master took its client for dead) and read again.
+    pub const HOLD_LAPSED: Path = Path("held read lost its hold");
     /// The master refused a prefetch whose bytes did not match the value's checksum.
     pub const PREFETCH_REFUSED: Path = Path("damaged prefetch refused");
     /// A node's recovery scan dropped records it could not trust.

@@ -24,8 +24,29 @@ impl Client {
     /// The value of `key`, read under a hold instead of a lease: until the read ends, the
     /// object is not evicted, removed or upserted, however long the transfer takes (a large
     /// value over a slow link, a reader that may stall). The hold is released when the read
-    /// ends, and by the master if this client dies first.
+    /// ends, and by the master if this client dies (or is taken for dead) first.
     pub async fn get_held(&self, key: &str) -> Result<Vec<u8>> {
+        for _ in 0..LEASE_RETRIES {
+            let (read, kept) = self.read_held(key).await?;
+            match read {
+                // A hold the master dropped (it took this client for dead) protected nothing:
+                // the blocks may have been reused, so damage says nothing about the value.
+                Err(e) if !kept && e.code == ErrorCode::INVALID_REPLICA => {
+                    debug!(key, "held read lost its hold; reading again");
+                    coverage::hit(Path::HOLD_LAPSED);
+                }
+                read => return read,
+            }
+        }
+        Err(Error::new(
+            ErrorCode::LEASE_EXPIRED,
+            format!("reading {key:?} kept losing its hold (the master took this client for dead)"),
+        ))
+    }
+
+    /// One held read: its outcome, and whether the hold was still the master's to release
+    /// when it ended.
+    async fn read_held(&self, key: &str) -> Result<(Result<Vec<u8>>, bool)> {
         let asked = Instant::now();
         let (hold, list) = self
             .call(AcquireHold {
@@ -50,12 +71,12 @@ impl Client {
                 hold,
             })
             .await;
-        if let Err(e) = released {
-            // The object stays held (not evictable, not removable) until this client closes
-            // or expires: worth a warning, not a failed read.
+        if let Err(e) = &released {
+            // Either the master dropped the hold already, or it keeps it until this client
+            // closes or expires: worth a warning, not a failed read.
             warn!(key, "could not release the hold on {key:?}: {e}");
         }
-        read
+        Ok((read, released.is_ok()))
     }
 
     pub(super) async fn read(
