@@ -38,7 +38,7 @@ pub const FLOORS: &[(&str, f64)] = &[
     ("node evicted from its disk", 0.25),
     ("disk copy found damaged", 0.01),
     ("recovery dropped records", 0.01),
-    ("staging buffer ran full", 0.04),
+    ("staging buffer ran full", 0.03),
     ("held read outlasted its lease", 0.20),
     ("damaged prefetch refused", 0.05),
 ];

@@ -97,7 +97,7 @@ async fn start_node(world: &World, i: usize, name: &str) -> Result<StandaloneNod
         group_keys: d.group_keys,
         staging: d.staging,
         slot_ttl: d.slot_ttl,
-        sync_interval: Duration::from_millis(100),
+        sync_interval: d.sync_interval,
         batch: 8,
         ..DiskTierConfig::new(name)
     });

@@ -299,6 +299,9 @@ pub struct DiskPlan {
     /// Bytes of each node's staging buffer (sometimes tight, so loaded slots that outlived
     /// their TTL are reclaimed to make room while readers race them).
     pub staging: u64,
+    /// How often each node syncs its disk and reports to the master (sometimes slowly, so
+    /// the master lists copies a node has already evicted for longer).
+    pub sync_interval: Duration,
 }
 
 impl DiskPlan {
@@ -330,6 +333,7 @@ impl DiskPlan {
             lost_on_crash: rng.below(50) as f64 / 100.0,
             write_through: chance(&mut rng, 0.3),
             staging: [100 << 10, 128 << 10, 1 << 20][rng.below(3)],
+            sync_interval: Duration::from_millis([100, 100, 1000, 2000][rng.below(4)]),
         })
     }
 
@@ -640,7 +644,7 @@ impl fmt::Display for Plan {
         match &self.disk {
             Some(d) => writeln!(
                 f,
-                "  disks: {:?}, {} KiB each, {:?} eviction, alignment {}, {} per group, {} KiB staging, slot TTL {:?}, crash tears {:.2} / loses {:.2} of unsynced writes{}",
+                "  disks: {:?}, {} KiB each, {:?} eviction, alignment {}, {} per group, {} KiB staging, slot TTL {:?}, synced every {:?}, crash tears {:.2} / loses {:.2} of unsynced writes{}",
                 d.backend,
                 d.capacity >> 10,
                 d.eviction,
@@ -648,6 +652,7 @@ impl fmt::Display for Plan {
                 d.group_keys,
                 d.staging >> 10,
                 d.slot_ttl,
+                d.sync_interval,
                 d.torn_on_crash,
                 d.lost_on_crash,
                 if d.write_through {

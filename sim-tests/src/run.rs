@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use madsim::net::NetSim;
@@ -230,11 +231,12 @@ fn install_crash_hook(world: &Arc<World>) {
         .as_ref()
         .map_or(Duration::ZERO, |d| d.slot_ttl);
     let hook: mooring::buggify::HoldHook = Rc::new(move |site| {
+        let stall = !w.healed.load(Ordering::Relaxed);
         if site == Site::CLIENT_BEFORE_READ_TRANSFER {
             // One read in five stalls for up to 80% of its lease (the client still checks
             // its lease after the transfer and retries a read that outlived it).
             let mut rng = madsim::rand::thread_rng();
-            return (slow_readers && rng.gen_bool(0.2))
+            return (stall && slow_readers && rng.gen_bool(0.2))
                 .then(|| lease.mul_f64(0.8 * rng.r#gen::<f64>()));
         }
         if site == Site::CLIENT_BEFORE_STAGED_PULL {
@@ -242,14 +244,14 @@ fn install_crash_hook(world: &Arc<World>) {
             // gives up), so a tight staging buffer fills with slots a node must not take back
             // early.
             let mut rng = madsim::rand::thread_rng();
-            return (slow_readers && rng.gen_bool(0.8))
+            return (stall && slow_readers && rng.gen_bool(0.8))
                 .then(|| slot_ttl.min(lease).mul_f64(0.7 * rng.r#gen::<f64>()));
         }
         if site == Site::CLIENT_HELD_READ_TRANSFER {
             // A held read is not bounded by its lease: half of them outlast it, so removes,
             // upserts and eviction meet objects whose only protection is the hold.
             let mut rng = madsim::rand::thread_rng();
-            return (slow_readers && rng.gen_bool(0.5))
+            return (stall && slow_readers && rng.gen_bool(0.5))
                 .then(|| lease.mul_f64(0.5 + 2.0 * rng.r#gen::<f64>()));
         }
         if !matches!(
@@ -608,6 +610,7 @@ impl Supervisor {
     fn heal_all(&mut self) {
         let now = self.world.now();
         mooring::buggify::calm();
+        self.world.healed.store(true, Ordering::Relaxed);
         for (id, (_, _)) in std::mem::take(&mut self.armed) {
             self.world.orders().remove(&id);
             // An armed client that parked itself is stuck in its hold: restart it.
@@ -716,7 +719,8 @@ async fn liveness(world: &Arc<World>, sup: &mut Supervisor) {
             + m.lease_ttl
             + m.lease_grace)
             .as_millis(),
-    ) + Duration::from_secs(2);
+    ) + Duration::from_secs(2)
+        + world.disk_settle();
     tokio::time::sleep(quiet).await;
     sup.check_invariants();
     let Some(master) = world.master() else {
@@ -765,6 +769,7 @@ async fn liveness(world: &Arc<World>, sup: &mut Supervisor) {
 /// allocators must then account for every byte.
 async fn final_sweep(world: &Arc<World>, master: &Arc<mooring::MasterService>) {
     let w = world.clone();
+    let m = master.clone();
     let checker = Handle::current()
         .create_node()
         .name("checker")
@@ -786,7 +791,7 @@ async fn final_sweep(world: &Arc<World>, master: &Arc<mooring::MasterService>) {
                 if rotted && got.as_ref().is_err_and(|e| e.code == ErrorCode::FILE_READ_FAIL) {
                     // A copy damaged by bit rot is refused, never served; its node drops it
                     // and tells the master at its next disk sync.
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    tokio::time::sleep(w.disk_settle()).await;
                     got = client.get(key).await;
                 }
                 match got {
@@ -813,10 +818,21 @@ async fn final_sweep(world: &Arc<World>, master: &Arc<mooring::MasterService>) {
                 }
             }
             tokio::time::sleep(w.lease() * 2).await;
-            let removed = client
-                .remove_all()
-                .await
-                .map_err(|e| format!("remove_all after healing failed: {e}"))?;
+            let mut removed = 0;
+            // Offloads still on their way to a disk hold their objects back until the node
+            // reports them: remove again until the disks have settled.
+            let settled = w.now() + w.disk_settle() + Duration::from_millis(100);
+            loop {
+                removed += client
+                    .remove_all()
+                    .await
+                    .map_err(|e| format!("remove_all after healing failed: {e}"))?;
+                let left = m.stats();
+                if (left.objects == 0 && left.used == 0) || w.now() > settled {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             Ok(removed)
         })
         .await;

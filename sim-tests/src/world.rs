@@ -77,6 +77,8 @@ pub struct World {
     /// Keys a get is reading right now (once per read): removes and upserts aim at them,
     /// so that leases and holds are what protect their bytes.
     pub reading: Mutex<Vec<String>>,
+    /// Set once every fault has healed: the simulation stops stalling members on purpose.
+    pub healed: AtomicBool,
 }
 
 impl World {
@@ -111,6 +113,7 @@ impl World {
             disks,
             nodes: Mutex::default(),
             reading: Mutex::default(),
+            healed: AtomicBool::new(false),
             plan,
         })
     }
@@ -123,6 +126,15 @@ impl World {
     /// Storage node `i`'s latest incarnation, if it ever came up.
     pub fn node(&self, i: usize) -> Option<Node> {
         self.nodes.lock().expect("nodes lock").get(&i).cloned()
+    }
+
+    /// How long the nodes' disk tiers may take to report everything they did (two disk
+    /// syncs); zero without disks.
+    pub fn disk_settle(&self) -> Duration {
+        self.plan
+            .disk
+            .as_ref()
+            .map_or(Duration::ZERO, |d| d.sync_interval * 2)
     }
 
     /// Simulated time since the run started.
