@@ -74,7 +74,7 @@ pub use config::{MasterConfig, ReplicateConfig};
 pub use error::{Error, ErrorCode, Result};
 pub use events::{DiscardCause, Event};
 pub use ids::{ClientId, HoldId, SegmentId, TaskId, WriteId};
-pub use master::{Master, Stats};
+pub use master::{Master, Stats, UpsertCounts};
 pub use membership::{HeartbeatAck, HeartbeatStatus};
 pub use object::{Medium, ReplicaDescriptor, ReplicaStatus};
 pub use offload::{DiskReport, DiskSyncAck, MAX_OFFLOAD_QUEUE, OffloadOrder, PrefetchGrant};

@@ -50,6 +50,23 @@ pub(crate) struct Counters {
     /// Prefetches started, and prefetches that found no memory.
     pub prefetches: u64,
     pub prefetch_failures: u64,
+    pub upserts: UpsertCounts,
+}
+
+/// Upserts started, by how RFC 000 handled them (see `upsert`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+#[rkyv(derive(Debug))]
+pub struct UpsertCounts {
+    /// Case A: the key was missing (or its write was preempted), so a new object.
+    pub created: u64,
+    /// Case B: same size, nobody reading, overwritten in place.
+    pub in_place: u64,
+    /// Case B with readers inside their lease: same size, written to fresh buffers.
+    pub copied: u64,
+    /// Case C: a new size (or a value only on disk), written to fresh buffers.
+    pub resized: u64,
 }
 
 /// A snapshot of the master's gauges and counters.
@@ -98,6 +115,8 @@ pub struct Stats {
     pub prefetches: u64,
     /// Prefetches that found no memory to promote into, since start.
     pub prefetch_failures: u64,
+    /// Upserts started since start, by case.
+    pub upserts: UpsertCounts,
 }
 
 /// The master's metadata state machine. See the module docs for how to drive it.
@@ -214,6 +233,7 @@ impl Master {
             disk_tombstones: self.disks.tombstone_count() as u64,
             prefetches: self.counters.prefetches,
             prefetch_failures: self.counters.prefetch_failures,
+            upserts: self.counters.upserts,
         }
     }
 

@@ -66,7 +66,9 @@ impl Master {
         self.touch(client, now);
         self.check_put(key, size, config)?;
         let Some(slot) = self.objects.find(key) else {
-            return self.create_object(client, key, size, config, config.with_hard_pin, now);
+            let grant = self.create_object(client, key, size, config, config.with_hard_pin, now)?;
+            self.counters.upserts.created += 1;
+            return Ok(grant);
         };
         let object = self.objects.at(slot);
         if object.task().is_some() {
@@ -74,7 +76,9 @@ impl Master {
         }
         let hard_pinned = object.hard_pinned || config.with_hard_pin;
         if object.writing && self.discard_write(slot, DiscardCause::Preempted) {
-            return self.create_object(client, key, size, config, hard_pinned, now);
+            let grant = self.create_object(client, key, size, config, hard_pinned, now)?;
+            self.counters.upserts.created += 1;
+            return Ok(grant);
         }
         let object = self.objects.at(slot);
         if object.holds > 0 {
@@ -85,12 +89,17 @@ impl Master {
         }
         // A new size, or a value only on disk: fresh memory.
         if object.size != size || object.replicas.is_empty() {
-            return self.upsert_reallocate(slot, client, size, config, hard_pinned, now);
+            let grant = self.upsert_reallocate(slot, client, size, config, hard_pinned, now)?;
+            self.counters.upserts.resized += 1;
+            return Ok(grant);
         }
         if now < object.readers_done_at(self.config.lease_grace) {
-            return self.upsert_copy_on_write(slot, client, config, hard_pinned, now);
+            let grant = self.upsert_copy_on_write(slot, client, config, hard_pinned, now)?;
+            self.counters.upserts.copied += 1;
+            return Ok(grant);
         }
         self.upsert_in_place(slot, client, config, hard_pinned, now);
+        self.counters.upserts.in_place += 1;
         Ok(self.grant(slot))
     }
 

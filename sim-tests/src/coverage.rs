@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use mooring_core::{DiscardCause, Event};
+use mooring_core::{DiscardCause, Event, UpsertCounts};
 
 use crate::history::History;
 
@@ -32,6 +32,10 @@ pub const FLOORS: &[(&str, f64)] = &[
     (LOST, 0.90),
     (ABSENCE_JUDGED, 0.95),
     (UPSERT_LANDED, 0.95),
+    (UPSERT_CREATED, 0.90),
+    (UPSERT_IN_PLACE, 0.90),
+    (UPSERT_COPIED, 0.90),
+    (UPSERT_RESIZED, 0.90),
     ("read from a disk copy", 0.50),
     ("read fell back to another replica", 0.60),
     ("read outlived its lease", 0.20),
@@ -58,6 +62,20 @@ const ABORTED: &str = "write aborted";
 const LOST: &str = "object lost with its node";
 const ABSENCE_JUDGED: &str = "read that found nothing judged";
 const UPSERT_LANDED: &str = "upsert landed";
+const UPSERT_CREATED: &str = "upsert case A (new key)";
+const UPSERT_IN_PLACE: &str = "upsert case B (in place)";
+const UPSERT_COPIED: &str = "upsert case B (copied beside readers)";
+const UPSERT_RESIZED: &str = "upsert case C (new size)";
+
+/// The master's upserts by RFC 000 case, as paths.
+pub fn of_upserts(upserts: &UpsertCounts) -> [(&'static str, u64); 4] {
+    [
+        (UPSERT_CREATED, upserts.created),
+        (UPSERT_IN_PLACE, upserts.in_place),
+        (UPSERT_COPIED, upserts.copied),
+        (UPSERT_RESIZED, upserts.resized),
+    ]
+}
 
 /// The path a master event stands for.
 pub fn of_event(event: &Event) -> &'static str {

@@ -667,6 +667,13 @@ async fn supervise(plan: Plan) -> Report {
         }
     }
     let workload_stats = world.master().map(|m| m.stats());
+    if let Some(s) = &workload_stats {
+        for (path, n) in coverage::of_upserts(&s.upserts) {
+            if n > 0 {
+                *sup.coverage.entry(path).or_default() += n;
+            }
+        }
+    }
 
     // Liveness phase: heal everything; every client finishes; nothing stays in flight.
     sup.heal_all();

@@ -316,6 +316,13 @@ async fn run_stat(args: ClientArgs) -> Result<(), Error> {
         "lost           {} objects (their last node went away)",
         s.lost_objects
     );
+    out!(
+        "upserts        {} new keys, {} in place, {} copied beside readers, {} resized",
+        s.upserts.created,
+        s.upserts.in_place,
+        s.upserts.copied,
+        s.upserts.resized
+    );
     for seg in client.segments().await? {
         out!(
             "  {:<24} {:>14} / {:<14} {}",
