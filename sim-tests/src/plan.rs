@@ -331,7 +331,7 @@ impl DiskPlan {
             slot_ttl: Duration::from_millis(100 + rng.below(2000) as u64),
             torn_on_crash: rng.below(50) as f64 / 100.0,
             lost_on_crash: rng.below(50) as f64 / 100.0,
-            write_through: chance(&mut rng, 0.3),
+            write_through: chance(&mut rng, 0.5),
             staging: [100 << 10, 128 << 10, 1 << 20][rng.below(3)],
             sync_interval: Duration::from_millis([100, 100, 1000, 2000][rng.below(4)]),
         })
@@ -481,7 +481,7 @@ impl Plan {
             }
             // Its own stream too: memory damage that only checksums can see.
             let mut rot = Rng::seeded(seed ^ 0x0B17_F11B);
-            for _ in 0..rot.below(3) {
+            for _ in 0..rot.below(5) {
                 let at = between(&mut rot, ms(300), horizon);
                 let node = rot.below(shape.nodes);
                 let pick = rot.next_u64();

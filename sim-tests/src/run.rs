@@ -239,6 +239,13 @@ fn install_crash_hook(world: &Arc<World>) {
             return (stall && slow_readers && rng.gen_bool(0.2))
                 .then(|| lease.mul_f64(0.8 * rng.r#gen::<f64>()));
         }
+        if site == Site::CLIENT_BEFORE_STAGE {
+            // Disk reads with an old replica list: the key may be rewritten (and its new
+            // value written to the same disk) before the node is asked for the old one.
+            let mut rng = madsim::rand::thread_rng();
+            return (stall && slow_readers && rng.gen_bool(0.5))
+                .then(|| lease.mul_f64(0.6 * rng.r#gen::<f64>()));
+        }
         if site == Site::CLIENT_BEFORE_STAGED_PULL {
             // Staged slots wait for their readers (inside the slot's TTL: a reader past it
             // gives up), so a tight staging buffer fills with slots a node must not take back

@@ -27,6 +27,8 @@ impl Site {
     pub const CLIENT_BEFORE_PUT_END: Site = Site("client.before_put_end");
     /// A reader between its replica list and the transfer (hold).
     pub const CLIENT_BEFORE_READ_TRANSFER: Site = Site("client.before_read_transfer");
+    /// A reader about to ask a node to stage a disk copy (hold).
+    pub const CLIENT_BEFORE_STAGE: Site = Site("client.before_stage");
     /// A reader between a node staging a disk copy and pulling it (hold).
     pub const CLIENT_BEFORE_STAGED_PULL: Site = Site("client.before_staged_pull");
     /// A prefetching client's copy of a value between reading and writing it (damage).

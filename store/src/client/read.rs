@@ -209,6 +209,7 @@ impl Client {
         write: u64,
         buf: &mut [u8],
     ) -> Result<Checksum> {
+        buggify::hold(Site::CLIENT_BEFORE_STAGE).await;
         let asked = Instant::now();
         let staged = self
             .inner
