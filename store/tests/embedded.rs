@@ -124,3 +124,28 @@ async fn batches_and_metadata() {
     assert_eq!(client.segments().await.unwrap().len(), 3);
     cluster.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_reads_release_their_hold() {
+    let cluster = cluster(false).await;
+    let client = cluster.client().await.unwrap();
+    let v = value(7, 200_000);
+    client
+        .put("held", &v, &ReplicateConfig::replicas(2))
+        .await
+        .unwrap();
+    assert_eq!(client.get_held("held").await.unwrap(), v);
+    assert_eq!(
+        client.get_held("missing").await.unwrap_err().code,
+        ErrorCode::OBJECT_NOT_FOUND
+    );
+    // The hold is gone with the read; the lease it granted ends after its TTL (300 ms).
+    let stats = client.stats().await.unwrap();
+    assert_eq!(stats.holds, 0, "the read released its hold");
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    client.remove("held").await.unwrap();
+    assert_eq!(
+        client.get("held").await.unwrap_err().code,
+        ErrorCode::OBJECT_NOT_FOUND
+    );
+}
