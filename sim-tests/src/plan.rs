@@ -382,6 +382,9 @@ pub struct Plan {
     pub slow_readers: bool,
     /// Operations each client keeps in flight, as a thread pool sharing one client would.
     pub streams: usize,
+    /// In some runs most values are KV-cache blocks of one size (as an engine's pages are), so
+    /// a key's versions often have the same length and only their version tells them apart.
+    pub block_size: Option<usize>,
     /// Whether the clients' memory is failing: a bit of some values a client prefetches
     /// flips between its checking them and writing them into memory (the master must refuse
     /// them by the checksum it knows).
@@ -498,6 +501,9 @@ impl Plan {
             n => n + 1,
         };
         // Its own stream too.
+        let mut blocks = Rng::seeded(seed ^ 0xB10C_5E7E);
+        let block_size =
+            chance(&mut blocks, 0.5).then(|| [4 << 10, 16 << 10, 32 << 10][blocks.below(3)]);
         let client_rot = disk.is_some() && chance(&mut Rng::seeded(seed ^ 0xC11E_0B17), 0.4);
         Plan {
             seed,
@@ -505,6 +511,7 @@ impl Plan {
             buggify,
             slow_readers,
             streams,
+            block_size,
             client_rot,
             master,
             faults,
@@ -612,7 +619,7 @@ impl fmt::Display for Plan {
         let m = &self.master;
         writeln!(
             f,
-            "seed {} on {}: {} nodes, {} clients ({} contributing, {} operation(s) in flight each), {} ops over {} keys, buggify {}{}{}",
+            "seed {} on {}: {} nodes, {} clients ({} contributing, {} operation(s) in flight each), {} ops over {} keys, buggify {}{}{}{}",
             self.seed,
             self.transport,
             self.shape.nodes,
@@ -631,6 +638,10 @@ impl fmt::Display for Plan {
                 ", failing client memory (prefetch buffers)"
             } else {
                 ""
+            },
+            match self.block_size {
+                Some(b) => format!(", most values {} KiB blocks", b >> 10),
+                None => String::new(),
             }
         )?;
         writeln!(

@@ -158,8 +158,14 @@ impl Workload {
         keys
     }
 
-    /// A value size: mostly small KV blocks, sometimes up to 96 KiB.
+    /// A value size: mostly small KV blocks, sometimes up to 96 KiB; in runs with a block
+    /// size, three values in four are one block.
     fn size(&mut self) -> usize {
+        if let Some(block) = self.world.plan.block_size
+            && self.rng.below(4) != 0
+        {
+            return block;
+        }
         let bits = 6 + self.rng.below(11); // 64 B .. 64 KiB scale
         let size = (1usize << bits) + self.rng.below(1 << bits);
         size.clamp(HEADER, 96 << 10)

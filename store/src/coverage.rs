@@ -30,6 +30,13 @@ impl Path {
     pub const HOLD_LAPSED: Path = Path("held read lost its hold");
     /// The master refused a prefetch whose bytes did not match the value's checksum.
     pub const PREFETCH_REFUSED: Path = Path("damaged prefetch refused");
+    /// A reader asked a node for a disk copy it holds at another write (an old replica
+    /// list meeting a rewritten key).
+    pub const DISK_OTHER_VERSION: Path = Path("disk read of a replaced version");
+    /// As [`Path::DISK_OTHER_VERSION`], the two versions of the same length (only the
+    /// version tells them apart).
+    pub const DISK_OTHER_VERSION_SAME_SIZE: Path =
+        Path("disk read of a replaced version, same size");
     /// A node's recovery scan dropped records it could not trust.
     pub const RECOVERY_DROPPED: Path = Path("recovery dropped records");
 

@@ -64,8 +64,18 @@ fn lock_slots(slots: &Mutex<StagingSlots>) -> MutexGuard<'_, StagingSlots> {
 impl Stager for TierInner {
     fn stage(&self, object: String, write: u64, size: u64) -> BoxFuture<'_, Result<StagedSlot>> {
         Box::pin(async move {
+            let ticket = self.copies().begin_read(&object, write, size);
+            if ticket.is_err()
+                && let Some(other) = self.copies().get(&object)
+            {
+                coverage::hit(if other.size == size {
+                    Path::DISK_OTHER_VERSION_SAME_SIZE
+                } else {
+                    Path::DISK_OTHER_VERSION
+                });
+            }
             let reading = Reading {
-                ticket: Some(self.copies().begin_read(&object, write, size)?),
+                ticket: Some(ticket?),
                 tier: self,
             };
             let len = read_len(&object, size, self.store.alignment());
