@@ -50,6 +50,23 @@ pub enum Outcome {
     Unknown,
 }
 
+impl Outcome {
+    /// Whether the write was refused before it changed anything: the master turned its start
+    /// down (readers or holds in the way, no room, a copy in progress, bad arguments). Such a
+    /// write explains nothing about its key.
+    fn refused_at_start(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Failed(
+                ErrorCode::OBJECT_REPLICA_BUSY
+                    | ErrorCode::NO_AVAILABLE_HANDLE
+                    | ErrorCode::OBJECT_HAS_REPLICATION_TASK
+                    | ErrorCode::INVALID_PARAMS
+            )
+        )
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Write {
     key: String,
@@ -441,6 +458,7 @@ impl History {
         let other_write = writes.iter().any(|(v, w)| {
             v != version
                 && w.upsert
+                && !w.outcome.refused_at_start()
                 && overlaps(
                     w.invoked,
                     match w.outcome {

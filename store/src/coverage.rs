@@ -37,6 +37,9 @@ impl Path {
     /// version tells them apart).
     pub const DISK_OTHER_VERSION_SAME_SIZE: Path =
         Path("disk read of a replaced version, same size");
+    /// A read's replica said "not found" (a stale disk copy) after another replica failed
+    /// otherwise: the read reports the other failure.
+    pub const STALE_COPY_AFTER_FAILURE: Path = Path("stale copy after a failed replica");
     /// A node's recovery scan dropped records it could not trust.
     pub const RECOVERY_DROPPED: Path = Path("recovery dropped records");
 

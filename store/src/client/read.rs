@@ -192,6 +192,8 @@ impl Client {
                         || last.code == ErrorCode::REPLICA_IS_NOT_READY
                     {
                         last = e;
+                    } else {
+                        coverage::hit(Path::STALE_COPY_AFTER_FAILURE);
                     }
                 }
             }
