@@ -108,6 +108,9 @@ struct RemoveAttempt {
     invoked: At,
     /// `None` while running (at the end of a run: its client crashed).
     ended: Option<At>,
+    /// The master refused it (the object was leased, held, being written or copied, or
+    /// already gone): it removed nothing.
+    refused: bool,
 }
 
 /// Why the master let an object go on its own.
@@ -292,6 +295,7 @@ impl History {
             pattern,
             invoked: at,
             ended: None,
+            refused: false,
         });
         self.remove_attempts.len() - 1
     }
@@ -299,6 +303,11 @@ impl History {
     /// Records when the remove `handle` ended, whatever its outcome.
     pub fn remove_ended(&mut self, handle: usize, at: At) {
         self.remove_attempts[handle].ended = Some(at);
+    }
+
+    /// The remove `handle` names was refused: it removed nothing, so it explains no absence.
+    pub fn remove_refused(&mut self, handle: usize) {
+        self.remove_attempts[handle].refused = true;
     }
 
     /// Records that the master let `key`'s object go on its own at `at`.
@@ -471,7 +480,7 @@ impl History {
         let removed = self
             .remove_attempts
             .iter()
-            .any(|r| r.pattern.is_match(&a.key) && overlaps(r.invoked, r.ended));
+            .any(|r| !r.refused && r.pattern.is_match(&a.key) && overlaps(r.invoked, r.ended));
         let taken = self.gone.iter().any(|g| {
             let reported_by = match g.why {
                 GoneWhy::DiskDropped => a.completed + DISK_REPORT_SLACK,

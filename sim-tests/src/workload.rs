@@ -391,6 +391,18 @@ impl Workload {
                 let result = self.client.remove(&key).await;
                 let now = self.world.now();
                 self.world.history().remove_ended(attempt, now);
+                if result.as_ref().is_err_and(|e| {
+                    matches!(
+                        e.code,
+                        ErrorCode::OBJECT_HAS_LEASE
+                            | ErrorCode::OBJECT_REPLICA_BUSY
+                            | ErrorCode::REPLICA_IS_NOT_READY
+                            | ErrorCode::OBJECT_HAS_REPLICATION_TASK
+                            | ErrorCode::OBJECT_NOT_FOUND
+                    )
+                }) {
+                    self.world.history().remove_refused(attempt);
+                }
                 if result.is_ok() {
                     self.world.history().remove_acked(&key, invoked, now);
                 }
