@@ -492,6 +492,14 @@ impl History {
                 && !(last.hard_pinned && g.why == GoneWhy::Evicted)
         });
         if other_write || removed || taken {
+            debug!(
+                what = a.what,
+                key = a.key,
+                other_write,
+                removed,
+                taken,
+                "a read that found nothing is explained"
+            );
             return None;
         }
         let evicted = self
