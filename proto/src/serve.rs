@@ -107,7 +107,17 @@ impl Ranges {
 /// data request. Every transport's data server owns one.
 pub struct DataService {
     exports: ExportTable,
-    stager: RwLock<Option<Arc<dyn Stager>>>,
+    disk: RwLock<DiskState>,
+}
+
+/// Whether a node serves disk copies.
+enum DiskState {
+    /// It has no disk tier.
+    Absent,
+    /// Its disk tier is recovering (a restarted node mounts before its disk is scanned).
+    Starting,
+    /// Stage requests go here.
+    Serving(Arc<dyn Stager>),
 }
 
 impl DataService {
@@ -115,7 +125,7 @@ impl DataService {
     pub fn new(key_seed: u64) -> DataService {
         DataService {
             exports: ExportTable::new(key_seed),
-            stager: RwLock::new(None),
+            disk: RwLock::new(DiskState::Absent),
         }
     }
 
@@ -139,7 +149,16 @@ impl DataService {
 
     /// Serves readers' stage requests from `stager` from now on.
     pub fn serve_disk(&self, stager: Arc<dyn Stager>) {
-        *self.stager.write().unwrap_or_else(|e| e.into_inner()) = Some(stager);
+        *self.disk.write().unwrap_or_else(|e| e.into_inner()) = DiskState::Serving(stager);
+    }
+
+    /// Until [`DataService::serve_disk`], tells readers this node's disk tier is starting
+    /// (retry shortly) rather than that it has none.
+    pub fn disk_starting(&self) {
+        let mut disk = self.disk.write().unwrap_or_else(|e| e.into_inner());
+        if matches!(*disk, DiskState::Absent) {
+            *disk = DiskState::Starting;
+        }
     }
 
     /// What to do with `request`, which arrived now from a sender whose clock `clock` tracks.
@@ -193,16 +212,17 @@ impl DataService {
     }
 
     fn stager(&self) -> Result<Arc<dyn Stager>> {
-        self.stager
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorCode::INVALID_PARAMS,
-                    "this node has no disk tier (start it with a disk directory)",
-                )
-            })
+        match &*self.disk.read().unwrap_or_else(|e| e.into_inner()) {
+            DiskState::Serving(stager) => Ok(stager.clone()),
+            DiskState::Starting => Err(Error::new(
+                ErrorCode::REPLICA_IS_NOT_READY,
+                "this node's disk tier is still recovering its copies; retry shortly",
+            )),
+            DiskState::Absent => Err(Error::new(
+                ErrorCode::INVALID_PARAMS,
+                "this node has no disk tier (start it with a disk directory)",
+            )),
+        }
     }
 }
 
@@ -275,8 +295,13 @@ mod tests {
             write: 1,
         };
         assert!(matches!(
-            service.serve(stage, &mut Fixed(false)),
+            service.serve(stage.clone(), &mut Fixed(false)),
             Served::Answer(Err(e)) if e.code == ErrorCode::INVALID_PARAMS
+        ));
+        service.disk_starting();
+        assert!(matches!(
+            service.serve(stage, &mut Fixed(false)),
+            Served::Answer(Err(e)) if e.code == ErrorCode::REPLICA_IS_NOT_READY
         ));
         service.unexport(addr.key);
         let read = DataRequest::Read {

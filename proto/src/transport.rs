@@ -291,6 +291,9 @@ pub trait DataServer: Send + Sync {
     fn unexport(&self, key: u64);
     /// Answers readers' stage requests from `stager` (a node with a disk tier).
     fn serve_disk(&self, stager: Arc<dyn Stager>) -> Result<()>;
+    /// Until [`DataServer::serve_disk`], answers readers' stage requests with "starting,
+    /// retry shortly" (a node whose disk tier is recovering after a restart).
+    fn disk_starting(&self);
 }
 
 /// The segments a data server exports, by access key: what every transport's data server

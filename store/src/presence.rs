@@ -101,6 +101,11 @@ impl Presence {
         let contact = Arc::new(MasterContact::new(clock, info.client_ttl));
         let (node, disk) = match contribution {
             Some(c) => {
+                // Mounted before its disk is scanned, a node asks readers of its disk copies
+                // to retry rather than telling them it has no disk.
+                if c.config.disk.is_some() {
+                    c.server.disk_starting();
+                }
                 // A restarted node may find its name still held by its previous incarnation
                 // until the master expires it: wait that long, and a little more.
                 let patience = Duration::from_millis(info.client_ttl.as_millis()) * 2;

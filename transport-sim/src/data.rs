@@ -125,6 +125,10 @@ impl DataServer for SimDataServer {
         self.service.serve_disk(stager);
         Ok(())
     }
+
+    fn disk_starting(&self) {
+        self.service.disk_starting();
+    }
 }
 
 /// The caller's side of the data plane over the simulated network.

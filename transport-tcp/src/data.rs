@@ -265,6 +265,10 @@ impl DataServer for TcpDataServer {
         self.service.serve_disk(stager);
         Ok(())
     }
+
+    fn disk_starting(&self) {
+        self.service.disk_starting();
+    }
 }
 
 /// How the client side of the data plane behaves.
