@@ -47,7 +47,7 @@ EXPS = {
    ('store/src/client/read.rs', "                Err(e) if !(outlived && e.code == ErrorCode::INVALID_REPLICA) => return Err(e),", "                Err(e) => return Err(e),"),
  ],
  'not-found-from-stale-disk-copy': [
-   ('store/src/client/read.rs', "                    if e.code != ErrorCode::OBJECT_NOT_FOUND\n                        || last.code == ErrorCode::REPLICA_IS_NOT_READY\n                    {", "                    if true {"),
+   ('store/src/client/read.rs', "                    if e.code != ErrorCode::OBJECT_NOT_FOUND || last.is_none() {", "                    if true {"),
  ],
  'disk-read-any-version': [
    ('core/src/disk_copies.rs', "            .filter(|c| c.size == size && c.version == version)\n            .ok_or_else", "            .filter(|c| c.size == size)\n            .ok_or_else"),

@@ -154,11 +154,12 @@ impl Client {
     ) -> Result<()> {
         let ids: Vec<SegmentId> = replicas.iter().map(|r| r.segment).collect();
         let nodes = self.resolve(&ids).await?;
-        let mut last = Error::new(ErrorCode::REPLICA_IS_NOT_READY, "no readable replica");
+        // What stopped the replicas tried so far.
+        let mut last: Option<Error> = None;
         let mut failed = false;
         for replica in self.read_order(replicas) {
             let Some(node) = nodes.get(&replica.segment) else {
-                last = segment_gone(replica.segment);
+                last = Some(segment_gone(replica.segment));
                 continue;
             };
             let read = match replica.medium {
@@ -188,17 +189,16 @@ impl Client {
                     failed = true;
                     // A node without the copy the master listed says little about the object
                     // (its other replicas exist but failed): report what stopped those.
-                    if e.code != ErrorCode::OBJECT_NOT_FOUND
-                        || last.code == ErrorCode::REPLICA_IS_NOT_READY
-                    {
-                        last = e;
+                    if e.code != ErrorCode::OBJECT_NOT_FOUND || last.is_none() {
+                        last = Some(e);
                     } else {
                         coverage::hit(Path::STALE_COPY_AFTER_FAILURE);
                     }
                 }
             }
         }
-        Err(last)
+        Err(last
+            .unwrap_or_else(|| Error::new(ErrorCode::REPLICA_IS_NOT_READY, "no readable replica")))
     }
 
     /// Reads `key`'s disk copy from `node`: the node stages it, this client pulls it from the
