@@ -116,10 +116,14 @@ if len(sys.argv) < 2 or sys.argv[1] not in EXPS:
 name=sys.argv[1]; seeds=int(sys.argv[2]) if len(sys.argv)>2 else 200
 dirty=subprocess.run(['git','diff','--quiet','--']+sorted({f for f,_,_ in EXPS[name]}),cwd=ROOT)
 if dirty.returncode: print('uncommitted changes in files this would patch; commit or stash first'); sys.exit(2)
+# Every patch must match exactly once before any file is touched, so a stale plant never
+# leaves the tree half patched for the plants after it.
+for f,old,new in EXPS[name]:
+    n=open(os.path.join(ROOT,f)).read().count(old)
+    if n!=1: print(name,'PATCH FAILED',f,'matches',n); sys.exit(1)
 files=set()
 for f,old,new in EXPS[name]:
     p=os.path.join(ROOT,f); s=open(p).read()
-    if s.count(old)!=1: print(name,'PATCH FAILED',f,s.count(old)); sys.exit(1)
     open(p,'w').write(s.replace(old,new)); files.add(f)
 env=dict(os.environ, RUSTFLAGS='--cfg madsim', CARGO_TARGET_DIR=os.path.expanduser('~/.cache/mooring-teeth/target'))
 try:

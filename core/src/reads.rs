@@ -63,8 +63,8 @@ impl Master {
         let replicas = object
             .replicas
             .iter()
-            .filter(|r| r.is_complete())
-            .map(|r| self.segments.describe(r, object.size))
+            .filter(|replica| replica.is_complete())
+            .map(|replica| self.segments.describe(replica, object.size))
             .collect();
         Some((replicas, self.objects.checksum(slot)))
     }
