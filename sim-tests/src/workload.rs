@@ -246,38 +246,8 @@ impl Workload {
             Op::UpsertNewSize => self.write(true, None).await,
             Op::BatchPut => self.batch_write(false).await,
             Op::BatchUpsert => self.batch_write(true).await,
-            Op::Get => {
-                let reading = self.key_to_read();
-                let key = reading.key.clone();
-                let invoked = self.world.now();
-                let result = self.client.get(&key).await;
-                let now = self.world.now();
-                drop(reading);
-                match &result {
-                    Ok(bytes) => self
-                        .world
-                        .history()
-                        .read_value("get", &key, invoked, now, bytes),
-                    Err(e) => self.record_failed_read("get", &key, invoked, e),
-                }
-                self.tally("get", &result);
-            }
-            Op::GetHeld => {
-                let reading = self.key_to_read();
-                let key = reading.key.clone();
-                let invoked = self.world.now();
-                let result = self.client.get_held(&key).await;
-                let now = self.world.now();
-                drop(reading);
-                match &result {
-                    Ok(bytes) => self
-                        .world
-                        .history()
-                        .read_value("get_held", &key, invoked, now, bytes),
-                    Err(e) => self.record_failed_read("get_held", &key, invoked, e),
-                }
-                self.tally("get_held", &result);
-            }
+            Op::Get => self.get_whole(false).await,
+            Op::GetHeld => self.get_whole(true).await,
             Op::GetInto => {
                 let reading = self.key_to_read();
                 let key = reading.key.clone();
@@ -423,6 +393,29 @@ impl Workload {
                 self.tally("query_by_regex", &result);
             }
         }
+    }
+
+    /// Reads one key's whole value, by a get or (if `held`) a held get, and judges it.
+    async fn get_whole(&mut self, held: bool) {
+        let what = if held { "get_held" } else { "get" };
+        let reading = self.key_to_read();
+        let key = reading.key.clone();
+        let invoked = self.world.now();
+        let result = if held {
+            self.client.get_held(&key).await
+        } else {
+            self.client.get(&key).await
+        };
+        let now = self.world.now();
+        drop(reading);
+        match &result {
+            Ok(bytes) => self
+                .world
+                .history()
+                .read_value(what, &key, invoked, now, bytes),
+            Err(e) => self.record_failed_read(what, &key, invoked, e),
+        }
+        self.tally(what, &result);
     }
 
     async fn write(&mut self, upsert: bool, size: Option<usize>) {
