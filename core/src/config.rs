@@ -1,6 +1,7 @@
 //! Configuration: the master's policy knobs and the per-put replication request.
 
 use crate::error::{Error, ErrorCode, Result};
+use crate::soft_pin::SoftPinAction;
 use crate::time::Millis;
 
 /// The longest soft-pin TTL (about 49 days).
@@ -137,10 +138,11 @@ pub struct ReplicateConfig {
     /// Replicas wanted (at least one), each on a distinct segment. Best effort: fewer are
     /// allocated if there is no room, but at least one.
     pub replica_num: u32,
-    /// Soft-pin the object: evicted only after every unpinned object, and only if the master
-    /// allows it. The pin lapses after `soft_pin_ttl` without access and returns on access.
-    pub with_soft_pin: bool,
-    /// The soft-pin TTL; `None` takes the master's default.
+    /// What the write does to the soft pin (see [`SoftPinAction`]): a soft-pinned object is
+    /// evicted only after every unpinned one, and only if the master allows it.
+    pub soft_pin: SoftPinAction,
+    /// The soft-pin TTL, only with [`SoftPinAction::Enable`]; `None` takes the master's
+    /// default. The pin lapses after this long without access and returns on access.
     pub soft_pin_ttl: Option<Millis>,
     /// Hard-pin the object: never evicted; kept across upsert; cleared only by removal.
     pub with_hard_pin: bool,
@@ -173,8 +175,15 @@ impl ReplicateConfig {
 
     /// With a soft pin and, optionally, its own TTL.
     pub fn soft_pinned(mut self, ttl: Option<Millis>) -> ReplicateConfig {
-        self.with_soft_pin = true;
+        self.soft_pin = SoftPinAction::Enable;
         self.soft_pin_ttl = ttl;
+        self
+    }
+
+    /// Dropping any soft pin the key had.
+    pub fn soft_unpinned(mut self) -> ReplicateConfig {
+        self.soft_pin = SoftPinAction::Disable;
+        self.soft_pin_ttl = None;
         self
     }
 

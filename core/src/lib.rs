@@ -20,6 +20,7 @@
 //! | `object`, `objects` | per-object metadata and predicates; the key-indexed table |
 //! | [`checksum`] | end-to-end value checksums (crc32c) |
 //! | `put` | two-phase put (start / end / revoke) |
+//! | [`soft_pin`] | soft-pin actions (preserve, enable, disable) and what a write leaves |
 //! | `upsert` | RFC 000 upsert, with the torn-read window closed |
 //! | `reads`, `holds` | replica lists, exist, leases; held reads (refcounts) |
 //! | `remove` | remove, remove-all, remove-by-regex |
@@ -61,6 +62,7 @@ mod replication;
 pub mod rng;
 pub mod segments;
 mod snapshot;
+pub mod soft_pin;
 pub mod staging;
 pub mod time;
 mod upsert;
@@ -83,4 +85,5 @@ pub use reads::{KeyListing, ReplicaList};
 pub use replication::CopyGrant;
 pub use segments::{SegmentInfo, SegmentSpec};
 pub use snapshot::SNAPSHOT_VERSION;
+pub use soft_pin::SoftPinAction;
 pub use time::Millis;

@@ -7,6 +7,7 @@ use smallvec::SmallVec;
 
 use crate::allocator::Allocation;
 use crate::ids::{ClientId, SegmentId, TaskId, WriteId};
+use crate::soft_pin::{Pins, SoftPin};
 use crate::time::Millis;
 
 /// Whether a replica's bytes may be read.
@@ -276,10 +277,26 @@ impl Object {
         Millis(u64::from(self.soft_pin_ttl_ms))
     }
 
-    /// Sets the soft pin from a TTL (zero: none) as of `now`.
-    pub(crate) fn set_soft_pin(&mut self, ttl: Millis, now: Millis) {
-        self.soft_pin_ttl_ms = u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX);
-        self.soft_pin_expiry = now + self.soft_pin_ttl();
+    /// The pins the object carries.
+    pub(crate) fn pins(&self) -> Pins {
+        Pins {
+            hard: self.hard_pinned,
+            soft: SoftPin {
+                ttl: self.soft_pin_ttl(),
+                expiry: self.soft_pin_expiry,
+            },
+        }
+    }
+
+    /// Sets the object's pins.
+    pub(crate) fn set_pins(&mut self, pins: Pins) {
+        self.hard_pinned = pins.hard;
+        self.soft_pin_ttl_ms = u32::try_from(pins.soft.ttl.as_millis()).unwrap_or(u32::MAX);
+        self.soft_pin_expiry = if pins.soft.ttl == Millis::ZERO {
+            Millis::ZERO
+        } else {
+            pins.soft.expiry
+        };
     }
 
     /// Records a read at `now`: extends the lease and refreshes the soft pin.

@@ -10,12 +10,13 @@
 //! if its write is gone) instead of completing replicas someone else is still writing.
 
 use crate::checksum::Checksum;
-use crate::config::{MAX_SOFT_PIN_TTL, ReplicateConfig};
+use crate::config::ReplicateConfig;
 use crate::error::{Error, ErrorCode, Result};
 use crate::events::DiscardCause;
 use crate::ids::{ClientId, WriteId};
 use crate::master::Master;
 use crate::object::{Object, Replica, ReplicaDescriptor, ReplicaStatus};
+use crate::soft_pin::{Pins, check_soft_pin};
 use crate::time::Millis;
 
 /// A started put or upsert: where to write, and the token that ends it.
@@ -60,7 +61,7 @@ impl Master {
                 ));
             }
         }
-        self.create_object(client, key, size, config, config.with_hard_pin, now)
+        self.create_object(client, key, size, config, Pins::default(), now)
     }
 
     /// [`Master::put_start`] for many keys with one config.
@@ -230,15 +231,7 @@ impl Master {
                 ),
             ));
         }
-        if let Some(ttl) = config.soft_pin_ttl
-            && !(1..=MAX_SOFT_PIN_TTL.as_millis()).contains(&ttl.as_millis())
-        {
-            return Err(Error::new(
-                ErrorCode::INVALID_PARAMS,
-                format!("soft_pin_ttl must be 1 ms to {MAX_SOFT_PIN_TTL}, got {ttl}"),
-            ));
-        }
-        Ok(())
+        check_soft_pin(config)
     }
 
     /// The slot of `key` if `client` owns its current write `write`. Otherwise
@@ -266,25 +259,15 @@ impl Master {
         Ok(slot)
     }
 
-    /// The soft-pin TTL a config asks for (zero: none).
-    pub(crate) fn soft_pin_ttl(&self, config: &ReplicateConfig) -> Millis {
-        if config.with_soft_pin {
-            config
-                .soft_pin_ttl
-                .unwrap_or(self.config.default_soft_pin_ttl)
-        } else {
-            Millis::ZERO
-        }
-    }
-
-    /// Allocates replicas for a new object and inserts it, PROCESSING, owned by `client`.
+    /// Allocates replicas for a new object and inserts it, PROCESSING, owned by `client`, with
+    /// the pins a write with `config` leaves on a key that had `before`.
     pub(crate) fn create_object(
         &mut self,
         client: ClientId,
         key: &str,
         size: u64,
         config: &ReplicateConfig,
-        hard_pinned: bool,
+        before: Pins,
         now: Millis,
     ) -> Result<PutGrant> {
         let placed = self.place_or_evict(
@@ -295,19 +278,18 @@ impl Master {
             now,
         )?;
         let write_id = self.next_write_id();
-        let soft_pin_ttl = self.soft_pin_ttl(config);
+        let pins = self.pins_after(config, before, now);
         let object = Object {
             replicas: placed
                 .iter()
                 .map(|&(segment, allocation)| Replica::processing(segment, allocation))
                 .collect(),
             writing: true,
-            hard_pinned,
             ..Object::new(key, size, client, write_id, now)
         };
         self.bury_ghost(key);
         let slot = self.objects.insert(object);
-        self.objects.at_mut(slot).set_soft_pin(soft_pin_ttl, now);
+        self.objects.at_mut(slot).set_pins(pins);
         self.track_write(slot);
         Ok(self.grant(slot))
     }

@@ -50,6 +50,7 @@ use crate::ids::{ClientId, WriteId};
 use crate::master::Master;
 use crate::object::{Replica, ReplicaStatus};
 use crate::put::PutGrant;
+use crate::soft_pin::Pins;
 use crate::time::Millis;
 
 impl Master {
@@ -66,7 +67,7 @@ impl Master {
         self.touch(client, now);
         self.check_put(key, size, config)?;
         let Some(slot) = self.objects.find(key) else {
-            let grant = self.create_object(client, key, size, config, config.with_hard_pin, now)?;
+            let grant = self.create_object(client, key, size, config, Pins::default(), now)?;
             self.counters.upserts.created += 1;
             return Ok(grant);
         };
@@ -74,9 +75,10 @@ impl Master {
         if object.task().is_some() {
             return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK.into());
         }
-        let hard_pinned = object.hard_pinned || config.with_hard_pin;
+        // A preempted write's object is replaced, but its pins carry over as for any upsert.
+        let before = object.pins();
         if object.writing && self.discard_write(slot, DiscardCause::Preempted) {
-            let grant = self.create_object(client, key, size, config, hard_pinned, now)?;
+            let grant = self.create_object(client, key, size, config, before, now)?;
             self.counters.upserts.created += 1;
             return Ok(grant);
         }
@@ -89,16 +91,16 @@ impl Master {
         }
         // A new size, or a value only on disk: fresh memory.
         if object.size != size || object.replicas.is_empty() {
-            let grant = self.upsert_reallocate(slot, client, size, config, hard_pinned, now)?;
+            let grant = self.upsert_reallocate(slot, client, size, config, now)?;
             self.counters.upserts.resized += 1;
             return Ok(grant);
         }
         if now < object.readers_done_at(self.config.lease_grace) {
-            let grant = self.upsert_copy_on_write(slot, client, config, hard_pinned, now)?;
+            let grant = self.upsert_copy_on_write(slot, client, config, now)?;
             self.counters.upserts.copied += 1;
             return Ok(grant);
         }
-        self.upsert_in_place(slot, client, config, hard_pinned, now);
+        self.upsert_in_place(slot, client, config, now);
         self.counters.upserts.in_place += 1;
         Ok(self.grant(slot))
     }
@@ -166,13 +168,12 @@ impl Master {
         slot: u32,
         client: ClientId,
         config: &ReplicateConfig,
-        hard_pinned: bool,
         now: Millis,
     ) {
         // The disk copy holds the old value.
         self.retire_disk_copy(slot);
         let write_id = self.next_write_id();
-        let soft_pin_ttl = self.soft_pin_ttl(config);
+        let pins = self.pins_after(config, self.objects.at(slot).pins(), now);
         let object = self.objects.at_mut(slot);
         for replica in object.replicas.iter_mut() {
             replica.set_status(ReplicaStatus::Processing);
@@ -181,10 +182,9 @@ impl Master {
         object.write_id = write_id;
         object.put_start = now;
         object.writing = true;
-        object.hard_pinned = hard_pinned;
+        object.set_pins(pins);
         // The buffers now hold a value nobody has read yet.
         object.leased = false;
-        object.set_soft_pin(soft_pin_ttl, now);
         self.track_write(slot);
     }
 
@@ -195,7 +195,6 @@ impl Master {
         slot: u32,
         client: ClientId,
         config: &ReplicateConfig,
-        hard_pinned: bool,
         now: Millis,
     ) -> Result<PutGrant> {
         let object = self.objects.at(slot);
@@ -211,7 +210,7 @@ impl Master {
         })?;
         let old = std::mem::replace(&mut self.objects.at_mut(slot).replicas, fresh);
         self.release_read_blocks(&old, readers_done);
-        self.upsert_in_place(slot, client, config, hard_pinned, now);
+        self.upsert_in_place(slot, client, config, now);
         Ok(self.grant(slot))
     }
 
@@ -222,7 +221,6 @@ impl Master {
         client: ClientId,
         size: u64,
         config: &ReplicateConfig,
-        hard_pinned: bool,
         now: Millis,
     ) -> Result<PutGrant> {
         let count = config.replica_num as usize;
@@ -232,7 +230,7 @@ impl Master {
         let old = std::mem::replace(&mut object.replicas, fresh);
         object.size = size;
         self.release_read_blocks(&old, readers_done);
-        self.upsert_in_place(slot, client, config, hard_pinned, now);
+        self.upsert_in_place(slot, client, config, now);
         Ok(self.grant(slot))
     }
 

@@ -10,6 +10,7 @@ fn pin() -> impl Strategy<Value = Pin> {
         5 => Just(Pin::None),
         1 => Just(Pin::Soft),
         1 => any::<u16>().prop_map(Pin::SoftTtl),
+        1 => Just(Pin::Unpin),
         2 => Just(Pin::Hard),
     ]
 }
@@ -121,7 +122,7 @@ fn random_interaction_reaches_every_path() {
     );
     let strategy = (any::<u64>(), prop::collection::vec(op(), 300..400));
     let mut total: BTreeMap<&'static str, u64> = BTreeMap::new();
-    for _ in 0..120 {
+    for _ in 0..300 {
         let (seed, ops) = strategy.new_tree(&mut runner).expect("generate").current();
         let mut harness = Harness::new(seed);
         harness.run(&ops).expect("deterministic cases pass");
@@ -181,7 +182,7 @@ fn random_interaction_reaches_every_path() {
         "disk-recovered-adopted",
         "disk-recovered-refused",
     ];
-    eprintln!("coverage over 120 runs: {total:?}");
+    eprintln!("coverage over 300 runs: {total:?}");
     assert_reached(&required, &total);
 }
 
@@ -212,7 +213,7 @@ fn random_churn_exercises_window_eviction() {
     );
     let strategy = (any::<u64>(), prop::collection::vec(churn_op(), 100..200));
     let mut windows = 0;
-    for _ in 0..60 {
+    for _ in 0..300 {
         let (seed, ops) = strategy.new_tree(&mut runner).expect("generate").current();
         // Shrink the pool to 3 x 20 KiB so a dozen keys of up to 24 KiB keep it full.
         let mut ops = on_small_pools(ops);
@@ -270,7 +271,7 @@ fn random_disk_churn_exercises_the_disk_tier() {
         prop::collection::vec(disk_churn_op(), 100..200),
     );
     let mut total: BTreeMap<&'static str, u64> = BTreeMap::new();
-    for _ in 0..200 {
+    for _ in 0..300 {
         let (seed, ops) = strategy.new_tree(&mut runner).expect("generate").current();
         let ops = on_small_pools(ops);
         let mut harness = Harness::new(seed);
@@ -281,7 +282,7 @@ fn random_disk_churn_exercises_the_disk_tier() {
             *total.entry(what).or_default() += n;
         }
     }
-    eprintln!("disk churn coverage over 200 runs: {total:?}");
+    eprintln!("disk churn coverage over 300 runs: {total:?}");
     let required = [
         "evict-to-disk",
         "read-disk",

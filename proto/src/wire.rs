@@ -28,7 +28,7 @@ use mooring_core::{
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MOOR";
 /// The wire format version this build speaks.
-pub const WIRE_VERSION: u8 = 7;
+pub const WIRE_VERSION: u8 = 8;
 /// Length of the frame header.
 pub const HEADER_LEN: usize = 24;
 /// Largest frame payload accepted (a batch of many keys fits; bulk data travels outside).

@@ -177,6 +177,7 @@ impl Workload {
         match self.rng.below(20) {
             0 => config = config.hard_pinned(),
             1..=3 => config = config.soft_pinned(None),
+            4 => config = config.soft_unpinned(),
             _ => {}
         }
         if self.rng.below(5) == 0

@@ -16,6 +16,8 @@ pub enum Pin {
     SoftTtl(u16),
     /// Hard pin.
     Hard,
+    /// Drop any soft pin (`SoftPinAction::Disable`).
+    Unpin,
 }
 
 /// One step of a scenario. Numeric fields pick among the harness's few clients, keys,

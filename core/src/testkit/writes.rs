@@ -17,6 +17,7 @@ use crate::events::{DiscardCause, Event};
 use crate::ids::{ClientId, SegmentId};
 use crate::object::ReplicaStatus;
 use crate::segments::block_len;
+use crate::soft_pin::SoftPinAction;
 use crate::time::Millis;
 
 /// How a client finishes one of its writes.
@@ -52,12 +53,10 @@ impl Harness {
         let mut config = ReplicateConfig::replicas(count);
         match pin {
             Pin::None => {}
-            Pin::Soft => config.with_soft_pin = true,
-            Pin::SoftTtl(ms) => {
-                config.with_soft_pin = true;
-                config.soft_pin_ttl = Some(Millis(1 + u64::from(ms % 2000)));
-            }
+            Pin::Soft => config = config.soft_pinned(None),
+            Pin::SoftTtl(ms) => config = config.soft_pinned(Some(Millis(1 + u64::from(ms % 2000)))),
             Pin::Hard => config.with_hard_pin = true,
+            Pin::Unpin => config = config.soft_unpinned(),
         }
         if let Some(p) = prefer {
             config.preferred_segments.push(segment_name(p));
@@ -147,12 +146,21 @@ impl Harness {
         }
         self.apply_events(events, None, Some(&key))?;
 
-        let soft_ttl = if config.with_soft_pin {
-            config
-                .soft_pin_ttl
-                .unwrap_or(self.config.default_soft_pin_ttl)
-        } else {
-            Millis::ZERO
+        // An upsert starts from the key's soft pin (even one whose write it preempts); a put
+        // from none.
+        let soft_before = match (&existing, upsert) {
+            (Some(o), true) => (o.soft_ttl, o.soft_expiry),
+            _ => (Millis::ZERO, Millis::ZERO),
+        };
+        let (soft_ttl, soft_expiry) = match config.soft_pin {
+            SoftPinAction::Preserve => soft_before,
+            SoftPinAction::Enable => {
+                let ttl = config
+                    .soft_pin_ttl
+                    .unwrap_or(self.config.default_soft_pin_ttl);
+                (ttl, now + ttl)
+            }
+            SoftPinAction::Disable => (Millis::ZERO, Millis::ZERO),
         };
         let label = match &path {
             Path::Fail(_) => "start-refused",
@@ -202,7 +210,7 @@ impl Harness {
                     start: now,
                 });
                 object.soft_ttl = soft_ttl;
-                object.soft_expiry = now + soft_ttl;
+                object.soft_expiry = soft_expiry;
                 object.hard = hard;
                 self.model.objects.insert(key.clone(), object);
                 self.remember_grant(id, &key, version, grant, upsert);
@@ -272,7 +280,7 @@ impl Harness {
                 object.write_id = grant.write_id;
                 object.version = None;
                 object.soft_ttl = soft_ttl;
-                object.soft_expiry = now + soft_ttl;
+                object.soft_expiry = soft_expiry;
                 object.hard = old.hard || config.with_hard_pin;
                 object.leased = false;
                 self.remember_grant(id, &key, version, grant, upsert);

@@ -117,4 +117,33 @@ impl Client {
     pub async fn segments(&self) -> Result<Vec<SegmentInfo>> {
         self.call(ListSegments {}).await
     }
+
+    /// The complete replicas of `key` with the lease they come with (what a get reads from):
+    /// for callers that show where a value lives.
+    pub async fn replicas(&self, key: &str) -> Result<ReplicaList> {
+        self.call(GetReplicaList {
+            key: key.to_string(),
+        })
+        .await
+    }
+
+    /// [`Client::replicas`] for many keys: one RPC, one result per key.
+    pub async fn batch_replicas(&self, keys: &[&str]) -> Result<Vec<Result<ReplicaList>>> {
+        let lists = self
+            .call(BatchGetReplicaList {
+                keys: keys.iter().map(|k| k.to_string()).collect(),
+            })
+            .await?;
+        per_key(lists, keys.len(), "BatchGetReplicaList")
+    }
+
+    /// Whether the master answers and still knows this client: one heartbeat, the same one
+    /// the client's background heartbeat sends.
+    pub async fn health_check(&self) -> Result<()> {
+        let ack = self.call(Heartbeat { client: self.id() }).await?;
+        if ack.status == HeartbeatStatus::Registered {
+            debug!("the master had forgotten this client and registered it again");
+        }
+        Ok(())
+    }
 }

@@ -24,13 +24,14 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use mooring_core::{
-    Checksum, ClientId, Error, ErrorCode, KeyListing, Medium, PutGrant, ReplicaDescriptor,
-    ReplicaList, ReplicateConfig, Result, SegmentId, SegmentInfo, Stats, WriteId,
+    Checksum, ClientId, Error, ErrorCode, HeartbeatStatus, KeyListing, Medium, PutGrant,
+    ReplicaDescriptor, ReplicaList, ReplicateConfig, Result, SegmentId, SegmentInfo, Stats,
+    WriteId,
 };
 use mooring_proto::transport::{ControlPlane, DataPlane, NodeAddr, ReadOp, WriteOp};
 use mooring_proto::wire::{
     AcquireHold, BatchExist, BatchGetReplicaList, BatchPutEnd, BatchPutStart, Call, ClusterInfo,
-    DescribeSegments, Exist, ExistPrefetch, GetReplicaList, GetSize, GetStats, ListKeys,
+    DescribeSegments, Exist, ExistPrefetch, GetReplicaList, GetSize, GetStats, Heartbeat, ListKeys,
     ListSegments, PutAbort, PutEnd, PutStart, QueryByRegex, ReleaseHold, Remove, RemoveAll,
     RemoveByRegex,
 };
@@ -106,6 +107,19 @@ impl Client {
 
     async fn call<C: Call>(&self, request: C) -> Result<C::Reply> {
         self.inner.presence.control().call(request).await
+    }
+
+    /// The data-plane endpoints of segments, by id (segments no longer mounted are left out).
+    pub async fn segment_endpoints(
+        &self,
+        ids: &[SegmentId],
+    ) -> Result<BTreeMap<SegmentId, String>> {
+        Ok(self
+            .resolve(ids)
+            .await?
+            .into_iter()
+            .map(|(id, addr)| (id, addr.endpoint.to_string()))
+            .collect())
     }
 
     /// Resolves segment ids to data-plane addresses, asking the master for unknown ones.

@@ -248,9 +248,13 @@ pub(crate) struct PutArgs {
     /// Never evict this object (until it is removed).
     #[arg(long)]
     pub(crate) hard_pin: bool,
-    /// Evict this object only after every unpinned one.
+    /// Evict this object only after every unpinned one (the pin lapses after the master's
+    /// soft-pin TTL without access).
     #[arg(long)]
     pub(crate) soft_pin: bool,
+    /// Drop the soft pin the key had (an upsert otherwise keeps it).
+    #[arg(long, conflicts_with = "soft_pin")]
+    pub(crate) soft_unpin: bool,
     /// Replace the value if the key exists.
     #[arg(long)]
     pub(crate) upsert: bool,

@@ -205,7 +205,11 @@ async fn run_put(args: PutArgs) -> Result<(), Error> {
     };
     let mut config = ReplicateConfig::replicas(args.replicas);
     config.with_hard_pin = args.hard_pin;
-    config.with_soft_pin = args.soft_pin;
+    if args.soft_pin {
+        config = config.soft_pinned(None);
+    } else if args.soft_unpin {
+        config = config.soft_unpinned();
+    }
     let client = connect(&args.client).await?;
     if args.upsert {
         client.upsert(&args.key, &value, &config).await?;
