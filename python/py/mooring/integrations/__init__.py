@@ -1,0 +1,1 @@
+"""Adapters that plug Mooring into inference engines."""

@@ -1,0 +1,753 @@
+"""Mooring's drop-in for ``mooncake.store``.
+
+Change ``from mooncake.store import MooncakeDistributedStore`` to
+``from mooring.store import MooncakeDistributedStore`` and a program runs against a
+``mooring master``: the same names, signatures, return conventions and numeric error codes.
+
+Conventions (Mooncake's):
+
+- calls that store or remove answer ``0`` or a negative error code (see :class:`ErrorCode`);
+- ``get`` answers the value as ``bytes``, ``b""`` when it cannot;
+- ``get_size`` answers the size, ``get_into`` the bytes read, or a negative code;
+- ``is_exist`` answers ``1``, ``0`` or a negative code;
+- batch calls answer one result per key, so one bad key never hides the others.
+
+Failures are logged to stderr with what to do (``MOORING_LOG=debug`` for more). One store is
+safe to share between threads: every network call runs with the GIL released.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from enum import IntEnum
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar
+
+from . import _native
+from ._native import BufferHandle, MooringError, parse_size
+
+__all__ = [
+    "BufferHandle",
+    "ErrorCode",
+    "MooncakeDistributedStore",
+    "MooringError",
+    "ReplicaDescriptor",
+    "ReplicaStatus",
+    "ReplicateConfig",
+    "SoftPinAction",
+    "parse_size",
+]
+
+_T = TypeVar("_T")
+
+# Mooncake's defaults for setup().
+_DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
+_DEFAULT_LOCAL_BUFFER_SIZE = 16 * 1024 * 1024
+_DEFAULT_MASTER = "127.0.0.1:50051"
+_U64_MAX = 2**64 - 1
+
+
+class ErrorCode(IntEnum):
+    """Mooncake's numeric error codes, as Mooring answers them."""
+
+    INTERNAL_ERROR = -1
+    BUFFER_OVERFLOW = -10
+    SEGMENT_NOT_FOUND = -101
+    SEGMENT_ALREADY_EXISTS = -102
+    CLIENT_NOT_FOUND = -103
+    NO_AVAILABLE_HANDLE = -200
+    INVALID_VERSION = -300
+    INVALID_KEY = -400
+    WRITE_FAIL = -500
+    INVALID_PARAMS = -600
+    ILLEGAL_CLIENT = -601
+    INVALID_WRITE = -700
+    INVALID_READ = -701
+    INVALID_REPLICA = -702
+    REPLICA_IS_NOT_READY = -703
+    OBJECT_NOT_FOUND = -704
+    OBJECT_ALREADY_EXISTS = -705
+    OBJECT_HAS_LEASE = -706
+    LEASE_EXPIRED = -707
+    OBJECT_HAS_REPLICATION_TASK = -708
+    OBJECT_NO_REPLICATION_TASK = -709
+    REPLICA_NOT_FOUND = -710
+    REPLICA_ALREADY_EXISTS = -711
+    REPLICA_IS_GONE = -712
+    OBJECT_REPLICA_BUSY = -714
+    TRANSFER_FAIL = -800
+    RPC_FAIL = -900
+    UNAVAILABLE_IN_CURRENT_STATUS = -1010
+    UNAVAILABLE_IN_CURRENT_MODE = -1011
+    FILE_NOT_FOUND = -1100
+    FILE_OPEN_FAIL = -1101
+    FILE_READ_FAIL = -1102
+    FILE_WRITE_FAIL = -1103
+
+
+class SoftPinAction(IntEnum):
+    """What a put or upsert does to the key's soft pin."""
+
+    #: Keep the pin the key had (a new key gets none). The default.
+    PRESERVE = 0
+    #: Pin, for ``soft_pin_ttl_ms`` or the master's default TTL.
+    ENABLE = 1
+    #: Drop the pin.
+    DISABLE = 2
+
+
+class ReplicaStatus(IntEnum):
+    """Mooncake's replica states (Mooring lists only complete replicas)."""
+
+    UNDEFINED = 0
+    INITIALIZED = 1
+    PROCESSING = 2
+    COMPLETE = 3
+    REMOVED = 4
+    FAILED = 5
+
+
+class ReplicateConfig:
+    """How a put or upsert wants its object stored.
+
+    Attributes:
+        replica_num: replicas wanted, each on a different segment (best effort).
+        soft_pin_action: a :class:`SoftPinAction` (default ``PRESERVE``).
+        soft_pin_ttl_ms: the soft pin's TTL in ms, only with ``ENABLE``; ``None`` takes the
+            master's default. A TTL with another action makes the call fail with -600.
+        with_hard_pin: never evict the object (until it is removed).
+        preferred_segment: a segment to place the first replica on (``get_hostname()`` of a
+            store that contributes memory).
+        preferred_segments: segments to try first, in order.
+        prefer_alloc_in_same_node: prefer this process's own segment, if it contributes one.
+    """
+
+    __slots__ = (
+        "replica_num",
+        "soft_pin_action",
+        "_soft_pin_ttl_ms",
+        "with_hard_pin",
+        "preferred_segment",
+        "preferred_segments",
+        "prefer_alloc_in_same_node",
+    )
+
+    def __init__(self) -> None:
+        self.replica_num: int = 1
+        self.soft_pin_action: SoftPinAction = SoftPinAction.PRESERVE
+        self._soft_pin_ttl_ms: Optional[int] = None
+        self.with_hard_pin: bool = False
+        self.preferred_segment: str = ""
+        self.preferred_segments: list[str] = []
+        self.prefer_alloc_in_same_node: bool = False
+
+    @property
+    def soft_pin_ttl_ms(self) -> Optional[int]:
+        """The soft pin's TTL in milliseconds (an unsigned 64-bit int), or ``None``."""
+        return self._soft_pin_ttl_ms
+
+    @soft_pin_ttl_ms.setter
+    def soft_pin_ttl_ms(self, value: Optional[int]) -> None:
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _U64_MAX
+        ):
+            raise TypeError(
+                f"soft_pin_ttl_ms must be None or an int from 0 to 2**64-1, got {value!r}"
+            )
+        self._soft_pin_ttl_ms = value
+
+    @property
+    def with_soft_pin(self) -> bool:
+        """Older Mooncake's flag: ``True`` is ``soft_pin_action = ENABLE``."""
+        return self.soft_pin_action == SoftPinAction.ENABLE
+
+    @with_soft_pin.setter
+    def with_soft_pin(self, value: bool) -> None:
+        self.soft_pin_action = SoftPinAction.ENABLE if value else SoftPinAction.PRESERVE
+
+    def _native(self, own_segment: Optional[str]) -> tuple:
+        preferred = list(self.preferred_segments)
+        if self.preferred_segment:
+            preferred.insert(0, self.preferred_segment)
+        if self.prefer_alloc_in_same_node and own_segment:
+            preferred.insert(0, own_segment)
+        action = SoftPinAction(self.soft_pin_action)
+        if not isinstance(self.replica_num, int) or not 0 <= self.replica_num < 2**32:
+            raise TypeError(f"replica_num must be an int from 1 to 2**32-1, got {self.replica_num!r}")
+        return (
+            self.replica_num,
+            int(action),
+            self._soft_pin_ttl_ms,
+            bool(self.with_hard_pin),
+            preferred,
+        )
+
+    def __str__(self) -> str:
+        ttl = "default" if self._soft_pin_ttl_ms is None else f"{self._soft_pin_ttl_ms} ms"
+        segments = list(self.preferred_segments)
+        if self.preferred_segment:
+            segments.insert(0, self.preferred_segment)
+        return (
+            f"ReplicateConfig(replica_num={self.replica_num}, "
+            f"soft_pin_action={SoftPinAction(self.soft_pin_action).name}, soft_pin_ttl={ttl}, "
+            f"with_hard_pin={bool(self.with_hard_pin)}, preferred_segments={segments}, "
+            f"prefer_alloc_in_same_node={bool(self.prefer_alloc_in_same_node)})"
+        )
+
+    __repr__ = __str__
+
+
+_DEFAULT_CONFIG = ReplicateConfig()
+
+
+class ReplicaDescriptor:
+    """Where one complete replica of a value lives."""
+
+    __slots__ = ("transport_endpoint", "buffer_address", "size", "_on_disk", "status")
+
+    def __init__(
+        self, endpoint: str, address: int, size: int, on_disk: bool, status: str
+    ) -> None:
+        #: The data server holding the replica (the segment's name).
+        self.transport_endpoint = endpoint
+        #: Memory replicas: the address in the segment. Disk replicas: the copy's write id.
+        self.buffer_address = address
+        #: The value's size in bytes.
+        self.size = size
+        self._on_disk = on_disk
+        #: A :class:`ReplicaStatus`.
+        self.status = ReplicaStatus[status]
+
+    def is_memory_replica(self) -> bool:
+        """Whether the replica is in a segment's memory."""
+        return not self._on_disk
+
+    def is_disk_replica(self) -> bool:
+        """Whether the replica is on a node's disk."""
+        return self._on_disk
+
+    def __repr__(self) -> str:
+        medium = "disk" if self._on_disk else "memory"
+        return (
+            f"ReplicaDescriptor({medium} on {self.transport_endpoint}, "
+            f"address={self.buffer_address:#x}, size={self.size}, status={self.status.name})"
+        )
+
+
+def _size(value: Any, name: str) -> int:
+    try:
+        return parse_size(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
+def _port_range() -> tuple[int, int]:
+    low = int(os.environ.get("MC_STORE_CLIENT_MIN_PORT", "12300"))
+    high = int(os.environ.get("MC_STORE_CLIENT_MAX_PORT", "14300"))
+    if not (0 < low <= high < 65536):
+        low, high = 12300, 14300
+    return low, high
+
+
+class MooncakeDistributedStore:
+    """A client of a Mooring cluster with Mooncake's ``MooncakeDistributedStore`` API.
+
+    Call :meth:`setup` first. A store whose ``global_segment_size`` is above zero also
+    contributes that much memory to the cluster, served from this process.
+    """
+
+    def __init__(self) -> None:
+        self._client: Optional[_native.NativeClient] = None
+        self._setup_lock = threading.Lock()
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def setup(
+        self,
+        local_hostname: Any,
+        metadata_server: Optional[str] = None,
+        global_segment_size: Any = _DEFAULT_SEGMENT_SIZE,
+        local_buffer_size: Any = _DEFAULT_LOCAL_BUFFER_SIZE,
+        protocol: str = "tcp",
+        rdma_devices: str = "",
+        master_server_addr: str = _DEFAULT_MASTER,
+        engine: Any = None,
+        **options: Any,
+    ) -> int:
+        """Connects to the master; answers 0 or a negative code.
+
+        Either ``setup(local_hostname, metadata_server, global_segment_size,
+        local_buffer_size, protocol, rdma_devices, master_server_addr)`` or
+        ``setup(config: dict)`` with the same keys. Sizes are ints or strings ("16MB", as
+        Mooncake reads them: powers of 1024). ``metadata_server`` is accepted and ignored:
+        Mooring needs no metadata service. The cluster token comes from the ``token_file``
+        option, else the file ``MOORING_TOKEN_FILE`` names; with neither, only a cluster
+        running without a token on loopback accepts the store.
+        """
+        if isinstance(local_hostname, Mapping):
+            return self._setup_from_dict(dict(local_hostname))
+        try:
+            segment = _size(global_segment_size, "global_segment_size")
+            local = _size(local_buffer_size, "local_buffer_size")
+        except ValueError as e:
+            return self._refuse("setup", ErrorCode.INVALID_PARAMS, str(e))
+        return self._setup(
+            str(local_hostname),
+            segment,
+            local,
+            str(protocol),
+            str(master_server_addr),
+            options.get("token_file"),
+        )
+
+    def _setup_from_dict(self, config: dict) -> int:
+        hostname = config.get("local_hostname")
+        if not hostname:
+            return self._refuse("setup", ErrorCode.INVALID_PARAMS, "config has no local_hostname")
+        if "metadata_server" not in config:
+            return self._refuse(
+                "setup",
+                ErrorCode.INVALID_PARAMS,
+                "config has no metadata_server (Mooring ignores it, but Mooncake requires it; "
+                'give "P2PHANDSHAKE")',
+            )
+        try:
+            segment = _size(
+                config.get("global_segment_size", _DEFAULT_SEGMENT_SIZE), "global_segment_size"
+            )
+            local = _size(
+                config.get("local_buffer_size", _DEFAULT_LOCAL_BUFFER_SIZE), "local_buffer_size"
+            )
+        except ValueError as e:
+            return self._refuse("setup", ErrorCode.INVALID_PARAMS, str(e))
+        return self._setup(
+            str(hostname),
+            segment,
+            local,
+            str(config.get("protocol", "tcp")),
+            str(config.get("master_server_addr", _DEFAULT_MASTER)),
+            config.get("token_file"),
+        )
+
+    def _setup(
+        self,
+        hostname: str,
+        segment: int,
+        local: int,
+        protocol: str,
+        master: str,
+        token_file: Optional[str],
+    ) -> int:
+        protocol = protocol.lower()
+        if protocol == "rdma":
+            _native.log_failure(
+                "setup",
+                int(ErrorCode.UNAVAILABLE_IN_CURRENT_MODE),
+                "this build of Mooring moves bytes over TCP only; continuing over TCP",
+            )
+        elif protocol != "tcp":
+            return self._refuse(
+                "setup", ErrorCode.INVALID_PARAMS, f'unknown protocol {protocol!r}: use "tcp"'
+            )
+        if master.startswith(("etcd://", "http://", "https://")):
+            return self._refuse(
+                "setup",
+                ErrorCode.INVALID_PARAMS,
+                f"master_server_addr {master!r}: give the master's host:port "
+                "(Mooring does not find masters through etcd yet)",
+            )
+        with self._setup_lock:
+            if self._client is not None:
+                # Mooncake replaces the client of a store set up twice; so does Mooring.
+                self._close_locked()
+            try:
+                self._client = _native.NativeClient.connect(
+                    master, hostname, segment, local, token_file, _port_range()
+                )
+            except MooringError as e:
+                code, message = e.args
+                _native.log_failure("setup", code, message)
+                return code
+        return 0
+
+    def close(self) -> int:
+        """Leaves the cluster. A contributed segment is unmounted: objects whose only
+        replicas lived there are gone. ``setup()`` may be called again afterwards."""
+        with self._setup_lock:
+            return self._close_locked()
+
+    def _close_locked(self) -> int:
+        client, self._client = self._client, None
+        if client is None:
+            return 0
+        try:
+            client.close()
+        except MooringError as e:
+            code, message = e.args
+            _native.log_failure("close", code, message)
+            return code
+        return 0
+
+    def get_hostname(self) -> str:
+        """``host:port`` of the memory this store contributes (its segment's name), or the
+        ``local_hostname`` given to ``setup`` if it contributes none."""
+        client = self._client
+        return client.hostname() if client is not None else ""
+
+    def health_check(self) -> int:
+        """0 if the master answers, 1 if the store is not set up (or closed), 2 if the master
+        does not answer."""
+        client = self._client
+        if client is None:
+            return 1
+        try:
+            client.health_check()
+        except MooringError as e:
+            _native.log_failure("health_check", *e.args)
+            return 2
+        return 0
+
+    # ---- plumbing ----------------------------------------------------------------------------
+
+    def _refuse(self, call: str, code: ErrorCode, message: str) -> int:
+        _native.log_failure(call, int(code), message)
+        return int(code)
+
+    def _run(self, call: str, work: Callable[[Any], _T], failed: Callable[[int], _T]) -> _T:
+        client = self._client
+        if client is None:
+            return failed(self._refuse(call, ErrorCode.INVALID_PARAMS, "call setup() first"))
+        try:
+            return work(client)
+        except MooringError as e:
+            code, message = e.args
+            _native.log_failure(call, code, message)
+            return failed(code)
+
+    def _config(self, config: Optional[ReplicateConfig]) -> tuple:
+        client = self._client
+        own = client.segment_name() if client is not None else None
+        return (config or _DEFAULT_CONFIG)._native(own)
+
+    def _many(self, call: str, keys: Sequence[str], *lists: Sequence) -> Optional[list[int]]:
+        """Per-key refusals for mismatched list lengths, or None when they match."""
+        if all(len(other) == len(keys) for other in lists):
+            return None
+        code = self._refuse(
+            call,
+            ErrorCode.INVALID_PARAMS,
+            f"{len(keys)} keys but lists of {[len(other) for other in lists]}: give one per key",
+        )
+        return [code] * len(keys)
+
+    # ---- writes ------------------------------------------------------------------------------
+
+    def put(self, key: str, value: Any, config: Optional[ReplicateConfig] = None) -> int:
+        """Stores a bytes-like ``value`` (bytes, bytearray, memoryview, numpy array) under
+        ``key``; 0 or a negative code (-705 if the key exists: use ``upsert``)."""
+        return self._write("put", key, value, config, False)
+
+    def upsert(self, key: str, value: Any, config: Optional[ReplicateConfig] = None) -> int:
+        """Stores ``value`` under ``key`` whether or not it exists; 0 or a negative code."""
+        return self._write("upsert", key, value, config, True)
+
+    def _write(self, call: str, key: str, value: Any, config, upsert: bool) -> int:
+        native = self._config(config)
+        return self._run(call, lambda c: c.put(key, value, native, upsert) or 0, int)
+
+    def put_parts(self, key: str, *parts: Any, config: Optional[ReplicateConfig] = None) -> int:
+        """Stores the concatenation of bytes-like ``parts`` as one value; 0 or a code."""
+        native = self._config(config)
+        return self._run("put_parts", lambda c: c.put_parts(key, list(parts), native, False) or 0, int)
+
+    def upsert_parts(
+        self, key: str, *parts: Any, config: Optional[ReplicateConfig] = None
+    ) -> int:
+        """``put_parts`` that replaces an existing value."""
+        native = self._config(config)
+        return self._run(
+            "upsert_parts", lambda c: c.put_parts(key, list(parts), native, True) or 0, int
+        )
+
+    def put_batch(
+        self, keys: Sequence[str], values: Sequence[Any], config: Optional[ReplicateConfig] = None
+    ) -> int:
+        """Stores many values; 0 if every one was stored, else the first failure's code."""
+        return self._batch_write("put_batch", keys, values, config, False)
+
+    def upsert_batch(
+        self, keys: Sequence[str], values: Sequence[Any], config: Optional[ReplicateConfig] = None
+    ) -> int:
+        """``put_batch`` that replaces existing values."""
+        return self._batch_write("upsert_batch", keys, values, config, True)
+
+    def _batch_write(self, call, keys, values, config, upsert: bool) -> int:
+        refused = self._many(call, keys, values)
+        if refused is not None:
+            return refused[0] if refused else 0
+        if not keys:
+            return 0
+        native = self._config(config)
+        codes = self._run(
+            call,
+            lambda c: c.put_batch(list(keys), list(values), native, upsert),
+            lambda code: [code],
+        )
+        return next((code for code in codes if code != 0), 0)
+
+    def put_from(
+        self, key: str, buffer_ptr: int, size: int, config: Optional[ReplicateConfig] = None
+    ) -> int:
+        """Stores ``size`` bytes at ``buffer_ptr``, inside a registered buffer, without a
+        copy; 0 or a negative code."""
+        native = self._config(config)
+        return self._run(
+            "put_from", lambda c: c.put_from(key, buffer_ptr, size, native, False) or 0, int
+        )
+
+    def upsert_from(
+        self, key: str, buffer_ptr: int, size: int, config: Optional[ReplicateConfig] = None
+    ) -> int:
+        """``put_from`` that replaces an existing value."""
+        native = self._config(config)
+        return self._run(
+            "upsert_from", lambda c: c.put_from(key, buffer_ptr, size, native, True) or 0, int
+        )
+
+    def batch_put_from(
+        self,
+        keys: Sequence[str],
+        buffer_ptrs: Sequence[int],
+        sizes: Sequence[int],
+        config: Optional[ReplicateConfig] = None,
+    ) -> list[int]:
+        """``put_from`` for many keys; one code per key."""
+        return self._batch_put_from("batch_put_from", keys, buffer_ptrs, sizes, config, False)
+
+    def batch_upsert_from(
+        self,
+        keys: Sequence[str],
+        buffer_ptrs: Sequence[int],
+        sizes: Sequence[int],
+        config: Optional[ReplicateConfig] = None,
+    ) -> list[int]:
+        """``upsert_from`` for many keys; one code per key."""
+        return self._batch_put_from("batch_upsert_from", keys, buffer_ptrs, sizes, config, True)
+
+    def _batch_put_from(self, call, keys, ptrs, sizes, config, upsert) -> list[int]:
+        refused = self._many(call, keys, ptrs, sizes)
+        if refused is not None:
+            return refused
+        return self._put_parts_from(
+            call, keys, [[p] for p in ptrs], [[s] for s in sizes], config, upsert
+        )
+
+    def batch_put_from_multi_buffers(
+        self,
+        keys: Sequence[str],
+        all_buffer_ptrs: Sequence[Sequence[int]],
+        all_sizes: Sequence[Sequence[int]],
+        config: Optional[ReplicateConfig] = None,
+    ) -> list[int]:
+        """Stores each key's value from several registered buffers (concatenated in order);
+        one code per key."""
+        refused = self._many("batch_put_from_multi_buffers", keys, all_buffer_ptrs, all_sizes)
+        if refused is not None:
+            return refused
+        return self._put_parts_from(
+            "batch_put_from_multi_buffers",
+            keys,
+            [list(p) for p in all_buffer_ptrs],
+            [list(s) for s in all_sizes],
+            config,
+            False,
+        )
+
+    def _put_parts_from(self, call, keys, ptrs, sizes, config, upsert) -> list[int]:
+        if not keys:
+            return []
+        native = self._config(config)
+        return self._run(
+            call,
+            lambda c: c.batch_put_from(list(keys), ptrs, sizes, native, upsert),
+            lambda code: [code] * len(keys),
+        )
+
+    # ---- reads -------------------------------------------------------------------------------
+
+    def get(self, key: str) -> bytes:
+        """The value of ``key``, or ``b""`` if it cannot be read (the log says why)."""
+        return self._run("get", lambda c: c.get(key), lambda code: b"")
+
+    def get_batch(self, keys: Sequence[str]) -> list[bytes]:
+        """The values of ``keys``; ``b""`` for each one that cannot be read."""
+        if not keys:
+            return []
+        results = self._run(
+            "get_batch", lambda c: c.get_batch(list(keys)), lambda code: [code] * len(keys)
+        )
+        return [r if isinstance(r, bytes) else b"" for r in results]
+
+    def get_buffer(self, key: str) -> Optional[BufferHandle]:
+        """The value of ``key`` in a :class:`BufferHandle` (view it without a copy), or
+        ``None``."""
+        return self._run("get_buffer", lambda c: c.get_buffer(key), lambda code: None)
+
+    def batch_get_buffer(self, keys: Sequence[str]) -> list[Optional[BufferHandle]]:
+        """``get_buffer`` for many keys."""
+        if not keys:
+            return []
+        results = self._run(
+            "batch_get_buffer",
+            lambda c: c.batch_get_buffer(list(keys)),
+            lambda code: [code] * len(keys),
+        )
+        return [r if isinstance(r, BufferHandle) else None for r in results]
+
+    def get_into(self, key: str, buffer_ptr: int, size: int) -> int:
+        """Reads ``key`` into ``size`` bytes at ``buffer_ptr`` (inside a registered buffer);
+        the value's length, or a negative code (-10 if the buffer is too small)."""
+        return self._run("get_into", lambda c: c.get_into(key, buffer_ptr, size), int)
+
+    def batch_get_into(
+        self, keys: Sequence[str], buffer_ptrs: Sequence[int], sizes: Sequence[int]
+    ) -> list[int]:
+        """``get_into`` for many keys; one length or code per key."""
+        refused = self._many("batch_get_into", keys, buffer_ptrs, sizes)
+        if refused is not None:
+            return refused
+        return self._get_parts_into(
+            "batch_get_into", keys, [[p] for p in buffer_ptrs], [[s] for s in sizes]
+        )
+
+    def batch_get_into_multi_buffers(
+        self,
+        keys: Sequence[str],
+        all_buffer_ptrs: Sequence[Sequence[int]],
+        all_sizes: Sequence[Sequence[int]],
+        prefer_alloc_in_same_node: bool = False,
+    ) -> list[int]:
+        """Reads each key into several registered buffers, filled in order; one length or
+        code per key."""
+        refused = self._many("batch_get_into_multi_buffers", keys, all_buffer_ptrs, all_sizes)
+        if refused is not None:
+            return refused
+        return self._get_parts_into(
+            "batch_get_into_multi_buffers",
+            keys,
+            [list(p) for p in all_buffer_ptrs],
+            [list(s) for s in all_sizes],
+        )
+
+    def _get_parts_into(self, call, keys, ptrs, sizes) -> list[int]:
+        if not keys:
+            return []
+        return self._run(
+            call,
+            lambda c: c.batch_get_into(list(keys), ptrs, sizes),
+            lambda code: [code] * len(keys),
+        )
+
+    def get_into_ranges(
+        self,
+        buffer_ptrs: Sequence[int],
+        all_keys: Sequence[Sequence[str]],
+        all_dst_offsets: Sequence[Sequence[Sequence[int]]],
+        all_src_offsets: Sequence[Sequence[Sequence[int]]],
+        all_sizes: Sequence[Sequence[Sequence[int]]],
+    ) -> list[list[list[int]]]:
+        """Copies byte ranges of values into registered buffers: for buffer ``b``, key ``k``
+        and fragment ``f``, ``all_sizes[b][k][f]`` bytes from offset ``all_src_offsets[b][k][f]``
+        of the value to offset ``all_dst_offsets[b][k][f]`` of the buffer. Answers, per buffer,
+        per key, per fragment, the bytes copied or a negative code; a bad fragment fails
+        alone."""
+        def failed(code: int) -> list[list[list[int]]]:
+            return [
+                [[code] * len(fragments) for fragments in per_key]
+                for per_key in (all_sizes[b] if b < len(all_sizes) else [] for b in range(len(buffer_ptrs)))
+            ]
+
+        return self._run(
+            "get_into_ranges",
+            lambda c: c.get_into_ranges(
+                list(buffer_ptrs),
+                [list(k) for k in all_keys],
+                [[list(f) for f in k] for k in all_dst_offsets],
+                [[list(f) for f in k] for k in all_src_offsets],
+                [[list(f) for f in k] for k in all_sizes],
+            ),
+            failed,
+        )
+
+    # ---- registered memory -------------------------------------------------------------------
+
+    def register_buffer(self, buffer_ptr: int, size: int) -> int:
+        """Registers ``size`` bytes at ``buffer_ptr`` for the zero-copy calls (``put_from``,
+        ``get_into`` and their batches); 0 or a negative code. Keep the memory allocated
+        until ``unregister_buffer``."""
+        return self._run(
+            "register_buffer", lambda c: c.register_buffer(buffer_ptr, size) or 0, int
+        )
+
+    def unregister_buffer(self, buffer_ptr: int) -> int:
+        """Unregisters the buffer registered at ``buffer_ptr``; 0 or a negative code."""
+        return self._run("unregister_buffer", lambda c: c.unregister_buffer(buffer_ptr) or 0, int)
+
+    # ---- metadata ----------------------------------------------------------------------------
+
+    def get_size(self, key: str) -> int:
+        """The size of ``key``'s value, or a negative code."""
+        return self._run("get_size", lambda c: c.get_size(key), int)
+
+    def is_exist(self, key: str) -> int:
+        """1 if ``key`` exists, 0 if not, a negative code on failure."""
+        return self._run("is_exist", lambda c: int(c.exist(key)), int)
+
+    def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
+        """``is_exist`` for many keys."""
+        if not keys:
+            return []
+        return self._run(
+            "batch_is_exist", lambda c: c.batch_exist(list(keys)), lambda code: [code] * len(keys)
+        )
+
+    def remove(self, key: str, force: bool = False) -> int:
+        """Removes ``key``; 0 or a negative code (-706 while a reader holds a lease on it).
+        ``force`` is accepted for Mooncake's signature; Mooring never removes a value a
+        reader is reading, so a leased key still answers -706."""
+        return self._run("remove", lambda c: c.remove(key) or 0, int)
+
+    def batch_remove(self, keys: Sequence[str], force: bool = False) -> list[int]:
+        """``remove`` for many keys; one code per key."""
+        if not keys:
+            return []
+        return self._run(
+            "batch_remove", lambda c: c.batch_remove(list(keys)), lambda code: [code] * len(keys)
+        )
+
+    def remove_by_regex(self, regex_pattern: str, force: bool = False) -> int:
+        """Removes every key matching the regular expression; how many, or a negative
+        code."""
+        return self._run("remove_by_regex", lambda c: c.remove_by_regex(regex_pattern), int)
+
+    def remove_all(self, force: bool = False) -> int:
+        """Removes every object that can be removed now; how many, or a negative code."""
+        return self._run("remove_all", lambda c: c.remove_all(), int)
+
+    def get_replica_desc(self, key: str) -> list[ReplicaDescriptor]:
+        """Where ``key``'s complete replicas are (empty if it cannot be read)."""
+        return self.batch_get_replica_desc([key]).get(key, [])
+
+    def batch_get_replica_desc(self, keys: Iterable[str]) -> dict[str, list[ReplicaDescriptor]]:
+        """``get_replica_desc`` for many keys: keys that cannot be read are left out."""
+        keys = list(keys)
+        if not keys:
+            return {}
+        results = self._run(
+            "batch_get_replica_desc", lambda c: c.replicas(keys), lambda code: [code] * len(keys)
+        )
+        return {
+            key: [ReplicaDescriptor(*r) for r in replicas]
+            for key, replicas in zip(keys, results)
+            if isinstance(replicas, list)
+        }

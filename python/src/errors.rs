@@ -1,0 +1,114 @@
+//! Mooring errors on the Python side.
+//!
+//! Native calls raise `MooringError(code, message)`: the Mooncake code (negative) and a
+//! message that says what went wrong and what to do. The `mooring.store` layer turns them
+//! into Mooncake's return codes and logs the message, at most a few lines a second, so a
+//! program that fails in a loop does not drown its own output.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use mooring_core::{Error, ErrorCode};
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+create_exception!(
+    _native,
+    MooringError,
+    PyException,
+    "A Mooring call failed: args are (code, message), code being Mooncake's negative error code."
+);
+
+/// The Python exception for `error`.
+pub(crate) fn to_py(error: &Error) -> PyErr {
+    MooringError::new_err((error.code.code(), error.to_string()))
+}
+
+/// Converts a Mooring result into a Python one.
+pub(crate) fn raise<T>(result: mooring_core::Result<T>) -> PyResult<T> {
+    result.map_err(|e| to_py(&e))
+}
+
+/// An `INVALID_PARAMS` error with `message`.
+pub(crate) fn invalid(message: impl Into<String>) -> Error {
+    Error::new(ErrorCode::INVALID_PARAMS, message)
+}
+
+/// Most failure lines logged per second.
+const PER_SECOND: u32 = 10;
+
+struct Window {
+    started: Option<Instant>,
+    logged: u32,
+    suppressed: u64,
+}
+
+static WINDOW: Mutex<Window> = Mutex::new(Window {
+    started: None,
+    logged: 0,
+    suppressed: 0,
+});
+
+/// Logs a failed call at WARN (a missing key at DEBUG: that is a routine answer), unless this
+/// second's share of lines is used up.
+pub(crate) fn log_failure(call: &str, error: &Error) {
+    log_line(call, error.code, error);
+}
+
+/// Logs `text`, the message of a failure with `code`, as [`log_failure`] does.
+fn log_line(call: &str, code: ErrorCode, text: &dyn std::fmt::Display) {
+    if code == ErrorCode::OBJECT_NOT_FOUND {
+        tracing::debug!(call, "{text}");
+        return;
+    }
+    let suppressed = {
+        let mut w = WINDOW.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if w.started
+            .is_none_or(|s| now.duration_since(s) >= Duration::from_secs(1))
+        {
+            w.started = Some(now);
+            w.logged = 0;
+        }
+        if w.logged >= PER_SECOND {
+            w.suppressed += 1;
+            return;
+        }
+        w.logged += 1;
+        std::mem::take(&mut w.suppressed)
+    };
+    if suppressed > 0 {
+        tracing::warn!(
+            call,
+            suppressed,
+            "{text} (and {suppressed} more failures not logged)"
+        );
+    } else {
+        tracing::warn!(call, "{text}");
+    }
+}
+
+/// Logs a failure the Python layer reports: `message` is a `MooringError`'s, or the Python
+/// layer's own for a refusal it makes itself (then prefixed with the code's name).
+#[pyfunction]
+#[pyo3(name = "log_failure")]
+pub(crate) fn log_failure_py(call: &str, code: i32, message: &str) {
+    let code = ErrorCode::from_code(code).unwrap_or(ErrorCode::INTERNAL_ERROR);
+    if message.starts_with(&format!("{code:?} (")) {
+        log_line(call, code, &message);
+    } else {
+        log_line(call, code, &Error::new(code, message));
+    }
+}
+
+/// Every Mooncake error code Mooring uses, by name, with what it means.
+#[pyfunction]
+pub(crate) fn error_codes(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let codes = PyDict::new(py);
+    for code in ErrorCode::ALL {
+        codes.set_item(format!("{code:?}"), (code.code(), code.advice()))?;
+    }
+    Ok(codes)
+}

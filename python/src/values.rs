@@ -1,0 +1,116 @@
+//! Byte slices over memory Python owns: buffer objects (bytes, bytearray, memoryview, numpy
+//! arrays) and registered raw addresses.
+//!
+//! This is the one place the extension turns foreign memory into Rust slices. A buffer view
+//! pins its exporter for as long as the view lives; a raw address is used only after
+//! [`Registered::check`](crate::registered::Registered::check) found it inside a region the
+//! program registered. Either way the program must not change or free the memory while a
+//! call that uses it runs (Mooncake's rule too).
+
+use mooring_core::Result;
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::{PyBufferError, PyTypeError};
+use pyo3::prelude::*;
+
+use crate::errors::invalid;
+use crate::registered::Registered;
+
+/// A read-only view of a Python buffer object's bytes.
+pub(crate) struct BufferView {
+    buffer: PyUntypedBuffer,
+}
+
+impl BufferView {
+    /// Views `object`, which must export a C-contiguous buffer (bytes, bytearray,
+    /// memoryview, array.array, numpy arrays of any dtype).
+    pub(crate) fn new(object: &Bound<'_, PyAny>) -> PyResult<BufferView> {
+        let buffer = PyUntypedBuffer::get(object).map_err(|_| {
+            let name = object
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_else(|_| "?".into());
+            PyTypeError::new_err(format!(
+                "a value must be bytes-like (bytes, bytearray, memoryview, numpy array), got {name}"
+            ))
+        })?;
+        if !buffer.is_c_contiguous() {
+            return Err(PyBufferError::new_err(
+                "the value's buffer is not contiguous: pass a contiguous copy (numpy.ascontiguousarray)",
+            ));
+        }
+        Ok(BufferView { buffer })
+    }
+
+    /// The bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        let len = self.buffer.len_bytes();
+        if len == 0 {
+            return &[];
+        }
+        // SAFETY: the exporter keeps `len_bytes` contiguous bytes at `buf_ptr` alive and in
+        // place until `self.buffer` is released, which happens no earlier than `self` drops;
+        // the returned slice borrows `self`.
+        unsafe { std::slice::from_raw_parts(self.buffer.buf_ptr() as *const u8, len) }
+    }
+}
+
+/// A range of registered memory, checked to lie inside one registered region.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Region {
+    start: usize,
+    len: usize,
+}
+
+impl Region {
+    /// `len` bytes at `start`, if they lie inside a region registered in `registered`.
+    pub(crate) fn checked(registered: &Registered, start: usize, len: usize) -> Result<Region> {
+        registered.check(start, len)?;
+        Ok(Region { start, len })
+    }
+
+    /// The region's length.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The bytes, to write from.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `checked` found the range inside a registered region, which the program
+        // promised (by registering it) to keep allocated until it unregisters it, and not to
+        // change while a call that uses it runs.
+        unsafe { std::slice::from_raw_parts(self.start as *const u8, self.len) }
+    }
+
+    /// The bytes, to read into.
+    ///
+    /// # Safety
+    ///
+    /// No other live slice may overlap this region; callers check with [`disjoint`].
+    pub(crate) unsafe fn bytes_mut(&self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `bytes`, and the caller guarantees no overlapping slice is alive.
+        unsafe { std::slice::from_raw_parts_mut(self.start as *mut u8, self.len) }
+    }
+}
+
+/// Checks that no two of `regions` overlap (a batch reading two values into the same bytes
+/// is a bug in the caller, and would make the result depend on timing).
+pub(crate) fn disjoint(regions: &[Region]) -> Result<()> {
+    let mut sorted: Vec<&Region> = regions.iter().filter(|r| r.len > 0).collect();
+    sorted.sort_by_key(|r| r.start);
+    for pair in sorted.windows(2) {
+        if pair[0].start + pair[0].len > pair[1].start {
+            return Err(invalid(format!(
+                "destination buffers overlap: {} bytes at {:#x} and {} bytes at {:#x}",
+                pair[0].len, pair[0].start, pair[1].len, pair[1].start
+            )));
+        }
+    }
+    Ok(())
+}

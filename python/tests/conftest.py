@@ -1,0 +1,98 @@
+"""Fixtures: a real `mooring master` on loopback, and stores connected to it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from mooring.store import MooncakeDistributedStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def mooring_binary() -> str:
+    """The `mooring` binary: $MOORING_BIN, the release build, or one on PATH."""
+    if os.environ.get("MOORING_BIN"):
+        return os.environ["MOORING_BIN"]
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    built = target / "release" / "mooring"
+    if built.exists():
+        return str(built)
+    found = shutil.which("mooring")
+    if found:
+        return found
+    pytest.exit("no mooring binary: run `cargo build --release` or set MOORING_BIN", 2)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Master:
+    """A `mooring master` process on a loopback port."""
+
+    def __init__(self, *flags: str) -> None:
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if k != "MOORING_TOKEN_FILE"}
+        self.process = subprocess.Popen(
+            [mooring_binary(), "master", "--listen", self.address, *flags],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if self.process.poll() is not None:
+                    raise RuntimeError(self.process.stderr.read().decode())
+                time.sleep(0.05)
+        raise RuntimeError("the master did not start listening within 20 s")
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+@pytest.fixture(scope="session")
+def master():
+    m = Master()
+    yield m
+    m.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_token(monkeypatch):
+    monkeypatch.delenv("MOORING_TOKEN_FILE", raising=False)
+
+
+def connect(master: Master, segment="64MB", local="64MB") -> MooncakeDistributedStore:
+    store = MooncakeDistributedStore()
+    code = store.setup("127.0.0.1", "P2PHANDSHAKE", segment, local, "tcp", "", master.address)
+    assert code == 0, code
+    return store
+
+
+@pytest.fixture(scope="session")
+def shared(master):
+    """One store contributing 64 MB, shared by the tests that need no store of their own."""
+    store = connect(master)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def key(request):
+    """A key unique to the test."""
+    return f"{request.node.name}-{time.monotonic_ns()}"
