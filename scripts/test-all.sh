@@ -59,6 +59,10 @@ RUSTFLAGS="--cfg mooring_loom" CARGO_TARGET_DIR="$TARGET_DIR/loom" \
 MOORING_LOOM_TARGET_DIR="$TARGET_DIR/loom" scripts/loom.sh
 elapsed $t
 
+t=$SECONDS; step "python package: wheel, ruff, pytest against a real master"
+scripts/test-python.sh
+elapsed $t
+
 t=$SECONDS; step "benches compile"
 cargo bench --workspace --locked --no-run
 elapsed $t

@@ -51,15 +51,19 @@ static WINDOW: Mutex<Window> = Mutex::new(Window {
     suppressed: 0,
 });
 
-/// Logs a failed call at WARN (a missing key at DEBUG: that is a routine answer), unless this
-/// second's share of lines is used up.
+/// Logs a failed call at WARN, unless this second's share of lines is used up. A key that is
+/// missing, or already there for a put, is logged at DEBUG: those are answers a program acts
+/// on (a cache miss, a page some other writer stored first), not trouble.
 pub(crate) fn log_failure(call: &str, error: &Error) {
     log_line(call, error.code, error);
 }
 
 /// Logs `text`, the message of a failure with `code`, as [`log_failure`] does.
 fn log_line(call: &str, code: ErrorCode, text: &dyn std::fmt::Display) {
-    if code == ErrorCode::OBJECT_NOT_FOUND {
+    if matches!(
+        code,
+        ErrorCode::OBJECT_NOT_FOUND | ErrorCode::OBJECT_ALREADY_EXISTS
+    ) {
         tracing::debug!(call, "{text}");
         return;
     }

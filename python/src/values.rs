@@ -85,12 +85,13 @@ impl Region {
         unsafe { std::slice::from_raw_parts(self.start as *const u8, self.len) }
     }
 
-    /// The bytes, to read into.
+    /// The bytes, to read into, for as long as the caller needs them.
     ///
     /// # Safety
     ///
-    /// No other live slice may overlap this region; callers check with [`disjoint`].
-    pub(crate) unsafe fn bytes_mut(&self) -> &mut [u8] {
+    /// No other live slice may overlap this region while the returned one lives; callers
+    /// check with [`disjoint`], and drop the slice before the call that made it returns.
+    pub(crate) unsafe fn bytes_mut<'a>(self) -> &'a mut [u8] {
         if self.len == 0 {
             return &mut [];
         }

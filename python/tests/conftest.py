@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from mooring.store import MooncakeDistributedStore
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ import threading
 
 import numpy as np
 import pytest
-
 from conftest import Master, connect
+from mooring import _native
 from mooring.store import (
     BufferHandle,
     ErrorCode,
@@ -19,7 +19,6 @@ from mooring.store import (
     SoftPinAction,
     parse_size,
 )
-from mooring import _native
 
 MIB = 1 << 20
 
@@ -60,7 +59,12 @@ def test_error_codes_match_the_native_table():
 def test_setup_positional_and_dict_and_hostname(master):
     store = MooncakeDistributedStore()
     assert store.health_check() == 1
-    assert store.setup("127.0.0.1", "http://meta:8080/metadata", "16 MB", "16MB", "tcp", "", master.address) == 0
+    assert (
+        store.setup(
+            "127.0.0.1", "http://meta:8080/metadata", "16 MB", "16MB", "tcp", "", master.address
+        )
+        == 0
+    )
     host, port = store.get_hostname().rsplit(":", 1)
     assert host == "127.0.0.1" and 12300 <= int(port) <= 14300
     assert store.health_check() == 0
@@ -85,10 +89,19 @@ def test_setup_refusals_return_codes(master):
     store = MooncakeDistributedStore()
     bad = int(ErrorCode.INVALID_PARAMS)
     assert store.setup("127.0.0.1", "P2PHANDSHAKE", "50%", "16MB", "tcp", "", master.address) == bad
-    assert store.setup({"metadata_server": "P2PHANDSHAKE", "master_server_addr": master.address}) == bad
+    assert (
+        store.setup({"metadata_server": "P2PHANDSHAKE", "master_server_addr": master.address})
+        == bad
+    )
     assert store.setup({"local_hostname": "127.0.0.1", "master_server_addr": master.address}) == bad
-    assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "carrier-pigeon", "", master.address) == bad
-    assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "tcp", "", f"etcd://{master.address}") == bad
+    assert (
+        store.setup("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "carrier-pigeon", "", master.address)
+        == bad
+    )
+    assert (
+        store.setup("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "tcp", "", f"etcd://{master.address}")
+        == bad
+    )
     # Nothing listens on port 1.
     assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "tcp", "", "127.0.0.1:1") < 0
     assert store.health_check() == 1
@@ -335,9 +348,10 @@ def test_batch_put_from_and_get_into(shared, key):
     assert shared.batch_put_from([], [], []) == []
     assert shared.batch_get_into([], [], []) == []
     # Two keys read into overlapping bytes: refused rather than raced.
-    assert shared.batch_get_into(keys[:2], [out[0], out[0] + 10], [size, size]) == [
-        ErrorCode.INVALID_PARAMS
-    ] * 2
+    assert (
+        shared.batch_get_into(keys[:2], [out[0], out[0] + 10], [size, size])
+        == [ErrorCode.INVALID_PARAMS] * 2
+    )
     assert shared.batch_upsert_from(keys[:1], ptrs[1:2], [size]) == [0]
     assert shared.get(keys[0]) == buf[size : 2 * size].tobytes()
     shared.unregister_buffer(base)
@@ -357,7 +371,9 @@ def test_multi_buffer_batches(shared, key):
     assert buf[10_000:11_000].tobytes() == pattern(3000, 3)[:1000]
     assert buf[20_000:21_000].tobytes() == pattern(3000, 3)[1000:2000]
     assert buf[30_000:31_000].tobytes() == pattern(3000, 3)[2000:3000]
-    assert shared.batch_put_from_multi_buffers(keys, ptrs[:1], sizes) == [ErrorCode.INVALID_PARAMS] * 2
+    assert (
+        shared.batch_put_from_multi_buffers(keys, ptrs[:1], sizes) == [ErrorCode.INVALID_PARAMS] * 2
+    )
     shared.unregister_buffer(base)
 
 
@@ -417,7 +433,9 @@ def test_close_unmounts_and_setup_works_again(master, key):
         assert owner.close() == 0
         assert reader.is_exist(key) == 0
         assert reader.get(key) == b""
-        assert owner.setup("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", master.address) == 0
+        assert (
+            owner.setup("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", master.address) == 0
+        )
         assert owner.put(key, b"back") == 0
         assert reader.get(key) == b"back"
     finally:

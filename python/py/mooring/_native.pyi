@@ -1,9 +1,9 @@
 """Type stubs for ``mooring._native``, the Rust half of the package (see ``mooring.store``)."""
 
-from typing import Any, Optional
+from typing import Any, TypeAlias
 
 # (replica_num, soft-pin action 0/1/2, soft-pin TTL ms, hard pin, preferred segments)
-_Config = tuple[int, int, Optional[int], bool, list[str]]
+_Config: TypeAlias = tuple[int, int, int | None, bool, list[str]]
 
 class MooringError(Exception):
     """A Mooring call failed: ``args`` are ``(code, message)``."""
@@ -26,11 +26,11 @@ class NativeClient:
         hostname: str,
         segment_size: int,
         local_buffer_size: int,
-        token_file: Optional[str],
+        token_file: str | None,
         ports: tuple[int, int],
     ) -> NativeClient: ...
     def hostname(self) -> str: ...
-    def segment_name(self) -> Optional[str]: ...
+    def segment_name(self) -> str | None: ...
     def close(self) -> None: ...
     def health_check(self) -> None: ...
     def put(self, key: str, value: Any, config: _Config, upsert: bool) -> None: ...
@@ -72,9 +72,7 @@ class NativeClient:
         src_offsets: list[list[list[int]]],
         sizes: list[list[list[int]]],
     ) -> list[list[list[int]]]: ...
-    def replicas(
-        self, keys: list[str]
-    ) -> list[list[tuple[str, int, int, bool, str]] | int]: ...
+    def replicas(self, keys: list[str]) -> list[list[tuple[str, int, int, bool, str]] | int]: ...
 
 def parse_size(value: int | str) -> int:
     """Bytes in ``value``: an int, or a Mooncake size string ("16MB" is 16 MiB)."""
@@ -83,4 +81,4 @@ def error_codes() -> dict[str, tuple[int, str]]:
     """Every error code by name: (code, what it means)."""
 
 def log_failure(call: str, code: int, message: str) -> None:
-    """Logs a failed call (rate-limited; a missing key at DEBUG)."""
+    """Logs a failed call (rate-limited; a missing or already present key at DEBUG)."""

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import IntEnum
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from . import _native
 from ._native import BufferHandle, MooringError, parse_size
@@ -123,31 +124,31 @@ class ReplicateConfig:
     """
 
     __slots__ = (
-        "replica_num",
-        "soft_pin_action",
         "_soft_pin_ttl_ms",
-        "with_hard_pin",
+        "prefer_alloc_in_same_node",
         "preferred_segment",
         "preferred_segments",
-        "prefer_alloc_in_same_node",
+        "replica_num",
+        "soft_pin_action",
+        "with_hard_pin",
     )
 
     def __init__(self) -> None:
         self.replica_num: int = 1
         self.soft_pin_action: SoftPinAction = SoftPinAction.PRESERVE
-        self._soft_pin_ttl_ms: Optional[int] = None
+        self._soft_pin_ttl_ms: int | None = None
         self.with_hard_pin: bool = False
         self.preferred_segment: str = ""
         self.preferred_segments: list[str] = []
         self.prefer_alloc_in_same_node: bool = False
 
     @property
-    def soft_pin_ttl_ms(self) -> Optional[int]:
+    def soft_pin_ttl_ms(self) -> int | None:
         """The soft pin's TTL in milliseconds (an unsigned 64-bit int), or ``None``."""
         return self._soft_pin_ttl_ms
 
     @soft_pin_ttl_ms.setter
-    def soft_pin_ttl_ms(self, value: Optional[int]) -> None:
+    def soft_pin_ttl_ms(self, value: int | None) -> None:
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _U64_MAX
         ):
@@ -165,7 +166,7 @@ class ReplicateConfig:
     def with_soft_pin(self, value: bool) -> None:
         self.soft_pin_action = SoftPinAction.ENABLE if value else SoftPinAction.PRESERVE
 
-    def _native(self, own_segment: Optional[str]) -> tuple:
+    def _native(self, own_segment: str | None) -> tuple:
         preferred = list(self.preferred_segments)
         if self.preferred_segment:
             preferred.insert(0, self.preferred_segment)
@@ -173,7 +174,9 @@ class ReplicateConfig:
             preferred.insert(0, own_segment)
         action = SoftPinAction(self.soft_pin_action)
         if not isinstance(self.replica_num, int) or not 0 <= self.replica_num < 2**32:
-            raise TypeError(f"replica_num must be an int from 1 to 2**32-1, got {self.replica_num!r}")
+            raise TypeError(
+                f"replica_num must be an int from 1 to 2**32-1, got {self.replica_num!r}"
+            )
         return (
             self.replica_num,
             int(action),
@@ -203,11 +206,9 @@ _DEFAULT_CONFIG = ReplicateConfig()
 class ReplicaDescriptor:
     """Where one complete replica of a value lives."""
 
-    __slots__ = ("transport_endpoint", "buffer_address", "size", "_on_disk", "status")
+    __slots__ = ("_on_disk", "buffer_address", "size", "status", "transport_endpoint")
 
-    def __init__(
-        self, endpoint: str, address: int, size: int, on_disk: bool, status: str
-    ) -> None:
+    def __init__(self, endpoint: str, address: int, size: int, on_disk: bool, status: str) -> None:
         #: The data server holding the replica (the segment's name).
         self.transport_endpoint = endpoint
         #: Memory replicas: the address in the segment. Disk replicas: the copy's write id.
@@ -257,7 +258,7 @@ class MooncakeDistributedStore:
     """
 
     def __init__(self) -> None:
-        self._client: Optional[_native.NativeClient] = None
+        self._client: _native.NativeClient | None = None
         self._setup_lock = threading.Lock()
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -265,7 +266,7 @@ class MooncakeDistributedStore:
     def setup(
         self,
         local_hostname: Any,
-        metadata_server: Optional[str] = None,
+        metadata_server: str | None = None,
         global_segment_size: Any = _DEFAULT_SEGMENT_SIZE,
         local_buffer_size: Any = _DEFAULT_LOCAL_BUFFER_SIZE,
         protocol: str = "tcp",
@@ -336,7 +337,7 @@ class MooncakeDistributedStore:
         local: int,
         protocol: str,
         master: str,
-        token_file: Optional[str],
+        token_file: str | None,
     ) -> int:
         protocol = protocol.lower()
         if protocol == "rdma":
@@ -424,12 +425,12 @@ class MooncakeDistributedStore:
             _native.log_failure(call, code, message)
             return failed(code)
 
-    def _config(self, config: Optional[ReplicateConfig]) -> tuple:
+    def _config(self, config: ReplicateConfig | None) -> tuple:
         client = self._client
         own = client.segment_name() if client is not None else None
         return (config or _DEFAULT_CONFIG)._native(own)
 
-    def _many(self, call: str, keys: Sequence[str], *lists: Sequence) -> Optional[list[int]]:
+    def _many(self, call: str, keys: Sequence[str], *lists: Sequence) -> list[int] | None:
         """Per-key refusals for mismatched list lengths, or None when they match."""
         if all(len(other) == len(keys) for other in lists):
             return None
@@ -442,12 +443,12 @@ class MooncakeDistributedStore:
 
     # ---- writes ------------------------------------------------------------------------------
 
-    def put(self, key: str, value: Any, config: Optional[ReplicateConfig] = None) -> int:
+    def put(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
         """Stores a bytes-like ``value`` (bytes, bytearray, memoryview, numpy array) under
         ``key``; 0 or a negative code (-705 if the key exists: use ``upsert``)."""
         return self._write("put", key, value, config, False)
 
-    def upsert(self, key: str, value: Any, config: Optional[ReplicateConfig] = None) -> int:
+    def upsert(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
         """Stores ``value`` under ``key`` whether or not it exists; 0 or a negative code."""
         return self._write("upsert", key, value, config, True)
 
@@ -455,14 +456,14 @@ class MooncakeDistributedStore:
         native = self._config(config)
         return self._run(call, lambda c: c.put(key, value, native, upsert) or 0, int)
 
-    def put_parts(self, key: str, *parts: Any, config: Optional[ReplicateConfig] = None) -> int:
+    def put_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
         """Stores the concatenation of bytes-like ``parts`` as one value; 0 or a code."""
         native = self._config(config)
-        return self._run("put_parts", lambda c: c.put_parts(key, list(parts), native, False) or 0, int)
+        return self._run(
+            "put_parts", lambda c: c.put_parts(key, list(parts), native, False) or 0, int
+        )
 
-    def upsert_parts(
-        self, key: str, *parts: Any, config: Optional[ReplicateConfig] = None
-    ) -> int:
+    def upsert_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
         """``put_parts`` that replaces an existing value."""
         native = self._config(config)
         return self._run(
@@ -470,13 +471,13 @@ class MooncakeDistributedStore:
         )
 
     def put_batch(
-        self, keys: Sequence[str], values: Sequence[Any], config: Optional[ReplicateConfig] = None
+        self, keys: Sequence[str], values: Sequence[Any], config: ReplicateConfig | None = None
     ) -> int:
         """Stores many values; 0 if every one was stored, else the first failure's code."""
         return self._batch_write("put_batch", keys, values, config, False)
 
     def upsert_batch(
-        self, keys: Sequence[str], values: Sequence[Any], config: Optional[ReplicateConfig] = None
+        self, keys: Sequence[str], values: Sequence[Any], config: ReplicateConfig | None = None
     ) -> int:
         """``put_batch`` that replaces existing values."""
         return self._batch_write("upsert_batch", keys, values, config, True)
@@ -496,7 +497,7 @@ class MooncakeDistributedStore:
         return next((code for code in codes if code != 0), 0)
 
     def put_from(
-        self, key: str, buffer_ptr: int, size: int, config: Optional[ReplicateConfig] = None
+        self, key: str, buffer_ptr: int, size: int, config: ReplicateConfig | None = None
     ) -> int:
         """Stores ``size`` bytes at ``buffer_ptr``, inside a registered buffer, without a
         copy; 0 or a negative code."""
@@ -506,7 +507,7 @@ class MooncakeDistributedStore:
         )
 
     def upsert_from(
-        self, key: str, buffer_ptr: int, size: int, config: Optional[ReplicateConfig] = None
+        self, key: str, buffer_ptr: int, size: int, config: ReplicateConfig | None = None
     ) -> int:
         """``put_from`` that replaces an existing value."""
         native = self._config(config)
@@ -519,7 +520,7 @@ class MooncakeDistributedStore:
         keys: Sequence[str],
         buffer_ptrs: Sequence[int],
         sizes: Sequence[int],
-        config: Optional[ReplicateConfig] = None,
+        config: ReplicateConfig | None = None,
     ) -> list[int]:
         """``put_from`` for many keys; one code per key."""
         return self._batch_put_from("batch_put_from", keys, buffer_ptrs, sizes, config, False)
@@ -529,7 +530,7 @@ class MooncakeDistributedStore:
         keys: Sequence[str],
         buffer_ptrs: Sequence[int],
         sizes: Sequence[int],
-        config: Optional[ReplicateConfig] = None,
+        config: ReplicateConfig | None = None,
     ) -> list[int]:
         """``upsert_from`` for many keys; one code per key."""
         return self._batch_put_from("batch_upsert_from", keys, buffer_ptrs, sizes, config, True)
@@ -547,7 +548,7 @@ class MooncakeDistributedStore:
         keys: Sequence[str],
         all_buffer_ptrs: Sequence[Sequence[int]],
         all_sizes: Sequence[Sequence[int]],
-        config: Optional[ReplicateConfig] = None,
+        config: ReplicateConfig | None = None,
     ) -> list[int]:
         """Stores each key's value from several registered buffers (concatenated in order);
         one code per key."""
@@ -588,12 +589,12 @@ class MooncakeDistributedStore:
         )
         return [r if isinstance(r, bytes) else b"" for r in results]
 
-    def get_buffer(self, key: str) -> Optional[BufferHandle]:
+    def get_buffer(self, key: str) -> BufferHandle | None:
         """The value of ``key`` in a :class:`BufferHandle` (view it without a copy), or
         ``None``."""
         return self._run("get_buffer", lambda c: c.get_buffer(key), lambda code: None)
 
-    def batch_get_buffer(self, keys: Sequence[str]) -> list[Optional[BufferHandle]]:
+    def batch_get_buffer(self, keys: Sequence[str]) -> list[BufferHandle | None]:
         """``get_buffer`` for many keys."""
         if not keys:
             return []
@@ -661,10 +662,13 @@ class MooncakeDistributedStore:
         of the value to offset ``all_dst_offsets[b][k][f]`` of the buffer. Answers, per buffer,
         per key, per fragment, the bytes copied or a negative code; a bad fragment fails
         alone."""
+
         def failed(code: int) -> list[list[list[int]]]:
             return [
                 [[code] * len(fragments) for fragments in per_key]
-                for per_key in (all_sizes[b] if b < len(all_sizes) else [] for b in range(len(buffer_ptrs)))
+                for per_key in (
+                    all_sizes[b] if b < len(all_sizes) else [] for b in range(len(buffer_ptrs))
+                )
             ]
 
         return self._run(
@@ -685,9 +689,7 @@ class MooncakeDistributedStore:
         """Registers ``size`` bytes at ``buffer_ptr`` for the zero-copy calls (``put_from``,
         ``get_into`` and their batches); 0 or a negative code. Keep the memory allocated
         until ``unregister_buffer``."""
-        return self._run(
-            "register_buffer", lambda c: c.register_buffer(buffer_ptr, size) or 0, int
-        )
+        return self._run("register_buffer", lambda c: c.register_buffer(buffer_ptr, size) or 0, int)
 
     def unregister_buffer(self, buffer_ptr: int) -> int:
         """Unregisters the buffer registered at ``buffer_ptr``; 0 or a negative code."""

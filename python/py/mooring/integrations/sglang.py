@@ -32,7 +32,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any
 
 from ..store import ErrorCode, MooncakeDistributedStore
 
@@ -48,7 +48,7 @@ except Exception:  # noqa: BLE001 - SGLang (or torch) missing or broken: use the
         def register_mem_pool_host(self, mem_pool_host: Any) -> None:
             self.mem_pool_host = mem_pool_host
 
-        def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+        def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
             for i, key in enumerate(keys):
                 if not self.exists(key):
                     return i
@@ -69,10 +69,10 @@ except Exception:  # noqa: BLE001
     class StorageMetrics:  # type: ignore[no-redef]
         """The fields of SGLang's ``StorageMetrics``."""
 
-        prefetch_pgs: List[int] = field(default_factory=list)
-        backup_pgs: List[int] = field(default_factory=list)
-        prefetch_bandwidth: List[float] = field(default_factory=list)
-        backup_bandwidth: List[float] = field(default_factory=list)
+        prefetch_pgs: list[int] = field(default_factory=list)
+        backup_pgs: list[int] = field(default_factory=list)
+        prefetch_bandwidth: list[float] = field(default_factory=list)
+        backup_bandwidth: list[float] = field(default_factory=list)
 
 
 def _setting(extra: dict, key: str, env: tuple[str, ...], default: Any) -> Any:
@@ -106,9 +106,7 @@ class MooringStore(_Base):
         extra = dict(getattr(storage_config, "extra_config", None) or {})
         self.storage_config = storage_config
         self.is_mla = bool(getattr(storage_config, "is_mla_model", False))
-        self.enable_storage_metrics = bool(
-            getattr(storage_config, "enable_storage_metrics", False)
-        )
+        self.enable_storage_metrics = bool(getattr(storage_config, "enable_storage_metrics", False))
         self.mem_pool_host: Any = None
         self._registered: list[int] = []
         self.store = MooncakeDistributedStore()
@@ -174,7 +172,7 @@ class MooringStore(_Base):
                 raise RuntimeError(f"registering the host pool buffer failed with code {code}")
             self._registered.append(ptr)
 
-    def _page_meta(self, keys: List[str], host_indices: Any) -> tuple[list, list]:
+    def _page_meta(self, keys: list[str], host_indices: Any) -> tuple[list, list]:
         """Per key, the page's buffer addresses and sizes."""
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
         if not keys or len(ptrs) % len(keys) != 0:
@@ -188,48 +186,46 @@ class MooringStore(_Base):
     # ---- the zero-copy page calls ------------------------------------------------------------
 
     def batch_set_v1(
-        self, keys: List[str], host_indices: Any, extra_info: Any = None
-    ) -> List[bool]:
+        self, keys: list[str], host_indices: Any, extra_info: Any = None
+    ) -> list[bool]:
         """Writes the pages at ``host_indices`` under ``keys``; one success flag per key. A
         page already stored counts as written (pages are immutable under their hash)."""
         if not keys:
             return []
         ptrs, sizes = self._page_meta(keys, host_indices)
         started = time.perf_counter()
-        codes = self.store.batch_put_from_multi_buffers(
-            [self._key(k) for k in keys], ptrs, sizes
-        )
+        codes = self.store.batch_put_from_multi_buffers([self._key(k) for k in keys], ptrs, sizes)
         if self.enable_storage_metrics:
-            self._record(self._metrics.backup_pgs, self._metrics.backup_bandwidth, keys, sizes, started)
+            self._record(
+                self._metrics.backup_pgs, self._metrics.backup_bandwidth, keys, sizes, started
+            )
         return [c == 0 or c == ErrorCode.OBJECT_ALREADY_EXISTS for c in codes]
 
     def batch_get_v1(
-        self, keys: List[str], host_indices: Any, extra_info: Any = None
-    ) -> List[bool]:
+        self, keys: list[str], host_indices: Any, extra_info: Any = None
+    ) -> list[bool]:
         """Reads ``keys`` into the pages at ``host_indices``; one success flag per key."""
         if not keys:
             return []
         ptrs, sizes = self._page_meta(keys, host_indices)
         started = time.perf_counter()
-        lengths = self.store.batch_get_into_multi_buffers(
-            [self._key(k) for k in keys], ptrs, sizes
-        )
+        lengths = self.store.batch_get_into_multi_buffers([self._key(k) for k in keys], ptrs, sizes)
         if self.enable_storage_metrics:
             self._record(
                 self._metrics.prefetch_pgs, self._metrics.prefetch_bandwidth, keys, sizes, started
             )
         return [n == sum(s) for n, s in zip(lengths, sizes)]
 
-    def _record(self, pages: list, bandwidth: list, keys: list, sizes: list, started: float) -> None:
+    def _record(
+        self, pages: list, bandwidth: list, keys: list, sizes: list, started: float
+    ) -> None:
         elapsed = max(time.perf_counter() - started, 1e-9)
         pages.append(len(keys))
         bandwidth.append(sum(map(sum, sizes)) / elapsed / (1 << 30))
 
     # ---- the older calls ---------------------------------------------------------------------
 
-    def get(
-        self, key: str, target_location: Any = None, target_sizes: Any = None
-    ) -> Any:
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
         """With a target (address, size): reads into it and answers success. Without: the
         value as bytes, or None."""
         if target_location is None:
@@ -238,7 +234,7 @@ class MooringStore(_Base):
         return self.store.get_into(self._key(key), target_location, target_sizes) >= 0
 
     def batch_get(
-        self, keys: List[str], target_locations: Any = None, target_sizes: Any = None
+        self, keys: list[str], target_locations: Any = None, target_sizes: Any = None
     ) -> Any:
         """With targets: reads into them and answers how many leading keys were read.
         Without: the values (bytes or None)."""
@@ -269,7 +265,7 @@ class MooringStore(_Base):
 
     def batch_set(
         self,
-        keys: List[str],
+        keys: list[str],
         values: Any = None,
         target_locations: Any = None,
         target_sizes: Any = None,
@@ -289,7 +285,7 @@ class MooringStore(_Base):
         """Whether ``key`` is stored."""
         return self.store.is_exist(self._key(key)) == 1
 
-    def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
+    def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         """How many leading ``keys`` are stored (SGLang loads that prefix)."""
         found = self.store.batch_is_exist([self._key(k) for k in keys])
         for i, f in enumerate(found):
@@ -301,7 +297,7 @@ class MooringStore(_Base):
         """Removes everything this cluster stores that can be removed now."""
         self.store.remove_all()
 
-    def get_stats(self) -> Optional[Any]:
+    def get_stats(self) -> Any | None:
         """Pages and bandwidth since the last call (with storage metrics enabled)."""
         if not self.enable_storage_metrics:
             return None

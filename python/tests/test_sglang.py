@@ -1,0 +1,174 @@
+"""The SGLang HiCache backend end to end, against a real master, with a host memory pool shaped
+like SGLang's (SGLang itself needs torch and a GPU build; this machine has neither)."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from mooring.integrations import sglang as adapter
+
+
+@dataclass
+class StorageConfig:
+    """The fields of SGLang's HiCacheStorageConfig the backend reads."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    is_mla_model: bool = False
+    enable_storage_metrics: bool = True
+    model_name: str | None = "org/model-7b"
+    extra_config: dict | None = None
+
+
+class HostPool:
+    """An MHA host KV pool in SGLang's page_first layout: ``kv_buffer[page]`` holds the page's
+    K half then its V half, and ``get_page_buffer_meta`` answers two (address, size) pairs per
+    page, as SGLang's MHATokenToKVPoolHost does."""
+
+    def __init__(self, pages: int, page_size: int, half_bytes: int) -> None:
+        self.page_size = page_size
+        self.layout = "page_first"
+        self.half = half_bytes
+        self.kv_buffer = np.zeros((pages, 2 * half_bytes), dtype=np.uint8)
+
+    def get_page_buffer_meta(self, indices):
+        ptrs, sizes = [], []
+        for page in np.asarray(indices)[:: self.page_size] // self.page_size:
+            start = self.kv_buffer[int(page)].ctypes.data
+            ptrs += [start, start + self.half]
+            sizes += [self.half, self.half]
+        return ptrs, sizes
+
+    def get_ksize_per_token(self):
+        return 2 * self.half // self.page_size
+
+
+def indices(pages, page_size):
+    return np.concatenate([np.arange(p * page_size, (p + 1) * page_size) for p in pages])
+
+
+@pytest.fixture
+def backend(master):
+    config = StorageConfig(
+        extra_config={"master_server_address": master.address, "global_segment_size": "32MB"}
+    )
+    # As SGLang's dynamic loader builds it: (storage_config, kwargs).
+    store = adapter.MooringStore(config, {})
+    yield store
+    store.close()
+
+
+def test_loadable_by_module_path_and_class_name():
+    # SGLang's dynamic backend imports extra_config's module_path and takes class_name.
+    module = importlib.import_module("mooring.integrations.sglang")
+    cls = module.MooringStore
+    for method in (
+        "get",
+        "batch_get",
+        "set",
+        "batch_set",
+        "exists",
+        "batch_exists",
+        "clear",
+        "get_stats",
+        "batch_get_v1",
+        "batch_set_v1",
+        "register_mem_pool_host",
+    ):
+        assert callable(getattr(cls, method)), method
+
+
+def test_pages_round_trip_through_the_host_pool(backend, master):
+    page_size, half = 16, 32 * 1024
+    pool = HostPool(pages=32, page_size=page_size, half_bytes=half)
+    backend.register_mem_pool_host(pool)
+    rng = np.random.default_rng(1)
+    pool.kv_buffer[:8] = rng.integers(0, 256, pool.kv_buffer[:8].shape, dtype=np.uint8)
+    written = pool.kv_buffer[:8].copy()
+    keys = [f"hash-{i}" for i in range(8)]
+
+    assert backend.batch_set_v1(keys, indices(range(8), page_size)) == [True] * 8
+    # Writing pages already stored succeeds without rewriting them.
+    assert backend.batch_set_v1(keys[:2], indices(range(2), page_size)) == [True] * 2
+    assert backend.batch_exists(keys + ["hash-missing"]) == 8
+    assert backend.batch_exists(["hash-missing"] + keys) == 0
+    assert backend.exists("hash-3") and not backend.exists("hash-missing")
+
+    # Read them into other pages of the pool.
+    got = backend.batch_get_v1(keys + ["hash-missing"], indices(range(16, 25), page_size))
+    assert got == [True] * 8 + [False]
+    assert (pool.kv_buffer[16:24] == written).all()
+
+    stats = backend.get_stats()
+    assert stats.backup_pgs == [8, 2] and stats.prefetch_pgs == [9]
+    assert all(b > 0 for b in stats.backup_bandwidth + stats.prefetch_bandwidth)
+    assert backend.get_stats().backup_pgs == []  # reset by reading
+
+
+def test_keys_are_isolated_by_model_and_rank(master):
+    stores = []
+    try:
+        for rank in (0, 1):
+            config = StorageConfig(
+                tp_rank=rank,
+                tp_size=2,
+                extra_config={
+                    "master_server_address": master.address,
+                    "global_segment_size": "32MB",
+                },
+            )
+            stores.append(adapter.MooringStore(config, {}))
+        assert stores[0].set("page", b"rank zero's heads")
+        assert not stores[1].exists("page")
+        assert stores[1].set("page", b"rank one's heads")
+        assert stores[0].get("page") == b"rank zero's heads"
+        assert stores[1].get("page") == b"rank one's heads"
+        mla = adapter.MooringStore(
+            StorageConfig(
+                is_mla_model=True,
+                extra_config={
+                    "master_server_address": master.address,
+                    "global_segment_size": "32MB",
+                },
+            ),
+            {},
+        )
+        stores.append(mla)
+        assert mla.set("latent", b"shared by every rank")
+        assert mla.exists("latent")
+        assert mla.store.is_exist("org-model-7b/latent") == 1
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_older_calls_with_targets(backend):
+    buf = np.zeros(1 << 16, dtype=np.uint8)
+    base = buf.ctypes.data
+    assert backend.store.register_buffer(base, buf.nbytes) == 0
+    buf[:1000] = 7
+    assert backend.set("t0", target_location=base, target_sizes=1000)
+    assert backend.set("t0", target_location=base, target_sizes=1000)  # already there: fine
+    assert backend.batch_set(["t1", "t2"], target_locations=[base, base], target_sizes=[1000, 1000])
+    assert backend.get("t0", base + 4096, 1000) is True
+    assert (buf[4096:5096] == 7).all()
+    targets = [base + 8192, base + 9216, base + 10240, base + 11264]
+    assert backend.batch_get(["t1", "t2", "nope", "t0"], targets, [1000] * 4) == 2
+    assert backend.get("nope") is None
+    assert backend.set("plain", b"bytes value") and backend.get("plain") == b"bytes value"
+    backend.store.unregister_buffer(base)
+
+
+def test_clear_removes_what_it_can(backend):
+    assert backend.set("to-clear", b"x")
+    backend.clear()
+    assert not backend.exists("to-clear")
+
+
+def test_setup_failure_says_so(master):
+    config = StorageConfig(extra_config={"master_server_address": "127.0.0.1:1"})
+    with pytest.raises(RuntimeError, match="setup failed"):
+        adapter.MooringStore(config, {})

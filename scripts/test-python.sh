@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The Python package's checks: builds the wheel with `pip install ./python` into a venv kept
+# outside the clone, lints with ruff, and runs the pytest suite against a real `mooring
+# master` on loopback. Safe on a fresh machine: it creates the venv and installs what it needs.
+#
+#   scripts/test-python.sh [pytest args]
+#
+# The venv: $MOORING_PY_VENV (default $CARGO_TARGET_DIR/../pyvenv, or ./target/pyvenv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
+export CARGO_TARGET_DIR="$TARGET_DIR"
+VENV="${MOORING_PY_VENV:-$(dirname "$TARGET_DIR")/pyvenv}"
+
+python=$(command -v python3 || true)
+if [ -z "$python" ] || ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "Python 3.11 or newer is needed for the Python package (python3 not found or too old)" >&2
+    exit 1
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+    "$python" -m venv "$VENV" || {
+        echo "could not create a venv at $VENV: install python3-venv (Debian: apt-get install python3-venv)" >&2
+        exit 1
+    }
+fi
+"$VENV/bin/pip" install --quiet --upgrade pip
+"$VENV/bin/pip" install --quiet "maturin>=1.9,<2" "pytest>=7" numpy "ruff>=0.6"
+
+# The master the tests start.
+cargo build --release --locked -p mooring --bin mooring
+
+# What the README tells users to run.
+"$VENV/bin/pip" install --quiet --force-reinstall --no-deps ./python
+"$VENV/bin/ruff" check python
+"$VENV/bin/ruff" format --check python
+
+cd python
+"$VENV/bin/python" -m pytest -q "$@"
