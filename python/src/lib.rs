@@ -44,6 +44,12 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 }
 
 /// Runs `work` to completion on the shared runtime with the GIL released.
+///
+/// The work runs on the calling thread, which busy-polls its sockets for a moment before
+/// parking (see `mooring::tuning`), so a quick answer costs no wake-up from another thread.
+/// Measured here with 4 KiB gets: 71-79 µs this way; 98 µs when the work ran as a task on
+/// the runtime's workers and the caller parked until it finished, and 140 µs when the caller
+/// spun instead (two spinning threads starve the master and node on a 2-core host).
 fn block_on<F>(py: Python<'_>, work: F) -> F::Output
 where
     F: Future + Send,

@@ -1,0 +1,358 @@
+"""Python and Rust clients side by side, in one run, on the same cluster and the same calls.
+
+    python python/bench.py                 # starts a master on loopback for the run
+    python python/bench.py --master HOST:PORT --sizes 4KiB,1MiB,4MiB --count 300
+
+Both sides are measured the way ``mooring bench`` measures: a writer process puts objects
+into its own segment, this process reads them back over TCP, one operation at a time, and
+only the time inside the store's calls counts. The Rust figures come from ``mooring bench
+--json`` run first; the Python writer and reader then repeat the phases through
+``mooring.store`` with registered buffers (``put_from``, ``get_into``, ``batch_get_into``)
+and, for small values, the copying ``get``. Every value read is checked.
+
+Needs the ``mooring`` binary ($MOORING_BIN, $CARGO_TARGET_DIR/release/mooring,
+./target/release/mooring, or PATH) and the package (``pip install ./python``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Self
+
+import numpy as np
+from mooring.store import MooncakeDistributedStore, ReplicateConfig, parse_size
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_BYTES_PER_SIZE = 512 << 20
+
+
+def mooring_binary() -> str:
+    if os.environ.get("MOORING_BIN"):
+        return os.environ["MOORING_BIN"]
+    for target in (os.environ.get("CARGO_TARGET_DIR"), ROOT / "target"):
+        if target and (Path(target) / "release" / "mooring").exists():
+            return str(Path(target) / "release" / "mooring")
+    found = shutil.which("mooring")
+    if not found:
+        sys.exit("no mooring binary: run `cargo build --release` or set MOORING_BIN")
+    return found
+
+
+def objects_for(size: int, count: int) -> int:
+    """How many objects of `size` a phase uses (as `mooring bench` decides)."""
+    return min(count, max(16, MAX_BYTES_PER_SIZE // size))
+
+
+def value(size: int, i: int) -> np.ndarray:
+    """Object `i` of `size` bytes, as `mooring bench-writer` writes it."""
+    mask = (1 << 64) - 1
+    seed = (size ^ ((i * 0x9E3779B97F4A7C15) & mask)) | 1
+    words = np.arange(1, (size + 7) // 8 + 1, dtype=np.uint64) * np.uint64(seed)
+    words = (words << np.uint64(17)) | (words >> np.uint64(47))
+    return words.astype("<u8").view(np.uint8)[:size]
+
+
+def page_aligned(nbytes: int) -> np.ndarray:
+    """A zeroed buffer starting on a page boundary, as engines' registered pools do (pinned
+    host memory is page-aligned). Reads into a buffer 16 bytes past a page boundary, where
+    malloc puts large numpy arrays, measured 2.5x slower here for Rust and Python alike: the
+    kernel's copy out of the socket stalls on 4K aliasing."""
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
+
+
+def summary(phase: str, size: int, keys_per_call: int, latencies: list[float]) -> dict:
+    lat = sorted(latencies)
+
+    def pick(q: float) -> float:
+        return lat[min(int(len(lat) * q), len(lat) - 1)] * 1e6
+
+    calls = len(lat)
+    return {
+        "phase": phase,
+        "size": size,
+        "calls": calls,
+        "keys": calls * keys_per_call,
+        "bytes": calls * keys_per_call * size,
+        "seconds": sum(lat),
+        "p50_us": pick(0.5),
+        "p99_us": pick(0.99),
+    }
+
+
+def setup(store: MooncakeDistributedStore, master: str, segment: int, local: int) -> None:
+    code = store.setup("127.0.0.1", "P2PHANDSHAKE", segment, local, "tcp", "", master)
+    if code != 0:
+        sys.exit(f"setup failed with code {code}")
+
+
+# ---- the writer process ------------------------------------------------------------------------
+
+
+def writer(args: argparse.Namespace) -> None:
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    footprint = sum(objects_for(s, args.count) * s for s in sizes)
+    store = MooncakeDistributedStore()
+    setup(store, args.master, footprint + footprint // 4 + (64 << 20), 64 << 20)
+    config = ReplicateConfig()
+    config.preferred_segment = store.get_hostname()
+    staging = page_aligned(max(sizes))
+    store.register_buffer(staging.ctypes.data, staging.nbytes)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if words[:1] != ["put"]:
+            break
+        size = int(words[1])
+        lat = []
+        for i in range(objects_for(size, args.count)):
+            staging[:size] = value(size, i)
+            t = time.perf_counter()
+            code = store.put_from(f"py/{args.run}/{size}/{i}", staging.ctypes.data, size, config)
+            lat.append(time.perf_counter() - t)
+            if code != 0:
+                sys.exit(f"put_from failed with code {code}")
+        print(json.dumps(summary("put_from", size, 1, lat)), flush=True)
+    store.close()
+
+
+# ---- the reader (this process) -----------------------------------------------------------------
+
+
+def python_phases(master: str, sizes: list[int], count: int, batch: int) -> list[dict]:
+    """The Python client's phases. Puts: a Python writer into its own segment. Reads: the
+    objects a Rust `mooring bench-writer` put into its segment, so the node serving the
+    reads is the one `mooring bench` reads from."""
+    run = f"pybench-{uuid.uuid4().hex[:8]}"
+    phases = []
+    with Child(
+        [
+            sys.executable,
+            __file__,
+            "--writer",
+            "--master",
+            master,
+            "--run",
+            run,
+            "--sizes",
+            ",".join(map(str, sizes)),
+            "--count",
+            str(count),
+        ]
+    ) as child:
+        for size in sizes:
+            phases.append(json.loads(child.ask(f"put {size}")))
+    reader = MooncakeDistributedStore()
+    setup(reader, master, 0, 64 << 20)
+    buf = page_aligned(batch * max(sizes))
+    reader.register_buffer(buf.ctypes.data, buf.nbytes)
+    base = buf.ctypes.data
+    try:
+        with Child(
+            [
+                mooring_binary(),
+                "bench-writer",
+                "--master",
+                master,
+                "--run",
+                run,
+                "--sizes",
+                ",".join(map(str, sizes)),
+                "--count",
+                str(count),
+            ]
+        ) as child:
+            for size in sizes:
+                child.ask(f"put {size}")
+                phases += read_phases(reader, base, buf, run, size, count, batch)
+    finally:
+        reader.close()
+    return phases
+
+
+def read_phases(reader, base, buf, run, size, count, batch) -> list[dict]:
+    keys = [f"bench/{run}/{size}/{i:07}" for i in range(objects_for(size, count))]
+    phases = []
+    lat = []
+    for i, k in enumerate(keys):
+        t = time.perf_counter()
+        got = reader.get_into(k, base, size)
+        lat.append(time.perf_counter() - t)
+        if got != size or not np.array_equal(buf[:size], value(size, i)):
+            sys.exit(f"get_into {k}: {got}")
+    phases.append(summary("get_into", size, 1, lat))
+    if size <= 64 * 1024:
+        lat = []
+        for i, k in enumerate(keys):
+            t = time.perf_counter()
+            got = reader.get(k)
+            lat.append(time.perf_counter() - t)
+            if got != value(size, i).tobytes():
+                sys.exit(f"get {k} returned the wrong bytes")
+        phases.append(summary("get", size, 1, lat))
+    lat = []
+    ptrs = [base + j * size for j in range(batch)]
+    for start in range(0, len(keys) - batch + 1, batch):
+        t = time.perf_counter()
+        got = reader.batch_get_into(keys[start : start + batch], ptrs, [size] * batch)
+        lat.append(time.perf_counter() - t)
+        if got != [size] * batch:
+            sys.exit(f"batch_get_into: {got}")
+    phases.append(summary(f"batch{batch}-get_into", size, batch, lat))
+    return phases
+
+
+class Child:
+    """A writer process speaking the bench-writer line protocol: "ready", then one result
+    line per "put SIZE"."""
+
+    def __init__(self, argv: list[str]) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "MOORING_TOKEN_FILE"}
+        self.process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+
+    def __enter__(self) -> Self:
+        line = self.process.stdout.readline().strip()
+        if line != "ready":
+            sys.exit(f"the writer did not start: {line!r}")
+        return self
+
+    def ask(self, command: str) -> str:
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self.process.stdout.readline().strip().removeprefix("result ")
+
+    def __exit__(self, *exc) -> None:
+        self.process.stdin.write("exit\n")
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def rust_phases(master: str, sizes: list[int], count: int, batch: int) -> list[dict]:
+    out = subprocess.run(
+        [
+            mooring_binary(),
+            "bench",
+            "--master",
+            master,
+            "--json",
+            "--sizes",
+            ",".join(map(str, sizes)),
+            "--count",
+            str(count),
+            "--batch",
+            str(batch),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout)["phases"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--master", help="a running master (default: start one for the run)")
+    parser.add_argument("--sizes", default="4KiB,1MiB,4MiB", help="value sizes")
+    parser.add_argument("--count", type=int, default=500, help="objects per size")
+    parser.add_argument("--batch", type=int, default=8, help="keys per batch")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="rounds of Rust then Python; each phase reports its best round",
+    )
+    parser.add_argument("--json", action="store_true", help="print the phases as JSON")
+    parser.add_argument("--writer", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--run", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.writer:
+        return writer(args)
+
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    master_process = None
+    master = args.master
+    if master is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            master = f"127.0.0.1:{s.getsockname()[1]}"
+        env = {k: v for k, v in os.environ.items() if k != "MOORING_TOKEN_FILE"}
+        master_process = subprocess.Popen(
+            [mooring_binary(), "master", "--listen", master],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.5)
+    rust: list[dict] = []
+    python: list[dict] = []
+    try:
+        # Alternate, so drift in the machine's load hits both sides alike.
+        for _ in range(args.rounds):
+            rust += rust_phases(master, sizes, args.count, args.batch)
+            python += python_phases(master, sizes, args.count, args.batch)
+    finally:
+        if master_process is not None:
+            master_process.kill()
+    report(rust, python, args.batch, args.json)
+
+
+def report(rust: list[dict], python: list[dict], batch: int, as_json: bool) -> None:
+    def find(phases: list[dict], name: str, size: int):
+        # The best round: the highest throughput (and its latency).
+        rounds = [p for p in phases if p["phase"] == name and p["size"] == size]
+        return max(rounds, key=lambda p: p["bytes"] / p["seconds"], default=None)
+
+    # (python phase, rust phase): the same call on both sides.
+    pairs = [
+        ("put_from", "put"),
+        ("get_into", "get"),
+        (f"batch{batch}-get_into", f"batch{batch}-get"),
+        ("get", "get"),
+    ]
+    rows = []
+    for size in sorted({p["size"] for p in python}):
+        for py_name, rs_name in pairs:
+            py, rs = find(python, py_name, size), find(rust, rs_name, size)
+            if py is None or rs is None:
+                continue
+            py_rate, rs_rate = py["bytes"] / py["seconds"], rs["bytes"] / rs["seconds"]
+            rows.append(
+                {
+                    "call": py_name,
+                    "size": size,
+                    "python_gbps": py_rate / 1e9,
+                    "rust_gbps": rs_rate / 1e9,
+                    "python_p50_us": py["p50_us"],
+                    "rust_p50_us": rs["p50_us"],
+                    "throughput_ratio": py_rate / rs_rate,
+                    "latency_ratio": py["p50_us"] / rs["p50_us"],
+                }
+            )
+    if as_json:
+        print(json.dumps({"rust": rust, "python": python, "compared": rows}, indent=2))
+        return
+    print(
+        f"{'call':<18} {'size':>8} {'py GB/s':>9} {'rust GB/s':>10} {'py/rust':>8} "
+        f"{'py p50 µs':>10} {'rust p50 µs':>12} {'p50 ratio':>10}"
+    )
+    for r in rows:
+        print(
+            f"{r['call']:<18} {r['size']:>8} {r['python_gbps']:>9.3f} {r['rust_gbps']:>10.3f} "
+            f"{r['throughput_ratio']:>8.2f} {r['python_p50_us']:>10.1f} {r['rust_p50_us']:>12.1f} "
+            f"{r['latency_ratio']:>10.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
