@@ -29,11 +29,19 @@ mod sizes;
 mod staging;
 mod values;
 
-/// The runtime every client of this process runs on.
+/// The runtime every client of this process runs on: `MOORING_WORKER_THREADS` worker threads
+/// (as for the `mooring` binary), by default one per core (at least two): the in-process
+/// node's data server serves other machines on them. Calls run on the Python threads that
+/// make them (see [`block_on`]); the workers also run heartbeats and watch the sockets of
+/// calls that had to park.
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
-        let threads = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+        let threads = std::env::var("MOORING_WORKER_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get().max(2)));
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("mooring-io")
