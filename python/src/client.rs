@@ -702,6 +702,20 @@ impl NativeClient {
     }
 }
 
+impl Drop for NativeClient {
+    /// A store dropped without `close()` (the program forgot, or exited) still leaves the
+    /// cluster: its segment is unmounted in the background rather than served until the
+    /// master notices the silence.
+    fn drop(&mut self) {
+        let client = self.client.clone();
+        crate::runtime().spawn(async move {
+            if let Err(e) = client.close().await {
+                tracing::debug!("closing a dropped store: {e}");
+            }
+        });
+    }
+}
+
 impl NativeClient {
     /// Reads `key` whole, within the local buffer's limits.
     async fn read_staged(&self, key: &str) -> Result<Vec<u8>> {
