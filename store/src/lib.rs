@@ -10,7 +10,8 @@
 //! - [`connect`]: connecting clients and nodes over TCP;
 //! - [`buggify`]: timing faults that exist only in simulation builds;
 //! - [`cluster`]: an embedded cluster (master, nodes, clients in one process);
-//! - [`demo`]: the prefill→decode demonstration behind `mooring demo`.
+//! - [`demo`]: the prefill→decode demonstration behind `mooring demo`;
+//! - [`metrics`], [`http`]: the master's Prometheus and JSON endpoints.
 //!
 //! The `mooring` binary (`src/bin/mooring.rs`) wraps these in a CLI.
 
@@ -24,8 +25,10 @@ pub mod connect;
 pub mod coverage;
 pub mod demo;
 pub mod disk_tier;
+pub mod http;
 pub mod master_service;
 pub mod memory;
+pub mod metrics;
 pub mod node;
 pub mod preflight;
 pub mod presence;

@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::clock::Clock;
+use crate::metrics::MasterMetrics;
 
 /// How often the timer checks whether `tick` is due. Deadlines in the core are in
 /// milliseconds; this bounds how late a duty (eviction, expiry) runs.
@@ -34,6 +35,8 @@ pub struct MasterService {
     audit_failure: Mutex<Option<Violation>>,
     /// Every event with when it happened, while someone keeps them ([`MasterService::keep_events`]).
     journal: Mutex<Option<Vec<(tokio::time::Instant, Event)>>>,
+    /// RPC counts and latencies, for the metrics endpoint.
+    metrics: MasterMetrics,
 }
 
 impl MasterService {
@@ -45,6 +48,7 @@ impl MasterService {
             audit: AtomicBool::new(false),
             audit_failure: Mutex::new(None),
             journal: Mutex::new(None),
+            metrics: MasterMetrics::default(),
         }))
     }
 
@@ -150,8 +154,15 @@ impl RpcHandler for MasterService {
             _ => Vec::new(),
         };
         let protected: Vec<&str> = protected.iter().map(String::as_str).collect();
+        let kind = request.name();
+        let started = std::time::Instant::now();
         let response =
             self.with_master_protecting(&protected, |m, now| dispatch::handle(m, request, now));
+        self.metrics.record(
+            kind,
+            response.as_ref().map(|_| ()).map_err(|e| e.code),
+            started.elapsed(),
+        );
         if let Some(request) = logged {
             tracing::trace!(%request, ?response, "handled");
         }
@@ -239,6 +250,21 @@ impl RunningMaster {
             addr,
             tasks,
         })
+    }
+
+    /// Serves the master's metrics over HTTP on `listen` (`/metrics` for Prometheus,
+    /// `/stats.json`), requiring `bearer` of every request if given; returns the bound address.
+    pub async fn serve_metrics(
+        &mut self,
+        listen: &str,
+        bearer: Option<String>,
+    ) -> Result<SocketAddr> {
+        let service = self.service.clone();
+        let read = Arc::new(move || service.with_master(|m, _| (m.stats(), m.segments())));
+        let handler = crate::metrics::handler(self.service.metrics.clone(), read);
+        let (addr, task) = crate::http::serve(listen, handler, bearer).await?;
+        self.tasks.push(task);
+        Ok(addr)
     }
 
     /// Stops serving.

@@ -170,6 +170,14 @@ pub(crate) struct MasterArgs {
     /// Seed for placement randomness.
     #[arg(long)]
     pub(crate) seed: Option<u64>,
+    /// Serve metrics over HTTP here: /metrics (Prometheus) and /stats.json. A bare port
+    /// listens on loopback; name another address to let other machines scrape. Read-only;
+    /// shows no data-plane key. Off unless given.
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics_listen: Option<String>,
+    /// Require `Authorization: Bearer <token>` of scrapers, the token read from FILE.
+    #[arg(long, value_name = "FILE", requires = "metrics_listen")]
+    pub(crate) metrics_token_file: Option<PathBuf>,
 }
 
 #[derive(Args)]

@@ -92,12 +92,49 @@ async fn run_master(args: MasterArgs) -> Result<(), Error> {
     };
     let listen = settings.listen.unwrap_or_else(|| default_listen.into());
     let token = args.serve.token_for(&listen)?;
-    let master = RunningMaster::start(&listen, config, token).await?;
+    let mut master = RunningMaster::start(&listen, config, token).await?;
     out!("mooring master listening on {}", master.addr);
+    if let Some(metrics) = &args.metrics_listen {
+        let bearer = match &args.metrics_token_file {
+            Some(path) => Some(read_bearer(path)?),
+            None => None,
+        };
+        let addr = master
+            .serve_metrics(&metrics_address(metrics), bearer)
+            .await?;
+        out!("metrics on http://{addr}/metrics");
+    }
     let _ = std::io::stdout().flush();
     wait_for_shutdown().await;
     drop(master);
     Ok(())
+}
+
+/// A bare port means loopback: metrics leave the machine only when the operator says so.
+fn metrics_address(given: &str) -> String {
+    if given.parse::<u16>().is_ok() {
+        format!("127.0.0.1:{given}")
+    } else {
+        given.to_string()
+    }
+}
+
+/// The scrapers' bearer token: the file's first line.
+fn read_bearer(path: &std::path::Path) -> Result<String, Error> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Error::new(
+            ErrorCode::FILE_READ_FAIL,
+            format!("metrics token file {}: {e}", path.display()),
+        )
+    })?;
+    let token = text.lines().next().unwrap_or_default().trim().to_string();
+    if token.is_empty() {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!("metrics token file {} is empty", path.display()),
+        ));
+    }
+    Ok(token)
 }
 
 async fn run_node(args: NodeArgs) -> Result<(), Error> {

@@ -1,0 +1,239 @@
+//! A minimal read-only HTTP/1.1 server for the metrics endpoints.
+//!
+//! It answers `GET` requests with whatever the handler returns and closes each connection
+//! after one answer. Scrapers are strangers as far as this server knows: a request head is
+//! read for at most [`READ_TIMEOUT`] and [`MAX_HEAD`] bytes, at most [`MAX_CONNECTIONS`] are
+//! served at once, and when a bearer token is configured, a request without it gets 401.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mooring_core::{Error, ErrorCode, Result};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+use tracing::{debug, info};
+
+/// Longest request head read, in bytes.
+pub const MAX_HEAD: usize = 8 * 1024;
+/// How long a client may take to send its request head.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once; more wait in the listen queue.
+pub const MAX_CONNECTIONS: usize = 32;
+
+/// An answer: status, content type, body.
+pub struct Response {
+    /// HTTP status code.
+    pub status: u16,
+    /// The `Content-Type`.
+    pub content_type: &'static str,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// A 200 answer.
+    pub fn ok(content_type: &'static str, body: impl Into<Vec<u8>>) -> Response {
+        Response {
+            status: 200,
+            content_type,
+            body: body.into(),
+        }
+    }
+
+    /// An error answer with a plain-text reason.
+    pub fn error(status: u16, reason: &str) -> Response {
+        Response {
+            status,
+            content_type: "text/plain; charset=utf-8",
+            body: format!("{reason}\n").into_bytes(),
+        }
+    }
+}
+
+/// Answers a request for a path (the query string removed).
+pub type Handler = Arc<dyn Fn(&str) -> Response + Send + Sync>;
+
+/// Binds `listen` and serves `handler` there until the returned task is aborted; a bearer
+/// token, if given, is required of every request.
+pub async fn serve(
+    listen: &str,
+    handler: Handler,
+    bearer: Option<String>,
+) -> Result<(SocketAddr, JoinHandle<()>)> {
+    let listener = TcpListener::bind(listen).await.map_err(|e| {
+        Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!("cannot listen on {listen} for metrics: {e}"),
+        )
+    })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
+    info!(%addr, "metrics listening");
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let bearer: Option<Arc<str>> = bearer.map(Into::into);
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok(permit) = slots.clone().acquire_owned().await else {
+                return;
+            };
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    debug!("metrics accept failed: {e}");
+                    continue;
+                }
+            };
+            let handler = handler.clone();
+            let bearer = bearer.clone();
+            tokio::spawn(async move {
+                if let Err(e) = answer(stream, &handler, bearer.as_deref()).await {
+                    debug!(%peer, "metrics request failed: {e}");
+                }
+                drop(permit);
+            });
+        }
+    });
+    Ok((addr, task))
+}
+
+async fn answer(
+    mut stream: TcpStream,
+    handler: &Handler,
+    bearer: Option<&str>,
+) -> std::io::Result<()> {
+    let head = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await {
+        Ok(Ok(Some(head))) => head,
+        Ok(Ok(None)) => {
+            return write(&mut stream, &Response::error(431, "request head too large")).await;
+        }
+        Ok(Err(e)) => return Err(e),
+        Err(_) => return write(&mut stream, &Response::error(408, "request timed out")).await,
+    };
+    let response = route(&head, handler, bearer);
+    write(&mut stream, &response).await
+}
+
+/// Reads up to the blank line ending the request head; `None` if it is longer than
+/// [`MAX_HEAD`].
+async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<String>> {
+    let mut head = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(Some(String::from_utf8_lossy(&head).into_owned()));
+        }
+        head.extend_from_slice(&chunk[..n]);
+        if head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n") {
+            return Ok(Some(String::from_utf8_lossy(&head).into_owned()));
+        }
+        if head.len() > MAX_HEAD {
+            return Ok(None);
+        }
+    }
+}
+
+/// The answer to a request head.
+fn route(head: &str, handler: &Handler, bearer: Option<&str>) -> Response {
+    let mut lines = head.lines();
+    let request = lines.next().unwrap_or_default();
+    let mut parts = request.split_whitespace();
+    let (Some(method), Some(target)) = (parts.next(), parts.next()) else {
+        return Response::error(400, "not an HTTP request");
+    };
+    if method != "GET" {
+        return Response::error(405, "only GET is served here");
+    }
+    if let Some(token) = bearer {
+        let presented = lines
+            .filter_map(|l| l.split_once(':'))
+            .find(|(name, _)| name.trim().eq_ignore_ascii_case("authorization"))
+            .map(|(_, value)| value.trim());
+        if presented != Some(&format!("Bearer {token}")[..]) {
+            return Response::error(
+                401,
+                "a bearer token is required (Authorization: Bearer ...)",
+            );
+        }
+    }
+    let path = target.split('?').next().unwrap_or("/");
+    handler(path)
+}
+
+async fn write(stream: &mut TcpStream, response: &Response) -> std::io::Result<()> {
+    let reason = match response.status {
+        200 => "OK",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        _ => "Error",
+    };
+    let head = format!(
+        "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
+        response.status,
+        response.content_type,
+        response.body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(&response.body).await?;
+    stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn echo() -> Handler {
+        Arc::new(|path: &str| match path {
+            "/metrics" => Response::ok("text/plain", "up 1\n"),
+            _ => Response::error(404, "no such page"),
+        })
+    }
+
+    #[test]
+    fn routes_methods_paths_and_tokens() {
+        let h = echo();
+        assert_eq!(route("GET /metrics HTTP/1.1\r\n\r\n", &h, None).status, 200);
+        assert_eq!(
+            route("GET /metrics?x=1 HTTP/1.1\r\n\r\n", &h, None).status,
+            200
+        );
+        assert_eq!(route("GET /other HTTP/1.1\r\n\r\n", &h, None).status, 404);
+        assert_eq!(
+            route("POST /metrics HTTP/1.1\r\n\r\n", &h, None).status,
+            405
+        );
+        assert_eq!(route("garbage\r\n\r\n", &h, None).status, 400);
+        assert_eq!(route("", &h, None).status, 400);
+        let secret = Some("s3cret");
+        assert_eq!(
+            route("GET /metrics HTTP/1.1\r\n\r\n", &h, secret).status,
+            401
+        );
+        assert_eq!(
+            route(
+                "GET /metrics HTTP/1.1\r\nAuthorization: Bearer wrong\r\n\r\n",
+                &h,
+                secret
+            )
+            .status,
+            401
+        );
+        assert_eq!(
+            route(
+                "GET /metrics HTTP/1.1\r\nauthorization: Bearer s3cret\r\n\r\n",
+                &h,
+                secret
+            )
+            .status,
+            200
+        );
+    }
+}

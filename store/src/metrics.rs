@@ -1,0 +1,338 @@
+//! The master's metrics for Prometheus (`GET /metrics`) and as JSON (`GET /stats.json`).
+//!
+//! Gauges and counters the core keeps ([`Stats`], the segments) are read at scrape time; RPC
+//! counts and latencies are recorded here as requests are served. Names follow Prometheus's
+//! conventions: `mooring_` prefix, `_total` counters, `_bytes` and `_seconds` units. Nothing
+//! shown is secret: segment names, sizes and usage, never a data-plane key or endpoint.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mooring_core::{ErrorCode, SegmentInfo, Stats};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::http::{Handler, Response};
+
+/// Labels of an RPC count: which request, and how it ended ("ok" or the error code's name).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcOutcome {
+    kind: String,
+    outcome: String,
+}
+
+/// Labels of an RPC latency: which request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcKind {
+    kind: String,
+}
+
+/// Labels of a segment's gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SegmentLabel {
+    segment: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 10 µs to about 80 ms.
+    Histogram::new(exponential_buckets(1e-5, 2.0, 14))
+}
+
+/// What the master records as it serves.
+#[derive(Clone)]
+pub struct MasterMetrics {
+    requests: Family<RpcOutcome, Counter>,
+    latency: Family<RpcKind, Histogram, fn() -> Histogram>,
+}
+
+impl Default for MasterMetrics {
+    fn default() -> MasterMetrics {
+        MasterMetrics {
+            requests: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram),
+        }
+    }
+}
+
+impl MasterMetrics {
+    /// Records one served request of `kind` that took `elapsed` and ended with `outcome`.
+    pub fn record(&self, kind: &str, outcome: Result<(), ErrorCode>, elapsed: Duration) {
+        let outcome = match outcome {
+            Ok(()) => "ok".to_string(),
+            Err(code) => format!("{code:?}"),
+        };
+        self.requests
+            .get_or_create(&RpcOutcome {
+                kind: kind.to_string(),
+                outcome,
+            })
+            .inc();
+        self.latency
+            .get_or_create(&RpcKind {
+                kind: kind.to_string(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// The Prometheus text exposition of `stats`, `segments` and the recorded RPCs.
+    pub fn render(&self, stats: &Stats, segments: &[SegmentInfo]) -> String {
+        let mut registry = Registry::with_prefix("mooring");
+        let gauges: [(&str, &str, u64); 10] = [
+            (
+                "objects",
+                "Objects in the table (complete or being written)",
+                stats.objects,
+            ),
+            (
+                "objects_writing",
+                "Objects with a put or upsert in progress",
+                stats.writing,
+            ),
+            ("segments", "Mounted segments", stats.segments),
+            ("clients", "Live clients", stats.clients),
+            ("holds", "Held reads outstanding", stats.holds),
+            ("tasks", "Copy and move tasks running", stats.tasks),
+            (
+                "discarded_blocks",
+                "Discarded blocks waiting for release",
+                stats.discarded_blocks,
+            ),
+            (
+                "disk_replicas",
+                "Objects with a copy on a node's disk",
+                stats.disk_replicas,
+            ),
+            (
+                "disk_tombstones",
+                "Disk copies dropped by the master that their nodes have not yet deleted",
+                stats.disk_tombstones,
+            ),
+            (
+                "events_dropped",
+                "Events dropped because the driver did not drain them",
+                stats.events_dropped,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            registry.register(name, help, ConstGauge::new(value as i64));
+        }
+        registry.register_with_unit(
+            "capacity",
+            "Usable segment memory",
+            Unit::Bytes,
+            ConstGauge::new(stats.capacity as i64),
+        );
+        registry.register_with_unit(
+            "used",
+            "Allocated segment memory, including discarded blocks not yet released",
+            Unit::Bytes,
+            ConstGauge::new(stats.used as i64),
+        );
+        let counters: [(&str, &str, u64); 10] = [
+            ("evicted_objects", "Objects evicted", stats.evicted_objects),
+            (
+                "evicted_to_disk",
+                "Evicted objects that live on in a disk copy",
+                stats.evicted_to_disk,
+            ),
+            (
+                "discarded_writes",
+                "Writes discarded (timed out, preempted, writer dead)",
+                stats.discarded_writes,
+            ),
+            (
+                "lost_objects",
+                "Objects lost with their last segment",
+                stats.lost_objects,
+            ),
+            (
+                "disk_copies_recorded",
+                "Disk copies recorded (offloaded or recovered)",
+                stats.disk_copies_recorded,
+            ),
+            ("prefetches", "Prefetches started", stats.prefetches),
+            (
+                "prefetch_failures",
+                "Prefetches that found no memory to promote into",
+                stats.prefetch_failures,
+            ),
+            (
+                "upserts_created",
+                "Upserts that made a new object",
+                stats.upserts.created,
+            ),
+            (
+                "upserts_in_place",
+                "Upserts overwritten in place",
+                stats.upserts.in_place,
+            ),
+            (
+                "upserts_resized",
+                "Upserts written to fresh buffers for a new size",
+                stats.upserts.resized,
+            ),
+        ];
+        for (name, help, value) in counters {
+            registry.register(name, help, ConstCounter::new(value));
+        }
+        registry.register(
+            "upserts_copied",
+            "Upserts written beside readers to fresh buffers",
+            ConstCounter::new(stats.upserts.copied),
+        );
+        registry.register_with_unit(
+            "evicted",
+            "Bytes evicted",
+            Unit::Bytes,
+            ConstCounter::new(stats.evicted_bytes),
+        );
+        let capacity = Family::<SegmentLabel, Gauge>::default();
+        let used = Family::<SegmentLabel, Gauge>::default();
+        for segment in segments {
+            let label = SegmentLabel {
+                segment: segment.name.clone(),
+            };
+            capacity.get_or_create(&label).set(segment.size as i64);
+            used.get_or_create(&label).set(segment.used as i64);
+        }
+        registry.register_with_unit(
+            "segment_capacity",
+            "A segment's usable memory",
+            Unit::Bytes,
+            capacity,
+        );
+        registry.register_with_unit(
+            "segment_used",
+            "A segment's allocated memory",
+            Unit::Bytes,
+            used,
+        );
+        registry.register(
+            "rpc_requests",
+            "Requests served, by kind and outcome",
+            self.requests.clone(),
+        );
+        registry.register_with_unit(
+            "rpc_duration",
+            "Time to serve a request, by kind",
+            Unit::Seconds,
+            self.latency.clone(),
+        );
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry)
+            .expect("writing to a String does not fail");
+        text
+    }
+}
+
+/// The JSON the dashboard polls: the stats and the segments' names, sizes and usage.
+pub fn stats_json(stats: &Stats, segments: &[SegmentInfo]) -> String {
+    let segments: Vec<serde_json::Value> = segments
+        .iter()
+        .map(|s| serde_json::json!({"name": s.name, "capacity": s.size, "used": s.used}))
+        .collect();
+    serde_json::json!({
+        "objects": stats.objects,
+        "objects_writing": stats.writing,
+        "segments": stats.segments,
+        "clients": stats.clients,
+        "capacity_bytes": stats.capacity,
+        "used_bytes": stats.used,
+        "holds": stats.holds,
+        "tasks": stats.tasks,
+        "evicted_objects": stats.evicted_objects,
+        "evicted_bytes": stats.evicted_bytes,
+        "evicted_to_disk": stats.evicted_to_disk,
+        "discarded_writes": stats.discarded_writes,
+        "discarded_blocks": stats.discarded_blocks,
+        "lost_objects": stats.lost_objects,
+        "disk_replicas": stats.disk_replicas,
+        "disk_tombstones": stats.disk_tombstones,
+        "disk_copies_recorded": stats.disk_copies_recorded,
+        "prefetches": stats.prefetches,
+        "prefetch_failures": stats.prefetch_failures,
+        "events_dropped": stats.events_dropped,
+        "upserts": {
+            "created": stats.upserts.created,
+            "in_place": stats.upserts.in_place,
+            "copied": stats.upserts.copied,
+            "resized": stats.upserts.resized,
+        },
+        "segment_list": segments,
+    })
+    .to_string()
+}
+
+/// The HTTP handler serving `/metrics` and `/stats.json` from `read` (which gives the current
+/// stats and segments) and `metrics`.
+pub fn handler(
+    metrics: MasterMetrics,
+    read: Arc<dyn Fn() -> (Stats, Vec<SegmentInfo>) + Send + Sync>,
+) -> Handler {
+    Arc::new(move |path: &str| match path {
+        "/metrics" => {
+            let (stats, segments) = read();
+            Response::ok(
+                "text/plain; version=0.0.4; charset=utf-8",
+                metrics.render(&stats, &segments),
+            )
+        }
+        "/stats.json" => {
+            let (stats, segments) = read();
+            Response::ok("application/json", stats_json(&stats, &segments))
+        }
+        _ => Response::error(404, "no such page: try /metrics or /stats.json"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_follow_prometheus_conventions() {
+        let metrics = MasterMetrics::default();
+        metrics.record("PutStart", Ok(()), Duration::from_micros(30));
+        metrics.record(
+            "GetReplicaList",
+            Err(ErrorCode::OBJECT_NOT_FOUND),
+            Duration::from_micros(12),
+        );
+        let stats = Stats {
+            objects: 3,
+            capacity: 1 << 20,
+            used: 4096,
+            evicted_bytes: 77,
+            ..Stats::default()
+        };
+        let segment = SegmentInfo {
+            id: mooring_core::SegmentId(1),
+            name: "node-a".into(),
+            owner: mooring_core::ClientId(9),
+            base: 0,
+            size: 1 << 20,
+            used: 4096,
+            endpoint: "10.0.0.9:12345".into(),
+            key: 0xdead_beef_1234,
+        };
+        let text = metrics.render(&stats, &[segment]);
+        for line in [
+            "mooring_objects 3",
+            "mooring_capacity_bytes 1048576",
+            "mooring_evicted_bytes_total 77",
+            "mooring_segment_used_bytes{segment=\"node-a\"} 4096",
+            "mooring_rpc_requests_total{kind=\"PutStart\",outcome=\"ok\"} 1",
+            "mooring_rpc_requests_total{kind=\"GetReplicaList\",outcome=\"OBJECT_NOT_FOUND\"} 1",
+            "mooring_rpc_duration_seconds_count{kind=\"PutStart\"} 1",
+        ] {
+            assert!(text.contains(line), "{line:?} missing from\n{text}");
+        }
+        // Nothing that grants access: no data-plane key, no endpoint.
+        assert!(!text.contains(&format!("{}", 0xdead_beef_1234u64)));
+        assert!(!text.contains("10.0.0.9"));
+    }
+}

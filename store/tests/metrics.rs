@@ -1,0 +1,160 @@
+//! The master's metrics endpoint as an operator meets it: a real master and node on loopback,
+//! scraped over HTTP while the CLI puts, and the figures follow the work.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+mod common;
+
+use common::{BIN, Proc};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// GETs `path` from `addr`: the status and the body.
+fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let auth = bearer.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\n").unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+/// The value of the sample `name` (with its labels, if any) in a Prometheus exposition.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+fn put(master: &str, key: &str, file: &std::path::Path) {
+    let out = Command::new(BIN)
+        .args(["put", "--master", master, key])
+        .arg(file)
+        .env_remove("MOORING_TOKEN_FILE")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn scrapes_follow_the_work_and_need_the_token() {
+    let dir = std::env::temp_dir().join(format!("mooring-metrics-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("scrape-token");
+    std::fs::write(&token_file, "scraper-secret\n").unwrap();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let master = Proc::start_without_token(&[
+        "master",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        &metrics,
+        "--metrics-token-file",
+        token_file.to_str().unwrap(),
+    ]);
+    let addr = master.announced_addr();
+    let _node = Proc::start_without_token(&[
+        "node",
+        "--master",
+        &addr,
+        "--size",
+        "8MiB",
+        "--no-prefault",
+        "--name",
+        "node-a",
+    ]);
+    let token = Some("scraper-secret");
+
+    assert_eq!(get(&metrics, "/metrics", None).0, 401);
+    assert_eq!(get(&metrics, "/metrics", Some("guess")).0, 401);
+    assert_eq!(get(&metrics, "/nothing", token).0, 404);
+    let (status, before) = get(&metrics, "/metrics", token);
+    assert_eq!(status, 200);
+    assert_eq!(sample(&before, "mooring_objects"), Some(0.0), "{before}");
+    assert_eq!(sample(&before, "mooring_segments"), Some(1.0));
+    assert_eq!(
+        sample(
+            &before,
+            "mooring_segment_capacity_bytes{segment=\"node-a\"}"
+        ),
+        Some(8.0 * 1024.0 * 1024.0)
+    );
+
+    // Five small puts: the object gauge and the PutStart count follow.
+    let small = dir.join("small");
+    std::fs::write(&small, b"hello").unwrap();
+    for i in 0..5 {
+        put(&addr, &format!("small-{i}"), &small);
+    }
+    let (_, after) = get(&metrics, "/metrics", token);
+    assert_eq!(sample(&after, "mooring_objects"), Some(5.0), "{after}");
+    let put_starts = sample(
+        &after,
+        "mooring_rpc_requests_total{kind=\"PutStart\",outcome=\"ok\"}",
+    );
+    assert!(put_starts >= Some(5.0), "{after}");
+    assert!(after.contains("mooring_rpc_duration_seconds_bucket{"));
+    assert_eq!(sample(&after, "mooring_evicted_objects_total"), Some(0.0));
+
+    // Twelve 1 MiB values into 8 MiB: evictions, and their counter.
+    let big = dir.join("big");
+    std::fs::write(&big, vec![7u8; 1 << 20]).unwrap();
+    for i in 0..12 {
+        put(&addr, &format!("big-{i}"), &big);
+    }
+    let (_, full) = get(&metrics, "/metrics", token);
+    assert!(
+        sample(&full, "mooring_evicted_objects_total") > Some(0.0),
+        "{full}"
+    );
+    assert!(sample(&full, "mooring_evicted_bytes_total") >= Some(1024.0 * 1024.0));
+    assert!(sample(&full, "mooring_used_bytes") > Some(0.0));
+
+    // The JSON the dashboard reads agrees.
+    let (status, json) = get(&metrics, "/stats.json", token);
+    assert_eq!(status, 200);
+    let stats: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        stats["objects"].as_f64(),
+        sample(&full, "mooring_objects"),
+        "{json}"
+    );
+    assert_eq!(stats["segment_list"][0]["name"], "node-a");
+
+    // Nothing a scraper sees opens the data plane: no node endpoint.
+    for text in [&full, &json] {
+        assert!(
+            !text.contains("endpoint") && !text.contains("\"key\""),
+            "{text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
