@@ -149,6 +149,17 @@ fn scrapes_follow_the_work_and_need_the_token() {
     );
     assert_eq!(stats["segment_list"][0]["name"], "node-a");
 
+    // `mooring stat --json` prints the same document.
+    let out = Command::new(BIN)
+        .args(["stat", "--json", "--master", &addr])
+        .env_remove("MOORING_TOKEN_FILE")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let from_cli: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(from_cli["objects"], stats["objects"]);
+    assert_eq!(from_cli["evicted_objects"], stats["evicted_objects"]);
+
     // Nothing a scraper sees opens the data plane: no node endpoint.
     for text in [&full, &json] {
         assert!(

@@ -45,7 +45,7 @@ pub(crate) enum Command {
     /// List keys (optionally matching a regex) with their sizes and replica counts.
     Ls(LsArgs),
     /// Show cluster statistics and segments.
-    Stat(ClientArgs),
+    Stat(StatArgs),
     /// Measure put/get/exist throughput and latency (writer and reader in separate processes).
     Bench(BenchArgs),
     /// Run an embedded cluster through a prefill/decode workload and report what happened.
@@ -336,6 +336,16 @@ pub(crate) struct BenchWriterArgs {
     pub(crate) count: usize,
     #[arg(long)]
     pub(crate) run: String,
+}
+
+#[derive(Args)]
+pub(crate) struct StatArgs {
+    #[command(flatten)]
+    pub(crate) client: ClientArgs,
+    /// Print every counter and the segments as JSON (the same document as the master's
+    /// /stats.json).
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Args)]

@@ -93,17 +93,18 @@ async fn run_master(args: MasterArgs) -> Result<(), Error> {
     let listen = settings.listen.unwrap_or_else(|| default_listen.into());
     let token = args.serve.token_for(&listen)?;
     let mut master = RunningMaster::start(&listen, config, token).await?;
-    out!("mooring master listening on {}", master.addr);
     if let Some(metrics) = &args.metrics_listen {
         let bearer = match &args.metrics_token_file {
             Some(path) => Some(read_bearer(path)?),
             None => None,
         };
-        let addr = master
+        // Its bound address is logged: stdout's one line is the master's address, which
+        // scripts read (and it is printed once everything serves).
+        master
             .serve_metrics(&metrics_address(metrics), bearer)
             .await?;
-        out!("metrics on http://{addr}/metrics");
     }
+    out!("mooring master listening on {}", master.addr);
     let _ = std::io::stdout().flush();
     wait_for_shutdown().await;
     drop(master);
@@ -327,9 +328,14 @@ async fn run_ls(args: LsArgs) -> Result<(), Error> {
     Ok(())
 }
 
-async fn run_stat(args: ClientArgs) -> Result<(), Error> {
-    let client = connect(&args).await?;
+async fn run_stat(args: StatArgs) -> Result<(), Error> {
+    let client = connect(&args.client).await?;
     let s = client.stats().await?;
+    let segments = client.segments().await?;
+    if args.json {
+        out!("{}", mooring::metrics::stats_json(&s, &segments));
+        return Ok(());
+    }
     let pct = if s.capacity == 0 {
         0.0
     } else {
@@ -343,10 +349,13 @@ async fn run_stat(args: ClientArgs) -> Result<(), Error> {
     );
     out!("segments       {}", s.segments);
     out!("clients        {}", s.clients);
+    out!("held reads     {}", s.holds);
+    out!("copy tasks     {}", s.tasks);
     out!(
-        "evicted        {} objects, {} bytes",
+        "evicted        {} objects, {} bytes ({} live on on disk)",
         s.evicted_objects,
-        s.evicted_bytes
+        s.evicted_bytes,
+        s.evicted_to_disk
     );
     out!(
         "discarded      {} unfinished writes ({} blocks awaiting release)",
@@ -364,7 +373,24 @@ async fn run_stat(args: ClientArgs) -> Result<(), Error> {
         s.upserts.copied,
         s.upserts.resized
     );
-    for seg in client.segments().await? {
+    out!(
+        "disk           {} objects with a disk copy, {} copies recorded, {} awaiting deletion",
+        s.disk_replicas,
+        s.disk_copies_recorded,
+        s.disk_tombstones
+    );
+    out!(
+        "prefetches     {} started, {} found no memory",
+        s.prefetches,
+        s.prefetch_failures
+    );
+    if s.events_dropped > 0 {
+        out!(
+            "events dropped {} (the master fell behind logging them)",
+            s.events_dropped
+        );
+    }
+    for seg in segments {
         out!(
             "  {:<24} {:>14} / {:<14} {}",
             seg.name,
