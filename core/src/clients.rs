@@ -20,11 +20,13 @@ pub(crate) struct Clients {
     last_seen: BTreeMap<ClientId, Seen>,
 }
 
-/// When a client was last heard from, and whether it knows it is registered.
+/// When a client was last heard from, whether it knows it is registered, and whether it said
+/// goodbye since.
 #[derive(Clone, Copy, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 struct Seen {
     at: Millis,
     announced: bool,
+    left: bool,
 }
 
 impl Clients {
@@ -33,10 +35,14 @@ impl Clients {
     pub(crate) fn touch(&mut self, client: ClientId, now: Millis) {
         self.last_seen
             .entry(client)
-            .and_modify(|seen| seen.at = now)
+            .and_modify(|seen| {
+                seen.at = now;
+                seen.left = false;
+            })
             .or_insert(Seen {
                 at: now,
                 announced: false,
+                left: false,
             });
     }
 
@@ -48,6 +54,7 @@ impl Clients {
             Seen {
                 at: now,
                 announced: true,
+                left: false,
             },
         );
         !previous.is_some_and(|seen| seen.announced)
@@ -61,18 +68,30 @@ impl Clients {
         self.last_seen.len()
     }
 
-    /// Removes and returns the clients silent since before `now - ttl`, in id order.
-    pub(crate) fn take_expired(&mut self, now: Millis, ttl: Millis) -> Vec<ClientId> {
-        let expired: Vec<ClientId> = self
+    /// Removes the clients silent since before `now - ttl` and returns them, in id order,
+    /// with whether each had said goodbye.
+    pub(crate) fn take_expired(&mut self, now: Millis, ttl: Millis) -> Vec<(ClientId, bool)> {
+        let expired: Vec<(ClientId, bool)> = self
             .last_seen
             .iter()
             .filter(|&(_, seen)| seen.at + ttl <= now)
-            .map(|(&client, _)| client)
+            .map(|(&client, seen)| (client, seen.left))
             .collect();
-        for client in &expired {
+        for (client, _) in &expired {
             self.last_seen.remove(client);
         }
         expired
+    }
+
+    /// Records that `client` said goodbye; whether it was known and had not already.
+    pub(crate) fn leave(&mut self, client: ClientId) -> bool {
+        match self.last_seen.get_mut(&client) {
+            Some(seen) if !seen.left => {
+                seen.left = true;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// When the next client expires, if any is live.

@@ -15,6 +15,8 @@ pub enum DiscardCause {
     Preempted,
     /// The writing client stopped heartbeating.
     WriterDead,
+    /// The writing client said goodbye with the write unfinished.
+    WriterLeft,
     /// The writer gave up on a transfer that may still be landing (`put_abort`).
     Aborted,
     /// Every replica being written went away with its segment, while the value lives on
@@ -82,6 +84,11 @@ pub enum Event {
     },
     /// A client stopped heartbeating and was forgotten.
     ClientExpired {
+        /// The client.
+        client: ClientId,
+    },
+    /// A client said goodbye: what it held went as for an expired client.
+    ClientLeft {
         /// The client.
         client: ClientId,
     },

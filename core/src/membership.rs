@@ -103,31 +103,55 @@ impl Master {
     }
 
     /// Forgets every client silent for the client TTL: unmounts its segments, discards its
-    /// writes in progress, releases its held reads and abandons its copy tasks.
+    /// writes in progress, releases its held reads and abandons its copy tasks. A client that
+    /// said goodbye (and has not been heard from since) goes quietly: it held nothing by then.
     pub(crate) fn expire_clients(&mut self, now: Millis) {
-        for client in self.clients.take_expired(now, self.config.client_ttl) {
-            self.events.push(Event::ClientExpired { client });
-            let owned: Vec<u32> = self
-                .segments
-                .iter()
-                .filter(|(_, s)| s.owner == client)
-                .map(|(slot, _)| slot)
-                .collect();
-            for slot in owned {
-                self.drop_segment(slot);
+        for (client, left) in self.clients.take_expired(now, self.config.client_ttl) {
+            if !left {
+                self.events.push(Event::ClientExpired { client });
+                self.drop_client(client, DiscardCause::WriterDead);
             }
-            let writing: Vec<u32> = self
-                .objects
-                .iter()
-                .filter(|(_, o)| o.writing && o.writer == client)
-                .map(|(slot, _)| slot)
-                .collect();
-            for slot in writing {
-                self.discard_write(slot, DiscardCause::WriterDead);
-            }
-            self.release_client_holds(client);
-            self.abandon_client_tasks(client);
         }
+    }
+
+    /// A client says goodbye: what it holds goes at once, as an expired client's does after
+    /// the client TTL (its segments unmounted, unfinished writes discarded, held reads
+    /// released, tasks abandoned). The client itself is kept until its silence reaches the
+    /// client TTL: until then its write window may still be open (see the writer's fence in
+    /// the store), so the blocks of writes it lost stay out of early reuse, as for any live
+    /// writer. Saying goodbye twice, or for a client the master does not know, changes
+    /// nothing; a client heard from again after its goodbye is back.
+    pub fn goodbye(&mut self, client: ClientId, now: Millis) {
+        self.advance(now);
+        if self.clients.leave(client) {
+            self.events.push(Event::ClientLeft { client });
+            self.drop_client(client, DiscardCause::WriterLeft);
+        }
+    }
+
+    /// Drops everything `client` holds: its segments, writes in progress (discarded for
+    /// `cause`), held reads and copy tasks.
+    fn drop_client(&mut self, client: ClientId, cause: DiscardCause) {
+        let owned: Vec<u32> = self
+            .segments
+            .iter()
+            .filter(|(_, s)| s.owner == client)
+            .map(|(slot, _)| slot)
+            .collect();
+        for slot in owned {
+            self.drop_segment(slot);
+        }
+        let writing: Vec<u32> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| o.writing && o.writer == client)
+            .map(|(slot, _)| slot)
+            .collect();
+        for slot in writing {
+            self.discard_write(slot, cause);
+        }
+        self.release_client_holds(client);
+        self.abandon_client_tasks(client);
     }
 
     /// Removes a segment and every replica on it.

@@ -23,6 +23,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Tick),
         4 => Just(Op::TickIfDue),
         2 => c.clone().prop_map(|client| Op::Heartbeat { client }),
+        1 => c.clone().prop_map(|client| Op::Goodbye { client }),
         1 => (c.clone(), 0u8..4, any::<u8>()).prop_map(|(client, segment, kib)| Op::Mount { client, segment, kib }),
         1 => (c.clone(), 0u8..4).prop_map(|(client, segment)| Op::Unmount { client, segment }),
         10 => (c.clone(), k.clone(), any::<u16>(), any::<u8>(), pin(), proptest::option::of(0u8..4))
@@ -157,6 +158,7 @@ fn random_interaction_reaches_every_path() {
         "snapshot",
         "remount",
         "client-expired",
+        "client-left",
         "object-lost",
         "write-timeout",
         "writer-dead",

@@ -27,6 +27,10 @@ pub fn handle(master: &mut Master, request: MasterRequest, now: Millis) -> Resul
             Reply::Hello(cluster_info(m.config()))
         }
         R::Heartbeat(Heartbeat { client }) => Reply::Heartbeat(m.heartbeat(client, now)),
+        R::Goodbye(Goodbye { client }) => {
+            m.goodbye(client, now);
+            Reply::Goodbye(())
+        }
         R::MountSegment(MountSegment { client, spec }) => {
             Reply::MountSegment(m.mount_segment(client, &spec, now)?)
         }

@@ -92,11 +92,15 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
 
     use crate::auth::Handshake;
     use crate::wire::{
-        BatchExist, DataReply, GetReplicaList, Hello, ListKeys, PutEnd, PutStart, Range, Reply,
-        StagedSlot,
+        BatchExist, DataReply, GetReplicaList, Goodbye, Hello, ListKeys, PutEnd, PutStart, Range,
+        Reply, StagedSlot,
     };
     let requests: Vec<MasterRequest> = vec![
         Hello {
+            client: ClientId(3),
+        }
+        .into(),
+        Goodbye {
             client: ClientId(3),
         }
         .into(),

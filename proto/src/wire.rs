@@ -322,6 +322,8 @@ mod messages {
         /// Registers a client; the reply carries the settings it must follow.
         Hello { client: ClientId } => ClusterInfo;
         Heartbeat { client: ClientId } => HeartbeatAck;
+        /// The client is done: forget it now rather than after the client TTL.
+        Goodbye { client: ClientId } => ();
         MountSegment { client: ClientId, spec: SegmentSpec } => SegmentId;
         UnmountSegment { client: ClientId, name: String } => ();
         /// The segments with these ids (None for one not mounted).
@@ -406,6 +408,7 @@ impl MasterRequest {
         match self {
             R::Hello(Hello { client })
             | R::Heartbeat(Heartbeat { client })
+            | R::Goodbye(Goodbye { client })
             | R::MountSegment(MountSegment { client, .. })
             | R::UnmountSegment(UnmountSegment { client, .. })
             | R::PutStart(PutStart { client, .. })

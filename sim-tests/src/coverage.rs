@@ -96,12 +96,14 @@ pub fn of_event(event: &Event) -> &'static str {
             DiscardCause::Preempted => PREEMPTED,
             DiscardCause::Timeout => TIMED_OUT,
             DiscardCause::WriterDead => WRITER_DIED,
+            DiscardCause::WriterLeft => "writer left mid-write",
             DiscardCause::Aborted => ABORTED,
             DiscardCause::ReplicasLost => "prefetch into a leaving segment",
         },
         Event::ObjectLost { .. } => LOST,
         Event::SegmentUnmounted { .. } => "segment unmounted",
         Event::ClientExpired { .. } => "client expired",
+        Event::ClientLeft { .. } => "client left",
     }
 }
 

@@ -205,6 +205,8 @@ fn log_events(events: Vec<Event>) {
                 }
             }
             Event::ClientExpired { client } => info!(%client, "client expired"),
+            // Every CLI call ends with one: routine.
+            Event::ClientLeft { client } => debug!(%client, "client left"),
         }
     }
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use mooring_core::{ClientId, HeartbeatAck, HeartbeatStatus, Millis, Result};
 use mooring_proto::transport::ControlPlane;
-use mooring_proto::wire::{ClusterInfo, Heartbeat, Hello};
+use mooring_proto::wire::{ClusterInfo, Goodbye, Heartbeat, Hello};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
@@ -163,16 +163,24 @@ impl Presence {
         Duration::from_millis(self.info.lease_ttl.as_millis())
     }
 
-    /// Stops heartbeating and unmounts the segment (serving readers for one more lease).
+    /// Stops heartbeating, unmounts the segment (serving readers for one more lease) and says
+    /// goodbye.
     pub async fn leave(&self) -> Result<()> {
         self.stop_heartbeat();
-        match &self.node {
+        let left = match &self.node {
             Some(node) => {
                 node.shutdown(buggify::timeout(Site::NODE_LINGER, self.lease()))
                     .await
             }
             None => Ok(()),
+        };
+        // Saying goodbye lets the master forget this member now, not a client TTL later (and
+        // quietly: a departure is routine, an expiry is not). Best effort: if the master does
+        // not hear it, the member expires as before.
+        if let Err(e) = self.control.call(Goodbye { client: self.id }).await {
+            debug!("the master did not hear this member's goodbye: {e}");
         }
+        left
     }
 
     fn stop_heartbeat(&self) {

@@ -55,10 +55,11 @@ impl Harness {
             let part_of_expiry = matches!(
                 event,
                 Event::ClientExpired { .. }
+                    | Event::ClientLeft { .. }
                     | Event::ObjectLost { .. }
                     | Event::SegmentUnmounted { .. }
                     | Event::WriteDiscarded {
-                        cause: DiscardCause::WriterDead,
+                        cause: DiscardCause::WriterDead | DiscardCause::WriterLeft,
                         ..
                     }
             );
@@ -71,10 +72,15 @@ impl Harness {
                         "prefetch of {key:?}, but the harness never prefetches"
                     ));
                 }
-                Event::ClientExpired { client } => {
-                    self.hit("client-expired");
-                    self.model.clients.remove(&client);
-                    self.model.announced.remove(&client);
+                Event::ClientExpired { client } | Event::ClientLeft { client } => {
+                    if matches!(event, Event::ClientLeft { .. }) {
+                        // Kept live until its silence reaches the TTL (see `goodbye`).
+                        self.hit("client-left");
+                    } else {
+                        self.hit("client-expired");
+                        self.model.clients.remove(&client);
+                        self.model.announced.remove(&client);
+                    }
                     let side = &mut self.clients[client_index(client)];
                     side.grants.clear();
                     side.holds.clear();
@@ -196,6 +202,7 @@ impl Harness {
                     self.hit(match cause {
                         DiscardCause::Timeout => "write-timeout",
                         DiscardCause::WriterDead => "writer-dead",
+                        DiscardCause::WriterLeft => "writer-left",
                         DiscardCause::Preempted => "write-preempted",
                         DiscardCause::Aborted => "write-aborted",
                         DiscardCause::ReplicasLost => "write-replicas-lost",
@@ -208,6 +215,11 @@ impl Harness {
                         DiscardCause::WriterDead => {
                             ensure(!self.model.clients.contains_key(&w.client), || {
                                 format!("{key:?} discarded though its writer lives")
+                            })?
+                        }
+                        DiscardCause::WriterLeft => {
+                            ensure(self.model.left.contains(&w.client), || {
+                                format!("{key:?} discarded as its writer left, which it did not")
                             })?
                         }
                         DiscardCause::Preempted | DiscardCause::Aborted => {}

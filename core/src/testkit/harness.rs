@@ -197,6 +197,7 @@ impl Harness {
                 _ => Ok(()),
             },
             Op::Heartbeat { client } => self.heartbeat(client),
+            Op::Goodbye { client } => self.goodbye(client),
             Op::Mount {
                 client,
                 segment,

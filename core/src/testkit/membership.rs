@@ -14,13 +14,22 @@ impl Harness {
         let now = self.now;
         self.master.tick(now);
         let events = self.master.drain_events();
-        let expected: Vec<ClientId> = self
+        let silent: Vec<ClientId> = self
             .model
             .clients
             .iter()
             .filter(|&(_, &seen)| seen + self.config.client_ttl <= now)
             .map(|(&c, _)| c)
             .collect();
+        // Clients that said goodbye expire without a word.
+        let (departed, expected): (Vec<ClientId>, Vec<ClientId>) = silent
+            .into_iter()
+            .partition(|c| self.model.left.contains(c));
+        for client in departed {
+            self.model.clients.remove(&client);
+            self.model.announced.remove(&client);
+            self.model.left.remove(&client);
+        }
         let expired: Vec<ClientId> = events
             .iter()
             .filter_map(|e| match e {
@@ -82,6 +91,26 @@ impl Harness {
         ensure(status == expected, || {
             format!("heartbeat {status:?}, expected {expected:?}")
         })
+    }
+
+    /// A client says goodbye: a known one is dropped at once, with what it held; an unknown
+    /// one changes nothing.
+    pub(super) fn goodbye(&mut self, client: u8) -> Result<(), String> {
+        let id = client_id(client);
+        let known = self.model.clients.contains_key(&id) && !self.model.left.contains(&id);
+        self.master.goodbye(id, self.now);
+        let events = self.master.drain_events();
+        if !known {
+            return ensure(events.is_empty(), || {
+                format!("goodbye of an unknown or departed client produced {events:?}")
+            });
+        }
+        ensure(
+            matches!(events.first(), Some(Event::ClientLeft { client }) if *client == id),
+            || format!("goodbye produced {events:?}"),
+        )?;
+        self.model.left.insert(id);
+        self.apply_events(events, Some(id), None)
     }
 
     pub(super) fn mount(&mut self, client: u8, segment: u8, kib: u8) -> Result<(), String> {

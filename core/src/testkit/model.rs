@@ -187,6 +187,9 @@ pub struct Model {
     pub clients: BTreeMap<ClientId, Millis>,
     /// Live clients told they are registered (by a heartbeat or a mount).
     pub announced: std::collections::BTreeSet<ClientId>,
+    /// Live clients that said goodbye and have not been heard from since: they hold nothing
+    /// and expire quietly.
+    pub left: BTreeSet<ClientId>,
     pub segments: BTreeMap<String, MSegment>,
     pub objects: BTreeMap<String, MObject>,
     pub reserved: Vec<Reserved>,
@@ -207,11 +210,13 @@ pub struct Model {
 impl Model {
     pub fn touch(&mut self, client: ClientId, now: Millis) {
         self.clients.insert(client, now);
+        self.left.remove(&client);
     }
 
     /// A heartbeat or mount: returns whether the client had not been told it is registered.
     pub fn announce(&mut self, client: ClientId, now: Millis) -> bool {
         self.clients.insert(client, now);
+        self.left.remove(&client);
         self.announced.insert(client)
     }
 

@@ -114,6 +114,8 @@ pub enum Op {
         fail: bool,
         evict: bool,
     },
+    /// A client says goodbye (a CLI call ending, a store closing).
+    Goodbye { client: u8 },
 }
 
 /// Decodes an op sequence from raw bytes (the fuzz target's input format).

@@ -67,6 +67,21 @@ async fn connect(args: &ClientArgs) -> Result<Client, Error> {
     Client::connect(config).await
 }
 
+/// Runs `work` with a client of the master `args` name, then says goodbye whether the work
+/// succeeded or not: a CLI call is a client's whole life, and one that ends without a word
+/// would be noticed only when it expires (one log line on the master per call).
+async fn with_client<T>(
+    args: &ClientArgs,
+    work: impl AsyncFnOnce(&Client) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let client = connect(args).await?;
+    let result = work(&client).await;
+    if let Err(e) = client.close().await {
+        tracing::debug!("closing the client: {e}");
+    }
+    result
+}
+
 async fn run_master(args: MasterArgs) -> Result<(), Error> {
     let file = match &args.config {
         Some(path) => FileConfig::load(path).map_err(usage_error)?,
@@ -248,32 +263,34 @@ async fn run_put(args: PutArgs) -> Result<(), Error> {
     } else if args.soft_unpin {
         config = config.soft_unpinned();
     }
-    let client = connect(&args.client).await?;
-    if args.upsert {
-        client.upsert(&args.key, &value, &config).await?;
-    } else {
-        client.put(&args.key, &value, &config).await?;
-    }
-    // Replicas go to distinct segments: with fewer segments than asked, fewer are stored.
-    let pattern = format!("^{}$", regex::escape(&args.key));
-    let stored = client.query(&pattern).await?;
-    let replicas = stored.first().map_or(0, |k| k.replicas);
-    if replicas < args.replicas {
-        out!(
-            "stored {} ({} bytes) with {replicas} of the {} replicas asked: only {replicas} \
-             segments could take a copy",
-            args.key,
-            value.len(),
-            args.replicas
-        );
-    } else {
-        out!(
-            "stored {} ({} bytes, {replicas} replicas)",
-            args.key,
-            value.len()
-        );
-    }
-    Ok(())
+    with_client(&args.client, async |client| {
+        if args.upsert {
+            client.upsert(&args.key, &value, &config).await?;
+        } else {
+            client.put(&args.key, &value, &config).await?;
+        }
+        // Replicas go to distinct segments: with fewer segments than asked, fewer are stored.
+        let pattern = format!("^{}$", regex::escape(&args.key));
+        let stored = client.query(&pattern).await?;
+        let replicas = stored.first().map_or(0, |k| k.replicas);
+        if replicas < args.replicas {
+            out!(
+                "stored {} ({} bytes) with {replicas} of the {} replicas asked: only {replicas} \
+                 segments could take a copy",
+                args.key,
+                value.len(),
+                args.replicas
+            );
+        } else {
+            out!(
+                "stored {} ({} bytes, {replicas} replicas)",
+                args.key,
+                value.len()
+            );
+        }
+        Ok(())
+    })
+    .await
 }
 
 fn read_stdin() -> Result<Vec<u8>, Error> {
@@ -285,121 +302,129 @@ fn read_stdin() -> Result<Vec<u8>, Error> {
 }
 
 async fn run_get(args: GetArgs) -> Result<(), Error> {
-    let client = connect(&args.client).await?;
-    let value = client.get(&args.key).await?;
-    match &args.out {
-        Some(path) => std::fs::write(path, &value).map_err(|e| {
-            Error::new(
-                ErrorCode::FILE_WRITE_FAIL,
-                format!("{}: {e}", path.display()),
-            )
-        })?,
-        None => {
-            let mut stdout = std::io::stdout();
-            if let Err(e) = stdout.write_all(&value).and_then(|()| stdout.flush()) {
-                output_failed(e);
+    with_client(&args.client, async |client| {
+        let value = client.get(&args.key).await?;
+        match &args.out {
+            Some(path) => std::fs::write(path, &value).map_err(|e| {
+                Error::new(
+                    ErrorCode::FILE_WRITE_FAIL,
+                    format!("{}: {e}", path.display()),
+                )
+            })?,
+            None => {
+                let mut stdout = std::io::stdout();
+                if let Err(e) = stdout.write_all(&value).and_then(|()| stdout.flush()) {
+                    output_failed(e);
+                }
             }
         }
-    }
-    Ok(())
+        Ok(())
+    })
+    .await
 }
 
 async fn run_rm(args: RmArgs) -> Result<(), Error> {
-    let client = connect(&args.client).await?;
-    if let Some(key) = &args.key {
-        client.remove(key).await?;
-        out!("removed {key}");
-    } else if let Some(regex) = &args.regex {
-        out!("removed {} objects", client.remove_by_regex(regex).await?);
-    } else {
-        out!("removed {} objects", client.remove_all().await?);
-    }
-    Ok(())
+    with_client(&args.client, async |client| {
+        if let Some(key) = &args.key {
+            client.remove(key).await?;
+            out!("removed {key}");
+        } else if let Some(regex) = &args.regex {
+            out!("removed {} objects", client.remove_by_regex(regex).await?);
+        } else {
+            out!("removed {} objects", client.remove_all().await?);
+        }
+        Ok(())
+    })
+    .await
 }
 
 async fn run_ls(args: LsArgs) -> Result<(), Error> {
-    let client = connect(&args.client).await?;
-    let keys = client.query(&args.regex).await?;
-    for k in &keys {
-        let disk = if k.on_disk { " +disk" } else { "" };
-        out!("{:>12}  {}x{disk}  {}", k.size, k.replicas, k.key);
-    }
-    out!("{} keys", keys.len());
-    Ok(())
+    with_client(&args.client, async |client| {
+        let keys = client.query(&args.regex).await?;
+        for k in &keys {
+            let disk = if k.on_disk { " +disk" } else { "" };
+            out!("{:>12}  {}x{disk}  {}", k.size, k.replicas, k.key);
+        }
+        out!("{} keys", keys.len());
+        Ok(())
+    })
+    .await
 }
 
 async fn run_stat(args: StatArgs) -> Result<(), Error> {
-    let client = connect(&args.client).await?;
-    let s = client.stats().await?;
-    let segments = client.segments().await?;
-    if args.json {
-        out!("{}", mooring::metrics::stats_json(&s, &segments));
-        return Ok(());
-    }
-    let pct = if s.capacity == 0 {
-        0.0
-    } else {
-        100.0 * s.used as f64 / s.capacity as f64
-    };
-    out!("objects        {} ({} being written)", s.objects, s.writing);
-    out!(
-        "memory         {} of {} bytes used ({pct:.1}%)",
-        s.used,
-        s.capacity
-    );
-    out!("segments       {}", s.segments);
-    out!("clients        {}", s.clients);
-    out!("held reads     {}", s.holds);
-    out!("copy tasks     {}", s.tasks);
-    out!(
-        "evicted        {} objects, {} bytes ({} live on on disk)",
-        s.evicted_objects,
-        s.evicted_bytes,
-        s.evicted_to_disk
-    );
-    out!(
-        "discarded      {} unfinished writes ({} blocks awaiting release)",
-        s.discarded_writes,
-        s.discarded_blocks
-    );
-    out!(
-        "lost           {} objects (their last node went away)",
-        s.lost_objects
-    );
-    out!(
-        "upserts        {} new keys, {} in place, {} copied beside readers, {} resized",
-        s.upserts.created,
-        s.upserts.in_place,
-        s.upserts.copied,
-        s.upserts.resized
-    );
-    out!(
-        "disk           {} objects with a disk copy, {} copies recorded, {} awaiting deletion",
-        s.disk_replicas,
-        s.disk_copies_recorded,
-        s.disk_tombstones
-    );
-    out!(
-        "prefetches     {} started, {} found no memory",
-        s.prefetches,
-        s.prefetch_failures
-    );
-    if s.events_dropped > 0 {
+    with_client(&args.client, async |client| {
+        let s = client.stats().await?;
+        let segments = client.segments().await?;
+        if args.json {
+            out!("{}", mooring::metrics::stats_json(&s, &segments));
+            return Ok(());
+        }
+        let pct = if s.capacity == 0 {
+            0.0
+        } else {
+            100.0 * s.used as f64 / s.capacity as f64
+        };
+        out!("objects        {} ({} being written)", s.objects, s.writing);
         out!(
-            "events dropped {} (the master fell behind logging them)",
-            s.events_dropped
+            "memory         {} of {} bytes used ({pct:.1}%)",
+            s.used,
+            s.capacity
         );
-    }
-    for seg in segments {
+        out!("segments       {}", s.segments);
+        out!("clients        {}", s.clients);
+        out!("held reads     {}", s.holds);
+        out!("copy tasks     {}", s.tasks);
         out!(
-            "  {:<24} {:>14} / {:<14} {}",
-            seg.name,
-            seg.used,
-            seg.size,
-            seg.endpoint
+            "evicted        {} objects, {} bytes ({} live on on disk)",
+            s.evicted_objects,
+            s.evicted_bytes,
+            s.evicted_to_disk
         );
-    }
-    Ok(())
+        out!(
+            "discarded      {} unfinished writes ({} blocks awaiting release)",
+            s.discarded_writes,
+            s.discarded_blocks
+        );
+        out!(
+            "lost           {} objects (their last node went away)",
+            s.lost_objects
+        );
+        out!(
+            "upserts        {} new keys, {} in place, {} copied beside readers, {} resized",
+            s.upserts.created,
+            s.upserts.in_place,
+            s.upserts.copied,
+            s.upserts.resized
+        );
+        out!(
+            "disk           {} objects with a disk copy, {} copies recorded, {} awaiting deletion",
+            s.disk_replicas,
+            s.disk_copies_recorded,
+            s.disk_tombstones
+        );
+        out!(
+            "prefetches     {} started, {} found no memory",
+            s.prefetches,
+            s.prefetch_failures
+        );
+        if s.events_dropped > 0 {
+            out!(
+                "events dropped {} (the master fell behind logging them)",
+                s.events_dropped
+            );
+        }
+        for seg in segments {
+            out!(
+                "  {:<24} {:>14} / {:<14} {}",
+                seg.name,
+                seg.used,
+                seg.size,
+                seg.endpoint
+            );
+        }
+        Ok(())
+    })
+    .await
 }
 
 async fn run_bench(args: BenchArgs) -> Result<(), Error> {
