@@ -26,6 +26,14 @@ for component in rustfmt clippy; do
     fi
 done
 
+# The dashboard test drives a real browser (Debian's chromium); without one it says so and
+# skips.
+if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    step "installing chromium for the dashboard test"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+        || echo "    could not install chromium: the dashboard test will be skipped" >&2
+fi
+
 t=$SECONDS; step "format"
 cargo fmt --all -- --check
 cargo fmt --manifest-path fuzz/Cargo.toml -- --check

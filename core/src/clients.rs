@@ -64,8 +64,9 @@ impl Clients {
         self.last_seen.contains_key(&client)
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.last_seen.len()
+    /// Clients heard from within the TTL that have not said goodbye since.
+    pub(crate) fn present(&self) -> usize {
+        self.last_seen.values().filter(|seen| !seen.left).count()
     }
 
     /// Removes the clients silent since before `now - ttl` and returns them, in id order,

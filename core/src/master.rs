@@ -81,7 +81,7 @@ pub struct Stats {
     pub writing: u64,
     /// Mounted segments.
     pub segments: u64,
-    /// Live clients.
+    /// Live clients (heard from within the client TTL, and not gone with a goodbye).
     pub clients: u64,
     /// Total usable segment bytes.
     pub capacity: u64,
@@ -216,7 +216,7 @@ impl Master {
             objects: self.objects.len() as u64,
             writing: self.counters.writing_objects,
             segments: self.segments.mounted.len() as u64,
-            clients: self.clients.len() as u64,
+            clients: self.clients.present() as u64,
             capacity: self.segments.capacity(),
             used: self.segments.used(),
             discarded_blocks: self.discarded.len() as u64,

@@ -3,7 +3,8 @@
 //! It answers `GET` requests with whatever the handler returns and closes each connection
 //! after one answer. Scrapers are strangers as far as this server knows: a request head is
 //! read for at most [`READ_TIMEOUT`] and [`MAX_HEAD`] bytes, at most [`MAX_CONNECTIONS`] are
-//! served at once, and when a bearer token is configured, a request without it gets 401.
+//! served at once, and when a bearer token is configured, a request without it gets 401
+//! (except for the public paths: pages that carry no figures of their own).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -57,11 +58,12 @@ impl Response {
 pub type Handler = Arc<dyn Fn(&str) -> Response + Send + Sync>;
 
 /// Binds `listen` and serves `handler` there until the returned task is aborted; a bearer
-/// token, if given, is required of every request.
+/// token, if given, is required of every request but those for the `public` paths.
 pub async fn serve(
     listen: &str,
     handler: Handler,
     bearer: Option<String>,
+    public: &'static [&'static str],
 ) -> Result<(SocketAddr, JoinHandle<()>)> {
     let listener = TcpListener::bind(listen).await.map_err(|e| {
         Error::new(
@@ -90,7 +92,7 @@ pub async fn serve(
             let handler = handler.clone();
             let bearer = bearer.clone();
             tokio::spawn(async move {
-                if let Err(e) = answer(stream, &handler, bearer.as_deref()).await {
+                if let Err(e) = answer(stream, &handler, bearer.as_deref(), public).await {
                     debug!(%peer, "metrics request failed: {e}");
                 }
                 drop(permit);
@@ -104,6 +106,7 @@ async fn answer(
     mut stream: TcpStream,
     handler: &Handler,
     bearer: Option<&str>,
+    public: &[&str],
 ) -> std::io::Result<()> {
     let head = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await {
         Ok(Ok(Some(head))) => head,
@@ -113,7 +116,7 @@ async fn answer(
         Ok(Err(e)) => return Err(e),
         Err(_) => return write(&mut stream, &Response::error(408, "request timed out")).await,
     };
-    let response = route(&head, handler, bearer);
+    let response = route(&head, handler, bearer, public);
     write(&mut stream, &response).await
 }
 
@@ -138,7 +141,7 @@ async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<String>> {
 }
 
 /// The answer to a request head.
-fn route(head: &str, handler: &Handler, bearer: Option<&str>) -> Response {
+fn route(head: &str, handler: &Handler, bearer: Option<&str>, public: &[&str]) -> Response {
     let mut lines = head.lines();
     let request = lines.next().unwrap_or_default();
     let mut parts = request.split_whitespace();
@@ -148,7 +151,8 @@ fn route(head: &str, handler: &Handler, bearer: Option<&str>) -> Response {
     if method != "GET" {
         return Response::error(405, "only GET is served here");
     }
-    if let Some(token) = bearer {
+    let path = target.split('?').next().unwrap_or("/");
+    if let Some(token) = bearer.filter(|_| !public.contains(&path)) {
         let presented = lines
             .filter_map(|l| l.split_once(':'))
             .find(|(name, _)| name.trim().eq_ignore_ascii_case("authorization"))
@@ -160,7 +164,6 @@ fn route(head: &str, handler: &Handler, bearer: Option<&str>) -> Response {
             );
         }
     }
-    let path = target.split('?').next().unwrap_or("/");
     handler(path)
 }
 
@@ -200,28 +203,40 @@ mod tests {
     #[test]
     fn routes_methods_paths_and_tokens() {
         let h = echo();
-        assert_eq!(route("GET /metrics HTTP/1.1\r\n\r\n", &h, None).status, 200);
         assert_eq!(
-            route("GET /metrics?x=1 HTTP/1.1\r\n\r\n", &h, None).status,
+            route("GET /metrics HTTP/1.1\r\n\r\n", &h, None, &["/"]).status,
             200
         );
-        assert_eq!(route("GET /other HTTP/1.1\r\n\r\n", &h, None).status, 404);
         assert_eq!(
-            route("POST /metrics HTTP/1.1\r\n\r\n", &h, None).status,
+            route("GET /metrics?x=1 HTTP/1.1\r\n\r\n", &h, None, &["/"]).status,
+            200
+        );
+        assert_eq!(
+            route("GET /other HTTP/1.1\r\n\r\n", &h, None, &["/"]).status,
+            404
+        );
+        assert_eq!(
+            route("POST /metrics HTTP/1.1\r\n\r\n", &h, None, &["/"]).status,
             405
         );
-        assert_eq!(route("garbage\r\n\r\n", &h, None).status, 400);
-        assert_eq!(route("", &h, None).status, 400);
+        assert_eq!(route("garbage\r\n\r\n", &h, None, &["/"]).status, 400);
+        assert_eq!(route("", &h, None, &["/"]).status, 400);
+        // A public page needs no token (this handler has none there: 404, not 401).
+        assert_eq!(
+            route("GET / HTTP/1.1\r\n\r\n", &h, Some("s3cret"), &["/"]).status,
+            404
+        );
         let secret = Some("s3cret");
         assert_eq!(
-            route("GET /metrics HTTP/1.1\r\n\r\n", &h, secret).status,
+            route("GET /metrics HTTP/1.1\r\n\r\n", &h, secret, &["/"]).status,
             401
         );
         assert_eq!(
             route(
                 "GET /metrics HTTP/1.1\r\nAuthorization: Bearer wrong\r\n\r\n",
                 &h,
-                secret
+                secret,
+                &["/"]
             )
             .status,
             401
@@ -230,7 +245,8 @@ mod tests {
             route(
                 "GET /metrics HTTP/1.1\r\nauthorization: Bearer s3cret\r\n\r\n",
                 &h,
-                secret
+                secret,
+                &["/"]
             )
             .status,
             200

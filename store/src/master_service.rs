@@ -264,7 +264,8 @@ impl RunningMaster {
         let service = self.service.clone();
         let read = Arc::new(move || service.with_master(|m, _| (m.stats(), m.segments())));
         let handler = crate::metrics::handler(self.service.metrics.clone(), read);
-        let (addr, task) = crate::http::serve(listen, handler, bearer).await?;
+        let (addr, task) =
+            crate::http::serve(listen, handler, bearer, crate::metrics::PUBLIC_PATHS).await?;
         self.tasks.push(task);
         Ok(addr)
     }

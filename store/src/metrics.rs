@@ -5,7 +5,8 @@
 //! conventions: `mooring_` prefix, `_total` counters, `_bytes` and `_seconds` units. Nothing
 //! shown is secret: segment names, sizes and usage, never a data-plane key or endpoint.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mooring_core::{ErrorCode, SegmentInfo, Stats};
@@ -17,6 +18,13 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::http::{Handler, Response};
+
+/// Paths served without the scrape token: the dashboard page, which holds no figures (it
+/// fetches them with the token it is given).
+pub const PUBLIC_PATHS: &[&str] = &["/", "/index.html"];
+
+/// The dashboard: one self-contained page (no CDN, works offline) that polls /stats.json.
+const DASHBOARD: &str = include_str!("dashboard.html");
 
 /// Labels of an RPC count: which request, and how it ended ("ok" or the error code's name).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -37,9 +45,46 @@ struct SegmentLabel {
     segment: String,
 }
 
+/// Latency bucket bounds: 10 µs doubling to about 80 ms.
+const BUCKETS: usize = 14;
+
+fn bucket_bounds() -> impl Iterator<Item = f64> {
+    exponential_buckets(1e-5, 2.0, BUCKETS as u16)
+}
+
 fn latency_histogram() -> Histogram {
-    // 10 µs to about 80 ms.
-    Histogram::new(exponential_buckets(1e-5, 2.0, 14))
+    Histogram::new(bucket_bounds())
+}
+
+/// One request kind's totals, for the dashboard's rates and percentiles.
+#[derive(Clone, Default)]
+struct KindSummary {
+    ok: u64,
+    errors: u64,
+    /// Requests per latency bucket; the last counts those above every bound.
+    buckets: [u64; BUCKETS + 1],
+}
+
+impl KindSummary {
+    /// The bucket bound under which a fraction `q` of the requests fell, in µs (the top
+    /// bound doubled for the overflow bucket).
+    fn quantile_us(&self, q: f64) -> f64 {
+        let total: u64 = self.buckets.iter().sum();
+        if total == 0 {
+            return 0.0;
+        }
+        let wanted = (total as f64 * q).ceil() as u64;
+        let bounds: Vec<f64> = bucket_bounds().collect();
+        let mut seen = 0;
+        for (i, n) in self.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= wanted {
+                let bound = bounds.get(i).copied().unwrap_or(bounds[BUCKETS - 1] * 2.0);
+                return bound * 1e6;
+            }
+        }
+        bounds[BUCKETS - 1] * 2e6
+    }
 }
 
 /// What the master records as it serves.
@@ -47,6 +92,7 @@ fn latency_histogram() -> Histogram {
 pub struct MasterMetrics {
     requests: Family<RpcOutcome, Counter>,
     latency: Family<RpcKind, Histogram, fn() -> Histogram>,
+    summary: Arc<Mutex<BTreeMap<&'static str, KindSummary>>>,
 }
 
 impl Default for MasterMetrics {
@@ -54,13 +100,28 @@ impl Default for MasterMetrics {
         MasterMetrics {
             requests: Family::default(),
             latency: Family::new_with_constructor(latency_histogram),
+            summary: Arc::default(),
         }
     }
 }
 
 impl MasterMetrics {
     /// Records one served request of `kind` that took `elapsed` and ended with `outcome`.
-    pub fn record(&self, kind: &str, outcome: Result<(), ErrorCode>, elapsed: Duration) {
+    pub fn record(&self, kind: &'static str, outcome: Result<(), ErrorCode>, elapsed: Duration) {
+        {
+            let mut summary = self.summary.lock().unwrap_or_else(|e| e.into_inner());
+            let entry = summary.entry(kind).or_default();
+            if outcome.is_ok() {
+                entry.ok += 1;
+            } else {
+                entry.errors += 1;
+            }
+            let seconds = elapsed.as_secs_f64();
+            let bucket = bucket_bounds()
+                .position(|bound| seconds <= bound)
+                .unwrap_or(BUCKETS);
+            entry.buckets[bucket] += 1;
+        }
         let outcome = match outcome {
             Ok(()) => "ok".to_string(),
             Err(code) => format!("{code:?}"),
@@ -227,10 +288,35 @@ impl MasterMetrics {
             .expect("writing to a String does not fail");
         text
     }
+
+    /// Per request kind: requests served, failures, and latency percentiles (from the
+    /// histogram's buckets, so an upper bound within a factor of two).
+    pub fn rpc_json(&self) -> serde_json::Value {
+        let summary = self.summary.lock().unwrap_or_else(|e| e.into_inner());
+        summary
+            .iter()
+            .map(|(kind, s)| {
+                (
+                    kind.to_string(),
+                    serde_json::json!({
+                        "ok": s.ok,
+                        "errors": s.errors,
+                        "p50_us": s.quantile_us(0.5),
+                        "p99_us": s.quantile_us(0.99),
+                    }),
+                )
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
 }
 
-/// The JSON the dashboard polls: the stats and the segments' names, sizes and usage.
+/// The JSON `mooring stat --json` prints: the stats and the segments' names, sizes and usage.
 pub fn stats_json(stats: &Stats, segments: &[SegmentInfo]) -> String {
+    stats_value(stats, segments).to_string()
+}
+
+fn stats_value(stats: &Stats, segments: &[SegmentInfo]) -> serde_json::Value {
     let segments: Vec<serde_json::Value> = segments
         .iter()
         .map(|s| serde_json::json!({"name": s.name, "capacity": s.size, "used": s.used}))
@@ -264,7 +350,6 @@ pub fn stats_json(stats: &Stats, segments: &[SegmentInfo]) -> String {
         },
         "segment_list": segments,
     })
-    .to_string()
 }
 
 /// The HTTP handler serving `/metrics` and `/stats.json` from `read` (which gives the current
@@ -283,8 +368,11 @@ pub fn handler(
         }
         "/stats.json" => {
             let (stats, segments) = read();
-            Response::ok("application/json", stats_json(&stats, &segments))
+            let mut document = stats_value(&stats, &segments);
+            document["rpc"] = metrics.rpc_json();
+            Response::ok("application/json", document.to_string())
         }
+        "/" | "/index.html" => Response::ok("text/html; charset=utf-8", DASHBOARD),
         _ => Response::error(404, "no such page: try /metrics or /stats.json"),
     })
 }

@@ -340,7 +340,7 @@ impl Harness {
             stats.objects == self.model.objects.len() as u64
                 && stats.writing == writing
                 && stats.segments == self.model.segments.len() as u64
-                && stats.clients == self.model.clients.len() as u64
+                && stats.clients == (self.model.clients.len() - self.model.left.len()) as u64
                 && stats.tasks == self.model.tasks.len() as u64
                 && stats.holds == self.model.holds.len() as u64
                 && stats.disk_replicas == disk_replicas

@@ -1,0 +1,161 @@
+//! The dashboard in a real browser: headless Chromium loads the master's page while a real
+//! master and node hold objects the CLI put, and the figures appear; a screenshot is saved.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+mod common;
+
+use common::{BIN, Proc};
+
+fn chromium() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("MOORING_CHROMIUM") {
+        return Some(path.into());
+    }
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|name| {
+            let out = Command::new("which").arg(name).output().ok()?;
+            out.status
+                .success()
+                .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+        })
+}
+
+/// Runs headless Chromium on `url` with `extra` arguments and a fresh profile in `dir`.
+fn browse(browser: &Path, dir: &Path, url: &str, extra: &[&str]) -> std::process::Output {
+    Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            // Lets the page's fetch and first render finish before the DOM or picture is taken.
+            "--virtual-time-budget=4000",
+            "--window-size=1280,900",
+        ])
+        .arg(format!("--user-data-dir={}", dir.join("profile").display()))
+        .args(extra)
+        .arg(url)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run chromium")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn the_dashboard_shows_the_cluster_in_a_browser() {
+    let Some(browser) = chromium() else {
+        eprintln!(
+            "skipping the dashboard browser test: no chromium (install Debian's `chromium`, or \
+             set MOORING_CHROMIUM); scripts/test-all.sh installs it when it can"
+        );
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("mooring-dashboard-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, "dash-token\n").unwrap();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let master = Proc::start_without_token(&[
+        "master",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        &metrics,
+        "--metrics-token-file",
+        token_file.to_str().unwrap(),
+    ]);
+    let addr = master.announced_addr();
+    let _node = Proc::start_without_token(&[
+        "node",
+        "--master",
+        &addr,
+        "--size",
+        "16MiB",
+        "--no-prefault",
+        "--name",
+        "node-a",
+    ]);
+    for i in 0..7 {
+        let out = Command::new(BIN)
+            .args([
+                "put",
+                "--master",
+                &addr,
+                "--value",
+                "some value",
+                &format!("k{i}"),
+            ])
+            .env_remove("MOORING_TOKEN_FILE")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let url = format!("http://{metrics}/#token=dash-token");
+
+    let dom = browse(&browser, &dir, &url, &["--dump-dom"]);
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    assert!(
+        dom.contains(r#"id="objects">7<"#),
+        "objects not shown:\n{dom}"
+    );
+    assert!(
+        dom.contains(r#"data-segment="node-a""#),
+        "segment not shown:\n{dom}"
+    );
+    assert!(
+        dom.contains(r#"data-kind="PutStart""#),
+        "requests not shown:\n{dom}"
+    );
+    assert!(
+        dom.contains("updated "),
+        "the page did not load its figures:\n{dom}"
+    );
+
+    // Without the token the page says what to do instead of showing figures.
+    let refused = browse(
+        &browser,
+        &dir,
+        &format!("http://{metrics}/"),
+        &["--dump-dom"],
+    );
+    let refused = String::from_utf8_lossy(&refused.stdout);
+    assert!(refused.contains("asks for a token"), "{refused}");
+
+    let shot = std::env::var_os("MOORING_DASHBOARD_SCREENSHOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dir.join("dashboard.png"));
+    let _ = std::fs::remove_file(&shot);
+    browse(
+        &browser,
+        &dir,
+        &url,
+        &[&format!("--screenshot={}", shot.display())],
+    );
+    let png = std::fs::read(&shot).expect("chromium saved a screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "not a PNG");
+    assert!(
+        png.len() > 10_000,
+        "a {}-byte screenshot is blank",
+        png.len()
+    );
+    eprintln!("dashboard screenshot: {}", shot.display());
+}
