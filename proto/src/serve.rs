@@ -2,6 +2,7 @@
 //! transport. A transport reads a request off its wire, asks [`DataService::serve`] what to do,
 //! and moves the bytes it is told to move; it decides nothing itself.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use mooring_core::{Error, ErrorCode, Result};
@@ -108,6 +109,34 @@ impl Ranges {
 pub struct DataService {
     exports: ExportTable,
     disk: RwLock<DiskState>,
+    counters: Counters,
+}
+
+/// What a data server has served since it started, for its metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataCounts {
+    /// Reads served from segment memory.
+    pub reads: u64,
+    /// Bytes those reads sent.
+    pub read_bytes: u64,
+    /// Writes accepted into segment memory.
+    pub writes: u64,
+    /// Bytes those writes carried.
+    pub write_bytes: u64,
+    /// Disk copies staged for a reader.
+    pub stages: u64,
+    /// Requests refused (unknown key or range, a write past its deadline, no disk tier).
+    pub refused: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    reads: AtomicU64,
+    read_bytes: AtomicU64,
+    writes: AtomicU64,
+    write_bytes: AtomicU64,
+    stages: AtomicU64,
+    refused: AtomicU64,
 }
 
 /// Whether a node serves disk copies.
@@ -126,6 +155,7 @@ impl DataService {
         DataService {
             exports: ExportTable::new(key_seed),
             disk: RwLock::new(DiskState::Absent),
+            counters: Counters::default(),
         }
     }
 
@@ -161,8 +191,43 @@ impl DataService {
         }
     }
 
+    /// What this service has served so far.
+    pub fn counts(&self) -> DataCounts {
+        let c = &self.counters;
+        DataCounts {
+            reads: c.reads.load(Ordering::Relaxed),
+            read_bytes: c.read_bytes.load(Ordering::Relaxed),
+            writes: c.writes.load(Ordering::Relaxed),
+            write_bytes: c.write_bytes.load(Ordering::Relaxed),
+            stages: c.stages.load(Ordering::Relaxed),
+            refused: c.refused.load(Ordering::Relaxed),
+        }
+    }
+
     /// What to do with `request`, which arrived now from a sender whose clock `clock` tracks.
     pub fn serve(&self, request: DataRequest, clock: &mut dyn SenderClock) -> Served {
+        let served = self.decide(request, clock);
+        let c = &self.counters;
+        let count = |n: &AtomicU64, by: u64| {
+            n.fetch_add(by, Ordering::Relaxed);
+        };
+        match &served {
+            Served::Read(ranges) => {
+                count(&c.reads, 1);
+                count(&c.read_bytes, ranges.len());
+            }
+            Served::Write(ranges) => {
+                count(&c.writes, 1);
+                count(&c.write_bytes, ranges.len());
+            }
+            Served::Later(_) => count(&c.stages, 1),
+            Served::RefuseWrite(_) | Served::Answer(Err(_)) => count(&c.refused, 1),
+            Served::Answer(Ok(_)) => {}
+        }
+        served
+    }
+
+    fn decide(&self, request: DataRequest, clock: &mut dyn SenderClock) -> Served {
         match request {
             DataRequest::Write {
                 key,

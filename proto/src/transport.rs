@@ -294,6 +294,9 @@ pub trait DataServer: Send + Sync {
     /// Until [`DataServer::serve_disk`], answers readers' stage requests with "starting,
     /// retry shortly" (a node whose disk tier is recovering after a restart).
     fn disk_starting(&self);
+
+    /// What this server has served since it started.
+    fn counts(&self) -> crate::serve::DataCounts;
 }
 
 /// The segments a data server exports, by access key: what every transport's data server

@@ -179,6 +179,7 @@ impl Client {
 pub struct StandaloneNode {
     presence: Presence,
     node: Node,
+    metrics: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl StandaloneNode {
@@ -216,7 +217,11 @@ impl StandaloneNode {
                 "joined without the segment it was started to contribute",
             )
         })?;
-        Ok(StandaloneNode { presence, node })
+        Ok(StandaloneNode {
+            presence,
+            node,
+            metrics: None,
+        })
     }
 
     /// The segment.
@@ -224,8 +229,34 @@ impl StandaloneNode {
         &self.node
     }
 
+    /// Serves the node's metrics over HTTP on `listen` (`/metrics`, Prometheus text),
+    /// requiring `bearer` of every request if given; returns the bound address.
+    pub async fn serve_metrics(
+        &mut self,
+        listen: &str,
+        bearer: Option<String>,
+    ) -> Result<std::net::SocketAddr> {
+        let node = self.node.clone();
+        let disk = self.presence.disk.as_ref().map(|tier| {
+            Arc::new(tier.usage_reader()) as Arc<dyn Fn() -> (usize, u64) + Send + Sync>
+        });
+        let handler: crate::http::Handler = Arc::new(move |path: &str| match path {
+            "/metrics" => crate::http::Response::ok(
+                "text/plain; version=0.0.4; charset=utf-8",
+                crate::metrics::node_text(&node, disk.as_ref().map(|usage| usage())),
+            ),
+            _ => crate::http::Response::error(404, "no such page: try /metrics"),
+        });
+        let (addr, task) = crate::http::serve(listen, handler, bearer, &[]).await?;
+        self.metrics = Some(task);
+        Ok(addr)
+    }
+
     /// Unmounts cleanly: stops heartbeating, unmounts, serves readers for a lease, stops.
     pub async fn shutdown(self) -> Result<()> {
+        if let Some(task) = &self.metrics {
+            task.abort();
+        }
         self.presence.leave().await
     }
 }

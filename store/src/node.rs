@@ -103,6 +103,11 @@ impl Node {
         &self.inner.memory
     }
 
+    /// What the node's data server has served since it started.
+    pub fn counts(&self) -> mooring_proto::serve::DataCounts {
+        self.inner.server.counts()
+    }
+
     /// The segment's name.
     pub fn name(&self) -> &str {
         &self.inner.name

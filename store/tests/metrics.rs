@@ -81,6 +81,7 @@ fn scrapes_follow_the_work_and_need_the_token() {
         token_file.to_str().unwrap(),
     ]);
     let addr = master.announced_addr();
+    let node_metrics = format!("127.0.0.1:{}", free_port());
     let _node = Proc::start_without_token(&[
         "node",
         "--master",
@@ -90,6 +91,8 @@ fn scrapes_follow_the_work_and_need_the_token() {
         "--no-prefault",
         "--name",
         "node-a",
+        "--metrics-listen",
+        &node_metrics,
     ]);
     let token = Some("scraper-secret");
 
@@ -159,6 +162,36 @@ fn scrapes_follow_the_work_and_need_the_token() {
     let from_cli: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(from_cli["objects"], stats["objects"]);
     assert_eq!(from_cli["evicted_objects"], stats["evicted_objects"]);
+
+    // The node's own endpoint counts the bytes it moved.
+    let (status, node) = get(&node_metrics, "/metrics", None);
+    assert_eq!(status, 200);
+    assert!(
+        sample(&node, "mooring_node_writes_total") >= Some(17.0),
+        "{node}"
+    );
+    assert!(
+        sample(&node, "mooring_node_written_bytes_total") >= Some(12.0 * 1024.0 * 1024.0),
+        "{node}"
+    );
+    assert_eq!(sample(&node, "mooring_node_mounted"), Some(1.0));
+    assert_eq!(
+        sample(&node, "mooring_node_segment_bytes"),
+        Some(8.0 * 1024.0 * 1024.0)
+    );
+    // (the small puts above were evicted by the big ones)
+    put(&addr, "fresh", &small);
+    let read = Command::new(BIN)
+        .args(["get", "--master", &addr, "fresh"])
+        .env_remove("MOORING_TOKEN_FILE")
+        .output()
+        .unwrap();
+    assert_eq!(read.stdout, b"hello");
+    let (_, node_after) = get(&node_metrics, "/metrics", None);
+    assert!(
+        sample(&node_after, "mooring_node_reads_total") > sample(&node, "mooring_node_reads_total"),
+        "{node_after}"
+    );
 
     // Nothing a scraper sees opens the data plane: no node endpoint.
     for text in [&full, &json] {

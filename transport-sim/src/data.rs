@@ -129,6 +129,10 @@ impl DataServer for SimDataServer {
     fn disk_starting(&self) {
         self.service.disk_starting();
     }
+
+    fn counts(&self) -> mooring_proto::serve::DataCounts {
+        self.service.counts()
+    }
 }
 
 /// The caller's side of the data plane over the simulated network.

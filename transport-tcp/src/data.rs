@@ -269,6 +269,10 @@ impl DataServer for TcpDataServer {
     fn disk_starting(&self) {
         self.service.disk_starting();
     }
+
+    fn counts(&self) -> mooring_proto::serve::DataCounts {
+        self.service.counts()
+    }
 }
 
 /// How the client side of the data plane behaves.

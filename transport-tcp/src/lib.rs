@@ -16,7 +16,7 @@ pub mod handshake;
 mod lanes;
 pub mod limits;
 mod peer_clock;
-mod refusals;
+pub mod refusals;
 mod rpc;
 #[cfg(all(target_os = "linux", not(madsim)))]
 mod splice;

@@ -23,8 +23,17 @@ static WINDOW: Mutex<Window> = Mutex::new(Window {
     suppressed: 0,
 });
 
+/// Refusals since the process started (logged or not), for metrics.
+static TOTAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many peers this process has refused (failed handshakes, caps reached, bad frames).
+pub fn total() -> u64 {
+    TOTAL.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Logs that `peer` was refused and why, unless this second's share is used up.
 pub fn refused(peer: &str, why: &str) {
+    TOTAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let suppressed = {
         let mut w = WINDOW.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();

@@ -318,6 +318,12 @@ impl DiskTier {
     pub fn usage(&self) -> (usize, u64) {
         self.inner.copies().usage()
     }
+
+    /// A reader of [`DiskTier::usage`] that outlives a borrow of the tier (for metrics).
+    pub fn usage_reader(&self) -> impl Fn() -> (usize, u64) + Send + Sync + 'static {
+        let inner = self.inner.clone();
+        move || inner.copies().usage()
+    }
 }
 
 impl TierInner {

@@ -170,14 +170,59 @@ pub(crate) struct MasterArgs {
     /// Seed for placement randomness.
     #[arg(long)]
     pub(crate) seed: Option<u64>,
-    /// Serve metrics over HTTP here: /metrics (Prometheus) and /stats.json. A bare port
-    /// listens on loopback; name another address to let other machines scrape. Read-only;
-    /// shows no data-plane key. Off unless given.
+    #[command(flatten)]
+    pub(crate) metrics: MetricsArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct MetricsArgs {
+    /// Serve metrics over HTTP here: /metrics (Prometheus text); the master also serves
+    /// /stats.json and a dashboard at /. A bare port listens on loopback; name another address
+    /// to let other machines scrape. Read-only; shows no data-plane key. Off unless given.
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_listen: Option<String>,
     /// Require `Authorization: Bearer <token>` of scrapers, the token read from FILE.
     #[arg(long, value_name = "FILE", requires = "metrics_listen")]
     pub(crate) metrics_token_file: Option<PathBuf>,
+}
+
+impl MetricsArgs {
+    /// The address to serve metrics on, and the scrapers' token, if metrics are on.
+    pub(crate) fn resolve(&self) -> Result<Option<(String, Option<String>)>, mooring_core::Error> {
+        let Some(given) = &self.metrics_listen else {
+            return Ok(None);
+        };
+        // A bare port means loopback: metrics leave the machine only when the operator says so.
+        let listen = if given.parse::<u16>().is_ok() {
+            format!("127.0.0.1:{given}")
+        } else {
+            given.clone()
+        };
+        let bearer = match &self.metrics_token_file {
+            Some(path) => Some(read_bearer(path)?),
+            None => None,
+        };
+        Ok(Some((listen, bearer)))
+    }
+}
+
+/// The scrapers' bearer token: the file's first line.
+fn read_bearer(path: &std::path::Path) -> Result<String, mooring_core::Error> {
+    use mooring_core::{Error, ErrorCode};
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Error::new(
+            ErrorCode::FILE_READ_FAIL,
+            format!("metrics token file {}: {e}", path.display()),
+        )
+    })?;
+    let token = text.lines().next().unwrap_or_default().trim().to_string();
+    if token.is_empty() {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!("metrics token file {} is empty", path.display()),
+        ));
+    }
+    Ok(token)
 }
 
 #[derive(Args)]
@@ -225,6 +270,8 @@ pub(crate) struct NodeArgs {
     /// Bypass the page cache (O_DIRECT), with the alignment the filesystem reports.
     #[arg(long)]
     pub(crate) disk_direct: bool,
+    #[command(flatten)]
+    pub(crate) metrics: MetricsArgs,
 }
 
 #[derive(Args, Clone)]

@@ -108,49 +108,16 @@ async fn run_master(args: MasterArgs) -> Result<(), Error> {
     let listen = settings.listen.unwrap_or_else(|| default_listen.into());
     let token = args.serve.token_for(&listen)?;
     let mut master = RunningMaster::start(&listen, config, token).await?;
-    if let Some(metrics) = &args.metrics_listen {
-        let bearer = match &args.metrics_token_file {
-            Some(path) => Some(read_bearer(path)?),
-            None => None,
-        };
+    if let Some((listen, bearer)) = args.metrics.resolve()? {
         // Its bound address is logged: stdout's one line is the master's address, which
         // scripts read (and it is printed once everything serves).
-        master
-            .serve_metrics(&metrics_address(metrics), bearer)
-            .await?;
+        master.serve_metrics(&listen, bearer).await?;
     }
     out!("mooring master listening on {}", master.addr);
     let _ = std::io::stdout().flush();
     wait_for_shutdown().await;
     drop(master);
     Ok(())
-}
-
-/// A bare port means loopback: metrics leave the machine only when the operator says so.
-fn metrics_address(given: &str) -> String {
-    if given.parse::<u16>().is_ok() {
-        format!("127.0.0.1:{given}")
-    } else {
-        given.to_string()
-    }
-}
-
-/// The scrapers' bearer token: the file's first line.
-fn read_bearer(path: &std::path::Path) -> Result<String, Error> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Error::new(
-            ErrorCode::FILE_READ_FAIL,
-            format!("metrics token file {}: {e}", path.display()),
-        )
-    })?;
-    let token = text.lines().next().unwrap_or_default().trim().to_string();
-    if token.is_empty() {
-        return Err(Error::new(
-            ErrorCode::INVALID_PARAMS,
-            format!("metrics token file {} is empty", path.display()),
-        ));
-    }
-    Ok(token)
 }
 
 async fn run_node(args: NodeArgs) -> Result<(), Error> {
@@ -207,7 +174,8 @@ async fn run_node(args: NodeArgs) -> Result<(), Error> {
     if let Some(disk) = &segment.node.disk {
         mooring::preflight::check_disk_dir(&disk.dir, disk.capacity)?;
     }
-    let node = StandaloneNode::start(
+    let metrics = args.metrics.resolve()?;
+    let mut node = StandaloneNode::start(
         &master,
         None,
         &segment,
@@ -215,6 +183,9 @@ async fn run_node(args: NodeArgs) -> Result<(), Error> {
         token,
     )
     .await?;
+    if let Some((listen, bearer)) = metrics {
+        node.serve_metrics(&listen, bearer).await?;
+    }
     out!(
         "mooring node {} serving {size} bytes (master {master})",
         node.node().name()
