@@ -127,6 +127,8 @@ pub struct DataCounts {
     pub stages: u64,
     /// Requests refused (unknown key or range, a write past its deadline, no disk tier).
     pub refused: u64,
+    /// Connections open now (for transports that have connections).
+    pub connections: u64,
 }
 
 #[derive(Default)]
@@ -201,6 +203,7 @@ impl DataService {
             write_bytes: c.write_bytes.load(Ordering::Relaxed),
             stages: c.stages.load(Ordering::Relaxed),
             refused: c.refused.load(Ordering::Relaxed),
+            connections: 0,
         }
     }
 

@@ -12,7 +12,8 @@ use mooring_proto::auth::ClusterToken;
 use mooring_proto::dispatch;
 use mooring_proto::transport::RpcHandler;
 use mooring_proto::wire::{BatchPutStart, MasterRequest, MasterResponse, PutStart};
-use mooring_transport_tcp::spawn_rpc_server;
+use mooring_transport_tcp::limits::ConnectionLimits;
+use mooring_transport_tcp::spawn_rpc_server_with_limits;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -217,6 +218,8 @@ pub struct RunningMaster {
     pub service: Arc<MasterService>,
     /// Where it listens.
     pub addr: SocketAddr,
+    /// Its RPC connections, counted against their caps.
+    limits: Arc<ConnectionLimits>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -237,12 +240,14 @@ impl RunningMaster {
         let addr = listener
             .local_addr()
             .map_err(|e| Error::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
+        let limits = ConnectionLimits::standard();
         let tasks = vec![
-            spawn_rpc_server(
+            spawn_rpc_server_with_limits(
                 listener,
                 service.clone(),
                 crate::tuning::server_spin(),
                 token,
+                limits.clone(),
             ),
             service.spawn_timer(),
         ];
@@ -250,6 +255,7 @@ impl RunningMaster {
         Ok(RunningMaster {
             service,
             addr,
+            limits,
             tasks,
         })
     }
@@ -263,7 +269,12 @@ impl RunningMaster {
     ) -> Result<SocketAddr> {
         let service = self.service.clone();
         let read = Arc::new(move || service.with_master(|m, _| (m.stats(), m.segments())));
-        let handler = crate::metrics::handler(self.service.metrics.clone(), read);
+        let limits = self.limits.clone();
+        let handler = crate::metrics::handler(
+            self.service.metrics.clone(),
+            read,
+            Arc::new(move || limits.open()),
+        );
         let (addr, task) =
             crate::http::serve(listen, handler, bearer, crate::metrics::PUBLIC_PATHS).await?;
         self.tasks.push(task);

@@ -139,9 +139,20 @@ impl MasterMetrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    /// The Prometheus text exposition of `stats`, `segments` and the recorded RPCs.
-    pub fn render(&self, stats: &Stats, segments: &[SegmentInfo]) -> String {
+    /// The Prometheus text exposition of `stats`, `segments`, the recorded RPCs and the
+    /// `connections` open to the master.
+    pub fn render(&self, stats: &Stats, segments: &[SegmentInfo], connections: usize) -> String {
         let mut registry = Registry::with_prefix("mooring");
+        registry.register(
+            "connections",
+            "RPC connections open to the master",
+            ConstGauge::new(connections as i64),
+        );
+        registry.register(
+            "refused_peers",
+            "Peers refused (failed handshake, connection cap, bad frame)",
+            ConstCounter::new(mooring_transport_tcp::refusals::total()),
+        );
         let gauges: [(&str, &str, u64); 10] = [
             (
                 "objects",
@@ -353,6 +364,11 @@ pub fn node_text(node: &crate::node::Node, disk: Option<(usize, u64)>) -> String
         "Peers refused (failed handshake, connection cap, bad frame)",
         ConstCounter::new(mooring_transport_tcp::refusals::total()),
     );
+    registry.register(
+        "connections",
+        "Data connections open",
+        ConstGauge::new(counts.connections as i64),
+    );
     registry.register_with_unit(
         "segment",
         "Memory this node contributes",
@@ -429,13 +445,14 @@ fn stats_value(stats: &Stats, segments: &[SegmentInfo]) -> serde_json::Value {
 pub fn handler(
     metrics: MasterMetrics,
     read: Arc<dyn Fn() -> (Stats, Vec<SegmentInfo>) + Send + Sync>,
+    connections: Arc<dyn Fn() -> usize + Send + Sync>,
 ) -> Handler {
     Arc::new(move |path: &str| match path {
         "/metrics" => {
             let (stats, segments) = read();
             Response::ok(
                 "text/plain; version=0.0.4; charset=utf-8",
-                metrics.render(&stats, &segments),
+                metrics.render(&stats, &segments, connections()),
             )
         }
         "/stats.json" => {
@@ -479,9 +496,10 @@ mod tests {
             endpoint: "10.0.0.9:12345".into(),
             key: 0xdead_beef_1234,
         };
-        let text = metrics.render(&stats, &[segment]);
+        let text = metrics.render(&stats, &[segment], 3);
         for line in [
             "mooring_objects 3",
+            "mooring_connections 3",
             "mooring_capacity_bytes 1048576",
             "mooring_evicted_bytes_total 77",
             "mooring_segment_used_bytes{segment=\"node-a\"} 4096",

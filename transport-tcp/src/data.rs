@@ -271,7 +271,10 @@ impl DataServer for TcpDataServer {
     }
 
     fn counts(&self) -> mooring_proto::serve::DataCounts {
-        self.service.counts()
+        mooring_proto::serve::DataCounts {
+            connections: self.limits.open() as u64,
+            ..self.service.counts()
+        }
     }
 }
 

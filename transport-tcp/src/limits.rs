@@ -52,6 +52,11 @@ impl ConnectionLimits {
         ConnectionLimits::new(MAX_CONNECTIONS, MAX_UNAUTHENTICATED, MAX_PER_IDENTITY)
     }
 
+    /// Connections open now (handshaking or admitted).
+    pub fn open(&self) -> usize {
+        self.counts().open
+    }
+
     fn counts(&self) -> MutexGuard<'_, Counts> {
         self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
