@@ -104,7 +104,10 @@ fn scrapes_follow_the_work_and_need_the_token() {
     assert_eq!(sample(&before, "mooring_objects"), Some(0.0), "{before}");
     assert_eq!(sample(&before, "mooring_segments"), Some(1.0));
     // The node keeps a connection to the master (and this scrape is not an RPC connection).
-    assert!(sample(&before, "mooring_connections") >= Some(1.0), "{before}");
+    assert!(
+        sample(&before, "mooring_connections") >= Some(1.0),
+        "{before}"
+    );
     assert_eq!(
         sample(
             &before,
@@ -177,7 +180,10 @@ fn scrapes_follow_the_work_and_need_the_token() {
         "{node}"
     );
     assert_eq!(sample(&node, "mooring_node_mounted"), Some(1.0));
-    assert!(sample(&node, "mooring_node_connections").is_some(), "{node}");
+    assert!(
+        sample(&node, "mooring_node_connections").is_some(),
+        "{node}"
+    );
     assert_eq!(
         sample(&node, "mooring_node_segment_bytes"),
         Some(8.0 * 1024.0 * 1024.0)
