@@ -5,10 +5,8 @@
 //! into Mooncake's return codes and logs the message, at most a few lines a second, so a
 //! program that fails in a loop does not drown its own output.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
-
 use mooring_core::{Error, ErrorCode};
+use mooring_transport_tcp::refusals::LogBudget;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -36,20 +34,8 @@ pub(crate) fn invalid(message: impl Into<String>) -> Error {
     Error::new(ErrorCode::INVALID_PARAMS, message)
 }
 
-/// Most failure lines logged per second.
-const PER_SECOND: u32 = 10;
-
-struct Window {
-    started: Option<Instant>,
-    logged: u32,
-    suppressed: u64,
-}
-
-static WINDOW: Mutex<Window> = Mutex::new(Window {
-    started: None,
-    logged: 0,
-    suppressed: 0,
-});
+/// The failure lines' budget: a program failing in a loop must not drown its own output.
+static FAILURES: LogBudget = LogBudget::new();
 
 /// Logs a failed call at WARN, unless this second's share of lines is used up. A key that is
 /// missing, or already there for a put, is logged at DEBUG: those are answers a program acts
@@ -67,21 +53,8 @@ fn log_line(call: &str, code: ErrorCode, text: &dyn std::fmt::Display) {
         tracing::debug!(call, "{text}");
         return;
     }
-    let suppressed = {
-        let mut w = WINDOW.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        if w.started
-            .is_none_or(|s| now.duration_since(s) >= Duration::from_secs(1))
-        {
-            w.started = Some(now);
-            w.logged = 0;
-        }
-        if w.logged >= PER_SECOND {
-            w.suppressed += 1;
-            return;
-        }
-        w.logged += 1;
-        std::mem::take(&mut w.suppressed)
+    let Some(suppressed) = FAILURES.admit() else {
+        return;
     };
     if suppressed > 0 {
         tracing::warn!(
