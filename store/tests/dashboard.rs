@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 
 mod common;
 
-use common::{BIN, Proc};
+use common::{BIN, Proc, free_port};
 
 fn chromium() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("MOORING_CHROMIUM") {
@@ -45,14 +45,6 @@ fn browse(browser: &Path, dir: &Path, url: &str, extra: &[&str]) -> std::process
         .stdin(Stdio::null())
         .output()
         .expect("run chromium")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[test]

@@ -8,15 +8,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{BIN, Proc};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::{BIN, Proc, free_port};
 
 /// GETs `path` from `addr`: the status and the body.
 fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {

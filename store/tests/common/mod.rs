@@ -8,6 +8,15 @@ use std::process::{Child, Command, Stdio};
 /// The `mooring` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_mooring");
 
+/// A loopback port free a moment ago (for a listener a test names in advance).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A child process killed when dropped.
 pub struct Proc {
     pub child: Child,
