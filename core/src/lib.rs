@@ -23,6 +23,7 @@
 //! | [`soft_pin`] | soft-pin actions (preserve, enable, disable) and what a write leaves |
 //! | `upsert` | RFC 000 upsert, with the torn-read window closed |
 //! | `reads`, `holds` | replica lists, exist, leases; held reads (refcounts) |
+//! | [`census`] | objects by state and the bytes they hold, counted on request |
 //! | `remove` | remove, remove-all, remove-by-regex |
 //! | `eviction` | watermark- and pressure-driven LRU eviction with pin tiers |
 //! | `offload` | the SSD tier: offload selection, disk replicas, tombstones, prefetch |
@@ -36,6 +37,7 @@
 #![forbid(unsafe_code)]
 
 pub mod allocator;
+pub mod census;
 pub mod checksum;
 mod chunked;
 mod clients;
@@ -71,12 +73,13 @@ mod zombies;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use census::{Census, StatsReport};
 pub use checksum::Checksum;
 pub use config::{MasterConfig, ReplicateConfig};
 pub use error::{Error, ErrorCode, Result};
 pub use events::{DiscardCause, Event};
 pub use ids::{ClientId, HoldId, SegmentId, TaskId, WriteId};
-pub use master::{Master, Stats, UpsertCounts};
+pub use master::{Master, ReadCounts, Stats, UpsertCounts};
 pub use membership::{HeartbeatAck, HeartbeatStatus};
 pub use object::{Medium, ReplicaDescriptor, ReplicaStatus};
 pub use offload::{DiskReport, DiskSyncAck, MAX_OFFLOAD_QUEUE, OffloadOrder, PrefetchGrant};

@@ -51,6 +51,22 @@ pub(crate) struct Counters {
     pub prefetches: u64,
     pub prefetch_failures: u64,
     pub upserts: UpsertCounts,
+    /// Reads (replica lists and held reads) by the tier that could serve them.
+    pub reads: ReadCounts,
+}
+
+/// Reads asked for, by where the value was: memory, only a node's disk, or nowhere.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+#[rkyv(derive(Debug))]
+pub struct ReadCounts {
+    /// A complete memory replica was listed (a memory hit).
+    pub memory: u64,
+    /// Only a disk copy was listed (a disk hit: the reader stages it).
+    pub disk: u64,
+    /// No such object (a miss).
+    pub misses: u64,
 }
 
 /// Upserts started, by how RFC 000 handled them (see `upsert`).
@@ -117,6 +133,8 @@ pub struct Stats {
     pub prefetch_failures: u64,
     /// Upserts started since start, by case.
     pub upserts: UpsertCounts,
+    /// Reads since start, by the tier that could serve them.
+    pub reads: ReadCounts,
 }
 
 /// The master's metadata state machine. See the module docs for how to drive it.
@@ -234,6 +252,7 @@ impl Master {
             prefetches: self.counters.prefetches,
             prefetch_failures: self.counters.prefetch_failures,
             upserts: self.counters.upserts,
+            reads: self.counters.reads,
         }
     }
 

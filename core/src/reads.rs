@@ -50,7 +50,7 @@ impl Master {
     /// object, `REPLICA_IS_NOT_READY` while it is being written.
     pub fn get_replica_list(&mut self, key: &str, now: Millis) -> Result<ReplicaList> {
         let now = self.advance(now);
-        let slot = self.readable_slot(key)?;
+        let slot = self.read_slot(key)?;
         Ok(self.read_replicas(slot, now))
     }
 
@@ -172,6 +172,20 @@ impl Master {
             return Err(ErrorCode::REPLICA_IS_NOT_READY.into());
         }
         Ok(slot)
+    }
+
+    /// [`Master::readable_slot`] for a read about to be served, counted by the tier that can
+    /// serve it: memory, only a node's disk, or none (a miss).
+    pub(crate) fn read_slot(&mut self, key: &str) -> Result<u32> {
+        let found = self.readable_slot(key);
+        let reads = &mut self.counters.reads;
+        match &found {
+            Ok(slot) if self.objects.at(*slot).has_complete_replica() => reads.memory += 1,
+            Ok(_) => reads.disk += 1,
+            Err(e) if e.code == ErrorCode::OBJECT_NOT_FOUND => reads.misses += 1,
+            Err(_) => {}
+        }
+        found
     }
 
     /// Grants a lease on the object in `slot` and lists its complete replicas.

@@ -697,3 +697,17 @@ fn a_hold_on_a_lost_object_does_not_attach_to_its_recovered_copy() {
     f.advance(Millis::from_secs(6));
     f.remove("k").unwrap();
 }
+
+#[test]
+fn a_read_of_a_disk_only_object_counts_as_a_disk_hit() {
+    let mut f = write_through();
+    disk_only(&mut f, "k");
+    let before = f.m.stats().reads;
+    f.get("k").unwrap();
+    let after = f.m.stats().reads;
+    assert_eq!(after.disk, before.disk + 1);
+    assert_eq!(after.memory, before.memory);
+    let census = f.m.census(f.now);
+    assert_eq!(census.disk_only, 1);
+    assert!(census.disk_bytes >= 4 * KIB, "{census:?}");
+}

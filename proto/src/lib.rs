@@ -14,6 +14,7 @@
 //! | [`transport`] | the control-plane and data-plane traits, segment memory, the export table |
 //! | [`summing`] | checksums summed on a helper thread while a transfer moves the next bytes |
 //! | [`serve`] | a node's answer to each data request, shared by every transport's data server |
+//! | [`trace`] | the id one client operation carries through master and nodes |
 //! | [`disk`] | the file I/O trait the SSD tier's disks implement |
 //! | [`fuzz`] | fuzz entry points for every decoder of network bytes |
 
@@ -26,5 +27,6 @@ pub mod summing;
 /// Lock and atomic types, swapped for loom's under `--cfg mooring_loom` so loom can model
 /// the structures that share state across threads (the export table).
 mod sync;
+pub mod trace;
 pub mod transport;
 pub mod wire;

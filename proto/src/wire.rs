@@ -22,13 +22,13 @@ use rkyv::util::AlignedVec;
 use mooring_core::{
     Checksum, ClientId, CopyGrant, DiskReport, DiskSyncAck, Error, ErrorCode, HeartbeatAck, HoldId,
     KeyListing, Millis, PrefetchGrant, PutGrant, ReplicaList, ReplicateConfig, SegmentId,
-    SegmentInfo, SegmentSpec, Stats, TaskId, WriteId,
+    SegmentInfo, SegmentSpec, StatsReport, TaskId, WriteId,
 };
 
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MOOR";
 /// The wire format version this build speaks.
-pub const WIRE_VERSION: u8 = 8;
+pub const WIRE_VERSION: u8 = 9;
 /// Length of the frame header.
 pub const HEADER_LEN: usize = 24;
 /// Largest frame payload accepted (a batch of many keys fits; bulk data travels outside).
@@ -70,7 +70,8 @@ impl FrameKind {
 pub struct FrameHeader {
     /// What the payload is.
     pub kind: FrameKind,
-    /// Matches a response to its request.
+    /// The sending operation's trace id (see [`crate::trace`]); a response echoes its
+    /// request's, which is how a client checks that a reply answers what it asked.
     pub request_id: u64,
     /// Payload length in bytes.
     pub len: u32,
@@ -396,7 +397,8 @@ mod messages {
         } => CopyGrant;
         TaskEnd { client: ClientId, task: TaskId } => ();
         TaskRevoke { client: ClientId, task: TaskId } => ();
-        GetStats {} => Stats;
+        /// The master's stats and census (boxed: the largest reply by far).
+        GetStats {} => Box<StatsReport>;
     }
 }
 
@@ -526,6 +528,17 @@ mod data {
     }
 
     impl DataRequest {
+        /// The request's name, for logs.
+        pub fn name(&self) -> &'static str {
+            match self {
+                DataRequest::Write { .. } => "Write",
+                DataRequest::Read { .. } => "Read",
+                DataRequest::Stage { .. } => "Stage",
+                DataRequest::Unstage { .. } => "Unstage",
+                DataRequest::Probe { .. } => "Probe",
+            }
+        }
+
         /// The bulk bytes the request moves, or `None` if the total overflows or exceeds
         /// [`MAX_DATA_REQUEST`].
         pub fn bulk_len(&self) -> Option<u64> {

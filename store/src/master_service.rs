@@ -159,10 +159,14 @@ impl RpcHandler for MasterService {
         let started = std::time::Instant::now();
         let response =
             self.with_master_protecting(&protected, |m, now| dispatch::handle(m, request, now));
-        self.metrics.record(
-            kind,
-            response.as_ref().map(|_| ()).map_err(|e| e.code),
-            started.elapsed(),
+        let elapsed = started.elapsed();
+        let outcome = response.as_ref().map(|_| ()).map_err(|e| e.code);
+        self.metrics.record(kind, outcome, elapsed);
+        debug!(
+            request = kind,
+            ?outcome,
+            elapsed_us = elapsed.as_micros() as u64,
+            "served"
         );
         if let Some(request) = logged {
             tracing::trace!(%request, ?response, "handled");
@@ -268,7 +272,7 @@ impl RunningMaster {
         bearer: Option<String>,
     ) -> Result<SocketAddr> {
         let service = self.service.clone();
-        let read = Arc::new(move || service.with_master(|m, _| (m.stats(), m.segments())));
+        let read = Arc::new(move || service.with_master(|m, now| (m.report(now), m.segments())));
         let limits = self.limits.clone();
         let handler = crate::metrics::handler(
             self.service.metrics.clone(),

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mooring_core::{ErrorCode, SegmentInfo, Stats};
+use mooring_core::{ErrorCode, SegmentInfo, StatsReport};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
@@ -37,6 +37,18 @@ struct RpcOutcome {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RpcKind {
     kind: String,
+}
+
+/// Labels of the census: an object state, or the tier a value (or a read) is in.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+/// Labels of a per-tier figure.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TierLabel {
+    tier: &'static str,
 }
 
 /// Labels of a segment's gauges.
@@ -139,10 +151,62 @@ impl MasterMetrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    /// The Prometheus text exposition of `stats`, `segments`, the recorded RPCs and the
+    /// The Prometheus text exposition of `report`, `segments`, the recorded RPCs and the
     /// `connections` open to the master.
-    pub fn render(&self, stats: &Stats, segments: &[SegmentInfo], connections: usize) -> String {
+    pub fn render(
+        &self,
+        report: &StatsReport,
+        segments: &[SegmentInfo],
+        connections: usize,
+    ) -> String {
+        let stats = &report.stats;
+        let census = &report.census;
         let mut registry = Registry::with_prefix("mooring");
+        let by_state = Family::<StateLabel, Gauge>::default();
+        for (state, count) in [
+            ("complete", census.complete),
+            ("writing", census.writing),
+            ("hard_pinned", census.hard_pinned),
+            ("soft_pinned", census.soft_pinned),
+            ("leased", census.leased),
+            ("held", census.held),
+            ("disk_only", census.disk_only),
+        ] {
+            by_state
+                .get_or_create(&StateLabel { state })
+                .set(count as i64);
+        }
+        registry.register(
+            "objects_by_state",
+            "Objects by state (an object may be in several: complete and leased, say); \
+             state=\"leased\" counts the leases readers hold",
+            by_state,
+        );
+        let value_bytes = Family::<TierLabel, Gauge>::default();
+        for (tier, bytes) in [("memory", census.memory_bytes), ("disk", census.disk_bytes)] {
+            value_bytes
+                .get_or_create(&TierLabel { tier })
+                .set(bytes as i64);
+        }
+        registry.register_with_unit(
+            "values",
+            "Bytes of complete values, by tier (memory counts every replica)",
+            Unit::Bytes,
+            value_bytes,
+        );
+        let reads = Family::<TierLabel, Counter>::default();
+        for (tier, count) in [
+            ("memory", stats.reads.memory),
+            ("disk", stats.reads.disk),
+            ("none", stats.reads.misses),
+        ] {
+            reads.get_or_create(&TierLabel { tier }).inc_by(count);
+        }
+        registry.register(
+            "reads",
+            "Reads asked for, by the tier that held the value (tier=\"none\": a miss)",
+            reads,
+        );
         registry.register(
             "connections",
             "RPC connections open to the master",
@@ -400,11 +464,12 @@ pub fn node_text(node: &crate::node::Node, disk: Option<(usize, u64)>) -> String
 }
 
 /// The JSON `mooring stat --json` prints: the stats and the segments' names, sizes and usage.
-pub fn stats_json(stats: &Stats, segments: &[SegmentInfo]) -> String {
-    stats_value(stats, segments).to_string()
+pub fn stats_json(report: &StatsReport, segments: &[SegmentInfo]) -> String {
+    stats_value(report, segments).to_string()
 }
 
-fn stats_value(stats: &Stats, segments: &[SegmentInfo]) -> serde_json::Value {
+fn stats_value(report: &StatsReport, segments: &[SegmentInfo]) -> serde_json::Value {
+    let (stats, census) = (&report.stats, &report.census);
     let segments: Vec<serde_json::Value> = segments
         .iter()
         .map(|s| serde_json::json!({"name": s.name, "capacity": s.size, "used": s.used}))
@@ -436,6 +501,22 @@ fn stats_value(stats: &Stats, segments: &[SegmentInfo]) -> serde_json::Value {
             "copied": stats.upserts.copied,
             "resized": stats.upserts.resized,
         },
+        "reads": {
+            "memory": stats.reads.memory,
+            "disk": stats.reads.disk,
+            "misses": stats.reads.misses,
+        },
+        "census": {
+            "complete": census.complete,
+            "writing": census.writing,
+            "hard_pinned": census.hard_pinned,
+            "soft_pinned": census.soft_pinned,
+            "leased": census.leased,
+            "held": census.held,
+            "disk_only": census.disk_only,
+            "memory_bytes": census.memory_bytes,
+            "disk_bytes": census.disk_bytes,
+        },
         "segment_list": segments,
     })
 }
@@ -444,20 +525,20 @@ fn stats_value(stats: &Stats, segments: &[SegmentInfo]) -> serde_json::Value {
 /// stats and segments) and `metrics`.
 pub fn handler(
     metrics: MasterMetrics,
-    read: Arc<dyn Fn() -> (Stats, Vec<SegmentInfo>) + Send + Sync>,
+    read: Arc<dyn Fn() -> (StatsReport, Vec<SegmentInfo>) + Send + Sync>,
     connections: Arc<dyn Fn() -> usize + Send + Sync>,
 ) -> Handler {
     Arc::new(move |path: &str| match path {
         "/metrics" => {
-            let (stats, segments) = read();
+            let (report, segments) = read();
             Response::ok(
                 "text/plain; version=0.0.4; charset=utf-8",
-                metrics.render(&stats, &segments, connections()),
+                metrics.render(&report, &segments, connections()),
             )
         }
         "/stats.json" => {
-            let (stats, segments) = read();
-            let mut document = stats_value(&stats, &segments);
+            let (report, segments) = read();
+            let mut document = stats_value(&report, &segments);
             document["rpc"] = metrics.rpc_json();
             Response::ok("application/json", document.to_string())
         }
@@ -469,6 +550,7 @@ pub fn handler(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mooring_core::Stats;
 
     #[test]
     fn exposition_names_follow_prometheus_conventions() {
@@ -479,12 +561,24 @@ mod tests {
             Err(ErrorCode::OBJECT_NOT_FOUND),
             Duration::from_micros(12),
         );
-        let stats = Stats {
-            objects: 3,
-            capacity: 1 << 20,
-            used: 4096,
-            evicted_bytes: 77,
-            ..Stats::default()
+        let report = StatsReport {
+            stats: Stats {
+                objects: 3,
+                capacity: 1 << 20,
+                used: 4096,
+                evicted_bytes: 77,
+                reads: mooring_core::ReadCounts {
+                    memory: 5,
+                    disk: 1,
+                    misses: 2,
+                },
+                ..Stats::default()
+            },
+            census: mooring_core::Census {
+                leased: 2,
+                memory_bytes: 4000,
+                ..mooring_core::Census::default()
+            },
         };
         let segment = SegmentInfo {
             id: mooring_core::SegmentId(1),
@@ -496,7 +590,7 @@ mod tests {
             endpoint: "10.0.0.9:12345".into(),
             key: 0xdead_beef_1234,
         };
-        let text = metrics.render(&stats, &[segment], 3);
+        let text = metrics.render(&report, &[segment], 3);
         for line in [
             "mooring_objects 3",
             "mooring_connections 3",
@@ -506,6 +600,10 @@ mod tests {
             "mooring_rpc_requests_total{kind=\"PutStart\",outcome=\"ok\"} 1",
             "mooring_rpc_requests_total{kind=\"GetReplicaList\",outcome=\"OBJECT_NOT_FOUND\"} 1",
             "mooring_rpc_duration_seconds_count{kind=\"PutStart\"} 1",
+            "mooring_objects_by_state{state=\"leased\"} 2",
+            "mooring_values_bytes{tier=\"memory\"} 4000",
+            "mooring_reads_total{tier=\"memory\"} 5",
+            "mooring_reads_total{tier=\"none\"} 2",
         ] {
             assert!(text.contains(line), "{line:?} missing from\n{text}");
         }

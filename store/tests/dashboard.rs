@@ -101,6 +101,12 @@ fn the_dashboard_shows_the_cluster_in_a_browser() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    let got = Command::new(BIN)
+        .args(["get", "--master", &addr, "k0"])
+        .env_remove("MOORING_TOKEN_FILE")
+        .output()
+        .unwrap();
+    assert!(got.status.success());
     let url = format!("http://{metrics}/#token=dash-token");
 
     let dom = browse(&browser, &dir, &url, &["--dump-dom"]);
@@ -108,6 +114,10 @@ fn the_dashboard_shows_the_cluster_in_a_browser() {
     assert!(
         dom.contains(r#"id="objects">7<"#),
         "objects not shown:\n{dom}"
+    );
+    assert!(
+        dom.contains(r#"id="reads-by-tier">1 memory, 0 disk, 0 misses<"#),
+        "reads not shown:\n{dom}"
     );
     assert!(
         dom.contains(r#"data-segment="node-a""#),

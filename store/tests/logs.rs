@@ -97,3 +97,112 @@ impl Drop for Guard {
 fn scopeguard(child: std::process::Child) -> Guard {
     Guard(child)
 }
+
+/// A get's trace id, printed in the client's DEBUG line, is found in the master's line for its
+/// replica-list request and in the node's line for its read: one slow operation can be
+/// followed through the three processes.
+#[test]
+fn one_trace_id_follows_a_get_through_master_and_node() {
+    let dir = std::env::temp_dir().join(format!("mooring-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log_file = |name: &str| std::fs::File::create(dir.join(name)).unwrap();
+    let mut master = Command::new(BIN)
+        .args(["master", "--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", TRACING)
+        .env_remove("MOORING_TOKEN_FILE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log_file("master.log"))
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(master.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let master = scopeguard(master);
+    let addr = line.trim().rsplit(' ').next().unwrap().to_string();
+    let node = Command::new(BIN)
+        .args(["node", "--master", &addr, "--size", "8MiB", "--no-prefault"])
+        .env("RUST_LOG", TRACING)
+        .env_remove("MOORING_TOKEN_FILE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file("node.log"))
+        .spawn()
+        .unwrap();
+    let node = scopeguard(node);
+    let cli = |args: &[&str]| {
+        Command::new(BIN)
+            .args(args)
+            .args(["--master", &addr])
+            .env("RUST_LOG", "warn,mooring::client=debug")
+            .env_remove("MOORING_TOKEN_FILE")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let mut stored = false;
+    for _ in 0..50 {
+        if cli(&["put", "--value", "traced value", "traced"])
+            .status
+            .success()
+        {
+            stored = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(stored, "the node never mounted");
+    let get = cli(&["get", "traced"]);
+    assert!(get.status.success());
+    let client_log = String::from_utf8_lossy(&get.stderr).to_string();
+    let done = client_log
+        .lines()
+        .find(|l| l.contains("op=\"get\"") && l.contains("done"))
+        .unwrap_or_else(|| panic!("no DEBUG line for the get:\n{client_log}"));
+    let trace = trace_of(done).unwrap_or_else(|| panic!("no trace id in {done:?}"));
+    // Let the servers' log lines reach their files.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    drop(node);
+    drop(master);
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+    let (master_log, node_log) = (read("master.log"), read("node.log"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let carrying = |log: &str| -> Vec<String> {
+        log.lines()
+            .filter(|l| trace_of(l) == Some(trace.clone()))
+            .map(str::to_string)
+            .collect()
+    };
+    let at_master = carrying(&master_log);
+    assert!(
+        at_master
+            .iter()
+            .any(|l| l.contains("GetReplicaList") && l.contains("served")),
+        "trace {trace} not in the master's log:\n{master_log}"
+    );
+    let at_node = carrying(&node_log);
+    assert!(
+        at_node
+            .iter()
+            .any(|l| l.contains("Read") && l.contains("data request")),
+        "trace {trace} not in the node's log:\n{node_log}"
+    );
+    // The put before it was another operation, with another id.
+    assert!(
+        !at_master.iter().any(|l| l.contains("PutStart")),
+        "{at_master:#?}"
+    );
+}
+
+/// The filter an operator sets to follow operations: the servers' request spans and lines.
+const TRACING: &str = "info,mooring=debug,mooring_transport_tcp=debug";
+
+/// The 16 hex digits after `trace=` in a log line, if any.
+fn trace_of(line: &str) -> Option<String> {
+    let at = line.find("trace=")? + "trace=".len();
+    let id = line.get(at..at + 16)?;
+    id.chars()
+        .all(|c| c.is_ascii_hexdigit())
+        .then(|| id.to_string())
+}

@@ -123,6 +123,36 @@ fn scrapes_follow_the_work_and_need_the_token() {
     assert!(put_starts >= Some(5.0), "{after}");
     assert!(after.contains("mooring_rpc_duration_seconds_bucket{"));
     assert_eq!(sample(&after, "mooring_evicted_objects_total"), Some(0.0));
+    assert_eq!(
+        sample(&after, "mooring_objects_by_state{state=\"complete\"}"),
+        Some(5.0)
+    );
+    assert_eq!(
+        sample(&after, "mooring_values_bytes{tier=\"memory\"}"),
+        Some(25.0)
+    );
+
+    // A get takes a lease and is a memory hit; a get of a missing key is a miss.
+    let get_key = |key: &str| {
+        Command::new(BIN)
+            .args(["get", "--master", &addr, key])
+            .env_remove("MOORING_TOKEN_FILE")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    assert!(get_key("small-0"));
+    assert!(!get_key("no-such-key"));
+    let (_, read) = get(&metrics, "/metrics", token);
+    assert_eq!(
+        sample(&read, "mooring_objects_by_state{state=\"leased\"}"),
+        Some(1.0),
+        "{read}"
+    );
+    assert!(sample(&read, "mooring_reads_total{tier=\"memory\"}") >= Some(1.0));
+    assert!(sample(&read, "mooring_reads_total{tier=\"none\"}") >= Some(1.0));
 
     // Twelve 1 MiB values into 8 MiB: evictions, and their counter.
     let big = dir.join("big");

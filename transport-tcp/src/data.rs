@@ -8,7 +8,6 @@
 //! the segment lives in the caller's own process ([`LocalSegments`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -17,6 +16,7 @@ use mooring_core::{Checksum, Error, ErrorCode, Result};
 use mooring_proto::auth::ClusterToken;
 use mooring_proto::serve::{DataService, Ranges, Served};
 use mooring_proto::summing::{STEP, Summing};
+use mooring_proto::trace::TraceId;
 use mooring_proto::transport::{
     BoxFuture, DataPlane, DataServer, LandedPiece, NodeAddr, ReadOp, SegmentMemory, Stager,
     WriteOp, checksums_of,
@@ -182,7 +182,18 @@ impl TcpDataServer {
                 } => clock.deadline(*sent_at_us, *valid_for_us),
                 _ => far_future(),
             };
-            let keep_going = match self.service.serve(request, &mut clock) {
+            // The request's id is its operation's trace id (see `mooring_proto::trace`).
+            let served = {
+                let _span = tracing::debug_span!("request", trace = %TraceId(id)).entered();
+                debug!(
+                    peer,
+                    request = request.name(),
+                    bytes = request.bulk_len().unwrap_or(0),
+                    "data request"
+                );
+                self.service.serve(request, &mut clock)
+            };
+            let keep_going = match served {
                 Served::Answer(response) => conn
                     .write_message::<DataResponse>(id, &response, &[])
                     .await
@@ -322,7 +333,6 @@ impl Default for DataPlaneConfig {
 pub struct TcpDataPlane {
     idle: Mutex<HashMap<Arc<str>, Vec<DataConn>>>,
     local: Arc<LocalSegments>,
-    next_id: AtomicU64,
     config: DataPlaneConfig,
 }
 
@@ -353,7 +363,6 @@ impl TcpDataPlane {
         Arc::new(TcpDataPlane {
             idle: Mutex::new(HashMap::new()),
             local,
-            next_id: AtomicU64::new(1),
             config,
         })
     }
@@ -411,7 +420,7 @@ impl TcpDataPlane {
         .await
         .map_err(fail)?;
         let opened = Instant::now();
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = TraceId::current().0;
         framed
             .write_message(id, &DataRequest::Probe { sent_at_us: 0 }, &[])
             .await
@@ -449,7 +458,7 @@ impl TcpDataPlane {
         };
         let exchange = async {
             let mut data_conn = self.checkout(node).await?;
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let id = TraceId::current().0;
             data_conn
                 .framed
                 .write_message(id, &request, &[])
@@ -500,15 +509,14 @@ impl TcpDataPlane {
             let landed = match lane {
                 Lane::Write(ops) => {
                     let chunks = chunk_ops(ops, request_bulk);
-                    let first = self
-                        .next_id
-                        .fetch_add(chunks.len() as u64, Ordering::Relaxed);
+                    // Every chunk carries the operation's id; replies come back in order.
+                    let id = TraceId::current().0;
                     // The helper sums the pieces while they go out.
                     let mut sums = Summing::new();
                     for (addr, piece) in chunks.iter().flatten() {
                         sums.add_all(piece.op, *addr, piece.src);
                     }
-                    for (i, chunk) in chunks.iter().enumerate() {
+                    for chunk in chunks.iter() {
                         // The node's view of the send time may be off by up to the probe's
                         // round trip: announce that much less.
                         let now = Instant::now();
@@ -525,16 +533,16 @@ impl TcpDataPlane {
                             valid_for_us: valid_for.as_micros() as u64,
                         };
                         let bulk: Vec<&[u8]> = chunk.iter().map(|o| o.1.src).collect();
-                        conn.write_message(first + i as u64, &request, &bulk)
+                        conn.write_message(id, &request, &bulk)
                             .await
                             .map_err(|e| fail(format!("send failed: {e}")))?;
                     }
-                    for i in 0..chunks.len() {
+                    for _ in 0..chunks.len() {
                         let (reply_id, result) = conn
                             .read_message::<DataResponse>()
                             .await
                             .map_err(|e| fail(format!("no reply: {e}")))?;
-                        if reply_id != first + i as u64 {
+                        if reply_id != id {
                             return Err(fail(format!("reply {reply_id} out of order")));
                         }
                         // A refused write closes the connection on the node's side.
@@ -544,26 +552,25 @@ impl TcpDataPlane {
                 }
                 Lane::Read(ops) => {
                     let mut chunks = chunk_ops(ops, request_bulk);
-                    let first = self
-                        .next_id
-                        .fetch_add(chunks.len() as u64, Ordering::Relaxed);
-                    for (i, chunk) in chunks.iter().enumerate() {
+                    // Every chunk carries the operation's id; replies come back in order.
+                    let id = TraceId::current().0;
+                    for chunk in chunks.iter() {
                         let request = DataRequest::Read {
                             key: node.key,
                             ranges: ranges_of(chunk),
                         };
-                        conn.write_message(first + i as u64, &request, &[])
+                        conn.write_message(id, &request, &[])
                             .await
                             .map_err(|e| fail(format!("send failed: {e}")))?;
                     }
                     // Each step is summed by the helper while the next one lands.
                     let mut sums = Summing::new();
-                    for (i, chunk) in chunks.iter_mut().enumerate() {
+                    for chunk in chunks.iter_mut() {
                         let (reply_id, result) = conn
                             .read_message::<DataResponse>()
                             .await
                             .map_err(|e| fail(format!("no reply: {e}")))?;
-                        if reply_id != first + i as u64 {
+                        if reply_id != id {
                             return Err(fail(format!("reply {reply_id} out of order")));
                         }
                         result?;

@@ -7,11 +7,11 @@
 //! several connections.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use mooring_core::{ClientId, Error, ErrorCode, Result};
 use mooring_proto::auth::ClusterToken;
+use mooring_proto::trace::TraceId;
 use mooring_proto::transport::{BoxFuture, ControlPlane, RpcHandler};
 use mooring_proto::wire::{MasterRequest, MasterResponse, Reply};
 use tokio::net::TcpListener;
@@ -31,7 +31,6 @@ pub struct TcpControlPlane {
     addr: String,
     /// Pooled connections, with when each was last used.
     idle: std::sync::Mutex<Vec<(Framed, Instant)>>,
-    next_id: AtomicU64,
     timeout: Duration,
     spin: Duration,
     token: Option<ClusterToken>,
@@ -53,7 +52,6 @@ impl TcpControlPlane {
         Arc::new(TcpControlPlane {
             addr: addr.into(),
             idle: std::sync::Mutex::new(Vec::new()),
-            next_id: AtomicU64::new(1),
             timeout,
             spin,
             token,
@@ -100,7 +98,7 @@ impl TcpControlPlane {
             Some(conn) => conn,
             None => self.open().await?,
         };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = TraceId::current().0;
         let fail = |what: String| {
             Error::new(
                 ErrorCode::RPC_FAIL,
@@ -219,7 +217,9 @@ async fn serve_connection(mut conn: Framed, handler: &dyn RpcHandler, peer: &str
                 return;
             }
         };
-        let response = match request.client() {
+        // The request's id is its operation's trace id: the handler's lines carry it.
+        let span = tracing::debug_span!("request", trace = %TraceId(id));
+        let response = span.in_scope(|| match request.client() {
             Some(named) if named != bound => {
                 refusals::refused(
                     peer,
@@ -239,7 +239,7 @@ async fn serve_connection(mut conn: Framed, handler: &dyn RpcHandler, peer: &str
                 }
                 handler.handle(request)
             }
-        };
+        });
         if let Err(e) = conn.write_message(id, &response, &[]).await {
             debug!(peer, "reply failed: {e}");
             return;

@@ -110,7 +110,13 @@ impl Client {
 
     /// The master's gauges and counters.
     pub async fn stats(&self) -> Result<Stats> {
-        self.call(GetStats {}).await
+        self.report().await.map(|report| report.stats)
+    }
+
+    /// The master's counters and gauges with its census of objects by state (one pass over
+    /// the master's table: for operators, not for a hot loop).
+    pub async fn report(&self) -> Result<StatsReport> {
+        self.call(GetStats {}).await.map(|report| *report)
     }
 
     /// Every mounted segment.

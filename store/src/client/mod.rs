@@ -26,8 +26,9 @@ use futures_util::future::join_all;
 use mooring_core::{
     Checksum, ClientId, Error, ErrorCode, HeartbeatStatus, KeyListing, Medium, PutGrant,
     ReplicaDescriptor, ReplicaList, ReplicateConfig, Result, SegmentId, SegmentInfo, Stats,
-    WriteId,
+    StatsReport, WriteId,
 };
+use mooring_proto::trace::{TraceId, traced};
 use mooring_proto::transport::{ControlPlane, DataPlane, NodeAddr, ReadOp, WriteOp};
 use mooring_proto::wire::{
     AcquireHold, BatchExist, BatchGetReplicaList, BatchPutEnd, BatchPutStart, Call, ClusterInfo,
@@ -36,7 +37,7 @@ use mooring_proto::wire::{
     RemoveByRegex,
 };
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, warn};
 
 use crate::buggify::{self, Site};
 use crate::node::Node;
@@ -103,6 +104,23 @@ impl Client {
     /// letting readers finish within a lease).
     pub async fn close(&self) -> Result<()> {
         self.inner.presence.leave().await
+    }
+
+    /// Runs one operation (`name` on `key`) under a fresh trace id: every request it sends,
+    /// to the master and to the nodes, carries the id, and so do the DEBUG lines those
+    /// processes log for it, so one slow operation can be followed through all three.
+    async fn operation<T>(
+        &self,
+        name: &'static str,
+        key: &str,
+        operation: impl std::future::Future<Output = T>,
+    ) -> T {
+        let trace = TraceId::new();
+        let span = tracing::debug_span!("op", %trace, op = name, key);
+        let started = Instant::now();
+        let outcome = traced(trace, operation).instrument(span.clone()).await;
+        span.in_scope(|| debug!(elapsed_us = started.elapsed().as_micros() as u64, "done"));
+        outcome
     }
 
     async fn call<C: Call>(&self, request: C) -> Result<C::Reply> {

@@ -10,7 +10,7 @@ const LEASE_RETRIES: usize = 3;
 impl Client {
     /// The value of `key`.
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
-        self.read(key, None)
+        self.operation("get", key, self.read(key, None))
             .await
             .map(|(v, _)| v.expect("owned read"))
     }
@@ -18,7 +18,9 @@ impl Client {
     /// Reads the value of `key` into `buf`; returns its length. `BUFFER_OVERFLOW` if `buf` is
     /// smaller than the value.
     pub async fn get_into(&self, key: &str, buf: &mut [u8]) -> Result<usize> {
-        self.read(key, Some(buf)).await.map(|(_, n)| n)
+        self.operation("get_into", key, self.read(key, Some(buf)))
+            .await
+            .map(|(_, n)| n)
     }
 
     /// The value of `key`, read under a hold instead of a lease: until the read ends, the
@@ -26,22 +28,27 @@ impl Client {
     /// value over a slow link, a reader that may stall). The hold is released when the read
     /// ends, and by the master if this client dies (or is taken for dead) first.
     pub async fn get_held(&self, key: &str) -> Result<Vec<u8>> {
-        for _ in 0..LEASE_RETRIES {
-            let (read, kept) = self.read_held(key).await?;
-            match read {
-                // A hold the master dropped (it took this client for dead) protected nothing:
-                // the blocks may have been reused, so damage says nothing about the value.
-                Err(e) if !kept && e.code == ErrorCode::INVALID_REPLICA => {
-                    debug!(key, "held read lost its hold; reading again");
-                    coverage::hit(Path::HOLD_LAPSED);
+        self.operation("get_held", key, async {
+            for _ in 0..LEASE_RETRIES {
+                let (read, kept) = self.read_held(key).await?;
+                match read {
+                    // A hold the master dropped (it took this client for dead) protected nothing:
+                    // the blocks may have been reused, so damage says nothing about the value.
+                    Err(e) if !kept && e.code == ErrorCode::INVALID_REPLICA => {
+                        debug!(key, "held read lost its hold; reading again");
+                        coverage::hit(Path::HOLD_LAPSED);
+                    }
+                    read => return read,
                 }
-                read => return read,
             }
-        }
-        Err(Error::new(
-            ErrorCode::LEASE_EXPIRED,
-            format!("reading {key:?} kept losing its hold (the master took this client for dead)"),
-        ))
+            Err(Error::new(
+                ErrorCode::LEASE_EXPIRED,
+                format!(
+                    "reading {key:?} kept losing its hold (the master took this client for dead)"
+                ),
+            ))
+        })
+        .await
     }
 
     /// One held read: its outcome, and whether the hold was still the master's to release
@@ -274,76 +281,92 @@ impl Client {
     /// The values of many keys: one RPC for the replica lists, transfers in parallel grouped
     /// per node.
     pub async fn batch_get(&self, keys: &[&str]) -> Vec<Result<Vec<u8>>> {
-        let mut results: Vec<Result<Vec<u8>>> = vec![Ok(Vec::new()); keys.len()];
-        let asked = Instant::now();
-        let mut lists = match self.batch_lists(keys).await {
-            Ok(lists) => lists,
-            Err(e) => return vec![Err(e); keys.len()],
-        };
-        let mut buffers: Vec<Vec<u8>> = Vec::with_capacity(lists.len());
-        for list in &mut lists {
-            let buffer = match list {
-                Ok(list) => value_buffer(list.replicas[0].len),
-                Err(_) => Ok(Vec::new()),
-            };
-            buffers.push(buffer.unwrap_or_else(|e| {
-                *list = Err(e);
-                Vec::new()
-            }));
-        }
-        let mut dests: Vec<Option<&mut [u8]>> =
-            buffers.iter_mut().map(|b| Some(&mut b[..])).collect();
-        let outcomes = self.batch_read(keys, &lists, &mut dests, asked).await;
-        drop(dests);
-        for (i, outcome) in outcomes.into_iter().enumerate() {
-            results[i] = match outcome {
-                Ok(_) => Ok(std::mem::take(&mut buffers[i])),
-                Err(e) if e.code == ErrorCode::LEASE_EXPIRED => Box::pin(self.get(keys[i])).await,
-                Err(e) => Err(e),
-            };
-        }
-        results
+        self.operation(
+            "batch_get",
+            keys.first().copied().unwrap_or_default(),
+            async {
+                let mut results: Vec<Result<Vec<u8>>> = vec![Ok(Vec::new()); keys.len()];
+                let asked = Instant::now();
+                let mut lists = match self.batch_lists(keys).await {
+                    Ok(lists) => lists,
+                    Err(e) => return vec![Err(e); keys.len()],
+                };
+                let mut buffers: Vec<Vec<u8>> = Vec::with_capacity(lists.len());
+                for list in &mut lists {
+                    let buffer = match list {
+                        Ok(list) => value_buffer(list.replicas[0].len),
+                        Err(_) => Ok(Vec::new()),
+                    };
+                    buffers.push(buffer.unwrap_or_else(|e| {
+                        *list = Err(e);
+                        Vec::new()
+                    }));
+                }
+                let mut dests: Vec<Option<&mut [u8]>> =
+                    buffers.iter_mut().map(|b| Some(&mut b[..])).collect();
+                let outcomes = self.batch_read(keys, &lists, &mut dests, asked).await;
+                drop(dests);
+                for (i, outcome) in outcomes.into_iter().enumerate() {
+                    results[i] = match outcome {
+                        Ok(_) => Ok(std::mem::take(&mut buffers[i])),
+                        Err(e) if e.code == ErrorCode::LEASE_EXPIRED => {
+                            Box::pin(self.get(keys[i])).await
+                        }
+                        Err(e) => Err(e),
+                    };
+                }
+                results
+            },
+        )
+        .await
     }
 
     /// Reads many keys into caller buffers; one result (the length) per key.
     pub async fn batch_get_into(&self, items: &mut [(&str, &mut [u8])]) -> Vec<Result<usize>> {
-        let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
-        let asked = Instant::now();
-        let lists = match self.batch_lists(&keys).await {
-            Ok(lists) => lists,
-            Err(e) => return vec![Err(e); items.len()],
-        };
-        let mut dests: Vec<Option<&mut [u8]>> = Vec::with_capacity(items.len());
-        let mut early: Vec<Option<Error>> = vec![None; items.len()];
-        for (i, (key, buf)) in items.iter_mut().enumerate() {
-            let size = match &lists[i] {
-                Ok(list) => list.replicas[0].len as usize,
-                Err(_) => 0,
-            };
-            if buf.len() < size {
-                early[i] = Some(Error::new(
-                    ErrorCode::BUFFER_OVERFLOW,
-                    format!("{key:?} is {size} bytes, the buffer {}", buf.len()),
-                ));
-                dests.push(None);
-            } else {
-                dests.push(Some(&mut buf[..size]));
-            }
-        }
-        let outcomes = self.batch_read(&keys, &lists, &mut dests, asked).await;
-        drop(dests);
-        let mut results = Vec::with_capacity(items.len());
-        for (i, outcome) in outcomes.into_iter().enumerate() {
-            results.push(match (early[i].take(), outcome) {
-                (Some(e), _) => Err(e),
-                (None, Err(e)) if e.code == ErrorCode::LEASE_EXPIRED => {
-                    let (key, buf) = &mut items[i];
-                    Box::pin(self.get_into(key, buf)).await
+        self.operation(
+            "batch_get_into",
+            items.first().map_or("", |(key, _)| *key),
+            async {
+                let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
+                let asked = Instant::now();
+                let lists = match self.batch_lists(&keys).await {
+                    Ok(lists) => lists,
+                    Err(e) => return vec![Err(e); items.len()],
+                };
+                let mut dests: Vec<Option<&mut [u8]>> = Vec::with_capacity(items.len());
+                let mut early: Vec<Option<Error>> = vec![None; items.len()];
+                for (i, (key, buf)) in items.iter_mut().enumerate() {
+                    let size = match &lists[i] {
+                        Ok(list) => list.replicas[0].len as usize,
+                        Err(_) => 0,
+                    };
+                    if buf.len() < size {
+                        early[i] = Some(Error::new(
+                            ErrorCode::BUFFER_OVERFLOW,
+                            format!("{key:?} is {size} bytes, the buffer {}", buf.len()),
+                        ));
+                        dests.push(None);
+                    } else {
+                        dests.push(Some(&mut buf[..size]));
+                    }
                 }
-                (None, outcome) => outcome,
-            });
-        }
-        results
+                let outcomes = self.batch_read(&keys, &lists, &mut dests, asked).await;
+                drop(dests);
+                let mut results = Vec::with_capacity(items.len());
+                for (i, outcome) in outcomes.into_iter().enumerate() {
+                    results.push(match (early[i].take(), outcome) {
+                        (Some(e), _) => Err(e),
+                        (None, Err(e)) if e.code == ErrorCode::LEASE_EXPIRED => {
+                            let (key, buf) = &mut items[i];
+                            Box::pin(self.get_into(key, buf)).await
+                        }
+                        (None, outcome) => outcome,
+                    });
+                }
+                results
+            },
+        )
+        .await
     }
 
     pub(super) async fn batch_lists(&self, keys: &[&str]) -> Result<Vec<Result<ReplicaList>>> {

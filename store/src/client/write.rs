@@ -9,18 +9,21 @@ impl Client {
     /// Stores `value` under `key`. Objects are immutable: an existing key fails with
     /// `OBJECT_ALREADY_EXISTS` (see [`Client::upsert`]).
     pub async fn put(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> Result<()> {
-        self.write(key, value, config, false).await
+        self.operation("put", key, self.write(key, value, config, false))
+            .await
     }
 
     /// [`Client::put`] from a caller buffer (over TCP the same as `put`; RDMA transports use
     /// registered buffers directly).
     pub async fn put_from(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> Result<()> {
-        self.write(key, value, config, false).await
+        self.operation("put_from", key, self.write(key, value, config, false))
+            .await
     }
 
     /// Stores `value` under `key` whether or not it exists (RFC 000 upsert).
     pub async fn upsert(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> Result<()> {
-        self.write(key, value, config, true).await
+        self.operation("upsert", key, self.write(key, value, config, true))
+            .await
     }
 
     pub(super) async fn write(
@@ -126,7 +129,9 @@ impl Client {
         items: &[(&str, &[u8])],
         config: &ReplicateConfig,
     ) -> Vec<Result<()>> {
-        self.batch_write(items, config, false).await
+        let first = items.first().map_or("", |(key, _)| *key);
+        self.operation("batch_put", first, self.batch_write(items, config, false))
+            .await
     }
 
     /// [`Client::batch_put`] from caller buffers.
@@ -135,7 +140,13 @@ impl Client {
         items: &[(&str, &[u8])],
         config: &ReplicateConfig,
     ) -> Vec<Result<()>> {
-        self.batch_write(items, config, false).await
+        let first = items.first().map_or("", |(key, _)| *key);
+        self.operation(
+            "batch_put_from",
+            first,
+            self.batch_write(items, config, false),
+        )
+        .await
     }
 
     /// Upserts many values, pipelined like [`Client::batch_put`].
@@ -144,7 +155,9 @@ impl Client {
         items: &[(&str, &[u8])],
         config: &ReplicateConfig,
     ) -> Vec<Result<()>> {
-        self.batch_write(items, config, true).await
+        let first = items.first().map_or("", |(key, _)| *key);
+        self.operation("batch_upsert", first, self.batch_write(items, config, true))
+            .await
     }
 
     pub(super) async fn batch_write(

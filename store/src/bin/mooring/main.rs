@@ -53,6 +53,8 @@ fn init_logging(default: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, not in log files.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
@@ -324,12 +326,13 @@ async fn run_ls(args: LsArgs) -> Result<(), Error> {
 
 async fn run_stat(args: StatArgs) -> Result<(), Error> {
     with_client(&args.client, async |client| {
-        let s = client.stats().await?;
+        let report = client.report().await?;
         let segments = client.segments().await?;
         if args.json {
-            out!("{}", mooring::metrics::stats_json(&s, &segments));
+            out!("{}", mooring::metrics::stats_json(&report, &segments));
             return Ok(());
         }
+        let (s, c) = (&report.stats, &report.census);
         let pct = if s.capacity == 0 {
             0.0
         } else {
@@ -340,6 +343,26 @@ async fn run_stat(args: StatArgs) -> Result<(), Error> {
             "memory         {} of {} bytes used ({pct:.1}%)",
             s.used,
             s.capacity
+        );
+        out!(
+            "by state       {} complete, {} hard-pinned, {} soft-pinned, {} leased, {} held, {} only on disk",
+            c.complete,
+            c.hard_pinned,
+            c.soft_pinned,
+            c.leased,
+            c.held,
+            c.disk_only
+        );
+        out!(
+            "values         {} bytes in memory (every replica), {} bytes on disk",
+            c.memory_bytes,
+            c.disk_bytes
+        );
+        out!(
+            "reads          {} from memory, {} from disk, {} misses",
+            s.reads.memory,
+            s.reads.disk,
+            s.reads.misses
         );
         out!("segments       {}", s.segments);
         out!("clients        {}", s.clients);
