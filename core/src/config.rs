@@ -8,7 +8,8 @@ use crate::time::Millis;
 pub const MAX_SOFT_PIN_TTL: Millis = Millis(u32::MAX as u64);
 
 /// The master's policy knobs. Defaults follow Mooncake Store's.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
 pub struct MasterConfig {
     /// Seeds the RNG that spreads replicas over segments.
     pub seed: u64,

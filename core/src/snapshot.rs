@@ -107,6 +107,17 @@ impl Master {
     /// Rebuilds a master from [`Master::snapshot`] bytes, with `config` (which may differ from
     /// the one that took the snapshot) and the new clock reading `now`.
     pub fn restore(config: MasterConfig, bytes: &[u8], now: Millis) -> Result<Master> {
+        Master::restore_on(config, bytes, Some(now))
+    }
+
+    /// Rebuilds a master from [`Master::snapshot`] bytes on the clock that took them (no
+    /// time shifted): a journal's entries, timed on that clock, are then replayed onto it.
+    pub fn restore_unshifted(config: MasterConfig, bytes: &[u8]) -> Result<Master> {
+        Master::restore_on(config, bytes, None)
+    }
+
+    /// Restores onto the clock reading `now`, or the snapshot's own clock with `None`.
+    fn restore_on(config: MasterConfig, bytes: &[u8], now: Option<Millis>) -> Result<Master> {
         config.validate()?;
         let bad = |what: &str| Error::new(ErrorCode::INVALID_PARAMS, format!("snapshot {what}"));
         if bytes.len() < HEADER_LEN || bytes[..8] != MAGIC {
@@ -135,7 +146,7 @@ impl Master {
         aligned.extend_from_slice(payload);
         let mut state = rkyv::from_bytes::<State, rancor::Error>(&aligned)
             .map_err(|e| bad(&format!("does not decode: {e}")))?;
-        let (from, to) = (state.taken_at, now);
+        let (from, to) = (state.taken_at, now.unwrap_or(state.taken_at));
         let shift = move |t: Millis| {
             if t >= from {
                 to + (t - from)
@@ -171,5 +182,26 @@ impl Master {
         };
         invariants::check(&master).map_err(|v| bad(&format!("is inconsistent: {v}")))?;
         Ok(master)
+    }
+
+    /// Starts serving again after a restart at `now`: every readable object gets a fresh
+    /// lease. A reader may have been granted a lease the restored state does not remember
+    /// (its grant never reached the disk); until such a lease would have ended, nothing it
+    /// may be reading is evicted, removed or overwritten.
+    pub fn resume(&mut self, now: Millis) {
+        let now = self.advance(now);
+        let lease_ttl = self.config.lease_ttl;
+        let slots: Vec<u32> = self
+            .objects
+            .iter()
+            .filter(|(_, object)| object.is_readable())
+            .map(|(slot, _)| slot)
+            .collect();
+        for slot in slots {
+            // A lease only: the order eviction takes objects in (their last access) stays.
+            let object = self.objects.at_mut(slot);
+            object.lease_expiry = object.lease_expiry.max(now + lease_ttl);
+            object.leased = true;
+        }
     }
 }

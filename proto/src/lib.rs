@@ -14,6 +14,7 @@
 //! | [`transport`] | the control-plane and data-plane traits, segment memory, the export table |
 //! | [`summing`] | checksums summed on a helper thread while a transfer moves the next bytes |
 //! | [`serve`] | a node's answer to each data request, shared by every transport's data server |
+//! | [`journal`] | the master's inputs as checksummed records, and their replay |
 //! | [`trace`] | the id one client operation carries through master and nodes |
 //! | [`disk`] | the file I/O trait the SSD tier's disks implement |
 //! | [`fuzz`] | fuzz entry points for every decoder of network bytes |
@@ -22,6 +23,7 @@ pub mod auth;
 pub mod disk;
 pub mod dispatch;
 pub mod fuzz;
+pub mod journal;
 pub mod serve;
 pub mod summing;
 /// Lock and atomic types, swapped for loom's under `--cfg mooring_loom` so loom can model

@@ -85,6 +85,22 @@ impl dyn ControlPlane {
 pub trait RpcHandler: Send + Sync + 'static {
     /// Answers one request.
     fn handle(&self, request: MasterRequest) -> MasterResponse;
+
+    /// Answers one request, saying when the answer may leave: a master that keeps a journal
+    /// holds back an answer that acknowledges a change until the change is on disk. Servers
+    /// call this; the default answers at once.
+    fn answer(&self, request: MasterRequest) -> Answer {
+        Answer::Now(self.handle(request))
+    }
+}
+
+/// An answer, now or once what it acknowledges is durable.
+pub enum Answer {
+    /// Send this at once.
+    Now(MasterResponse),
+    /// Send what this resolves to (the same answer, or an error if the change could not be
+    /// made durable).
+    WhenDurable(BoxFuture<'static, MasterResponse>),
 }
 
 /// A piece of a transfer operation's bytes that landed (a read) or went out (a write):

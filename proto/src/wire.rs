@@ -445,6 +445,28 @@ impl MasterRequest {
         }
     }
 
+    /// Whether its answer acknowledges a change a client will rely on, so a master that keeps
+    /// a journal sends it only once the request is on disk. Reads, existence checks, listings
+    /// and heartbeats need not wait: if one is lost with a crash, so is everything after it,
+    /// and a restarted master grants every object a fresh lease (`Master::resume`).
+    pub fn needs_durability(&self) -> bool {
+        use MasterRequest as R;
+        !matches!(
+            self,
+            R::Heartbeat(_)
+                | R::DescribeSegments(_)
+                | R::ListSegments(_)
+                | R::GetReplicaList(_)
+                | R::BatchGetReplicaList(_)
+                | R::Exist(_)
+                | R::BatchExist(_)
+                | R::GetSize(_)
+                | R::QueryByRegex(_)
+                | R::ListKeys(_)
+                | R::GetStats(_)
+        )
+    }
+
     /// Whether it changes the cluster wholesale (removes many objects, unmounts): logged with
     /// the peer that asked.
     pub fn is_admin(&self) -> bool {

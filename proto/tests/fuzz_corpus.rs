@@ -13,13 +13,14 @@ use mooring_proto::wire::{FrameKind, HEADER_LEN};
 type Entry = fn(&[u8]);
 
 /// Each wire target with its entry point.
-const TARGETS: [(&str, Entry); 6] = [
+const TARGETS: [(&str, Entry); 7] = [
     ("wire_frame", fuzz::frame),
     ("master_request", fuzz::master_request),
     ("master_response", fuzz::master_response),
     ("data_request", fuzz::data_request),
     ("data_response", fuzz::data_response),
     ("handshake", fuzz::handshake),
+    ("journal", fuzz::journal),
 ];
 
 /// Every corpus input and its single-bit flips, plus random bytes, through every target.
@@ -65,6 +66,11 @@ fn the_seed_frames_decode() {
 #[test]
 #[ignore = "writes fuzz/corpus; run by hand after a wire change"]
 fn write_seed_corpora() {
+    let journal = fuzz::sample_journal();
+    let dir = corpus_dir("journal");
+    std::fs::create_dir_all(&dir).expect("corpus dir");
+    let name = format!("seed-{:08x}", crc32c::crc32c(&journal));
+    std::fs::write(dir.join(name), &journal).expect("corpus file");
     for (kind, frame) in fuzz::sample_frames() {
         let (target, input) = match kind {
             FrameKind::MasterRequest => ("master_request", &frame[HEADER_LEN..]),

@@ -8,19 +8,28 @@ use tokio::time::Instant;
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
     start: Instant,
+    /// The reading at `start`.
+    offset: Millis,
 }
 
 impl Clock {
-    /// A clock starting now.
+    /// A clock starting now, at zero.
     pub fn new() -> Clock {
+        Clock::resuming(Millis::ZERO)
+    }
+
+    /// A clock reading `at` now: a restarted master continues the clock its journal was
+    /// written on (the time it was down is not counted, as if it had paused).
+    pub fn resuming(at: Millis) -> Clock {
         Clock {
             start: Instant::now(),
+            offset: at,
         }
     }
 
-    /// Milliseconds since the clock started.
+    /// Milliseconds since the clock started, plus where it started.
     pub fn now(&self) -> Millis {
-        Millis(self.start.elapsed().as_millis() as u64)
+        self.offset + Millis(self.start.elapsed().as_millis() as u64)
     }
 }
 

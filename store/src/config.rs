@@ -8,6 +8,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use mooring_core::{MasterConfig, Millis};
+use std::path::PathBuf;
+
 use serde::Deserialize;
 
 /// Parses a byte size: a number with an optional unit (`B`, `KiB`/`K`, `MiB`/`M`, `GiB`/`G`,
@@ -99,6 +101,10 @@ pub struct MasterSection {
     pub client_ttl: Option<String>,
     /// Seed for placement randomness.
     pub seed: Option<u64>,
+    /// Directory the master keeps its state in (snapshots and journal).
+    pub state_dir: Option<PathBuf>,
+    /// Journal records between snapshots.
+    pub snapshot_every: Option<u64>,
 }
 
 /// The `[node]` section of a config file.
@@ -187,6 +193,8 @@ impl MasterSection {
                 .or(self.put_start_release_timeout),
             client_ttl: flags.client_ttl.or(self.client_ttl),
             seed: flags.seed.or(self.seed),
+            state_dir: flags.state_dir.or(self.state_dir),
+            snapshot_every: flags.snapshot_every.or(self.snapshot_every),
         }
     }
 

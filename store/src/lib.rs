@@ -26,6 +26,7 @@ pub mod coverage;
 pub mod demo;
 pub mod disk_tier;
 pub mod http;
+pub mod journal;
 pub mod master_service;
 pub mod memory;
 pub mod metrics;

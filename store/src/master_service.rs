@@ -9,9 +9,9 @@ use std::time::Duration;
 use mooring_core::invariants::{self, Violation};
 use mooring_core::{Error, ErrorCode, Event, Master, MasterConfig, Result, Stats};
 use mooring_proto::auth::ClusterToken;
-use mooring_proto::dispatch;
-use mooring_proto::transport::RpcHandler;
+use mooring_proto::transport::{Answer, RpcHandler};
 use mooring_proto::wire::{BatchPutStart, MasterRequest, MasterResponse, PutStart};
+use mooring_proto::{dispatch, journal};
 use mooring_transport_tcp::limits::ConnectionLimits;
 use mooring_transport_tcp::spawn_rpc_server_with_limits;
 use tokio::net::TcpListener;
@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::clock::Clock;
+use crate::journal::{Journal, Recovered};
 use crate::metrics::MasterMetrics;
 
 /// How often the timer checks whether `tick` is due. Deadlines in the core are in
@@ -35,22 +36,60 @@ pub struct MasterService {
     /// The first eviction-order violation the audit found.
     audit_failure: Mutex<Option<Violation>>,
     /// Every event with when it happened, while someone keeps them ([`MasterService::keep_events`]).
-    journal: Mutex<Option<Vec<(tokio::time::Instant, Event)>>>,
+    kept_events: Mutex<Option<Vec<(tokio::time::Instant, Event)>>>,
     /// RPC counts and latencies, for the metrics endpoint.
     metrics: MasterMetrics,
+    /// Where every input is journaled, if the master keeps its state on disk.
+    journal: Option<Journal>,
 }
 
 impl MasterService {
     /// A service around a fresh master.
     pub fn new(config: MasterConfig) -> Result<Arc<MasterService>> {
-        Ok(Arc::new(MasterService {
-            master: Mutex::new(Master::new(config)?),
-            clock: Clock::new(),
+        Ok(MasterService::around(
+            Master::new(config)?,
+            Clock::new(),
+            None,
+        ))
+    }
+
+    /// A service around the master kept in `dir` (see [`crate::journal`]): recovered from its
+    /// snapshot and journals, with `config` in force, every object freshly leased, and every
+    /// input from now on journaled (a snapshot every `snapshot_every` inputs).
+    pub fn persistent(
+        dir: &std::path::Path,
+        config: MasterConfig,
+        snapshot_every: u64,
+    ) -> Result<Arc<MasterService>> {
+        let Recovered {
+            mut master,
+            generation,
+            replayed,
+        } = crate::journal::recover(dir, config)?;
+        let clock = Clock::resuming(master.now());
+        master.resume(clock.now());
+        let stats = master.stats();
+        info!(
+            dir = %dir.display(),
+            objects = stats.objects,
+            segments = stats.segments,
+            replayed,
+            "master state recovered"
+        );
+        let journal = Journal::start(dir, generation, &master, snapshot_every)?;
+        Ok(MasterService::around(master, clock, Some(journal)))
+    }
+
+    fn around(master: Master, clock: Clock, journal: Option<Journal>) -> Arc<MasterService> {
+        Arc::new(MasterService {
+            master: Mutex::new(master),
+            clock,
             audit: AtomicBool::new(false),
             audit_failure: Mutex::new(None),
-            journal: Mutex::new(None),
+            kept_events: Mutex::new(None),
             metrics: MasterMetrics::default(),
-        }))
+            journal,
+        })
     }
 
     /// Checks from now on, after every call that evicts, that nothing evictable is left that
@@ -62,17 +101,17 @@ impl MasterService {
     /// Keeps every event the master emits from now on, for [`MasterService::take_events`]
     /// (the simulation judges each lost or evicted object by them).
     pub fn keep_events(&self) {
-        self.journal
+        self.kept_events
             .lock()
-            .expect("journal lock")
+            .expect("kept events lock")
             .get_or_insert_with(Vec::new);
     }
 
     /// The events kept since the last call, each with when it happened.
     pub fn take_events(&self) -> Vec<(tokio::time::Instant, Event)> {
-        self.journal
+        self.kept_events
             .lock()
-            .expect("journal lock")
+            .expect("kept events lock")
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
@@ -108,9 +147,9 @@ impl MasterService {
                 .get_or_insert(violation);
         }
         drop(master);
-        if let Some(journal) = self.journal.lock().expect("journal lock").as_mut() {
+        if let Some(kept) = self.kept_events.lock().expect("kept events lock").as_mut() {
             let now = tokio::time::Instant::now();
-            journal.extend(events.iter().map(|e| (now, e.clone())));
+            kept.extend(events.iter().map(|e| (now, e.clone())));
         }
         log_events(events);
         result
@@ -130,6 +169,9 @@ impl MasterService {
                 tokio::time::sleep(resolution).await;
                 service.with_master(|m, now| {
                     if m.next_deadline().is_some_and(|d| d <= now) {
+                        if let Some(journal) = &service.journal {
+                            journal.append(now, &journal::tick_payload(), m);
+                        }
                         m.tick(now);
                     }
                 });
@@ -140,6 +182,31 @@ impl MasterService {
 
 impl RpcHandler for MasterService {
     fn handle(&self, request: MasterRequest) -> MasterResponse {
+        self.serve(request).0
+    }
+
+    fn answer(&self, request: MasterRequest) -> Answer {
+        match self.serve(request) {
+            (response, Some(seq)) => {
+                let durable = self
+                    .journal
+                    .as_ref()
+                    .expect("a sequence number comes from the journal")
+                    .durable(seq);
+                Answer::WhenDurable(Box::pin(async move {
+                    durable.await?;
+                    response
+                }))
+            }
+            (response, None) => Answer::Now(response),
+        }
+    }
+}
+
+impl MasterService {
+    /// Applies `request` (journaling it first, if the master keeps a journal) and answers;
+    /// with the journal record to wait for if the answer acknowledges a change.
+    fn serve(&self, request: MasterRequest) -> (MasterResponse, Option<u64>) {
         // Every request and answer, for replaying a failure (RUST_LOG=mooring::master_service=trace).
         let logged = tracing::enabled!(tracing::Level::TRACE).then(|| format!("{request:?}"));
         // An upsert shields the object it replaces while it makes room for the new value.
@@ -157,8 +224,21 @@ impl RpcHandler for MasterService {
         let protected: Vec<&str> = protected.iter().map(String::as_str).collect();
         let kind = request.name();
         let started = std::time::Instant::now();
-        let response =
-            self.with_master_protecting(&protected, |m, now| dispatch::handle(m, request, now));
+        let needs_durability = request.needs_durability();
+        let (payload, request) = match &self.journal {
+            Some(_) => {
+                let (payload, request) = journal::request_payload(request);
+                (Some(payload), request)
+            }
+            None => (None, request),
+        };
+        let (response, seq) = self.with_master_protecting(&protected, |m, now| {
+            let seq = match (&self.journal, &payload) {
+                (Some(journal), Some(payload)) => Some(journal.append(now, payload, m)),
+                _ => None,
+            };
+            (dispatch::handle(m, request, now), seq)
+        });
         let elapsed = started.elapsed();
         let outcome = response.as_ref().map(|_| ()).map_err(|e| e.code);
         self.metrics.record(kind, outcome, elapsed);
@@ -171,7 +251,7 @@ impl RpcHandler for MasterService {
         if let Some(request) = logged {
             tracing::trace!(%request, ?response, "handled");
         }
-        response
+        (response, seq.filter(|_| needs_durability))
     }
 }
 
@@ -234,7 +314,15 @@ impl RunningMaster {
         config: MasterConfig,
         token: Option<ClusterToken>,
     ) -> Result<RunningMaster> {
-        let service = MasterService::new(config)?;
+        RunningMaster::serve(listen, MasterService::new(config)?, token).await
+    }
+
+    /// Binds `listen` and serves `service` to peers that prove they hold `token`.
+    pub async fn serve(
+        listen: &str,
+        service: Arc<MasterService>,
+        token: Option<ClusterToken>,
+    ) -> Result<RunningMaster> {
         let listener = TcpListener::bind(listen).await.map_err(|e| {
             Error::new(
                 ErrorCode::INVALID_PARAMS,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mooring_core::{Error, ErrorCode, Result};
-use mooring_proto::transport::{BoxFuture, ControlPlane, RpcHandler};
+use mooring_proto::transport::{Answer, BoxFuture, ControlPlane, RpcHandler};
 use mooring_proto::wire::{MasterRequest, MasterResponse, Reply};
 use tokio::task::JoinHandle;
 use tracing::warn;
@@ -74,7 +74,12 @@ pub async fn serve_rpc(
         Box::new(
             move |datagram, from| match decode::<MasterRequest>(datagram) {
                 Ok((id, request, _)) => {
-                    Handled::Now(Some(encode(id, &handler.handle(request), &[])))
+                    match handler.answer(request) {
+                        Answer::Now(response) => Handled::Now(Some(encode(id, &response, &[]))),
+                        Answer::WhenDurable(durable) => Handled::Later(Box::pin(async move {
+                            Some(encode(id, &durable.await, &[]))
+                        })),
+                    }
                 }
                 Err(e) => {
                     warn!(%from, "refusing a request: {e}");

@@ -392,12 +392,17 @@ impl TcpDataPlane {
             .and_then(|conns| {
                 // The node closes connections idle for IDLE_TIMEOUT: never race it. The newest
                 // is on top; below a stale one, all are stale.
-                let conn = conns.pop()?;
-                if conn.last_used.elapsed() < IDLE_TIMEOUT / 2 {
-                    Some(conn)
-                } else {
-                    conns.clear();
-                    None
+                loop {
+                    let conn = conns.pop()?;
+                    let idle = conn.last_used.elapsed();
+                    if idle >= IDLE_TIMEOUT / 2 {
+                        conns.clear();
+                        return None;
+                    }
+                    // A node that restarted closed its end: skip what it left behind.
+                    if idle <= crate::rpc::RECHECK || !conn.framed.peer_gone() {
+                        return Some(conn);
+                    }
                 }
             });
         if let Some(conn) = pooled {

@@ -156,6 +156,32 @@ async fn read_some(stream: &mut TcpStream, buf: &mut [u8], spin: Duration) -> io
 }
 
 impl Framed {
+    /// Whether the peer has closed (or reset) this idle connection, or sent bytes nobody
+    /// asked for: a pooled connection to a peer that restarted must not carry a request.
+    /// Looks without waiting or consuming anything.
+    pub fn peer_gone(&self) -> bool {
+        if self.buffered() > 0 {
+            return true;
+        }
+        #[cfg(not(madsim))]
+        {
+            use std::os::fd::AsRawFd;
+            let mut byte = 0u8;
+            // SAFETY: one writable byte; the fd is the stream's, open while it lives.
+            let n = unsafe {
+                libc::recv(
+                    self.stream.as_raw_fd(),
+                    (&raw mut byte).cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock
+        }
+        #[cfg(madsim)]
+        false
+    }
+
     /// Wraps a connected stream (and turns Nagle off: requests are latency-bound). Reads spin
     /// for up to `spin` before parking.
     pub fn new(stream: TcpStream, spin: Duration) -> Framed {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use mooring_core::{ClientId, Error, ErrorCode, Result};
 use mooring_proto::auth::ClusterToken;
 use mooring_proto::trace::TraceId;
-use mooring_proto::transport::{BoxFuture, ControlPlane, RpcHandler};
+use mooring_proto::transport::{Answer, BoxFuture, ControlPlane, RpcHandler};
 use mooring_proto::wire::{MasterRequest, MasterResponse, Reply};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -25,6 +25,8 @@ use crate::{handshake, refusals};
 
 /// Most idle connections kept per peer.
 const MAX_IDLE: usize = 64;
+/// A pooled connection idle longer than this is checked for a closed peer before use.
+pub(crate) const RECHECK: Duration = Duration::from_millis(1);
 
 /// A pooled RPC client to one master.
 pub struct TcpControlPlane {
@@ -85,13 +87,18 @@ impl TcpControlPlane {
             let mut idle = self.idle.lock().expect("pool lock");
             // The master closes connections idle for IDLE_TIMEOUT: never race it. The newest
             // is on top; below a stale one, all are stale.
-            match idle.pop() {
-                Some((conn, used)) if used.elapsed() < IDLE_TIMEOUT / 2 => Some(conn),
-                Some(_) => {
-                    idle.clear();
-                    None
+            loop {
+                match idle.pop() {
+                    // A master that restarted closed its end: skip what it left behind (a
+                    // connection in use within the last millisecond is not worth the look).
+                    Some((conn, used)) if used.elapsed() > RECHECK && conn.peer_gone() => continue,
+                    Some((conn, used)) if used.elapsed() < IDLE_TIMEOUT / 2 => break Some(conn),
+                    Some(_) => {
+                        idle.clear();
+                        break None;
+                    }
+                    None => break None,
                 }
-                None => None,
             }
         };
         let mut conn = match pooled {
@@ -228,18 +235,22 @@ async fn serve_connection(mut conn: Framed, handler: &dyn RpcHandler, peer: &str
                         request.name()
                     ),
                 );
-                Err(Error::new(
+                Answer::Now(Err(Error::new(
                     ErrorCode::ILLEGAL_CLIENT,
                     format!("this connection speaks for {bound:?}; it cannot act as {named:?}"),
-                ))
+                )))
             }
             _ => {
                 if request.is_admin() {
                     info!(peer, client = ?bound, request = request.name(), "admin request");
                 }
-                handler.handle(request)
+                handler.answer(request)
             }
         });
+        let response = match response {
+            Answer::Now(response) => response,
+            Answer::WhenDurable(durable) => durable.await,
+        };
         if let Err(e) = conn.write_message(id, &response, &[]).await {
             debug!(peer, "reply failed: {e}");
             return;

@@ -170,6 +170,16 @@ pub(crate) struct MasterArgs {
     /// Seed for placement randomness.
     #[arg(long)]
     pub(crate) seed: Option<u64>,
+    /// Keep the master's state in DIR (created if missing): a journal of every change,
+    /// synced before the change is acknowledged, and periodic snapshots. A master restarted
+    /// with the same DIR knows every object it acknowledged; its nodes reconnect and their
+    /// objects are readable again. Without it, a restarted master starts empty.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) state_dir: Option<PathBuf>,
+    /// Journal records between snapshots (each snapshot lets the older journal go)
+    /// [default: 1000000].
+    #[arg(long, value_name = "N", requires = "state_dir")]
+    pub(crate) snapshot_every: Option<u64>,
     #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
 }

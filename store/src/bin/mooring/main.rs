@@ -12,6 +12,7 @@ use clap::Parser;
 use mooring::bench::{self, BenchConfig, MasterPlacement};
 use mooring::config::{FileConfig, MasterSection, parse_duration, parse_size};
 use mooring::disk_tier::DiskTierConfig;
+use mooring::master_service::MasterService;
 use mooring::{
     Client, ClientConfig, RunningMaster, SegmentConfig, StandaloneNode, demo, random_client_id,
 };
@@ -100,6 +101,8 @@ async fn run_master(args: MasterArgs) -> Result<(), Error> {
         put_start_release_timeout: args.release_timeout,
         client_ttl: args.client_ttl,
         seed: args.seed,
+        state_dir: args.state_dir,
+        snapshot_every: args.snapshot_every,
     };
     let settings = file.master.overlay(flags);
     let config = settings.master_config().map_err(usage_error)?;
@@ -109,7 +112,17 @@ async fn run_master(args: MasterArgs) -> Result<(), Error> {
     };
     let listen = settings.listen.unwrap_or_else(|| default_listen.into());
     let token = args.serve.token_for(&listen)?;
-    let mut master = RunningMaster::start(&listen, config, token).await?;
+    let service = match &settings.state_dir {
+        Some(dir) => MasterService::persistent(
+            dir,
+            config,
+            settings
+                .snapshot_every
+                .unwrap_or(mooring::journal::SNAPSHOT_EVERY),
+        )?,
+        None => MasterService::new(config)?,
+    };
+    let mut master = RunningMaster::serve(&listen, service, token).await?;
     if let Some((listen, bearer)) = args.metrics.resolve()? {
         // Its bound address is logged: stdout's one line is the master's address, which
         // scripts read (and it is printed once everything serves).

@@ -1,0 +1,193 @@
+//! The master's journal: the core's inputs, each with its `now`, as checksummed records.
+//!
+//! The core is deterministic: the same inputs at the same times give the same state, the
+//! same grants and the same evictions. A master that appends every request it serves and
+//! every timer tick, in the order it applied them, can therefore be rebuilt by replaying the
+//! records onto the snapshot they follow. This module is the record format and the replay;
+//! files, group commit and snapshots are the store's (`mooring::journal`).
+//!
+//! A record is `length u32 | crc32c u32 | now u64 | payload`, little-endian, where the crc
+//! covers `now` and the payload, and the payload is an rkyv archive of an [`Input`]. Decoding
+//! stops at the first record that is cut short or fails its checksum: a crash leaves at most
+//! one torn record at the tail, and everything before it is intact.
+
+use mooring_core::{Master, MasterConfig, Millis};
+use rkyv::rancor;
+use rkyv::util::AlignedVec;
+
+use crate::dispatch;
+use crate::wire::MasterRequest;
+
+/// Bytes before a record's payload: length, checksum, time.
+pub const RECORD_HEADER: usize = 4 + 4 + 8;
+/// The largest payload a record may carry (a request's largest frame, with room to spare).
+pub const MAX_RECORD: usize = 64 << 20;
+
+/// One input to the core.
+#[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub enum Input {
+    /// The configuration the inputs that follow were applied under (the first record of
+    /// every journal file).
+    Config(MasterConfig),
+    /// A request, applied with [`dispatch::handle`].
+    Request(MasterRequest),
+    /// The timer's [`Master::tick`].
+    Tick,
+}
+
+/// An input's payload bytes (what [`record`] frames).
+pub fn payload(input: &Input) -> AlignedVec {
+    rkyv::to_bytes::<rancor::Error>(input).expect("in-memory serialization")
+}
+
+/// A request's [`payload`], and the request back (serialized in place, not cloned).
+pub fn request_payload(request: MasterRequest) -> (AlignedVec, MasterRequest) {
+    let input = Input::Request(request);
+    let bytes = payload(&input);
+    match input {
+        Input::Request(request) => (bytes, request),
+        Input::Config(_) | Input::Tick => unreachable!("built as a request above"),
+    }
+}
+
+/// The payload of a timer tick.
+pub fn tick_payload() -> AlignedVec {
+    payload(&Input::Tick)
+}
+
+/// Appends to `out` the record of an input whose [`payload`] is `payload`, applied at `now`.
+pub fn record(now: Millis, payload: &[u8], out: &mut Vec<u8>) {
+    let now = now.as_millis().to_le_bytes();
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&now), payload);
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(&now);
+    out.extend_from_slice(payload);
+}
+
+/// What a journal's bytes hold.
+#[derive(Debug, Default)]
+pub struct Decoded {
+    /// The intact records, in order.
+    pub entries: Vec<(Millis, Input)>,
+    /// How many leading bytes they take: the rest is a torn or damaged tail.
+    pub intact: usize,
+    /// Why decoding stopped before the end, if it did.
+    pub stopped: Option<String>,
+}
+
+/// Decodes the records in `bytes`, stopping at the first one that is incomplete or damaged.
+pub fn decode(bytes: &[u8]) -> Decoded {
+    let mut decoded = Decoded::default();
+    let mut at = 0;
+    while at < bytes.len() {
+        match decode_one(&bytes[at..]) {
+            Ok((now, input, len)) => {
+                decoded.entries.push((now, input));
+                at += len;
+            }
+            Err(why) => {
+                decoded.stopped = Some(format!("at byte {at}: {why}"));
+                break;
+            }
+        }
+    }
+    decoded.intact = at;
+    decoded
+}
+
+/// One record at the start of `bytes`: its time, its input and its length.
+fn decode_one(bytes: &[u8]) -> Result<(Millis, Input, usize), String> {
+    if bytes.len() < RECORD_HEADER {
+        return Err(format!("a {}-byte record header is cut short", bytes.len()));
+    }
+    let len = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes")) as usize;
+    let crc = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
+    if len > MAX_RECORD {
+        return Err(format!(
+            "a record claims {len} bytes (at most {MAX_RECORD})"
+        ));
+    }
+    let Some(body) = bytes.get(8..RECORD_HEADER + len) else {
+        return Err(format!("a {len}-byte record is cut short"));
+    };
+    if crc32c::crc32c(body) != crc {
+        return Err("a record fails its checksum".into());
+    }
+    let now = Millis(u64::from_le_bytes(body[0..8].try_into().expect("8 bytes")));
+    let mut aligned = AlignedVec::<16>::with_capacity(len);
+    aligned.extend_from_slice(&body[8..]);
+    let input = rkyv::from_bytes::<Input, rancor::Error>(&aligned)
+        .map_err(|e| format!("a record does not decode: {e}"))?;
+    Ok((now, input, RECORD_HEADER + len))
+}
+
+/// Applies one journaled input to `master`, as the master that journaled it did.
+/// (A [`Input::Config`] is the loader's business: it is not an input to the core.)
+pub fn apply(master: &mut Master, now: Millis, input: Input) {
+    match input {
+        Input::Config(_) => {}
+        Input::Request(request) => {
+            // The answer went to its client when the request was first served.
+            let _ = dispatch::handle(master, request, now);
+        }
+        Input::Tick => master.tick(now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{GetSize, Remove};
+
+    fn journal(inputs: &[(u64, Input)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (now, input) in inputs {
+            record(Millis(*now), &payload(input), &mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn records_round_trip_in_order() {
+        let inputs = vec![
+            (0, Input::Config(MasterConfig::default())),
+            (5, Input::Request(Remove { key: "k".into() }.into())),
+            (7, Input::Tick),
+        ];
+        let bytes = journal(&inputs);
+        let decoded = decode(&bytes);
+        assert_eq!(decoded.stopped, None);
+        assert_eq!(decoded.intact, bytes.len());
+        let expected: Vec<(Millis, Input)> =
+            inputs.into_iter().map(|(t, i)| (Millis(t), i)).collect();
+        assert_eq!(decoded.entries, expected);
+    }
+
+    #[test]
+    fn a_torn_or_damaged_tail_stops_decoding_after_the_intact_records() {
+        let bytes = journal(&[
+            (1, Input::Tick),
+            (2, Input::Request(GetSize { key: "k".into() }.into())),
+        ]);
+        let first = decode(&bytes).entries.len();
+        assert_eq!(first, 2);
+        let one = journal(&[(1, Input::Tick)]).len();
+        for cut in one..bytes.len() {
+            let decoded = decode(&bytes[..cut]);
+            assert_eq!(decoded.entries.len(), 1, "cut at {cut}");
+            assert_eq!(decoded.intact, one);
+            assert!(decoded.stopped.is_some() || cut == one);
+        }
+        let mut damaged = bytes.clone();
+        let last = damaged.len() - 1;
+        damaged[last] ^= 1;
+        let decoded = decode(&damaged);
+        assert_eq!(decoded.entries.len(), 1);
+        assert!(decoded.stopped.unwrap().contains("checksum"));
+        // A length beyond any record is refused, not allocated.
+        let mut huge = journal(&[(1, Input::Tick)]);
+        huge[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode(&huge).stopped.unwrap().contains("claims"));
+    }
+}

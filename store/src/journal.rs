@@ -1,0 +1,462 @@
+//! The master's state directory: snapshots, and a journal of the core's inputs written with
+//! group commit, so a master that is killed comes back knowing everything it acknowledged.
+//!
+//! Files, by generation `G`: `journal-G.log` holds the inputs applied since `snapshot-G.snap`
+//! was taken (generation 0 has no snapshot: it starts from an empty master). Every journal
+//! starts with the configuration its inputs were applied under.
+//!
+//! **What is guaranteed.** Records are appended in the order the master applied them. A
+//! writer thread writes whatever has accumulated and calls `fdatasync`, then wakes the
+//! requests it covered: a reply that acknowledges a change (a put's start and end, a removal,
+//! a mount...) leaves only once its record is on disk, while requests that arrive during one
+//! sync share the next (group commit). After a crash the disk holds a prefix of the applied
+//! history — at most the tail after the last sync is lost, and nothing in it was acknowledged
+//! except reads, whose leases a restarted master replaces with fresh ones for every object.
+//! If a write or sync fails, the master stops acknowledging changes (they fail with
+//! `INTERNAL_ERROR`) until it is restarted from the directory.
+//!
+//! **Snapshots.** Every `snapshot_every` records the master's state is cloned under its lock
+//! and the journal moves on to the next generation; a helper thread writes the snapshot
+//! (to a temporary name, synced, then renamed) and then deletes the previous generation.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+
+use mooring_core::{Error, ErrorCode, Master, MasterConfig, Millis, Result};
+use mooring_proto::journal::{self, Input};
+use tracing::{error, info, warn};
+
+/// Records between snapshots, by default.
+pub const SNAPSHOT_EVERY: u64 = 1_000_000;
+
+fn journal_path(dir: &Path, generation: u64) -> PathBuf {
+    dir.join(format!("journal-{generation:020}.log"))
+}
+
+fn snapshot_path(dir: &Path, generation: u64) -> PathBuf {
+    dir.join(format!("snapshot-{generation:020}.snap"))
+}
+
+fn io_error(what: String) -> Error {
+    Error::new(ErrorCode::INTERNAL_ERROR, what)
+}
+
+/// Makes a rename or a new file in `dir` durable.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// The generations present in `dir`: (journals, snapshots), each ascending.
+fn generations(dir: &Path) -> Result<(Vec<u64>, Vec<u64>)> {
+    let entries = fs::read_dir(dir).map_err(|e| {
+        io_error(format!(
+            "cannot read the state directory {}: {e}",
+            dir.display()
+        ))
+    })?;
+    let (mut journals, mut snapshots) = (Vec::new(), Vec::new());
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let number = |prefix: &str, suffix: &str| {
+            name.strip_prefix(prefix)?
+                .strip_suffix(suffix)?
+                .parse::<u64>()
+                .ok()
+        };
+        if let Some(g) = number("journal-", ".log") {
+            journals.push(g);
+        } else if let Some(g) = number("snapshot-", ".snap") {
+            snapshots.push(g);
+        }
+    }
+    journals.sort_unstable();
+    snapshots.sort_unstable();
+    Ok((journals, snapshots))
+}
+
+/// What [`recover`] found.
+pub struct Recovered {
+    /// The master as it was when the last intact record was applied, on that clock.
+    pub master: Master,
+    /// The generation the restarted master continues after.
+    pub generation: u64,
+    /// Journal records replayed.
+    pub replayed: u64,
+}
+
+/// Rebuilds the master kept in `dir` (created if missing): the newest snapshot, then every
+/// journal from its generation on, replayed under the configuration each was written with,
+/// and finally `config` in force. An empty directory gives a fresh master.
+pub fn recover(dir: &Path, config: MasterConfig) -> Result<Recovered> {
+    fs::create_dir_all(dir).map_err(|e| {
+        io_error(format!(
+            "cannot create the state directory {}: {e}",
+            dir.display()
+        ))
+    })?;
+    let (journals, snapshots) = generations(dir)?;
+    let base = snapshots.last().copied();
+    let mut master: Option<Master> = None;
+    let mut snapshot = match base {
+        Some(g) => Some(fs::read(snapshot_path(dir, g)).map_err(|e| {
+            io_error(format!(
+                "cannot read snapshot {g} in {}: {e}",
+                dir.display()
+            ))
+        })?),
+        None => None,
+    };
+    let first = base.unwrap_or(0);
+    let to_replay: Vec<u64> = journals.iter().copied().filter(|&g| g >= first).collect();
+    if let Some(gap) = to_replay
+        .iter()
+        .zip(first..)
+        .find(|(g, expected)| **g != *expected)
+    {
+        return Err(io_error(format!(
+            "the state directory {} lacks journal {} (found {}): it cannot be replayed; \
+             restore the missing file or start from an empty directory",
+            dir.display(),
+            gap.1,
+            gap.0
+        )));
+    }
+    let mut replayed = 0;
+    let mut generation = first;
+    for (i, &g) in to_replay.iter().enumerate() {
+        generation = g;
+        let path = journal_path(dir, g);
+        let bytes = fs::read(&path)
+            .map_err(|e| io_error(format!("cannot read {}: {e}", path.display())))?;
+        let decoded = journal::decode(&bytes);
+        let last = i + 1 == to_replay.len();
+        if let Some(why) = &decoded.stopped {
+            if !last {
+                return Err(io_error(format!(
+                    "{} is damaged {why}, and later journals follow it: the history cannot \
+                     be replayed past it; move the directory aside to start empty",
+                    path.display()
+                )));
+            }
+            warn!(
+                "{}: a torn record at the tail ({why}); it was never acknowledged",
+                path.display()
+            );
+        }
+        for (now, input) in decoded.entries {
+            if let Input::Config(logged) = &input {
+                if master.is_none() {
+                    master = Some(match snapshot.take() {
+                        Some(bytes) => Master::restore_unshifted(logged.clone(), &bytes)?,
+                        None => Master::new(logged.clone())?,
+                    });
+                }
+                continue;
+            }
+            let Some(m) = master.as_mut() else {
+                return Err(io_error(format!(
+                    "{} does not start with its configuration record",
+                    path.display()
+                )));
+            };
+            journal::apply(m, now, input);
+            replayed += 1;
+        }
+    }
+    let master = match (master, snapshot) {
+        (Some(m), _) => reconfigure(m, config)?,
+        (None, Some(bytes)) => Master::restore_unshifted(config, &bytes)?,
+        (None, None) => Master::new(config)?,
+    };
+    Ok(Recovered {
+        master,
+        generation,
+        replayed,
+    })
+}
+
+/// `master` with `config` in force (a restart may change settings), on the same clock.
+fn reconfigure(master: Master, config: MasterConfig) -> Result<Master> {
+    Master::restore_unshifted(config, &master.snapshot())
+}
+
+/// What the writer thread has still to write.
+#[derive(Default)]
+struct Pending {
+    /// Records appended since the writer last took them.
+    bytes: Vec<u8>,
+    /// Sequence number of the last record appended.
+    appended: u64,
+    /// A switch to a new generation: (its number, its first record, the records appended
+    /// before the switch, which still go to the old journal). `bytes` then holds the records
+    /// after it.
+    rotate: Option<(u64, Vec<u8>, Vec<u8>)>,
+    /// The journal is being dropped: write what is left and stop.
+    closing: bool,
+}
+
+struct Shared {
+    pending: Mutex<Pending>,
+    work: Condvar,
+    /// The last sequence number on disk, or the reason the journal stopped.
+    durable: tokio::sync::watch::Sender<std::result::Result<u64, String>>,
+}
+
+/// The journal of a running master: appends under the master's lock, a writer thread that
+/// syncs them in groups, and periodic snapshots.
+pub struct Journal {
+    dir: PathBuf,
+    shared: Arc<Shared>,
+    snapshot_every: u64,
+    /// Records since the last snapshot began, and the current generation.
+    progress: Mutex<(u64, u64)>,
+    /// A snapshot is being written (the next waits for it).
+    snapshotting: Arc<std::sync::atomic::AtomicBool>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Journal {
+    /// Starts generation `generation + 1` in `dir`: a snapshot of `master` (synced before
+    /// anything else), a journal beginning with `config`, and the older files deleted.
+    pub fn start(
+        dir: &Path,
+        generation: u64,
+        master: &Master,
+        snapshot_every: u64,
+    ) -> Result<Journal> {
+        let generation = generation + 1;
+        write_snapshot(dir, generation, master)?;
+        let path = journal_path(dir, generation);
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| io_error(format!("cannot create {}: {e}", path.display())))?;
+        file.write_all(&config_record(master))
+            .and_then(|()| file.sync_data())
+            .and_then(|()| sync_dir(dir))
+            .map_err(|e| io_error(format!("cannot write {}: {e}", path.display())))?;
+        delete_before(dir, generation);
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(Pending::default()),
+            work: Condvar::new(),
+            durable: tokio::sync::watch::Sender::new(Ok(0)),
+        });
+        let writer = {
+            let (shared, dir) = (shared.clone(), dir.to_path_buf());
+            std::thread::Builder::new()
+                .name("mooring-journal".into())
+                .spawn(move || write_loop(&shared, &dir, file))
+                .map_err(|e| io_error(format!("cannot start the journal writer: {e}")))?
+        };
+        info!(dir = %dir.display(), generation, "journal started");
+        Ok(Journal {
+            dir: dir.to_path_buf(),
+            shared,
+            snapshot_every: snapshot_every.max(1),
+            progress: Mutex::new((0, generation)),
+            snapshotting: Arc::default(),
+            writer: Some(writer),
+        })
+    }
+
+    /// Appends one input about to be applied at `now` to `master` (call under the master's
+    /// lock, before applying it, so the journal's order is the master's); returns its
+    /// sequence number for [`Journal::durable`]. Every `snapshot_every` records a snapshot
+    /// of `master` begins.
+    pub fn append(&self, now: Millis, payload: &[u8], master: &Master) -> u64 {
+        // A snapshot is of the state before this input: the input opens the new journal.
+        let due = {
+            let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+            progress.0 += 1;
+            let idle = !self.snapshotting.load(std::sync::atomic::Ordering::Acquire);
+            (progress.0 >= self.snapshot_every && idle).then(|| {
+                progress.0 = 0;
+                progress.1 += 1;
+                progress.1
+            })
+        };
+        if let Some(generation) = due {
+            self.begin_snapshot(generation, master);
+        }
+        let seq = {
+            let mut pending = self
+                .shared
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            journal::record(now, payload, &mut pending.bytes);
+            pending.appended += 1;
+            pending.appended
+        };
+        self.shared.work.notify_one();
+        seq
+    }
+
+    /// Resolves once record `seq` is on disk; an error if the journal can no longer write.
+    pub fn durable(&self, seq: u64) -> impl std::future::Future<Output = Result<()>> + use<> {
+        let mut durable = self.shared.durable.subscribe();
+        async move {
+            let reached = durable
+                .wait_for(|d| d.as_ref().map_or(true, |&d| d >= seq))
+                .await
+                .map_err(|_| io_error("the master's journal writer stopped".into()))?;
+            match &*reached {
+                Ok(_) => Ok(()),
+                Err(why) => Err(io_error(format!(
+                    "the master cannot persist changes ({why}); it acknowledges none until it \
+                     is restarted"
+                ))),
+            }
+        }
+    }
+
+    /// Moves the journal to `generation` and writes a snapshot of `master` (cloned now, at
+    /// the rotation point) on a helper thread.
+    fn begin_snapshot(&self, generation: u64, master: &Master) {
+        let state = master.clone();
+        {
+            let mut pending = self
+                .shared
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if pending.rotate.is_some() {
+                // The writer has not yet made the last switch; snapshot later.
+                return;
+            }
+            let before = std::mem::take(&mut pending.bytes);
+            pending.rotate = Some((generation, config_record(master), before));
+        }
+        self.shared.work.notify_one();
+        self.snapshotting
+            .store(true, std::sync::atomic::Ordering::Release);
+        let (dir, snapshotting) = (self.dir.clone(), self.snapshotting.clone());
+        let spawned = std::thread::Builder::new()
+            .name("mooring-snapshot".into())
+            .spawn(move || {
+                match write_snapshot(&dir, generation, &state) {
+                    Ok(()) => {
+                        delete_before(&dir, generation);
+                        info!(generation, "snapshot written");
+                    }
+                    Err(e) => warn!(
+                        generation,
+                        "snapshot not written (the journals still hold everything): {e}"
+                    ),
+                }
+                snapshotting.store(false, std::sync::atomic::Ordering::Release);
+            });
+        if let Err(e) = spawned {
+            warn!("cannot start a snapshot thread: {e}");
+            self.snapshotting
+                .store(false, std::sync::atomic::Ordering::Release);
+        }
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        self.shared
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .closing = true;
+        self.shared.work.notify_one();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// The record a journal starts with: the configuration its inputs are applied under.
+fn config_record(master: &Master) -> Vec<u8> {
+    let mut out = Vec::new();
+    let payload = journal::payload(&Input::Config(master.config().clone()));
+    journal::record(master.now(), &payload, &mut out);
+    out
+}
+
+/// Writes `master`'s snapshot as generation `generation`, durably.
+fn write_snapshot(dir: &Path, generation: u64, master: &Master) -> Result<()> {
+    let path = snapshot_path(dir, generation);
+    let temporary = path.with_extension("snap.tmp");
+    let bytes = master.snapshot();
+    let written = (|| {
+        let mut file = File::create(&temporary)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        fs::rename(&temporary, &path)?;
+        sync_dir(dir)
+    })();
+    written.map_err(|e| io_error(format!("cannot write snapshot {}: {e}", path.display())))
+}
+
+/// Deletes the files of generations before `generation` (a snapshot of it is on disk).
+fn delete_before(dir: &Path, generation: u64) {
+    let Ok((journals, snapshots)) = generations(dir) else {
+        return;
+    };
+    for g in journals.into_iter().filter(|&g| g < generation) {
+        let _ = fs::remove_file(journal_path(dir, g));
+    }
+    for g in snapshots.into_iter().filter(|&g| g < generation) {
+        let _ = fs::remove_file(snapshot_path(dir, g));
+    }
+}
+
+/// The writer thread: takes what has accumulated, writes and syncs it, wakes its waiters.
+fn write_loop(shared: &Shared, dir: &Path, mut file: File) {
+    let mut spare = Vec::new();
+    loop {
+        let (bytes, seq, rotate, closing) = {
+            let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+            while pending.bytes.is_empty() && pending.rotate.is_none() && !pending.closing {
+                pending = shared.work.wait(pending).unwrap_or_else(|e| e.into_inner());
+            }
+            spare.clear();
+            let bytes = std::mem::replace(&mut pending.bytes, std::mem::take(&mut spare));
+            (
+                bytes,
+                pending.appended,
+                pending.rotate.take(),
+                pending.closing,
+            )
+        };
+        let written = (|| {
+            if let Some((generation, config, before)) = &rotate {
+                // The records before the switch end the old journal; the rest start the new.
+                file.write_all(before)?;
+                file.sync_data()?;
+                let path = journal_path(dir, *generation);
+                let mut next = OpenOptions::new().create(true).append(true).open(path)?;
+                next.write_all(config)?;
+                sync_dir(dir)?;
+                file = next;
+            }
+            file.write_all(&bytes)?;
+            file.sync_data()
+        })();
+        spare = bytes;
+        match written {
+            Ok(()) => {
+                let _previous = shared.durable.send_replace(Ok(seq));
+            }
+            Err(e) => {
+                error!(
+                    dir = %dir.display(),
+                    "the journal cannot write ({e}): the master acknowledges no more changes; \
+                     fix the disk and restart it (it recovers what was synced)"
+                );
+                let _previous = shared.durable.send_replace(Err(e.to_string()));
+                return;
+            }
+        }
+        if closing {
+            return;
+        }
+    }
+}
