@@ -103,8 +103,8 @@ pub struct MasterSection {
     pub seed: Option<u64>,
     /// Directory the master keeps its state in (snapshots and journal).
     pub state_dir: Option<PathBuf>,
-    /// Journal records between snapshots.
-    pub snapshot_every: Option<u64>,
+    /// Journal growth that starts a snapshot (a size: "64MiB").
+    pub snapshot_after: Option<String>,
 }
 
 /// The `[node]` section of a config file.
@@ -194,7 +194,7 @@ impl MasterSection {
             client_ttl: flags.client_ttl.or(self.client_ttl),
             seed: flags.seed.or(self.seed),
             state_dir: flags.state_dir.or(self.state_dir),
-            snapshot_every: flags.snapshot_every.or(self.snapshot_every),
+            snapshot_after: flags.snapshot_after.or(self.snapshot_after),
         }
     }
 

@@ -15,8 +15,10 @@
 //! If a write or sync fails, the master stops acknowledging changes (they fail with
 //! `INTERNAL_ERROR`) until it is restarted from the directory.
 //!
-//! **Snapshots.** Every `snapshot_every` records the master's state is cloned under its lock
-//! and the journal moves on to the next generation; a helper thread writes the snapshot
+//! **Snapshots.** Once the journal has grown by `snapshot_after` bytes, and by at least the
+//! size of the last snapshot (so snapshots never cost more writing than the journal, however
+//! large the state), the master's state is cloned under its lock and the journal moves on to
+//! the next generation; a helper thread writes the snapshot
 //! (to a temporary name, synced, then renamed) and then deletes the previous generation.
 
 use std::fs::{self, File, OpenOptions};
@@ -28,8 +30,10 @@ use mooring_core::{Error, ErrorCode, Master, MasterConfig, Millis, Result};
 use mooring_proto::journal::{self, Input};
 use tracing::{error, info, warn};
 
-/// Records between snapshots, by default.
-pub const SNAPSHOT_EVERY: u64 = 1_000_000;
+/// Journal bytes that start a snapshot, by default. A snapshot also waits until the journal
+/// has grown as large as the last snapshot, so writing snapshots never costs more than
+/// writing the journal, however large the state.
+pub const SNAPSHOT_AFTER: u64 = 64 << 20;
 
 fn journal_path(dir: &Path, generation: u64) -> PathBuf {
     dir.join(format!("journal-{generation:020}.log"))
@@ -210,11 +214,13 @@ struct Shared {
 pub struct Journal {
     dir: PathBuf,
     shared: Arc<Shared>,
-    snapshot_every: u64,
-    /// Records since the last snapshot began, and the current generation.
+    snapshot_after: u64,
+    /// Journal bytes since the last snapshot began, and the current generation.
     progress: Mutex<(u64, u64)>,
-    /// A snapshot is being written (the next waits for it).
-    snapshotting: Arc<std::sync::atomic::AtomicBool>,
+    /// The size of the last snapshot written.
+    last_snapshot: Arc<std::sync::atomic::AtomicU64>,
+    /// The thread writing the last snapshot begun (the next waits for it to finish).
+    snapshotting: Mutex<Option<std::thread::JoinHandle<()>>>,
     writer: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -225,10 +231,10 @@ impl Journal {
         dir: &Path,
         generation: u64,
         master: &Master,
-        snapshot_every: u64,
+        snapshot_after: u64,
     ) -> Result<Journal> {
         let generation = generation + 1;
-        write_snapshot(dir, generation, master)?;
+        let snapshot_bytes = write_snapshot(dir, generation, master)?;
         let path = journal_path(dir, generation);
         let mut file = OpenOptions::new()
             .create(true)
@@ -256,24 +262,34 @@ impl Journal {
         Ok(Journal {
             dir: dir.to_path_buf(),
             shared,
-            snapshot_every: snapshot_every.max(1),
+            snapshot_after: snapshot_after.max(1),
             progress: Mutex::new((0, generation)),
-            snapshotting: Arc::default(),
+            last_snapshot: Arc::new(std::sync::atomic::AtomicU64::new(snapshot_bytes)),
+            snapshotting: Mutex::new(None),
             writer: Some(writer),
         })
     }
 
     /// Appends one input about to be applied at `now` to `master` (call under the master's
     /// lock, before applying it, so the journal's order is the master's); returns its
-    /// sequence number for [`Journal::durable`]. Every `snapshot_every` records a snapshot
-    /// of `master` begins.
+    /// sequence number for [`Journal::durable`]. A snapshot of `master` begins when one is
+    /// due.
     pub fn append(&self, now: Millis, payload: &[u8], master: &Master) -> u64 {
         // A snapshot is of the state before this input: the input opens the new journal.
         let due = {
             let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-            progress.0 += 1;
-            let idle = !self.snapshotting.load(std::sync::atomic::Ordering::Acquire);
-            (progress.0 >= self.snapshot_every && idle).then(|| {
+            progress.0 += (journal::RECORD_HEADER + payload.len()) as u64;
+            let threshold = self.snapshot_after.max(
+                self.last_snapshot
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            );
+            let idle = self
+                .snapshotting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_none_or(|thread| thread.is_finished());
+            (progress.0 >= threshold && idle).then(|| {
                 progress.0 = 0;
                 progress.1 += 1;
                 progress.1
@@ -332,28 +348,25 @@ impl Journal {
             pending.rotate = Some((generation, config_record(master), before));
         }
         self.shared.work.notify_one();
-        self.snapshotting
-            .store(true, std::sync::atomic::Ordering::Release);
-        let (dir, snapshotting) = (self.dir.clone(), self.snapshotting.clone());
+        let (dir, last_snapshot) = (self.dir.clone(), self.last_snapshot.clone());
         let spawned = std::thread::Builder::new()
             .name("mooring-snapshot".into())
-            .spawn(move || {
-                match write_snapshot(&dir, generation, &state) {
-                    Ok(()) => {
-                        delete_before(&dir, generation);
-                        info!(generation, "snapshot written");
-                    }
-                    Err(e) => warn!(
-                        generation,
-                        "snapshot not written (the journals still hold everything): {e}"
-                    ),
+            .spawn(move || match write_snapshot(&dir, generation, &state) {
+                Ok(bytes) => {
+                    last_snapshot.store(bytes, std::sync::atomic::Ordering::Relaxed);
+                    delete_before(&dir, generation);
+                    info!(generation, bytes, "snapshot written");
                 }
-                snapshotting.store(false, std::sync::atomic::Ordering::Release);
+                Err(e) => warn!(
+                    generation,
+                    "snapshot not written (the journals still hold everything): {e}"
+                ),
             });
-        if let Err(e) = spawned {
-            warn!("cannot start a snapshot thread: {e}");
-            self.snapshotting
-                .store(false, std::sync::atomic::Ordering::Release);
+        match spawned {
+            Ok(thread) => {
+                *self.snapshotting.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
+            }
+            Err(e) => warn!("cannot start a snapshot thread: {e}"),
         }
     }
 }
@@ -369,6 +382,14 @@ impl Drop for Journal {
         if let Some(writer) = self.writer.take() {
             let _ = writer.join();
         }
+        let snapshot = self
+            .snapshotting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(snapshot) = snapshot {
+            let _ = snapshot.join();
+        }
     }
 }
 
@@ -380,8 +401,8 @@ fn config_record(master: &Master) -> Vec<u8> {
     out
 }
 
-/// Writes `master`'s snapshot as generation `generation`, durably.
-fn write_snapshot(dir: &Path, generation: u64, master: &Master) -> Result<()> {
+/// Writes `master`'s snapshot as generation `generation`, durably; returns its size.
+fn write_snapshot(dir: &Path, generation: u64, master: &Master) -> Result<u64> {
     let path = snapshot_path(dir, generation);
     let temporary = path.with_extension("snap.tmp");
     let bytes = master.snapshot();
@@ -392,7 +413,9 @@ fn write_snapshot(dir: &Path, generation: u64, master: &Master) -> Result<()> {
         fs::rename(&temporary, &path)?;
         sync_dir(dir)
     })();
-    written.map_err(|e| io_error(format!("cannot write snapshot {}: {e}", path.display())))
+    written
+        .map(|()| bytes.len() as u64)
+        .map_err(|e| io_error(format!("cannot write snapshot {}: {e}", path.display())))
 }
 
 /// Deletes the files of generations before `generation` (a snapshot of it is on disk).
@@ -458,5 +481,118 @@ fn write_loop(shared: &Shared, dir: &Path, mut file: File) {
         if closing {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mooring_core::{Checksum, ClientId, ReplicateConfig, SegmentSpec};
+    use mooring_proto::transport::RpcHandler;
+    use mooring_proto::wire::{Hello, MountSegment, PutEnd, PutStart, Remove, Reply};
+
+    use super::*;
+    use crate::master_service::MasterService;
+
+    const CLIENT: ClientId = ClientId(7);
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("mooring-journal-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    /// Mounts a segment and puts `puts` objects (removing every third) through a persistent
+    /// service in `dir`; returns the live master's state, as a fingerprint.
+    fn run(dir: &Path, puts: usize, snapshot_after: u64) -> String {
+        let service = MasterService::persistent(dir, MasterConfig::default(), snapshot_after)
+            .expect("a fresh directory");
+        let ok = |request: mooring_proto::wire::MasterRequest| service.handle(request).unwrap();
+        ok(Hello { client: CLIENT }.into());
+        ok(MountSegment {
+            client: CLIENT,
+            spec: SegmentSpec {
+                name: "seg".into(),
+                base: 0,
+                size: 1 << 20,
+                endpoint: "node:1".into(),
+                key: 1,
+            },
+        }
+        .into());
+        for i in 0..puts {
+            let key = format!("k{i}");
+            let Reply::PutStart(grant) = ok(PutStart {
+                client: CLIENT,
+                key: key.clone(),
+                size: 1000,
+                config: ReplicateConfig::single(),
+                upsert: false,
+            }
+            .into()) else {
+                panic!("not a grant");
+            };
+            ok(PutEnd {
+                client: CLIENT,
+                key: key.clone(),
+                write: grant.write_id,
+                checksum: Checksum::of(key.as_bytes()),
+            }
+            .into());
+            if i % 3 == 0 {
+                ok(Remove { key }.into());
+            }
+        }
+        // Dropping the service drops the journal, which writes what it holds first.
+        service.with_master(|m, _| m.state_fingerprint())
+    }
+
+    fn recovered(dir: &Path) -> Result<String> {
+        recover(dir, MasterConfig::default()).map(|r| r.master.state_fingerprint())
+    }
+
+    #[test]
+    fn a_recovered_master_is_the_master_that_was_running() {
+        for snapshot_after in [SNAPSHOT_AFTER, 1] {
+            let dir = scratch(&format!("same-{snapshot_after}"));
+            let live = run(&dir, 40, snapshot_after);
+            assert_eq!(
+                recovered(&dir).unwrap(),
+                live,
+                "snapshot after {snapshot_after}"
+            );
+            let _ = fs::remove_dir_all(&dir);
+        }
+    }
+
+    #[test]
+    fn a_torn_tail_is_dropped_and_damage_before_later_journals_is_refused() {
+        let dir = scratch("torn");
+        let live = run(&dir, 10, SNAPSHOT_AFTER);
+        let (journals, _) = generations(&dir).unwrap();
+        let last = journal_path(&dir, *journals.last().unwrap());
+        let mut bytes = fs::read(&last).unwrap();
+        bytes.extend_from_slice(&[0x55; 11]);
+        fs::write(&last, &bytes).unwrap();
+        assert_eq!(
+            recovered(&dir).unwrap(),
+            live,
+            "a torn tail loses nothing written"
+        );
+
+        // A damaged record with a later journal after it cannot be skipped.
+        let next = journal_path(&dir, journals.last().unwrap() + 1);
+        fs::copy(&last, &next).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0xff;
+        fs::write(&last, &bytes).unwrap();
+        let refused = recovered(&dir).unwrap_err();
+        assert!(refused.to_string().contains("damaged"), "{refused}");
+
+        // Nor can a missing generation.
+        fs::remove_file(&last).unwrap();
+        let refused = recovered(&dir).unwrap_err();
+        assert!(refused.to_string().contains("lacks journal"), "{refused}");
+        let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -55,11 +55,12 @@ impl MasterService {
 
     /// A service around the master kept in `dir` (see [`crate::journal`]): recovered from its
     /// snapshot and journals, with `config` in force, every object freshly leased, and every
-    /// input from now on journaled (a snapshot every `snapshot_every` inputs).
+    /// input from now on journaled (a snapshot after `snapshot_after` journal bytes or more:
+    /// see [`crate::journal`]).
     pub fn persistent(
         dir: &std::path::Path,
         config: MasterConfig,
-        snapshot_every: u64,
+        snapshot_after: u64,
     ) -> Result<Arc<MasterService>> {
         let Recovered {
             mut master,
@@ -76,7 +77,7 @@ impl MasterService {
             replayed,
             "master state recovered"
         );
-        let journal = Journal::start(dir, generation, &master, snapshot_every)?;
+        let journal = Journal::start(dir, generation, &master, snapshot_after)?;
         Ok(MasterService::around(master, clock, Some(journal)))
     }
 

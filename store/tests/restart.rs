@@ -31,8 +31,8 @@ fn start_master(listen: &str, state: &std::path::Path) -> Proc {
         "--state-dir",
         state.to_str().unwrap(),
         // Small, so the run also crosses snapshots and journal generations.
-        "--snapshot-every",
-        "150",
+        "--snapshot-after",
+        "16KiB",
     ])
 }
 

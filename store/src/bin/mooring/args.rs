@@ -176,10 +176,10 @@ pub(crate) struct MasterArgs {
     /// objects are readable again. Without it, a restarted master starts empty.
     #[arg(long, value_name = "DIR")]
     pub(crate) state_dir: Option<PathBuf>,
-    /// Journal records between snapshots (each snapshot lets the older journal go)
-    /// [default: 1000000].
-    #[arg(long, value_name = "N", requires = "state_dir")]
-    pub(crate) snapshot_every: Option<u64>,
+    /// Snapshot the state once the journal has grown this much (and at least by the last
+    /// snapshot's size); each snapshot lets the older journal go [default: 64MiB].
+    #[arg(long, value_name = "SIZE", requires = "state_dir")]
+    pub(crate) snapshot_after: Option<String>,
     #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
 }

@@ -102,7 +102,7 @@ async fn run_master(args: MasterArgs) -> Result<(), Error> {
         client_ttl: args.client_ttl,
         seed: args.seed,
         state_dir: args.state_dir,
-        snapshot_every: args.snapshot_every,
+        snapshot_after: args.snapshot_after,
     };
     let settings = file.master.overlay(flags);
     let config = settings.master_config().map_err(usage_error)?;
@@ -113,13 +113,13 @@ async fn run_master(args: MasterArgs) -> Result<(), Error> {
     let listen = settings.listen.unwrap_or_else(|| default_listen.into());
     let token = args.serve.token_for(&listen)?;
     let service = match &settings.state_dir {
-        Some(dir) => MasterService::persistent(
-            dir,
-            config,
-            settings
-                .snapshot_every
-                .unwrap_or(mooring::journal::SNAPSHOT_EVERY),
-        )?,
+        Some(dir) => {
+            let snapshot_after = match &settings.snapshot_after {
+                Some(size) => parse_size(size).map_err(usage_error)?,
+                None => mooring::journal::SNAPSHOT_AFTER,
+            };
+            MasterService::persistent(dir, config, snapshot_after)?
+        }
         None => MasterService::new(config)?,
     };
     let mut master = RunningMaster::serve(&listen, service, token).await?;

@@ -1,0 +1,141 @@
+//! The master's put path with and without its journal (`mooring master --state-dir`):
+//! PutStart+PutEnd pairs through `MasterService::answer`, which is what each RPC connection
+//! calls, with 256 pairs in flight (`MOORING_BENCH_IN_FLIGHT`) on two worker threads. With the journal on, each answer
+//! waits until its record is synced, so this measures group commit: how many pairs one
+//! `fdatasync` covers decides the rate. No network: the master's own cost.
+//!
+//! Run: `cargo bench -p mooring-benches --bench journal`. The journal lives under
+//! `target/journal-bench` (set `MOORING_BENCH_DIR` to measure another device).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use mooring::master_service::MasterService;
+use mooring_benches::{bench_dir, bench_runtime};
+use mooring_core::{Checksum, ClientId, MasterConfig, ReplicateConfig, SegmentSpec};
+use mooring_proto::transport::{Answer, RpcHandler};
+use mooring_proto::wire::{
+    Hello, MasterRequest, MasterResponse, MountSegment, PutEnd, PutStart, Reply,
+};
+
+const CLIENT: ClientId = ClientId(1);
+/// Pairs in flight at once (`MOORING_BENCH_IN_FLIGHT` to try others).
+fn in_flight() -> usize {
+    std::env::var("MOORING_BENCH_IN_FLIGHT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256)
+}
+/// Pairs per timed batch.
+const BATCH: u64 = 20_000;
+
+async fn answer(service: &MasterService, request: MasterRequest) -> MasterResponse {
+    match service.answer(request) {
+        Answer::Now(response) => response,
+        Answer::WhenDurable(durable) => durable.await,
+    }
+}
+
+fn mounted(service: &MasterService) {
+    service.handle(Hello { client: CLIENT }.into()).unwrap();
+    service
+        .handle(
+            MountSegment {
+                client: CLIENT,
+                spec: SegmentSpec {
+                    name: "bench".into(),
+                    base: 0,
+                    // Metadata only: no memory behind it.
+                    size: 1 << 40,
+                    endpoint: "bench:1".into(),
+                    key: 1,
+                },
+            }
+            .into(),
+        )
+        .unwrap();
+}
+
+/// Runs `BATCH` pairs of fresh keys with `IN_FLIGHT` tasks; returns how long they took.
+fn batch(
+    runtime: &tokio::runtime::Runtime,
+    service: &Arc<MasterService>,
+    next: &Arc<AtomicU64>,
+) -> Duration {
+    let started = Instant::now();
+    let end = next.load(Ordering::Relaxed) + BATCH;
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..in_flight())
+            .map(|_| {
+                let (service, next) = (service.clone(), next.clone());
+                tokio::spawn(async move {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= end {
+                            break;
+                        }
+                        let key = format!("k{i}");
+                        let start = PutStart {
+                            client: CLIENT,
+                            key: key.clone(),
+                            size: 4096,
+                            config: ReplicateConfig::single(),
+                            upsert: false,
+                        };
+                        let Ok(Reply::PutStart(grant)) = answer(&service, start.into()).await
+                        else {
+                            panic!("put start refused");
+                        };
+                        let end = PutEnd {
+                            client: CLIENT,
+                            key,
+                            write: grant.write_id,
+                            checksum: Checksum::of(b""),
+                        };
+                        answer(&service, end.into()).await.expect("put end");
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("a put task");
+        }
+    });
+    started.elapsed()
+}
+
+fn put_pairs(c: &mut Criterion) {
+    let runtime = bench_runtime();
+    let dir = bench_dir("journal-bench");
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut group = c.benchmark_group("put_start_end_pairs");
+    group.throughput(Throughput::Elements(BATCH));
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(10));
+    let config = MasterConfig::default();
+    let services = [
+        (
+            "journal_off",
+            MasterService::new(config.clone()).expect("a master"),
+        ),
+        (
+            "journal_on",
+            MasterService::persistent(&dir, config, mooring::journal::SNAPSHOT_AFTER)
+                .expect("a master with a journal"),
+        ),
+    ];
+    for (name, service) in services {
+        mounted(&service);
+        let next = Arc::new(AtomicU64::new(0));
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| (0..iters).map(|_| batch(&runtime, &service, &next)).sum())
+        });
+    }
+    group.finish();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+criterion_group!(benches, put_pairs);
+criterion_main!(benches);
