@@ -126,14 +126,28 @@ fn put_pairs(c: &mut Criterion) {
                 .expect("a master with a journal"),
         ),
     ];
-    for (name, service) in services {
-        mounted(&service);
+    for (name, service) in &services {
+        mounted(service);
         let next = Arc::new(AtomicU64::new(0));
-        group.bench_function(name, |b| {
-            b.iter_custom(|iters| (0..iters).map(|_| batch(&runtime, &service, &next)).sum())
+        group.bench_function(*name, |b| {
+            b.iter_custom(|iters| (0..iters).map(|_| batch(&runtime, service, &next)).sum())
         });
     }
     group.finish();
+    for (name, service) in &services {
+        if let Some(c) = service.journal_counts() {
+            let per_sync = |n: u64| n as f64 / c.syncs.max(1) as f64;
+            eprintln!(
+                "{name}: {} records in {} syncs ({:.0} records, {:.0} µs writing and syncing, \
+                 {:.0} µs waking per sync)",
+                c.records,
+                c.syncs,
+                per_sync(c.records),
+                per_sync(c.sync_micros),
+                per_sync(c.wake_micros)
+            );
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -9,7 +9,8 @@
 //! A record is `length u32 | crc32c u32 | now u64 | payload`, little-endian, where the crc
 //! covers `now` and the payload, and the payload is an rkyv archive of an [`Input`]. Decoding
 //! stops at the first record that is cut short or fails its checksum: a crash leaves at most
-//! one torn record at the tail, and everything before it is intact.
+//! one torn record at the tail, and everything before it is intact. Zeros after the last
+//! record (a writer may write them ahead) are the end, not damage.
 
 use mooring_core::{Master, MasterConfig, Millis};
 use rkyv::rancor;
@@ -81,6 +82,10 @@ pub fn decode(bytes: &[u8]) -> Decoded {
     let mut decoded = Decoded::default();
     let mut at = 0;
     while at < bytes.len() {
+        // Zeros written ahead of the records: the end (no record starts with a zero length).
+        if bytes[at..].iter().all(|&b| b == 0) {
+            break;
+        }
         match decode_one(&bytes[at..]) {
             Ok((now, input, len)) => {
                 decoded.entries.push((now, input));
@@ -185,6 +190,12 @@ mod tests {
         let decoded = decode(&damaged);
         assert_eq!(decoded.entries.len(), 1);
         assert!(decoded.stopped.unwrap().contains("checksum"));
+        // Zeros written ahead of the records end the journal cleanly.
+        let mut padded = bytes.clone();
+        padded.extend_from_slice(&[0; 4096]);
+        let decoded = decode(&padded);
+        assert_eq!((decoded.entries.len(), decoded.stopped), (2, None));
+        assert_eq!(decoded.intact, bytes.len());
         // A length beyond any record is refused, not allocated.
         let mut huge = journal(&[(1, Input::Tick)]);
         huge[0..4].copy_from_slice(&u32::MAX.to_le_bytes());

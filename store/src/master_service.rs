@@ -156,6 +156,11 @@ impl MasterService {
         result
     }
 
+    /// What the journal has written, if the master keeps one.
+    pub fn journal_counts(&self) -> Option<crate::journal::JournalCounts> {
+        self.journal.as_ref().map(Journal::counts)
+    }
+
     /// Gauges and counters.
     pub fn stats(&self) -> Stats {
         self.with_master(|m, _| m.stats())
@@ -363,10 +368,12 @@ impl RunningMaster {
         let service = self.service.clone();
         let read = Arc::new(move || service.with_master(|m, now| (m.report(now), m.segments())));
         let limits = self.limits.clone();
+        let journaled = self.service.clone();
         let handler = crate::metrics::handler(
             self.service.metrics.clone(),
             read,
             Arc::new(move || limits.open()),
+            Arc::new(move || journaled.journal_counts()),
         );
         let (addr, task) =
             crate::http::serve(listen, handler, bearer, crate::metrics::PUBLIC_PATHS).await?;

@@ -18,6 +18,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::http::{Handler, Response};
+use crate::journal::JournalCounts;
 
 /// Paths served without the scrape token: the dashboard page, which holds no figures (it
 /// fetches them with the token it is given).
@@ -158,10 +159,35 @@ impl MasterMetrics {
         report: &StatsReport,
         segments: &[SegmentInfo],
         connections: usize,
+        journal: Option<JournalCounts>,
     ) -> String {
         let stats = &report.stats;
         let census = &report.census;
         let mut registry = Registry::with_prefix("mooring");
+        if let Some(journal) = journal {
+            registry.register(
+                "journal_records",
+                "Journal records on disk (--state-dir)",
+                ConstCounter::new(journal.records),
+            );
+            registry.register_with_unit(
+                "journal_written",
+                "Bytes written to the journal",
+                Unit::Bytes,
+                ConstCounter::new(journal.bytes),
+            );
+            registry.register(
+                "journal_syncs",
+                "Journal fdatasync calls (each covers every record appended before it: group commit)",
+                ConstCounter::new(journal.syncs),
+            );
+            registry.register_with_unit(
+                "journal_sync",
+                "Time spent writing and syncing the journal",
+                Unit::Seconds,
+                ConstCounter::new(journal.sync_micros as f64 / 1e6),
+            );
+        }
         let by_state = Family::<StateLabel, Gauge>::default();
         for (state, count) in [
             ("complete", census.complete),
@@ -527,13 +553,14 @@ pub fn handler(
     metrics: MasterMetrics,
     read: Arc<dyn Fn() -> (StatsReport, Vec<SegmentInfo>) + Send + Sync>,
     connections: Arc<dyn Fn() -> usize + Send + Sync>,
+    journal: Arc<dyn Fn() -> Option<JournalCounts> + Send + Sync>,
 ) -> Handler {
     Arc::new(move |path: &str| match path {
         "/metrics" => {
             let (report, segments) = read();
             Response::ok(
                 "text/plain; version=0.0.4; charset=utf-8",
-                metrics.render(&report, &segments, connections()),
+                metrics.render(&report, &segments, connections(), journal()),
             )
         }
         "/stats.json" => {
@@ -590,7 +617,12 @@ mod tests {
             endpoint: "10.0.0.9:12345".into(),
             key: 0xdead_beef_1234,
         };
-        let text = metrics.render(&report, &[segment], 3);
+        let journal = JournalCounts {
+            records: 12,
+            syncs: 4,
+            ..JournalCounts::default()
+        };
+        let text = metrics.render(&report, &[segment], 3, Some(journal));
         for line in [
             "mooring_objects 3",
             "mooring_connections 3",
@@ -604,6 +636,8 @@ mod tests {
             "mooring_values_bytes{tier=\"memory\"} 4000",
             "mooring_reads_total{tier=\"memory\"} 5",
             "mooring_reads_total{tier=\"none\"} 2",
+            "mooring_journal_records_total 12",
+            "mooring_journal_syncs_total 4",
         ] {
             assert!(text.contains(line), "{line:?} missing from\n{text}");
         }

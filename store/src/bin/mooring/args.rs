@@ -176,7 +176,7 @@ pub(crate) struct MasterArgs {
     /// objects are readable again. Without it, a restarted master starts empty.
     #[arg(long, value_name = "DIR")]
     pub(crate) state_dir: Option<PathBuf>,
-    /// Snapshot the state once the journal has grown this much (and at least by the last
+    /// Snapshot the state once the journal has grown this much (and by at least twice the last
     /// snapshot's size); each snapshot lets the older journal go [default: 64MiB].
     #[arg(long, value_name = "SIZE", requires = "state_dir")]
     pub(crate) snapshot_after: Option<String>,
