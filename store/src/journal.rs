@@ -171,6 +171,10 @@ pub fn recover(dir: &Path, config: MasterConfig) -> Result<Recovered> {
             replayed += 1;
         }
     }
+    // What replay did was reported when it first happened: its events are not news.
+    if let Some(m) = master.as_mut() {
+        m.drain_events();
+    }
     let master = match (master, snapshot) {
         (Some(m), _) => reconfigure(m, config)?,
         (None, Some(bytes)) => Master::restore_unshifted(config, &bytes)?,

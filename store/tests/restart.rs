@@ -28,6 +28,8 @@ fn start_master(listen: &str, state: &std::path::Path) -> Proc {
         "master",
         "--listen",
         listen,
+        "--client-ttl",
+        "2s",
         "--state-dir",
         state.to_str().unwrap(),
         // Small, so the run also crosses snapshots and journal generations.
@@ -42,7 +44,7 @@ async fn a_killed_master_restarts_knowing_every_acknowledged_object() {
     let _ = std::fs::remove_dir_all(&state);
     let listen = format!("127.0.0.1:{}", free_port());
     let mut master = start_master(&listen, &state);
-    let _nodes: Vec<Proc> = (0..2)
+    let mut nodes: Vec<Proc> = (0..3)
         .map(|i| {
             Proc::start(&[
                 "node",
@@ -62,13 +64,14 @@ async fn a_killed_master_restarts_knowing_every_acknowledged_object() {
         .await
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while writer.segments().await.unwrap().len() < 2 {
+    while writer.segments().await.unwrap().len() < 3 {
         assert!(Instant::now() < deadline, "the nodes never mounted");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Two replicas: the weights outlive the node that will not return.
     let pinned = ReplicateConfig {
         with_hard_pin: true,
-        ..ReplicateConfig::single()
+        ..ReplicateConfig::replicas(2)
     };
     writer
         .put("weights", &value(999, 100_000), &pinned)
@@ -87,7 +90,25 @@ async fn a_killed_master_restarts_knowing_every_acknowledged_object() {
     }
     writer.remove("k7").await.unwrap();
 
+    // Where each object lives: node2 will not come back.
+    let on_node2: std::collections::BTreeSet<String> = {
+        let endpoints = writer.segments().await.unwrap();
+        let node2 = endpoints.iter().find(|s| s.name == "node2").unwrap().id;
+        let mut keys = std::collections::BTreeSet::new();
+        for i in 0..200u64 {
+            let key = format!("k{i}");
+            if let Ok(list) = writer.replicas(&key).await
+                && list.replicas.iter().all(|r| r.segment == node2)
+            {
+                keys.insert(key);
+            }
+        }
+        keys
+    };
+    assert!(!on_node2.is_empty(), "no object landed on node2");
+
     master.kill();
+    nodes[2].kill();
     let snapshots = std::fs::read_dir(&state)
         .unwrap()
         .filter_map(|e| e.ok())
@@ -102,16 +123,30 @@ async fn a_killed_master_restarts_knowing_every_acknowledged_object() {
     let report = reader.report().await.unwrap();
     assert_eq!(report.stats.objects, 200, "{report:?}");
     assert_eq!(report.census.hard_pinned, 1);
-    assert_eq!(report.stats.segments, 2, "the nodes' segments came back");
+    assert_eq!(report.stats.segments, 3, "the nodes' segments came back");
+    // node2 never returns: after the client TTL its segment and the objects only it held
+    // are dropped; the other nodes kept heartbeating and keep theirs.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reader.report().await.unwrap().stats.segments > 2 {
+        assert!(Instant::now() < deadline, "node2's segment was never dropped");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let report = reader.report().await.unwrap();
+    assert_eq!(
+        report.stats.objects,
+        200 - on_node2.len() as u64,
+        "{report:?}"
+    );
     assert_eq!(
         reader.get("weights").await.unwrap(),
         value(999, 100_000),
         "the hard-pinned value"
     );
     for i in 0..200u64 {
-        let got = reader.get(&format!("k{i}")).await;
-        if i == 7 {
-            assert!(got.is_err(), "k7 was removed before the kill");
+        let key = format!("k{i}");
+        let got = reader.get(&key).await;
+        if i == 7 || on_node2.contains(&key) {
+            assert!(got.is_err(), "{key} was removed, or lived only on node2");
         } else {
             assert_eq!(got.unwrap(), value(i, sizes(i)), "k{i}");
         }
