@@ -128,7 +128,10 @@ async fn a_killed_master_restarts_knowing_every_acknowledged_object() {
     // are dropped; the other nodes kept heartbeating and keep theirs.
     let deadline = Instant::now() + Duration::from_secs(10);
     while reader.report().await.unwrap().stats.segments > 2 {
-        assert!(Instant::now() < deadline, "node2's segment was never dropped");
+        assert!(
+            Instant::now() < deadline,
+            "node2's segment was never dropped"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let report = reader.report().await.unwrap();
