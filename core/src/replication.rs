@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use smallvec::SmallVec;
 
+use crate::checksum::Checksum;
 use crate::discard::DiscardReason;
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::{ClientId, TaskId, WriteId};
@@ -74,6 +75,8 @@ pub struct CopyGrant {
     pub source: ReplicaDescriptor,
     /// The new replicas to write (PROCESSING until the task ends).
     pub targets: Vec<ReplicaDescriptor>,
+    /// The value's checksum: the copier checks the source's bytes against it.
+    pub checksum: Checksum,
 }
 
 /// How a task finishes.
@@ -117,6 +120,23 @@ impl Master {
         let now = self.advance(now);
         self.touch(client, now);
         self.finish_task(client, task, Finish::Complete)
+    }
+
+    /// Gives up a task whose transfers may still land (one failed or timed out midway): the
+    /// object is free for other tasks, upserts and removal at once, while the targets wait
+    /// out the release timeout before their space is reused (what `PutAbort` is to a put).
+    pub fn task_abort(&mut self, client: ClientId, task: TaskId, now: Millis) -> Result<()> {
+        let now = self.advance(now);
+        self.touch(client, now);
+        if let Some(running) = self.tasks.by_id.get(&task)
+            && running.client != client
+        {
+            return Err(Error::new(
+                ErrorCode::ILLEGAL_CLIENT,
+                format!("{task} belongs to client {}", running.client),
+            ));
+        }
+        self.finish_task(client, task, Finish::Abandoned)
     }
 
     /// Revokes a task whose transfers failed. Call it only after every transfer has stopped:
@@ -236,6 +256,7 @@ impl Master {
             },
         );
         Ok(CopyGrant {
+            checksum: self.objects.checksum(slot),
             task: id,
             source: self.segments.describe(&source_replica, size),
             targets: placed

@@ -782,6 +782,32 @@ fn copy_errors_and_abandonment() {
     assert_eq!(f.get("k").unwrap().replicas.len(), 1);
 }
 
+#[test]
+fn an_aborted_task_frees_the_object_at_once_and_its_targets_after_the_release_timeout() {
+    let mut f = Fixture::new(2, MIB);
+    f.put(A, "k", 4096, &one());
+    let task = f.m.copy_start(B, "k", &["seg1".into()], f.now).unwrap();
+    assert_eq!(
+        task.checksum,
+        sum_of("k"),
+        "the copier checks the source against this"
+    );
+    // Only the task's client may abort it.
+    assert_eq!(
+        code(f.m.task_abort(A, task.task, f.now)),
+        ErrorCode::ILLEGAL_CLIENT
+    );
+    f.m.task_abort(B, task.task, f.now).unwrap();
+    f.check();
+    assert_eq!(f.m.stats().tasks, 0);
+    // The target's block may still receive a late write: it waits, it is not reused.
+    assert_eq!(f.m.stats().discarded_blocks, 1);
+    assert_eq!(f.get("k").unwrap().replicas.len(), 1);
+    // The object is free for the next task.
+    f.m.copy_start(B, "k", &["seg1".into()], f.now).unwrap();
+    f.check();
+}
+
 // ---- snapshot ---------------------------------------------------------------------------------
 
 fn busy_master() -> Fixture {

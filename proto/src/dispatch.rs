@@ -138,6 +138,9 @@ pub fn handle(master: &mut Master, request: MasterRequest, now: Millis) -> Resul
         R::TaskRevoke(TaskRevoke { client, task }) => {
             Reply::TaskRevoke(m.task_revoke(client, task, now)?)
         }
+        R::TaskAbort(TaskAbort { client, task }) => {
+            Reply::TaskAbort(m.task_abort(client, task, now)?)
+        }
         R::GetStats(GetStats {}) => Reply::GetStats(Box::new(m.report(now))),
     })
 }

@@ -140,7 +140,7 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
     use crate::auth::Handshake;
     use crate::wire::{
         BatchExist, DataReply, GetReplicaList, Goodbye, Hello, ListKeys, PutEnd, PutStart, Range,
-        Reply, StagedSlot,
+        Reply, StagedSlot, TaskAbort,
     };
     let requests: Vec<MasterRequest> = vec![
         Hello {
@@ -173,6 +173,11 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
         .into(),
         BatchExist {
             keys: vec!["a".into(), "b".into()],
+        }
+        .into(),
+        TaskAbort {
+            client: ClientId(3),
+            task: mooring_core::TaskId(4),
         }
         .into(),
     ];

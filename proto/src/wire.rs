@@ -397,6 +397,8 @@ mod messages {
         } => CopyGrant;
         TaskEnd { client: ClientId, task: TaskId } => ();
         TaskRevoke { client: ClientId, task: TaskId } => ();
+        /// Gives up a task whose transfers may still land (see `Master::task_abort`).
+        TaskAbort { client: ClientId, task: TaskId } => ();
         /// The master's stats and census (boxed: the largest reply by far).
         GetStats {} => Box<StatsReport>;
     }
@@ -428,7 +430,8 @@ impl MasterRequest {
             | R::CopyStart(CopyStart { client, .. })
             | R::MoveStart(MoveStart { client, .. })
             | R::TaskEnd(TaskEnd { client, .. })
-            | R::TaskRevoke(TaskRevoke { client, .. }) => Some(*client),
+            | R::TaskRevoke(TaskRevoke { client, .. })
+            | R::TaskAbort(TaskAbort { client, .. }) => Some(*client),
             R::DescribeSegments(_)
             | R::ListSegments(_)
             | R::GetReplicaList(_)

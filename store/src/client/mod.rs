@@ -45,6 +45,7 @@ use crate::presence::{Contribution, Presence};
 
 mod meta;
 mod read;
+mod tasks;
 mod write;
 
 /// A handle to the store.

@@ -44,6 +44,10 @@ pub(crate) enum Command {
     Rm(RmArgs),
     /// List keys (optionally matching a regex) with their sizes and replica counts.
     Ls(LsArgs),
+    /// Copy a key's value to more segments (extra replicas), read from one it has.
+    Cp(CpArgs),
+    /// Move a key's replica from one segment to another.
+    Mv(MvArgs),
     /// Show cluster statistics and segments.
     Stat(StatArgs),
     /// Measure put/get/exist throughput and latency (writer and reader in separate processes).
@@ -349,6 +353,29 @@ pub(crate) struct RmArgs {
     /// Remove every unused key.
     #[arg(long, conflicts_with = "key")]
     pub(crate) all: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct CpArgs {
+    #[command(flatten)]
+    pub(crate) client: ClientArgs,
+    /// The key to copy.
+    pub(crate) key: String,
+    /// Segments (node names, as `mooring stat` lists them) to add a replica on.
+    #[arg(required = true)]
+    pub(crate) segments: Vec<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct MvArgs {
+    #[command(flatten)]
+    pub(crate) client: ClientArgs,
+    /// The key whose replica moves.
+    pub(crate) key: String,
+    /// The segment it leaves.
+    pub(crate) from: String,
+    /// The segment it goes to.
+    pub(crate) to: String,
 }
 
 #[derive(Args)]

@@ -309,6 +309,25 @@ async fn run_get(args: GetArgs) -> Result<(), Error> {
     .await
 }
 
+async fn run_cp(args: CpArgs) -> Result<(), Error> {
+    with_client(&args.client, async |client| {
+        let targets: Vec<&str> = args.segments.iter().map(String::as_str).collect();
+        client.copy(&args.key, &targets).await?;
+        out!("copied {} to {}", args.key, args.segments.join(", "));
+        Ok(())
+    })
+    .await
+}
+
+async fn run_mv(args: MvArgs) -> Result<(), Error> {
+    with_client(&args.client, async |client| {
+        client.move_replica(&args.key, &args.from, &args.to).await?;
+        out!("moved {} from {} to {}", args.key, args.from, args.to);
+        Ok(())
+    })
+    .await
+}
+
 async fn run_rm(args: RmArgs) -> Result<(), Error> {
     with_client(&args.client, async |client| {
         if let Some(key) = &args.key {
@@ -559,6 +578,8 @@ fn main() -> ExitCode {
             Command::Get(args) => run_get(args).await,
             Command::Rm(args) => run_rm(args).await,
             Command::Ls(args) => run_ls(args).await,
+            Command::Cp(args) => run_cp(args).await,
+            Command::Mv(args) => run_mv(args).await,
             Command::Stat(args) => run_stat(args).await,
             Command::Bench(args) => run_bench(args).await,
             Command::Token(TokenCommand::New { file }) => {

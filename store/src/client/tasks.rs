@@ -1,0 +1,110 @@
+//! Copy and move tasks: this client carries out the transfer the master plans.
+//!
+//! The master allocates the new replicas and names a complete source (`CopyStart`,
+//! `MoveStart`); the client reads the source, checks its bytes against the value's checksum,
+//! writes them to every target and reports the end (`TaskEnd`). While the task runs the
+//! master keeps the object in place (no eviction, removal or upsert), so the source cannot
+//! change under the copy. A task that fails before anything was written is revoked (the
+//! targets are freed at once); one that fails while writing is aborted (the targets wait out
+//! the release timeout, since a late write may still land).
+
+use super::*;
+use crate::memory::value_buffer;
+use mooring_core::CopyGrant;
+use mooring_proto::wire::{CopyStart, MoveStart, TaskAbort, TaskEnd, TaskRevoke};
+
+impl Client {
+    /// Adds a replica of `key` on each segment named in `targets`, copied from one of its
+    /// complete replicas. `REPLICA_ALREADY_EXISTS` if a target already holds one.
+    pub async fn copy(&self, key: &str, targets: &[&str]) -> Result<()> {
+        self.operation("copy", key, async {
+            let grant = self
+                .call(CopyStart {
+                    client: self.id(),
+                    key: key.to_string(),
+                    targets: targets.iter().map(|t| t.to_string()).collect(),
+                })
+                .await?;
+            self.carry_out(key, grant).await
+        })
+        .await
+    }
+
+    /// Moves `key`'s replica on segment `source` to segment `target`; the old replica's space
+    /// is freed once readers that may still be reading it are done.
+    pub async fn move_replica(&self, key: &str, source: &str, target: &str) -> Result<()> {
+        self.operation("move", key, async {
+            let grant = self
+                .call(MoveStart {
+                    client: self.id(),
+                    key: key.to_string(),
+                    source: source.to_string(),
+                    target: target.to_string(),
+                })
+                .await?;
+            self.carry_out(key, grant).await
+        })
+        .await
+    }
+
+    /// Reads the grant's source, writes its targets and ends the task.
+    async fn carry_out(&self, key: &str, grant: CopyGrant) -> Result<()> {
+        let started = Instant::now();
+        let (client, task) = (self.id(), grant.task);
+        let read = async {
+            let mut value = value_buffer(grant.source.len)?;
+            self.read_replica(
+                key,
+                std::slice::from_ref(&grant.source),
+                grant.checksum,
+                &mut value,
+            )
+            .await?;
+            Ok::<Vec<u8>, Error>(value)
+        };
+        let value = match read.await {
+            Ok(value) => value,
+            Err(e) => {
+                // Nothing was written: the targets can be reused at once.
+                if let Err(revoke) = self.call(TaskRevoke { client, task }).await {
+                    debug!(
+                        key,
+                        "revoking the task failed (it times out instead): {revoke}"
+                    );
+                }
+                return Err(e);
+            }
+        };
+        let targets = PutGrant {
+            write_id: WriteId(0),
+            replicas: grant.targets,
+        };
+        let written = self
+            .write_batch(&[(&targets, &value)], started)
+            .await
+            .pop()
+            .expect("one result per job")
+            .and_then(|sum| {
+                if sum == grant.checksum {
+                    Ok(())
+                } else {
+                    Err(Error::new(
+                        ErrorCode::INVALID_REPLICA,
+                        format!("the bytes written for {key:?} do not match its checksum"),
+                    ))
+                }
+            });
+        match written {
+            Ok(()) => self.call(TaskEnd { client, task }).await,
+            Err(e) => {
+                if let Err(abort) = self.call(TaskAbort { client, task }).await {
+                    debug!(
+                        key,
+                        "aborting the task failed (it times out instead): {abort}"
+                    );
+                }
+                Err(e)
+            }
+        }
+    }
+}

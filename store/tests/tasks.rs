@@ -1,0 +1,122 @@
+//! Copy and move tasks as an operator runs them: `mooring cp` adds replicas that outlive the
+//! original's node, `mooring mv` moves one off a node before it goes.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use mooring::{Client, ClientConfig};
+use mooring_core::ReplicateConfig;
+
+mod common;
+
+use common::{BIN, Proc};
+
+fn cli(master: &str, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .args(["--master", master])
+        .output()
+        .unwrap()
+}
+
+fn succeeds(master: &str, args: &[&str]) -> String {
+    let out = cli(master, args);
+    assert!(
+        out.status.success(),
+        "mooring {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The names of the segments holding `key`'s replicas.
+async fn holders(client: &Client, key: &str) -> Vec<String> {
+    let segments = client.segments().await.unwrap();
+    let list = client.replicas(key).await.unwrap();
+    let mut names: Vec<String> = list
+        .replicas
+        .iter()
+        .filter_map(|r| segments.iter().find(|s| s.id == r.segment))
+        .map(|s| s.name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_outlive_their_source_and_moves_leave_it() {
+    let master = Proc::start(&["master", "--listen", "127.0.0.1:0", "--client-ttl", "2s"]);
+    let addr = master.announced_addr();
+    let mut nodes: Vec<Proc> = (0..3)
+        .map(|i| {
+            Proc::start(&[
+                "node",
+                "--master",
+                &addr,
+                "--size",
+                "16MiB",
+                "--name",
+                &format!("node{i}"),
+                "--no-prefault",
+            ])
+        })
+        .collect();
+    let client = Client::connect(ClientConfig::new(addr.clone()))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.segments().await.unwrap().len() < 3 {
+        assert!(Instant::now() < deadline, "the nodes never mounted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let value: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let one = ReplicateConfig::single();
+    client.put("copied", &value, &one).await.unwrap();
+    client.put("moved", &value, &one).await.unwrap();
+
+    // A copy to every other node: three replicas.
+    let source = holders(&client, "copied").await.remove(0);
+    let others: Vec<String> = (0..3)
+        .map(|i| format!("node{i}"))
+        .filter(|n| *n != source)
+        .collect();
+    let mut args = vec!["cp", "copied"];
+    args.extend(others.iter().map(String::as_str));
+    assert!(succeeds(&addr, &args).contains("copied copied to"));
+    assert_eq!(holders(&client, "copied").await.len(), 3);
+    // Copying onto a segment that already holds one is refused with the reason.
+    let again = cli(&addr, &["cp", "copied", &others[0]]);
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("REPLICA_ALREADY_EXISTS"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+
+    // A move off the node that holds "moved", to another.
+    let from = holders(&client, "moved").await.remove(0);
+    let to = (0..3)
+        .map(|i| format!("node{i}"))
+        .find(|n| *n != from)
+        .unwrap();
+    succeeds(&addr, &["mv", "moved", &from, &to]);
+    assert_eq!(holders(&client, "moved").await, vec![to.clone()]);
+
+    // The original holders go away (all but the move's target): both values are still
+    // there, byte for byte.
+    let mut doomed = vec![from.clone()];
+    if source != to && source != from {
+        doomed.push(source.clone());
+    }
+    for name in &doomed {
+        let i: usize = name.trim_start_matches("node").parse().unwrap();
+        nodes[i].kill();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.segments().await.unwrap().len() > 3 - doomed.len() {
+        assert!(Instant::now() < deadline, "dead nodes never unmounted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(client.get("copied").await.unwrap(), value);
+    assert_eq!(client.get("moved").await.unwrap(), value);
+}
