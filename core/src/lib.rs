@@ -31,6 +31,7 @@
 //! | `zombies`, `discard` | timed-out writes; delayed release of discarded blocks |
 //! | `membership`, `clients` | heartbeats, mounts, client expiry |
 //! | `replication` | copy and move tasks |
+//! | `repair` | replicas lost with a segment, restored by copy tasks nodes carry out |
 //! | `snapshot` | versioned, checksummed rkyv snapshot and restore |
 //! | [`invariants`] | the checkers every test layer calls |
 
@@ -60,6 +61,7 @@ mod placement;
 mod put;
 mod reads;
 mod remove;
+mod repair;
 mod replication;
 pub mod rng;
 pub mod segments;

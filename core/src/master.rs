@@ -135,6 +135,8 @@ pub struct Stats {
     pub upserts: UpsertCounts,
     /// Reads since start, by the tier that could serve them.
     pub reads: ReadCounts,
+    /// Objects waiting for replicas lost with a segment (see `Master::take_repairs`).
+    pub repairs_waiting: u64,
 }
 
 /// The master's metadata state machine. See the module docs for how to drive it.
@@ -253,6 +255,7 @@ impl Master {
             prefetch_failures: self.counters.prefetch_failures,
             upserts: self.counters.upserts,
             reads: self.counters.reads,
+            repairs_waiting: self.tasks.repairs.len() as u64,
         }
     }
 

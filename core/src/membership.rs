@@ -179,8 +179,21 @@ impl Master {
             }
             let object = self.objects.at_mut(object_slot);
             let before = object.replicas.len();
+            let complete =
+                |o: &crate::object::Object| o.replicas.iter().filter(|r| r.is_complete()).count();
+            let complete_before = complete(object);
             object.replicas.retain(|r| r.segment != slot);
             replicas_dropped += (before - object.replicas.len()) as u64;
+            let complete_after = complete(object);
+            if !object.writing && complete_after > 0 && complete_after < complete_before {
+                // Copies from what is left restore the count (see `repair`).
+                let repair = crate::repair::Repair {
+                    slot: object_slot,
+                    write: object.write_id,
+                    wanted: u8::try_from(complete_before).unwrap_or(u8::MAX),
+                };
+                self.tasks.queue_repair(repair);
+            }
             // A write in progress survives while any of its replicas does. A complete object
             // survives while a complete replica does; copy targets alone are not a value.
             let lost = if object.writing {

@@ -37,12 +37,19 @@ pub(crate) struct Task {
     pub write: WriteId,
     pub kind: TaskKind,
     pub started: Millis,
+    /// For a repair (see `repair`), the replica count it restores; 0 otherwise. A repair
+    /// that does not complete goes back in the queue.
+    pub repair_wanted: u8,
 }
 
 /// Running tasks.
 #[derive(Clone, Debug, Default, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub(crate) struct Tasks {
     by_id: BTreeMap<TaskId, Task>,
+    /// Objects waiting for replicas they lost (see `repair`), in the order they lost them.
+    pub(crate) repairs: BTreeMap<u64, crate::repair::Repair>,
+    /// The next repair's place in the queue.
+    pub(crate) next_repair: u64,
 }
 
 impl Tasks {
@@ -63,6 +70,18 @@ impl Tasks {
             task.started = shift(task.started);
         }
     }
+}
+
+/// A task about to start: whose, on which object, from which replica to which allocated
+/// (PROCESSING) targets.
+pub(crate) struct TaskPlan {
+    pub client: ClientId,
+    pub slot: u32,
+    pub source: Replica,
+    pub targets: SmallVec<[Replica; 2]>,
+    pub kind: TaskKind,
+    /// For a repair, the replica count it restores; 0 otherwise.
+    pub repair_wanted: u8,
 }
 
 /// A started copy or move: where to read and where to write.
@@ -217,6 +236,12 @@ impl Master {
             target_slots.push(seg);
         }
         let size = object.size;
+        let kind = match source {
+            Some(_) => TaskKind::Move {
+                source: source_replica.segment,
+            },
+            None => TaskKind::Copy,
+        };
         let mut placed: SmallVec<[Replica; 2]> = SmallVec::new();
         for &seg in &target_slots {
             match self.segments.allocate_on(seg, size) {
@@ -233,14 +258,30 @@ impl Master {
                 }
             }
         }
+        let plan = TaskPlan {
+            client,
+            slot,
+            source: source_replica,
+            targets: placed,
+            kind,
+            repair_wanted: 0,
+        };
+        Ok(self.open_task(plan, now))
+    }
+
+    /// Starts the task `plan` describes.
+    pub(crate) fn open_task(&mut self, plan: TaskPlan, now: Millis) -> CopyGrant {
+        let TaskPlan {
+            client,
+            slot,
+            source: source_replica,
+            targets: placed,
+            kind,
+            repair_wanted,
+        } = plan;
+        let size = self.objects.at(slot).size;
         self.counters.next_task += 1;
         let id = TaskId(self.counters.next_task);
-        let kind = match source {
-            Some(_) => TaskKind::Move {
-                source: source_replica.segment,
-            },
-            None => TaskKind::Copy,
-        };
         let object = self.objects.at_mut(slot);
         object.replicas.extend(placed.iter().copied());
         object.set_task(Some(id));
@@ -253,9 +294,10 @@ impl Master {
                 write,
                 kind,
                 started: now,
+                repair_wanted,
             },
         );
-        Ok(CopyGrant {
+        CopyGrant {
             checksum: self.objects.checksum(slot),
             task: id,
             source: self.segments.describe(&source_replica, size),
@@ -263,7 +305,7 @@ impl Master {
                 .iter()
                 .map(|r| self.segments.describe(r, size))
                 .collect(),
-        })
+        }
     }
 
     fn finish_task(&mut self, client: ClientId, id: TaskId, finish: Finish) -> Result<()> {
@@ -318,6 +360,8 @@ impl Master {
                     object.replicas.retain(|r| r.segment != source);
                 }
                 self.release_read_blocks(&dropped, readers_done);
+                // A repair placed fewer replicas than were missing: the rest wait.
+                self.requeue_repair(&task);
                 if targets.is_empty() {
                     return Err(Error::new(
                         ErrorCode::REPLICA_NOT_FOUND,
@@ -327,6 +371,7 @@ impl Master {
             }
             Finish::Revoked | Finish::Abandoned => {
                 object.replicas = kept.into_iter().collect();
+                self.requeue_repair(&task);
                 let release_at = if finish == Finish::Revoked {
                     Millis::ZERO
                 } else {
@@ -341,6 +386,22 @@ impl Master {
             }
         }
         Ok(())
+    }
+
+    /// Puts a repair back in the queue if its object is still short of replicas.
+    fn requeue_repair(&mut self, task: &Task) {
+        let short = self.objects.get(task.slot).is_some_and(|o| {
+            o.write_id == task.write
+                && o.replicas.iter().filter(|r| r.is_complete()).count()
+                    < usize::from(task.repair_wanted)
+        });
+        if short {
+            self.tasks.queue_repair(crate::repair::Repair {
+                slot: task.slot,
+                write: task.write,
+                wanted: task.repair_wanted,
+            });
+        }
     }
 
     /// Abandons a task: its targets wait out the release timeout (its client may still be

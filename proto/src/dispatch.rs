@@ -141,6 +141,9 @@ pub fn handle(master: &mut Master, request: MasterRequest, now: Millis) -> Resul
         R::TaskAbort(TaskAbort { client, task }) => {
             Reply::TaskAbort(m.task_abort(client, task, now)?)
         }
+        R::TakeRepairs(TakeRepairs { client, max }) => {
+            Reply::TakeRepairs(m.take_repairs(client, max as usize, now))
+        }
         R::GetStats(GetStats {}) => Reply::GetStats(Box::new(m.report(now))),
     })
 }

@@ -140,7 +140,7 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
     use crate::auth::Handshake;
     use crate::wire::{
         BatchExist, DataReply, GetReplicaList, Goodbye, Hello, ListKeys, PutEnd, PutStart, Range,
-        Reply, StagedSlot, TaskAbort,
+        Reply, StagedSlot, TakeRepairs, TaskAbort,
     };
     let requests: Vec<MasterRequest> = vec![
         Hello {
@@ -178,6 +178,11 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
         TaskAbort {
             client: ClientId(3),
             task: mooring_core::TaskId(4),
+        }
+        .into(),
+        TakeRepairs {
+            client: ClientId(3),
+            max: 20,
         }
         .into(),
     ];

@@ -399,6 +399,8 @@ mod messages {
         TaskRevoke { client: ClientId, task: TaskId } => ();
         /// Gives up a task whose transfers may still land (see `Master::task_abort`).
         TaskAbort { client: ClientId, task: TaskId } => ();
+        /// Repair copies for a storage node to carry out (see `Master::take_repairs`).
+        TakeRepairs { client: ClientId, max: u32 } => Vec<(String, CopyGrant)>;
         /// The master's stats and census (boxed: the largest reply by far).
         GetStats {} => Box<StatsReport>;
     }
@@ -431,7 +433,8 @@ impl MasterRequest {
             | R::MoveStart(MoveStart { client, .. })
             | R::TaskEnd(TaskEnd { client, .. })
             | R::TaskRevoke(TaskRevoke { client, .. })
-            | R::TaskAbort(TaskAbort { client, .. }) => Some(*client),
+            | R::TaskAbort(TaskAbort { client, .. })
+            | R::TakeRepairs(TakeRepairs { client, .. }) => Some(*client),
             R::DescribeSegments(_)
             | R::ListSegments(_)
             | R::GetReplicaList(_)

@@ -243,7 +243,7 @@ impl MasterMetrics {
             "Peers refused (failed handshake, connection cap, bad frame)",
             ConstCounter::new(mooring_transport_tcp::refusals::total()),
         );
-        let gauges: [(&str, &str, u64); 10] = [
+        let gauges: [(&str, &str, u64); 11] = [
             (
                 "objects",
                 "Objects in the table (complete or being written)",
@@ -277,6 +277,11 @@ impl MasterMetrics {
                 "events_dropped",
                 "Events dropped because the driver did not drain them",
                 stats.events_dropped,
+            ),
+            (
+                "repairs_waiting",
+                "Objects waiting for replicas lost with a segment",
+                stats.repairs_waiting,
             ),
         ];
         for (name, help, value) in gauges {
@@ -521,6 +526,7 @@ fn stats_value(report: &StatsReport, segments: &[SegmentInfo]) -> serde_json::Va
         "prefetches": stats.prefetches,
         "prefetch_failures": stats.prefetch_failures,
         "events_dropped": stats.events_dropped,
+        "repairs_waiting": stats.repairs_waiting,
         "upserts": {
             "created": stats.upserts.created,
             "in_place": stats.upserts.in_place,

@@ -120,3 +120,79 @@ async fn copies_outlive_their_source_and_moves_leave_it() {
     assert_eq!(client.get("copied").await.unwrap(), value);
     assert_eq!(client.get("moved").await.unwrap(), value);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_lost_with_a_node_are_copied_back_by_the_survivors() {
+    let master = Proc::start(&["master", "--listen", "127.0.0.1:0", "--client-ttl", "2s"]);
+    let addr = master.announced_addr();
+    let mut nodes: Vec<Proc> = (0..3)
+        .map(|i| {
+            Proc::start(&[
+                "node",
+                "--master",
+                &addr,
+                "--size",
+                "16MiB",
+                "--name",
+                &format!("node{i}"),
+                "--no-prefault",
+            ])
+        })
+        .collect();
+    let client = Client::connect(ClientConfig::new(addr.clone()))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.segments().await.unwrap().len() < 3 {
+        assert!(Instant::now() < deadline, "the nodes never mounted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let value = |i: usize| -> Vec<u8> { (0..20_000 + i).map(|b| (b * i % 253) as u8).collect() };
+    let two = ReplicateConfig::replicas(2);
+    for i in 0..60 {
+        client.put(&format!("k{i}"), &value(i), &two).await.unwrap();
+    }
+    nodes[1].kill();
+    // The master drops node1 after the client TTL; the survivors copy what it held back to
+    // two replicas each.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut short = 0;
+        for i in 0..60 {
+            let list = client.replicas(&format!("k{i}")).await.unwrap();
+            if list.replicas.len() < 2 {
+                short += 1;
+            }
+        }
+        if short == 0 && client.segments().await.unwrap().len() == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{short} objects still short of two replicas"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(client.stats().await.unwrap().repairs_waiting, 0);
+    // `mooring ls` shows the counts back at two.
+    let listing = succeeds(&addr, &["ls", "^k"]);
+    assert_eq!(
+        listing.lines().filter(|l| l.contains(" 2x ")).count(),
+        60,
+        "{listing}"
+    );
+    // And the copies are the values: lose a second node, every value still reads.
+    nodes[0].kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while client.segments().await.unwrap().len() > 1 {
+        assert!(Instant::now() < deadline, "node0 never unmounted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in 0..60 {
+        assert_eq!(
+            client.get(&format!("k{i}")).await.unwrap(),
+            value(i),
+            "k{i}"
+        );
+    }
+}

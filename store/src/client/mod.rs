@@ -37,7 +37,7 @@ use mooring_proto::wire::{
     RemoveByRegex,
 };
 use tokio::time::Instant;
-use tracing::{Instrument, debug, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use crate::buggify::{self, Site};
 use crate::node::Node;

@@ -11,7 +11,7 @@
 use super::*;
 use crate::memory::value_buffer;
 use mooring_core::CopyGrant;
-use mooring_proto::wire::{CopyStart, MoveStart, TaskAbort, TaskEnd, TaskRevoke};
+use mooring_proto::wire::{CopyStart, MoveStart, TakeRepairs, TaskAbort, TaskEnd, TaskRevoke};
 
 impl Client {
     /// Adds a replica of `key` on each segment named in `targets`, copied from one of its
@@ -45,6 +45,49 @@ impl Client {
             self.carry_out(key, grant).await
         })
         .await
+    }
+
+    /// Carries out up to `max` of the repair copies the master has waiting (replicas lost with
+    /// a segment: see `Master::take_repairs`), all at once; returns how many completed. A
+    /// repair that fails goes back in the master's queue.
+    pub async fn repair(&self, max: u32) -> Result<usize> {
+        let grants = self
+            .call(TakeRepairs {
+                client: self.id(),
+                max,
+            })
+            .await?;
+        let copies = grants.into_iter().map(|(key, grant)| async move {
+            let outcome = self
+                .operation("repair", &key, self.carry_out(&key, grant))
+                .await;
+            if let Err(e) = &outcome {
+                debug!(key, "repair copy failed (the master queues it again): {e}");
+            }
+            outcome.is_ok()
+        });
+        Ok(join_all(copies).await.into_iter().filter(|&ok| ok).count())
+    }
+
+    /// Repairs in the background until the task is aborted: up to `per_second` objects a
+    /// second, asked for ten times a second.
+    pub fn spawn_repairs(&self, per_second: u32) -> tokio::task::JoinHandle<()> {
+        let client = self.clone();
+        let per_tick = per_second.div_ceil(10).max(1);
+        tokio::spawn(async move {
+            let mut repaired = 0u64;
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                match client.repair(per_tick).await {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        repaired += n as u64;
+                        info!(n, repaired, "restored replicas lost with a segment");
+                    }
+                    Err(e) => debug!("asking for repairs failed: {e}"),
+                }
+            }
+        })
     }
 
     /// Reads the grant's source, writes its targets and ends the task.

@@ -284,6 +284,11 @@ pub(crate) struct NodeArgs {
     /// Bypass the page cache (O_DIRECT), with the alignment the filesystem reports.
     #[arg(long)]
     pub(crate) disk_direct: bool,
+    /// When another node dies or leaves, copy back the replicas its objects lost, at most this
+    /// many objects a second from this node (each surviving node takes a share); 0 turns
+    /// it off.
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    pub(crate) repair_rate: u32,
     #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
 }

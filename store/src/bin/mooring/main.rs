@@ -190,14 +190,21 @@ async fn run_node(args: NodeArgs) -> Result<(), Error> {
         mooring::preflight::check_disk_dir(&disk.dir, disk.capacity)?;
     }
     let metrics = args.metrics.resolve()?;
-    let mut node = StandaloneNode::start(
-        &master,
-        None,
-        &segment,
-        Arc::new(LocalSegments::default()),
-        token,
-    )
-    .await?;
+    let local = Arc::new(LocalSegments::default());
+    let mut node =
+        StandaloneNode::start(&master, None, &segment, local.clone(), token.clone()).await?;
+    // Replicas other nodes lost are copied back by the surviving nodes, in the background,
+    // through a client of their own (copies to this node's segment are a memcpy).
+    let repairs = match args.repair_rate {
+        0 => None,
+        rate => {
+            let mut config = ClientConfig::new(master.clone());
+            config.token = token;
+            let repairer = Client::connect_with(config, local).await?;
+            let task = repairer.spawn_repairs(rate);
+            Some((repairer, task))
+        }
+    };
     if let Some((listen, bearer)) = metrics {
         node.serve_metrics(&listen, bearer).await?;
     }
@@ -207,6 +214,10 @@ async fn run_node(args: NodeArgs) -> Result<(), Error> {
     );
     let _ = std::io::stdout().flush();
     wait_for_shutdown().await;
+    if let Some((repairer, task)) = repairs {
+        task.abort();
+        let _ = repairer.close().await;
+    }
     node.shutdown().await
 }
 
@@ -432,6 +443,10 @@ async fn run_stat(args: StatArgs) -> Result<(), Error> {
             "prefetches     {} started, {} found no memory",
             s.prefetches,
             s.prefetch_failures
+        );
+        out!(
+            "repairs        {} objects waiting for replicas lost with a segment",
+            s.repairs_waiting
         );
         if s.events_dropped > 0 {
             out!(
