@@ -137,6 +137,9 @@ pub struct Stats {
     pub reads: ReadCounts,
     /// Objects waiting for replicas lost with a segment (see `Master::take_repairs`).
     pub repairs_waiting: u64,
+    /// Of `tasks`, the repair copies nodes are carrying out (background work, never done
+    /// while a replica stays unreadable).
+    pub repairs_running: u64,
 }
 
 /// The master's metadata state machine. See the module docs for how to drive it.
@@ -256,6 +259,11 @@ impl Master {
             upserts: self.counters.upserts,
             reads: self.counters.reads,
             repairs_waiting: self.tasks.repairs.len() as u64,
+            repairs_running: self
+                .tasks
+                .iter()
+                .filter(|(_, t)| t.repair.is_some())
+                .count() as u64,
         }
     }
 

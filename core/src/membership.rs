@@ -187,11 +187,8 @@ impl Master {
             let complete_after = complete(object);
             if !object.writing && complete_after > 0 && complete_after < complete_before {
                 // Copies from what is left restore the count (see `repair`).
-                let repair = crate::repair::Repair {
-                    slot: object_slot,
-                    write: object.write_id,
-                    wanted: u8::try_from(complete_before).unwrap_or(u8::MAX),
-                };
+                let wanted = u8::try_from(complete_before).unwrap_or(u8::MAX);
+                let repair = crate::repair::Repair::new(object_slot, object.write_id, wanted);
                 self.tasks.queue_repair(repair);
             }
             // A write in progress survives while any of its replicas does. A complete object

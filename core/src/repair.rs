@@ -26,6 +26,36 @@ pub(crate) struct Repair {
     pub slot: u32,
     pub write: WriteId,
     pub wanted: u8,
+    /// Repair tasks for it that failed so far.
+    pub failures: u8,
+    /// Not handed out again before this (a failed repair backs off).
+    pub not_before: Millis,
+}
+
+impl Repair {
+    /// A repair of the object in `slot` (its write `write`) back to `wanted` replicas.
+    pub(crate) fn new(slot: u32, write: WriteId, wanted: u8) -> Repair {
+        Repair {
+            slot,
+            write,
+            wanted,
+            failures: 0,
+            not_before: Millis::ZERO,
+        }
+    }
+
+    /// The same repair after one more failure at `now`: tried again after a second, doubling
+    /// up to a minute (a source that stays unreadable — damaged, or on a node that restarted
+    /// but is not yet taken for gone — is not hammered).
+    pub(crate) fn failed(self, now: Millis) -> Repair {
+        let failures = self.failures.saturating_add(1);
+        let backoff = Millis(1000u64 << failures.min(6)).min(Millis::from_secs(60));
+        Repair {
+            failures,
+            not_before: now + backoff,
+            ..self
+        }
+    }
 }
 
 /// What one queued repair came to.
@@ -91,7 +121,7 @@ impl Master {
         if object.write_id != repair.write {
             return Step::Done;
         }
-        if object.writing || object.task().is_some() {
+        if object.writing || object.task().is_some() || repair.not_before > now {
             return Step::Later;
         }
         let complete: SmallVec<[Replica; 2]> = object
@@ -130,7 +160,7 @@ impl Master {
             source,
             targets,
             kind: TaskKind::Copy,
-            repair_wanted: repair.wanted,
+            repair: Some(repair),
         };
         let grant = self.open_task(plan, now);
         Step::Started(key, grant)

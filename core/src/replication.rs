@@ -37,9 +37,9 @@ pub(crate) struct Task {
     pub write: WriteId,
     pub kind: TaskKind,
     pub started: Millis,
-    /// For a repair (see `repair`), the replica count it restores; 0 otherwise. A repair
-    /// that does not complete goes back in the queue.
-    pub repair_wanted: u8,
+    /// For a repair (see `repair`), what it restores: one that does not goes back in the
+    /// queue.
+    pub repair: Option<crate::repair::Repair>,
 }
 
 /// Running tasks.
@@ -69,6 +69,9 @@ impl Tasks {
         for task in self.by_id.values_mut() {
             task.started = shift(task.started);
         }
+        for repair in self.repairs.values_mut() {
+            repair.not_before = shift(repair.not_before);
+        }
     }
 }
 
@@ -80,8 +83,8 @@ pub(crate) struct TaskPlan {
     pub source: Replica,
     pub targets: SmallVec<[Replica; 2]>,
     pub kind: TaskKind,
-    /// For a repair, the replica count it restores; 0 otherwise.
-    pub repair_wanted: u8,
+    /// For a repair, what it restores.
+    pub repair: Option<crate::repair::Repair>,
 }
 
 /// A started copy or move: where to read and where to write.
@@ -264,7 +267,7 @@ impl Master {
             source: source_replica,
             targets: placed,
             kind,
-            repair_wanted: 0,
+            repair: None,
         };
         Ok(self.open_task(plan, now))
     }
@@ -277,7 +280,7 @@ impl Master {
             source: source_replica,
             targets: placed,
             kind,
-            repair_wanted,
+            repair,
         } = plan;
         let size = self.objects.at(slot).size;
         self.counters.next_task += 1;
@@ -294,7 +297,7 @@ impl Master {
                 write,
                 kind,
                 started: now,
-                repair_wanted,
+                repair,
             },
         );
         CopyGrant {
@@ -361,7 +364,7 @@ impl Master {
                 }
                 self.release_read_blocks(&dropped, readers_done);
                 // A repair placed fewer replicas than were missing: the rest wait.
-                self.requeue_repair(&task);
+                self.requeue_repair(&task, targets.is_empty());
                 if targets.is_empty() {
                     return Err(Error::new(
                         ErrorCode::REPLICA_NOT_FOUND,
@@ -371,7 +374,7 @@ impl Master {
             }
             Finish::Revoked | Finish::Abandoned => {
                 object.replicas = kept.into_iter().collect();
-                self.requeue_repair(&task);
+                self.requeue_repair(&task, true);
                 let release_at = if finish == Finish::Revoked {
                     Millis::ZERO
                 } else {
@@ -388,19 +391,24 @@ impl Master {
         Ok(())
     }
 
-    /// Puts a repair back in the queue if its object is still short of replicas.
-    fn requeue_repair(&mut self, task: &Task) {
+    /// Puts a repair back in the queue if its object is still short of replicas: after a
+    /// backoff if the task failed (`failed`), at once if it placed fewer than were missing.
+    fn requeue_repair(&mut self, task: &Task, failed: bool) {
+        let Some(repair) = task.repair else {
+            return;
+        };
         let short = self.objects.get(task.slot).is_some_and(|o| {
             o.write_id == task.write
                 && o.replicas.iter().filter(|r| r.is_complete()).count()
-                    < usize::from(task.repair_wanted)
+                    < usize::from(repair.wanted)
         });
         if short {
-            self.tasks.queue_repair(crate::repair::Repair {
-                slot: task.slot,
-                write: task.write,
-                wanted: task.repair_wanted,
-            });
+            let repair = if failed {
+                repair.failed(self.now)
+            } else {
+                repair
+            };
+            self.tasks.queue_repair(repair);
         }
     }
 

@@ -73,6 +73,9 @@ fn a_failed_repair_waits_for_the_next_ask_and_one_without_room_waits_for_room() 
     f.m.task_abort(B, grants[0].1.task, f.now).unwrap();
     f.check();
     assert_eq!(f.m.stats().repairs_waiting, 1);
+    // ...after a backoff: not at once.
+    assert!(f.m.take_repairs(B, 8, f.now).is_empty());
+    f.advance(mooring_core::Millis::from_secs(2));
     let again = f.m.take_repairs(B, 8, f.now);
     assert_eq!(again.len(), 1);
     f.m.task_end(B, again[0].1.task, f.now).unwrap();

@@ -76,6 +76,15 @@ pub async fn storage_node(world: Arc<World>, i: usize) {
             Ok(node) => {
                 info!(%name, "storage node up");
                 world.set_node(i, node.node().clone());
+                // As `mooring node` does: a client of its own copies back replicas other
+                // nodes lost (dies with the node).
+                let _repairs = match connect(&world, ip(Member::Node(i)), None).await {
+                    Ok(repairer) => Some(repairer.spawn_repairs(200)),
+                    Err(e) => {
+                        debug!(%name, "no repair agent: {e}");
+                        None
+                    }
+                };
                 std::future::pending::<()>().await;
                 drop(node);
             }

@@ -40,6 +40,11 @@ impl Path {
     /// A read's replica said "not found" (a stale disk copy) after another replica failed
     /// otherwise: the read reports the other failure.
     pub const STALE_COPY_AFTER_FAILURE: Path = Path("stale copy after a failed replica");
+    /// A node's repair agent copied back a replica lost with a segment.
+    pub const REPLICA_REPAIRED: Path = Path("replica lost with a node repaired");
+    /// A repair copy failed (its source unreadable or damaged, a target gone): the master
+    /// queued it again, with a backoff.
+    pub const REPAIR_FAILED: Path = Path("repair copy failed and was queued again");
     /// A node's recovery scan dropped records it could not trust.
     pub const RECOVERY_DROPPED: Path = Path("recovery dropped records");
 

@@ -61,8 +61,12 @@ impl Client {
             let outcome = self
                 .operation("repair", &key, self.carry_out(&key, grant))
                 .await;
-            if let Err(e) = &outcome {
-                debug!(key, "repair copy failed (the master queues it again): {e}");
+            match &outcome {
+                Ok(()) => crate::coverage::hit(crate::coverage::Path::REPLICA_REPAIRED),
+                Err(e) => {
+                    crate::coverage::hit(crate::coverage::Path::REPAIR_FAILED);
+                    debug!(key, "repair copy failed (the master queues it again): {e}");
+                }
             }
             outcome.is_ok()
         });
