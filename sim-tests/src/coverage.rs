@@ -48,6 +48,8 @@ pub const FLOORS: &[(&str, f64)] = &[
     // Measured over 800 seeds: 98% and 57%.
     ("replica lost with a node repaired", 0.90),
     ("repair copy failed and was queued again", 0.30),
+    // A third of the seeds kill the master.
+    ("master recovered from its journal", 0.25),
 ];
 
 /// Floors are checked only over at least this many seeds (fewer say little about shares).

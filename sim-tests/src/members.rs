@@ -40,10 +40,18 @@ fn io_error(what: &str, e: std::io::Error) -> mooring_core::Error {
 /// The master's node: serves until killed.
 pub async fn master(world: Arc<World>) {
     let config = world.plan.master.clone();
+    // In runs that kill it, the master keeps its state and each start recovers it; small
+    // snapshots, so runs cross journal generations.
+    let service = if world.plan.master_state {
+        MasterService::persistent(&world.master_state_dir(), config, 16 << 10)
+    } else {
+        MasterService::new(config)
+    }
+    .expect("the simulated master starts");
     match world.plan.transport {
         Transport::Tcp => {
             let running =
-                RunningMaster::start(&master_addr().to_string(), config, Some(cluster_token()))
+                RunningMaster::serve(&master_addr().to_string(), service, Some(cluster_token()))
                     .await
                     .expect("the simulated master starts");
             running.service.audit_eviction_order();
@@ -53,7 +61,6 @@ pub async fn master(world: Arc<World>) {
             drop(running);
         }
         Transport::Sim => {
-            let service = MasterService::new(config).expect("a valid master config");
             service.audit_eviction_order();
             service.keep_events();
             let _timer = service.spawn_timer();

@@ -147,13 +147,21 @@ pub enum Fault {
         /// How long it keeps at it.
         lasts: Duration,
     },
+    /// Kill the master (it keeps its state on disk in these runs) and start it again after
+    /// `down_for`: it must come back knowing everything it acknowledged.
+    KillMaster {
+        /// How long it stays down.
+        down_for: Duration,
+    },
 }
 
 impl Fault {
     /// How long the fault holds before it heals on its own.
     pub fn lasts(&self) -> Duration {
         match self {
-            Fault::KillNode { down_for, .. } | Fault::CrashClient { down_for, .. } => *down_for,
+            Fault::KillNode { down_for, .. }
+            | Fault::CrashClient { down_for, .. }
+            | Fault::KillMaster { down_for } => *down_for,
             Fault::Partition { lasts, .. }
             | Fault::Isolate { lasts, .. }
             | Fault::Noise { lasts, .. }
@@ -171,6 +179,9 @@ impl fmt::Display for Fault {
         match self {
             Fault::KillNode { node, down_for } => {
                 write!(f, "kill node{node}, restart after {down_for:?}")
+            }
+            Fault::KillMaster { down_for } => {
+                write!(f, "kill the master, restart it after {down_for:?}")
             }
             Fault::CrashClient {
                 client,
@@ -397,6 +408,8 @@ pub struct Plan {
     pub shape: Shape,
     /// The nodes' disk tiers, if they have them.
     pub disk: Option<DiskPlan>,
+    /// Whether the master keeps its state on disk (`--state-dir`): in runs that kill it.
+    pub master_state: bool,
 }
 
 fn between(rng: &mut Rng, lo: Duration, hi: Duration) -> Duration {
@@ -482,6 +495,13 @@ impl Plan {
                     },
                 ));
             }
+            // Its own stream too: the master killed and restarted on its state directory.
+            let mut crash = Rng::seeded(seed ^ 0x0C4A_5E5D);
+            if chance(&mut crash, 0.35) {
+                let at = between(&mut crash, ms(300), horizon);
+                let down_for = between(&mut crash, ms(100), ms(3000));
+                faults.push((at, Fault::KillMaster { down_for }));
+            }
             // Its own stream too: memory damage that only checksums can see.
             let mut rot = Rng::seeded(seed ^ 0x0B17_F11B);
             for _ in 0..rot.below(5) {
@@ -505,6 +525,9 @@ impl Plan {
         let block_size =
             chance(&mut blocks, 0.5).then(|| [4 << 10, 16 << 10, 32 << 10][blocks.below(3)]);
         let client_rot = disk.is_some() && chance(&mut Rng::seeded(seed ^ 0xC11E_0B17), 0.4);
+        let master_state = faults
+            .iter()
+            .any(|(_, f)| matches!(f, Fault::KillMaster { .. }));
         Plan {
             seed,
             transport,
@@ -517,6 +540,7 @@ impl Plan {
             faults,
             shape,
             disk,
+            master_state,
         }
     }
 

@@ -138,7 +138,12 @@ pub fn run(plan: Plan) -> Report {
     let mut runtime = Runtime::with_seed_and_config(plan.seed, madsim::Config::default());
     // A backstop: the run's own limits trip long before this.
     runtime.set_time_limit(Duration::from_secs(3600));
+    // A run starts with no master state (a replay of the seed in this process must not find
+    // the last one's) and leaves none behind.
+    let state = crate::world::master_state_dir(plan.seed);
+    let _ = std::fs::remove_dir_all(&state);
     let report = runtime.block_on(supervise(plan));
+    let _ = std::fs::remove_dir_all(&state);
     mooring::buggify::reset(false);
     report
 }
@@ -393,6 +398,14 @@ impl Supervisor {
                 self.handle.pause(id);
                 self.heals.push((until, Heal::Resume(id)));
             }
+            Fault::KillMaster { .. } => {
+                // What the master reported before it died is the history's; its successor
+                // replays its journal without reporting it again.
+                self.record_gone();
+                let id = self.nodes.master.id();
+                self.handle.kill(id);
+                self.heals.push((until, Heal::Restart(id)));
+            }
             Fault::Stranger { .. } => {
                 let world = self.world.clone();
                 let stranger = self
@@ -443,12 +456,12 @@ impl Supervisor {
             .skip(start)
             .take(keys.len())
             .find_map(|key| {
-                let list = master
-                    .with_master(|m, now| m.get_replica_list(key, now))
-                    .ok()?;
-                let replica = list.replicas.into_iter().find(|r| {
-                    r.segment == segment && r.medium == mooring_core::Medium::Memory && r.len > 0
-                })?;
+                // Behind the master's back, changing nothing: a lease granted here would be
+                // an input its journal never saw.
+                let (replicas, _) = master.with_master(|m, _| m.audit_memory_replicas(key))?;
+                let replica = replicas
+                    .into_iter()
+                    .find(|r| r.segment == segment && r.len > 0)?;
                 Some((key.clone(), replica))
             });
         let Some((key, replica)) = replica else {

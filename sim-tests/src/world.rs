@@ -137,6 +137,12 @@ impl World {
             .map_or(Duration::ZERO, |d| d.sync_interval * 2)
     }
 
+    /// Where the master keeps its state in runs that kill it (a real directory: the
+    /// simulator does not simulate files, and the journal writes them inline).
+    pub fn master_state_dir(&self) -> std::path::PathBuf {
+        master_state_dir(self.plan.seed)
+    }
+
     /// Simulated time since the run started.
     pub fn now(&self) -> Duration {
         self.start.elapsed()
@@ -195,4 +201,9 @@ impl World {
     pub fn lease(&self) -> Duration {
         Duration::from_millis(self.plan.master.lease_ttl.as_millis())
     }
+}
+
+/// Where the master of seed `seed`'s run keeps its state (see [`World::master_state_dir`]).
+pub fn master_state_dir(seed: u64) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("mooring-sim-master-{}-{seed}", std::process::id()))
 }

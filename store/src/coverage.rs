@@ -40,6 +40,11 @@ impl Path {
     /// A read's replica said "not found" (a stale disk copy) after another replica failed
     /// otherwise: the read reports the other failure.
     pub const STALE_COPY_AFTER_FAILURE: Path = Path("stale copy after a failed replica");
+    /// Every copy a get was listed was gone from its node (a disk copy the node dropped
+    /// after the master listed it): the get asked the master again.
+    pub const LISTED_COPY_GONE: Path = Path("listed copies gone, asked again");
+    /// A master restarted on its state directory and replayed its journal.
+    pub const MASTER_RECOVERED: Path = Path("master recovered from its journal");
     /// A node's repair agent copied back a replica lost with a segment.
     pub const REPLICA_REPAIRED: Path = Path("replica lost with a node repaired");
     /// A repair copy failed (its source unreadable or damaged, a target gone): the master

@@ -251,7 +251,13 @@ pub struct Journal {
     last_snapshot: Arc<AtomicU64>,
     /// The thread writing the last snapshot begun (the next waits for it to finish).
     snapshotting: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The writer thread.
+    #[cfg(not(madsim))]
     writer: Option<std::thread::JoinHandle<()>>,
+    /// The simulation allows no threads: appends are written and synced inline, and
+    /// snapshots written at once.
+    #[cfg(madsim)]
+    writer: Mutex<Writer>,
 }
 
 impl Journal {
@@ -276,13 +282,25 @@ impl Journal {
             work: Condvar::new(),
             durable: tokio::sync::watch::Sender::new(Ok(0)),
         });
+        let writer = Writer {
+            file,
+            dir: dir.to_path_buf(),
+            spare: Vec::new(),
+            synced: 0,
+        };
+        #[cfg(not(madsim))]
         let writer = {
-            let (shared, dir) = (shared.clone(), dir.to_path_buf());
+            let shared = shared.clone();
             std::thread::Builder::new()
                 .name("mooring-journal".into())
-                .spawn(move || write_loop(&shared, &dir, file))
+                .spawn(move || {
+                    let mut writer = writer;
+                    while writer.write_pending(&shared, true) {}
+                })
                 .map_err(|e| io_error(format!("cannot start the journal writer: {e}")))?
         };
+        #[cfg(madsim)]
+        let writer = Mutex::new(writer);
         info!(dir = %dir.display(), generation, "journal started");
         Ok(Journal {
             dir: dir.to_path_buf(),
@@ -291,7 +309,10 @@ impl Journal {
             progress: Mutex::new((0, generation)),
             last_snapshot: Arc::new(AtomicU64::new(snapshot_bytes)),
             snapshotting: Mutex::new(None),
+            #[cfg(not(madsim))]
             writer: Some(writer),
+            #[cfg(madsim)]
+            writer,
         })
     }
 
@@ -335,6 +356,11 @@ impl Journal {
             pending.appended
         };
         self.shared.work.notify_one();
+        #[cfg(madsim)]
+        self.writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .write_pending(&self.shared, false);
         seq
     }
 
@@ -388,20 +414,31 @@ impl Journal {
         }
         self.shared.work.notify_one();
         let (dir, last_snapshot) = (self.dir.clone(), self.last_snapshot.clone());
-        let spawned = std::thread::Builder::new()
+        let write = move || match write_snapshot(&dir, generation, &state) {
+            Ok(bytes) => {
+                last_snapshot.store(bytes, Ordering::Relaxed);
+                delete_before(&dir, generation);
+                info!(generation, bytes, "snapshot written");
+            }
+            Err(e) => warn!(
+                generation,
+                "snapshot not written (the journals still hold everything): {e}"
+            ),
+        };
+        // The simulation allows no threads: the switch and the snapshot happen now.
+        #[cfg(madsim)]
+        {
+            self.writer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .write_pending(&self.shared, false);
+            write();
+        }
+        #[cfg(not(madsim))]
+        match std::thread::Builder::new()
             .name("mooring-snapshot".into())
-            .spawn(move || match write_snapshot(&dir, generation, &state) {
-                Ok(bytes) => {
-                    last_snapshot.store(bytes, Ordering::Relaxed);
-                    delete_before(&dir, generation);
-                    info!(generation, bytes, "snapshot written");
-                }
-                Err(e) => warn!(
-                    generation,
-                    "snapshot not written (the journals still hold everything): {e}"
-                ),
-            });
-        match spawned {
+            .spawn(write)
+        {
             Ok(thread) => {
                 *self.snapshotting.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
             }
@@ -418,6 +455,7 @@ impl Drop for Journal {
             .unwrap_or_else(|e| e.into_inner())
             .closing = true;
         self.shared.work.notify_one();
+        #[cfg(not(madsim))]
         if let Some(writer) = self.writer.take() {
             let _ = writer.join();
         }
@@ -483,8 +521,9 @@ struct JournalFile {
     written: u64,
 }
 
-/// Zeros written ahead of the records at a time.
-const PREWRITE: u64 = 8 << 20;
+/// Zeros written ahead of the records at a time (less in the simulation, whose runs are
+/// small and many).
+const PREWRITE: u64 = if cfg!(madsim) { 64 << 10 } else { 8 << 20 };
 
 impl JournalFile {
     /// A new journal file at `path` whose first record is `first`, synced.
@@ -515,23 +554,38 @@ impl JournalFile {
         Ok(())
     }
 
-    /// Makes every appended record durable.
+    /// Makes every appended record durable. (A simulated crash loses no page cache: the
+    /// simulation skips the real sync, which would only make its runs slow.)
     fn sync(&self) -> std::io::Result<()> {
-        self.file.sync_data()
+        #[cfg(not(madsim))]
+        self.file.sync_data()?;
+        Ok(())
     }
 }
 
-fn write_loop(shared: &Shared, dir: &Path, mut file: JournalFile) {
-    let mut spare = Vec::new();
-    let mut synced = 0;
-    loop {
+/// Writes what the journal has accumulated: the writer thread's work, or (in the
+/// simulation, which allows no threads) done inline after each append.
+struct Writer {
+    file: JournalFile,
+    dir: PathBuf,
+    /// The buffer the next batch of records accumulates in, handed back and forth.
+    spare: Vec<u8>,
+    /// The last record on disk.
+    synced: u64,
+}
+
+impl Writer {
+    /// Writes and syncs everything appended so far, waiting for something to write if
+    /// `wait`; then wakes the requests it covered. False once the journal is closing or
+    /// broken.
+    fn write_pending(&mut self, shared: &Shared, wait: bool) -> bool {
         let (bytes, seq, rotate, closing) = {
             let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
-            while pending.bytes.is_empty() && pending.rotate.is_none() && !pending.closing {
+            while wait && pending.bytes.is_empty() && pending.rotate.is_none() && !pending.closing {
                 pending = shared.work.wait(pending).unwrap_or_else(|e| e.into_inner());
             }
-            spare.clear();
-            let bytes = std::mem::replace(&mut pending.bytes, std::mem::take(&mut spare));
+            self.spare.clear();
+            let bytes = std::mem::replace(&mut pending.bytes, std::mem::take(&mut self.spare));
             (
                 bytes,
                 pending.appended,
@@ -543,43 +597,41 @@ fn write_loop(shared: &Shared, dir: &Path, mut file: JournalFile) {
         let written = (|| {
             if let Some((generation, config, before)) = &rotate {
                 // The records before the switch end the old journal; the rest start the new.
-                file.append(before)?;
-                file.sync()?;
-                file = JournalFile::create(&journal_path(dir, *generation), config)?;
-                sync_dir(dir)?;
+                self.file.append(before)?;
+                self.file.sync()?;
+                self.file = JournalFile::create(&journal_path(&self.dir, *generation), config)?;
+                sync_dir(&self.dir)?;
             }
-            file.append(&bytes)?;
-            file.sync()
+            self.file.append(&bytes)?;
+            self.file.sync()
         })();
         let c = &shared.counts;
         c.sync_micros
             .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         c.syncs.fetch_add(1, Ordering::Relaxed);
-        c.records.fetch_add(seq - synced, Ordering::Relaxed);
+        c.records.fetch_add(seq - self.synced, Ordering::Relaxed);
         let before_len = rotate.as_ref().map_or(0, |r| r.2.len());
         c.bytes
             .fetch_add((bytes.len() + before_len) as u64, Ordering::Relaxed);
-        synced = seq;
-        spare = bytes;
+        self.synced = seq;
+        self.spare = bytes;
         match written {
             Ok(()) => {
                 let waking = std::time::Instant::now();
                 let _previous = shared.durable.send_replace(Ok(seq));
                 c.wake_micros
                     .fetch_add(waking.elapsed().as_micros() as u64, Ordering::Relaxed);
+                !closing
             }
             Err(e) => {
                 error!(
-                    dir = %dir.display(),
+                    dir = %self.dir.display(),
                     "the journal cannot write ({e}): the master acknowledges no more changes; \
                      fix the disk and restart it (it recovers what was synced)"
                 );
                 let _previous = shared.durable.send_replace(Err(e.to_string()));
-                return;
+                false
             }
-        }
-        if closing {
-            return;
         }
     }
 }

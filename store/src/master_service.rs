@@ -67,6 +67,9 @@ impl MasterService {
             generation,
             replayed,
         } = crate::journal::recover(dir, config)?;
+        if replayed > 0 {
+            crate::coverage::hit(crate::coverage::Path::MASTER_RECOVERED);
+        }
         let clock = Clock::resuming(master.now());
         master.resume(clock.now());
         let stats = master.stats();

@@ -91,6 +91,7 @@ impl Client {
         key: &str,
         mut into: Option<&mut [u8]>,
     ) -> Result<(Option<Vec<u8>>, usize)> {
+        let mut gone: Option<Error> = None;
         for _ in 0..LEASE_RETRIES {
             let asked = Instant::now();
             let list = self
@@ -125,6 +126,15 @@ impl Client {
             // their checksum then say nothing about the replicas, and the read starts over.
             let outlived = !self.inside_lease(asked, &list);
             match read {
+                // The only copies listed were gone from their nodes (a node dropped its disk
+                // copy after the master listed it): the value may have moved meanwhile (a
+                // prefetch brought it back to memory), so ask the master again.
+                Err(e) if e.code == ErrorCode::OBJECT_NOT_FOUND => {
+                    debug!(key, "the listed copies were gone; asking again: {e}");
+                    coverage::hit(Path::LISTED_COPY_GONE);
+                    gone = Some(e);
+                    continue;
+                }
                 Err(e) if !(outlived && e.code == ErrorCode::INVALID_REPLICA) => return Err(e),
                 _ => {}
             }
@@ -138,10 +148,12 @@ impl Client {
             debug!(key, "read outlived its lease; retrying");
             coverage::hit(Path::READ_OUTLIVED_LEASE);
         }
-        Err(Error::new(
-            ErrorCode::LEASE_EXPIRED,
-            format!("reading {key:?} kept outliving its lease"),
-        ))
+        Err(gone.unwrap_or_else(|| {
+            Error::new(
+                ErrorCode::LEASE_EXPIRED,
+                format!("reading {key:?} kept outliving its lease"),
+            )
+        }))
     }
 
     pub(super) fn inside_lease(&self, asked: Instant, list: &ReplicaList) -> bool {
@@ -309,9 +321,7 @@ impl Client {
                 for (i, outcome) in outcomes.into_iter().enumerate() {
                     results[i] = match outcome {
                         Ok(_) => Ok(std::mem::take(&mut buffers[i])),
-                        Err(e) if e.code == ErrorCode::LEASE_EXPIRED => {
-                            Box::pin(self.get(keys[i])).await
-                        }
+                        Err(e) if read_again(&e, &lists[i]) => Box::pin(self.get(keys[i])).await,
                         Err(e) => Err(e),
                     };
                 }
@@ -356,7 +366,7 @@ impl Client {
                 for (i, outcome) in outcomes.into_iter().enumerate() {
                     results.push(match (early[i].take(), outcome) {
                         (Some(e), _) => Err(e),
-                        (None, Err(e)) if e.code == ErrorCode::LEASE_EXPIRED => {
+                        (None, Err(e)) if read_again(&e, &lists[i]) => {
                             let (key, buf) = &mut items[i];
                             Box::pin(self.get_into(key, buf)).await
                         }
@@ -519,6 +529,14 @@ impl Client {
 
 /// Checks the checksum of the bytes read from `replica` of `key` against the value's: a mismatch
 /// means that replica is damaged (`INVALID_REPLICA`; the caller reads another).
+/// Whether a batch's read of one key, listed as `listed`, failed in a way a fresh single
+/// read can mend: it outlived its lease, or every copy listed was gone from its node (the
+/// value may have moved since it was listed; see [`Client::get`]).
+fn read_again(error: &Error, listed: &Result<ReplicaList>) -> bool {
+    error.code == ErrorCode::LEASE_EXPIRED
+        || (error.code == ErrorCode::OBJECT_NOT_FOUND && listed.is_ok())
+}
+
 fn verify(key: &str, replica: &ReplicaDescriptor, expected: Checksum, got: Checksum) -> Result<()> {
     if got == expected {
         return Ok(());
