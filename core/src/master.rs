@@ -368,6 +368,7 @@ impl Master {
         let object = self.objects.at_mut(slot);
         debug_assert!(object.writing);
         object.writing = false;
+        object.set_prefetch(false);
         let release_at = object.put_start + release_timeout;
         let reason = DiscardReason::Preempted {
             writer: object.writer,

@@ -92,6 +92,10 @@ pub(crate) enum OffloadMark {
     Failed,
 }
 
+/// The top bit of `Object::task_id` says the write in progress is a prefetch (the object's
+/// 128 bytes have no room for another field; task ids never come near it).
+const PREFETCH_BIT: u64 = 1 << 63;
+
 /// `Object::disk` when the object has no disk replica.
 pub(crate) const NO_DISK: u32 = u32::MAX;
 
@@ -207,7 +211,8 @@ pub(crate) struct Object {
     pub write_id: WriteId,
     /// When the current (or last) put/upsert started.
     pub put_start: Millis,
-    /// The running copy or move's id, or 0 (task ids start at 1); see [`Object::task`].
+    /// The running copy or move's id, or 0 (task ids start at 1), and in its top bit whether
+    /// the write in progress is a prefetch; see [`Object::task`] and [`Object::prefetch`].
     pub task_id: u64,
     /// Held reads (replica refcount): block upsert, removal and eviction.
     pub holds: u32,
@@ -333,7 +338,7 @@ impl Object {
     /// held read, or a replication task. (Leases are separate: they allow replacing the
     /// buffers but not overwriting them.)
     pub(crate) fn pinned_in_place(&self) -> bool {
-        self.writing || self.holds > 0 || self.task_id != 0
+        self.writing || self.holds > 0 || self.task().is_some()
     }
 
     /// Which eviction pass may take the object at `now`, if any. Hard-pinned, leased, held,
@@ -355,11 +360,28 @@ impl Object {
 
     /// The running copy or move.
     pub(crate) fn task(&self) -> Option<TaskId> {
-        (self.task_id != 0).then_some(TaskId(self.task_id))
+        let id = self.task_id & !PREFETCH_BIT;
+        (id != 0).then_some(TaskId(id))
     }
 
     pub(crate) fn set_task(&mut self, task: Option<TaskId>) {
-        self.task_id = task.map_or(0, |t| t.0);
+        self.task_id = (self.task_id & PREFETCH_BIT) | task.map_or(0, |t| t.0 & !PREFETCH_BIT);
+    }
+
+    /// Whether the write in progress is a prefetch: it copies a value whose checksum the
+    /// master already has, so it must end with that checksum, even if the disk copy it was
+    /// read from went away meanwhile.
+    pub(crate) fn prefetch(&self) -> bool {
+        self.task_id & PREFETCH_BIT != 0
+    }
+
+    /// Marks (or unmarks) the write in progress as a prefetch.
+    pub(crate) fn set_prefetch(&mut self, prefetch: bool) {
+        if prefetch {
+            self.task_id |= PREFETCH_BIT;
+        } else {
+            self.task_id &= !PREFETCH_BIT;
+        }
     }
 
     /// Whether the object has a replica on segment slot `segment`.

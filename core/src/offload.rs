@@ -280,6 +280,7 @@ impl Master {
             .map(|&(segment, allocation)| Replica::processing(segment, allocation))
             .collect();
         object.writing = true;
+        object.set_prefetch(true);
         object.writer = client;
         object.put_start = now;
         self.track_write(slot);

@@ -98,7 +98,10 @@ impl Master {
             return Ok(());
         }
         let known = self.objects.checksum(slot);
-        if object.has_disk_replica() && checksum != known {
+        // A prefetch must bring back the value the master knows, whether or not the disk
+        // copy it read is still there (a node may drop it mid-prefetch: seed 2477 saw the
+        // damaged bytes of such a prefetch accepted, with their checksum, as the value).
+        if (object.prefetch() || object.has_disk_replica()) && checksum != known {
             return Err(Error::new(
                 ErrorCode::INVALID_WRITE,
                 format!(
@@ -110,6 +113,7 @@ impl Master {
         self.objects.set_checksum(slot, checksum);
         let object = self.objects.at_mut(slot);
         object.writing = false;
+        object.set_prefetch(false);
         for replica in object.replicas.iter_mut() {
             replica.set_status(ReplicaStatus::Complete);
         }
@@ -158,6 +162,7 @@ impl Master {
             ));
         }
         object.writing = false;
+        object.set_prefetch(false);
         let processing: Vec<Replica> = object
             .replicas
             .iter()

@@ -182,6 +182,7 @@ impl Master {
         object.write_id = write_id;
         object.put_start = now;
         object.writing = true;
+        object.set_prefetch(false);
         object.set_pins(pins);
         // The buffers now hold a value nobody has read yet.
         object.leased = false;

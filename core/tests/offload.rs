@@ -711,3 +711,38 @@ fn a_read_of_a_disk_only_object_counts_as_a_disk_hit() {
     assert_eq!(census.disk_only, 1);
     assert!(census.disk_bytes >= 4 * KIB, "{census:?}");
 }
+
+#[test]
+fn a_prefetch_must_bring_back_the_known_value_even_after_its_disk_copy_went() {
+    let mut f = write_through();
+    let w = disk_only(&mut f, "k");
+    let (exists, grant) = f.m.exist_prefetch(A, "k", &[], f.now).unwrap();
+    assert!(exists);
+    let grant = grant.expect("a prefetch into memory");
+    // The node drops its disk copy while the prefetch is under way (seed 2477).
+    sync(
+        &mut f,
+        "seg0",
+        DiskReport {
+            evicted: vec![("k".into(), w)],
+            ..DiskReport::default()
+        },
+    );
+    f.check();
+    // Bytes damaged on their way are still refused: the master knows the value's checksum.
+    assert_eq!(
+        code(f.m.put_end(
+            A,
+            "k",
+            grant.grant.write_id,
+            mooring_core::Checksum::of(b"damaged"),
+            f.now
+        )),
+        ErrorCode::INVALID_WRITE
+    );
+    // The value itself is accepted.
+    f.m.put_end(A, "k", grant.grant.write_id, sum_of("k"), f.now)
+        .unwrap();
+    f.check();
+    assert_eq!(f.get("k").unwrap().checksum, sum_of("k"));
+}
