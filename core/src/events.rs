@@ -22,6 +22,9 @@ pub enum DiscardCause {
     /// Every replica being written went away with its segment, while the value lives on
     /// in a disk copy (a prefetch into a segment that left).
     ReplicasLost,
+    /// The writer revoked a prefetch that failed (its bytes were damaged) after the node had
+    /// dropped the disk copy it read: no copy of the value is left.
+    PrefetchRevoked,
 }
 
 /// Something the master did on its own.

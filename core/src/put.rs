@@ -12,7 +12,7 @@
 use crate::checksum::Checksum;
 use crate::config::ReplicateConfig;
 use crate::error::{Error, ErrorCode, Result};
-use crate::events::DiscardCause;
+use crate::events::{DiscardCause, Event};
 use crate::ids::{ClientId, WriteId};
 use crate::master::Master;
 use crate::object::{Object, Replica, ReplicaDescriptor, ReplicaStatus};
@@ -162,6 +162,7 @@ impl Master {
             ));
         }
         object.writing = false;
+        let was_prefetch = object.prefetch();
         object.set_prefetch(false);
         let processing: Vec<Replica> = object
             .replicas
@@ -178,6 +179,15 @@ impl Master {
         }
         if empty {
             self.objects.remove(slot);
+            if was_prefetch {
+                // The value existed before this write: its going is news.
+                self.events.push(Event::WriteDiscarded {
+                    key: key.into(),
+                    write,
+                    cause: DiscardCause::PrefetchRevoked,
+                    object_removed: true,
+                });
+            }
         }
         Ok(())
     }

@@ -746,3 +746,35 @@ fn a_prefetch_must_bring_back_the_known_value_even_after_its_disk_copy_went() {
     f.check();
     assert_eq!(f.get("k").unwrap().checksum, sum_of("k"));
 }
+
+#[test]
+fn revoking_a_refused_prefetch_of_a_dropped_disk_copy_reports_the_value_gone() {
+    let mut f = write_through();
+    let w = disk_only(&mut f, "k");
+    let (_, grant) = f.m.exist_prefetch(A, "k", &[], f.now).unwrap();
+    let grant = grant.expect("a prefetch into memory");
+    sync(
+        &mut f,
+        "seg0",
+        DiskReport {
+            evicted: vec![("k".into(), w)],
+            ..DiskReport::default()
+        },
+    );
+    f.m.drain_events();
+    f.m.put_revoke(A, "k", grant.grant.write_id, f.now).unwrap();
+    f.check();
+    assert_eq!(code(f.get("k")), ErrorCode::OBJECT_NOT_FOUND);
+    let events = f.m.drain_events();
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            Event::WriteDiscarded {
+                object_removed: true,
+                cause: mooring_core::DiscardCause::PrefetchRevoked,
+                ..
+            }
+        )),
+        "{events:?}"
+    );
+}

@@ -104,6 +104,7 @@ pub fn of_event(event: &Event) -> &'static str {
             DiscardCause::WriterLeft => "writer left mid-write",
             DiscardCause::Aborted => ABORTED,
             DiscardCause::ReplicasLost => "prefetch into a leaving segment",
+            DiscardCause::PrefetchRevoked => "damaged prefetch of a dropped disk copy revoked",
         },
         Event::ObjectLost { .. } => LOST,
         Event::SegmentUnmounted { .. } => "segment unmounted",

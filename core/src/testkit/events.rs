@@ -206,6 +206,7 @@ impl Harness {
                         DiscardCause::Preempted => "write-preempted",
                         DiscardCause::Aborted => "write-aborted",
                         DiscardCause::ReplicasLost => "write-replicas-lost",
+                        DiscardCause::PrefetchRevoked => "prefetch-revoked",
                     });
                     match cause {
                         DiscardCause::Timeout => ensure(
@@ -223,9 +224,9 @@ impl Harness {
                             })?
                         }
                         DiscardCause::Preempted | DiscardCause::Aborted => {}
-                        DiscardCause::ReplicasLost => {
+                        DiscardCause::ReplicasLost | DiscardCause::PrefetchRevoked => {
                             return Err(format!(
-                                "{key:?}: a prefetch lost its target, but the harness never prefetches"
+                                "{key:?}: a prefetch ended ({cause:?}), but the harness never prefetches"
                             ));
                         }
                     }
