@@ -14,7 +14,7 @@ use mooring_proto::wire::{HEADER_LEN, WireMessage, parse_header};
 
 mod common;
 
-use common::{BIN, Proc};
+use common::{BIN, Proc, start_nodes, value};
 
 struct Cluster {
     master: Proc,
@@ -37,22 +37,7 @@ fn start_cluster(nodes: usize, node_size: &str) -> Cluster {
         "2s",
     ]);
     let addr = master.announced_addr();
-    let nodes = (0..nodes)
-        .map(|i| {
-            Proc::start(&[
-                "node",
-                "--master",
-                &addr,
-                "--size",
-                node_size,
-                "--listen",
-                "127.0.0.1:0",
-                "--name",
-                &format!("node{i}"),
-                "--no-prefault",
-            ])
-        })
-        .collect();
+    let nodes = start_nodes(&addr, nodes, node_size);
     Cluster {
         master,
         addr,
@@ -62,18 +47,6 @@ fn start_cluster(nodes: usize, node_size: &str) -> Cluster {
 
 async fn client(addr: &str) -> Client {
     Client::connect(ClientConfig::new(addr)).await.unwrap()
-}
-
-fn value(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 async fn wait_until<F: std::future::Future<Output = bool>>(

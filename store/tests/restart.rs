@@ -9,19 +9,7 @@ use mooring_core::ReplicateConfig;
 
 mod common;
 
-use common::{Proc, free_port};
-
-fn value(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use common::{Proc, free_port, start_nodes, value, wait_for_segments};
 
 fn start_master(listen: &str, state: &std::path::Path) -> Proc {
     Proc::start(&[
@@ -44,30 +32,11 @@ async fn a_killed_master_restarts_knowing_every_acknowledged_object() {
     let _ = std::fs::remove_dir_all(&state);
     let listen = format!("127.0.0.1:{}", free_port());
     let mut master = start_master(&listen, &state);
-    let mut nodes: Vec<Proc> = (0..3)
-        .map(|i| {
-            Proc::start(&[
-                "node",
-                "--master",
-                &listen,
-                "--size",
-                "32MiB",
-                "--listen",
-                "127.0.0.1:0",
-                "--name",
-                &format!("node{i}"),
-                "--no-prefault",
-            ])
-        })
-        .collect();
+    let mut nodes = start_nodes(&listen, 3, "32MiB");
     let writer = Client::connect(ClientConfig::new(listen.clone()))
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while writer.segments().await.unwrap().len() < 3 {
-        assert!(Instant::now() < deadline, "the nodes never mounted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_segments(&writer, 3).await;
     // Two replicas: the weights outlive the node that will not return.
     let pinned = ReplicateConfig {
         with_hard_pin: true,

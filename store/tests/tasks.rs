@@ -9,7 +9,7 @@ use mooring_core::ReplicateConfig;
 
 mod common;
 
-use common::{BIN, Proc};
+use common::{BIN, Proc, start_nodes, wait_for_segments};
 
 fn cli(master: &str, args: &[&str]) -> std::process::Output {
     Command::new(BIN)
@@ -47,28 +47,11 @@ async fn holders(client: &Client, key: &str) -> Vec<String> {
 async fn copies_outlive_their_source_and_moves_leave_it() {
     let master = Proc::start(&["master", "--listen", "127.0.0.1:0", "--client-ttl", "2s"]);
     let addr = master.announced_addr();
-    let mut nodes: Vec<Proc> = (0..3)
-        .map(|i| {
-            Proc::start(&[
-                "node",
-                "--master",
-                &addr,
-                "--size",
-                "16MiB",
-                "--name",
-                &format!("node{i}"),
-                "--no-prefault",
-            ])
-        })
-        .collect();
+    let mut nodes = start_nodes(&addr, 3, "16MiB");
     let client = Client::connect(ClientConfig::new(addr.clone()))
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while client.segments().await.unwrap().len() < 3 {
-        assert!(Instant::now() < deadline, "the nodes never mounted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_segments(&client, 3).await;
     let value: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     let one = ReplicateConfig::single();
     client.put("copied", &value, &one).await.unwrap();
@@ -125,28 +108,11 @@ async fn copies_outlive_their_source_and_moves_leave_it() {
 async fn replicas_lost_with_a_node_are_copied_back_by_the_survivors() {
     let master = Proc::start(&["master", "--listen", "127.0.0.1:0", "--client-ttl", "2s"]);
     let addr = master.announced_addr();
-    let mut nodes: Vec<Proc> = (0..3)
-        .map(|i| {
-            Proc::start(&[
-                "node",
-                "--master",
-                &addr,
-                "--size",
-                "16MiB",
-                "--name",
-                &format!("node{i}"),
-                "--no-prefault",
-            ])
-        })
-        .collect();
+    let mut nodes = start_nodes(&addr, 3, "16MiB");
     let client = Client::connect(ClientConfig::new(addr.clone()))
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while client.segments().await.unwrap().len() < 3 {
-        assert!(Instant::now() < deadline, "the nodes never mounted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_segments(&client, 3).await;
     let value = |i: usize| -> Vec<u8> { (0..20_000 + i).map(|b| (b * i % 253) as u8).collect() };
     let two = ReplicateConfig::replicas(2);
     for i in 0..60 {

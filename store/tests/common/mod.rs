@@ -74,3 +74,48 @@ impl Drop for Proc {
         self.kill();
     }
 }
+
+/// `count` storage nodes of `size` named node0, node1, ... serving the master at `master`.
+pub fn start_nodes(master: &str, count: usize, size: &str) -> Vec<Proc> {
+    (0..count)
+        .map(|i| {
+            Proc::start(&[
+                "node",
+                "--master",
+                master,
+                "--size",
+                size,
+                "--listen",
+                "127.0.0.1:0",
+                "--name",
+                &format!("node{i}"),
+                "--no-prefault",
+            ])
+        })
+        .collect()
+}
+
+/// A value of `len` bytes that differs for every `seed` (xorshift).
+pub fn value(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Waits (up to ten seconds) until `client` sees `count` mounted segments.
+pub async fn wait_for_segments(client: &mooring::Client, count: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while client.segments().await.unwrap().len() != count {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{count} segments never mounted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
