@@ -712,14 +712,14 @@ fn a_read_of_a_disk_only_object_counts_as_a_disk_hit() {
     assert!(census.disk_bytes >= 4 * KIB, "{census:?}");
 }
 
-#[test]
-fn a_prefetch_must_bring_back_the_known_value_even_after_its_disk_copy_went() {
+/// "k" only on seg0's disk, a prefetch of it into memory begun, and then the node's report
+/// that it dropped the disk copy meanwhile (seed 2477).
+fn prefetch_whose_disk_copy_went() -> (Fixture, mooring_core::PrefetchGrant) {
     let mut f = write_through();
     let w = disk_only(&mut f, "k");
     let (exists, grant) = f.m.exist_prefetch(A, "k", &[], f.now).unwrap();
     assert!(exists);
     let grant = grant.expect("a prefetch into memory");
-    // The node drops its disk copy while the prefetch is under way (seed 2477).
     sync(
         &mut f,
         "seg0",
@@ -729,6 +729,12 @@ fn a_prefetch_must_bring_back_the_known_value_even_after_its_disk_copy_went() {
         },
     );
     f.check();
+    (f, grant)
+}
+
+#[test]
+fn a_prefetch_must_bring_back_the_known_value_even_after_its_disk_copy_went() {
+    let (mut f, grant) = prefetch_whose_disk_copy_went();
     // Bytes damaged on their way are still refused: the master knows the value's checksum.
     assert_eq!(
         code(f.m.put_end(
@@ -749,18 +755,7 @@ fn a_prefetch_must_bring_back_the_known_value_even_after_its_disk_copy_went() {
 
 #[test]
 fn revoking_a_refused_prefetch_of_a_dropped_disk_copy_reports_the_value_gone() {
-    let mut f = write_through();
-    let w = disk_only(&mut f, "k");
-    let (_, grant) = f.m.exist_prefetch(A, "k", &[], f.now).unwrap();
-    let grant = grant.expect("a prefetch into memory");
-    sync(
-        &mut f,
-        "seg0",
-        DiskReport {
-            evicted: vec![("k".into(), w)],
-            ..DiskReport::default()
-        },
-    );
+    let (mut f, grant) = prefetch_whose_disk_copy_went();
     f.m.drain_events();
     f.m.put_revoke(A, "k", grant.grant.write_id, f.now).unwrap();
     f.check();

@@ -43,15 +43,22 @@ async fn holders(client: &Client, key: &str) -> Vec<String> {
     names
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn copies_outlive_their_source_and_moves_leave_it() {
+/// A master (client TTL 2 s), three 16 MiB nodes named node0..node2, and a client that sees
+/// them mounted.
+async fn three_nodes() -> (Proc, String, Vec<Proc>, Client) {
     let master = Proc::start(&["master", "--listen", "127.0.0.1:0", "--client-ttl", "2s"]);
     let addr = master.announced_addr();
-    let mut nodes = start_nodes(&addr, 3, "16MiB");
+    let nodes = start_nodes(&addr, 3, "16MiB");
     let client = Client::connect(ClientConfig::new(addr.clone()))
         .await
         .unwrap();
     wait_for_segments(&client, 3).await;
+    (master, addr, nodes, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_outlive_their_source_and_moves_leave_it() {
+    let (_master, addr, mut nodes, client) = three_nodes().await;
     let value: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     let one = ReplicateConfig::single();
     client.put("copied", &value, &one).await.unwrap();
@@ -106,13 +113,7 @@ async fn copies_outlive_their_source_and_moves_leave_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_lost_with_a_node_are_copied_back_by_the_survivors() {
-    let master = Proc::start(&["master", "--listen", "127.0.0.1:0", "--client-ttl", "2s"]);
-    let addr = master.announced_addr();
-    let mut nodes = start_nodes(&addr, 3, "16MiB");
-    let client = Client::connect(ClientConfig::new(addr.clone()))
-        .await
-        .unwrap();
-    wait_for_segments(&client, 3).await;
+    let (_master, addr, mut nodes, client) = three_nodes().await;
     let value = |i: usize| -> Vec<u8> { (0..20_000 + i).map(|b| (b * i % 253) as u8).collect() };
     let two = ReplicateConfig::replicas(2);
     for i in 0..60 {
