@@ -25,7 +25,7 @@ pub mod peer;
 mod plan;
 pub mod server;
 #[cfg(feature = "ibverbs")]
-mod sys;
+pub mod sys;
 mod transfer;
 pub mod verbs;
 
