@@ -34,6 +34,15 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
         || echo "    could not install chromium: the dashboard test will be skipped" >&2
 fi
 
+# The RDMA transport's ibverbs implementation builds against Debian's rdma-core headers
+# (bindgen needs clang); without them it says so and only the software-model build is tested.
+rdma_packages="libibverbs-dev librdmacm-dev clang libclang-dev"
+if ! dpkg -s $rdma_packages >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    step "installing $rdma_packages for the RDMA transport's ibverbs build"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $rdma_packages >/dev/null \
+        || echo "    could not install them: the ibverbs build will be skipped" >&2
+fi
+
 t=$SECONDS; step "format"
 cargo fmt --all -- --check
 cargo fmt --manifest-path fuzz/Cargo.toml -- --check
@@ -45,6 +54,15 @@ elapsed $t
 
 t=$SECONDS; step "tests (release: model test, scenario tests, footprint, fuzz corpus replay)"
 cargo test --workspace --release --locked
+elapsed $t
+
+t=$SECONDS; step "RDMA transport on ibverbs (rdma-sys): clippy, and the device test (skips without a device)"
+if dpkg -s $rdma_packages >/dev/null 2>&1; then
+    cargo clippy --locked -p mooring-transport-rdma --features ibverbs --all-targets -- -D warnings
+    cargo test --release --locked -p mooring-transport-rdma --features ibverbs --test device -- --nocapture
+else
+    echo "    SKIPPED: $rdma_packages not installed (run as root to have them installed)"
+fi
 elapsed $t
 
 t=$SECONDS; step "simulation build: clippy and unit tests under madsim (own target dir)"

@@ -135,6 +135,10 @@ pub struct NodeSection {
     pub disk_io: Option<crate::disk_tier::DiskIo>,
     /// O_DIRECT.
     pub disk_direct: Option<bool>,
+    /// Transports served: "tcp", "rdma" or "tcp,rdma".
+    pub transports: Option<String>,
+    /// RDMA devices, comma-separated.
+    pub rdma_device: Option<String>,
 }
 
 /// The `[client]` section of a config file.

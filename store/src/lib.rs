@@ -34,6 +34,7 @@ pub mod node;
 pub mod preflight;
 pub mod presence;
 pub mod token;
+pub mod transports;
 pub mod tuning;
 
 pub use client::Client;

@@ -395,6 +395,24 @@ async fn flags_that_would_hurt_are_refused_before_anything_is_mounted() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(!status.success(), "100,000 TiB of disk accepted: {stderr}");
     assert!(stderr.contains("exceeds the space"), "{stderr}");
+    // RDMA asked for where it cannot run: refused with what is missing (here: no kernel
+    // support or no device; where a device exists, that the data path is not built yet).
+    let (status, stderr) = node(&["--size", "16MiB", "--transports", "tcp,rdma"]);
+    assert!(
+        !status.success(),
+        "RDMA accepted without a usable device: {stderr}"
+    );
+    assert!(
+        stderr.contains("UNAVAILABLE_IN_CURRENT_MODE (-1011)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("RDMA") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    let (status, stderr) = node(&["--size", "16MiB", "--transports", "tcp,quic"]);
+    assert!(!status.success());
+    assert!(stderr.contains("unknown transport \"quic\""), "{stderr}");
     // None of them mounted anything.
     let c = client(&cluster.addr).await;
     assert_eq!(c.segments().await.unwrap().len(), 2);

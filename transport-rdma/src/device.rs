@@ -86,6 +86,18 @@ pub fn choose_in(
     Ok(DeviceChoice { name })
 }
 
+/// Opens the device [`choose`] picks.
+#[cfg(feature = "ibverbs")]
+pub fn open(names: &[String], register_bytes: u64) -> Result<crate::sys::SysVerbs> {
+    let choice = choose(names, register_bytes)?;
+    crate::sys::SysVerbs::open(&choice.name).map_err(|e| {
+        Error::new(
+            ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+            format!("cannot open RDMA device {}: {e}", choice.name),
+        )
+    })
+}
+
 /// The soft limit on locked memory, from `/proc/self/limits` (`None`: unlimited or unknown).
 fn memlock_limit() -> Option<u64> {
     let limits = std::fs::read_to_string("/proc/self/limits").ok()?;

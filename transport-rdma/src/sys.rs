@@ -136,7 +136,12 @@ impl Drop for SysVerbs {
     fn drop(&mut self) {
         // SAFETY: every handle below was created on this context and is destroyed once.
         unsafe {
-            for (_, qp) in self.qps.get_mut().unwrap_or_else(|e| e.into_inner()).drain() {
+            for (_, qp) in self
+                .qps
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .drain()
+            {
                 ibv_destroy_qp(qp.qp);
                 ibv_destroy_cq(qp.cq);
             }
@@ -427,7 +432,11 @@ impl Verbs for SysVerbs {
             // SAFETY: `wcs` has room for `max` entries; the cq is live.
             let mut wcs: Vec<ibv_wc> = (0..max).map(|_| unsafe { std::mem::zeroed() }).collect();
             let n = unsafe {
-                ibv_poll_cq(qp.cq, i32::try_from(max).unwrap_or(i32::MAX), wcs.as_mut_ptr())
+                ibv_poll_cq(
+                    qp.cq,
+                    i32::try_from(max).unwrap_or(i32::MAX),
+                    wcs.as_mut_ptr(),
+                )
             };
             let n = usize::try_from(n).unwrap_or(0);
             for wc in &wcs[..n] {

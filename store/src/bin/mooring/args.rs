@@ -289,6 +289,14 @@ pub(crate) struct NodeArgs {
     /// it off.
     #[arg(long, value_name = "N", default_value_t = 200)]
     pub(crate) repair_rate: u32,
+    /// Data-plane transports to serve, comma-separated: tcp, rdma, or tcp,rdma [default:
+    /// tcp]. RDMA needs a device, kernel support and a memlock limit above --size.
+    #[arg(long, value_name = "LIST")]
+    pub(crate) transports: Option<String>,
+    /// RDMA devices to use, comma-separated (the first that exists) [default: the first
+    /// device found].
+    #[arg(long, value_name = "NAME[,NAME]")]
+    pub(crate) rdma_device: Option<String>,
     #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
 }
@@ -301,6 +309,14 @@ pub(crate) struct ClientArgs {
     /// Time allowed for one request.
     #[arg(long, default_value = "10s")]
     pub(crate) timeout: String,
+    /// How to reach nodes: auto (the best each node offers that this client can use), tcp,
+    /// or rdma (needs a device).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(crate) transport: mooring::transports::TransportChoice,
+    /// RDMA devices to use, comma-separated (the first that exists) [default: the first
+    /// device found].
+    #[arg(long, value_name = "NAME[,NAME]")]
+    pub(crate) rdma_device: Option<String>,
     #[command(flatten)]
     pub(crate) auth: AuthArgs,
 }
