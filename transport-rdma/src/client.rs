@@ -117,20 +117,12 @@ impl<V: Verbs> RdmaClient<V> {
     /// Reads every op's bytes from `peer`'s memory registered under `rkey`.
     pub async fn read(&self, peer: &Peer<V>, rkey: u32, ops: &mut [ReadOp<'_>]) -> Result<()> {
         let mut temporary = TemporaryRegistrations::new(&*self.verbs);
-        let mut spans = Vec::with_capacity(ops.len());
-        for op in ops.iter_mut().filter(|op| !op.dest.is_empty()) {
-            let local = op.dest.as_mut_ptr() as u64;
-            let len = op.dest.len() as u64;
-            // SAFETY: `dest` is borrowed mutably until this future ends, and the transfer
-            // drains before it does.
-            let lkey = unsafe { self.key_for(&mut temporary, local, len) }?;
-            spans.push(Span {
-                local_addr: local,
-                lkey,
-                remote_addr: op.addr,
-                len,
-            });
-        }
+        let pieces = ops
+            .iter_mut()
+            .map(|op| (op.dest.as_mut_ptr() as u64, op.dest.len() as u64, op.addr));
+        // SAFETY: every `dest` is borrowed mutably until this future ends, and the transfer
+        // drains before it does.
+        let spans = unsafe { self.spans(&mut temporary, pieces) }?;
         let deadline = Instant::now() + self.config.timeout;
         self.transfer(peer, Opcode::Read, rkey, &spans, deadline)
             .await
@@ -146,25 +138,41 @@ impl<V: Verbs> RdmaClient<V> {
         valid_for: Duration,
     ) -> Result<()> {
         let mut temporary = TemporaryRegistrations::new(&*self.verbs);
-        let mut spans = Vec::with_capacity(ops.len());
-        for op in ops.iter().filter(|op| !op.src.is_empty()) {
-            let local = op.src.as_ptr() as u64;
-            let len = op.src.len() as u64;
-            // SAFETY: `src` is borrowed until this future ends, and the transfer drains
-            // before it does; the device only reads it.
-            let lkey = unsafe { self.key_for(&mut temporary, local, len) }?;
-            spans.push(Span {
-                local_addr: local,
-                lkey,
-                remote_addr: op.addr,
-                len,
-            });
-        }
+        let pieces = ops
+            .iter()
+            .map(|op| (op.src.as_ptr() as u64, op.src.len() as u64, op.addr));
+        // SAFETY: every `src` is borrowed until this future ends, and the transfer drains
+        // before it does; the device only reads it.
+        let spans = unsafe { self.spans(&mut temporary, pieces) }?;
         // Cancel (and drain) with a quarter of the fence to spare.
         let budget = self.config.timeout.min(valid_for - valid_for / 4);
         let deadline = Instant::now() + budget;
         self.transfer(peer, Opcode::Write, rkey, &spans, deadline)
             .await
+    }
+
+    /// The spans of `pieces` (local address, length, remote address), empty ones left out,
+    /// each with the local key of a registration covering it.
+    ///
+    /// # Safety
+    /// The local bytes must stay allocated until `temporary` drops.
+    unsafe fn spans(
+        &self,
+        temporary: &mut TemporaryRegistrations<'_, V>,
+        pieces: impl Iterator<Item = (u64, u64, u64)>,
+    ) -> Result<Vec<Span>> {
+        let mut spans = Vec::new();
+        for (local_addr, len, remote_addr) in pieces.filter(|&(_, len, _)| len > 0) {
+            // SAFETY: forwarded from the caller.
+            let lkey = unsafe { self.key_for(temporary, local_addr, len) }?;
+            spans.push(Span {
+                local_addr,
+                lkey,
+                remote_addr,
+                len,
+            });
+        }
+        Ok(spans)
     }
 
     /// # Safety

@@ -294,6 +294,22 @@ async fn an_unexported_segment_is_unreachable() {
     assert_eq!(bytes_at(&c.segment, 0, 6), b"again!");
 }
 
+/// A queue pair on `a` connected to a new one on `b`, both in RTS; returns `a`'s.
+fn connected_pair(a: &ModelVerbs, b: &ModelVerbs) -> u32 {
+    let qa = a.create_qp(8).unwrap();
+    let qb = b.create_qp(8).unwrap();
+    for (v, q, peer) in [
+        (a, qa, b.endpoint(qb).unwrap()),
+        (b, qb, a.endpoint(qa).unwrap()),
+    ] {
+        v.modify_qp(q, QpState::Init, None).unwrap();
+        v.modify_qp(q, QpState::ReadyToReceive, Some(&peer))
+            .unwrap();
+        v.modify_qp(q, QpState::ReadyToSend, None).unwrap();
+    }
+    qa
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn the_model_enforces_access_rights_and_local_keys() {
     let fabric = Fabric::new();
@@ -304,17 +320,7 @@ async fn the_model_enforces_access_rights_and_local_keys() {
     let lkeys = unsafe { a.register(local.base(), 4096, Access::LOCAL) }.unwrap();
     // Registered for local use only: no remote access.
     let rkeys = unsafe { b.register(remote.base(), 4096, Access::LOCAL) }.unwrap();
-    let qa = a.create_qp(8).unwrap();
-    let qb = b.create_qp(8).unwrap();
-    for (v, q, peer) in [
-        (&a, qa, b.endpoint(qb).unwrap()),
-        (&b, qb, a.endpoint(qa).unwrap()),
-    ] {
-        v.modify_qp(q, QpState::Init, None).unwrap();
-        v.modify_qp(q, QpState::ReadyToReceive, Some(&peer))
-            .unwrap();
-        v.modify_qp(q, QpState::ReadyToSend, None).unwrap();
-    }
+    let qa = connected_pair(&a, &b);
     let wr = |id, lkey| WorkRequest {
         wr_id: id,
         opcode: Opcode::Write,
@@ -352,17 +358,7 @@ async fn the_model_enforces_access_rights_and_local_keys() {
     );
     a.destroy_qp(qc);
     let rkeys2 = unsafe { b.register(remote.base(), 4096, Access::REMOTE) }.unwrap();
-    let qa2 = a.create_qp(8).unwrap();
-    let qb2 = b.create_qp(8).unwrap();
-    for (v, q, peer) in [
-        (&a, qa2, b.endpoint(qb2).unwrap()),
-        (&b, qb2, a.endpoint(qa2).unwrap()),
-    ] {
-        v.modify_qp(q, QpState::Init, None).unwrap();
-        v.modify_qp(q, QpState::ReadyToReceive, Some(&peer))
-            .unwrap();
-        v.modify_qp(q, QpState::ReadyToSend, None).unwrap();
-    }
+    let qa2 = connected_pair(&a, &b);
     let mut bad_local = wr(3, lkeys.lkey + 99);
     bad_local.rkey = rkeys2.rkey;
     unsafe { a.post_send(qa2, &[bad_local]) }.unwrap();
