@@ -51,6 +51,7 @@ fn mounted(service: &MasterService) {
                     size: 1 << 40,
                     endpoint: "bench:1".into(),
                     key: 1,
+                    rdma_key: None,
                 },
             }
             .into(),

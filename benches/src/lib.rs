@@ -65,6 +65,7 @@ pub fn filled_master(
             size: capacity / segments,
             endpoint: format!("10.0.0.{s}:7000"),
             key: 7,
+            rdma_key: None,
         };
         master.mount_segment(CLIENT, &spec, now).expect("mount");
     }

@@ -32,6 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             size: 256 * MIB,
             endpoint: name.into(),
             key: 7,
+            rdma_key: None,
         };
         master.mount_segment(node, &spec, now)?;
     }

@@ -36,6 +36,9 @@ pub struct SegmentSpec {
     /// The data-plane access key clients present (an RDMA rkey, or a per-mount token the
     /// node's data server checks, so a stale descriptor cannot write into a later mount).
     pub key: u64,
+    /// The segment's RDMA remote key, when its node also serves RDMA (clients set up queue
+    /// pairs through the data server at `endpoint`).
+    pub rdma_key: Option<u32>,
 }
 
 /// What the master knows about a mounted segment.
@@ -58,6 +61,8 @@ pub struct SegmentInfo {
     pub endpoint: String,
     /// The data-plane access key.
     pub key: u64,
+    /// The RDMA remote key, when the node serves RDMA.
+    pub rdma_key: Option<u32>,
 }
 
 /// A mounted segment.
@@ -69,6 +74,7 @@ pub(crate) struct Segment {
     pub base: u64,
     pub endpoint: Box<str>,
     pub key: u64,
+    pub rdma_key: Option<u32>,
     pub allocator: OffsetAllocator,
 }
 
@@ -79,6 +85,7 @@ impl Segment {
             && self.allocator.capacity() == spec.size / ALLOC_ALIGN * ALLOC_ALIGN
             && *self.endpoint == *spec.endpoint
             && self.key == spec.key
+            && self.rdma_key == spec.rdma_key
     }
 
     pub(crate) fn info(&self) -> SegmentInfo {
@@ -91,6 +98,7 @@ impl Segment {
             used: self.allocator.used_bytes(),
             endpoint: self.endpoint.to_string(),
             key: self.key,
+            rdma_key: self.rdma_key,
         }
     }
 }
@@ -181,6 +189,7 @@ impl Segments {
             base: spec.base,
             endpoint: spec.endpoint.clone().into_boxed_str(),
             key: spec.key,
+            rdma_key: spec.rdma_key,
             allocator: OffsetAllocator::new(size),
         };
         let slot = match self.free_slots.pop() {

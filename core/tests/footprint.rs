@@ -49,6 +49,7 @@ fn at_most_200_bytes_of_metadata_per_object() {
             size: 1 << 40,
             endpoint: format!("10.0.0.{s}:7000"),
             key: 7,
+            rdma_key: None,
         };
         master.mount_segment(client, &spec, now).unwrap();
     }

@@ -370,6 +370,7 @@ fn a_remount_reregisters_intact_copies_and_a_lost_node_takes_its_copies() {
         size: MIB,
         endpoint: "seg0:7001".into(),
         key: 8,
+        rdma_key: None,
     };
     let id = f.m.mount_segment(node2, &spec, f.now).unwrap();
     let report = DiskReport {
@@ -408,6 +409,7 @@ fn mount_as_a(f: &mut Fixture, name: &str) {
         size: MIB,
         endpoint: format!("{name}:7000"),
         key: 9,
+        rdma_key: None,
     };
     f.m.mount_segment(A, &spec, f.now).unwrap();
     f.check();
@@ -430,6 +432,7 @@ fn lose_the_node(f: &mut Fixture) -> SegmentSpec {
         size: MIB,
         endpoint: "seg0:7001".into(),
         key: 8,
+        rdma_key: None,
     }
 }
 

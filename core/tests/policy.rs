@@ -548,6 +548,7 @@ fn dead_node_loses_its_segments_and_objects_without_replicas() {
             size: MIB,
             endpoint: name.into(),
             key: 7,
+            rdma_key: None,
         };
         f.m.mount_segment(owner, &spec, f.now).unwrap();
     }
@@ -582,6 +583,7 @@ fn a_lost_registered_reply_still_leaves_every_later_heartbeat_reporting_the_miss
         size: MIB,
         endpoint: "n2".into(),
         key: 7,
+        rdma_key: None,
     };
     let id = f.m.mount_segment(node2, &spec, f.now).unwrap();
     assert_eq!(f.m.heartbeat(node2, f.now).segments, vec![id]);
@@ -623,6 +625,7 @@ fn mount_rules() {
         size: MIB,
         endpoint: seg.endpoint.clone(),
         key: 7,
+        rdma_key: None,
     };
     assert_eq!(
         f.m.mount_segment(NODE, &spec, f.now).unwrap(),
@@ -659,6 +662,7 @@ fn mount_rules() {
         size: 10,
         endpoint: String::new(),
         key: 7,
+        rdma_key: None,
     };
     assert_eq!(
         code(f.m.mount_segment(NODE, &tiny, f.now)),
@@ -670,6 +674,7 @@ fn mount_rules() {
         size: MIB,
         endpoint: String::new(),
         key: 7,
+        rdma_key: None,
     };
     assert_eq!(
         code(f.m.mount_segment(NODE, &wrap, f.now)),

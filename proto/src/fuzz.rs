@@ -139,8 +139,8 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
 
     use crate::auth::Handshake;
     use crate::wire::{
-        BatchExist, DataReply, GetReplicaList, Goodbye, Hello, ListKeys, PutEnd, PutStart, Range,
-        Reply, StagedSlot, TakeRepairs, TaskAbort,
+        BatchExist, DataReply, GetReplicaList, Goodbye, Hello, ListKeys, PutEnd, PutStart,
+        QpAddress, Range, Reply, StagedSlot, TakeRepairs, TaskAbort,
     };
     let requests: Vec<MasterRequest> = vec![
         Hello {
@@ -222,6 +222,15 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
             write: 2,
         },
         DataRequest::Unstage { slot: 3 },
+        DataRequest::RdmaConnect {
+            client: QpAddress {
+                qpn: 0x11,
+                lid: 1,
+                gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+                psn: 0x1234,
+            },
+            replaces: Some(0x10),
+        },
     ];
     let data_responses: Vec<DataResponse> = vec![
         Ok(DataReply::Done),
@@ -231,6 +240,12 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
             len: 3,
             slot: 4,
             ttl_ms: 5,
+        })),
+        Ok(DataReply::RdmaConnected(QpAddress {
+            qpn: 0x11,
+            lid: 1,
+            gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+            psn: 0x1234,
         })),
         Err(ErrorCode::TRANSFER_FAIL.into()),
     ];

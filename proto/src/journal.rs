@@ -75,6 +75,9 @@ pub struct Decoded {
     pub intact: usize,
     /// Why decoding stopped before the end, if it did.
     pub stopped: Option<String>,
+    /// It stopped at a record whose checksum holds but whose input does not decode: not a
+    /// torn write but a journal from another version of Mooring, which must not be cut.
+    pub foreign: bool,
 }
 
 /// Decodes the records in `bytes`, stopping at the first one that is incomplete or damaged.
@@ -91,8 +94,9 @@ pub fn decode(bytes: &[u8]) -> Decoded {
                 decoded.entries.push((now, input));
                 at += len;
             }
-            Err(why) => {
+            Err((why, foreign)) => {
                 decoded.stopped = Some(format!("at byte {at}: {why}"));
+                decoded.foreign = foreign;
                 break;
             }
         }
@@ -101,8 +105,23 @@ pub fn decode(bytes: &[u8]) -> Decoded {
     decoded
 }
 
-/// One record at the start of `bytes`: its time, its input and its length.
-fn decode_one(bytes: &[u8]) -> Result<(Millis, Input, usize), String> {
+/// One record at the start of `bytes`: its time, its input and its length; or why not, and
+/// whether the record is intact but unreadable to this build.
+fn decode_one(bytes: &[u8]) -> Result<(Millis, Input, usize), (String, bool)> {
+    decode_checked(bytes)
+        .map_err(|why| (why, false))
+        .and_then(|(now, body, len)| {
+            let mut aligned = AlignedVec::<16>::with_capacity(body.len());
+            aligned.extend_from_slice(body);
+            let input = rkyv::from_bytes::<Input, rancor::Error>(&aligned)
+                .map_err(|e| (format!("an intact record does not decode: {e}"), true))?;
+            Ok((now, input, len))
+        })
+}
+
+/// The time and payload of the record at the start of `bytes`, with the record's length, once
+/// its length and checksum hold.
+fn decode_checked(bytes: &[u8]) -> Result<(Millis, &[u8], usize), String> {
     if bytes.len() < RECORD_HEADER {
         return Err(format!("a {}-byte record header is cut short", bytes.len()));
     }
@@ -120,11 +139,7 @@ fn decode_one(bytes: &[u8]) -> Result<(Millis, Input, usize), String> {
         return Err("a record fails its checksum".into());
     }
     let now = Millis(u64::from_le_bytes(body[0..8].try_into().expect("8 bytes")));
-    let mut aligned = AlignedVec::<16>::with_capacity(len);
-    aligned.extend_from_slice(&body[8..]);
-    let input = rkyv::from_bytes::<Input, rancor::Error>(&aligned)
-        .map_err(|e| format!("a record does not decode: {e}"))?;
-    Ok((now, input, RECORD_HEADER + len))
+    Ok((now, &body[8..], RECORD_HEADER + len))
 }
 
 /// Applies one journaled input to `master`, as the master that journaled it did.
@@ -189,6 +204,7 @@ mod tests {
         damaged[last] ^= 1;
         let decoded = decode(&damaged);
         assert_eq!(decoded.entries.len(), 1);
+        assert!(!decoded.foreign, "a damaged record is a torn tail");
         assert!(decoded.stopped.unwrap().contains("checksum"));
         // Zeros written ahead of the records end the journal cleanly.
         let mut padded = bytes.clone();
@@ -200,5 +216,18 @@ mod tests {
         let mut huge = journal(&[(1, Input::Tick)]);
         huge[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode(&huge).stopped.unwrap().contains("claims"));
+    }
+
+    #[test]
+    fn an_intact_record_this_build_cannot_read_is_flagged_foreign() {
+        let mut bytes = journal(&[(1, Input::Tick)]);
+        // A record whose checksum holds over bytes that are no input of this build (as from
+        // another version of the format).
+        let garbage = [0xA5u8; 24];
+        record(Millis(2), &garbage, &mut bytes);
+        let decoded = decode(&bytes);
+        assert_eq!(decoded.entries.len(), 1);
+        assert!(decoded.foreign);
+        assert!(decoded.stopped.unwrap().contains("does not decode"));
     }
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 
 use mooring_core::{Error, ErrorCode, Result};
 
-use crate::transport::{BoxFuture, ExportTable, NodeAddr, SegmentMemory, Stager};
+use crate::transport::{BoxFuture, ExportTable, NodeAddr, RdmaAcceptor, SegmentMemory, Stager};
 use crate::wire::{DataReply, DataRequest, DataResponse, Range};
 
 /// How a transport relates a sender's send times to its own clock, so that a write delayed in
@@ -109,6 +109,7 @@ impl Ranges {
 pub struct DataService {
     exports: ExportTable,
     disk: RwLock<DiskState>,
+    rdma: RwLock<Option<Arc<dyn RdmaAcceptor>>>,
     counters: Counters,
 }
 
@@ -157,6 +158,7 @@ impl DataService {
         DataService {
             exports: ExportTable::new(key_seed),
             disk: RwLock::new(DiskState::Absent),
+            rdma: RwLock::new(None),
             counters: Counters::default(),
         }
     }
@@ -166,6 +168,7 @@ impl DataService {
         NodeAddr {
             endpoint: endpoint.clone(),
             key: self.exports.export(memory),
+            rdma_key: None,
         }
     }
 
@@ -182,6 +185,11 @@ impl DataService {
     /// Serves readers' stage requests from `stager` from now on.
     pub fn serve_disk(&self, stager: Arc<dyn Stager>) {
         *self.disk.write().unwrap_or_else(|e| e.into_inner()) = DiskState::Serving(stager);
+    }
+
+    /// Connects clients' RDMA queue pairs through `acceptor` from now on.
+    pub fn serve_rdma(&self, acceptor: Arc<dyn RdmaAcceptor>) {
+        *self.rdma.write().unwrap_or_else(|e| e.into_inner()) = Some(acceptor);
     }
 
     /// Until [`DataService::serve_disk`], tells readers this node's disk tier is starting
@@ -276,6 +284,18 @@ impl DataService {
                 stager.unstage(slot);
                 DataReply::Done
             })),
+            DataRequest::RdmaConnect { client, replaces } => {
+                let acceptor = self.rdma.read().unwrap_or_else(|e| e.into_inner()).clone();
+                Served::Answer(match acceptor {
+                    Some(acceptor) => acceptor
+                        .accept(client, replaces)
+                        .map(DataReply::RdmaConnected),
+                    None => Err(Error::new(
+                        ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+                        "this node does not serve RDMA (start it with --transports tcp,rdma)",
+                    )),
+                })
+            }
         }
     }
 

@@ -21,8 +21,8 @@ use mooring_core::{Checksum, Error, ErrorCode, Result};
 // The export table's lock and key counter: loom's under `--cfg mooring_loom`.
 use crate::sync::{AtomicU64, Ordering, RwLock};
 use crate::wire::{
-    Call, DataReply, DataRequest, MAX_DATA_REQUEST, MasterRequest, MasterResponse, Range, Reply,
-    StagedSlot,
+    Call, DataReply, DataRequest, MAX_DATA_REQUEST, MasterRequest, MasterResponse, QpAddress,
+    Range, Reply, StagedSlot,
 };
 
 /// A boxed, sendable future.
@@ -34,8 +34,11 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub struct NodeAddr {
     /// Transport-specific address of the node's data plane.
     pub endpoint: Arc<str>,
-    /// The segment's access key (RDMA rkey, or the data server's per-mount token).
+    /// The segment's access key on the data server (a per-mount token).
     pub key: u64,
+    /// The segment's RDMA remote key, when the node serves RDMA too (queue pairs are set up
+    /// through the data server at `endpoint`).
+    pub rdma_key: Option<u32>,
 }
 
 /// Read `dest.len()` bytes at remote address `addr` into `dest`.
@@ -200,6 +203,14 @@ pub trait Stager: Send + Sync + 'static {
     fn unstage(&self, slot: u64);
 }
 
+/// A node's RDMA side as its data server sees it: connects queue pairs for clients that ask
+/// over the (authenticated) data-server connection.
+pub trait RdmaAcceptor: Send + Sync + 'static {
+    /// Connects a new queue pair to `client` and returns its address; drops `replaces` if
+    /// it is one this node accepted for the same client port.
+    fn accept(&self, client: QpAddress, replaces: Option<u32>) -> Result<QpAddress>;
+}
+
 /// Keeps a segment's memory mapped: the memory stays valid while any clone of its owner lives.
 // std's `Arc` even under `--cfg mooring_loom`: owners are made by unsized coercion
 // (`Arc<Mapping>` to `Arc<dyn Any>`), which loom's `Arc` cannot do. The loom tests still check
@@ -310,6 +321,9 @@ pub trait DataServer: Send + Sync {
     /// Until [`DataServer::serve_disk`], answers readers' stage requests with "starting,
     /// retry shortly" (a node whose disk tier is recovering after a restart).
     fn disk_starting(&self);
+    /// Answers clients' requests for RDMA queue pairs through `acceptor` (a node that serves
+    /// RDMA).
+    fn serve_rdma(&self, acceptor: Arc<dyn RdmaAcceptor>);
 
     /// What this server has served since it started.
     fn counts(&self) -> crate::serve::DataCounts;

@@ -28,7 +28,7 @@ use mooring_core::{
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MOOR";
 /// The wire format version this build speaks.
-pub const WIRE_VERSION: u8 = 9;
+pub const WIRE_VERSION: u8 = 10;
 /// Length of the frame header.
 pub const HEADER_LEN: usize = 24;
 /// Largest frame payload accepted (a batch of many keys fits; bulk data travels outside).
@@ -546,6 +546,16 @@ mod data {
             /// The slot, from [`DataReply::Staged`].
             slot: u64,
         },
+        /// Connect a new RDMA queue pair on the node to the sender's `client` queue pair and
+        /// answer the node's ([`DataReply::RdmaConnected`]). `replaces` names a queue pair the
+        /// node accepted earlier for the same sender port, which it may drop (the sender
+        /// reset its side).
+        RdmaConnect {
+            /// The sender's queue pair.
+            client: QpAddress,
+            /// The node's queue pair the new one replaces, if any.
+            replaces: Option<u32>,
+        },
         /// The first request on a connection: answered at once, so the sender learns the
         /// round trip (which bounds this message's delay) and the node can relate the
         /// sender's clock to its own (see `Write::valid_for_us`).
@@ -564,6 +574,7 @@ mod data {
                 DataRequest::Stage { .. } => "Stage",
                 DataRequest::Unstage { .. } => "Unstage",
                 DataRequest::Probe { .. } => "Probe",
+                DataRequest::RdmaConnect { .. } => "RdmaConnect",
             }
         }
 
@@ -574,7 +585,8 @@ mod data {
                 DataRequest::Write { ranges, .. } | DataRequest::Read { ranges, .. } => ranges,
                 DataRequest::Probe { .. }
                 | DataRequest::Stage { .. }
-                | DataRequest::Unstage { .. } => return Some(0),
+                | DataRequest::Unstage { .. }
+                | DataRequest::RdmaConnect { .. } => return Some(0),
             };
             ranges
                 .iter()
@@ -582,6 +594,20 @@ mod data {
                 .filter(|&n| n <= MAX_DATA_REQUEST)
         }
     }
+}
+
+/// An RDMA queue pair's address, as exchanged to connect two of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub struct QpAddress {
+    /// Queue pair number.
+    pub qpn: u32,
+    /// The port's local identifier (InfiniBand).
+    pub lid: u16,
+    /// The port's global identifier (RoCE, routed InfiniBand).
+    pub gid: [u8; 16],
+    /// The first packet sequence number the queue pair sends.
+    pub psn: u32,
 }
 
 /// Where a node staged a disk copy for a reader.
@@ -608,6 +634,8 @@ pub enum DataReply {
     Done,
     /// The value is staged here.
     Staged(StagedSlot),
+    /// The node's queue pair, connected to the sender's.
+    RdmaConnected(QpAddress),
 }
 
 impl DataReply {
@@ -618,6 +646,19 @@ impl DataReply {
             other => Err(Error::new(
                 ErrorCode::TRANSFER_FAIL,
                 format!("node {endpoint} answered a stage with {other:?}"),
+            )),
+        }
+    }
+}
+
+impl DataReply {
+    /// The node's queue pair from a reply to `RdmaConnect` from the node at `endpoint`.
+    pub fn into_rdma_connected(self, endpoint: &str) -> Result<QpAddress, Error> {
+        match self {
+            DataReply::RdmaConnected(address) => Ok(address),
+            other => Err(Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                format!("node {endpoint} answered an RDMA connect with {other:?}"),
             )),
         }
     }

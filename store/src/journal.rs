@@ -139,6 +139,14 @@ pub fn recover(dir: &Path, config: MasterConfig) -> Result<Recovered> {
         let decoded = journal::decode(&bytes);
         let last = i + 1 == to_replay.len();
         if let Some(why) = &decoded.stopped {
+            if decoded.foreign {
+                return Err(io_error(format!(
+                    "{} holds a record this build cannot read {why}: it was written by another \
+                     version of Mooring; start the version that wrote it, or move the \
+                     directory aside to start empty",
+                    path.display()
+                )));
+            }
             if !last {
                 return Err(io_error(format!(
                     "{} is damaged {why}, and later journals follow it: the history cannot \
@@ -669,6 +677,7 @@ mod tests {
                 size: 1 << 20,
                 endpoint: "node:1".into(),
                 key: 1,
+                rdma_key: None,
             },
         }
         .into());

@@ -622,6 +622,7 @@ mod tests {
             used: 4096,
             endpoint: "10.0.0.9:12345".into(),
             key: 0xdead_beef_1234,
+            rdma_key: None,
         };
         let journal = JournalCounts {
             records: 12,

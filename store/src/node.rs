@@ -133,6 +133,7 @@ impl Node {
             size: inner.memory.len() as u64,
             endpoint: addr.endpoint.to_string(),
             key: addr.key,
+            rdma_key: addr.rdma_key,
         };
         let reply = inner
             .control

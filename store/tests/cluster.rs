@@ -523,6 +523,7 @@ async fn damage_replica(addr: &str, key: &str, which: usize) {
     let node = NodeAddr {
         endpoint: info.endpoint.into(),
         key: info.key,
+        rdma_key: None,
     };
     let data = TcpDataPlane::new(
         Arc::new(LocalSegments::default()),

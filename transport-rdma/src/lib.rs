@@ -14,11 +14,15 @@
 //! - [`peer::Peer`]: the pooled queue pairs to one node, connected by exchanging endpoints
 //!   through a [`peer::Handshake`] and reset and reconnected after a failure.
 //! - [`server::RdmaServer`]: a node's registrations and accepted queue pairs.
+//! - [`RdmaDataServer`] and [`RdmaDataPlane`]: the above behind Mooring's transport seam, a
+//!   node's data server and a client's data plane that carry data over RDMA and the rest
+//!   (the queue-pair handshake, staging) over the transport they wrap.
 //!
 //! A failed completion becomes `TRANSFER_FAIL`, and a transfer reports failure only after
 //! every queue pair it used is in the error state and drained: nothing of it lands later.
 
 pub mod client;
+mod data_plane;
 pub mod device;
 pub mod model;
 pub mod peer;
@@ -30,6 +34,7 @@ mod transfer;
 pub mod verbs;
 
 pub use client::{RdmaClient, RdmaConfig};
+pub use data_plane::{RdmaDataPlane, RdmaDataServer};
 pub use peer::{Handshake, Peer};
 pub use server::RdmaServer;
 pub use transfer::PollConfig;

@@ -130,6 +130,10 @@ impl DataServer for SimDataServer {
         self.service.disk_starting();
     }
 
+    fn serve_rdma(&self, acceptor: Arc<dyn mooring_proto::transport::RdmaAcceptor>) {
+        self.service.serve_rdma(acceptor);
+    }
+
     fn counts(&self) -> mooring_proto::serve::DataCounts {
         self.service.counts()
     }

@@ -281,6 +281,10 @@ impl DataServer for TcpDataServer {
         self.service.disk_starting();
     }
 
+    fn serve_rdma(&self, acceptor: Arc<dyn mooring_proto::transport::RdmaAcceptor>) {
+        self.service.serve_rdma(acceptor);
+    }
+
     fn counts(&self) -> mooring_proto::serve::DataCounts {
         mooring_proto::serve::DataCounts {
             connections: self.limits.open() as u64,

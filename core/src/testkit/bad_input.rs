@@ -74,7 +74,8 @@ impl Harness {
                             base: 0,
                             size: 100,
                             endpoint: String::new(),
-                            key: 7
+                            key: 7,
+                            rdma_key: None,
                         },
                         now
                     )

@@ -127,6 +127,7 @@ impl Harness {
             size,
             endpoint: format!("node-{}", client % CLIENTS),
             key: 7,
+            rdma_key: None,
         };
         let got = self.master.mount_segment(id, &spec, self.now);
         self.model.announce(id, self.now);

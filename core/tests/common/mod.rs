@@ -56,6 +56,7 @@ impl Fixture {
             size,
             endpoint: format!("{name}:7000"),
             key: 7,
+            rdma_key: None,
         };
         self.m.mount_segment(NODE, &spec, self.now).unwrap();
         self.check();

@@ -172,6 +172,7 @@ impl Client {
                 let addr = NodeAddr {
                     endpoint: info.endpoint.into(),
                     key: info.key,
+                    rdma_key: info.rdma_key,
                 };
                 cache.insert(id, addr.clone());
                 found.insert(id, addr);

@@ -247,9 +247,11 @@ impl Client {
                 ),
             ));
         }
+        // The staging buffer is reached through the data server only.
         let staging = NodeAddr {
             endpoint: node.endpoint.clone(),
             key: staged.key,
+            rdma_key: None,
         };
         let op = ReadOp {
             addr: staged.addr,
