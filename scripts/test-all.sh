@@ -59,6 +59,7 @@ elapsed $t
 t=$SECONDS; step "RDMA transport on ibverbs (rdma-sys): clippy, and the device test (skips without a device)"
 if dpkg -s $rdma_packages >/dev/null 2>&1; then
     cargo clippy --locked -p mooring-transport-rdma --features ibverbs --all-targets -- -D warnings
+    cargo clippy --locked -p mooring --features rdma --lib --bins -- -D warnings
     cargo test --release --locked -p mooring-transport-rdma --features ibverbs --test device -- --nocapture
 else
     echo "    SKIPPED: $rdma_packages not installed (run as root to have them installed)"

@@ -130,6 +130,7 @@ async fn start_node(world: &World, i: usize, name: &str) -> Result<StandaloneNod
                 node: config,
                 listen: format!("{}:{DATA_PORT}", ip(member)),
                 advertise: None,
+                rdma_devices: None,
             };
             StandaloneNode::start(
                 &master_addr().to_string(),
@@ -203,6 +204,7 @@ pub async fn connect(world: &World, at: IpAddr, segment: Option<String>) -> Resu
                 node,
                 listen: format!("{at}:{DATA_PORT}"),
                 advertise: None,
+                rdma_devices: None,
             });
             Client::connect(config).await
         }

@@ -79,6 +79,7 @@ impl EmbeddedCluster {
                 },
                 listen: "127.0.0.1:0".into(),
                 advertise: None,
+                rdma_devices: None,
             };
             nodes.push(
                 StandaloneNode::start(

@@ -24,6 +24,9 @@ pub struct SegmentConfig {
     pub listen: String,
     /// Address clients are told to connect to (default: the bound address).
     pub advertise: Option<String>,
+    /// Serve RDMA too, on the first of these devices that exists (empty: any device);
+    /// `None`: TCP only.
+    pub rdma_devices: Option<Vec<String>>,
 }
 
 /// How to connect a client.
@@ -41,6 +44,11 @@ pub struct ClientConfig {
     pub segment: Option<SegmentConfig>,
     /// The cluster token; when `None`, the file `MOORING_TOKEN_FILE` names, if set.
     pub token: Option<ClusterToken>,
+    /// How to reach nodes (`auto`: RDMA where a node serves it and this process has a
+    /// device, else TCP).
+    pub transport: crate::transports::TransportChoice,
+    /// RDMA devices to try, in order (empty: any device).
+    pub rdma_devices: Vec<String>,
 }
 
 impl ClientConfig {
@@ -57,6 +65,8 @@ impl ClientConfig {
             },
             segment: None,
             token: None,
+            transport: crate::transports::TransportChoice::Auto,
+            rdma_devices: Vec::new(),
         }
     }
 
@@ -71,6 +81,7 @@ impl ClientConfig {
             },
             listen: listen.into(),
             advertise: None,
+            rdma_devices: None,
         });
         self
     }
@@ -144,6 +155,10 @@ async fn contribution(
     )
     .await?;
     let default_name = server.endpoint().to_string();
+    let server: Arc<dyn mooring_proto::transport::DataServer> = match &segment.rdma_devices {
+        Some(devices) => crate::transports::serve_rdma(server, devices, segment.node.size)?,
+        None => server,
+    };
     Ok(Contribution {
         config: segment.node.clone(),
         server,
@@ -171,7 +186,9 @@ impl Client {
             Some(segment) => Some(contribution(segment, token, t.local).await?),
             None => None,
         };
-        Client::with_transport(id, t.control, t.data, contribution).await
+        let data =
+            crate::transports::client_data_plane(t.data, config.transport, &config.rdma_devices)?;
+        Client::with_transport(id, t.control, data, contribution).await
     }
 }
 

@@ -2,7 +2,10 @@
 //! a client picks per node (`--transport auto|tcp|rdma`), checked before anything starts so a
 //! missing device or library is a clear refusal, never a failure half way through.
 
+use std::sync::Arc;
+
 use mooring_core::{Error, ErrorCode, Result};
+use mooring_proto::transport::{DataPlane, DataServer};
 
 /// A data-plane transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -81,24 +84,80 @@ pub fn device_names(list: Option<&str>) -> Vec<String> {
     .unwrap_or_default()
 }
 
-/// Why this process cannot move data over RDMA with one of `devices` (any when empty),
-/// registering `register_bytes`: no kernel support, no device, a memlock limit too low, a
-/// build without ibverbs, or, where all of those are fine, that the node and client data
-/// path over the RDMA transport is not built yet. The message says what to do.
-pub fn rdma_unavailable(devices: &[String], register_bytes: u64) -> Error {
-    let choice = match mooring_transport_rdma::device::choose(devices, register_bytes) {
-        Ok(choice) => choice,
-        Err(missing) => return missing,
-    };
-    Error::new(
-        ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
-        format!(
-            "RDMA device {} is usable, but nodes and clients do not move data over RDMA yet \
-             (the transport is built and tested on a software verbs model; the data path \
-             through it is the next step): use --transports tcp / --transport tcp",
-            choice.name
+/// `server`, serving RDMA too on the first of `devices` that exists (any device when empty),
+/// registering `register_bytes` with it. The error says what is missing: kernel support, a
+/// device, memlock, or a build with RDMA (`--features rdma`).
+pub fn serve_rdma(
+    server: Arc<dyn DataServer>,
+    devices: &[String],
+    register_bytes: u64,
+) -> Result<Arc<dyn DataServer>> {
+    #[cfg(feature = "rdma")]
+    {
+        use mooring_transport_rdma::verbs::Verbs;
+        use mooring_transport_rdma::{RdmaDataServer, RdmaServer, server::DEFAULT_MAX_QUEUE_PAIRS};
+        let verbs = mooring_transport_rdma::device::open(devices, register_bytes)?;
+        let name = verbs.caps().name.clone();
+        let rdma = Arc::new(RdmaServer::new(Arc::new(verbs), DEFAULT_MAX_QUEUE_PAIRS));
+        tracing::info!(device = %name, "serving RDMA");
+        Ok(Arc::new(RdmaDataServer::new(server, rdma)))
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        let _ = server;
+        Err(without_rdma_build(devices, register_bytes))
+    }
+}
+
+/// The data plane a client uses: `via` (the data servers' transport) for `tcp`; RDMA for
+/// nodes that serve it under `auto` when this process can open a device (else `via`); RDMA
+/// only under `rdma`, failing here if no device can be opened.
+pub fn client_data_plane(
+    via: Arc<dyn DataPlane>,
+    choice: TransportChoice,
+    devices: &[String],
+) -> Result<Arc<dyn DataPlane>> {
+    if choice == TransportChoice::Tcp {
+        return Ok(via);
+    }
+    #[cfg(feature = "rdma")]
+    {
+        use mooring_transport_rdma::{RdmaClient, RdmaConfig, RdmaDataPlane};
+        match mooring_transport_rdma::device::open(devices, 0) {
+            Ok(verbs) => {
+                let client = RdmaClient::new(Arc::new(verbs), RdmaConfig::default());
+                let required = choice == TransportChoice::Rdma;
+                Ok(Arc::new(RdmaDataPlane::new(client, via, required)))
+            }
+            Err(e) if choice == TransportChoice::Rdma => Err(e),
+            Err(e) => {
+                tracing::debug!("no RDMA for this client, using TCP: {e}");
+                Ok(via)
+            }
+        }
+    }
+    #[cfg(not(feature = "rdma"))]
+    match choice {
+        TransportChoice::Rdma => Err(without_rdma_build(devices, 0)),
+        _ => Ok(via),
+    }
+}
+
+/// Why a build without RDMA cannot use it: what else is missing here too, or the build.
+#[cfg(not(feature = "rdma"))]
+fn without_rdma_build(devices: &[String], register_bytes: u64) -> Error {
+    match mooring_transport_rdma::device::choose(devices, register_bytes) {
+        Err(missing) => missing,
+        Ok(choice) => Error::new(
+            ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+            format!(
+                "RDMA device {} is present, but this build of mooring has no RDMA support: \
+                 install libibverbs-dev librdmacm-dev clang libclang-dev and build with \
+                 `cargo build --release -p mooring --features rdma`",
+                choice.name
+            ),
         ),
-    )
+    }
 }
 
 #[cfg(test)]
@@ -131,12 +190,30 @@ mod tests {
 
     #[test]
     fn rdma_is_refused_with_the_reason_on_this_machine() {
-        let e = rdma_unavailable(&[], 1 << 20);
+        if std::path::Path::new("/sys/class/infiniband").exists() {
+            eprintln!(
+                "SKIPPED: this machine has RDMA devices; the refusal is for machines without"
+            );
+            return;
+        }
+        let via: Arc<dyn DataPlane> = mooring_transport_tcp::TcpDataPlane::new(
+            Arc::new(mooring_transport_tcp::LocalSegments::default()),
+            Default::default(),
+        );
+        for choice in [TransportChoice::Auto, TransportChoice::Tcp] {
+            assert!(
+                client_data_plane(via.clone(), choice, &[]).is_ok(),
+                "{choice:?}"
+            );
+        }
+        let e = match client_data_plane(via, TransportChoice::Rdma, &[]) {
+            Err(e) => e,
+            Ok(_) => panic!("RDMA chosen without a device"),
+        };
         assert_eq!(e.code, ErrorCode::UNAVAILABLE_IN_CURRENT_MODE);
         let message = e.to_string();
         assert!(
-            message.contains("RDMA")
-                && (message.contains("--transports tcp") || message.contains("ulimit")),
+            message.contains("RDMA") && message.contains("no RDMA kernel support"),
             "{message}"
         );
     }

@@ -169,6 +169,7 @@ async fn round_trip_and_restart(backend: DiskBackend) {
         },
         listen: "127.0.0.1:0".into(),
         advertise: None,
+        rdma_devices: None,
     };
     let local = Arc::new(mooring_transport_tcp::LocalSegments::default());
     let node = mooring::StandaloneNode::start(&master, None, &segment, local, token)

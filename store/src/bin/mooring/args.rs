@@ -290,7 +290,9 @@ pub(crate) struct NodeArgs {
     #[arg(long, value_name = "N", default_value_t = 200)]
     pub(crate) repair_rate: u32,
     /// Data-plane transports to serve, comma-separated: tcp, rdma, or tcp,rdma [default:
-    /// tcp]. RDMA needs a device, kernel support and a memlock limit above --size.
+    /// tcp]. The TCP data server always runs (it also sets up RDMA queue pairs and serves
+    /// disk staging). RDMA needs a device, kernel support, a memlock limit above --size and
+    /// a build with `--features rdma`.
     #[arg(long, value_name = "LIST")]
     pub(crate) transports: Option<String>,
     /// RDMA devices to use, comma-separated (the first that exists) [default: the first

@@ -64,15 +64,11 @@ fn usage_error(message: String) -> Error {
 }
 
 async fn connect(args: &ClientArgs) -> Result<Client, Error> {
-    // `auto` takes TCP until nodes advertise RDMA; `rdma` asked for outright is refused
-    // with what is missing.
-    if args.transport == mooring::transports::TransportChoice::Rdma {
-        let devices = mooring::transports::device_names(args.rdma_device.as_deref());
-        return Err(mooring::transports::rdma_unavailable(&devices, 0));
-    }
     let mut config = ClientConfig::new(args.master.clone());
     config.rpc_timeout = parse_duration(&args.timeout).map_err(usage_error)?;
     config.token = args.auth.token()?;
+    config.transport = args.transport;
+    config.rdma_devices = mooring::transports::device_names(args.rdma_device.as_deref());
     Client::connect(config).await
 }
 
@@ -188,16 +184,13 @@ async fn run_node(args: NodeArgs) -> Result<(), Error> {
             .into()
         }),
         advertise: args.advertise.or(f.advertise),
+        // Before anything is mapped or mounted: a bad flag fails here, with what to change.
+        rdma_devices: mooring::transports::parse_served(
+            args.transports.or(f.transports).as_deref().unwrap_or("tcp"),
+        )?
+        .contains(&mooring::transports::Transport::Rdma)
+        .then(|| mooring::transports::device_names(args.rdma_device.or(f.rdma_device).as_deref())),
     };
-    // Before anything is mapped or mounted: a bad flag fails here, with what to change.
-    let served = mooring::transports::parse_served(
-        args.transports.or(f.transports).as_deref().unwrap_or("tcp"),
-    )?;
-    if served.contains(&mooring::transports::Transport::Rdma) {
-        let devices =
-            mooring::transports::device_names(args.rdma_device.or(f.rdma_device).as_deref());
-        return Err(mooring::transports::rdma_unavailable(&devices, size));
-    }
     let token = args.serve.token_for(&segment.listen)?;
     mooring::preflight::check_segment_size(size)?;
     if let Some(disk) = &segment.node.disk {
