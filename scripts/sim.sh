@@ -2,10 +2,11 @@
 # Seeded whole-cluster simulations under madsim (sim-tests/). Builds with --cfg madsim in its
 # own target directory ($CARGO_TARGET_DIR/madsim, or MOORING_SIM_TARGET_DIR).
 #
-#   scripts/sim.sh run [--seeds N] [--from S] [--jobs J] [--transport tcp|sim] [--ops N]
+#   scripts/sim.sh run [--seeds N] [--from S] [--jobs J] [--transport tcp|sim|rdma] [--ops N]
 #   MADSIM_TEST_SEED=N scripts/sim.sh replay        one seed again, with logs (RUST_LOG)
 #   scripts/sim.sh determinism [--seeds N]          each seed twice, runs must be identical
-#   scripts/sim.sh ci                               regression list, 200 seeds, determinism
+#   scripts/sim.sh ci                               regression list, 200 seeds, 50 RDMA seeds,
+#                                                   determinism
 #   scripts/sim.sh overnight                        10,000 seeds
 #   scripts/sim.sh teeth [SEEDS]                    every planted bug (sim-tests/teeth.py): seeds
 #                                                   caught and the first failing seed, as a table
@@ -26,8 +27,11 @@ case "$command" in
         "$sim" run --list sim-tests/regressions.txt
         echo "--- ${MOORING_SIM_SEEDS:-200} seeds"
         "$sim" run --seeds "${MOORING_SIM_SEEDS:-200}"
+        echo "--- ${MOORING_SIM_RDMA_SEEDS:-50} seeds over RDMA (the software HCA, with its faults)"
+        "$sim" run --seeds "${MOORING_SIM_RDMA_SEEDS:-50}" --from 100 --transport rdma
         echo "--- determinism"
         "$sim" determinism --seeds 4
+        "$sim" determinism --seeds 2 --from 100 --transport rdma
         ;;
     overnight) exec "$sim" run --seeds 10000 "$@" ;;
     teeth) exec python3 sim-tests/teeth.py all "${1:-200}" ;;

@@ -236,6 +236,7 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
         Ok(DataReply::Done),
         Ok(DataReply::Staged(StagedSlot {
             key: 1,
+            rdma_key: Some(0x77),
             addr: 2,
             len: 3,
             slot: 4,

@@ -616,6 +616,8 @@ pub struct QpAddress {
 pub struct StagedSlot {
     /// The staging buffer's access key on the node's data plane.
     pub key: u64,
+    /// Its RDMA remote key, when the node serves RDMA.
+    pub rdma_key: Option<u32>,
     /// Address of the value in the staging buffer.
     pub addr: u64,
     /// Length of the value.
@@ -720,6 +722,7 @@ mod tests {
         });
         roundtrip::<DataResponse>(&Ok(DataReply::Staged(StagedSlot {
             key: 1,
+            rdma_key: None,
             addr: 2,
             len: 3,
             slot: 4,

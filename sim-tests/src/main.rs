@@ -41,6 +41,8 @@ mod sim {
         Tcp,
         /// transport-sim datagrams with message faults.
         Sim,
+        /// RDMA over the software HCA (with its faults), the rest as `sim`.
+        Rdma,
     }
 
     #[derive(clap::Args, Clone)]
@@ -61,6 +63,7 @@ mod sim {
             let transport = self.transport.map(|t| match t {
                 TransportArg::Tcp => Transport::Tcp,
                 TransportArg::Sim => Transport::Sim,
+                TransportArg::Rdma => Transport::Rdma,
             });
             let shape = Shape {
                 ops: self.ops,

@@ -13,7 +13,9 @@ use mooring::{
 };
 use mooring_core::{ClientId, Result};
 use mooring_proto::auth::ClusterToken;
-use mooring_proto::transport::{ControlPlane, DataPlane, RpcHandler};
+use mooring_proto::transport::{ControlPlane, DataPlane, DataServer, RpcHandler};
+use mooring_transport_rdma::model::ModelVerbs;
+use mooring_transport_rdma::{RdmaClient, RdmaConfig, RdmaDataPlane, RdmaDataServer, RdmaServer};
 use mooring_transport_sim::{SimControlPlane, SimDataPlane, SimDataServer, serve_rpc};
 use mooring_transport_tcp::{DataPlaneConfig, LocalSegments};
 use tracing::{debug, info};
@@ -60,7 +62,7 @@ pub async fn master(world: Arc<World>) {
             std::future::pending::<()>().await;
             drop(running);
         }
-        Transport::Sim => {
+        Transport::Sim | Transport::Rdma => {
             service.audit_eviction_order();
             service.keep_events();
             let _timer = service.spawn_timer();
@@ -141,7 +143,7 @@ async fn start_node(world: &World, i: usize, name: &str) -> Result<StandaloneNod
             )
             .await
         }
-        Transport::Sim => {
+        Transport::Sim | Transport::Rdma => {
             let (control, contribution) = sim_member(world, ip(member), id, Some(config)).await?;
             let contribution = contribution.expect("asked for a contribution");
             StandaloneNode::with_transport(id, control, contribution).await
@@ -165,12 +167,21 @@ async fn sim_member(
         Some(config) => {
             let bind = std::net::SocketAddr::new(at, DATA_PORT);
             let seed = id.0 as u64 ^ (id.0 >> 64) as u64;
-            let server = SimDataServer::start(net, bind, seed)
+            let sim_server = SimDataServer::start(net, bind, seed)
                 .await
                 .map_err(|e| io_error("binding the data server", e))?;
+            let endpoint = sim_server.endpoint().to_string();
+            let server: Arc<dyn DataServer> = match world.plan.transport {
+                // The member's own RDMA device (its host's NIC), for this incarnation.
+                Transport::Rdma => Arc::new(RdmaDataServer::new(
+                    sim_server,
+                    Arc::new(RdmaServer::new(Arc::new(rdma_device(world, at)), 64)),
+                )),
+                Transport::Tcp | Transport::Sim => sim_server,
+            };
             Some(Contribution {
                 config,
-                default_name: server.endpoint().to_string(),
+                default_name: endpoint,
                 server,
             })
         }
@@ -208,14 +219,33 @@ pub async fn connect(world: &World, at: IpAddr, segment: Option<String>) -> Resu
             });
             Client::connect(config).await
         }
-        Transport::Sim => {
+        Transport::Sim | Transport::Rdma => {
             let (control, contribution) = sim_member(world, at, id, segment).await?;
-            let data: Arc<dyn DataPlane> = SimDataPlane::new(world.net.clone(), at, CALL_TIMEOUT)
-                .await
-                .map_err(|e| io_error("binding a data endpoint", e))?;
+            let mut data: Arc<dyn DataPlane> =
+                SimDataPlane::new(world.net.clone(), at, CALL_TIMEOUT)
+                    .await
+                    .map_err(|e| io_error("binding a data endpoint", e))?;
+            if world.plan.transport == Transport::Rdma {
+                let config = RdmaConfig {
+                    timeout: CALL_TIMEOUT,
+                    ..RdmaConfig::default()
+                };
+                let client = RdmaClient::new(Arc::new(rdma_device(world, at)), config);
+                // Every node serves RDMA: bulk bytes never fall back to datagrams.
+                data = Arc::new(RdmaDataPlane::new(client, data, true));
+            }
             Client::with_transport(id, control, data, contribution).await
         }
     }
+}
+
+/// A device on the run's fabric for the member at `at` (named by its address, so the
+/// fabric's partitions follow the network's).
+fn rdma_device(world: &World, at: IpAddr) -> ModelVerbs {
+    // Small messages, so values split and stripe over queue pairs as large ones do on a NIC.
+    world
+        .fabric
+        .device(&at.to_string(), ModelVerbs::caps(64 << 10))
 }
 
 /// A client's process: connects, works through its share of the operations, leaves.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use mooring::disk_tier::{DiskBackend, DiskEviction};
 use mooring_core::rng::Rng;
 use mooring_core::{MasterConfig, Millis};
+use mooring_transport_rdma::model::FaultRates;
 
 /// Which transport carries the run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,6 +16,17 @@ pub enum Transport {
     Tcp,
     /// transport-sim datagrams: faults drop, delay, duplicate and corrupt messages.
     Sim,
+    /// Bulk bytes by one-sided RDMA over the software HCA; control, the queue-pair
+    /// handshake and staging over transport-sim datagrams (as `Sim`), with the HCA's own
+    /// faults too.
+    Rdma,
+}
+
+impl Transport {
+    /// Whether control messages travel as transport-sim datagrams (whose faults apply).
+    pub fn datagrams(self) -> bool {
+        matches!(self, Transport::Sim | Transport::Rdma)
+    }
 }
 
 impl fmt::Display for Transport {
@@ -22,6 +34,7 @@ impl fmt::Display for Transport {
         f.write_str(match self {
             Transport::Tcp => "tcp",
             Transport::Sim => "sim",
+            Transport::Rdma => "rdma",
         })
     }
 }
@@ -410,6 +423,9 @@ pub struct Plan {
     pub disk: Option<DiskPlan>,
     /// Whether the master keeps its state on disk (`--state-dir`): in runs that kill it.
     pub master_state: bool,
+    /// The software HCA's fault rates (RDMA runs): remote access errors, queue pairs dying
+    /// mid-batch, stalled completions.
+    pub rdma_faults: FaultRates,
 }
 
 fn between(rng: &mut Rng, lo: Duration, hi: Duration) -> Duration {
@@ -479,7 +495,7 @@ impl Plan {
             // given their blocks to another writer, unless the node refuses them by their
             // deadline.
             let mut lag = Rng::seeded(seed ^ 0x01A6_11A6);
-            if transport == Transport::Sim && chance(&mut lag, 0.8) {
+            if transport.datagrams() && chance(&mut lag, 0.8) {
                 let at = between(&mut lag, ms(300), horizon);
                 let from = Member::Client(lag.below(shape.clients));
                 let to = Member::Node(lag.below(shape.nodes));
@@ -528,6 +544,18 @@ impl Plan {
         let master_state = faults
             .iter()
             .any(|(_, f)| matches!(f, Fault::KillMaster { .. }));
+        // Its own stream: the HCA's faults, in RDMA runs with faults.
+        let mut hca = Rng::seeded(seed ^ 0x4843_4146);
+        let rdma_faults = if transport == Transport::Rdma && shape.faults {
+            FaultRates {
+                remote_access: hca.below(5) as f64 / 1000.0,
+                retry_exceeded: hca.below(5) as f64 / 1000.0,
+                stall: hca.below(20) as f64 / 1000.0,
+                stall_polls: 10 + hca.below(500) as u32,
+            }
+        } else {
+            FaultRates::default()
+        };
         Plan {
             seed,
             transport,
@@ -541,6 +569,7 @@ impl Plan {
             shape,
             disk,
             master_state,
+            rdma_faults,
         }
     }
 
@@ -606,7 +635,7 @@ impl Plan {
             },
             7 | 8 => {
                 let (duplicate, corrupt, loss, max_delay) = match transport {
-                    Transport::Sim => (
+                    Transport::Sim | Transport::Rdma => (
                         rng.below(20) as f64 / 100.0,
                         rng.below(10) as f64 / 100.0,
                         rng.below(20) as f64 / 100.0,
@@ -632,7 +661,7 @@ impl Plan {
     /// The command that replays this run.
     pub fn replay_command(&self) -> String {
         format!(
-            "MADSIM_TEST_SEED={} scripts/sim.sh replay  # transport {}",
+            "MADSIM_TEST_SEED={} scripts/sim.sh replay --transport {}",
             self.seed, self.transport
         )
     }
@@ -697,6 +726,14 @@ impl fmt::Display for Plan {
                 }
             )?,
             None => writeln!(f, "  no disks")?,
+        }
+        if self.transport == Transport::Rdma {
+            let r = &self.rdma_faults;
+            writeln!(
+                f,
+                "  RDMA HCA faults per request: remote access {:.3}, retry exceeded {:.3}, stall {:.3} for {} polls",
+                r.remote_access, r.retry_exceeded, r.stall, r.stall_polls
+            )?;
         }
         if self.faults.is_empty() {
             writeln!(f, "  no faults")?;

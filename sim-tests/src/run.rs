@@ -48,6 +48,8 @@ pub struct Report {
     pub stats: Option<Stats>,
     /// What the simulated network did (transport-sim runs).
     pub net: NetStats,
+    /// What the software HCA did (RDMA runs).
+    pub rdma: mooring_transport_rdma::model::ModelCounts,
     /// Buggify sites that were switched on.
     pub buggified: Vec<&'static str>,
     /// (writes, reads judged, reads that found nothing judged).
@@ -73,6 +75,7 @@ impl Report {
             sim_time: Duration::ZERO,
             stats: None,
             net: NetStats::default(),
+            rdma: Default::default(),
             buggified: Vec::new(),
             sizes: (0, 0, 0),
             fingerprint: 0,
@@ -108,12 +111,20 @@ impl fmt::Display for Report {
                 )?;
             }
         }
-        if self.plan.transport == Transport::Sim {
+        if self.plan.transport.datagrams() {
             let n = &self.net;
             writeln!(
                 f,
                 "  network: {} sent, {} lost, {} blocked, {} duplicated ({} dropped as such), {} corrupted ({} refused)",
                 n.sent, n.lost, n.blocked, n.duplicated, n.deduplicated, n.corrupted, n.refused
+            )?;
+        }
+        if self.plan.transport == Transport::Rdma {
+            let r = &self.rdma;
+            writeln!(
+                f,
+                "  RDMA: {} requests executed, {} refused (remote access), {} retry exceeded, {} flushed, {} stalls",
+                r.executed, r.remote_access, r.retry_exceeded, r.flushed, r.stalls
             )?;
         }
         if !self.buggified.is_empty() {
@@ -307,15 +318,23 @@ struct Supervisor {
 
 impl Supervisor {
     fn block(&self, from: Member, to: Member) {
+        if self.world.plan.transport == Transport::Rdma {
+            let (from, to) = (ip(from).to_string(), ip(to).to_string());
+            self.world.fabric.block(&from, &to);
+        }
         match self.world.plan.transport {
-            Transport::Sim => self.world.net.block(ip(from), ip(to)),
+            Transport::Sim | Transport::Rdma => self.world.net.block(ip(from), ip(to)),
             Transport::Tcp => NetSim::current().clog_link(self.nodes.id(from), self.nodes.id(to)),
         }
     }
 
     fn unblock(&self, from: Member, to: Member) {
+        if self.world.plan.transport == Transport::Rdma {
+            let (from, to) = (ip(from).to_string(), ip(to).to_string());
+            self.world.fabric.unblock(&from, &to);
+        }
         match self.world.plan.transport {
-            Transport::Sim => self.world.net.unblock(ip(from), ip(to)),
+            Transport::Sim | Transport::Rdma => self.world.net.unblock(ip(from), ip(to)),
             Transport::Tcp => NetSim::current().unclog_link(self.nodes.id(from), self.nodes.id(to)),
         }
     }
@@ -377,7 +396,7 @@ impl Supervisor {
                 ..
             } => {
                 match self.world.plan.transport {
-                    Transport::Sim => self.world.net.set_faults(NetFaults {
+                    Transport::Sim | Transport::Rdma => self.world.net.set_faults(NetFaults {
                         loss,
                         duplicate,
                         corrupt,
@@ -488,7 +507,7 @@ impl Supervisor {
             Heal::Unblock(from, to) => self.unblock(from, to),
             Heal::Unlag(from, to) => self.world.net.unlag(ip(from), ip(to)),
             Heal::Quiet => match self.world.plan.transport {
-                Transport::Sim => self.world.net.set_faults(NetFaults::default()),
+                Transport::Sim | Transport::Rdma => self.world.net.set_faults(NetFaults::default()),
                 Transport::Tcp => NetSim::current().update_config(|c| c.packet_loss_rate = 0.0),
             },
             Heal::Resume(id) => self.handle.resume(id),
@@ -631,6 +650,10 @@ impl Supervisor {
         let now = self.world.now();
         mooring::buggify::calm();
         self.world.healed.store(true, Ordering::Relaxed);
+        // The HCA stops failing too.
+        self.world
+            .fabric
+            .set_rates(mooring_transport_rdma::model::FaultRates::default(), 0);
         for (id, (_, _)) in std::mem::take(&mut self.armed) {
             self.world.orders().remove(&id);
             // An armed client that parked itself is stuck in its hold: restart it.
@@ -712,6 +735,7 @@ async fn supervise(plan: Plan) -> Report {
         sim_time: world.now(),
         stats: workload_stats,
         net: world.net.stats(),
+        rdma: world.fabric.counts(),
         buggified: mooring::buggify::active_sites()
             .into_iter()
             .map(Site::name)

@@ -61,6 +61,8 @@ pub struct World {
     master: Mutex<Option<Arc<MasterService>>>,
     /// The simulated network's switchboard (transport-sim runs).
     pub net: Arc<SimNet>,
+    /// The software HCA fabric every member's RDMA device is on (RDMA runs).
+    pub fabric: mooring_transport_rdma::model::Fabric,
     /// Operations each client has left to do.
     pub budgets: Vec<AtomicUsize>,
     /// Whether each client has finished its budget.
@@ -104,6 +106,11 @@ impl World {
             history: Mutex::default(),
             master: Mutex::default(),
             net: Arc::new(SimNet::new()),
+            fabric: {
+                let fabric = mooring_transport_rdma::model::Fabric::new();
+                fabric.set_rates(plan.rdma_faults, plan.seed);
+                fabric
+            },
             budgets: (0..shape.clients)
                 .map(|_| AtomicUsize::new(per_client))
                 .collect(),

@@ -12,7 +12,7 @@
 //! when their queue pair's completion queue is polled, so a stalled or slow peer is a poll
 //! that finds nothing yet.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::verbs::{
@@ -77,6 +77,8 @@ struct FabricState {
     rates: FaultRates,
     rng: u64,
     counts: ModelCounts,
+    // Host pairs that cannot reach each other (a partition), by device name.
+    blocked: BTreeSet<(String, String)>,
 }
 
 struct Scripted {
@@ -87,6 +89,7 @@ struct Scripted {
 
 #[derive(Default)]
 struct DeviceState {
+    name: String,
     alive: bool,
     regions: BTreeMap<u32, Region>,
     rkeys: BTreeMap<u32, u32>,
@@ -127,6 +130,7 @@ impl Fabric {
         caps.name = name.to_string();
         let mut state = self.lock();
         state.devices.push(DeviceState {
+            name: name.to_string(),
             alive: true,
             next_key: 0x100,
             next_qpn: 0x10,
@@ -155,6 +159,21 @@ impl Fabric {
         let mut state = self.lock();
         state.rates = rates;
         state.rng = seed | 1;
+    }
+
+    /// Cuts the link from the devices named `from` to those named `to`: requests between
+    /// them (either way: a one-sided request needs its answer) exceed their retries.
+    pub fn block(&self, from: &str, to: &str) {
+        self.lock()
+            .blocked
+            .insert((from.to_string(), to.to_string()));
+    }
+
+    /// Restores the link [`Fabric::block`] cut.
+    pub fn unblock(&self, from: &str, to: &str) {
+        self.lock()
+            .blocked
+            .remove(&(from.to_string(), to.to_string()));
     }
 
     /// What the model has done so far.
@@ -556,7 +575,12 @@ impl FabricState {
                         && q.remote == Some((device, qpn))
                 })
         });
-        if !responder_ready {
+        let cut = responder_ready && {
+            let (here, there) = (&self.devices[device].name, &self.devices[peer].name);
+            self.blocked.contains(&(here.clone(), there.clone()))
+                || self.blocked.contains(&(there.clone(), here.clone()))
+        };
+        if !responder_ready || cut {
             self.counts.retry_exceeded += 1;
             return WcStatus::RetryExceeded;
         }

@@ -663,6 +663,19 @@ async fn a_dead_node_fails_transfers_with_retry_exceeded() {
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn a_partition_fails_transfers_until_it_heals() {
+    let c = Cluster::new();
+    c.write(0, b"before").await.unwrap();
+    c.fabric.block("node0", "client0");
+    let err = c.write(0, b"during").await.unwrap_err();
+    assert!(err.to_string().contains("did not answer"), "{err}");
+    assert_eq!(bytes_at(&c.segment, 0, 6), b"before");
+    c.fabric.unblock("node0", "client0");
+    c.write(0, b"after!").await.unwrap();
+    assert_eq!(bytes_at(&c.segment, 0, 6), b"after!");
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn a_restarted_node_is_reached_through_fresh_queue_pairs() {
     let c = Cluster::new();
     c.write(0, b"one").await.unwrap();

@@ -247,11 +247,10 @@ impl Client {
                 ),
             ));
         }
-        // The staging buffer is reached through the data server only.
         let staging = NodeAddr {
             endpoint: node.endpoint.clone(),
             key: staged.key,
-            rdma_key: None,
+            rdma_key: staged.rdma_key,
         };
         let op = ReadOp {
             addr: staged.addr,

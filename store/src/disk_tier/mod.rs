@@ -169,6 +169,8 @@ struct Staging {
     memory: SegmentMemory,
     /// The buffer's access key on the data plane.
     key: u64,
+    /// Its RDMA remote key, when the node serves RDMA.
+    rdma_key: Option<u32>,
     /// Shared with the buffers of loads in progress, which give their slot back when the disk
     /// drops them.
     slots: Arc<Mutex<StagingSlots>>,
@@ -295,6 +297,7 @@ impl DiskTier {
         let inner = Arc::new(TierInner {
             staging: Staging {
                 key: staging_addr.key,
+                rdma_key: staging_addr.rdma_key,
                 slots: Arc::new(Mutex::new(StagingSlots::new(
                     memory.len() as u64,
                     Millis(config.slot_ttl.as_millis() as u64),

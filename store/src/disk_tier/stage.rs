@@ -111,6 +111,7 @@ impl Stager for TierInner {
             loan.loaded = true;
             Ok(StagedSlot {
                 key: self.staging.key,
+                rdma_key: self.staging.rdma_key,
                 addr: addr + value.start as u64,
                 len: size,
                 slot: loan.id,
@@ -290,6 +291,7 @@ mod tests {
             staging: Staging {
                 memory: memory.clone(),
                 key: 1,
+                rdma_key: None,
                 slots: Arc::new(std::sync::Mutex::new(StagingSlots::new(
                     STAGING as u64,
                     Millis(60_000),
