@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use mooring::transports::TransportChoice;
 use mooring::{Client, ClientConfig};
 use mooring_core::{
     Error, ErrorCode, Medium, Millis, ReplicaStatus, ReplicateConfig, Result, SoftPinAction,
@@ -74,11 +75,24 @@ impl NativeClient {
         segment_size: u64,
         token_file: Option<String>,
         ports: PortRange,
+        rdma: Option<Vec<String>>,
     ) -> Result<(Client, String)> {
         let token = mooring::token::resolve(token_file.as_deref().map(Path::new))?;
-        let base = |config: ClientConfig| ClientConfig {
-            token: token.clone(),
-            ..config
+        // Mooncake's `protocol="rdma"`: data over RDMA (failing here without a device), and a
+        // contributed segment served over RDMA too.
+        let base = |config: ClientConfig| {
+            let mut config = ClientConfig {
+                token: token.clone(),
+                ..config
+            };
+            if let Some(devices) = &rdma {
+                config.transport = TransportChoice::Rdma;
+                config.rdma_devices = devices.clone();
+                if let Some(segment) = config.segment.as_mut() {
+                    segment.rdma_devices = Some(devices.clone());
+                }
+            }
+            config
         };
         if segment_size == 0 {
             let client = Client::connect(base(ClientConfig::new(master))).await?;
@@ -173,7 +187,8 @@ fn free_ports(host: &str, range: PortRange) -> Vec<u16> {
 impl NativeClient {
     /// Connects to the master at `master` (see the module docs of `mooring.store`).
     #[staticmethod]
-    #[pyo3(signature = (master, hostname, segment_size, local_buffer_size, token_file, ports))]
+    #[pyo3(signature = (master, hostname, segment_size, local_buffer_size, token_file, ports, protocol = "tcp", rdma_devices = ""))]
+    #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
         master: String,
@@ -182,10 +197,14 @@ impl NativeClient {
         local_buffer_size: u64,
         token_file: Option<String>,
         ports: PortRange,
+        protocol: &str,
+        rdma_devices: &str,
     ) -> PyResult<NativeClient> {
+        let rdma =
+            (protocol == "rdma").then(|| mooring::transports::device_names(Some(rdma_devices)));
         let (client, hostname) = raise(block_on(
             py,
-            NativeClient::connect_async(master, hostname, segment_size, token_file, ports),
+            NativeClient::connect_async(master, hostname, segment_size, token_file, ports, rdma),
         ))?;
         Ok(NativeClient {
             client,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import os
 import threading
 
 import numpy as np
@@ -104,6 +105,13 @@ def test_setup_refusals_return_codes(master):
     )
     # Nothing listens on port 1.
     assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "tcp", "", "127.0.0.1:1") < 0
+    if not os.path.exists("/sys/class/infiniband"):
+        # RDMA asked for on a machine without it: refused with the code, not carried on.
+        unavailable = int(ErrorCode.UNAVAILABLE_IN_CURRENT_MODE)
+        assert (
+            store.setup("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "rdma", "mlx5_0", master.address)
+            == unavailable
+        )
     assert store.health_check() == 1
     assert store.get("anything") == b""
     assert store.put("anything", b"x") == bad

@@ -297,6 +297,7 @@ class MooncakeDistributedStore:
             segment,
             local,
             str(protocol),
+            str(rdma_devices or ""),
             str(master_server_addr),
             options.get("token_file"),
         )
@@ -326,6 +327,7 @@ class MooncakeDistributedStore:
             segment,
             local,
             str(config.get("protocol", "tcp")),
+            str(config.get("rdma_devices", "") or ""),
             str(config.get("master_server_addr", _DEFAULT_MASTER)),
             config.get("token_file"),
         )
@@ -336,19 +338,16 @@ class MooncakeDistributedStore:
         segment: int,
         local: int,
         protocol: str,
+        rdma_devices: str,
         master: str,
         token_file: str | None,
     ) -> int:
         protocol = protocol.lower()
-        if protocol == "rdma":
-            _native.log_failure(
-                "setup",
-                int(ErrorCode.UNAVAILABLE_IN_CURRENT_MODE),
-                "this build of Mooring moves bytes over TCP only; continuing over TCP",
-            )
-        elif protocol != "tcp":
+        if protocol not in ("tcp", "rdma"):
             return self._refuse(
-                "setup", ErrorCode.INVALID_PARAMS, f'unknown protocol {protocol!r}: use "tcp"'
+                "setup",
+                ErrorCode.INVALID_PARAMS,
+                f'unknown protocol {protocol!r}: use "tcp" or "rdma"',
             )
         if master.startswith(("etcd://", "http://", "https://")):
             return self._refuse(
@@ -363,7 +362,14 @@ class MooncakeDistributedStore:
                 self._close_locked()
             try:
                 self._client = _native.NativeClient.connect(
-                    master, hostname, segment, local, token_file, _port_range()
+                    master,
+                    hostname,
+                    segment,
+                    local,
+                    token_file,
+                    _port_range(),
+                    protocol,
+                    rdma_devices,
                 )
             except MooringError as e:
                 code, message = e.args
