@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::client::Client;
 use crate::connect::ClientConfig;
 use crate::master_service::RunningMaster;
+use crate::transports::TransportChoice;
 
 /// Keys per exist batch.
 const EXIST_BATCH: usize = 1000;
@@ -50,6 +51,8 @@ pub struct BenchConfig {
     pub batch: usize,
     /// Show progress bars on stderr.
     pub progress: bool,
+    /// How the reader reaches the writer's segment (the writer serves RDMA unless `tcp`).
+    pub transport: TransportChoice,
 }
 
 /// One measured phase.
@@ -183,21 +186,27 @@ impl Writer {
         exe: &PathBuf,
         token: Option<&Path>,
         master: &str,
-        sizes: &[u64],
-        count: usize,
+        config: &BenchConfig,
         run: &str,
     ) -> Result<Writer> {
-        let sizes: Vec<String> = sizes.iter().map(u64::to_string).collect();
+        let sizes: Vec<String> = config.sizes.iter().map(u64::to_string).collect();
+        let transport = match config.transport {
+            TransportChoice::Auto => "auto",
+            TransportChoice::Tcp => "tcp",
+            TransportChoice::Rdma => "rdma",
+        };
         let args = [
             "bench-writer",
             "--master",
             master,
             "--count",
-            &count.to_string(),
+            &config.count.to_string(),
             "--sizes",
             &sizes.join(","),
             "--run",
             run,
+            "--transport",
+            transport,
         ];
         Writer::spawn_args(exe, token, &args)
     }
@@ -331,6 +340,10 @@ pub async fn run(config: &BenchConfig, exe: PathBuf) -> Result<Report> {
             "need at least one size, a positive count and a positive batch",
         ));
     }
+    if config.transport == TransportChoice::Rdma {
+        // Say what is missing before starting any process.
+        mooring_transport_rdma::device::choose(&[], 0)?;
+    }
     let run = format!("{:016x}", crate::connect::random_client_id().0 as u64);
     // A cluster the bench starts shares a fresh token; a remote one's comes from the
     // environment (MOORING_TOKEN_FILE), as for any client.
@@ -342,7 +355,7 @@ pub async fn run(config: &BenchConfig, exe: PathBuf) -> Result<Report> {
     let mut master_process = None;
     let (mut writer, master) = match &config.master {
         MasterPlacement::Remote(addr) => {
-            let writer = Writer::spawn(&exe, token, addr, &config.sizes, config.count, &run)?;
+            let writer = Writer::spawn(&exe, token, addr, config, &run)?;
             (writer, addr.clone())
         }
         MasterPlacement::Process => {
@@ -350,12 +363,11 @@ pub async fn run(config: &BenchConfig, exe: PathBuf) -> Result<Report> {
                 Writer::spawn_args(&exe, token, &["master", "--listen", "127.0.0.1:0"])?;
             let addr = master.expect("mooring master listening on").await?;
             master_process = Some(master);
-            let writer = Writer::spawn(&exe, token, &addr, &config.sizes, config.count, &run)?;
+            let writer = Writer::spawn(&exe, token, &addr, config, &run)?;
             (writer, addr)
         }
         MasterPlacement::InWriter => {
-            let mut writer =
-                Writer::spawn(&exe, token, "embedded", &config.sizes, config.count, &run)?;
+            let mut writer = Writer::spawn(&exe, token, "embedded", config, &run)?;
             let addr = writer.expect("master").await?;
             (writer, addr)
         }
@@ -363,6 +375,7 @@ pub async fn run(config: &BenchConfig, exe: PathBuf) -> Result<Report> {
     writer.expect("ready").await?;
     let mut reader_config = ClientConfig::new(master.clone());
     reader_config.token = token.map(crate::token::load).transpose()?;
+    reader_config.transport = config.transport;
     let reader = Client::connect(reader_config).await?;
     let mut report = Report::default();
     for &size in &config.sizes {
@@ -494,7 +507,13 @@ async fn exist_phases(reader: &Client, config: &BenchConfig, run: &str) -> Resul
 /// The writer process: contributes a segment large enough for every size's objects, writes
 /// them on request (one put at a time), and reports put latencies.
 /// With `master == "embedded"` the writer also runs the master (and announces its address).
-pub async fn run_writer(master: &str, sizes: &[u64], count: usize, run: &str) -> Result<()> {
+pub async fn run_writer(
+    master: &str,
+    sizes: &[u64],
+    count: usize,
+    run: &str,
+    transport: TransportChoice,
+) -> Result<()> {
     let embedded = match master {
         "embedded" => Some(
             RunningMaster::start(
@@ -522,8 +541,26 @@ pub async fn run_writer(master: &str, sizes: &[u64], count: usize, run: &str) ->
         .map(|&s| objects_for(s, count) as u64 * s.div_ceil(64) * 64)
         .sum();
     let segment = footprint + footprint / 4 + (64 << 20);
-    let writer =
-        Client::connect(ClientConfig::new(master).contributing(segment, "127.0.0.1:0")).await?;
+    let contributing = |rdma: bool| {
+        let mut config = ClientConfig::new(master).contributing(segment, "127.0.0.1:0");
+        if let Some(s) = config.segment.as_mut() {
+            s.rdma_devices = rdma.then(Vec::new);
+        }
+        config
+    };
+    // The segment is served over RDMA unless TCP is asked for; under `auto` a machine
+    // without RDMA serves it over TCP.
+    let writer = match transport {
+        TransportChoice::Tcp => Client::connect(contributing(false)).await?,
+        TransportChoice::Rdma => Client::connect(contributing(true)).await?,
+        TransportChoice::Auto => match Client::connect(contributing(true)).await {
+            Ok(writer) => writer,
+            Err(e) if e.code == ErrorCode::UNAVAILABLE_IN_CURRENT_MODE => {
+                Client::connect(contributing(false)).await?
+            }
+            Err(e) => return Err(e),
+        },
+    };
     let local = writer
         .segment_name()
         .map(|n| ReplicateConfig::single().preferring(n))

@@ -431,6 +431,10 @@ pub(crate) struct BenchArgs {
     /// Print results as JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
+    /// How the reader reaches the writer's segment: auto (RDMA where this machine has it),
+    /// tcp, or rdma.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(crate) transport: mooring::transports::TransportChoice,
 }
 
 #[derive(Args)]
@@ -443,6 +447,8 @@ pub(crate) struct BenchWriterArgs {
     pub(crate) count: usize,
     #[arg(long)]
     pub(crate) run: String,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(crate) transport: mooring::transports::TransportChoice,
 }
 
 #[derive(Args)]

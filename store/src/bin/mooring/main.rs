@@ -498,6 +498,7 @@ async fn run_bench(args: BenchArgs) -> Result<(), Error> {
         count: args.count,
         batch: args.batch,
         progress: !args.json,
+        transport: args.transport,
     };
     let report = bench::run(
         &config,
@@ -614,7 +615,14 @@ fn main() -> ExitCode {
                 Ok(())
             }
             Command::BenchWriter(args) => {
-                bench::run_writer(&args.master, &args.sizes, args.count, &args.run).await
+                bench::run_writer(
+                    &args.master,
+                    &args.sizes,
+                    args.count,
+                    &args.run,
+                    args.transport,
+                )
+                .await
             }
             Command::Demo => demo::run(&demo::DemoConfig::default(), &mut std::io::stdout()).await,
             Command::Debug(args) => run_debug(args).await,
