@@ -42,7 +42,9 @@ pub const FLOORS: &[(&str, f64)] = &[
     ("node evicted from its disk", 0.25),
     ("disk copy found damaged", 0.01),
     ("recovery dropped records", 0.01),
-    ("staging buffer ran full", 0.03),
+    // Reached in 2-3% of seeds as timings shift (5 of CI's 200 now, at least 6 before the
+    // data-plane messages grew): a floor of 2% still fails the day it stops happening.
+    ("staging buffer ran full", 0.02),
     ("held read outlasted its lease", 0.20),
     ("damaged prefetch refused", 0.05),
     // Measured over 800 seeds: 98% and 57%.
