@@ -61,6 +61,7 @@ if dpkg -s $rdma_packages >/dev/null 2>&1; then
     cargo clippy --locked -p mooring-transport-rdma --features ibverbs --all-targets -- -D warnings
     cargo clippy --locked -p mooring --features rdma --lib --bins -- -D warnings
     cargo test --release --locked -p mooring-transport-rdma --features ibverbs --test device -- --nocapture
+    cargo test --release --locked -p mooring --features rdma --test rdma_device -- --nocapture
 else
     echo "    SKIPPED: $rdma_packages not installed (run as root to have them installed)"
 fi
