@@ -24,8 +24,10 @@ pub struct RdmaServer<V: Verbs> {
 struct ServerState {
     // By rkey: the registration's lkey and the memory it keeps alive.
     exports: BTreeMap<u32, (u32, SegmentMemory)>,
-    // Accepted queue pairs, by number: the client endpoint each is connected to.
-    accepted: BTreeMap<u32, QpEndpoint>,
+    // Accepted queue pairs, by number: the client endpoint each is connected to, and when
+    // it was accepted (a sequence number).
+    accepted: BTreeMap<u32, (QpEndpoint, u64)>,
+    accepted_so_far: u64,
 }
 
 impl<V: Verbs> RdmaServer<V> {
@@ -78,27 +80,34 @@ impl<V: Verbs> RdmaServer<V> {
 
     /// Connects a new queue pair to the client's `remote` endpoint and returns ours. If
     /// `replaces` names a queue pair this server accepted for the same client port, it is
-    /// destroyed (the client reset its side).
+    /// destroyed (the client reset its side). At the limit the oldest queue pair goes:
+    /// clients come and go without saying so (a CLI call is a whole client), and a client
+    /// still using the one dropped reconnects after one failed transfer.
     pub fn accept(&self, remote: QpEndpoint, replaces: Option<u32>) -> Result<QpEndpoint> {
         let mut state = self.lock();
         if let Some(old) = replaces {
             let same_port = state
                 .accepted
                 .get(&old)
-                .is_some_and(|e| e.lid == remote.lid && e.gid == remote.gid);
+                .is_some_and(|(e, _)| e.lid == remote.lid && e.gid == remote.gid);
             if same_port {
                 state.accepted.remove(&old);
                 self.verbs.destroy_qp(old);
             }
         }
-        if state.accepted.len() >= self.max_queue_pairs {
-            return Err(Error::new(
-                ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS,
-                format!(
-                    "this node already serves {} RDMA queue pairs, its limit",
-                    self.max_queue_pairs
-                ),
-            ));
+        while state.accepted.len() >= self.max_queue_pairs.max(1) {
+            let oldest = state
+                .accepted
+                .iter()
+                .min_by_key(|(_, (_, seq))| *seq)
+                .map(|(qpn, _)| *qpn)
+                .expect("at the limit, so not empty");
+            state.accepted.remove(&oldest);
+            self.verbs.destroy_qp(oldest);
+            tracing::debug!(
+                qpn = oldest,
+                "dropped the oldest RDMA queue pair at the limit"
+            );
         }
         let fail = |e: crate::verbs::VerbsError| {
             Error::new(
@@ -119,7 +128,9 @@ impl<V: Verbs> RdmaServer<V> {
             .and_then(|()| self.verbs.endpoint(qpn));
         match connected {
             Ok(local) => {
-                state.accepted.insert(qpn, remote);
+                state.accepted_so_far += 1;
+                let seq = state.accepted_so_far;
+                state.accepted.insert(qpn, (remote, seq));
                 Ok(local)
             }
             Err(e) => {

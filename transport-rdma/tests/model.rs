@@ -754,37 +754,58 @@ async fn futures_join<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output>
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn a_node_caps_the_queue_pairs_it_accepts() {
+async fn a_node_at_its_queue_pair_limit_drops_the_oldest_and_its_client_reconnects() {
+    let config = RdmaConfig {
+        queue_pairs_per_peer: 1,
+        ..RdmaConfig::default()
+    };
     let fabric = Fabric::new();
-    let server = RdmaServer::new(
-        Arc::new(fabric.device("node", ModelVerbs::caps(1 << 20))),
+    let server = Arc::new(RdmaServer::new(
+        Arc::new(fabric.device("node0", ModelVerbs::caps(1 << 20))),
         2,
-    );
-    let client = fabric.device("client", ModelVerbs::caps(1 << 20));
-    let mut accepted = Vec::new();
-    for _ in 0..2 {
-        let qpn = client.create_qp(4).unwrap();
-        client.modify_qp(qpn, QpState::Init, None).unwrap();
-        accepted.push(server.accept(client.endpoint(qpn).unwrap(), None).unwrap());
-    }
-    let qpn = client.create_qp(4).unwrap();
-    let err = server
-        .accept(client.endpoint(qpn).unwrap(), None)
-        .unwrap_err();
-    assert_eq!(err.code, ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS);
-    assert!(err.to_string().contains("limit"));
-    // Replacing its own queue pair frees the slot; naming another port's does not.
+    ));
+    let segment = memory(4096);
+    let rkey = server.export(segment.clone()).unwrap().rkey;
+    let handshake = Direct::new(server.clone());
+    let clients: Vec<RdmaClient<ModelVerbs>> = (0..3)
+        .map(|i| {
+            RdmaClient::new(
+                Arc::new(fabric.device(&format!("c{i}"), ModelVerbs::caps(1 << 20))),
+                config,
+            )
+        })
+        .collect();
+    let peers: Vec<Peer<ModelVerbs>> = clients.iter().map(|c| c.peer(handshake.clone())).collect();
+    let write = |i: usize| {
+        let ops = [WriteOp {
+            addr: segment.base() + i as u64 * 8,
+            src: b"12345678",
+        }];
+        let (client, peer) = (&clients[i], &peers[i]);
+        async move { client.write(peer, rkey, &ops, Duration::from_secs(5)).await }
+    };
+    write(0).await.unwrap();
+    write(1).await.unwrap();
+    assert_eq!(server.queue_pairs(), 2);
+    // A third client: the oldest queue pair (client 0's) goes, and the limit holds.
+    write(2).await.unwrap();
+    assert_eq!(server.queue_pairs(), 2);
+    // Client 0's next transfer fails once (its peer queue pair is gone), then reconnects.
+    let err = write(0).await.unwrap_err();
+    assert!(err.to_string().contains("did not answer"), "{err}");
+    write(0).await.unwrap();
+    assert_eq!(server.queue_pairs(), 2);
+    // A client replacing its own queue pair frees the slot for the new one.
     let other = fabric.device("other", ModelVerbs::caps(1 << 20));
     let oq = other.create_qp(4).unwrap();
-    assert!(
-        server
-            .accept(other.endpoint(oq).unwrap(), Some(accepted[0].qpn))
-            .is_err()
-    );
+    let before = server.queue_pairs();
+    let victim = server.accept(other.endpoint(oq).unwrap(), None).unwrap();
+    assert_eq!(server.queue_pairs(), before);
+    let again = other.create_qp(4).unwrap();
     server
-        .accept(client.endpoint(qpn).unwrap(), Some(accepted[0].qpn))
+        .accept(other.endpoint(again).unwrap(), Some(victim.qpn))
         .unwrap();
-    assert_eq!(server.queue_pairs(), 2);
+    assert_eq!(server.queue_pairs(), before);
 }
 
 #[tokio::test(flavor = "current_thread")]
