@@ -136,13 +136,20 @@ impl Handshake for DataServerHandshake {
     }
 }
 
+/// Nodes a client keeps queue pairs to; beyond it the least recently used node's go (nodes
+/// that left, or restarted on another port, are never used again).
+const MAX_PEERS: usize = 256;
+
 /// A client's data plane that moves bytes over RDMA to nodes that serve it.
 pub struct RdmaDataPlane<V: Verbs> {
     client: RdmaClient<V>,
     via: Arc<dyn DataPlane>,
     required: bool,
-    peers: Mutex<HashMap<Arc<str>, Arc<Peer<V>>>>,
+    peers: Mutex<Peers<V>>,
 }
+
+/// By node endpoint: the queue pairs and when they were last used; and the use counter.
+type Peers<V> = (HashMap<Arc<str>, (Arc<Peer<V>>, u64)>, u64);
 
 impl<V: Verbs> RdmaDataPlane<V> {
     /// RDMA through `client`, everything else through `via`. With `required`, a node that
@@ -152,7 +159,7 @@ impl<V: Verbs> RdmaDataPlane<V> {
             client,
             via,
             required,
-            peers: Mutex::new(HashMap::new()),
+            peers: Mutex::new((HashMap::new(), 0)),
         }
     }
 
@@ -163,16 +170,28 @@ impl<V: Verbs> RdmaDataPlane<V> {
 
     /// The queue pairs to `node`, made on first use.
     fn peer(&self, node: &NodeAddr) -> Arc<Peer<V>> {
-        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        peers
-            .entry(node.endpoint.clone())
-            .or_insert_with(|| {
-                Arc::new(self.client.peer(Arc::new(DataServerHandshake {
-                    via: self.via.clone(),
-                    node: node.clone(),
-                })))
-            })
-            .clone()
+        let mut guard = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let (peers, clock) = &mut *guard;
+        *clock += 1;
+        let now = *clock;
+        if let Some((peer, used)) = peers.get_mut(&node.endpoint) {
+            *used = now;
+            return peer.clone();
+        }
+        if peers.len() >= MAX_PEERS {
+            let stalest = peers
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(endpoint, _)| endpoint.clone())
+                .expect("at the limit, so not empty");
+            peers.remove(&stalest);
+        }
+        let peer = Arc::new(self.client.peer(Arc::new(DataServerHandshake {
+            via: self.via.clone(),
+            node: node.clone(),
+        })));
+        peers.insert(node.endpoint.clone(), (peer.clone(), now));
+        peer
     }
 
     /// The rkey to use for `node`, or `None` to go through the wrapped transport.
