@@ -33,6 +33,7 @@
 //! | `replication` | copy and move tasks |
 //! | `repair` | replicas lost with a segment, restored by copy tasks nodes carry out |
 //! | `snapshot` | versioned, checksummed rkyv snapshot and restore |
+//! | [`log_shipping`], [`leadership`] | standby masters: which records may be acknowledged, who may take over; the leader's lease |
 //! | [`invariants`] | the checkers every test layer calls |
 
 #![forbid(unsafe_code)]
@@ -52,6 +53,8 @@ mod holds;
 pub mod ids;
 pub mod invariants;
 mod key_index;
+pub mod leadership;
+pub mod log_shipping;
 pub mod master;
 mod membership;
 pub mod object;

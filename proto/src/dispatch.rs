@@ -145,5 +145,11 @@ pub fn handle(master: &mut Master, request: MasterRequest, now: Millis) -> Resul
             Reply::TakeRepairs(m.take_repairs(client, max as usize, now))
         }
         R::GetStats(GetStats {}) => Reply::GetStats(Box::new(m.report(now))),
+        R::Follow(_) => {
+            return Err(mooring_core::Error::new(
+                mooring_core::ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+                "this master keeps no journal to follow: start the leader with --state-dir and --etcd",
+            ));
+        }
     })
 }

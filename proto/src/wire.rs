@@ -28,7 +28,7 @@ use mooring_core::{
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MOOR";
 /// The wire format version this build speaks.
-pub const WIRE_VERSION: u8 = 10;
+pub const WIRE_VERSION: u8 = 11;
 /// Length of the frame header.
 pub const HEADER_LEN: usize = 24;
 /// Largest frame payload accepted (a batch of many keys fits; bulk data travels outside).
@@ -403,6 +403,10 @@ mod messages {
         TakeRepairs { client: ClientId, max: u32 } => Vec<(String, CopyGrant)>;
         /// The master's stats and census (boxed: the largest reply by far).
         GetStats {} => Box<StatsReport>;
+        /// A standby master asks the leader for its state files from `offset` in `at` (the
+        /// standby holds everything before that on disk, which acknowledges it); the leader
+        /// answers at once when it has more, or after a short wait with nothing.
+        Follow { follower: String, at: StateFile, offset: u64 } => FollowChunk;
     }
 }
 
@@ -447,7 +451,8 @@ impl MasterRequest {
             | R::RemoveByRegex(_)
             | R::QueryByRegex(_)
             | R::ListKeys(_)
-            | R::GetStats(_) => None,
+            | R::GetStats(_)
+            | R::Follow(_) => None,
         }
     }
 
@@ -470,6 +475,7 @@ impl MasterRequest {
                 | R::QueryByRegex(_)
                 | R::ListKeys(_)
                 | R::GetStats(_)
+                | R::Follow(_)
         )
     }
 
@@ -484,6 +490,41 @@ impl MasterRequest {
         )
     }
 }
+
+/// One of a master's state files (see the store's journal): the snapshot or the journal of a
+/// generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub enum StateFile {
+    /// `snapshot-G.snap`: the master's state when generation G began.
+    Snapshot(u64),
+    /// `journal-G.log`: the inputs applied since.
+    Journal(u64),
+}
+
+/// Bytes of a leader's state file, for a standby to write at `offset` of `file`. When `file`
+/// or `offset` differ from what the standby asked for, it starts over there: a new snapshot
+/// at offset 0 replaces everything it holds; the next journal at offset 0 follows a
+/// completed one.
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub struct FollowChunk {
+    /// The file the bytes belong to.
+    pub file: StateFile,
+    /// Where they go in it.
+    pub offset: u64,
+    /// The bytes (at most [`FOLLOW_CHUNK`]).
+    pub bytes: Vec<u8>,
+    /// Whether the file ends with them (a snapshot, or a journal the leader has moved past).
+    pub complete: bool,
+}
+
+/// How every refusal from a master that does not lead begins (a standby, or a leader whose
+/// lease lapsed): a caller given several masters tries the next one.
+pub const STANDBY_REFUSAL: &str = "this master is a standby";
+
+/// Most bytes of state file one [`FollowChunk`] carries.
+pub const FOLLOW_CHUNK: usize = 1 << 20;
 
 /// A master response: the reply or the error.
 pub type MasterResponse = Result<Reply, Error>;

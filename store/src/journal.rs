@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
+use mooring_core::log_shipping::LogPosition;
 use mooring_core::{Error, ErrorCode, Master, MasterConfig, Millis, Result};
 use mooring_proto::journal::{self, Input};
 use tracing::{error, info, warn};
@@ -36,11 +37,13 @@ use tracing::{error, info, warn};
 /// bytes as the journal, however large the state.
 pub const SNAPSHOT_AFTER: u64 = 64 << 20;
 
-fn journal_path(dir: &Path, generation: u64) -> PathBuf {
+/// Where generation `generation`'s journal is kept in `dir`.
+pub(crate) fn journal_path(dir: &Path, generation: u64) -> PathBuf {
     dir.join(format!("journal-{generation:020}.log"))
 }
 
-fn snapshot_path(dir: &Path, generation: u64) -> PathBuf {
+/// Where generation `generation`'s snapshot is kept in `dir`.
+pub(crate) fn snapshot_path(dir: &Path, generation: u64) -> PathBuf {
     dir.join(format!("snapshot-{generation:020}.snap"))
 }
 
@@ -49,12 +52,12 @@ fn io_error(what: String) -> Error {
 }
 
 /// Makes a rename or a new file in `dir` durable.
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
 /// The generations present in `dir`: (journals, snapshots), each ascending.
-fn generations(dir: &Path) -> Result<(Vec<u64>, Vec<u64>)> {
+pub(crate) fn generations(dir: &Path) -> Result<(Vec<u64>, Vec<u64>)> {
     let entries = fs::read_dir(dir).map_err(|e| {
         io_error(format!(
             "cannot read the state directory {}: {e}",
@@ -239,12 +242,48 @@ struct Counts {
     wake_micros: AtomicU64,
 }
 
+/// What a journal holds on disk: every record up to `seq`, ending at `end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Synced {
+    /// The last record on disk.
+    pub seq: u64,
+    /// Where the journal's records end.
+    pub end: LogPosition,
+}
+
+/// The last sync, or the reason the journal stopped.
+pub type SyncState = std::result::Result<Synced, String>;
+
 struct Shared {
     counts: Counts,
     pending: Mutex<Pending>,
     work: Condvar,
-    /// The last sequence number on disk, or the reason the journal stopped.
-    durable: tokio::sync::watch::Sender<std::result::Result<u64, String>>,
+    /// The last sync, or the reason the journal stopped.
+    durable: tokio::sync::watch::Sender<SyncState>,
+    /// Where each generation this journal moved past ends.
+    completed: CompletedEnds,
+}
+
+/// Where each generation a journal moved past ends (its file holds zeros after that).
+#[derive(Clone, Default)]
+pub struct CompletedEnds(Arc<Mutex<std::collections::BTreeMap<u64, u64>>>);
+
+impl CompletedEnds {
+    /// Where generation `generation`'s journal ends, if the journal moved past it.
+    pub fn get(&self, generation: u64) -> Option<u64> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&generation)
+            .copied()
+    }
+
+    fn insert(&self, generation: u64, end: u64) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(generation, end);
+    }
 }
 
 /// The journal of a running master: appends under the master's lock, a writer thread that
@@ -288,10 +327,18 @@ impl Journal {
             counts: Counts::default(),
             pending: Mutex::new(Pending::default()),
             work: Condvar::new(),
-            durable: tokio::sync::watch::Sender::new(Ok(0)),
+            durable: tokio::sync::watch::Sender::new(Ok(Synced {
+                seq: 0,
+                end: LogPosition {
+                    generation,
+                    offset: file.end,
+                },
+            })),
+            completed: CompletedEnds::default(),
         });
         let writer = Writer {
             file,
+            generation,
             dir: dir.to_path_buf(),
             spare: Vec::new(),
             synced: 0,
@@ -385,12 +432,27 @@ impl Journal {
         }
     }
 
+    /// The state directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Follows each sync (standbys ship what is on disk, and nothing more).
+    pub fn syncs(&self) -> tokio::sync::watch::Receiver<SyncState> {
+        self.shared.durable.subscribe()
+    }
+
+    /// Where each generation this journal moved past ends.
+    pub fn completed_ends(&self) -> CompletedEnds {
+        self.shared.completed.clone()
+    }
+
     /// Resolves once record `seq` is on disk; an error if the journal can no longer write.
     pub fn durable(&self, seq: u64) -> impl std::future::Future<Output = Result<()>> + use<> {
         let mut durable = self.shared.durable.subscribe();
         async move {
             let reached = durable
-                .wait_for(|d| d.as_ref().map_or(true, |&d| d >= seq))
+                .wait_for(|d| d.as_ref().map_or(true, |d| d.seq >= seq))
                 .await
                 .map_err(|_| io_error("the master's journal writer stopped".into()))?;
             match &*reached {
@@ -504,7 +566,7 @@ fn write_snapshot(dir: &Path, generation: u64, master: &Master) -> Result<u64> {
 }
 
 /// Deletes the files of generations before `generation` (a snapshot of it is on disk).
-fn delete_before(dir: &Path, generation: u64) {
+pub(crate) fn delete_before(dir: &Path, generation: u64) {
     let Ok((journals, snapshots)) = generations(dir) else {
         return;
     };
@@ -575,6 +637,8 @@ impl JournalFile {
 /// simulation, which allows no threads) done inline after each append.
 struct Writer {
     file: JournalFile,
+    /// The generation `file` belongs to.
+    generation: u64,
     dir: PathBuf,
     /// The buffer the next batch of records accumulates in, handed back and forth.
     spare: Vec<u8>,
@@ -607,8 +671,11 @@ impl Writer {
                 // The records before the switch end the old journal; the rest start the new.
                 self.file.append(before)?;
                 self.file.sync()?;
-                self.file = JournalFile::create(&journal_path(&self.dir, *generation), config)?;
+                let next = JournalFile::create(&journal_path(&self.dir, *generation), config)?;
                 sync_dir(&self.dir)?;
+                shared.completed.insert(self.generation, self.file.end);
+                self.file = next;
+                self.generation = *generation;
             }
             self.file.append(&bytes)?;
             self.file.sync()
@@ -626,7 +693,13 @@ impl Writer {
         match written {
             Ok(()) => {
                 let waking = std::time::Instant::now();
-                let _previous = shared.durable.send_replace(Ok(seq));
+                let _previous = shared.durable.send_replace(Ok(Synced {
+                    seq,
+                    end: LogPosition {
+                        generation: self.generation,
+                        offset: self.file.end,
+                    },
+                }));
                 c.wake_micros
                     .fetch_add(waking.elapsed().as_micros() as u64, Ordering::Relaxed);
                 !closing

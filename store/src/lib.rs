@@ -25,6 +25,7 @@ pub mod connect;
 pub mod coverage;
 pub mod demo;
 pub mod disk_tier;
+pub mod ha;
 pub mod http;
 pub mod journal;
 pub mod master_service;

@@ -10,7 +10,7 @@ use mooring_core::invariants::{self, Violation};
 use mooring_core::{Error, ErrorCode, Event, Master, MasterConfig, Result, Stats};
 use mooring_proto::auth::ClusterToken;
 use mooring_proto::transport::{Answer, RpcHandler};
-use mooring_proto::wire::{BatchPutStart, MasterRequest, MasterResponse, PutStart};
+use mooring_proto::wire::{BatchPutStart, Follow, MasterRequest, MasterResponse, PutStart, Reply};
 use mooring_proto::{dispatch, journal};
 use mooring_transport_tcp::limits::ConnectionLimits;
 use mooring_transport_tcp::spawn_rpc_server_with_limits;
@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::clock::Clock;
+use crate::ha::ship::{InSyncRecord, Shipping, serve_follow};
 use crate::journal::{Journal, Recovered};
 use crate::metrics::MasterMetrics;
 
@@ -41,6 +42,8 @@ pub struct MasterService {
     metrics: MasterMetrics,
     /// Where every input is journaled, if the master keeps its state on disk.
     journal: Option<Journal>,
+    /// Standbys the journal is shipped to, once this master leads a group.
+    shipping: std::sync::OnceLock<Arc<Shipping>>,
 }
 
 impl MasterService {
@@ -93,6 +96,7 @@ impl MasterService {
             kept_events: Mutex::new(None),
             metrics: MasterMetrics::default(),
             journal,
+            shipping: std::sync::OnceLock::new(),
         })
     }
 
@@ -159,6 +163,43 @@ impl MasterService {
         result
     }
 
+    /// Ships the journal to standby masters from now on: answers that acknowledge a change
+    /// wait until every in-sync standby holds it (see [`crate::ha`]). Needs a journal.
+    pub fn start_shipping(
+        &self,
+        me: String,
+        record: Arc<dyn InSyncRecord>,
+        timeout: Duration,
+    ) -> Result<Arc<Shipping>> {
+        let journal = self.journal.as_ref().ok_or_else(|| {
+            Error::new(
+                ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+                "standby masters follow a journal: start the master with --state-dir",
+            )
+        })?;
+        let shipping = Shipping::start(me, journal, record, timeout);
+        self.shipping
+            .set(shipping.clone())
+            .map_err(|_| Error::new(ErrorCode::INTERNAL_ERROR, "shipping started twice"))?;
+        Ok(shipping)
+    }
+
+    /// A standby's request for the next bytes of the journal.
+    fn follow(&self, request: Follow) -> Answer {
+        let (Some(journal), Some(shipping)) = (&self.journal, self.shipping.get()) else {
+            return Answer::Now(self.handle(request.into()));
+        };
+        let shipping = shipping.clone();
+        let dir = journal.dir().to_path_buf();
+        let syncs = journal.syncs();
+        let ends = journal.completed_ends();
+        Answer::WhenDurable(Box::pin(async move {
+            serve_follow(shipping, dir, syncs, move |g| ends.get(g), request)
+                .await
+                .map(Reply::Follow)
+        }))
+    }
+
     /// What the journal has written, if the master keeps one.
     pub fn journal_counts(&self) -> Option<crate::journal::JournalCounts> {
         self.journal.as_ref().map(Journal::counts)
@@ -195,13 +236,21 @@ impl RpcHandler for MasterService {
     }
 
     fn answer(&self, request: MasterRequest) -> Answer {
+        let request = match request {
+            MasterRequest::Follow(follow) => return self.follow(follow),
+            request => request,
+        };
         match self.serve(request) {
             (response, Some(seq)) => {
-                let durable = self
-                    .journal
-                    .as_ref()
-                    .expect("a sequence number comes from the journal")
-                    .durable(seq);
+                let durable = match self.shipping.get() {
+                    Some(shipping) => shipping.replicated(seq),
+                    None => Box::pin(
+                        self.journal
+                            .as_ref()
+                            .expect("a sequence number comes from the journal")
+                            .durable(seq),
+                    ),
+                };
                 Answer::WhenDurable(Box::pin(async move {
                     durable.await?;
                     response

@@ -7,13 +7,14 @@
 //! several connections.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use mooring_core::{ClientId, Error, ErrorCode, Result};
 use mooring_proto::auth::ClusterToken;
 use mooring_proto::trace::TraceId;
 use mooring_proto::transport::{Answer, BoxFuture, ControlPlane, RpcHandler};
-use mooring_proto::wire::{MasterRequest, MasterResponse, Reply};
+use mooring_proto::wire::{MasterRequest, MasterResponse, Reply, STANDBY_REFUSAL};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -28,10 +29,19 @@ const MAX_IDLE: usize = 64;
 /// A pooled connection idle longer than this is checked for a closed peer before use.
 pub(crate) const RECHECK: Duration = Duration::from_millis(1);
 
-/// A pooled RPC client to one master.
+/// While every master is unreachable or refuses as a standby (a leader is being elected),
+/// a call tries them all again after this.
+const ELECTION_RETRY: Duration = Duration::from_millis(100);
+
+/// A pooled RPC client to the master: one address, or a group's (`A,B,C`), of which it talks
+/// to whichever leads.
 pub struct TcpControlPlane {
+    /// Every master's address, as given.
     addr: String,
-    /// Pooled connections, with when each was last used.
+    addrs: Vec<String>,
+    /// The index in `addrs` of the master calls go to.
+    current: AtomicUsize,
+    /// Pooled connections to `addrs[current]`, with when each was last used.
     idle: std::sync::Mutex<Vec<(Framed, Instant)>>,
     timeout: Duration,
     spin: Duration,
@@ -43,7 +53,10 @@ impl TcpControlPlane {
     /// A client for the master at `addr` speaking for `client`, proving it holds `token` on
     /// every connection (the master then refuses requests that name another client); every
     /// call fails with `RPC_FAIL` if no reply comes within `timeout`. While waiting for a
-    /// reply it busy-polls for up to `spin` first.
+    /// reply it busy-polls for up to `spin` first. `addr` may list a group's masters
+    /// (`A,B,C`): a request none of them could be reached for, or a standby refused, goes to
+    /// the next, until one leads or the timeout passes. A request sent that got no reply is
+    /// never sent again (it may have been applied).
     pub fn new(
         addr: impl Into<String>,
         timeout: Duration,
@@ -51,8 +64,17 @@ impl TcpControlPlane {
         token: Option<ClusterToken>,
         client: ClientId,
     ) -> Arc<TcpControlPlane> {
+        let addr = addr.into();
+        let addrs = addr
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_string)
+            .collect();
         Arc::new(TcpControlPlane {
-            addr: addr.into(),
+            addr,
+            addrs,
+            current: AtomicUsize::new(0),
             idle: std::sync::Mutex::new(Vec::new()),
             timeout,
             spin,
@@ -61,28 +83,73 @@ impl TcpControlPlane {
         })
     }
 
-    /// A new connection to the master, past the handshake.
-    async fn open(&self) -> Result<Framed> {
-        let mut conn = Framed::connect(&self.addr, self.spin).await.map_err(|e| {
+    /// A new connection to master `index`, past the handshake.
+    async fn open(&self, index: usize) -> Result<Framed> {
+        let addr = self
+            .addrs
+            .get(index)
+            .map_or(self.addr.as_str(), String::as_str);
+        let mut conn = Framed::connect(addr, self.spin).await.map_err(|e| {
             Error::new(
                 ErrorCode::RPC_FAIL,
-                format!("cannot connect to the master at {}: {e}", self.addr),
+                format!("cannot connect to the master at {addr}: {e}"),
             )
         })?;
         handshake::client(&mut conn, self.token.as_ref(), self.client.0)
             .await
-            .map_err(|e| {
-                Error::new(ErrorCode::RPC_FAIL, format!("master at {}: {e}", self.addr))
-            })?;
+            .map_err(|e| Error::new(ErrorCode::RPC_FAIL, format!("master at {addr}: {e}")))?;
         Ok(conn)
     }
 
-    /// The master's address.
+    /// The master's address (every master's, for a group).
     pub fn addr(&self) -> &str {
         &self.addr
     }
 
-    async fn round_trip(&self, request: &MasterRequest) -> Result<Reply> {
+    /// Sends `request` to the master that leads: on a connection that cannot be opened, or a
+    /// standby's refusal, the next master is tried, and all of them again after a pause.
+    async fn call_leader(&self, request: &MasterRequest) -> Result<Reply> {
+        loop {
+            let mut last = None;
+            for _ in 0..self.addrs.len().max(1) {
+                let index = self.current.load(Ordering::Relaxed);
+                match self.round_trip(index, request).await {
+                    Err(Attempt::NotSent(e)) | Err(Attempt::Standby(e)) if self.addrs.len() > 1 => {
+                        self.move_on(index);
+                        last = Some(e);
+                    }
+                    Err(Attempt::NotSent(e) | Attempt::Standby(e) | Attempt::Failed(e)) => {
+                        return Err(e);
+                    }
+                    Ok(reply) => return reply,
+                }
+            }
+            debug!(
+                masters = %self.addr,
+                "no master leads yet ({}); trying again",
+                last.map_or_else(String::new, |e| e.to_string())
+            );
+            tokio::time::sleep(ELECTION_RETRY).await;
+        }
+    }
+
+    /// Goes on from master `index` to the next (unless another call did already).
+    fn move_on(&self, index: usize) {
+        let next = (index + 1) % self.addrs.len();
+        if self
+            .current
+            .compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.idle.lock().expect("pool lock").clear();
+        }
+    }
+
+    async fn round_trip(
+        &self,
+        index: usize,
+        request: &MasterRequest,
+    ) -> std::result::Result<MasterResponse, Attempt> {
         let pooled = {
             let mut idle = self.idle.lock().expect("pool lock");
             // The master closes connections idle for IDLE_TIMEOUT: never race it. The newest
@@ -103,14 +170,18 @@ impl TcpControlPlane {
         };
         let mut conn = match pooled {
             Some(conn) => conn,
-            None => self.open().await?,
+            None => self.open(index).await.map_err(Attempt::NotSent)?,
         };
         let id = TraceId::current().0;
+        let addr = self
+            .addrs
+            .get(index)
+            .map_or(self.addr.as_str(), String::as_str);
         let fail = |what: String| {
-            Error::new(
+            Attempt::Failed(Error::new(
                 ErrorCode::RPC_FAIL,
-                format!("master at {}: {what}", self.addr),
-            )
+                format!("master at {addr}: {what}"),
+            ))
         };
         conn.write_message(id, request, &[])
             .await
@@ -122,18 +193,38 @@ impl TcpControlPlane {
         if reply_id != id {
             return Err(fail(format!("reply {reply_id} to request {id}")));
         }
-        let mut idle = self.idle.lock().expect("pool lock");
-        if idle.len() < MAX_IDLE {
-            idle.push((conn, Instant::now()));
+        if let Err(e) = &response
+            && e.code == ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS
+            && e.detail
+                .as_deref()
+                .is_some_and(|d| d.starts_with(STANDBY_REFUSAL))
+        {
+            return Err(Attempt::Standby(e.clone()));
         }
-        response
+        if self.current.load(Ordering::Relaxed) == index {
+            let mut idle = self.idle.lock().expect("pool lock");
+            if idle.len() < MAX_IDLE {
+                idle.push((conn, Instant::now()));
+            }
+        }
+        Ok(response)
     }
+}
+
+/// How one try at a master ended, when it gave no answer to pass on.
+enum Attempt {
+    /// No connection: the request was not sent.
+    NotSent(Error),
+    /// A master that does not lead refused it (and applied nothing).
+    Standby(Error),
+    /// Sent, but no reply: it may have been applied, so it is not sent again.
+    Failed(Error),
 }
 
 impl ControlPlane for TcpControlPlane {
     fn send(&self, request: MasterRequest) -> BoxFuture<'_, Result<Reply>> {
         Box::pin(async move {
-            match tokio::time::timeout(self.timeout, self.round_trip(&request)).await {
+            match tokio::time::timeout(self.timeout, self.call_leader(&request)).await {
                 Ok(result) => result,
                 Err(_) => Err(Error::new(
                     ErrorCode::RPC_FAIL,

@@ -184,6 +184,24 @@ pub(crate) struct MasterArgs {
     /// snapshot's size); each snapshot lets the older journal go [default: 64MiB].
     #[arg(long, value_name = "SIZE", requires = "state_dir")]
     pub(crate) snapshot_after: Option<String>,
+    /// Run as one of a group of masters elected through etcd at these client URLs (comma- or
+    /// semicolon-separated; Mooncake's `etcd://host:port;host:port` works too). One leads; the
+    /// others keep a synced copy of its state in their --state-dir (required) and take over
+    /// within about --leader-ttl of its death. Give clients and nodes every master's address:
+    /// --master A,B,C. Needs a build with `--features etcd`.
+    #[arg(long, value_name = "URLS", requires = "state_dir")]
+    pub(crate) etcd: Option<String>,
+    /// The address the other masters, nodes and clients reach this one at
+    /// [default: --listen, unless that is a wildcard address].
+    #[arg(long, value_name = "HOST:PORT", requires = "etcd")]
+    pub(crate) advertise: Option<String>,
+    /// The group's name in etcd: masters of one cluster share it [default: default].
+    #[arg(long, value_name = "NAME", requires = "etcd")]
+    pub(crate) cluster: Option<String>,
+    /// A silent leader loses its office after this; a standby then takes over
+    /// (whole seconds, at least 2: etcd's shortest lease) [default: 2s].
+    #[arg(long, value_name = "DURATION", requires = "etcd")]
+    pub(crate) leader_ttl: Option<String>,
     #[command(flatten)]
     pub(crate) metrics: MetricsArgs,
 }

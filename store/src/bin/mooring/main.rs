@@ -114,6 +114,30 @@ async fn run_master(args: MasterArgs) -> Result<(), Error> {
     };
     let listen = settings.listen.unwrap_or_else(|| default_listen.into());
     let token = args.serve.token_for(&listen)?;
+    if let Some(etcd) = &args.etcd {
+        let snapshot_after = match &settings.snapshot_after {
+            Some(size) => parse_size(size).map_err(usage_error)?,
+            None => mooring::journal::SNAPSHOT_AFTER,
+        };
+        let group = GroupArgs {
+            etcd,
+            advertise: args.advertise.as_deref(),
+            cluster: args.cluster.as_deref(),
+            leader_ttl: args.leader_ttl.as_deref(),
+            state_dir: settings
+                .state_dir
+                .clone()
+                .expect("clap requires --state-dir"),
+            snapshot_after,
+        };
+        if args.metrics.metrics_listen.is_some() {
+            return Err(usage_error(
+                "--metrics-listen is not served by a master in a group (--etcd) yet; scrape                  masters started without --etcd"
+                    .into(),
+            ));
+        }
+        return run_master_group(group, &listen, config, token).await;
+    }
     let service = match &settings.state_dir {
         Some(dir) => {
             let snapshot_after = match &settings.snapshot_after {
@@ -135,6 +159,78 @@ async fn run_master(args: MasterArgs) -> Result<(), Error> {
     wait_for_shutdown().await;
     drop(master);
     Ok(())
+}
+
+/// The flags of a master in a group.
+struct GroupArgs<'a> {
+    etcd: &'a str,
+    advertise: Option<&'a str>,
+    cluster: Option<&'a str>,
+    leader_ttl: Option<&'a str>,
+    state_dir: std::path::PathBuf,
+    snapshot_after: u64,
+}
+
+/// `mooring master --etcd`: serves as one of a group of masters (see `mooring::ha`).
+#[cfg(feature = "etcd")]
+async fn run_master_group(
+    group: GroupArgs<'_>,
+    listen: &str,
+    config: mooring_core::MasterConfig,
+    token: Option<mooring_proto::auth::ClusterToken>,
+) -> Result<(), Error> {
+    use mooring::ha::etcd::GroupConfig;
+    let endpoints = mooring::ha::etcd_endpoints(group.etcd).map_err(usage_error)?;
+    let advertise = match group.advertise {
+        Some(advertise) => advertise.to_string(),
+        None => mooring::ha::advertised(listen).map_err(usage_error)?,
+    };
+    let lease_ttl = match group.leader_ttl {
+        Some(text) => parse_duration(text).map_err(usage_error)?,
+        None => Duration::from_secs(2),
+    };
+    if lease_ttl < Duration::from_secs(2) || lease_ttl.subsec_nanos() != 0 {
+        return Err(usage_error(format!(
+            "--leader-ttl {lease_ttl:?}: give whole seconds, at least 2 (etcd's shortest lease)"
+        )));
+    }
+    let handler = Arc::new(mooring::ha::RoleHandler::default());
+    let (addr, _serving) = mooring::ha::serve(listen, handler.clone(), token.clone()).await?;
+    let config = GroupConfig {
+        endpoints,
+        cluster: group.cluster.unwrap_or("default").to_string(),
+        advertise,
+        lease_ttl,
+        standby_timeout: Duration::from_secs(1),
+        state_dir: group.state_dir,
+        master: config,
+        snapshot_after: group.snapshot_after,
+        token,
+    };
+    // The address stays the line's last word: scripts read it.
+    out!(
+        "mooring master in group {:?} listening on {addr}",
+        config.cluster
+    );
+    let _ = std::io::stdout().flush();
+    tokio::select! {
+        failed = mooring::ha::etcd::run(config, handler) => failed,
+        () = wait_for_shutdown() => Ok(()),
+    }
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn run_master_group(
+    _group: GroupArgs<'_>,
+    _listen: &str,
+    _config: mooring_core::MasterConfig,
+    _token: Option<mooring_proto::auth::ClusterToken>,
+) -> Result<(), Error> {
+    Err(Error::new(
+        ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+        "this build of mooring has no etcd support: build it with `cargo build --release -p \
+         mooring --features etcd` (needs Debian's protobuf-compiler) to run masters in a group",
+    ))
 }
 
 async fn run_node(args: NodeArgs) -> Result<(), Error> {

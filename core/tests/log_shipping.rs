@@ -1,0 +1,90 @@
+//! Log shipping: what the leader may acknowledge, and when a standby may take over.
+
+use mooring_core::Millis;
+use mooring_core::leadership::LeaderLease;
+use mooring_core::log_shipping::{LogPosition, LogShipping, Membership, NEAR};
+
+fn at(generation: u64, offset: u64) -> LogPosition {
+    LogPosition { generation, offset }
+}
+
+#[test]
+fn without_standbys_a_sync_is_acknowledged_at_once() {
+    let mut log = LogShipping::new(0, at(1, 100));
+    log.synced(5, at(1, 600), Millis(10));
+    assert_eq!(log.replicated(), 5);
+}
+
+#[test]
+fn an_in_sync_standby_holds_acknowledgements_until_it_has_the_bytes() {
+    let mut log = LogShipping::new(0, at(1, 100));
+    assert_eq!(log.acked("b", at(1, 100)), Membership::Join("b".into()));
+    log.synced(5, at(1, 600), Millis(10));
+    assert_eq!(log.replicated(), 0, "b does not hold record 5 yet");
+    log.synced(9, at(2, 50), Millis(11));
+    assert_eq!(log.acked("b", at(1, 600)), Membership::Unchanged);
+    assert_eq!(log.replicated(), 5, "b holds 5, not 9 (next generation)");
+    log.acked("b", at(2, 50));
+    assert_eq!(log.replicated(), 9);
+}
+
+#[test]
+fn a_standby_joins_only_once_it_holds_what_was_acknowledged_without_it() {
+    let mut log = LogShipping::new(0, at(1, 100));
+    log.synced(3, at(1, 10_000), Millis(1));
+    assert_eq!(log.replicated(), 3, "no standby yet: acknowledged alone");
+    // Near the newest sync: waited for from now on, but not yet eligible.
+    assert_eq!(log.acked("b", at(1, 9_000)), Membership::Unchanged);
+    log.synced(4, at(1, 12_000), Millis(2));
+    assert_eq!(log.replicated(), 3, "4 waits for b");
+    assert!(log.in_sync().is_empty());
+    // It now holds record 3, the last acknowledged without it.
+    assert_eq!(log.acked("b", at(1, 10_000)), Membership::Join("b".into()));
+    assert_eq!(log.in_sync(), vec!["b".to_string()]);
+    assert_eq!(log.replicated(), 3);
+    log.acked("b", at(1, 12_000));
+    assert_eq!(log.replicated(), 4);
+}
+
+#[test]
+fn a_distant_standby_is_not_waited_for() {
+    let mut log = LogShipping::new(0, at(1, 100));
+    log.synced(3, at(1, 10 * NEAR), Millis(1));
+    assert_eq!(log.acked("b", at(1, 100)), Membership::Unchanged);
+    log.synced(4, at(1, 10 * NEAR + 10), Millis(2));
+    assert_eq!(log.replicated(), 4);
+    assert!(log.overdue(Millis(5_000), Millis(1_000)).is_empty());
+}
+
+#[test]
+fn a_standby_that_holds_back_a_sync_too_long_is_overdue_until_dropped() {
+    let mut log = LogShipping::new(0, at(1, 100));
+    log.acked("b", at(1, 100));
+    log.acked("c", at(1, 100));
+    log.synced(2, at(1, 200), Millis(1_000));
+    log.acked("c", at(1, 200));
+    assert!(log.overdue(Millis(1_500), Millis(1_000)).is_empty());
+    assert_eq!(
+        log.overdue(Millis(2_000), Millis(1_000)),
+        vec!["b".to_string()]
+    );
+    assert_eq!(log.replicated(), 0, "still waiting until b is recorded out");
+    log.drop_follower("b");
+    assert_eq!(log.replicated(), 2);
+    assert_eq!(log.in_sync(), vec!["c".to_string()]);
+}
+
+#[test]
+fn a_leader_stops_granting_before_its_lease_can_expire() {
+    let ttl = Millis::from_secs(2);
+    let margin = Millis(300);
+    let mut lease = LeaderLease::granted(ttl, margin, Millis(1_000));
+    assert!(lease.valid(Millis(2_699)));
+    assert!(!lease.valid(Millis(2_700)), "sent at 1 s + 2 s - 0.3 s");
+    // A renewal confirmed late counts from when it was sent.
+    lease.renewed(Millis(1_500));
+    assert_eq!(lease.valid_until(), Millis(3_200));
+    // An older renewal confirmed after a newer one changes nothing.
+    lease.renewed(Millis(1_200));
+    assert_eq!(lease.valid_until(), Millis(3_200));
+}

@@ -1,0 +1,389 @@
+//! A master in a group elected through etcd: its lease, its campaign, following the leader
+//! while it does not lead, and leading while it does (see [`crate::ha`]).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ElectionClient, KvClient, LeaderKey, ResignOptions, Txn, TxnOp,
+};
+use mooring_core::leadership::LeaderLease;
+use mooring_core::{Error, ErrorCode, MasterConfig, Millis, Result};
+use mooring_proto::auth::ClusterToken;
+use mooring_proto::transport::{BoxFuture, ControlPlane};
+use mooring_transport_tcp::TcpControlPlane;
+use tracing::{debug, info, warn};
+
+use super::RoleHandler;
+use super::ship::InSyncRecord;
+use super::standby::{self, Copier};
+use crate::master_service::MasterService;
+
+/// How a master takes part in a group.
+#[derive(Clone, Debug)]
+pub struct GroupConfig {
+    /// etcd's client URLs.
+    pub endpoints: Vec<String>,
+    /// Masters of one cluster share this name (several clusters may share an etcd).
+    pub cluster: String,
+    /// The address clients, nodes and other masters reach this master at.
+    pub advertise: String,
+    /// The lease etcd expires a silent master's office after: a dead leader is replaced
+    /// after about this long.
+    pub lease_ttl: Duration,
+    /// How long an in-sync standby may hold back acknowledgements before the leader goes on
+    /// without it (it may not take over until it catches up again).
+    pub standby_timeout: Duration,
+    /// This master's state directory: its own journal when it leads, the copy of the
+    /// leader's otherwise.
+    pub state_dir: PathBuf,
+    /// The master's settings when it leads.
+    pub master: MasterConfig,
+    /// Journal bytes between snapshots.
+    pub snapshot_after: u64,
+    /// The cluster token, for following the leader.
+    pub token: Option<ClusterToken>,
+}
+
+fn etcd_error(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::new(
+        ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS,
+        format!("etcd: {what}: {e}"),
+    )
+}
+
+/// The keys a group uses in etcd.
+struct Keys {
+    election: String,
+    in_sync: String,
+}
+
+impl Keys {
+    fn of(cluster: &str) -> Keys {
+        Keys {
+            election: format!("/mooring/{cluster}/leader"),
+            in_sync: format!("/mooring/{cluster}/in-sync"),
+        }
+    }
+}
+
+/// Takes part in the group until the process ends: follows the leader, campaigns when this
+/// master may lead, leads while elected. Serving is `handler`'s (already listening).
+pub async fn run(config: GroupConfig, handler: Arc<RoleHandler>) -> Result<()> {
+    let client = Client::connect(&config.endpoints, None)
+        .await
+        .map_err(|e| {
+            etcd_error(
+                &format!(
+                    "cannot reach {} (start etcd, or fix --etcd)",
+                    config.endpoints.join(",")
+                ),
+                e,
+            )
+        })?;
+    info!(endpoints = ?config.endpoints, cluster = %config.cluster, "joined the master group");
+    loop {
+        if let Err(e) = with_lease(&config, &client, &handler).await {
+            warn!("{e}; trying again");
+        }
+        handler.stand_by(None);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// One lease's life: granted, kept alive, and everything done under it; returns when it is
+/// lost.
+async fn with_lease(
+    config: &GroupConfig,
+    client: &Client,
+    handler: &Arc<RoleHandler>,
+) -> Result<()> {
+    let mut leases = client.lease_client();
+    let ttl_secs = config.lease_ttl.as_secs().max(1) as i64;
+    let sent = handler.now();
+    let granted = leases
+        .grant(ttl_secs, None)
+        .await
+        .map_err(|e| etcd_error("cannot grant a lease", e))?;
+    let id = granted.id();
+    // Stop granting a quarter of the TTL early: covers clock-rate differences and a
+    // renewal's trip.
+    let ttl = Millis::from_secs(ttl_secs as u64);
+    let lease = Arc::new(Mutex::new(LeaderLease::granted(
+        ttl,
+        Millis(ttl.0 / 4),
+        sent,
+    )));
+    let (mut keeper, mut stream) = leases
+        .keep_alive(id)
+        .await
+        .map_err(|e| etcd_error("cannot keep the lease alive", e))?;
+    let renewing = {
+        let (lease, handler) = (lease.clone(), handler.clone());
+        async move {
+            let every = Duration::from_millis((ttl.0 / 5).max(100));
+            loop {
+                let sent = handler.now();
+                if let Err(e) = keeper.keep_alive().await {
+                    return etcd_error("lease renewal failed", e);
+                }
+                match tokio::time::timeout(every * 2, stream.message()).await {
+                    Ok(Ok(Some(reply))) if reply.ttl() > 0 => lease
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .renewed(sent),
+                    Ok(Ok(_)) => return etcd_error("lease", "expired"),
+                    Ok(Err(e)) => return etcd_error("lease renewal failed", e),
+                    Err(_) => debug!("a lease renewal went unanswered"),
+                }
+                tokio::time::sleep(every).await;
+            }
+        }
+    };
+    let member = async {
+        let mut copy: Option<(Vec<u8>, Copier)> = None;
+        loop {
+            let won = tokio::select! {
+                won = campaign(config, client, id, handler) => won?,
+                failed = follow(config, client, handler, &mut copy) => return failed,
+            };
+            copy = None;
+            lead(config, client, handler, &lease, won).await?;
+        }
+    };
+    let outcome = tokio::select! {
+        lost = renewing => Err(lost),
+        failed = member => failed,
+    };
+    let _ = client.lease_client().revoke(id).await;
+    outcome
+}
+
+/// Waits until this master may lead and is elected: it campaigns only while it is in the
+/// in-sync set (or none is recorded yet: a new group).
+async fn campaign(
+    config: &GroupConfig,
+    client: &Client,
+    lease: i64,
+    handler: &RoleHandler,
+) -> Result<LeaderKey> {
+    let keys = Keys::of(&config.cluster);
+    let mut kv = client.kv_client();
+    loop {
+        let incarnation = standby::incarnation(&config.state_dir)?;
+        let me = format!("{}#{incarnation}", config.advertise);
+        match in_sync(&mut kv, &keys).await? {
+            Some(members) if !members.contains(&me) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            _ => {}
+        }
+        let mut election = client.election_client();
+        let won = election
+            .campaign(keys.election.clone(), config.advertise.clone(), lease)
+            .await
+            .map_err(|e| etcd_error("campaign failed", e))?;
+        let Some(key) = won.leader().cloned() else {
+            return Err(etcd_error("campaign", "won without a leader key"));
+        };
+        // Only the leader changes the in-sync set, and this master leads now: check again.
+        let members = in_sync(&mut kv, &keys).await?;
+        if members.as_ref().is_some_and(|m| !m.contains(&me)) {
+            info!("elected, but no longer in sync with the last leader: stepping back");
+            let _ = election
+                .resign(Some(ResignOptions::new().with_leader(key)))
+                .await;
+            handler.stand_by(None);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        return Ok(key);
+    }
+}
+
+/// The recorded in-sync set, if any.
+async fn in_sync(kv: &mut KvClient, keys: &Keys) -> Result<Option<Vec<String>>> {
+    let got = kv
+        .get(keys.in_sync.clone(), None)
+        .await
+        .map_err(|e| etcd_error("cannot read the in-sync set", e))?;
+    Ok(got.kvs().first().map(|entry| {
+        String::from_utf8_lossy(entry.value())
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }))
+}
+
+/// The elected leader's address and election key, if there is one.
+async fn leader(election: &mut ElectionClient, keys: &Keys) -> Option<(String, Vec<u8>)> {
+    match election.leader(keys.election.clone()).await {
+        Ok(found) => found.kv().map(|kv| {
+            (
+                String::from_utf8_lossy(kv.value()).into_owned(),
+                kv.key().to_vec(),
+            )
+        }),
+        // etcd answers "no leader" with an error.
+        Err(e) => {
+            debug!("no leader: {e}");
+            None
+        }
+    }
+}
+
+/// Follows whichever master leads, copying its state files; a new leader's copy starts
+/// from scratch. Returns only on a failure to keep the copy.
+async fn follow(
+    config: &GroupConfig,
+    client: &Client,
+    handler: &RoleHandler,
+    copy: &mut Option<(Vec<u8>, Copier)>,
+) -> Result<()> {
+    let keys = Keys::of(&config.cluster);
+    let mut election = client.election_client();
+    loop {
+        let Some((address, key)) = leader(&mut election, &keys).await else {
+            handler.stand_by(None);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        if address == config.advertise {
+            // This master's own office from before a restart: wait for it to lapse.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        handler.stand_by(Some(address.clone()));
+        if copy.as_ref().is_none_or(|(following, _)| *following != key) {
+            info!(leader = %address, "following the leader");
+            *copy = Some((
+                key.clone(),
+                Copier::fresh(&config.state_dir, &config.advertise)?,
+            ));
+        }
+        let (_, copier) = copy.as_mut().expect("set above");
+        let control = TcpControlPlane::new(
+            address.clone(),
+            Duration::from_secs(5),
+            Duration::ZERO,
+            config.token.clone(),
+            crate::connect::random_client_id(),
+        );
+        loop {
+            match copier
+                .step(control.as_ref() as &(dyn ControlPlane + 'static))
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if e.code == ErrorCode::FILE_WRITE_FAIL => return Err(e),
+                Err(e) => {
+                    debug!(leader = %address, "following paused: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Leads: records itself as the only in-sync master, recovers the state it holds, serves
+/// while its lease holds, and ships its journal to the standbys. Returns when deposed.
+async fn lead(
+    config: &GroupConfig,
+    client: &Client,
+    handler: &Arc<RoleHandler>,
+    lease: &Arc<Mutex<LeaderLease>>,
+    key: LeaderKey,
+) -> Result<()> {
+    let keys = Keys::of(&config.cluster);
+    let incarnation = standby::incarnation(&config.state_dir)?;
+    let me = format!("{}#{incarnation}", config.advertise);
+    let record = Arc::new(EtcdInSync {
+        kv: client.kv_client(),
+        keys,
+        leader_key: key.key().to_vec(),
+        advertise: config.advertise.clone(),
+    });
+    record.record(vec![me.clone()]).await?;
+    let started = std::time::Instant::now();
+    let service = MasterService::persistent(
+        &config.state_dir,
+        config.master.clone(),
+        config.snapshot_after,
+    )?;
+    let shipping = service.start_shipping(me, record, config.standby_timeout)?;
+    let timer = service.spawn_timer();
+    handler.lead(service.clone(), lease.clone());
+    info!(
+        advertise = %config.advertise,
+        recovered_ms = started.elapsed().as_millis() as u64,
+        "leading the master group"
+    );
+    let lapsed = async {
+        loop {
+            let until = lease
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .valid_until();
+            let now = handler.now();
+            if now >= until {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(until.since(now).0.clamp(10, 200))).await;
+        }
+    };
+    let why = tokio::select! {
+        why = shipping.deposed() => why,
+        () = lapsed => "its lease lapsed (etcd unreachable?)".to_string(),
+    };
+    warn!("no longer leading: {why}; following the new leader from scratch");
+    handler.stand_by(None);
+    timer.abort();
+    let _ = client
+        .election_client()
+        .resign(Some(ResignOptions::new().with_leader(key)))
+        .await;
+    Ok(())
+}
+
+/// The in-sync set in etcd, written only while this master's election key is there.
+struct EtcdInSync {
+    kv: KvClient,
+    keys: Keys,
+    leader_key: Vec<u8>,
+    advertise: String,
+}
+
+impl InSyncRecord for EtcdInSync {
+    fn record(&self, members: Vec<String>) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let txn = Txn::new()
+                .when([Compare::value(
+                    self.leader_key.clone(),
+                    CompareOp::Equal,
+                    self.advertise.clone(),
+                )])
+                .and_then([TxnOp::put(
+                    self.keys.in_sync.clone(),
+                    members.join("\n"),
+                    None,
+                )]);
+            let done = self
+                .kv
+                .clone()
+                .txn(txn)
+                .await
+                .map_err(|e| etcd_error("cannot record the in-sync masters", e))?;
+            if done.succeeded() {
+                Ok(())
+            } else {
+                Err(etcd_error(
+                    "cannot record the in-sync masters",
+                    "this master no longer leads",
+                ))
+            }
+        })
+    }
+}

@@ -1,0 +1,185 @@
+//! Standby masters: several `mooring master --etcd URL` processes, one leading, the others
+//! keeping a synced copy of its state directory and ready to take over.
+//!
+//! - **Election** (`etcd`): every master holds an etcd lease and campaigns under
+//!   `/mooring/<cluster>/leader` when it may lead. The leader serves only while its lease is
+//!   surely alive ([`mooring_core::leadership`]): a deposed leader stops granting before etcd
+//!   lets a rival win.
+//! - **Log shipping** ([`ship`], [`standby`]): standbys fetch the leader's journal and
+//!   snapshots with `Follow` requests and sync them into their own state directory before
+//!   asking for more; the leader acknowledges a change only once it and every **in-sync**
+//!   standby hold it ([`mooring_core::log_shipping`]).
+//! - **Who may take over**: the in-sync set is kept in etcd (`/mooring/<cluster>/in-sync`),
+//!   changed only by the leader (guarded by its election key): a standby joins after catching
+//!   up and is dropped, before anything is acknowledged without it, when it falls behind. Only
+//!   a master in that set campaigns, so a new leader holds every acknowledged change; it
+//!   recovers from its copy exactly like a restarted master ([`crate::journal::recover`]).
+//! - **Everyone else** (clients, nodes, other standbys) is given every master's address
+//!   (`--master A,B,C`): standbys refuse with `UNAVAILABLE_IN_CURRENT_STATUS`, naming the
+//!   leader, and callers move on to the next address.
+
+#[cfg(feature = "etcd")]
+pub mod etcd;
+pub mod ship;
+pub mod standby;
+
+use std::sync::{Arc, Mutex, RwLock};
+
+use mooring_core::leadership::LeaderLease;
+use mooring_core::{Error, ErrorCode};
+use mooring_proto::transport::{Answer, RpcHandler};
+use mooring_proto::wire::{MasterRequest, MasterResponse};
+
+use crate::clock::Clock;
+use crate::master_service::MasterService;
+
+/// etcd's client URLs from `--etcd`: comma- or semicolon-separated, with or without Mooncake's
+/// `etcd://` prefix; bare `host:port` entries get `http://`.
+pub fn etcd_endpoints(text: &str) -> Result<Vec<String>, String> {
+    let text = text.trim();
+    let text = text.strip_prefix("etcd://").unwrap_or(text);
+    let endpoints: Vec<String> = text
+        .split([',', ';'])
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            if e.contains("://") {
+                e.to_string()
+            } else {
+                format!("http://{e}")
+            }
+        })
+        .collect();
+    if endpoints.is_empty() {
+        return Err(format!("--etcd {text:?} names no etcd endpoint"));
+    }
+    Ok(endpoints)
+}
+
+/// The address a master listening on `listen` is reached at: `listen` itself, unless it is a
+/// wildcard address, which names no host for others to dial.
+pub fn advertised(listen: &str) -> Result<String, String> {
+    match listen.parse::<std::net::SocketAddr>() {
+        Ok(addr) if addr.ip().is_unspecified() => Err(format!(
+            "--listen {listen} is a wildcard address: give --advertise HOST:PORT, the address \
+             the other masters, nodes and clients reach this master at"
+        )),
+        _ => Ok(listen.to_string()),
+    }
+}
+
+/// Binds `listen` and serves `handler` to peers that prove they hold `token`.
+pub async fn serve(
+    listen: &str,
+    handler: Arc<RoleHandler>,
+    token: Option<mooring_proto::auth::ClusterToken>,
+) -> Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>), Error> {
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+        Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!("master cannot listen on {listen}: {e}"),
+        )
+    })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
+    let task = mooring_transport_tcp::spawn_rpc_server_with_limits(
+        listener,
+        handler,
+        crate::tuning::server_spin(),
+        token,
+        mooring_transport_tcp::limits::ConnectionLimits::standard(),
+    );
+    tracing::info!(%addr, "master listening (in a group)");
+    Ok((addr, task))
+}
+
+pub use mooring_proto::wire::STANDBY_REFUSAL;
+
+/// What this master is doing now.
+enum Role {
+    /// Following (or looking for) a leader.
+    Standby { leader: Option<String> },
+    /// Leading while its lease holds.
+    Leader {
+        service: Arc<MasterService>,
+        lease: Arc<Mutex<LeaderLease>>,
+    },
+}
+
+/// The RPC handler of a master in a group: the leader's service while it leads and its lease
+/// holds, a refusal naming the leader otherwise.
+pub struct RoleHandler {
+    role: RwLock<Role>,
+    clock: Clock,
+}
+
+impl Default for RoleHandler {
+    fn default() -> RoleHandler {
+        RoleHandler {
+            role: RwLock::new(Role::Standby { leader: None }),
+            clock: Clock::new(),
+        }
+    }
+}
+
+impl RoleHandler {
+    /// Serves `service` while `lease` (on this handler's clock: see [`RoleHandler::now`])
+    /// holds.
+    pub fn lead(&self, service: Arc<MasterService>, lease: Arc<Mutex<LeaderLease>>) {
+        *self.role.write().unwrap_or_else(|e| e.into_inner()) = Role::Leader { service, lease };
+    }
+
+    /// Refuses every request, naming `leader` if known.
+    pub fn stand_by(&self, leader: Option<String>) {
+        *self.role.write().unwrap_or_else(|e| e.into_inner()) = Role::Standby { leader };
+    }
+
+    /// The clock leases are measured on.
+    pub fn now(&self) -> mooring_core::Millis {
+        self.clock.now()
+    }
+
+    /// The service, if this master leads and its lease holds.
+    fn serving(&self) -> Result<Arc<MasterService>, Error> {
+        match &*self.role.read().unwrap_or_else(|e| e.into_inner()) {
+            Role::Leader { service, lease } => {
+                if lease
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .valid(self.clock.now())
+                {
+                    Ok(service.clone())
+                } else {
+                    Err(Error::new(
+                        ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS,
+                        format!(
+                            "{STANDBY_REFUSAL}: its leadership lease lapsed (etcd unreachable?); \
+                             another master takes over"
+                        ),
+                    ))
+                }
+            }
+            Role::Standby { leader } => Err(Error::new(
+                ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS,
+                match leader {
+                    Some(leader) => format!("{STANDBY_REFUSAL}: the leader is {leader}"),
+                    None => format!("{STANDBY_REFUSAL}: no leader is elected yet; retry shortly"),
+                },
+            )),
+        }
+    }
+}
+
+impl RpcHandler for RoleHandler {
+    fn handle(&self, request: MasterRequest) -> MasterResponse {
+        self.serving()?.handle(request)
+    }
+
+    fn answer(&self, request: MasterRequest) -> Answer {
+        match self.serving() {
+            Ok(service) => service.answer(request),
+            Err(refused) => Answer::Now(Err(refused)),
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! The leader's side of log shipping: standbys fetch its state files with `Follow`, each
+//! request acknowledging what the standby holds, and answers that acknowledge a change wait
+//! until every in-sync standby holds it (see [`mooring_core::log_shipping`]).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mooring_core::log_shipping::{LogPosition, LogShipping, Membership};
+use mooring_core::{Error, ErrorCode, Millis, Result};
+use mooring_proto::transport::BoxFuture;
+use mooring_proto::wire::{FOLLOW_CHUNK, Follow, FollowChunk, StateFile};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::clock::Clock;
+use crate::journal::{self, Journal, SyncState};
+
+/// How long a `Follow` waits for something new before answering with nothing.
+const LONG_POLL: Duration = Duration::from_millis(500);
+
+/// Where the in-sync set is recorded outside the leader (etcd), so only a standby holding
+/// every acknowledged change can be elected. Each call replaces the whole set; it fails if
+/// this master is no longer the leader.
+pub trait InSyncRecord: Send + Sync + 'static {
+    /// Records `members` (this leader among them) as the in-sync set.
+    fn record(&self, members: Vec<String>) -> BoxFuture<'_, Result<()>>;
+}
+
+/// The leader's shipping state: standbys' positions, the in-sync set, and the last record
+/// every in-sync standby holds.
+pub struct Shipping {
+    /// This leader's name in the in-sync set.
+    me: String,
+    state: Mutex<LogShipping>,
+    /// The last record the leader may acknowledge, or why it may acknowledge nothing more.
+    replicated: watch::Sender<std::result::Result<u64, String>>,
+    record: Arc<dyn InSyncRecord>,
+    /// Changes to the recorded set are made one at a time, in order.
+    recording: tokio::sync::Mutex<()>,
+    /// How long an in-sync standby may hold back an acknowledgement before it is dropped.
+    timeout: Millis,
+    clock: Clock,
+}
+
+impl Shipping {
+    /// Shipping for `journal`, recording the in-sync set through `record` (the caller has
+    /// recorded `me` alone); runs until the journal stops or the leader loses its office
+    /// (then [`Shipping::deposed`] resolves).
+    pub fn start(
+        me: String,
+        journal: &Journal,
+        record: Arc<dyn InSyncRecord>,
+        timeout: Duration,
+    ) -> Arc<Shipping> {
+        let mut syncs = journal.syncs();
+        let first = syncs.borrow().clone();
+        let (seq, end) = match &first {
+            Ok(s) => (s.seq, s.end),
+            Err(_) => (0, LogPosition::default()),
+        };
+        let shipping = Arc::new(Shipping {
+            me,
+            state: Mutex::new(LogShipping::new(seq, end)),
+            replicated: watch::Sender::new(first.map(|s| s.seq)),
+            record,
+            recording: tokio::sync::Mutex::new(()),
+            timeout: Millis(timeout.as_millis() as u64),
+            clock: Clock::new(),
+        });
+        let weak = Arc::downgrade(&shipping);
+        tokio::spawn(async move {
+            loop {
+                let changed = tokio::time::timeout(Duration::from_millis(100), syncs.changed());
+                if let Ok(Err(_)) = changed.await {
+                    return;
+                }
+                let Some(shipping) = weak.upgrade() else {
+                    return;
+                };
+                let synced = syncs.borrow_and_update().clone();
+                match synced {
+                    Ok(s) => {
+                        let now = shipping.clock.now();
+                        shipping.with_state(|log| log.synced(s.seq, s.end, now));
+                    }
+                    Err(why) => {
+                        shipping.stop(why);
+                        return;
+                    }
+                }
+                shipping.drop_overdue().await;
+            }
+        });
+        shipping
+    }
+
+    fn with_state<T>(&self, f: impl FnOnce(&mut LogShipping) -> T) -> T {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let result = f(&mut state);
+        let replicated = state.replicated();
+        drop(state);
+        self.replicated.send_if_modified(|r| match r {
+            Ok(old) if *old < replicated => {
+                *old = replicated;
+                true
+            }
+            _ => false,
+        });
+        result
+    }
+
+    fn stop(&self, why: String) {
+        let _previous = self.replicated.send_replace(Err(why));
+    }
+
+    /// Resolves once record `seq` is on the leader's disk and every in-sync standby's.
+    pub fn replicated(&self, seq: u64) -> BoxFuture<'static, Result<()>> {
+        let mut replicated = self.replicated.subscribe();
+        Box::pin(async move {
+            let reached = replicated
+                .wait_for(|r| r.as_ref().map_or(true, |&r| r >= seq))
+                .await
+                .map_err(|_| unavailable("the leader stopped shipping its journal".into()))?;
+            match &*reached {
+                Ok(_) => Ok(()),
+                Err(why) => Err(unavailable(format!(
+                    "the leader cannot acknowledge changes any more ({why}); retry: a new leader \
+                     takes over"
+                ))),
+            }
+        })
+    }
+
+    /// Resolves with the reason once the leader can acknowledge nothing more.
+    pub async fn deposed(&self) -> String {
+        let mut replicated = self.replicated.subscribe();
+        match replicated.wait_for(|r| r.is_err()).await {
+            Ok(r) => r.clone().err().unwrap_or_default(),
+            Err(_) => "shipping stopped".into(),
+        }
+    }
+
+    /// The in-sync set as it should be recorded, leaving out `dropping`.
+    fn members(&self, dropping: &[String]) -> Vec<String> {
+        let mut members = vec![self.me.clone()];
+        members.extend(
+            self.with_state(|log| log.in_sync())
+                .into_iter()
+                .filter(|name| !dropping.contains(name)),
+        );
+        members
+    }
+
+    /// Records the in-sync set; a failure means this master no longer leads.
+    async fn record_members(&self, dropping: &[String]) -> bool {
+        let _one_at_a_time = self.recording.lock().await;
+        let members = self.members(dropping);
+        match self.record.record(members.clone()).await {
+            Ok(()) => {
+                info!(?members, "in-sync masters recorded");
+                true
+            }
+            Err(e) => {
+                warn!("cannot record the in-sync masters, so this leader stops acknowledging: {e}");
+                self.stop(format!("cannot record the in-sync masters: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Drops the standbys that held back an acknowledgement too long: recorded out of sync
+    /// first, then no longer waited for.
+    async fn drop_overdue(&self) {
+        let now = self.clock.now();
+        let overdue = self.with_state(|log| log.overdue(now, self.timeout));
+        if overdue.is_empty() {
+            return;
+        }
+        warn!(
+            ?overdue,
+            "standby masters fell behind; acknowledging without them (they cannot take over until they catch up)"
+        );
+        if self.record_members(&overdue).await {
+            self.with_state(|log| {
+                for name in &overdue {
+                    log.drop_follower(name);
+                }
+            });
+        }
+    }
+
+    /// Notes that standby `name` holds everything before `at`/`offset`; records it as in
+    /// sync when it caught up.
+    async fn acked(&self, name: &str, at: StateFile, offset: u64) {
+        let StateFile::Journal(generation) = at else {
+            return;
+        };
+        let position = LogPosition { generation, offset };
+        if let Membership::Join(name) = self.with_state(|log| log.acked(name, position)) {
+            info!(%name, "a standby master caught up");
+            self.record_members(&[]).await;
+        }
+    }
+}
+
+fn unavailable(what: String) -> Error {
+    Error::new(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS, what)
+}
+
+/// Answers a standby's `Follow`: notes what it acknowledges, then gives it the next bytes of
+/// the leader's state files (waiting up to [`LONG_POLL`] for more when it has everything).
+pub async fn serve_follow(
+    shipping: Arc<Shipping>,
+    dir: std::path::PathBuf,
+    mut syncs: watch::Receiver<SyncState>,
+    completed_end: impl Fn(u64) -> Option<u64>,
+    request: Follow,
+) -> Result<FollowChunk> {
+    shipping
+        .acked(&request.follower, request.at, request.offset)
+        .await;
+    let deadline = tokio::time::Instant::now() + LONG_POLL;
+    loop {
+        let synced = syncs
+            .borrow_and_update()
+            .clone()
+            .map_err(|why| unavailable(format!("the leader's journal stopped: {why}")))?;
+        match next_chunk(&dir, synced.end, &completed_end, request.at, request.offset)? {
+            Some(chunk) => return Ok(chunk),
+            None => {
+                // The standby has everything: wait for the next sync.
+                if tokio::time::timeout_at(deadline, syncs.changed())
+                    .await
+                    .is_err()
+                {
+                    return Ok(FollowChunk {
+                        file: request.at,
+                        offset: request.offset,
+                        bytes: Vec::new(),
+                        complete: false,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The bytes after `offset` in `at`, or where the standby must go instead; None when it holds
+/// everything on disk.
+fn next_chunk(
+    dir: &std::path::Path,
+    end: LogPosition,
+    completed_end: &impl Fn(u64) -> Option<u64>,
+    at: StateFile,
+    offset: u64,
+) -> Result<Option<FollowChunk>> {
+    let (_, snapshots) = journal::generations(dir)?;
+    let Some(&base) = snapshots.last() else {
+        return Err(unavailable(
+            "the leader has written no snapshot yet; retry".into(),
+        ));
+    };
+    let from_snapshot = || {
+        read_chunk(
+            &journal::snapshot_path(dir, base),
+            StateFile::Snapshot(base),
+            0,
+            None,
+        )
+    };
+    match at {
+        StateFile::Journal(g) if (base..=end.generation).contains(&g) => {
+            let file_end = if g == end.generation {
+                Some(end.offset)
+            } else {
+                completed_end(g)
+            };
+            let Some(file_end) = file_end else {
+                return from_snapshot().map(Some);
+            };
+            if offset > file_end {
+                return from_snapshot().map(Some);
+            }
+            if offset == file_end {
+                if g < end.generation {
+                    return Ok(Some(FollowChunk {
+                        file: StateFile::Journal(g + 1),
+                        offset: 0,
+                        bytes: Vec::new(),
+                        complete: false,
+                    }));
+                }
+                return Ok(None);
+            }
+            let chunk = read_chunk(&journal::journal_path(dir, g), at, offset, Some(file_end));
+            match chunk {
+                Ok(mut chunk) => {
+                    chunk.complete &= g < end.generation;
+                    Ok(Some(chunk))
+                }
+                // Deleted under us once a newer snapshot was written.
+                Err(_) => from_snapshot().map(Some),
+            }
+        }
+        StateFile::Snapshot(g) if g == base => {
+            read_chunk(&journal::snapshot_path(dir, g), at, offset, None).map(Some)
+        }
+        _ => from_snapshot().map(Some),
+    }
+}
+
+/// Reads up to [`FOLLOW_CHUNK`] bytes of `path` from `offset`, up to `end` (the file's length
+/// when None).
+fn read_chunk(
+    path: &std::path::Path,
+    file: StateFile,
+    offset: u64,
+    end: Option<u64>,
+) -> Result<FollowChunk> {
+    let failed = |e: std::io::Error| unavailable(format!("cannot read {}: {e}", path.display()));
+    let handle = File::open(path).map_err(failed)?;
+    let end = match end {
+        Some(end) => end,
+        None => handle.metadata().map_err(failed)?.len(),
+    };
+    let len = (end.saturating_sub(offset)).min(FOLLOW_CHUNK as u64) as usize;
+    let mut bytes = vec![0u8; len];
+    handle.read_exact_at(&mut bytes, offset).map_err(failed)?;
+    Ok(FollowChunk {
+        file,
+        offset,
+        bytes,
+        complete: offset + len as u64 == end,
+    })
+}

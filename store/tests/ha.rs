@@ -1,0 +1,269 @@
+//! Standby masters on a real etcd (Debian's `etcd-server`, started here on loopback): the
+//! leader is SIGKILLed, a standby takes over, every acknowledged object (a hard pin among them)
+//! still reads, and the same clients and nodes carry on; the killed master comes back as a
+//! standby and takes over in turn when the second leader dies.
+//!
+//! Needs a build with `--features etcd` and the `etcd` binary; skips with the reason without.
+
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mooring::{Client, ClientConfig};
+use mooring_core::ReplicateConfig;
+
+mod common;
+
+use common::{Proc, free_port, start_nodes, value, wait_for_segments};
+
+/// A real etcd on loopback, deleted with its data when dropped.
+struct Etcd {
+    child: Child,
+    dir: PathBuf,
+    url: String,
+}
+
+impl Etcd {
+    fn start() -> Etcd {
+        let dir = std::env::temp_dir().join(format!("mooring-etcd-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (client, peer) = (free_port(), free_port());
+        let url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new("etcd")
+            .args([
+                "--name",
+                "test",
+                "--data-dir",
+                dir.to_str().unwrap(),
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+                "--initial-cluster",
+                &format!("test={peer_url}"),
+                "--log-level",
+                "error",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start etcd");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", client)).is_err() {
+            assert!(Instant::now() < deadline, "etcd never listened");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Etcd { child, dir, url }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn skip_reason() -> Option<String> {
+    if !cfg!(feature = "etcd") {
+        return Some(
+            "this build has no etcd support (run with `--features etcd`, which needs protoc)"
+                .into(),
+        );
+    }
+    if Command::new("etcd").arg("--version").output().is_err() {
+        return Some("no etcd binary (install Debian's etcd-server)".into());
+    }
+    None
+}
+
+fn start_master(listen: &str, etcd: &str, state: &std::path::Path) -> Proc {
+    Proc::start(&[
+        "master",
+        "--listen",
+        listen,
+        "--etcd",
+        etcd,
+        "--cluster",
+        "ha-test",
+        "--client-ttl",
+        "5s",
+        "--state-dir",
+        state.to_str().unwrap(),
+        // Small, so standbys also copy snapshots and follow journal generations.
+        "--snapshot-after",
+        "64KiB",
+    ])
+}
+
+/// Whether the master at `addr` leads (a standby refuses a client's first call).
+async fn leads(addr: &str) -> bool {
+    match Client::connect(ClientConfig::new(addr)).await {
+        Ok(client) => {
+            let _ = client.close().await;
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// The in-sync set recorded in etcd.
+#[cfg(feature = "etcd")]
+async fn in_sync(etcd: &str) -> Vec<String> {
+    let mut client = etcd_client::Client::connect([etcd], None).await.unwrap();
+    let got = client.get("/mooring/ha-test/in-sync", None).await.unwrap();
+    got.kvs()
+        .first()
+        .map(|kv| {
+            String::from_utf8_lossy(kv.value())
+                .lines()
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn in_sync(_etcd: &str) -> Vec<String> {
+    unreachable!("skipped without etcd support")
+}
+
+/// Waits until both masters are recorded in sync (a standby can take over only then).
+async fn wait_in_sync(etcd: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while in_sync(etcd).await.len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the standby never caught up: in sync {:?}",
+            in_sync(etcd).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Kills the leader of `masters` and waits until `client` is served again; returns the
+/// index of the master that was killed and how long the group was without a leader.
+async fn kill_leader(
+    masters: &mut [Option<Proc>; 2],
+    addrs: &[String; 2],
+    client: &Client,
+) -> (usize, Duration) {
+    let mut leader = None;
+    for (i, addr) in addrs.iter().enumerate() {
+        if masters[i].is_some() && leads(addr).await {
+            leader = Some(i);
+        }
+    }
+    let leader = leader.expect("one master leads");
+    masters[leader].as_mut().unwrap().kill();
+    let killed = Instant::now();
+    // The same client carries on: its calls go to whichever master leads.
+    let deadline = killed + Duration::from_secs(30);
+    loop {
+        if client.report().await.is_ok() && leads(&addrs[1 - leader]).await {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no standby took over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (leader, killed.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_from_a_killed_leader_with_every_acknowledged_object() {
+    if let Some(why) = skip_reason() {
+        println!("SKIPPED: {why}");
+        return;
+    }
+    let etcd = Etcd::start();
+    let base = std::env::temp_dir().join(format!("mooring-ha-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let addrs = [
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    ];
+    let dirs = [base.join("a"), base.join("b")];
+    let mut masters = [
+        Some(start_master(&addrs[0], &etcd.url, &dirs[0])),
+        Some(start_master(&addrs[1], &etcd.url, &dirs[1])),
+    ];
+    let group = addrs.join(",");
+    let _nodes = start_nodes(&group, 3, "32MiB");
+    let client = Client::connect(ClientConfig::new(group.clone()))
+        .await
+        .unwrap();
+    wait_for_segments(&client, 3).await;
+    let pinned = ReplicateConfig {
+        with_hard_pin: true,
+        ..ReplicateConfig::replicas(2)
+    };
+    client
+        .put("weights", &value(999, 100_000), &pinned)
+        .await
+        .unwrap();
+    let size = |i: u64| 1 + (i as usize * 7919) % 60_000;
+    for i in 0..200u64 {
+        client
+            .put(
+                &format!("k{i}"),
+                &value(i, size(i)),
+                &ReplicateConfig::single(),
+            )
+            .await
+            .unwrap();
+    }
+    client.remove("k7").await.unwrap();
+    wait_in_sync(&etcd.url).await;
+
+    let check = |client: Client, upto: u64| async move {
+        assert_eq!(
+            client.get("weights").await.unwrap(),
+            value(999, 100_000),
+            "the hard-pinned value"
+        );
+        for i in 0..upto {
+            let got = client.get(&format!("k{i}")).await;
+            if i == 7 {
+                assert!(got.is_err(), "k7 was removed");
+            } else {
+                assert_eq!(got.unwrap(), value(i, size(i)), "k{i}");
+            }
+        }
+        let report = client.report().await.unwrap();
+        assert_eq!(report.stats.objects, upto, "{report:?}");
+        assert_eq!(report.census.hard_pinned, 1);
+        assert_eq!(report.stats.segments, 3, "the nodes stayed mounted");
+    };
+
+    let (first, failover) = kill_leader(&mut masters, &addrs, &client).await;
+    println!("first failover: {} ms", failover.as_millis());
+    check(client.clone(), 200).await;
+    // The group goes on taking writes.
+    for i in 200..260u64 {
+        client
+            .put(
+                &format!("k{i}"),
+                &value(i, size(i)),
+                &ReplicateConfig::single(),
+            )
+            .await
+            .unwrap();
+    }
+
+    // The killed master returns with its old directory: it must not lead from it (it lacks
+    // the writes above), but copies the new leader's state and takes over in turn.
+    masters[first] = Some(start_master(&addrs[first], &etcd.url, &dirs[first]));
+    wait_in_sync(&etcd.url).await;
+    let (second, failover) = kill_leader(&mut masters, &addrs, &client).await;
+    assert_eq!(second, 1 - first);
+    println!("second failover: {} ms", failover.as_millis());
+    check(client.clone(), 260).await;
+    let _ = std::fs::remove_dir_all(&base);
+}
