@@ -43,6 +43,15 @@ if ! dpkg -s $rdma_packages >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v 
         || echo "    could not install them: the ibverbs build will be skipped" >&2
 fi
 
+# Standby masters (`--features etcd`): building the etcd client needs protoc, and the test
+# starts a real etcd on loopback (Debian's protobuf-compiler and etcd-server).
+etcd_packages="protobuf-compiler etcd-server"
+if ! dpkg -s $etcd_packages >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    step "installing $etcd_packages for the standby-master build and its etcd test"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $etcd_packages >/dev/null \
+        || echo "    could not install them: the etcd build and test will be skipped" >&2
+fi
+
 t=$SECONDS; step "format"
 cargo fmt --all -- --check
 cargo fmt --manifest-path fuzz/Cargo.toml -- --check
@@ -64,6 +73,15 @@ if dpkg -s $rdma_packages >/dev/null 2>&1; then
     cargo test --release --locked -p mooring --features rdma --test rdma_device -- --nocapture
 else
     echo "    SKIPPED: $rdma_packages not installed (run as root to have them installed)"
+fi
+elapsed $t
+
+t=$SECONDS; step "standby masters on etcd (--features etcd): clippy, and the failover test against a real etcd"
+if command -v protoc >/dev/null && command -v etcd >/dev/null; then
+    cargo clippy --locked -p mooring --features etcd --all-targets -- -D warnings
+    cargo test --release --locked -p mooring --features etcd --test ha -- --nocapture
+else
+    echo "    SKIPPED: protoc or etcd missing (install $etcd_packages, or run as root to have them installed)"
 fi
 elapsed $t
 

@@ -139,8 +139,8 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
 
     use crate::auth::Handshake;
     use crate::wire::{
-        BatchExist, DataReply, GetReplicaList, Goodbye, Hello, ListKeys, PutEnd, PutStart,
-        QpAddress, Range, Reply, StagedSlot, TakeRepairs, TaskAbort,
+        BatchExist, DataReply, Follow, FollowChunk, GetReplicaList, Goodbye, Hello, ListKeys,
+        PutEnd, PutStart, QpAddress, Range, Reply, StagedSlot, StateFile, TakeRepairs, TaskAbort,
     };
     let requests: Vec<MasterRequest> = vec![
         Hello {
@@ -185,6 +185,12 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
             max: 20,
         }
         .into(),
+        Follow {
+            follower: "10.0.0.2:50051#12345".into(),
+            at: StateFile::Journal(3),
+            offset: 4096,
+        }
+        .into(),
     ];
     let responses: Vec<MasterResponse> = vec![
         Ok(Reply::Exist(true)),
@@ -193,6 +199,12 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
             Err(ErrorCode::OBJECT_NOT_FOUND.into()),
         ])),
         Ok(Reply::GetSize(4096)),
+        Ok(Reply::Follow(FollowChunk {
+            file: StateFile::Snapshot(3),
+            offset: 0,
+            bytes: vec![7; 64],
+            complete: true,
+        })),
         Ok(Reply::ListKeys(vec![KeyListing {
             key: "kv/1".into(),
             size: 10,

@@ -179,7 +179,7 @@ async fn kill_leader(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_takes_over_from_a_killed_leader_with_every_acknowledged_object() {
     if let Some(why) = skip_reason() {
-        println!("SKIPPED: {why}");
+        eprintln!("SKIPPED: {why}");
         return;
     }
     let etcd = Etcd::start();
@@ -243,7 +243,7 @@ async fn a_standby_takes_over_from_a_killed_leader_with_every_acknowledged_objec
     };
 
     let (first, failover) = kill_leader(&mut masters, &addrs, &client).await;
-    println!("first failover: {} ms", failover.as_millis());
+    eprintln!("first failover: {} ms", failover.as_millis());
     check(client.clone(), 200).await;
     // The group goes on taking writes.
     for i in 200..260u64 {
@@ -263,7 +263,7 @@ async fn a_standby_takes_over_from_a_killed_leader_with_every_acknowledged_objec
     wait_in_sync(&etcd.url).await;
     let (second, failover) = kill_leader(&mut masters, &addrs, &client).await;
     assert_eq!(second, 1 - first);
-    println!("second failover: {} ms", failover.as_millis());
+    eprintln!("second failover: {} ms", failover.as_millis());
     check(client.clone(), 260).await;
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -107,7 +107,11 @@ impl Copier {
             let path = self.writing_path();
             let written = (|| {
                 if self.file.is_none() {
-                    let file = OpenOptions::new().create(true).write(true).open(&path)?;
+                    let file = OpenOptions::new()
+                        .create(true)
+                        .truncate(false)
+                        .write(true)
+                        .open(&path)?;
                     file.set_len(self.offset)?;
                     self.file = Some(file);
                     journal::sync_dir(&self.dir)?;

@@ -162,6 +162,7 @@ async fn run_master(args: MasterArgs) -> Result<(), Error> {
 }
 
 /// The flags of a master in a group.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 struct GroupArgs<'a> {
     etcd: &'a str,
     advertise: Option<&'a str>,

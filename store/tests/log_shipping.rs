@@ -1,0 +1,191 @@
+//! Log shipping without etcd: a leader's journal copied by a standby through `Follow`, across
+//! snapshots and journal generations; acknowledgements wait for the in-sync standby, and go on
+//! without it once it is recorded out of sync. The standby's copy recovers to the leader's
+//! exact state.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mooring::ha::ship::InSyncRecord;
+use mooring::ha::standby::Copier;
+use mooring::master_service::MasterService;
+use mooring_core::{Checksum, ClientId, MasterConfig, ReplicateConfig, Result, SegmentSpec};
+use mooring_proto::transport::{Answer, BoxFuture, ControlPlane, RpcHandler};
+use mooring_proto::wire::{Hello, MasterRequest, MountSegment, PutEnd, PutStart, Reply};
+
+const CLIENT: ClientId = ClientId(7);
+
+/// The leader's service called in-process, answers waiting as the TCP server makes them wait.
+struct Direct(Arc<MasterService>);
+
+impl ControlPlane for Direct {
+    fn send(&self, request: MasterRequest) -> BoxFuture<'_, Result<Reply>> {
+        Box::pin(async move {
+            match self.0.answer(request) {
+                Answer::Now(response) => response,
+                Answer::WhenDurable(response) => response.await,
+            }
+        })
+    }
+}
+
+/// The in-sync sets recorded, in order.
+#[derive(Default)]
+struct Recorded(Mutex<Vec<Vec<String>>>);
+
+impl InSyncRecord for Recorded {
+    fn record(&self, members: Vec<String>) -> BoxFuture<'_, Result<()>> {
+        self.0.lock().unwrap().push(members);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+impl Recorded {
+    fn last(&self) -> Vec<String> {
+        self.0.lock().unwrap().last().cloned().unwrap_or_default()
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mooring-ship-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+async fn put(leader: &(dyn ControlPlane + 'static), key: &str) {
+    let grant = leader
+        .call(PutStart {
+            client: CLIENT,
+            key: key.into(),
+            size: 1000,
+            config: ReplicateConfig::single(),
+            upsert: false,
+        })
+        .await
+        .unwrap();
+    leader
+        .call(PutEnd {
+            client: CLIENT,
+            key: key.into(),
+            write: grant.write_id,
+            checksum: Checksum::of(key.as_bytes()),
+        })
+        .await
+        .unwrap();
+}
+
+fn leader(dir: &Path) -> (Arc<MasterService>, Arc<Recorded>) {
+    // A small snapshot threshold: the copy crosses snapshots and generations.
+    let service = MasterService::persistent(dir, MasterConfig::default(), 8 << 10).unwrap();
+    let recorded = Arc::new(Recorded::default());
+    service
+        .start_shipping(
+            "leader#1".into(),
+            recorded.clone(),
+            Duration::from_millis(300),
+        )
+        .unwrap();
+    (service, recorded)
+}
+
+async fn mount(control: &(dyn ControlPlane + 'static)) {
+    control.call(Hello { client: CLIENT }).await.unwrap();
+    control
+        .call(MountSegment {
+            client: CLIENT,
+            spec: SegmentSpec {
+                name: "seg".into(),
+                base: 0,
+                size: 1 << 30,
+                endpoint: "node:1".into(),
+                key: 1,
+                rdma_key: None,
+            },
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_copy_recovers_to_the_leaders_state_and_holds_every_acknowledged_put() {
+    let (leader_dir, copy_dir) = (scratch("leader"), scratch("copy"));
+    let (service, recorded) = leader(&leader_dir);
+    let control: Arc<dyn ControlPlane> = Arc::new(Direct(service.clone()));
+    mount(control.as_ref()).await;
+    for i in 0..100 {
+        put(control.as_ref(), &format!("early{i}")).await;
+    }
+    // The standby starts late: it gets the newest snapshot, then the journals after it.
+    let mut copier = Copier::fresh(&copy_dir, "standby").unwrap();
+    let name = copier.name().to_string();
+    let following = {
+        let control = control.clone();
+        tokio::spawn(async move {
+            loop {
+                copier.step(control.as_ref()).await.unwrap();
+            }
+        })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !recorded.last().contains(&name) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never in sync: {:?}",
+            recorded.0
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // From here every acknowledged put is on the standby's disk when acknowledged.
+    for i in 0..300 {
+        put(control.as_ref(), &format!("k{i}")).await;
+    }
+    following.abort();
+    let _ = following.await;
+    let live = service.with_master(|m, _| m.state_fingerprint());
+    let copy = mooring::journal::recover(&copy_dir, MasterConfig::default())
+        .unwrap()
+        .master;
+    assert_eq!(
+        copy.state_fingerprint(),
+        live,
+        "the copy is the leader's state"
+    );
+    assert_eq!(
+        recorded.0.lock().unwrap()[0],
+        vec!["leader#1".to_string(), name]
+    );
+    drop(service);
+    let _ = std::fs::remove_dir_all(&leader_dir);
+    let _ = std::fs::remove_dir_all(&copy_dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_that_stops_is_recorded_out_of_sync_before_anything_is_acknowledged_without_it() {
+    let (leader_dir, copy_dir) = (scratch("leader-stall"), scratch("copy-stall"));
+    let (service, recorded) = leader(&leader_dir);
+    let control: Arc<dyn ControlPlane> = Arc::new(Direct(service.clone()));
+    mount(control.as_ref()).await;
+    let mut copier = Copier::fresh(&copy_dir, "standby").unwrap();
+    let name = copier.name().to_string();
+    // Follow until in sync, then stop following.
+    while !recorded.last().contains(&name) {
+        copier.step(control.as_ref()).await.unwrap();
+    }
+    let records_before = recorded.0.lock().unwrap().len();
+    let started = tokio::time::Instant::now();
+    put(control.as_ref(), "after-the-standby-stopped").await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "acknowledged without the in-sync standby before the timeout"
+    );
+    let records = recorded.0.lock().unwrap().clone();
+    assert_eq!(records.len(), records_before + 1, "{records:?}");
+    assert_eq!(records.last().unwrap(), &vec!["leader#1".to_string()]);
+    // No longer waited for: the next put needs no further change to the in-sync set.
+    put(control.as_ref(), "next").await;
+    assert_eq!(recorded.0.lock().unwrap().len(), records_before + 1);
+    drop(service);
+    let _ = std::fs::remove_dir_all(&leader_dir);
+    let _ = std::fs::remove_dir_all(&copy_dir);
+}
