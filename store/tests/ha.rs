@@ -26,9 +26,10 @@ struct Etcd {
 
 impl Etcd {
     fn start() -> Etcd {
-        let dir = std::env::temp_dir().join(format!("mooring-etcd-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
         let (client, peer) = (free_port(), free_port());
+        let dir =
+            std::env::temp_dir().join(format!("mooring-etcd-{}-{client}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
         let url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let child = Command::new("etcd")
@@ -103,15 +104,18 @@ fn start_master(listen: &str, etcd: &str, state: &std::path::Path) -> Proc {
     ])
 }
 
-/// Whether the master at `addr` leads (a standby refuses a client's first call).
+/// Whether the master at `addr` leads now: a standby refuses at once, and the probe does not
+/// wait for an election.
 async fn leads(addr: &str) -> bool {
-    match Client::connect(ClientConfig::new(addr)).await {
-        Ok(client) => {
-            let _ = client.close().await;
-            true
-        }
-        Err(_) => false,
-    }
+    let probe = mooring_transport_tcp::TcpControlPlane::new(
+        addr,
+        Duration::from_millis(500),
+        Duration::ZERO,
+        None,
+        mooring::random_client_id(),
+    );
+    let probe: std::sync::Arc<dyn mooring_proto::transport::ControlPlane> = probe;
+    probe.call(mooring_proto::wire::GetStats {}).await.is_ok()
 }
 
 /// The in-sync set recorded in etcd.
@@ -266,4 +270,80 @@ async fn a_standby_takes_over_from_a_killed_leader_with_every_acknowledged_objec
     eprintln!("second failover: {} ms", failover.as_millis());
     check(client.clone(), 260).await;
     let _ = std::fs::remove_dir_all(&base);
+}
+
+/// Sends `signal` to etcd (SIGSTOP freezes it: the leader's renewals go unanswered).
+fn signal(etcd: &Etcd, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &etcd.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_etcd_stops_granting_and_leads_again_once_it_returns() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let etcd = Etcd::start();
+    let dir = std::env::temp_dir().join(format!("mooring-ha-fence-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _master = start_master(&addr, &etcd.url, &dir);
+    // A node started before the master is elected waits for it.
+    let _nodes = start_nodes(&addr, 1, "16MiB");
+    let client = Client::connect(ClientConfig::new(addr.clone()))
+        .await
+        .unwrap();
+    wait_for_segments(&client, 1).await;
+    for i in 0..20u64 {
+        client
+            .put(
+                &format!("k{i}"),
+                &value(i, 1000),
+                &ReplicateConfig::single(),
+            )
+            .await
+            .unwrap();
+    }
+
+    signal(&etcd, "-STOP");
+    let frozen = Instant::now();
+    // Its lease can no longer be renewed: it must stop granting before etcd could expire it.
+    while leads(&addr).await {
+        assert!(
+            frozen.elapsed() < Duration::from_secs(10),
+            "the leader went on serving without its lease"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "stopped granting {} ms after etcd froze (lease 2 s)",
+        frozen.elapsed().as_millis()
+    );
+    let refused = client
+        .put("refused", &value(1, 10), &ReplicateConfig::single())
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("standby") || refused.to_string().contains("lease"),
+        "{refused}"
+    );
+
+    signal(&etcd, "-CONT");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !leads(&addr).await {
+        assert!(Instant::now() < deadline, "the master never led again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for i in 0..20u64 {
+        assert_eq!(client.get(&format!("k{i}")).await.unwrap(), value(i, 1000));
+    }
+    client
+        .put("after", &value(2, 10), &ReplicateConfig::single())
+        .await
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -107,35 +107,38 @@ impl TcpControlPlane {
     }
 
     /// Sends `request` to the master that leads: on a connection that cannot be opened, or a
-    /// standby's refusal, the next master is tried, and all of them again after a pause.
-    async fn call_leader(&self, request: &MasterRequest) -> Result<Reply> {
+    /// standby's refusal, the next master is tried, and all of them again after a pause. The
+    /// last refusal is left in `refused`.
+    async fn call_leader(
+        &self,
+        request: &MasterRequest,
+        refused: &std::sync::Mutex<Option<Error>>,
+    ) -> Result<Reply> {
         loop {
-            let mut last = None;
             for _ in 0..self.addrs.len().max(1) {
                 let index = self.current.load(Ordering::Relaxed);
                 match self.round_trip(index, request).await {
-                    Err(Attempt::NotSent(e)) | Err(Attempt::Standby(e)) if self.addrs.len() > 1 => {
+                    // A standby may lead shortly; another master may lead already.
+                    Err(Attempt::Standby(e)) => {
                         self.move_on(index);
-                        last = Some(e);
+                        debug!(masters = %self.addr, "no master leads yet ({e}); trying again");
+                        *refused.lock().expect("refusal lock") = Some(e);
                     }
-                    Err(Attempt::NotSent(e) | Attempt::Standby(e) | Attempt::Failed(e)) => {
-                        return Err(e);
+                    Err(Attempt::NotSent(e)) if self.addrs.len() > 1 => {
+                        self.move_on(index);
+                        debug!(masters = %self.addr, "{e}; trying the next master");
                     }
+                    Err(Attempt::NotSent(e) | Attempt::Failed(e)) => return Err(e),
                     Ok(reply) => return reply,
                 }
             }
-            debug!(
-                masters = %self.addr,
-                "no master leads yet ({}); trying again",
-                last.map_or_else(String::new, |e| e.to_string())
-            );
             tokio::time::sleep(ELECTION_RETRY).await;
         }
     }
 
     /// Goes on from master `index` to the next (unless another call did already).
     fn move_on(&self, index: usize) {
-        let next = (index + 1) % self.addrs.len();
+        let next = (index + 1) % self.addrs.len().max(1);
         if self
             .current
             .compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed)
@@ -224,8 +227,13 @@ enum Attempt {
 impl ControlPlane for TcpControlPlane {
     fn send(&self, request: MasterRequest) -> BoxFuture<'_, Result<Reply>> {
         Box::pin(async move {
-            match tokio::time::timeout(self.timeout, self.call_leader(&request)).await {
+            let refused = std::sync::Mutex::new(None);
+            match tokio::time::timeout(self.timeout, self.call_leader(&request, &refused)).await {
                 Ok(result) => result,
+                // Masters answered, but none led: say so (the refusal names the leader).
+                Err(_) if let Some(refusal) = refused.into_inner().expect("refusal lock") => {
+                    Err(refusal)
+                }
                 Err(_) => Err(Error::new(
                     ErrorCode::RPC_FAIL,
                     format!(

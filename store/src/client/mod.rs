@@ -128,6 +128,17 @@ impl Client {
         self.inner.presence.control().call(request).await
     }
 
+    /// [`Client::call`] for a request that names this client, which the master counts as its
+    /// heartbeat: an answer renews the write window as a heartbeat's acknowledgement does
+    /// (so a put right after a master failover need not wait for the next heartbeat).
+    async fn call_as_member<C: Call>(&self, request: C) -> Result<C::Reply> {
+        let contact = &self.inner.presence.contact;
+        let sent = contact.now();
+        let reply = self.call(request).await?;
+        contact.acknowledged(sent);
+        Ok(reply)
+    }
+
     /// The data-plane endpoints of segments, by id (segments no longer mounted are left out).
     pub async fn segment_endpoints(
         &self,

@@ -68,7 +68,7 @@ impl Client {
                 config: config.clone(),
                 upsert,
             };
-            match self.call(request).await {
+            match self.call_as_member(request).await {
                 Ok(grant) => return Ok(grant),
                 Err(e) if e.code == ErrorCode::OBJECT_REPLICA_BUSY && Instant::now() < give_up => {
                     tokio::time::sleep(backoff).await;
@@ -168,7 +168,7 @@ impl Client {
     ) -> Vec<Result<()>> {
         let started = Instant::now();
         let grants = match self
-            .call(BatchPutStart {
+            .call_as_member(BatchPutStart {
                 client: self.id(),
                 items: items
                     .iter()

@@ -87,7 +87,9 @@ pub async fn run(config: GroupConfig, handler: Arc<RoleHandler>) -> Result<()> {
         if let Err(e) = with_lease(&config, &client, &handler).await {
             warn!("{e}; trying again");
         }
-        handler.stand_by(None);
+        if let Some(service) = handler.stand_by(None) {
+            super::retire(service).await;
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -145,7 +147,7 @@ async fn with_lease(
         let mut copy: Option<(Vec<u8>, Copier)> = None;
         loop {
             let won = tokio::select! {
-                won = campaign(config, client, id, handler) => won?,
+                won = campaign(config, client, id) => won?,
                 failed = follow(config, client, handler, &mut copy) => return failed,
             };
             copy = None;
@@ -162,12 +164,7 @@ async fn with_lease(
 
 /// Waits until this master may lead and is elected: it campaigns only while it is in the
 /// in-sync set (or none is recorded yet: a new group).
-async fn campaign(
-    config: &GroupConfig,
-    client: &Client,
-    lease: i64,
-    handler: &RoleHandler,
-) -> Result<LeaderKey> {
+async fn campaign(config: &GroupConfig, client: &Client, lease: i64) -> Result<LeaderKey> {
     let keys = Keys::of(&config.cluster);
     let mut kv = client.kv_client();
     loop {
@@ -195,7 +192,6 @@ async fn campaign(
             let _ = election
                 .resign(Some(ResignOptions::new().with_leader(key)))
                 .await;
-            handler.stand_by(None);
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
         }
@@ -246,7 +242,7 @@ async fn follow(
     let mut election = client.election_client();
     loop {
         let Some((address, key)) = leader(&mut election, &keys).await else {
-            handler.stand_by(None);
+            let _ = handler.stand_by(None);
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
@@ -255,7 +251,7 @@ async fn follow(
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         }
-        handler.stand_by(Some(address.clone()));
+        let _ = handler.stand_by(Some(address.clone()));
         if copy.as_ref().is_none_or(|(following, _)| *following != key) {
             info!(leader = %address, "following the leader");
             *copy = Some((
@@ -315,7 +311,7 @@ async fn lead(
     )?;
     let shipping = service.start_shipping(me, record, config.standby_timeout)?;
     let timer = service.spawn_timer();
-    handler.lead(service.clone(), lease.clone());
+    handler.lead(service, lease.clone());
     info!(
         advertise = %config.advertise,
         recovered_ms = started.elapsed().as_millis() as u64,
@@ -339,8 +335,10 @@ async fn lead(
         () = lapsed => "its lease lapsed (etcd unreachable?)".to_string(),
     };
     warn!("no longer leading: {why}; following the new leader from scratch");
-    handler.stand_by(None);
     timer.abort();
+    if let Some(service) = handler.stand_by(None) {
+        super::retire(service).await;
+    }
     let _ = client
         .election_client()
         .resign(Some(ResignOptions::new().with_leader(key)))

@@ -33,6 +33,23 @@ use mooring_proto::wire::{MasterRequest, MasterResponse};
 use crate::clock::Clock;
 use crate::master_service::MasterService;
 
+/// Waits until nothing but the caller holds `service` (requests it was serving have been
+/// answered), then drops it, which writes and closes its journal: only then may another
+/// service open the same state directory.
+pub async fn retire(service: Arc<MasterService>) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while Arc::strong_count(&service) > 1 {
+        if tokio::time::Instant::now() > deadline {
+            tracing::error!(
+                "a deposed leader's requests still hold its state after 30 s; going on"
+            );
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    drop(service);
+}
+
 /// etcd's client URLs from `--etcd`: comma- or semicolon-separated, with or without Mooncake's
 /// `etcd://` prefix; bare `host:port` entries get `http://`.
 pub fn etcd_endpoints(text: &str) -> Result<Vec<String>, String> {
@@ -130,9 +147,16 @@ impl RoleHandler {
         *self.role.write().unwrap_or_else(|e| e.into_inner()) = Role::Leader { service, lease };
     }
 
-    /// Refuses every request, naming `leader` if known.
-    pub fn stand_by(&self, leader: Option<String>) {
-        *self.role.write().unwrap_or_else(|e| e.into_inner()) = Role::Standby { leader };
+    /// Refuses every request, naming `leader` if known; gives back the service it led with.
+    pub fn stand_by(&self, leader: Option<String>) -> Option<Arc<MasterService>> {
+        let old = std::mem::replace(
+            &mut *self.role.write().unwrap_or_else(|e| e.into_inner()),
+            Role::Standby { leader },
+        );
+        match old {
+            Role::Leader { service, .. } => Some(service),
+            Role::Standby { .. } => None,
+        }
     }
 
     /// The clock leases are measured on.

@@ -231,16 +231,20 @@ pub async fn serve_follow(
             Some(chunk) => return Ok(chunk),
             None => {
                 // The standby has everything: wait for the next sync.
-                if tokio::time::timeout_at(deadline, syncs.changed())
-                    .await
-                    .is_err()
-                {
-                    return Ok(FollowChunk {
-                        file: request.at,
-                        offset: request.offset,
-                        bytes: Vec::new(),
-                        complete: false,
-                    });
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                match tokio::time::timeout(left, syncs.changed()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => {
+                        return Err(unavailable("the leader's journal closed".into()));
+                    }
+                    Err(_) => {
+                        return Ok(FollowChunk {
+                            file: request.at,
+                            offset: request.offset,
+                            bytes: Vec::new(),
+                            complete: false,
+                        });
+                    }
                 }
             }
         }
