@@ -322,7 +322,12 @@ impl Harness {
         // Order: least recently used first within a tier, and a tier only once the one before
         // is used up: unpinned objects with a disk copy (dropping their memory loses nothing),
         // then other unpinned ones, then (if allowed) soft-pinned ones. Objects the master may
-        // have queued for offload instead are excused: the model cannot see its queues.
+        // have queued for offload instead are excused: the model cannot see its queues, and
+        // this very pass may have queued any candidate it picked (so they are marked as of
+        // now, the moment of the pass).
+        if !evicted.is_empty() {
+            self.model.mark_maybe_queued(now);
+        }
         for t in [ON_DISK, UNPINNED, SOFT] {
             let Some(newest) = evicted.iter().filter(|e| e.1 == t).map(|e| e.0).max() else {
                 continue;
