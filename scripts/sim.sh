@@ -5,8 +5,8 @@
 #   scripts/sim.sh run [--seeds N] [--from S] [--jobs J] [--transport tcp|sim|rdma] [--ops N]
 #   MADSIM_TEST_SEED=N scripts/sim.sh replay        one seed again, with logs (RUST_LOG)
 #   scripts/sim.sh determinism [--seeds N]          each seed twice, runs must be identical
-#   scripts/sim.sh ci                               regression list, 200 seeds, 50 RDMA seeds,
-#                                                   determinism
+#   scripts/sim.sh ci                               regression lists, 200 seeds, 60 more TCP
+#                                                   seeds, 50 RDMA seeds, determinism
 #   scripts/sim.sh overnight                        10,000 seeds
 #   scripts/sim.sh teeth [SEEDS]                    every planted bug (sim-tests/teeth.py): seeds
 #                                                   caught and the first failing seed, as a table
@@ -27,6 +27,10 @@ case "$command" in
         "$sim" run --list sim-tests/regressions.txt
         echo "--- ${MOORING_SIM_SEEDS:-200} seeds"
         "$sim" run --seeds "${MOORING_SIM_SEEDS:-200}"
+        echo "--- regression seeds found on TCP runs (sim-tests/regressions-tcp.txt)"
+        "$sim" run --transport tcp --list sim-tests/regressions-tcp.txt
+        echo "--- ${MOORING_SIM_TCP_SEEDS:-60} more seeds over TCP (a sixth run two masters on a simulated etcd and kill the leader)"
+        "$sim" run --seeds "${MOORING_SIM_TCP_SEEDS:-60}" --from 1000 --transport tcp
         echo "--- ${MOORING_SIM_RDMA_SEEDS:-50} seeds over RDMA (the software HCA, with its faults)"
         "$sim" run --seeds "${MOORING_SIM_RDMA_SEEDS:-50}" --from 100 --transport rdma
         echo "--- determinism"

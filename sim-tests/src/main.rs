@@ -210,6 +210,9 @@ mod sim {
 
     /// Runs each seed twice; fails if any pair of runs differs.
     fn determinism(seeds: &[u64], shape: &ShapeArgs) -> i32 {
+        if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
+            tracing_subscriber::fmt().with_env_filter(filter).init();
+        }
         let mut bad = 0;
         for &seed in seeds {
             match check_determinism(&shape.plan(seed)) {

@@ -76,6 +76,45 @@ pub async fn master(world: Arc<World>) {
     }
 }
 
+/// Master `k` of a group: serves through its role handler and takes part in the group on
+/// the simulated etcd (following, campaigning, leading) until killed. Each start is a new
+/// process with the directory the last incarnation left.
+pub async fn group_master(world: Arc<World>, k: usize) {
+    use mooring::ha::RoleHandler;
+    use mooring::ha::etcd::GroupConfig;
+    let handler = Arc::new(RoleHandler::default());
+    world.set_group_handler(k, handler.clone());
+    let addr = crate::world::group_master_addr(k).to_string();
+    let _serving = mooring::ha::serve(&addr, handler.clone(), Some(cluster_token()))
+        .await
+        .expect("the simulated master binds");
+    let w = world.clone();
+    let config = GroupConfig {
+        endpoints: vec![crate::world::etcd_addr().to_string()],
+        cluster: "sim".into(),
+        advertise: addr,
+        // madsim's etcd expires leases on whole-second ticks, so up to a second sooner than
+        // their TTL: the leaders must stop that much earlier (the supervisor checks that no
+        // two masters ever grant at once).
+        lease_ttl: Duration::from_secs(3),
+        lease_margin: Duration::from_millis(1250),
+        standby_timeout: Duration::from_secs(1),
+        state_dir: world.master_state_dir().join(k.to_string()),
+        master: world.plan.master.clone(),
+        snapshot_after: 16 << 10,
+        token: Some(cluster_token()),
+        on_lead: Some(Arc::new(move |service: &Arc<MasterService>| {
+            info!(master = k, "leads the group");
+            service.audit_eviction_order();
+            service.keep_events();
+            w.set_leader(k, service.clone());
+        })),
+    };
+    if let Err(e) = mooring::ha::etcd::run(config, handler).await {
+        info!(master = k, "left the group: {e}");
+    }
+}
+
 /// A storage node's process: joins (retrying while the master is unreachable), then serves
 /// until killed. Every start is a new process: fresh memory, a fresh client id.
 pub async fn storage_node(world: Arc<World>, i: usize) {
@@ -135,7 +174,7 @@ async fn start_node(world: &World, i: usize, name: &str) -> Result<StandaloneNod
                 rdma_devices: None,
             };
             StandaloneNode::start(
-                &master_addr().to_string(),
+                &world.master_target(),
                 Some(id),
                 &segment,
                 Arc::new(LocalSegments::default()),
@@ -201,7 +240,7 @@ pub async fn connect(world: &World, at: IpAddr, segment: Option<String>) -> Resu
     });
     match world.plan.transport {
         Transport::Tcp => {
-            let mut config = ClientConfig::new(master_addr().to_string());
+            let mut config = ClientConfig::new(world.master_target());
             config.id = Some(id);
             config.rpc_timeout = CALL_TIMEOUT;
             config.token = Some(cluster_token());

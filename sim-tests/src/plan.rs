@@ -423,6 +423,10 @@ pub struct Plan {
     pub disk: Option<DiskPlan>,
     /// Whether the master keeps its state on disk (`--state-dir`): in runs that kill it.
     pub master_state: bool,
+    /// Whether two masters run as a group on a simulated etcd (TCP runs that kill the
+    /// master): the kill takes the leader, and the standby must take over with every
+    /// acknowledged change.
+    pub master_group: bool,
     /// The software HCA's fault rates (RDMA runs): remote access errors, queue pairs dying
     /// mid-batch, stalled completions.
     pub rdma_faults: FaultRates,
@@ -544,6 +548,10 @@ impl Plan {
         let master_state = faults
             .iter()
             .any(|(_, f)| matches!(f, Fault::KillMaster { .. }));
+        // Its own stream: half the TCP runs that kill the master run a group instead.
+        let master_group = master_state
+            && transport == Transport::Tcp
+            && chance(&mut Rng::seeded(seed ^ 0x6A0C_E7CD), 0.5);
         // Its own stream: the HCA's faults, in RDMA runs with faults.
         let mut hca = Rng::seeded(seed ^ 0x4843_4146);
         let rdma_faults = if transport == Transport::Rdma && shape.faults {
@@ -569,6 +577,7 @@ impl Plan {
             shape,
             disk,
             master_state,
+            master_group,
             rdma_faults,
         }
     }
@@ -705,6 +714,12 @@ impl fmt::Display for Plan {
             m.put_start_discard_timeout.as_millis(),
             m.put_start_release_timeout.as_millis()
         )?;
+        if self.master_group {
+            writeln!(
+                f,
+                "  two masters in a group on a simulated etcd: a kill takes the leader"
+            )?;
+        }
         match &self.disk {
             Some(d) => writeln!(
                 f,

@@ -161,7 +161,10 @@ pub fn run(plan: Plan) -> Report {
 
 /// The madsim nodes of the cluster.
 struct Nodes {
+    /// The master (a group's first master).
     master: NodeHandle,
+    /// A group's second master, and the simulated etcd they elect through.
+    group: Option<(NodeHandle, NodeHandle)>,
     storage: Vec<NodeHandle>,
     clients: Vec<NodeHandle>,
 }
@@ -200,12 +203,41 @@ fn start_cluster(world: &Arc<World>) -> Nodes {
     let handle = Handle::current();
     let shape = &world.plan.shape;
     let w = world.clone();
-    let master = handle
-        .create_node()
-        .name("master")
-        .ip(ip(Member::Master))
-        .init(move || members::master(w.clone()))
-        .build();
+    let master = if world.plan.master_group {
+        handle
+            .create_node()
+            .name("master0")
+            .ip(ip(Member::Master))
+            .init(move || members::group_master(w.clone(), 0))
+            .build()
+    } else {
+        handle
+            .create_node()
+            .name("master")
+            .ip(ip(Member::Master))
+            .init(move || members::master(w.clone()))
+            .build()
+    };
+    let group = world.plan.master_group.then(|| {
+        let etcd = handle
+            .create_node()
+            .name("etcd")
+            .ip(crate::world::etcd_addr().ip())
+            .init(|| async {
+                let _ = mooring_etcd::SimServer::builder()
+                    .serve(crate::world::etcd_addr())
+                    .await;
+            })
+            .build();
+        let w = world.clone();
+        let standby = handle
+            .create_node()
+            .name("master1")
+            .ip(crate::world::group_master_addr(1).ip())
+            .init(move || members::group_master(w.clone(), 1))
+            .build();
+        (standby, etcd)
+    });
     let storage = (0..shape.nodes)
         .map(|i| {
             let w = world.clone();
@@ -230,6 +262,7 @@ fn start_cluster(world: &Arc<World>) -> Nodes {
         .collect();
     Nodes {
         master,
+        group,
         storage,
         clients,
     }
@@ -421,7 +454,11 @@ impl Supervisor {
                 // What the master reported before it died is the history's; its successor
                 // replays its journal without reporting it again.
                 self.record_gone();
-                let id = self.nodes.master.id();
+                // In a group, the kill takes whichever master leads.
+                let id = match (&self.nodes.group, self.world.leader()) {
+                    (Some((standby, _)), Some(1)) => standby.id(),
+                    _ => self.nodes.master.id(),
+                };
                 self.handle.kill(id);
                 self.heals.push((until, Heal::Restart(id)));
             }
@@ -580,6 +617,13 @@ impl Supervisor {
     }
 
     fn check_invariants(&self) {
+        let granting = self.world.granting();
+        if granting.len() > 1 {
+            self.world.history().violation(format!(
+                "masters {granting:?} grant at once at {:?}",
+                self.world.now()
+            ));
+        }
         if let Some(master) = self.world.master()
             && let Err(violation) = master.with_master(|m, _| invariants::check(m))
         {

@@ -35,9 +35,22 @@ pub fn checker_ip() -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 3, 1))
 }
 
-/// The master's RPC address.
+/// The master's RPC address (in a group: the first master's).
 pub fn master_addr() -> SocketAddr {
     SocketAddr::new(ip(Member::Master), MASTER_PORT)
+}
+
+/// The address of master `k` of a group (the first is [`master_addr`]'s).
+pub fn group_master_addr(k: usize) -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1 + k as u8)),
+        MASTER_PORT,
+    )
+}
+
+/// The simulated etcd's address.
+pub fn etcd_addr() -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 9)), 2379)
 }
 
 /// A request to crash a client between the start and the end of its next write.
@@ -81,6 +94,11 @@ pub struct World {
     pub reading: Mutex<Vec<String>>,
     /// Set once every fault has healed: the simulation stops stalling members on purpose.
     pub healed: AtomicBool,
+    /// A group's masters (their current incarnations), and which one leads.
+    group: Mutex<(
+        BTreeMap<usize, Arc<mooring::ha::RoleHandler>>,
+        Option<usize>,
+    )>,
 }
 
 impl World {
@@ -121,6 +139,7 @@ impl World {
             nodes: Mutex::default(),
             reading: Mutex::default(),
             healed: AtomicBool::new(false),
+            group: Mutex::default(),
             plan,
         })
     }
@@ -174,6 +193,53 @@ impl World {
         *self.master.lock().unwrap_or_else(|e| e.into_inner()) = Some(service);
     }
 
+    /// Where members reach the master: every group master's address, or the one master's.
+    pub fn master_target(&self) -> String {
+        if self.plan.master_group {
+            format!("{},{}", group_master_addr(0), group_master_addr(1))
+        } else {
+            master_addr().to_string()
+        }
+    }
+
+    /// Group master `k`'s current incarnation serves through `handler`.
+    pub fn set_group_handler(&self, k: usize, handler: Arc<mooring::ha::RoleHandler>) {
+        self.lock_group().0.insert(k, handler);
+    }
+
+    /// Group master `k` leads, with `service`.
+    pub fn set_leader(&self, k: usize, service: Arc<MasterService>) {
+        self.lock_group().1 = Some(k);
+        self.set_master(service);
+    }
+
+    /// The group master that last started leading.
+    pub fn leader(&self) -> Option<usize> {
+        self.lock_group().1
+    }
+
+    /// The group masters that grant right now (never more than one).
+    pub fn granting(&self) -> Vec<usize> {
+        self.lock_group()
+            .0
+            .iter()
+            .filter(|(_, handler)| handler.grants())
+            .map(|(&k, _)| k)
+            .collect()
+    }
+
+    fn lock_group(
+        &self,
+    ) -> MutexGuard<
+        '_,
+        (
+            BTreeMap<usize, Arc<mooring::ha::RoleHandler>>,
+            Option<usize>,
+        ),
+    > {
+        self.group.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Takes one operation from client `j`'s budget; false when it is spent.
     pub fn take_op(&self, j: usize) -> bool {
         self.budgets[j]
@@ -210,7 +276,8 @@ impl World {
     }
 }
 
-/// Where the master of seed `seed`'s run keeps its state (see [`World::master_state_dir`]).
+/// Where the master of seed `seed`'s run keeps its state (see [`World::master_state_dir`]);
+/// a group's masters keep theirs in subdirectories `0` and `1`.
 pub fn master_state_dir(seed: u64) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("mooring-sim-master-{}-{seed}", std::process::id()))
 }

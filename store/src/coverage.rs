@@ -52,6 +52,10 @@ impl Path {
     pub const REPAIR_FAILED: Path = Path("repair copy failed and was queued again");
     /// A node's recovery scan dropped records it could not trust.
     pub const RECOVERY_DROPPED: Path = Path("recovery dropped records");
+    /// A standby master took over from its copy of the leader's state.
+    pub const STANDBY_TOOK_OVER: Path = Path("standby took over from its copy");
+    /// A standby fell behind and was recorded out of sync by the leader.
+    pub const STANDBY_DROPPED: Path = Path("standby fell behind and was dropped");
 
     /// The path's name, as the simulation prints it.
     pub fn name(self) -> &'static str {

@@ -487,7 +487,9 @@ impl Journal {
         let write = move || match write_snapshot(&dir, generation, &state) {
             Ok(bytes) => {
                 last_snapshot.store(bytes, Ordering::Relaxed);
-                delete_before(&dir, generation);
+                // The journal before this one stays a generation longer: a standby may still
+                // be copying its last records (see `crate::ha`).
+                delete_before(&dir, generation.saturating_sub(1));
                 info!(generation, bytes, "snapshot written");
             }
             Err(e) => warn!(

@@ -101,11 +101,17 @@ impl Presence {
         let contact = Arc::new(MasterContact::new(clock, info.client_ttl));
         let (node, disk) = match contribution {
             Some(c) => {
-                // Mounted before its disk is scanned, a node asks readers of its disk copies
-                // to retry rather than telling them it has no disk.
-                if c.config.disk.is_some() {
-                    c.server.disk_starting();
-                }
+                // Its disk is read before anything is mounted: a disk that cannot be read
+                // fails the start with nothing left behind. Until the tier serves, the node
+                // asks readers of its disk copies to retry rather than telling them it has no
+                // disk.
+                let opened = match &c.config.disk {
+                    Some(config) => {
+                        c.server.disk_starting();
+                        Some(DiskTier::open(config.clone()).await?)
+                    }
+                    None => None,
+                };
                 // A restarted node may find its name still held by its previous incarnation
                 // until the master expires it: wait that long, and a little more.
                 let patience = Duration::from_millis(info.client_ttl.as_millis()) * 2;
@@ -118,16 +124,10 @@ impl Presence {
                     patience,
                 )
                 .await?;
-                let disk = match &c.config.disk {
-                    Some(config) => Some(
-                        DiskTier::start(
-                            config.clone(),
-                            node.clone(),
-                            id,
-                            control.clone(),
-                            c.server,
-                        )
-                        .await?,
+                let disk = match opened {
+                    Some(opened) => Some(
+                        DiskTier::start(opened, node.clone(), id, control.clone(), c.server)
+                            .await?,
                     ),
                     None => None,
                 };

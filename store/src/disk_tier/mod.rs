@@ -261,16 +261,18 @@ fn open_backend(disk: Arc<dyn Disk>, config: &DiskTierConfig) -> Result<Arc<dyn 
     }
 }
 
+/// A disk tier opened and recovered, not yet serving: [`DiskTier::open`] runs before the
+/// node mounts, so a disk that cannot be read fails the start before anything is mounted.
+pub struct OpenedDisk {
+    config: DiskTierConfig,
+    memory: SegmentMemory,
+    store: Arc<dyn Backend>,
+    copies: DiskCopies,
+}
+
 impl DiskTier {
-    /// Opens the tier on `config.dir`, recovers what is there, registers the staging buffer
-    /// with `server`, and starts syncing `node`'s disk with the master.
-    pub async fn start(
-        config: DiskTierConfig,
-        node: Node,
-        client: ClientId,
-        control: Arc<dyn ControlPlane>,
-        server: Arc<dyn DataServer>,
-    ) -> Result<DiskTier> {
+    /// Opens the tier on `config.dir` and recovers what is there.
+    pub async fn open(config: DiskTierConfig) -> Result<OpenedDisk> {
         let memory = MappedMemory::new(config.staging as usize, true)?.into_segment();
         let store = open_backend(open_disk(&config, &memory)?, &config)?;
         let recovered = store
@@ -293,6 +295,29 @@ impl DiskTier {
             dropped = recovered.dropped.len(),
             "disk tier recovered"
         );
+        Ok(OpenedDisk {
+            config,
+            memory,
+            store,
+            copies,
+        })
+    }
+
+    /// Serves the opened tier: registers the staging buffer with `server` and starts syncing
+    /// `node`'s disk with the master.
+    pub async fn start(
+        opened: OpenedDisk,
+        node: Node,
+        client: ClientId,
+        control: Arc<dyn ControlPlane>,
+        server: Arc<dyn DataServer>,
+    ) -> Result<DiskTier> {
+        let OpenedDisk {
+            config,
+            memory,
+            store,
+            copies,
+        } = opened;
         let staging_addr = server.export(memory.clone())?;
         let inner = Arc::new(TierInner {
             staging: Staging {

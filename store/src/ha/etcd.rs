@@ -20,8 +20,12 @@ use super::ship::InSyncRecord;
 use super::standby::{self, Copier};
 use crate::master_service::MasterService;
 
+/// Called with a master's service when it starts leading, before it serves (the simulation
+/// audits it).
+pub type OnLead = Arc<dyn Fn(&Arc<MasterService>) + Send + Sync>;
+
 /// How a master takes part in a group.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct GroupConfig {
     /// etcd's client URLs.
     pub endpoints: Vec<String>,
@@ -32,6 +36,11 @@ pub struct GroupConfig {
     /// The lease etcd expires a silent master's office after: a dead leader is replaced
     /// after about this long.
     pub lease_ttl: Duration,
+    /// How much sooner than `lease_ttl` after a renewal etcd might expire the lease (clocks
+    /// running at different rates; a lessor that expires on coarse ticks): a leader stops
+    /// granting this long before the TTL, counted from when it sent its last confirmed
+    /// renewal. [`GroupConfig::margin_for`] gives the production value.
+    pub lease_margin: Duration,
     /// How long an in-sync standby may hold back acknowledgements before the leader goes on
     /// without it (it may not take over until it catches up again).
     pub standby_timeout: Duration,
@@ -44,6 +53,17 @@ pub struct GroupConfig {
     pub snapshot_after: u64,
     /// The cluster token, for following the leader.
     pub token: Option<ClusterToken>,
+    /// Called when this master starts leading.
+    pub on_lead: Option<OnLead>,
+}
+
+impl GroupConfig {
+    /// The margin for a lease of `ttl` on a real etcd, which expires a lease no sooner than
+    /// its TTL after the renewal it received: a quarter of the TTL, for clocks running at
+    /// slightly different rates.
+    pub fn margin_for(ttl: Duration) -> Duration {
+        ttl / 4
+    }
 }
 
 fn etcd_error(what: &str, e: impl std::fmt::Display) -> Error {
@@ -109,14 +129,9 @@ async fn with_lease(
         .await
         .map_err(|e| etcd_error("cannot grant a lease", e))?;
     let id = granted.id();
-    // Stop granting a quarter of the TTL early: covers clock-rate differences and a
-    // renewal's trip.
     let ttl = Millis::from_secs(ttl_secs as u64);
-    let lease = Arc::new(Mutex::new(LeaderLease::granted(
-        ttl,
-        Millis(ttl.0 / 4),
-        sent,
-    )));
+    let margin = Millis(config.lease_margin.as_millis() as u64);
+    let lease = Arc::new(Mutex::new(LeaderLease::granted(ttl, margin, sent)));
     let (mut keeper, mut stream) = leases
         .keep_alive(id)
         .await
@@ -147,6 +162,8 @@ async fn with_lease(
         let mut copy: Option<(Vec<u8>, Copier)> = None;
         loop {
             let won = tokio::select! {
+                // In order, not at random: the simulation replays a seed exactly.
+                biased;
                 won = campaign(config, client, id) => won?,
                 failed = follow(config, client, handler, &mut copy) => return failed,
             };
@@ -155,6 +172,8 @@ async fn with_lease(
         }
     };
     let outcome = tokio::select! {
+                // In order, not at random: the simulation replays a seed exactly.
+                biased;
         lost = renewing => Err(lost),
         failed = member => failed,
     };
@@ -185,10 +204,20 @@ async fn campaign(config: &GroupConfig, client: &Client, lease: i64) -> Result<L
         let Some(key) = won.leader().cloned() else {
             return Err(etcd_error("campaign", "won without a leader key"));
         };
-        // Only the leader changes the in-sync set, and this master leads now: check again.
+        // Only the leader changes the in-sync set, and this master leads now: check again,
+        // with the copy as it is now (following may have started it afresh meanwhile).
+        let me = format!(
+            "{}#{}",
+            config.advertise,
+            standby::incarnation(&config.state_dir)?
+        );
         let members = in_sync(&mut kv, &keys).await?;
         if members.as_ref().is_some_and(|m| !m.contains(&me)) {
-            info!("elected, but no longer in sync with the last leader: stepping back");
+            info!(
+                %me,
+                ?members,
+                "elected, but no longer in sync with the last leader: stepping back"
+            );
             let _ = election
                 .resign(Some(ResignOptions::new().with_leader(key)))
                 .await;
@@ -310,6 +339,12 @@ async fn lead(
         config.snapshot_after,
     )?;
     let shipping = service.start_shipping(me, record, config.standby_timeout)?;
+    if service.stats().segments > 0 {
+        crate::coverage::hit(crate::coverage::Path::STANDBY_TOOK_OVER);
+    }
+    if let Some(on_lead) = &config.on_lead {
+        on_lead(&service);
+    }
     let timer = service.spawn_timer();
     handler.lead(service, lease.clone());
     info!(
@@ -331,6 +366,8 @@ async fn lead(
         }
     };
     let why = tokio::select! {
+                // In order, not at random: the simulation replays a seed exactly.
+                biased;
         why = shipping.deposed() => why,
         () = lapsed => "its lease lapsed (etcd unreachable?)".to_string(),
     };

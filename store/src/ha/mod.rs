@@ -164,6 +164,12 @@ impl RoleHandler {
         self.clock.now()
     }
 
+    /// Whether this master grants now: it leads and its lease holds (the simulation checks
+    /// that no two masters ever do at once).
+    pub fn grants(&self) -> bool {
+        self.serving().is_ok()
+    }
+
     /// The service, if this master leads and its lease holds.
     fn serving(&self) -> Result<Arc<MasterService>, Error> {
         match &*self.role.read().unwrap_or_else(|e| e.into_inner()) {

@@ -182,6 +182,7 @@ impl Shipping {
             ?overdue,
             "standby masters fell behind; acknowledging without them (they cannot take over until they catch up)"
         );
+        crate::coverage::hit(crate::coverage::Path::STANDBY_DROPPED);
         if self.record_members(&overdue).await {
             self.with_state(|log| {
                 for name in &overdue {
@@ -252,7 +253,9 @@ pub async fn serve_follow(
 }
 
 /// The bytes after `offset` in `at`, or where the standby must go instead; None when it holds
-/// everything on disk.
+/// everything on disk. A standby that completed a journal gets the snapshot that begins the
+/// next one if there is one (so its copy need not keep every journal), else the next journal;
+/// one that is anywhere the leader cannot continue from starts over from the newest snapshot.
 fn next_chunk(
     dir: &std::path::Path,
     end: LogPosition,
@@ -275,7 +278,7 @@ fn next_chunk(
         )
     };
     match at {
-        StateFile::Journal(g) if (base..=end.generation).contains(&g) => {
+        StateFile::Journal(g) if g <= end.generation => {
             let file_end = if g == end.generation {
                 Some(end.offset)
             } else {
@@ -288,15 +291,22 @@ fn next_chunk(
                 return from_snapshot().map(Some);
             }
             if offset == file_end {
-                if g < end.generation {
-                    return Ok(Some(FollowChunk {
-                        file: StateFile::Journal(g + 1),
-                        offset: 0,
-                        bytes: Vec::new(),
-                        complete: false,
-                    }));
+                if g == end.generation {
+                    return Ok(None);
                 }
-                return Ok(None);
+                let next = g + 1;
+                let snapshot = journal::snapshot_path(dir, next);
+                if snapshots.contains(&next)
+                    && let Ok(chunk) = read_chunk(&snapshot, StateFile::Snapshot(next), 0, None)
+                {
+                    return Ok(Some(chunk));
+                }
+                return Ok(Some(FollowChunk {
+                    file: StateFile::Journal(next),
+                    offset: 0,
+                    bytes: Vec::new(),
+                    complete: false,
+                }));
             }
             let chunk = read_chunk(&journal::journal_path(dir, g), at, offset, Some(file_end));
             match chunk {
@@ -304,12 +314,15 @@ fn next_chunk(
                     chunk.complete &= g < end.generation;
                     Ok(Some(chunk))
                 }
-                // Deleted under us once a newer snapshot was written.
+                // Deleted under us once newer snapshots were written.
                 Err(_) => from_snapshot().map(Some),
             }
         }
-        StateFile::Snapshot(g) if g == base => {
-            read_chunk(&journal::snapshot_path(dir, g), at, offset, None).map(Some)
+        StateFile::Snapshot(g) if snapshots.contains(&g) => {
+            match read_chunk(&journal::snapshot_path(dir, g), at, offset, None) {
+                Ok(chunk) => Ok(Some(chunk)),
+                Err(_) => from_snapshot().map(Some),
+            }
         }
         _ => from_snapshot().map(Some),
     }

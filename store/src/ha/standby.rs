@@ -54,6 +54,7 @@ fn failed(what: String) -> Error {
 /// A standby copying one leader's state files.
 pub struct Copier {
     dir: PathBuf,
+    advertise: String,
     /// The name the leader knows this copy by: `<advertised address>#<incarnation>`.
     name: String,
     at: StateFile,
@@ -66,10 +67,13 @@ impl Copier {
     /// Starts a copy from scratch in `dir`: deletes its state files and takes a fresh
     /// incarnation (the old copy may have diverged from this leader's history).
     pub fn fresh(dir: &Path, advertise: &str) -> Result<Copier> {
-        wipe(dir)?;
+        // A new incarnation first: from here the old one's files are not a copy anyone may
+        // lead from.
         let incarnation = renew_incarnation(dir)?;
+        wipe(dir)?;
         Ok(Copier {
             dir: dir.to_path_buf(),
+            advertise: advertise.to_string(),
             name: format!("{advertise}#{incarnation}"),
             at: StateFile::Journal(0),
             offset: 0,
@@ -145,20 +149,25 @@ impl Copier {
         Ok(())
     }
 
-    /// Goes where the leader sent this copy: a new snapshot starts over, the next journal
-    /// follows a complete one.
+    /// Goes where the leader sent this copy: the next journal, or the snapshot that begins
+    /// it, follows a complete journal; any other snapshot starts the copy over, under a new
+    /// incarnation (until the leader counts it in sync again, it may not take over).
     fn move_to(&mut self, file: StateFile, offset: u64) -> Result<()> {
-        let next_journal =
-            matches!((self.at, file), (StateFile::Journal(a), StateFile::Journal(b)) if b == a + 1);
+        let next = match (self.at, file) {
+            (StateFile::Journal(a), StateFile::Journal(b) | StateFile::Snapshot(b)) => b == a + 1,
+            _ => false,
+        };
         match (file, offset) {
+            (StateFile::Journal(_) | StateFile::Snapshot(_), 0) if next => {}
             (StateFile::Snapshot(_), 0) => {
                 debug!(
                     ?file,
                     "the leader sends its snapshot: starting the copy over"
                 );
+                let incarnation = renew_incarnation(&self.dir)?;
+                self.name = format!("{}#{incarnation}", self.advertise);
                 wipe(&self.dir)?;
             }
-            (StateFile::Journal(_), 0) if next_journal => {}
             _ => {
                 return Err(Error::new(
                     ErrorCode::INTERNAL_ERROR,

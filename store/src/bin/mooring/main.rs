@@ -202,11 +202,13 @@ async fn run_master_group(
         cluster: group.cluster.unwrap_or("default").to_string(),
         advertise,
         lease_ttl,
+        lease_margin: GroupConfig::margin_for(lease_ttl),
         standby_timeout: Duration::from_secs(1),
         state_dir: group.state_dir,
         master: config,
         snapshot_after: group.snapshot_after,
         token,
+        on_lead: None,
     };
     // The address stays the line's last word: scripts read it.
     out!(
