@@ -53,6 +53,12 @@ pub fn etcd_addr() -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 9)), 2379)
 }
 
+/// A group's masters (their current incarnations' role handlers), and which one leads.
+type Group = (
+    BTreeMap<usize, Arc<mooring::ha::RoleHandler>>,
+    Option<usize>,
+);
+
 /// A request to crash a client between the start and the end of its next write.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CrashOrder {
@@ -95,10 +101,7 @@ pub struct World {
     /// Set once every fault has healed: the simulation stops stalling members on purpose.
     pub healed: AtomicBool,
     /// A group's masters (their current incarnations), and which one leads.
-    group: Mutex<(
-        BTreeMap<usize, Arc<mooring::ha::RoleHandler>>,
-        Option<usize>,
-    )>,
+    group: Mutex<Group>,
 }
 
 impl World {
@@ -228,15 +231,7 @@ impl World {
             .collect()
     }
 
-    fn lock_group(
-        &self,
-    ) -> MutexGuard<
-        '_,
-        (
-            BTreeMap<usize, Arc<mooring::ha::RoleHandler>>,
-            Option<usize>,
-        ),
-    > {
+    fn lock_group(&self) -> MutexGuard<'_, Group> {
         self.group.lock().unwrap_or_else(|e| e.into_inner())
     }
 

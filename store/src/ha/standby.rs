@@ -153,10 +153,15 @@ impl Copier {
     /// it, follows a complete journal; any other snapshot starts the copy over, under a new
     /// incarnation (until the leader counts it in sync again, it may not take over).
     fn move_to(&mut self, file: StateFile, offset: u64) -> Result<()> {
-        let next = match (self.at, file) {
-            (StateFile::Journal(a), StateFile::Journal(b) | StateFile::Snapshot(b)) => b == a + 1,
-            _ => false,
-        };
+        // A fresh copy holds nothing yet: wherever the leader starts it is a beginning.
+        let empty = (self.at, self.offset) == (StateFile::Journal(0), 0);
+        let next = empty
+            || match (self.at, file) {
+                (StateFile::Journal(a), StateFile::Journal(b) | StateFile::Snapshot(b)) => {
+                    b == a + 1
+                }
+                _ => false,
+            };
         match (file, offset) {
             (StateFile::Journal(_) | StateFile::Snapshot(_), 0) if next => {}
             (StateFile::Snapshot(_), 0) => {
