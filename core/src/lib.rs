@@ -25,6 +25,7 @@
 //! | `reads`, `holds` | replica lists, exist, leases; held reads (refcounts) |
 //! | [`census`] | objects by state and the bytes they hold, counted on request |
 //! | `remove` | remove, remove-all, remove-by-regex |
+//! | `clear` | a client's hosts; clearing a client's own objects or their replicas on a segment |
 //! | `eviction` | watermark- and pressure-driven LRU eviction with pin tiers |
 //! | `offload` | the SSD tier: offload selection, disk replicas, tombstones, prefetch |
 //! | [`disk_copies`], [`staging`] | a storage node's disk: its copies, disk eviction, two-phase deletion; its staging slots |
@@ -42,6 +43,7 @@ pub mod allocator;
 pub mod census;
 pub mod checksum;
 mod chunked;
+mod clear;
 mod clients;
 pub mod config;
 mod discard;

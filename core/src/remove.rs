@@ -52,7 +52,7 @@ impl Master {
     }
 
     /// Why the object in `slot` cannot be removed now, if it cannot.
-    fn removable(&self, slot: u32, now: Millis) -> Result<()> {
+    pub(crate) fn removable(&self, slot: u32, now: Millis) -> Result<()> {
         let object = self.objects.at(slot);
         if object.task().is_some() {
             return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK.into());

@@ -145,6 +145,17 @@ pub fn handle(master: &mut Master, request: MasterRequest, now: Millis) -> Resul
             Reply::TakeRepairs(m.take_repairs(client, max as usize, now))
         }
         R::GetStats(GetStats {}) => Reply::GetStats(Box::new(m.report(now))),
+        R::BatchQueryIp(BatchQueryIp { clients }) => Reply::BatchQueryIp(m.client_hosts(&clients)),
+        R::BatchReplicaClear(BatchReplicaClear {
+            client,
+            keys,
+            segment,
+        }) => Reply::BatchReplicaClear(m.batch_replica_clear(
+            &keys,
+            client,
+            segment.as_deref(),
+            now,
+        )?),
         R::Follow(_) => {
             return Err(mooring_core::Error::new(
                 mooring_core::ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,

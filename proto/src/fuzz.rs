@@ -185,6 +185,16 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
             max: 20,
         }
         .into(),
+        crate::wire::BatchQueryIp {
+            clients: vec![ClientId(3), ClientId(4)],
+        }
+        .into(),
+        crate::wire::BatchReplicaClear {
+            client: ClientId(3),
+            keys: vec!["a".into(), "b".into()],
+            segment: Some("node0".into()),
+        }
+        .into(),
         Follow {
             follower: "10.0.0.2:50051#12345".into(),
             at: StateFile::Journal(3),

@@ -407,6 +407,16 @@ mod messages {
         /// standby holds everything before that on disk, which acknowledges it); the leader
         /// answers at once when it has more, or after a short wait with nothing.
         Follow { follower: String, at: StateFile, offset: u64 } => FollowChunk;
+        /// Mooncake's BatchQueryIp: the hosts of each client's mounted segments (clients
+        /// with none are left out).
+        BatchQueryIp { clients: Vec<ClientId> } => Vec<(ClientId, Vec<String>)>;
+        /// Mooncake's BatchReplicaClear: clears the caller's own objects among `keys`, whole
+        /// or (with `segment`) their replicas there; answers the keys cleared.
+        BatchReplicaClear {
+            client: ClientId,
+            keys: Vec<String>,
+            segment: Option<String>,
+        } => Vec<String>;
     }
 }
 
@@ -438,7 +448,8 @@ impl MasterRequest {
             | R::TaskEnd(TaskEnd { client, .. })
             | R::TaskRevoke(TaskRevoke { client, .. })
             | R::TaskAbort(TaskAbort { client, .. })
-            | R::TakeRepairs(TakeRepairs { client, .. }) => Some(*client),
+            | R::TakeRepairs(TakeRepairs { client, .. })
+            | R::BatchReplicaClear(BatchReplicaClear { client, .. }) => Some(*client),
             R::DescribeSegments(_)
             | R::ListSegments(_)
             | R::GetReplicaList(_)
@@ -452,7 +463,8 @@ impl MasterRequest {
             | R::QueryByRegex(_)
             | R::ListKeys(_)
             | R::GetStats(_)
-            | R::Follow(_) => None,
+            | R::Follow(_)
+            | R::BatchQueryIp(_) => None,
         }
     }
 
@@ -476,6 +488,7 @@ impl MasterRequest {
                 | R::ListKeys(_)
                 | R::GetStats(_)
                 | R::Follow(_)
+                | R::BatchQueryIp(_)
         )
     }
 

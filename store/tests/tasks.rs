@@ -163,3 +163,67 @@ async fn replicas_lost_with_a_node_are_copied_back_by_the_survivors() {
         );
     }
 }
+
+/// Mooncake's BatchQueryIp and BatchReplicaClear through a real cluster: the nodes' hosts, and
+/// a client clearing its own objects (whole, or a replica on one node) but not another's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_clears_its_own_objects_and_learns_its_nodes_hosts() {
+    let (_master, addr, _nodes, client) = three_nodes().await;
+    let owners: Vec<_> = client
+        .segments()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.owner)
+        .collect();
+    let hosts = client.client_hosts(&owners).await.unwrap();
+    assert_eq!(hosts.len(), 3, "{hosts:?}");
+    assert!(
+        hosts
+            .iter()
+            .all(|(_, h)| h == &vec!["127.0.0.1".to_string()]),
+        "{hosts:?}"
+    );
+
+    client
+        .put("whole", &[1; 1000], &ReplicateConfig::single())
+        .await
+        .unwrap();
+    client
+        .put("pair", &[2; 1000], &ReplicateConfig::replicas(2))
+        .await
+        .unwrap();
+    let other = Client::connect(ClientConfig::new(addr)).await.unwrap();
+    other
+        .put("theirs", &[3; 1000], &ReplicateConfig::single())
+        .await
+        .unwrap();
+    // Reading where "pair" lives would lease it (and a leased object is not cleared): clear it
+    // on each node in turn; a node without a replica of it clears nothing.
+    let mut on = None;
+    for name in ["node0", "node1", "node2"] {
+        let cleared = client
+            .clear_replicas(&["pair".to_string()], Some(name))
+            .await
+            .unwrap();
+        if cleared == vec!["pair".to_string()] {
+            on = Some(name.to_string());
+            break;
+        }
+        assert!(cleared.is_empty(), "{cleared:?}");
+    }
+    let on = on.expect("one of the nodes held a replica of pair");
+    assert_eq!(holders(&client, "pair").await.len(), 1);
+    assert!(!holders(&client, "pair").await.contains(&on));
+    assert_eq!(client.get("pair").await.unwrap(), vec![2; 1000]);
+
+    let keys = vec!["whole".to_string(), "theirs".to_string()];
+    let cleared = client.clear_replicas(&keys, None).await.unwrap();
+    assert_eq!(
+        cleared,
+        vec!["whole".to_string()],
+        "another client's object stays"
+    );
+    assert!(client.get("whole").await.is_err());
+    assert_eq!(client.get("theirs").await.unwrap(), vec![3; 1000]);
+}

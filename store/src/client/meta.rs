@@ -124,6 +124,32 @@ impl Client {
         self.call(ListSegments {}).await
     }
 
+    /// The hosts of each of `clients`' mounted segments, without repeats (Mooncake's
+    /// `BatchQueryIp`); a client with no segment mounted is left out.
+    pub async fn client_hosts(&self, clients: &[ClientId]) -> Result<Vec<(ClientId, Vec<String>)>> {
+        self.call(mooring_proto::wire::BatchQueryIp {
+            clients: clients.to_vec(),
+        })
+        .await
+    }
+
+    /// Clears this client's own objects among `keys` (Mooncake's `BatchReplicaClear`): each
+    /// whole, or with `segment` only its replica there (an object whose only replica that was
+    /// goes whole). Objects another client wrote, or that are leased, held, being written or
+    /// copied, are skipped. Returns the keys cleared.
+    pub async fn clear_replicas(
+        &self,
+        keys: &[String],
+        segment: Option<&str>,
+    ) -> Result<Vec<String>> {
+        self.call(mooring_proto::wire::BatchReplicaClear {
+            client: self.id(),
+            keys: keys.to_vec(),
+            segment: segment.map(str::to_string),
+        })
+        .await
+    }
+
     /// The complete replicas of `key` with the lease they come with (what a get reads from):
     /// for callers that show where a value lives.
     pub async fn replicas(&self, key: &str) -> Result<ReplicaList> {
