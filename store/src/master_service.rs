@@ -354,6 +354,33 @@ fn log_events(events: Vec<Event>) {
     }
 }
 
+/// Binds `listen` and serves `handler` to peers that prove they hold `token`, within
+/// `limits`; returns the bound address and the serving task.
+pub async fn serve_rpc(
+    listen: &str,
+    handler: Arc<dyn RpcHandler>,
+    token: Option<ClusterToken>,
+    limits: Arc<ConnectionLimits>,
+) -> Result<(SocketAddr, JoinHandle<()>)> {
+    let listener = TcpListener::bind(listen).await.map_err(|e| {
+        Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!("master cannot listen on {listen}: {e}"),
+        )
+    })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
+    let server = spawn_rpc_server_with_limits(
+        listener,
+        handler,
+        crate::tuning::server_spin(),
+        token,
+        limits,
+    );
+    Ok((addr, server))
+}
+
 /// A running master: its address and the tasks serving it.
 pub struct RunningMaster {
     /// The service state.
@@ -381,26 +408,9 @@ impl RunningMaster {
         service: Arc<MasterService>,
         token: Option<ClusterToken>,
     ) -> Result<RunningMaster> {
-        let listener = TcpListener::bind(listen).await.map_err(|e| {
-            Error::new(
-                ErrorCode::INVALID_PARAMS,
-                format!("master cannot listen on {listen}: {e}"),
-            )
-        })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Error::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
         let limits = ConnectionLimits::standard();
-        let tasks = vec![
-            spawn_rpc_server_with_limits(
-                listener,
-                service.clone(),
-                crate::tuning::server_spin(),
-                token,
-                limits.clone(),
-            ),
-            service.spawn_timer(),
-        ];
+        let (addr, server) = serve_rpc(listen, service.clone(), token, limits.clone()).await?;
+        let tasks = vec![server, service.spawn_timer()];
         info!(%addr, "master listening");
         Ok(RunningMaster {
             service,

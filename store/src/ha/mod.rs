@@ -91,22 +91,13 @@ pub async fn serve(
     handler: Arc<RoleHandler>,
     token: Option<mooring_proto::auth::ClusterToken>,
 ) -> Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>), Error> {
-    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
-        Error::new(
-            ErrorCode::INVALID_PARAMS,
-            format!("master cannot listen on {listen}: {e}"),
-        )
-    })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| Error::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
-    let task = mooring_transport_tcp::spawn_rpc_server_with_limits(
-        listener,
+    let (addr, task) = crate::master_service::serve_rpc(
+        listen,
         handler,
-        crate::tuning::server_spin(),
         token,
         mooring_transport_tcp::limits::ConnectionLimits::standard(),
-    );
+    )
+    .await?;
     tracing::info!(%addr, "master listening (in a group)");
     Ok((addr, task))
 }
