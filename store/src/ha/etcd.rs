@@ -172,8 +172,8 @@ async fn with_lease(
         }
     };
     let outcome = tokio::select! {
-                // In order, not at random: the simulation replays a seed exactly.
-                biased;
+        // In order, not at random: the simulation replays a seed exactly.
+        biased;
         lost = renewing => Err(lost),
         failed = member => failed,
     };
@@ -345,7 +345,8 @@ async fn lead(
     if let Some(on_lead) = &config.on_lead {
         on_lead(&service);
     }
-    let timer = service.spawn_timer();
+    // Stops with the term however it ends: a lost lease drops this future midway.
+    let timer = AbortOnDrop(service.spawn_timer());
     handler.lead(service, lease.clone());
     info!(
         advertise = %config.advertise,
@@ -366,13 +367,13 @@ async fn lead(
         }
     };
     let why = tokio::select! {
-                // In order, not at random: the simulation replays a seed exactly.
-                biased;
+        // In order, not at random: the simulation replays a seed exactly.
+        biased;
         why = shipping.deposed() => why,
         () = lapsed => "its lease lapsed (etcd unreachable?)".to_string(),
     };
     warn!("no longer leading: {why}; following the new leader from scratch");
-    timer.abort();
+    drop(timer);
     if let Some(service) = handler.stand_by(None) {
         super::retire(service).await;
     }
@@ -381,6 +382,15 @@ async fn lead(
         .resign(Some(ResignOptions::new().with_leader(key)))
         .await;
     Ok(())
+}
+
+/// A task that is aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The in-sync set in etcd, written only while this master's election key is there.
