@@ -62,6 +62,37 @@ pub fn handshake(payload: &[u8]) {
     payload_roundtrip::<Handshake>(payload);
 }
 
+/// Arbitrary bytes as either message of the same-host handoff (a node reads requests from any
+/// local process; a client reads replies from whatever answers on the socket): refused
+/// cleanly, or decoded to a value that survives encoding again.
+pub fn shm_handoff(data: &[u8]) {
+    use crate::handoff::{Reply, decode_reply, decode_request, encode_reply, encode_request};
+    if let Ok(ticket) = decode_request(data) {
+        assert_eq!(encode_request(&ticket).as_slice(), data);
+    }
+    if let Ok(reply) = decode_reply(data) {
+        let again = decode_reply(&encode_reply(&reply)).expect("an encoded reply decodes");
+        match (&reply, &again) {
+            // A message that was not UTF-8 decodes lossily and may be cut when sent again.
+            (Reply::Refused(_), Reply::Refused(_)) => {}
+            _ => assert_eq!(again, reply, "a reply changed through encode and decode"),
+        }
+    }
+}
+
+/// Seeds of the handoff corpus: a request and each kind of reply.
+pub fn sample_handoffs() -> Vec<Vec<u8>> {
+    use crate::handoff::{Reply, encode_reply, encode_request};
+    vec![
+        encode_request(&[7; 16]).to_vec(),
+        encode_reply(&Reply::Granted {
+            base: 0x7f00_0000_0000,
+            len: 1 << 30,
+        }),
+        encode_reply(&Reply::Refused("ticket unknown".into())),
+    ]
+}
+
 /// Arbitrary bytes as a master's journal file (read back at restart from a disk that may hold
 /// anything): decoding stops cleanly at the first bad record, and what it accepts survives
 /// encoding and decoding again.
@@ -140,7 +171,8 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
     use crate::auth::Handshake;
     use crate::wire::{
         BatchExist, DataReply, Follow, FollowChunk, GetReplicaList, Goodbye, Hello, ListKeys,
-        PutEnd, PutStart, QpAddress, Range, Reply, StagedSlot, StateFile, TakeRepairs, TaskAbort,
+        PutEnd, PutStart, QpAddress, Range, Reply, ShmOffer, StagedSlot, StateFile, TakeRepairs,
+        TaskAbort,
     };
     let requests: Vec<MasterRequest> = vec![
         Hello {
@@ -253,6 +285,7 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
             },
             replaces: Some(0x10),
         },
+        DataRequest::ShmAttach { key: 0x55 },
     ];
     let data_responses: Vec<DataResponse> = vec![
         Ok(DataReply::Done),
@@ -269,6 +302,11 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
             lid: 1,
             gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
             psn: 0x1234,
+        })),
+        Ok(DataReply::ShmOffer(ShmOffer {
+            host: [1; 16],
+            socket: [2; 16],
+            ticket: [3; 16],
         })),
         Err(ErrorCode::TRANSFER_FAIL.into()),
     ];

@@ -23,6 +23,7 @@ pub mod auth;
 pub mod disk;
 pub mod dispatch;
 pub mod fuzz;
+pub mod handoff;
 pub mod journal;
 pub mod serve;
 pub mod summing;

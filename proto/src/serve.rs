@@ -7,7 +7,9 @@ use std::sync::{Arc, RwLock};
 
 use mooring_core::{Error, ErrorCode, Result};
 
-use crate::transport::{BoxFuture, ExportTable, NodeAddr, RdmaAcceptor, SegmentMemory, Stager};
+use crate::transport::{
+    BoxFuture, ExportTable, NodeAddr, RdmaAcceptor, SegmentMemory, ShmAcceptor, Stager,
+};
 use crate::wire::{DataReply, DataRequest, DataResponse, Range};
 
 /// How a transport relates a sender's send times to its own clock, so that a write delayed in
@@ -110,6 +112,7 @@ pub struct DataService {
     exports: ExportTable,
     disk: RwLock<DiskState>,
     rdma: RwLock<Option<Arc<dyn RdmaAcceptor>>>,
+    shm: RwLock<Option<Arc<dyn ShmAcceptor>>>,
     counters: Counters,
 }
 
@@ -159,6 +162,7 @@ impl DataService {
             exports: ExportTable::new(key_seed),
             disk: RwLock::new(DiskState::Absent),
             rdma: RwLock::new(None),
+            shm: RwLock::new(None),
             counters: Counters::default(),
         }
     }
@@ -190,6 +194,11 @@ impl DataService {
     /// Connects clients' RDMA queue pairs through `acceptor` from now on.
     pub fn serve_rdma(&self, acceptor: Arc<dyn RdmaAcceptor>) {
         *self.rdma.write().unwrap_or_else(|e| e.into_inner()) = Some(acceptor);
+    }
+
+    /// Offers clients on this host shared mappings through `acceptor` from now on.
+    pub fn serve_shm(&self, acceptor: Arc<dyn ShmAcceptor>) {
+        *self.shm.write().unwrap_or_else(|e| e.into_inner()) = Some(acceptor);
     }
 
     /// Until [`DataService::serve_disk`], tells readers this node's disk tier is starting
@@ -293,6 +302,17 @@ impl DataService {
                     None => Err(Error::new(
                         ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
                         "this node does not serve RDMA (start it with --transports tcp,rdma)",
+                    )),
+                })
+            }
+            DataRequest::ShmAttach { key } => {
+                let acceptor = self.shm.read().unwrap_or_else(|e| e.into_inner()).clone();
+                Served::Answer(match acceptor {
+                    Some(acceptor) => acceptor.offer(key).map(DataReply::ShmOffer),
+                    None => Err(Error::new(
+                        ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+                        "this node does not serve same-host shared memory (start it with \
+                         --transports tcp,shm)",
                     )),
                 })
             }

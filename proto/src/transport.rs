@@ -22,7 +22,7 @@ use mooring_core::{Checksum, Error, ErrorCode, Result};
 use crate::sync::{AtomicU64, Ordering, RwLock};
 use crate::wire::{
     Call, DataReply, DataRequest, MAX_DATA_REQUEST, MasterRequest, MasterResponse, QpAddress,
-    Range, Reply, StagedSlot,
+    Range, Reply, ShmOffer, StagedSlot,
 };
 
 /// A boxed, sendable future.
@@ -211,6 +211,14 @@ pub trait RdmaAcceptor: Send + Sync + 'static {
     fn accept(&self, client: QpAddress, replaces: Option<u32>) -> Result<QpAddress>;
 }
 
+/// A node's same-host side as its data server sees it: hands clients on the node's host a
+/// ticket for a segment's memory, asked over the (authenticated) data-server connection.
+pub trait ShmAcceptor: Send + Sync + 'static {
+    /// A ticket for the segment exported under `key`, or why there is none (the segment is
+    /// not in shared memory, or the key is unknown).
+    fn offer(&self, key: u64) -> Result<ShmOffer>;
+}
+
 /// Keeps a segment's memory mapped: the memory stays valid while any clone of its owner lives.
 // std's `Arc` even under `--cfg mooring_loom`: owners are made by unsized coercion
 // (`Arc<Mapping>` to `Arc<dyn Any>`), which loom's `Arc` cannot do. The loom tests still check
@@ -227,7 +235,7 @@ pub type MemoryOwner = Arc<dyn std::any::Any + Send + Sync>;
 pub struct SegmentMemory {
     ptr: NonNull<u8>,
     len: usize,
-    _owner: MemoryOwner,
+    owner: MemoryOwner,
 }
 
 impl std::fmt::Debug for SegmentMemory {
@@ -248,11 +256,7 @@ impl SegmentMemory {
     /// # Safety
     /// The bytes must stay allocated for as long as `owner` (or any clone) lives.
     pub unsafe fn new(ptr: NonNull<u8>, len: usize, owner: MemoryOwner) -> SegmentMemory {
-        SegmentMemory {
-            ptr,
-            len,
-            _owner: owner,
-        }
+        SegmentMemory { ptr, len, owner }
     }
 
     /// The address clients use for the first byte (the node's virtual address).
@@ -263,6 +267,12 @@ impl SegmentMemory {
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// What keeps the memory mapped (a transport that needs more than the bytes, such as the
+    /// descriptor of a shared mapping, finds it here).
+    pub fn owner(&self) -> &MemoryOwner {
+        &self.owner
     }
 
     /// Whether the segment is empty.
@@ -324,6 +334,9 @@ pub trait DataServer: Send + Sync {
     /// Answers clients' requests for RDMA queue pairs through `acceptor` (a node that serves
     /// RDMA).
     fn serve_rdma(&self, acceptor: Arc<dyn RdmaAcceptor>);
+    /// Answers clients' requests to map segments from the same host through `acceptor` (a
+    /// node that serves shm).
+    fn serve_shm(&self, acceptor: Arc<dyn ShmAcceptor>);
 
     /// What this server has served since it started.
     fn counts(&self) -> crate::serve::DataCounts;

@@ -28,7 +28,7 @@ use mooring_core::{
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MOOR";
 /// The wire format version this build speaks.
-pub const WIRE_VERSION: u8 = 11;
+pub const WIRE_VERSION: u8 = 12;
 /// Length of the frame header.
 pub const HEADER_LEN: usize = 24;
 /// Largest frame payload accepted (a batch of many keys fits; bulk data travels outside).
@@ -610,6 +610,14 @@ mod data {
             /// The node's queue pair the new one replaces, if any.
             replaces: Option<u32>,
         },
+        /// Offer the sender, if it runs on this node's host, a ticket with which to map the
+        /// segment with `key` and read and write it by memcpy ([`DataReply::ShmOffer`]).
+        /// Asked over this authenticated connection, so only peers holding the cluster token
+        /// learn a ticket.
+        ShmAttach {
+            /// The segment's access key.
+            key: u64,
+        },
         /// The first request on a connection: answered at once, so the sender learns the
         /// round trip (which bounds this message's delay) and the node can relate the
         /// sender's clock to its own (see `Write::valid_for_us`).
@@ -629,6 +637,7 @@ mod data {
                 DataRequest::Unstage { .. } => "Unstage",
                 DataRequest::Probe { .. } => "Probe",
                 DataRequest::RdmaConnect { .. } => "RdmaConnect",
+                DataRequest::ShmAttach { .. } => "ShmAttach",
             }
         }
 
@@ -640,7 +649,8 @@ mod data {
                 DataRequest::Probe { .. }
                 | DataRequest::Stage { .. }
                 | DataRequest::Unstage { .. }
-                | DataRequest::RdmaConnect { .. } => return Some(0),
+                | DataRequest::RdmaConnect { .. }
+                | DataRequest::ShmAttach { .. } => return Some(0),
             };
             ranges
                 .iter()
@@ -692,6 +702,22 @@ pub enum DataReply {
     Staged(StagedSlot),
     /// The node's queue pair, connected to the sender's.
     RdmaConnected(QpAddress),
+    /// How a sender on the node's host maps a segment.
+    ShmOffer(ShmOffer),
+}
+
+/// A node's offer of a segment to a client on the same host: present `ticket` on the node's
+/// Unix socket `socket` (abstract namespace) and receive the segment's memory descriptor.
+/// `host` lets the client see whether it shares the node's host before trying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub struct ShmOffer {
+    /// The node's host: its kernel boot id.
+    pub host: [u8; 16],
+    /// The node's socket: the abstract name `mooring-shm-` followed by these bytes in hex.
+    pub socket: [u8; 16],
+    /// A one-time ticket for this segment, valid for a few seconds.
+    pub ticket: [u8; 16],
 }
 
 impl DataReply {
@@ -715,6 +741,19 @@ impl DataReply {
             other => Err(Error::new(
                 ErrorCode::TRANSFER_FAIL,
                 format!("node {endpoint} answered an RDMA connect with {other:?}"),
+            )),
+        }
+    }
+}
+
+impl DataReply {
+    /// The offer of a reply to `ShmAttach` from the node at `endpoint`.
+    pub fn into_shm_offer(self, endpoint: &str) -> Result<ShmOffer, Error> {
+        match self {
+            DataReply::ShmOffer(offer) => Ok(offer),
+            other => Err(Error::new(
+                ErrorCode::TRANSFER_FAIL,
+                format!("node {endpoint} answered a same-host attach with {other:?}"),
             )),
         }
     }

@@ -13,7 +13,7 @@ use mooring_proto::wire::{FrameKind, HEADER_LEN};
 type Entry = fn(&[u8]);
 
 /// Each wire target with its entry point.
-const TARGETS: [(&str, Entry); 7] = [
+const TARGETS: [(&str, Entry); 8] = [
     ("wire_frame", fuzz::frame),
     ("master_request", fuzz::master_request),
     ("master_response", fuzz::master_response),
@@ -21,6 +21,7 @@ const TARGETS: [(&str, Entry); 7] = [
     ("data_response", fuzz::data_response),
     ("handshake", fuzz::handshake),
     ("journal", fuzz::journal),
+    ("shm_handoff", fuzz::shm_handoff),
 ];
 
 /// Every corpus input and its single-bit flips, plus random bytes, through every target.
@@ -71,6 +72,12 @@ fn write_seed_corpora() {
     std::fs::create_dir_all(&dir).expect("corpus dir");
     let name = format!("seed-{:08x}", crc32c::crc32c(&journal));
     std::fs::write(dir.join(name), &journal).expect("corpus file");
+    let dir = corpus_dir("shm_handoff");
+    std::fs::create_dir_all(&dir).expect("corpus dir");
+    for input in fuzz::sample_handoffs() {
+        let name = format!("seed-{:08x}", crc32c::crc32c(&input));
+        std::fs::write(dir.join(name), &input).expect("corpus file");
+    }
     for (kind, frame) in fuzz::sample_frames() {
         let (target, input) = match kind {
             FrameKind::MasterRequest => ("master_request", &frame[HEADER_LEN..]),

@@ -111,6 +111,8 @@ impl NativeClient {
             if let Some(segment) = config.segment.as_mut() {
                 segment.advertise = Some(name.clone());
                 segment.node.name = Some(name.clone());
+                // Engines on one host (prefill beside decode) map each other's segments.
+                segment.node.shared = true;
             }
             match Client::connect(config).await {
                 Ok(client) => return Ok((client, name)),

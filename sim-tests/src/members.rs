@@ -162,6 +162,7 @@ async fn start_node(world: &World, i: usize, name: &str) -> Result<StandaloneNod
         name: Some(name.to_string()),
         size: world.plan.shape.node_bytes,
         prefault: false,
+        shared: false,
         disk,
     };
     let member = Member::Node(i);
@@ -236,6 +237,7 @@ pub async fn connect(world: &World, at: IpAddr, segment: Option<String>) -> Resu
         name: Some(name),
         size: world.plan.shape.client_bytes,
         prefault: false,
+        shared: false,
         disk: None,
     });
     match world.plan.transport {

@@ -190,11 +190,7 @@ impl Writer {
         run: &str,
     ) -> Result<Writer> {
         let sizes: Vec<String> = config.sizes.iter().map(u64::to_string).collect();
-        let transport = match config.transport {
-            TransportChoice::Auto => "auto",
-            TransportChoice::Tcp => "tcp",
-            TransportChoice::Rdma => "rdma",
-        };
+        let transport = config.transport.name();
         let args = [
             "bench-writer",
             "--master",
@@ -405,6 +401,17 @@ async fn read_phases(
     let objects = objects_for(size, config.count);
     let expected: Vec<Vec<u8>> = (0..objects).map(|i| value(size, i)).collect();
     let mut buf = vec![0u8; size as usize];
+    // The yardstick: one thread copying the same values (as many, as large, in the same
+    // order) from memory into the same buffer.
+    let mut lat = Vec::with_capacity(config.count);
+    for n in 0..config.count {
+        let source = &expected[n % objects];
+        let t = Instant::now();
+        buf.copy_from_slice(std::hint::black_box(source));
+        std::hint::black_box(&mut buf);
+        lat.push(t.elapsed());
+    }
+    let memcpy = Phase::from_latencies("memcpy", size, 1, lat);
     let bar = progress(
         config.progress,
         config.count as u64,
@@ -423,7 +430,7 @@ async fn read_phases(
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let mut phases = vec![Phase::from_latencies("get", size, 1, lat)];
+    let mut phases = vec![memcpy, Phase::from_latencies("get", size, 1, lat)];
 
     let batch = config.batch.min(objects);
     let rounds = config.count.div_ceil(batch);
@@ -541,22 +548,25 @@ pub async fn run_writer(
         .map(|&s| objects_for(s, count) as u64 * s.div_ceil(64) * 64)
         .sum();
     let segment = footprint + footprint / 4 + (64 << 20);
-    let contributing = |rdma: bool| {
+    let contributing = |rdma: bool, shm: bool| {
         let mut config = ClientConfig::new(master).contributing(segment, "127.0.0.1:0");
         if let Some(s) = config.segment.as_mut() {
             s.rdma_devices = rdma.then(Vec::new);
+            s.node.shared = shm;
         }
         config
     };
-    // The segment is served over RDMA unless TCP is asked for; under `auto` a machine
-    // without RDMA serves it over TCP.
+    // The segment is served as the reader will reach it: over TCP only for `tcp` (private
+    // memory, as before shared memory existed), in shared memory for `shm`, and under `auto`
+    // both and RDMA where the machine has it.
     let writer = match transport {
-        TransportChoice::Tcp => Client::connect(contributing(false)).await?,
-        TransportChoice::Rdma => Client::connect(contributing(true)).await?,
-        TransportChoice::Auto => match Client::connect(contributing(true)).await {
+        TransportChoice::Tcp => Client::connect(contributing(false, false)).await?,
+        TransportChoice::Rdma => Client::connect(contributing(true, false)).await?,
+        TransportChoice::Shm => Client::connect(contributing(false, true)).await?,
+        TransportChoice::Auto => match Client::connect(contributing(true, true)).await {
             Ok(writer) => writer,
             Err(e) if e.code == ErrorCode::UNAVAILABLE_IN_CURRENT_MODE => {
-                Client::connect(contributing(false)).await?
+                Client::connect(contributing(false, true)).await?
             }
             Err(e) => return Err(e),
         },

@@ -72,6 +72,7 @@ impl EmbeddedCluster {
                     name: Some(format!("node-{i}")),
                     size: config.node_size,
                     prefault: config.prefault,
+                    shared: false,
                     disk: config.disk.as_ref().map(|disk| DiskTierConfig {
                         dir: disk.dir.join(format!("node-{i}")),
                         ..disk.clone()

@@ -77,6 +77,7 @@ impl ClientConfig {
                 name: None,
                 size,
                 prefault: true,
+                shared: false,
                 disk: None,
             },
             listen: listen.into(),
@@ -158,6 +159,10 @@ async fn contribution(
     let server: Arc<dyn mooring_proto::transport::DataServer> = match &segment.rdma_devices {
         Some(devices) => crate::transports::serve_rdma(server, devices, segment.node.size)?,
         None => server,
+    };
+    let server = match segment.node.shared {
+        true => crate::transports::serve_shm(server)?,
+        false => server,
     };
     Ok(Contribution {
         config: segment.node.clone(),

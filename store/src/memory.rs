@@ -10,6 +10,23 @@ use std::sync::Arc;
 use mooring_core::{Error, ErrorCode, Result};
 use mooring_proto::transport::SegmentMemory;
 
+/// `len` bytes of segment memory, optionally prefaulted: in shared memory (a sealed memfd
+/// that clients on this host can map) when `shared`, else an anonymous private mapping.
+pub fn segment_memory(len: usize, prefault: bool, shared: bool) -> Result<SegmentMemory> {
+    if !shared {
+        return Ok(MappedMemory::new(len, prefault)?.into_segment());
+    }
+    #[cfg(not(madsim))]
+    {
+        Ok(mooring_transport_shm::SharedMemory::new(len, prefault)?.into_segment())
+    }
+    #[cfg(madsim)]
+    Err(Error::new(
+        ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+        "shared memory needs real processes; the simulation runs every node in one",
+    ))
+}
+
 /// An anonymous private mapping.
 pub struct MappedMemory {
     ptr: NonNull<u8>,

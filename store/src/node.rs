@@ -17,7 +17,7 @@ use tracing::{info, warn};
 
 use crate::buggify::{self, Site};
 
-use crate::memory::MappedMemory;
+use crate::memory::segment_memory;
 
 /// What a node contributes.
 #[derive(Clone, Debug)]
@@ -28,6 +28,9 @@ pub struct NodeConfig {
     pub size: u64,
     /// Touch every page at startup so transfers never page-fault.
     pub prefault: bool,
+    /// Back the segment (and the disk tier's staging buffer) with shared memory that clients
+    /// on this host map (the node serves shm).
+    pub shared: bool,
     /// A disk tier behind the segment (spec 001), if any.
     pub disk: Option<crate::disk_tier::DiskTierConfig>,
 }
@@ -59,7 +62,7 @@ impl Node {
         default_name: &str,
         patience: Duration,
     ) -> Result<Node> {
-        let memory = MappedMemory::new(config.size as usize, config.prefault)?.into_segment();
+        let memory = segment_memory(config.size as usize, config.prefault, config.shared)?;
         let node = Node {
             inner: Arc::new(NodeInner {
                 client,

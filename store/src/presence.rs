@@ -108,7 +108,7 @@ impl Presence {
                 let opened = match &c.config.disk {
                     Some(config) => {
                         c.server.disk_starting();
-                        Some(DiskTier::open(config.clone()).await?)
+                        Some(DiskTier::open(config.clone(), c.config.shared).await?)
                     }
                     None => None,
                 };

@@ -1,5 +1,6 @@
-//! One vocabulary for every transport: what a node serves (`--transports tcp,rdma`) and what
-//! a client picks per node (`--transport auto|tcp|rdma`), checked before anything starts so a
+//! One vocabulary for every transport: what a node serves (`--transports tcp,rdma,shm`) and
+//! what a client picks per node (`--transport auto|tcp|rdma|shm`; `auto` takes shared memory
+//! for nodes on the client's host, then RDMA, then TCP), checked before anything starts so a
 //! missing device or library is a clear refusal, never a failure half way through.
 
 use std::sync::Arc;
@@ -14,6 +15,8 @@ pub enum Transport {
     Tcp,
     /// One-sided RDMA READ/WRITE through the node's NIC.
     Rdma,
+    /// The segment in shared memory, mapped by clients on the node's host.
+    Shm,
 }
 
 impl Transport {
@@ -22,6 +25,7 @@ impl Transport {
         match self {
             Transport::Tcp => "tcp",
             Transport::Rdma => "rdma",
+            Transport::Shm => "shm",
         }
     }
 }
@@ -36,7 +40,24 @@ pub enum TransportChoice {
     Tcp,
     /// Always RDMA (fails for nodes without it).
     Rdma,
+    /// Always shared memory (fails for nodes on other hosts or without it).
+    Shm,
 }
+
+impl TransportChoice {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportChoice::Auto => "auto",
+            TransportChoice::Tcp => "tcp",
+            TransportChoice::Rdma => "rdma",
+            TransportChoice::Shm => "shm",
+        }
+    }
+}
+
+/// What a node serves unless told otherwise: TCP, and its memory to clients on its host.
+pub const DEFAULT_SERVED: &str = "tcp,shm";
 
 /// Parses a node's `--transports` list (comma-separated, e.g. `tcp,rdma`).
 pub fn parse_served(list: &str) -> Result<Vec<Transport>> {
@@ -45,16 +66,14 @@ pub fn parse_served(list: &str) -> Result<Vec<Transport>> {
         let transport = match name {
             "tcp" => Transport::Tcp,
             "rdma" => Transport::Rdma,
-            "shm" => {
-                return Err(Error::new(
-                    ErrorCode::INVALID_PARAMS,
-                    "the same-host transport (shm) is not available yet; serve tcp or rdma",
-                ));
-            }
+            "shm" => Transport::Shm,
             other => {
                 return Err(Error::new(
                     ErrorCode::INVALID_PARAMS,
-                    format!("unknown transport {other:?}: use tcp, rdma or both (tcp,rdma)"),
+                    format!(
+                        "unknown transport {other:?}: use a list of tcp, rdma and shm (e.g. \
+                         tcp,shm)"
+                    ),
                 ));
             }
         };
@@ -65,11 +84,67 @@ pub fn parse_served(list: &str) -> Result<Vec<Transport>> {
     if served.is_empty() {
         return Err(Error::new(
             ErrorCode::INVALID_PARAMS,
-            "--transports names no transport: use tcp, rdma or tcp,rdma",
+            "--transports names no transport: use a list of tcp, rdma and shm (e.g. tcp,shm)",
+        ));
+    }
+    if !served.contains(&Transport::Tcp) {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            "--transports must include tcp: every node serves its data over TCP (stage \
+             requests, clients on other hosts, the RDMA and shared-memory handshakes)",
         ));
     }
     served.sort();
     Ok(served)
+}
+
+/// `server`, offering its exports in shared memory to clients on this host too (the node
+/// must then back its segments with shared memory: see `NodeConfig::shared`).
+pub fn serve_shm(server: Arc<dyn DataServer>) -> Result<Arc<dyn DataServer>> {
+    #[cfg(not(madsim))]
+    {
+        let shm = mooring_transport_shm::ShmServer::start()?;
+        Ok(Arc::new(mooring_transport_shm::ShmDataServer::new(
+            server, shm,
+        )))
+    }
+    #[cfg(madsim)]
+    {
+        let _ = server;
+        Err(no_shm_in_simulation())
+    }
+}
+
+#[cfg(madsim)]
+fn no_shm_in_simulation() -> Error {
+    Error::new(
+        ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+        "shared memory needs real processes; the simulation runs every node in one",
+    )
+}
+
+/// `plane`, reaching nodes on this host through shared memory (all of them under `shm`,
+/// where a node on another host is an error; those that offer it under `auto`).
+fn same_host(plane: Arc<dyn DataPlane>, choice: TransportChoice) -> Result<Arc<dyn DataPlane>> {
+    match choice {
+        TransportChoice::Tcp | TransportChoice::Rdma => Ok(plane),
+        #[cfg(not(madsim))]
+        TransportChoice::Auto | TransportChoice::Shm => {
+            let required = choice == TransportChoice::Shm;
+            match mooring_transport_shm::ShmDataPlane::new(plane.clone(), required) {
+                Ok(shm) => Ok(Arc::new(shm)),
+                Err(e) if required => Err(e),
+                Err(e) => {
+                    tracing::debug!("no shared memory for this client: {e}");
+                    Ok(plane)
+                }
+            }
+        }
+        #[cfg(madsim)]
+        TransportChoice::Auto => Ok(plane),
+        #[cfg(madsim)]
+        TransportChoice::Shm => Err(no_shm_in_simulation()),
+    }
 }
 
 /// Splits a `--rdma-device` list (`mlx5_0,mlx5_1`).
@@ -109,10 +184,24 @@ pub fn serve_rdma(
     }
 }
 
-/// The data plane a client uses: `via` (the data servers' transport) for `tcp`; RDMA for
-/// nodes that serve it under `auto` when this process can open a device (else `via`); RDMA
-/// only under `rdma`, failing here if no device can be opened.
+/// The data plane a client uses: `via` (the data servers' transport) for `tcp`; under
+/// `auto`, shared memory for nodes on this host that offer it, then RDMA for nodes that serve
+/// it when this process can open a device, else `via`; RDMA only under `rdma`, failing here
+/// if no device can be opened; shared memory only under `shm`.
 pub fn client_data_plane(
+    via: Arc<dyn DataPlane>,
+    choice: TransportChoice,
+    devices: &[String],
+) -> Result<Arc<dyn DataPlane>> {
+    let network = match choice {
+        TransportChoice::Shm => via,
+        _ => network_data_plane(via, choice, devices)?,
+    };
+    same_host(network, choice)
+}
+
+/// RDMA (as `choice` asks) in front of `via`.
+fn network_data_plane(
     via: Arc<dyn DataPlane>,
     choice: TransportChoice,
     devices: &[String],
@@ -175,11 +264,15 @@ mod tests {
             let e = parse_served(bad).unwrap_err();
             assert_eq!(e.code, ErrorCode::INVALID_PARAMS, "{bad}");
         }
+        assert_eq!(
+            parse_served("shm,tcp").unwrap(),
+            vec![Transport::Tcp, Transport::Shm]
+        );
         assert!(
             parse_served("shm")
                 .unwrap_err()
                 .to_string()
-                .contains("not available yet")
+                .contains("must include tcp")
         );
         assert_eq!(
             device_names(Some("mlx5_0, mlx5_1,")),

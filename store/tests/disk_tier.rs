@@ -165,6 +165,7 @@ async fn round_trip_and_restart(backend: DiskBackend) {
             name: Some("node-0".into()),
             size: 4 << 20,
             prefault: false,
+            shared: false,
             disk: Some(disk),
         },
         listen: "127.0.0.1:0".into(),

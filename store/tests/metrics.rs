@@ -83,6 +83,10 @@ fn scrapes_follow_the_work_and_need_the_token() {
         "--no-prefault",
         "--name",
         "node-a",
+        // Over TCP, so its data server moves (and counts) the bytes; a same-host client
+        // would otherwise copy them through shared memory.
+        "--transports",
+        "tcp",
         "--metrics-listen",
         &node_metrics,
     ]);

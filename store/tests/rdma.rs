@@ -72,6 +72,7 @@ impl Cluster {
                 name: Some(format!("node-{i}")),
                 size: NODE_SIZE,
                 prefault: false,
+                shared: false,
                 disk: None,
             },
             server,

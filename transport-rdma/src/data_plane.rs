@@ -13,8 +13,8 @@ use std::time::Duration;
 use mooring_core::{Checksum, Error, ErrorCode, Result};
 use mooring_proto::serve::DataCounts;
 use mooring_proto::transport::{
-    BoxFuture, DataPlane, DataServer, NodeAddr, RdmaAcceptor, ReadOp, SegmentMemory, Stager,
-    WriteOp,
+    BoxFuture, DataPlane, DataServer, NodeAddr, RdmaAcceptor, ReadOp, SegmentMemory, ShmAcceptor,
+    Stager, WriteOp,
 };
 use mooring_proto::wire::{DataReply, DataRequest, QpAddress};
 
@@ -104,6 +104,10 @@ impl<V: Verbs> DataServer for RdmaDataServer<V> {
 
     fn serve_rdma(&self, acceptor: Arc<dyn RdmaAcceptor>) {
         self.inner.serve_rdma(acceptor);
+    }
+
+    fn serve_shm(&self, acceptor: Arc<dyn ShmAcceptor>) {
+        self.inner.serve_shm(acceptor);
     }
 
     fn counts(&self) -> DataCounts {

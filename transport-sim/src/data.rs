@@ -134,6 +134,10 @@ impl DataServer for SimDataServer {
         self.service.serve_rdma(acceptor);
     }
 
+    fn serve_shm(&self, acceptor: Arc<dyn mooring_proto::transport::ShmAcceptor>) {
+        self.service.serve_shm(acceptor);
+    }
+
     fn counts(&self) -> mooring_proto::serve::DataCounts {
         self.service.counts()
     }

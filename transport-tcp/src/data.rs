@@ -285,6 +285,10 @@ impl DataServer for TcpDataServer {
         self.service.serve_rdma(acceptor);
     }
 
+    fn serve_shm(&self, acceptor: Arc<dyn mooring_proto::transport::ShmAcceptor>) {
+        self.service.serve_shm(acceptor);
+    }
+
     fn counts(&self) -> mooring_proto::serve::DataCounts {
         mooring_proto::serve::DataCounts {
             connections: self.limits.open() as u64,

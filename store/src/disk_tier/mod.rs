@@ -38,7 +38,7 @@ use tracing::{info, warn};
 
 use crate::clock::Clock;
 use crate::coverage::{self, Path};
-use crate::memory::MappedMemory;
+use crate::memory::segment_memory;
 use crate::node::Node;
 
 mod stage;
@@ -271,9 +271,10 @@ pub struct OpenedDisk {
 }
 
 impl DiskTier {
-    /// Opens the tier on `config.dir` and recovers what is there.
-    pub async fn open(config: DiskTierConfig) -> Result<OpenedDisk> {
-        let memory = MappedMemory::new(config.staging as usize, true)?.into_segment();
+    /// Opens the tier on `config.dir` and recovers what is there; its staging buffer is in
+    /// shared memory when `shared` (the node serves shm).
+    pub async fn open(config: DiskTierConfig, shared: bool) -> Result<OpenedDisk> {
+        let memory = segment_memory(config.staging as usize, true, shared)?;
         let store = open_backend(open_disk(&config, &memory)?, &config)?;
         let recovered = store
             .recover()

@@ -307,10 +307,12 @@ pub(crate) struct NodeArgs {
     /// it off.
     #[arg(long, value_name = "N", default_value_t = 200)]
     pub(crate) repair_rate: u32,
-    /// Data-plane transports to serve, comma-separated: tcp, rdma, or tcp,rdma [default:
-    /// tcp]. The TCP data server always runs (it also sets up RDMA queue pairs and serves
-    /// disk staging). RDMA needs a device, kernel support, a memlock limit above --size and
-    /// a build with `--features rdma`.
+    /// Data-plane transports to serve, comma-separated, always including tcp: tcp, rdma,
+    /// shm [default: tcp,shm]. The TCP data server always runs (clients on other hosts, the
+    /// RDMA and shared-memory handshakes, disk staging). shm puts the segment in shared
+    /// memory (a sealed memfd) that clients on this host holding the cluster token map and
+    /// copy to and from directly. RDMA needs a device, kernel support, a memlock limit above
+    /// --size and a build with `--features rdma`.
     #[arg(long, value_name = "LIST")]
     pub(crate) transports: Option<String>,
     /// RDMA devices to use, comma-separated (the first that exists) [default: the first
@@ -329,8 +331,9 @@ pub(crate) struct ClientArgs {
     /// Time allowed for one request.
     #[arg(long, default_value = "10s")]
     pub(crate) timeout: String,
-    /// How to reach nodes: auto (the best each node offers that this client can use), tcp,
-    /// or rdma (needs a device).
+    /// How to reach nodes: auto (the best each node offers that this client can use: shared
+    /// memory on this host, then RDMA, then TCP), tcp, rdma (needs a device) or shm (only
+    /// nodes on this host that serve it).
     #[arg(long, value_enum, default_value = "auto")]
     pub(crate) transport: mooring::transports::TransportChoice,
     /// RDMA devices to use, comma-separated (the first that exists) [default: the first
@@ -449,8 +452,8 @@ pub(crate) struct BenchArgs {
     /// Print results as JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
-    /// How the reader reaches the writer's segment: auto (RDMA where this machine has it),
-    /// tcp, or rdma.
+    /// How the reader reaches the writer's segment: auto (shared memory, as the reader and
+    /// writer share this host), tcp, rdma or shm.
     #[arg(long, value_enum, default_value = "auto")]
     pub(crate) transport: mooring::transports::TransportChoice,
 }

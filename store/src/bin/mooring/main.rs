@@ -249,11 +249,19 @@ async fn run_node(args: NodeArgs) -> Result<(), Error> {
     let size =
         parse_size(&args.size.or(f.size).unwrap_or_else(|| "1GiB".into())).map_err(usage_error)?;
     let token_given = args.serve.auth.token()?.is_some();
+    // Before anything is mapped or mounted: a bad flag fails here, with what to change.
+    let served = mooring::transports::parse_served(
+        args.transports
+            .or(f.transports)
+            .as_deref()
+            .unwrap_or(mooring::transports::DEFAULT_SERVED),
+    )?;
     let segment = SegmentConfig {
         node: mooring::NodeConfig {
             name: args.name.or(f.name),
             size,
             prefault: !args.no_prefault && f.prefault.unwrap_or(true),
+            shared: served.contains(&mooring::transports::Transport::Shm),
             disk: match args.disk_dir.or(f.disk_dir) {
                 Some(dir) => {
                     let mut disk = DiskTierConfig::new(dir);
@@ -283,12 +291,11 @@ async fn run_node(args: NodeArgs) -> Result<(), Error> {
             .into()
         }),
         advertise: args.advertise.or(f.advertise),
-        // Before anything is mapped or mounted: a bad flag fails here, with what to change.
-        rdma_devices: mooring::transports::parse_served(
-            args.transports.or(f.transports).as_deref().unwrap_or("tcp"),
-        )?
-        .contains(&mooring::transports::Transport::Rdma)
-        .then(|| mooring::transports::device_names(args.rdma_device.or(f.rdma_device).as_deref())),
+        rdma_devices: served
+            .contains(&mooring::transports::Transport::Rdma)
+            .then(|| {
+                mooring::transports::device_names(args.rdma_device.or(f.rdma_device).as_deref())
+            }),
     };
     let token = args.serve.token_for(&segment.listen)?;
     mooring::preflight::check_segment_size(size)?;

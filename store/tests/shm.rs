@@ -1,0 +1,266 @@
+//! Same-host shared memory as users meet it: a master and nodes as real processes on this
+//! host, clients in this process that map the nodes' segments and copy by memcpy, with the
+//! nodes' own counters showing that no value crossed their TCP data servers.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mooring::transports::TransportChoice;
+use mooring::{Client, ClientConfig};
+use mooring_core::{ErrorCode, ReplicateConfig};
+
+mod common;
+
+use common::{BIN, Proc, free_port, value};
+
+/// The node's metrics page.
+fn node_metrics(addr: &str) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connect to the node's metrics");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+/// A counter's value on a metrics page.
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+fn start_node(master: &str, name: &str, transports: &str, metrics: &str) -> Proc {
+    Proc::start(&[
+        "node",
+        "--master",
+        master,
+        "--size",
+        "32MiB",
+        "--name",
+        name,
+        "--transports",
+        transports,
+        "--metrics-listen",
+        metrics,
+    ])
+}
+
+async fn client(master: &str, transport: TransportChoice) -> Client {
+    let mut config = ClientConfig::new(master);
+    config.transport = transport;
+    Client::connect(config).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_host_values_move_by_memcpy_and_stay_verified() {
+    let master = Proc::start(&["master", "--listen", "127.0.0.1:0"]);
+    let addr = master.announced_addr();
+    let (metrics_a, metrics_b) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    // Both serve shared memory (the default) beside TCP.
+    let _a = start_node(&addr, "node-a", "tcp,shm", &metrics_a);
+    let _b = Proc::start(&[
+        "node",
+        "--master",
+        &addr,
+        "--size",
+        "32MiB",
+        "--name",
+        "node-b",
+        "--metrics-listen",
+        &metrics_b,
+    ]);
+    let shm = client(&addr, TransportChoice::Shm).await;
+    let two = ReplicateConfig::replicas(2);
+    let sizes: Vec<usize> = (0..24).map(|i| 1 + (i * 7919 * 37) % 1_500_000).collect();
+    for (i, &len) in sizes.iter().enumerate() {
+        shm.put(&format!("k{i}"), &value(i as u64, len), &two)
+            .await
+            .unwrap();
+    }
+    let other = client(&addr, TransportChoice::Auto).await;
+    for (i, &len) in sizes.iter().enumerate() {
+        assert_eq!(
+            shm.get(&format!("k{i}")).await.unwrap(),
+            value(i as u64, len)
+        );
+        assert_eq!(
+            other.get(&format!("k{i}")).await.unwrap(),
+            value(i as u64, len)
+        );
+    }
+    let keys: Vec<String> = (0..sizes.len()).map(|i| format!("k{i}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    for (i, got) in other.batch_get(&keys).await.into_iter().enumerate() {
+        assert_eq!(got.unwrap(), value(i as u64, sizes[i]), "k{i}");
+    }
+    // Every value went in and out by memcpy: neither node's TCP data server moved one.
+    for metrics in [&metrics_a, &metrics_b] {
+        let page = node_metrics(metrics);
+        assert_eq!(sample(&page, "mooring_node_reads_total"), 0.0, "{page}");
+        assert_eq!(sample(&page, "mooring_node_writes_total"), 0.0, "{page}");
+    }
+    // A client that asks for TCP gets TCP, with the same bytes.
+    let tcp = client(&addr, TransportChoice::Tcp).await;
+    assert_eq!(tcp.get("k3").await.unwrap(), value(3, sizes[3]));
+    let page = node_metrics(&metrics_a);
+    let page_b = node_metrics(&metrics_b);
+    assert!(
+        sample(&page, "mooring_node_reads_total") + sample(&page_b, "mooring_node_reads_total")
+            >= 1.0,
+        "{page}"
+    );
+    // An upsert through shared memory is seen whole by a TCP reader.
+    shm.upsert("k3", &value(99, 777_777), &two).await.unwrap();
+    assert_eq!(tcp.get("k3").await.unwrap(), value(99, 777_777));
+    for c in [shm, other, tcp] {
+        c.close().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_is_refused_where_it_cannot_run_and_auto_falls_back() {
+    let master = Proc::start(&["master", "--listen", "127.0.0.1:0"]);
+    let addr = master.announced_addr();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let _tcp_only = start_node(&addr, "tcp-only", "tcp", &metrics);
+    // Forced shared memory to a node that does not serve it: a clear error, no data.
+    let shm = client(&addr, TransportChoice::Shm).await;
+    let err = shm
+        .put("k", &value(1, 5000), &ReplicateConfig::single())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::TRANSFER_FAIL, "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("shared memory") && message.contains("--transport auto"),
+        "{message}"
+    );
+    // auto reaches it over TCP.
+    let auto = client(&addr, TransportChoice::Auto).await;
+    auto.put("k", &value(1, 5000), &ReplicateConfig::single())
+        .await
+        .unwrap();
+    assert_eq!(auto.get("k").await.unwrap(), value(1, 5000));
+    assert!(sample(&node_metrics(&metrics), "mooring_node_writes_total") >= 1.0);
+    // A node cannot serve shm without TCP, and says so before mapping anything.
+    let out = Command::new(BIN)
+        .args([
+            "node",
+            "--master",
+            &addr,
+            "--size",
+            "8MiB",
+            "--transports",
+            "shm",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("must include tcp"), "{stderr}");
+}
+
+/// Presents `ticket` on the node socket named by `socket`: whether a descriptor came back,
+/// and the reply.
+fn redeem(socket: &[u8; 16], ticket: &[u8; 16]) -> (bool, mooring_transport_shm::handoff::Reply) {
+    use mooring_transport_shm::handoff;
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixStream};
+    let hex: String = socket.iter().map(|b| format!("{b:02x}")).collect();
+    let name = format!("mooring-shm-{hex}");
+    let stream =
+        UnixStream::connect_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap())
+            .unwrap();
+    (&stream)
+        .write_all(&handoff::encode_request(ticket))
+        .unwrap();
+    let (reply, fd) = handoff::recv_reply(&stream).unwrap();
+    (fd.is_some(), reply)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tickets_come_only_through_the_data_server_and_work_once() {
+    use mooring_proto::transport::{ControlPlane, DataPlane, NodeAddr};
+    use mooring_proto::wire::{DataRequest, ListSegments};
+    use mooring_transport_shm::handoff::Reply;
+    use mooring_transport_tcp::{DataPlaneConfig, LocalSegments, TcpControlPlane, TcpDataPlane};
+    let master = Proc::start(&["master", "--listen", "127.0.0.1:0"]);
+    let addr = master.announced_addr();
+    let _node = start_node(
+        &addr,
+        "node-a",
+        "tcp,shm",
+        &format!("127.0.0.1:{}", free_port()),
+    );
+    let control = TcpControlPlane::new(
+        &addr,
+        Duration::from_secs(5),
+        Duration::ZERO,
+        None,
+        mooring_core::ClientId(0x5A),
+    );
+    let control: &dyn ControlPlane = &*control;
+    let info = control.call(ListSegments {}).await.unwrap().remove(0);
+    let node = NodeAddr {
+        endpoint: info.endpoint.into(),
+        key: info.key,
+        rdma_key: None,
+    };
+    let data = TcpDataPlane::new(
+        Arc::new(LocalSegments::default()),
+        DataPlaneConfig::default(),
+    );
+    let ask = |key| data.request(&node, DataRequest::ShmAttach { key });
+    let offer = ask(node.key).await.unwrap().into_shm_offer("node").unwrap();
+    assert_eq!(offer.host, mooring_transport_shm::host_id().unwrap());
+    // A ticket never issued, then a real one twice: only the real one's first use maps.
+    let (fd, reply) = redeem(&offer.socket, &[0x42; 16]);
+    assert!(
+        !fd && matches!(reply, Reply::Refused(ref why) if why.contains("ticket")),
+        "{reply:?}"
+    );
+    let (fd, reply) = redeem(&offer.socket, &offer.ticket);
+    assert!(fd, "{reply:?}");
+    assert!(
+        matches!(reply, Reply::Granted { len, .. } if len == 32 << 20),
+        "{reply:?}"
+    );
+    let (fd, reply) = redeem(&offer.socket, &offer.ticket);
+    assert!(
+        !fd && matches!(reply, Reply::Refused(_)),
+        "a ticket works once: {reply:?}"
+    );
+    // No ticket for a key the node does not serve.
+    let err = ask(node.key ^ 0xFF00).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::UNAVAILABLE_IN_CURRENT_MODE, "{err}");
+    // Garbage on the socket is refused and the node keeps serving.
+    {
+        use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr, UnixStream};
+        let hex: String = offer.socket.iter().map(|b| format!("{b:02x}")).collect();
+        let address =
+            SocketAddr::from_abstract_name(format!("mooring-shm-{hex}").as_bytes()).unwrap();
+        let stream = UnixStream::connect_addr(&address).unwrap();
+        (&stream).write_all(&[0xEE; 21]).unwrap();
+        let (reply, fd) = mooring_transport_shm::handoff::recv_reply(&stream).unwrap();
+        assert!(
+            fd.is_none() && matches!(reply, Reply::Refused(_)),
+            "{reply:?}"
+        );
+        drop(UnixStream::connect_addr(&address).unwrap());
+    }
+    let offer = ask(node.key).await.unwrap().into_shm_offer("node").unwrap();
+    assert!(redeem(&offer.socket, &offer.ticket).0);
+}

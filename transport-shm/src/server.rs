@@ -1,0 +1,335 @@
+//! A node's side: the segments it offers in shared memory, the tickets it has handed out, and
+//! the Unix socket on which clients redeem them.
+
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mooring_core::{Error, ErrorCode, Result};
+use mooring_proto::serve::DataCounts;
+use mooring_proto::transport::{
+    DataServer, NodeAddr, RdmaAcceptor, SegmentMemory, ShmAcceptor, Stager,
+};
+use mooring_proto::wire::ShmOffer;
+use mooring_transport_tcp::refusals;
+use tracing::{debug, info};
+
+use crate::handoff::{self, Reply};
+use crate::memory::shared;
+
+/// How long a ticket may wait to be redeemed.
+pub const TICKET_TTL: Duration = Duration::from_secs(10);
+/// Tickets outstanding at most; beyond it the oldest are forgotten.
+const MAX_TICKETS: usize = 1024;
+/// Clients served at once; more are refused at once (each is served in well under a
+/// millisecond, so this only bites a flood).
+const MAX_HANDOFFS: usize = 8;
+/// How long a client may take to send its ticket or receive its reply.
+const HANDOFF_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The sockets of the shared-memory servers in this process: a client offered one of them
+/// reaches the segment through its own process's memory instead of mapping it twice.
+static IN_THIS_PROCESS: Mutex<Vec<[u8; 16]>> = Mutex::new(Vec::new());
+
+/// Whether the socket named by `id` is served by this process.
+pub(crate) fn in_this_process(id: &[u8; 16]) -> bool {
+    lock(&IN_THIS_PROCESS).contains(id)
+}
+
+/// The abstract socket name a node with `id` listens on.
+pub(crate) fn socket_name(id: &[u8; 16]) -> String {
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    format!("mooring-shm-{hex}")
+}
+
+/// A node's shared-memory offers and the socket serving them. Stops listening when dropped.
+pub struct ShmServer {
+    state: Arc<State>,
+    host: [u8; 16],
+    socket: [u8; 16],
+    listener: Option<JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Segments in shared memory, by their data-server key.
+    exports: Mutex<HashMap<u64, SegmentMemory>>,
+    tickets: Mutex<Tickets>,
+    stopping: AtomicBool,
+    handoffs: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Tickets {
+    /// What each ticket is for, and when it was issued.
+    issued: HashMap<[u8; 16], (u64, Instant)>,
+}
+
+impl Tickets {
+    fn issue(&mut self, key: u64, now: Instant) -> [u8; 16] {
+        self.issued
+            .retain(|_, (_, at)| now.duration_since(*at) < TICKET_TTL);
+        if self.issued.len() >= MAX_TICKETS {
+            let oldest = self
+                .issued
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(t, _)| *t)
+                .expect("at the limit, so not empty");
+            self.issued.remove(&oldest);
+        }
+        let ticket = random();
+        self.issued.insert(ticket, (key, now));
+        ticket
+    }
+
+    /// The key `ticket` is for, if it was issued and has not expired or been redeemed.
+    fn redeem(&mut self, ticket: &[u8; 16], now: Instant) -> Option<u64> {
+        let (key, at) = self.issued.remove(ticket)?;
+        (now.duration_since(at) < TICKET_TTL).then_some(key)
+    }
+}
+
+fn random() -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).expect("the operating system's random source");
+    bytes
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl ShmServer {
+    /// Listens on a fresh abstract Unix socket.
+    pub fn start() -> Result<Arc<ShmServer>> {
+        let host = crate::host_id()?;
+        let socket = random();
+        let name = socket_name(&socket);
+        let address = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| {
+            Error::new(
+                ErrorCode::INTERNAL_ERROR,
+                format!("abstract socket {name}: {e}"),
+            )
+        })?;
+        let listener = UnixListener::bind_addr(&address).map_err(|e| {
+            Error::new(
+                ErrorCode::INTERNAL_ERROR,
+                format!("cannot listen on the shared-memory socket {name}: {e}"),
+            )
+        })?;
+        let state = Arc::new(State::default());
+        let serving = state.clone();
+        let thread = std::thread::Builder::new()
+            .name("mooring-shm".into())
+            .spawn(move || accept_loop(listener, serving))
+            .map_err(|e| {
+                Error::new(
+                    ErrorCode::INTERNAL_ERROR,
+                    format!("cannot start a thread: {e}"),
+                )
+            })?;
+        lock(&IN_THIS_PROCESS).push(socket);
+        info!(socket = %name, "serving same-host shared memory");
+        Ok(Arc::new(ShmServer {
+            state,
+            host,
+            socket,
+            listener: Some(thread),
+        }))
+    }
+
+    /// Offers `memory` (if it is shared memory) under the data server's `key`.
+    pub fn add(&self, key: u64, memory: SegmentMemory) {
+        if shared(&memory).is_some() {
+            lock(&self.state.exports).insert(key, memory);
+        }
+    }
+
+    /// Stops offering `key`; tickets for it are no longer honoured.
+    pub fn remove(&self, key: u64) {
+        lock(&self.state.exports).remove(&key);
+        lock(&self.state.tickets)
+            .issued
+            .retain(|_, (k, _)| *k != key);
+    }
+}
+
+impl ShmAcceptor for ShmServer {
+    fn offer(&self, key: u64) -> Result<ShmOffer> {
+        if !lock(&self.state.exports).contains_key(&key) {
+            return Err(Error::new(
+                ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+                format!("segment key {key:#x} is not in shared memory here; use TCP for it"),
+            ));
+        }
+        let ticket = lock(&self.state.tickets).issue(key, Instant::now());
+        Ok(ShmOffer {
+            host: self.host,
+            socket: self.socket,
+            ticket,
+        })
+    }
+}
+
+impl Drop for ShmServer {
+    fn drop(&mut self) {
+        lock(&IN_THIS_PROCESS).retain(|s| *s != self.socket);
+        self.state.stopping.store(true, Ordering::SeqCst);
+        // Wake the accept loop so it sees the flag.
+        if let Ok(address) = SocketAddr::from_abstract_name(socket_name(&self.socket).as_bytes()) {
+            let _ = UnixStream::connect_addr(&address);
+        }
+        if let Some(thread) = self.listener.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn accept_loop(listener: UnixListener, state: Arc<State>) {
+    for stream in listener.incoming() {
+        if state.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(stream) = stream else { continue };
+        if state.handoffs.fetch_add(1, Ordering::SeqCst) >= MAX_HANDOFFS {
+            state.handoffs.fetch_sub(1, Ordering::SeqCst);
+            refusals::refused(
+                "shm socket",
+                "too many clients at once on the shared-memory socket",
+            );
+            continue;
+        }
+        let serving = state.clone();
+        let spawned = std::thread::Builder::new()
+            .name("mooring-shm-handoff".into())
+            .spawn(move || {
+                hand_off(&stream, &serving);
+                serving.handoffs.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            state.handoffs.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Serves one client: reads its ticket and sends the memory it is for, or why not.
+fn hand_off(stream: &UnixStream, state: &State) {
+    use std::io::Read;
+    let _ = stream.set_read_timeout(Some(HANDOFF_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(HANDOFF_TIMEOUT));
+    let mut request = [0u8; handoff::REQUEST_LEN];
+    if let Err(e) = (&*stream).read_exact(&mut request) {
+        refusals::refused(
+            "shm socket",
+            &format!("no ticket within {HANDOFF_TIMEOUT:?}: {e}"),
+        );
+        return;
+    }
+    let ticket = match handoff::decode_request(&request) {
+        Ok(ticket) => ticket,
+        Err(why) => {
+            refusals::refused("shm socket", &why);
+            let _ = handoff::send_reply(stream, &Reply::Refused(why), None);
+            return;
+        }
+    };
+    let key = lock(&state.tickets).redeem(&ticket, Instant::now());
+    let memory = key.and_then(|key| lock(&state.exports).get(&key).cloned());
+    let Some(memory) = memory else {
+        refusals::refused(
+            "shm socket",
+            "a ticket that is unknown, used, expired or for a segment gone",
+        );
+        let why = "ticket unknown, already used or expired, or its segment is gone: ask the node \
+                   for a new one";
+        let _ = handoff::send_reply(stream, &Reply::Refused(why.into()), None);
+        return;
+    };
+    let Some(shared) = shared(&memory) else {
+        return;
+    };
+    let granted = Reply::Granted {
+        base: memory.base(),
+        len: memory.len() as u64,
+    };
+    match handoff::send_reply(stream, &granted, Some(shared.fd().as_fd())) {
+        Ok(()) => debug!(len = memory.len(), "handed a segment to a same-host client"),
+        Err(e) => debug!("a same-host client left before its segment was handed over: {e}"),
+    }
+}
+
+/// A node's data server that offers its segments to same-host clients too.
+pub struct ShmDataServer {
+    inner: Arc<dyn DataServer>,
+    shm: Arc<ShmServer>,
+}
+
+impl ShmDataServer {
+    /// Offers the shared-memory exports of `inner` through `shm`; `inner` answers the
+    /// clients' attach requests.
+    pub fn new(inner: Arc<dyn DataServer>, shm: Arc<ShmServer>) -> ShmDataServer {
+        inner.serve_shm(shm.clone());
+        ShmDataServer { inner, shm }
+    }
+}
+
+impl DataServer for ShmDataServer {
+    fn export(&self, memory: SegmentMemory) -> Result<NodeAddr> {
+        let addr = self.inner.export(memory.clone())?;
+        self.shm.add(addr.key, memory);
+        Ok(addr)
+    }
+
+    fn unexport(&self, key: u64) {
+        self.shm.remove(key);
+        self.inner.unexport(key);
+    }
+
+    fn serve_disk(&self, stager: Arc<dyn Stager>) -> Result<()> {
+        self.inner.serve_disk(stager)
+    }
+
+    fn disk_starting(&self) {
+        self.inner.disk_starting();
+    }
+
+    fn serve_rdma(&self, acceptor: Arc<dyn RdmaAcceptor>) {
+        self.inner.serve_rdma(acceptor);
+    }
+
+    fn serve_shm(&self, acceptor: Arc<dyn ShmAcceptor>) {
+        self.inner.serve_shm(acceptor);
+    }
+
+    fn counts(&self) -> DataCounts {
+        self.inner.counts()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tickets_work_once_within_their_time_and_are_bounded() {
+        let mut tickets = Tickets::default();
+        let t0 = Instant::now();
+        let a = tickets.issue(1, t0);
+        let b = tickets.issue(2, t0);
+        assert_ne!(a, b);
+        assert_eq!(tickets.redeem(&a, t0), Some(1));
+        assert_eq!(tickets.redeem(&a, t0), None, "once only");
+        assert_eq!(tickets.redeem(&b, t0 + TICKET_TTL), None, "expired");
+        assert_eq!(tickets.redeem(&[0; 16], t0), None);
+        for i in 0..MAX_TICKETS + 10 {
+            tickets.issue(i as u64, t0 + Duration::from_millis(i as u64));
+        }
+        assert_eq!(tickets.issued.len(), MAX_TICKETS);
+    }
+}
