@@ -223,6 +223,12 @@ impl Helper {
     }
 }
 
+/// Starts the process's helper now rather than inside the first transfer that needs it
+/// (finding the core count and starting a thread took milliseconds here).
+pub fn start_helper() {
+    let _ = helper();
+}
+
 /// The process's helper, started on first use; `None` where a thread cannot be started, where
 /// there is only one core, and in the simulation, which runs every node on one thread (the
 /// caller sums everything itself then).
