@@ -36,6 +36,8 @@ pub struct Summing<'b> {
     batch: Arc<Batch>,
     /// Which operation and remote address each piece is of, and its length.
     pieces: Vec<(usize, u64, u64)>,
+    /// Sum every piece in the caller's thread.
+    inline: bool,
     /// Every buffer handed to [`Summing::add`] stays borrowed until this is dropped.
     _borrows: PhantomData<&'b [u8]>,
 }
@@ -46,6 +48,19 @@ impl<'b> Summing<'b> {
         Summing {
             batch: Arc::new(Batch::default()),
             pieces: Vec::new(),
+            inline: false,
+            _borrows: PhantomData,
+        }
+    }
+
+    /// An empty set of pieces that are all summed as they are added, in the caller's thread:
+    /// for a transfer whose pieces would otherwise wait for the helper to wake (a single
+    /// value copied in memory, where the copy is too quick for the helper to overlap it).
+    pub fn inline() -> Summing<'b> {
+        Summing {
+            batch: Arc::new(Batch::default()),
+            pieces: Vec::new(),
+            inline: true,
             _borrows: PhantomData,
         }
     }
@@ -57,7 +72,7 @@ impl<'b> Summing<'b> {
         self.pieces.push((op, addr, bytes.len() as u64));
         let mut state = self.batch.lock();
         let index = state.sums.len();
-        let helper = helper();
+        let helper = if self.inline { None } else { helper() };
         if bytes.len() < STEP || helper.is_none() {
             state.sums.push(Some(Checksum::of(bytes)));
             return;
@@ -270,8 +285,10 @@ mod tests {
             .map(|i| bytes([10, STEP - 1, STEP, 3 * STEP + 5][i % 4], i as u32))
             .collect();
         let mut summing = Summing::new();
+        let mut inline = Summing::inline();
         for (op, b) in buffers.iter().enumerate() {
             summing.add_all(op, 1000 * op as u64, b);
+            inline.add_all(op, 1000 * op as u64, b);
         }
         let mut expected = Vec::new();
         for (op, b) in buffers.iter().enumerate() {
@@ -285,6 +302,11 @@ mod tests {
             }
         }
         assert_eq!(summing.finish(), expected);
+        assert_eq!(
+            inline.finish(),
+            expected,
+            "summed in the caller's thread, the same"
+        );
     }
 
     #[test]

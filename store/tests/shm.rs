@@ -172,22 +172,27 @@ async fn shm_is_refused_where_it_cannot_run_and_auto_falls_back() {
     assert!(stderr.contains("must include tcp"), "{stderr}");
 }
 
-/// Presents `ticket` on the node socket named by `socket`: whether a descriptor came back,
-/// and the reply.
-fn redeem(socket: &[u8; 16], ticket: &[u8; 16]) -> (bool, mooring_transport_shm::handoff::Reply) {
-    use mooring_transport_shm::handoff;
-    use std::os::linux::net::SocketAddrExt;
-    use std::os::unix::net::{SocketAddr, UnixStream};
-    let hex: String = socket.iter().map(|b| format!("{b:02x}")).collect();
-    let name = format!("mooring-shm-{hex}");
-    let stream =
-        UnixStream::connect_addr(&SocketAddr::from_abstract_name(name.as_bytes()).unwrap())
-            .unwrap();
-    (&stream)
-        .write_all(&handoff::encode_request(ticket))
-        .unwrap();
-    let (reply, fd) = handoff::recv_reply(&stream).unwrap();
+/// A connection to the node socket an offer names.
+fn connect(socket: &[u8; 16]) -> std::os::unix::net::UnixStream {
+    let (address, _) = mooring_transport_shm::socket_address(socket).unwrap();
+    std::os::unix::net::UnixStream::connect_addr(&address).unwrap()
+}
+
+/// Sends `bytes` on the node socket an offer names: whether a descriptor came back, and the
+/// reply.
+fn send(socket: &[u8; 16], bytes: &[u8]) -> (bool, mooring_transport_shm::handoff::Reply) {
+    let stream = connect(socket);
+    (&stream).write_all(bytes).unwrap();
+    let (reply, fd) = mooring_transport_shm::handoff::recv_reply(&stream).unwrap();
     (fd.is_some(), reply)
+}
+
+/// Presents `ticket` on the node socket an offer names.
+fn redeem(socket: &[u8; 16], ticket: &[u8; 16]) -> (bool, mooring_transport_shm::handoff::Reply) {
+    send(
+        socket,
+        &mooring_transport_shm::handoff::encode_request(ticket),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -245,22 +250,11 @@ async fn tickets_come_only_through_the_data_server_and_work_once() {
     // No ticket for a key the node does not serve.
     let err = ask(node.key ^ 0xFF00).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::UNAVAILABLE_IN_CURRENT_MODE, "{err}");
-    // Garbage on the socket is refused and the node keeps serving.
-    {
-        use std::os::linux::net::SocketAddrExt;
-        use std::os::unix::net::{SocketAddr, UnixStream};
-        let hex: String = offer.socket.iter().map(|b| format!("{b:02x}")).collect();
-        let address =
-            SocketAddr::from_abstract_name(format!("mooring-shm-{hex}").as_bytes()).unwrap();
-        let stream = UnixStream::connect_addr(&address).unwrap();
-        (&stream).write_all(&[0xEE; 21]).unwrap();
-        let (reply, fd) = mooring_transport_shm::handoff::recv_reply(&stream).unwrap();
-        assert!(
-            fd.is_none() && matches!(reply, Reply::Refused(_)),
-            "{reply:?}"
-        );
-        drop(UnixStream::connect_addr(&address).unwrap());
-    }
+    // Garbage on the socket is refused, a client that says nothing is let go, and the node
+    // keeps serving.
+    let (fd, reply) = send(&offer.socket, &[0xEE; 21]);
+    assert!(!fd && matches!(reply, Reply::Refused(_)), "{reply:?}");
+    drop(connect(&offer.socket));
     let offer = ask(node.key).await.unwrap().into_shm_offer("node").unwrap();
     assert!(redeem(&offer.socket, &offer.ticket).0);
 }

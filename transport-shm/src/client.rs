@@ -2,8 +2,7 @@
 //! by memcpy; everything else through the wrapped transport.
 
 use std::collections::HashMap;
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,7 +16,7 @@ use tracing::debug;
 
 use crate::handoff::{self, Reply};
 use crate::memory::map_received;
-use crate::server::socket_name;
+use crate::server::socket_address;
 
 /// Segments (and nodes) remembered at most; beyond it the least recently used go.
 const MAX_ENTRIES: usize = 256;
@@ -186,8 +185,7 @@ impl ShmDataPlane {
 
 /// Presents `offer`'s ticket on the node's socket and maps what comes back.
 fn redeem(offer: &ShmOffer) -> std::result::Result<Route, String> {
-    let name = socket_name(&offer.socket);
-    let address = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| e.to_string())?;
+    let (address, name) = socket_address(&offer.socket).map_err(|e| e.to_string())?;
     // Another network namespace (a container) does not see the socket: that is a node on
     // this host this client cannot share memory with.
     let stream = UnixStream::connect_addr(&address)
@@ -241,21 +239,14 @@ impl DataPlane for ShmDataPlane {
                 return self.via.read(node, ops).await;
             };
             let count = ops.len();
-            if count == 1 {
-                // One value: summed here, each piece while it is still in cache. Waking the
-                // helper cost more than it saved (1 MiB gets: 179–218 µs inline against
-                // 246–262 µs with the helper, `mooring bench --transport shm`); a batch
-                // keeps it busy and gains from it (8.1 against 7.3 GB/s).
-                let op = ops.into_iter().next().expect("one op");
-                let at = local(&memory, base, op.addr, op.dest.len() as u64, node)?;
-                let mut sum = Checksum::EMPTY;
-                for (j, piece) in op.dest.chunks_mut(STEP).enumerate() {
-                    memory.copy_out(at + (j * STEP) as u64, piece);
-                    sum = sum.append(piece);
-                }
-                return Ok(vec![sum]);
-            }
-            let mut summing = Summing::new();
+            // One value is summed here, each piece while it is still in cache: waking the
+            // helper cost more than it saved (1 MiB gets: 179–218 µs inline against 246–262
+            // µs with the helper, `mooring bench --transport shm`); a batch keeps the helper
+            // busy and gains from it.
+            let mut summing = match count {
+                1 => Summing::inline(),
+                _ => Summing::new(),
+            };
             for (i, op) in ops.into_iter().enumerate() {
                 let at = local(&memory, base, op.addr, op.dest.len() as u64, node)?;
                 // Each piece is summed (on the helper thread when it is large) while the next

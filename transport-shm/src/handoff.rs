@@ -22,12 +22,7 @@ pub fn send_reply(
         iov_len: bytes.len(),
     };
     let mut control = ControlBuffer::new();
-    // SAFETY: msghdr is plain data; every pointer set below outlives the sendmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.bytes.as_mut_ptr().cast();
-    msg.msg_controllen = control.space();
+    let msg = message(&mut iov, &mut control);
     // SAFETY: the control buffer has room for one header carrying one descriptor
     // (`ControlBuffer::space`), so the first header exists and its data holds an int.
     unsafe {
@@ -56,12 +51,7 @@ pub fn recv_reply(stream: &UnixStream) -> Result<(Reply, Option<OwnedFd>), Strin
         iov_len: bytes.len(),
     };
     let mut control = ControlBuffer::new();
-    // SAFETY: as in `send_reply`.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.bytes.as_mut_ptr().cast();
-    msg.msg_controllen = control.space();
+    let mut msg = message(&mut iov, &mut control);
     // SAFETY: `msg` describes valid buffers; received descriptors are close-on-exec.
     let got = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if got < 0 {
@@ -93,6 +83,17 @@ pub fn recv_reply(stream: &UnixStream) -> Result<(Reply, Option<OwnedFd>), Strin
     }
     let reply = decode_reply(&bytes[..need])?;
     Ok((reply, fd))
+}
+
+/// A message header over one buffer and room for one descriptor; both must outlive its use.
+fn message(iov: &mut libc::iovec, control: &mut ControlBuffer) -> libc::msghdr {
+    // SAFETY: msghdr is plain data (all zeroes is a valid empty header).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_controllen = control.space();
+    msg.msg_control = control.bytes.as_mut_ptr().cast();
+    msg
 }
 
 /// The descriptor a received message carries (any beyond the first are closed).

@@ -24,4 +24,4 @@ mod server;
 pub use client::ShmDataPlane;
 pub use host::host_id;
 pub use memory::SharedMemory;
-pub use server::{ShmDataServer, ShmServer, TICKET_TTL};
+pub use server::{ShmDataServer, ShmServer, TICKET_TTL, socket_address};

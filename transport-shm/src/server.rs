@@ -42,9 +42,21 @@ pub(crate) fn in_this_process(id: &[u8; 16]) -> bool {
 }
 
 /// The abstract socket name a node with `id` listens on.
-pub(crate) fn socket_name(id: &[u8; 16]) -> String {
+fn socket_name(id: &[u8; 16]) -> String {
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
     format!("mooring-shm-{hex}")
+}
+
+/// The address of the socket an offer names (its `socket` field), and the name for messages.
+pub fn socket_address(id: &[u8; 16]) -> Result<(SocketAddr, String)> {
+    let name = socket_name(id);
+    let address = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| {
+        Error::new(
+            ErrorCode::INTERNAL_ERROR,
+            format!("abstract socket {name}: {e}"),
+        )
+    })?;
+    Ok((address, name))
 }
 
 /// A node's shared-memory offers and the socket serving them. Stops listening when dropped.
@@ -110,13 +122,7 @@ impl ShmServer {
     pub fn start() -> Result<Arc<ShmServer>> {
         let host = crate::host_id()?;
         let socket = random();
-        let name = socket_name(&socket);
-        let address = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| {
-            Error::new(
-                ErrorCode::INTERNAL_ERROR,
-                format!("abstract socket {name}: {e}"),
-            )
-        })?;
+        let (address, name) = socket_address(&socket)?;
         let listener = UnixListener::bind_addr(&address).map_err(|e| {
             Error::new(
                 ErrorCode::INTERNAL_ERROR,
@@ -182,7 +188,7 @@ impl Drop for ShmServer {
         lock(&IN_THIS_PROCESS).retain(|s| *s != self.socket);
         self.state.stopping.store(true, Ordering::SeqCst);
         // Wake the accept loop so it sees the flag.
-        if let Ok(address) = SocketAddr::from_abstract_name(socket_name(&self.socket).as_bytes()) {
+        if let Ok((address, _)) = socket_address(&self.socket) {
             let _ = UnixStream::connect_addr(&address);
         }
         if let Some(thread) = self.listener.take() {
