@@ -57,6 +57,9 @@ pub(crate) enum Command {
     /// The writer half of `mooring bench` (started by it).
     #[command(hide = true)]
     BenchWriter(BenchWriterArgs),
+    /// A reader process of `mooring bench --readers N` (started by it).
+    #[command(hide = true)]
+    BenchReader(BenchReaderArgs),
     /// Cluster tokens: every member of a cluster proves it holds the same one.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -454,6 +457,27 @@ pub(crate) struct BenchArgs {
     pub(crate) json: bool,
     /// How the reader reaches the writer's segment: auto (shared memory, as the reader and
     /// writer share this host), tcp, rdma or shm.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(crate) transport: mooring::transports::TransportChoice,
+    /// Also run N reader processes at once per size (each making --count gets, every value
+    /// verified) and report their aggregate throughput beside the TCP loopback limit of N
+    /// streams on this machine.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub(crate) readers: usize,
+}
+
+#[derive(Args)]
+pub(crate) struct BenchReaderArgs {
+    #[arg(long)]
+    pub(crate) master: String,
+    #[arg(long)]
+    pub(crate) run: String,
+    #[arg(long)]
+    pub(crate) size: u64,
+    #[arg(long)]
+    pub(crate) count: usize,
+    #[arg(long)]
+    pub(crate) first: usize,
     #[arg(long, value_enum, default_value = "auto")]
     pub(crate) transport: mooring::transports::TransportChoice,
 }

@@ -605,6 +605,7 @@ async fn run_bench(args: BenchArgs) -> Result<(), Error> {
         batch: args.batch,
         progress: !args.json,
         transport: args.transport,
+        readers: args.readers,
     };
     let report = bench::run(
         &config,
@@ -726,6 +727,17 @@ fn main() -> ExitCode {
                     &args.sizes,
                     args.count,
                     &args.run,
+                    args.transport,
+                )
+                .await
+            }
+            Command::BenchReader(args) => {
+                bench::run_reader(
+                    &args.master,
+                    &args.run,
+                    args.size,
+                    args.count,
+                    args.first,
                     args.transport,
                 )
                 .await
