@@ -625,13 +625,14 @@ pub async fn run_reader(
         let _ = out.flush();
     };
     say(&mut out, "ready".into());
-    let line = tokio::task::spawn_blocking(|| {
+    // Wait for `go` on a thread, as the writer reads its commands, so the runtime runs on.
+    let (tx, go) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
         let mut line = String::new();
-        std::io::stdin().read_line(&mut line).map(|_| line)
-    })
-    .await
-    .map_err(|e| protocol_error(format!("reader's stdin: {e}")))?
-    .map_err(|e| protocol_error(format!("reader's stdin: {e}")))?;
+        let _ = std::io::stdin().read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = go.await.unwrap_or_default();
     if line.trim() != "go" {
         return reader.close().await;
     }
