@@ -94,7 +94,7 @@ error_codes! {
     /// A copy, move or offload task is running on the object.
     OBJECT_HAS_REPLICATION_TASK = -708, "a copy, move or offload is running on the object; retry after it finishes";
     /// No replication task with that id exists.
-    OBJECT_NO_REPLICATION_TASK = -709, "no replication task with that id is running";
+    OBJECT_NO_REPLICATION_TASK = -709, "no copy or move task with that id is running (or, for a query, remembered)";
     /// The object has no replica where one was expected.
     REPLICA_NOT_FOUND = -710, "the object has no replica there";
     /// The object already has a replica on that segment.

@@ -32,6 +32,7 @@
 //! | `zombies`, `discard` | timed-out writes; delayed release of discarded blocks |
 //! | `membership`, `clients` | heartbeats, mounts, client expiry |
 //! | `replication` | copy and move tasks |
+//! | [`task_reports`] | what became of a task (QueryTask), the newest ended ones kept |
 //! | `repair` | replicas lost with a segment, restored by copy tasks nodes carry out |
 //! | `snapshot` | versioned, checksummed rkyv snapshot and restore |
 //! | [`log_shipping`], [`leadership`] | standby masters: which records may be acknowledged, who may take over; the leader's lease |
@@ -73,6 +74,7 @@ pub mod segments;
 mod snapshot;
 pub mod soft_pin;
 pub mod staging;
+pub mod task_reports;
 pub mod time;
 mod upsert;
 mod zombies;
@@ -96,4 +98,5 @@ pub use replication::CopyGrant;
 pub use segments::{SegmentInfo, SegmentSpec};
 pub use snapshot::SNAPSHOT_VERSION;
 pub use soft_pin::SoftPinAction;
+pub use task_reports::{TaskAction, TaskReport, TaskState};
 pub use time::Millis;

@@ -210,7 +210,7 @@ impl Master {
             let object = self.objects.at_mut(object_slot);
             if lost {
                 if let Some(task) = object.task() {
-                    self.abandon_task(task);
+                    self.abandon_task(task, crate::replication::Finish::ObjectLost);
                 }
                 let object = self.remove_object(object_slot);
                 debug_assert!(object.replicas.is_empty());

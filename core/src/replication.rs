@@ -17,6 +17,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::ids::{ClientId, TaskId, WriteId};
 use crate::master::Master;
 use crate::object::{Replica, ReplicaDescriptor, ReplicaStatus};
+use crate::task_reports::{EndedTasks, TaskAction, TaskReport, TaskState};
 use crate::time::Millis;
 
 /// What a task does when it ends.
@@ -29,9 +30,11 @@ pub(crate) enum TaskKind {
 }
 
 /// A running copy or move.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub(crate) struct Task {
     pub client: ClientId,
+    /// The object's key, for reports (its slot may be gone by the time the task ends).
+    pub key: Box<str>,
     pub slot: u32,
     /// The object's write when the task started; identifies the object if the slot is reused.
     pub write: WriteId,
@@ -42,6 +45,17 @@ pub(crate) struct Task {
     pub repair: Option<crate::repair::Repair>,
 }
 
+impl Task {
+    /// What the task was started to do, as reports name it.
+    pub(crate) fn action(&self) -> TaskAction {
+        match (self.repair, self.kind) {
+            (Some(_), _) => TaskAction::Repair,
+            (None, TaskKind::Copy) => TaskAction::Copy,
+            (None, TaskKind::Move { .. }) => TaskAction::Move,
+        }
+    }
+}
+
 /// Running tasks.
 #[derive(Clone, Debug, Default, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub(crate) struct Tasks {
@@ -50,6 +64,8 @@ pub(crate) struct Tasks {
     pub(crate) repairs: BTreeMap<u64, crate::repair::Repair>,
     /// The next repair's place in the queue.
     pub(crate) next_repair: u64,
+    /// How recent tasks ended, for `query_task`.
+    pub(crate) ended: EndedTasks,
 }
 
 impl Tasks {
@@ -65,6 +81,10 @@ impl Tasks {
         self.by_id.iter()
     }
 
+    pub(crate) fn get(&self, id: TaskId) -> Option<&Task> {
+        self.by_id.get(&id)
+    }
+
     pub(crate) fn rebase(&mut self, shift: impl Fn(Millis) -> Millis) {
         for task in self.by_id.values_mut() {
             task.started = shift(task.started);
@@ -72,6 +92,7 @@ impl Tasks {
         for repair in self.repairs.values_mut() {
             repair.not_before = shift(repair.not_before);
         }
+        self.ended.rebase(shift);
     }
 }
 
@@ -103,13 +124,39 @@ pub struct CopyGrant {
 
 /// How a task finishes.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Finish {
+pub(crate) enum Finish {
     /// The copy is done: targets become complete.
     Complete,
     /// The client gave up after its transfers stopped: targets are freed now.
     Revoked,
-    /// The client vanished or ran out of time: targets wait out the release timeout.
-    Abandoned,
+    /// The client gave up while a transfer may still land: targets wait out the release
+    /// timeout, as for every way of abandoning a task below.
+    Aborted,
+    /// The task was not ended within the put discard timeout.
+    TimedOut,
+    /// The client carrying it out left or was taken for dead.
+    ClientGone,
+    /// Its object was lost with a segment.
+    ObjectLost,
+}
+
+impl Finish {
+    /// Whether the task's client may still be writing its targets.
+    fn abandons(self) -> bool {
+        !matches!(self, Finish::Complete | Finish::Revoked)
+    }
+
+    /// Why a task that ended this way has no new replicas.
+    fn failure(self) -> &'static str {
+        match self {
+            Finish::Complete => "every target segment went away while the task ran",
+            Finish::Revoked => "the copier could not read the source; nothing was written",
+            Finish::Aborted => "writing the new replicas failed",
+            Finish::TimedOut => "the copier did not end the task within the put discard timeout",
+            Finish::ClientGone => "the client carrying the task out left or was taken for dead",
+            Finish::ObjectLost => "the object was lost with a segment while the task ran",
+        }
+    }
 }
 
 impl Master {
@@ -158,7 +205,7 @@ impl Master {
                 format!("{task} belongs to client {}", running.client),
             ));
         }
-        self.finish_task(client, task, Finish::Abandoned)
+        self.finish_task(client, task, Finish::Aborted)
     }
 
     /// Revokes a task whose transfers failed. Call it only after every transfer has stopped:
@@ -289,10 +336,12 @@ impl Master {
         object.replicas.extend(placed.iter().copied());
         object.set_task(Some(id));
         let write = object.write_id;
+        let key = object.key.clone();
         self.tasks.by_id.insert(
             id,
             Task {
                 client,
+                key,
                 slot,
                 write,
                 kind,
@@ -312,19 +361,26 @@ impl Master {
     }
 
     fn finish_task(&mut self, client: ClientId, id: TaskId, finish: Finish) -> Result<()> {
-        let task = *self.tasks.by_id.get(&id).ok_or_else(|| {
+        let task = self.tasks.by_id.get(&id).cloned().ok_or_else(|| {
             Error::new(
                 ErrorCode::OBJECT_NO_REPLICATION_TASK,
                 format!("no running {id}"),
             )
         })?;
-        if task.client != client && finish != Finish::Abandoned {
+        if task.client != client && !finish.abandons() {
             return Err(Error::new(
                 ErrorCode::ILLEGAL_CLIENT,
                 format!("{id} belongs to client {}", task.client),
             ));
         }
         self.tasks.by_id.remove(&id);
+        let outcome = self.close_task(id, &task, finish);
+        self.record_task_end(id, task, finish, &outcome);
+        outcome
+    }
+
+    /// Applies how task `id` ended to its object.
+    fn close_task(&mut self, id: TaskId, task: &Task, finish: Finish) -> Result<()> {
         let alive = self
             .objects
             .get(task.slot)
@@ -364,7 +420,7 @@ impl Master {
                 }
                 self.release_read_blocks(&dropped, readers_done);
                 // A repair placed fewer replicas than were missing: the rest wait.
-                self.requeue_repair(&task, targets.is_empty());
+                self.requeue_repair(task, targets.is_empty());
                 if targets.is_empty() {
                     return Err(Error::new(
                         ErrorCode::REPLICA_NOT_FOUND,
@@ -372,9 +428,13 @@ impl Master {
                     ));
                 }
             }
-            Finish::Revoked | Finish::Abandoned => {
+            Finish::Revoked
+            | Finish::Aborted
+            | Finish::TimedOut
+            | Finish::ClientGone
+            | Finish::ObjectLost => {
                 object.replicas = kept.into_iter().collect();
-                self.requeue_repair(&task, true);
+                self.requeue_repair(task, true);
                 let release_at = if finish == Finish::Revoked {
                     Millis::ZERO
                 } else {
@@ -389,6 +449,27 @@ impl Master {
             }
         }
         Ok(())
+    }
+
+    /// Keeps the report of task `id`, which ended as `finish` with `outcome`.
+    fn record_task_end(&mut self, id: TaskId, task: Task, finish: Finish, outcome: &Result<()>) {
+        let action = task.action();
+        let (state, message) = match (finish, outcome) {
+            (Finish::Complete, Ok(())) => (TaskState::Succeeded, String::new()),
+            (Finish::Complete, Err(e)) => (TaskState::Failed, e.to_string()),
+            (finish, _) => (TaskState::Failed, finish.failure().to_string()),
+        };
+        self.tasks.ended.keep(TaskReport {
+            task: id,
+            key: task.key.into(),
+            action,
+            client: task.client,
+            state,
+            started: task.started,
+            updated: self.now,
+            message,
+            now: self.now,
+        });
     }
 
     /// Puts a repair back in the queue if its object is still short of replicas: after a
@@ -412,12 +493,13 @@ impl Master {
         }
     }
 
-    /// Abandons a task: its targets wait out the release timeout (its client may still be
-    /// copying).
-    pub(crate) fn abandon_task(&mut self, id: TaskId) {
+    /// Abandons a task for the reason `why` (one of the ways that abandon): its targets wait
+    /// out the release timeout (its client may still be copying).
+    pub(crate) fn abandon_task(&mut self, id: TaskId, why: Finish) {
+        debug_assert!(why.abandons());
         if let Some(task) = self.tasks.by_id.get(&id) {
             let client = task.client;
-            self.finish_task(client, id, Finish::Abandoned)
+            self.finish_task(client, id, why)
                 .expect("abandoning never fails");
         }
     }
@@ -432,7 +514,7 @@ impl Master {
             .map(|(&id, _)| id)
             .collect();
         for id in stale {
-            self.abandon_task(id);
+            self.abandon_task(id, Finish::TimedOut);
         }
     }
 
@@ -445,7 +527,7 @@ impl Master {
             .map(|(&id, _)| id)
             .collect();
         for id in mine {
-            self.abandon_task(id);
+            self.abandon_task(id, Finish::ClientGone);
         }
     }
 }
