@@ -101,7 +101,12 @@ impl Master {
         if let Some(report) = self.running_task_report(task, now) {
             return Ok(report);
         }
-        let ended = self.tasks.ended.get(task).cloned().map(|report| TaskReport { now, ..report });
+        let ended = self
+            .tasks
+            .ended
+            .get(task)
+            .cloned()
+            .map(|report| TaskReport { now, ..report });
         ended.ok_or_else(|| {
             Error::new(
                 ErrorCode::OBJECT_NO_REPLICATION_TASK,

@@ -54,7 +54,11 @@ fn every_way_a_task_fails_is_reported_with_its_reason() {
 
     let revoked = f.m.copy_start(B, "k", &["seg1".into()], f.now).unwrap();
     f.m.task_revoke(B, revoked.task, f.now).unwrap();
-    assert!(failed(&f, revoked.task).message.contains("could not read the source"));
+    assert!(
+        failed(&f, revoked.task)
+            .message
+            .contains("could not read the source")
+    );
 
     let aborted = f.m.move_start(B, "k", "seg0", "seg1", f.now).unwrap();
     f.m.task_abort(B, aborted.task, f.now).unwrap();
@@ -64,7 +68,11 @@ fn every_way_a_task_fails_is_reported_with_its_reason() {
 
     let forgotten = f.m.copy_start(B, "k", &["seg2".into()], f.now).unwrap();
     f.tick_after(Millis::from_secs(30));
-    assert!(failed(&f, forgotten.task).message.contains("did not end the task"));
+    assert!(
+        failed(&f, forgotten.task)
+            .message
+            .contains("did not end the task")
+    );
 
     let orphaned = f.m.copy_start(B, "k", &["seg1".into()], f.now).unwrap();
     f.m.goodbye(B, f.now);

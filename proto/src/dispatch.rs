@@ -146,6 +146,7 @@ pub fn handle(master: &mut Master, request: MasterRequest, now: Millis) -> Resul
         }
         R::GetStats(GetStats {}) => Reply::GetStats(Box::new(m.report(now))),
         R::BatchQueryIp(BatchQueryIp { clients }) => Reply::BatchQueryIp(m.client_hosts(&clients)),
+        R::QueryTask(QueryTask { task }) => Reply::QueryTask(m.query_task(task, now)?),
         R::BatchReplicaClear(BatchReplicaClear {
             client,
             keys,

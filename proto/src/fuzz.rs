@@ -221,6 +221,10 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
             clients: vec![ClientId(3), ClientId(4)],
         }
         .into(),
+        crate::wire::QueryTask {
+            task: mooring_core::TaskId(9),
+        }
+        .into(),
         crate::wire::BatchReplicaClear {
             client: ClientId(3),
             keys: vec!["a".into(), "b".into()],
@@ -253,6 +257,17 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
             replicas: 2,
             on_disk: true,
         }])),
+        Ok(Reply::QueryTask(mooring_core::TaskReport {
+            task: mooring_core::TaskId(9),
+            key: "kv/1".into(),
+            action: mooring_core::TaskAction::Move,
+            client: ClientId(3),
+            state: mooring_core::TaskState::Failed,
+            started: mooring_core::Millis(100),
+            updated: mooring_core::Millis(250),
+            message: "writing the new replicas failed".into(),
+            now: mooring_core::Millis(300),
+        })),
         Err(Error::new(ErrorCode::OBJECT_HAS_LEASE, "leased")),
     ];
     let data_requests = [

@@ -22,13 +22,13 @@ use rkyv::util::AlignedVec;
 use mooring_core::{
     Checksum, ClientId, CopyGrant, DiskReport, DiskSyncAck, Error, ErrorCode, HeartbeatAck, HoldId,
     KeyListing, Millis, PrefetchGrant, PutGrant, ReplicaList, ReplicateConfig, SegmentId,
-    SegmentInfo, SegmentSpec, StatsReport, TaskId, WriteId,
+    SegmentInfo, SegmentSpec, StatsReport, TaskId, TaskReport, WriteId,
 };
 
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MOOR";
 /// The wire format version this build speaks.
-pub const WIRE_VERSION: u8 = 12;
+pub const WIRE_VERSION: u8 = 13;
 /// Length of the frame header.
 pub const HEADER_LEN: usize = 24;
 /// Largest frame payload accepted (a batch of many keys fits; bulk data travels outside).
@@ -417,6 +417,8 @@ mod messages {
             keys: Vec<String>,
             segment: Option<String>,
         } => Vec<String>;
+        /// Mooncake's QueryTask: where a copy or move task stands (see `Master::query_task`).
+        QueryTask { task: TaskId } => TaskReport;
     }
 }
 
@@ -464,7 +466,8 @@ impl MasterRequest {
             | R::ListKeys(_)
             | R::GetStats(_)
             | R::Follow(_)
-            | R::BatchQueryIp(_) => None,
+            | R::BatchQueryIp(_)
+            | R::QueryTask(_) => None,
         }
     }
 
@@ -489,6 +492,7 @@ impl MasterRequest {
                 | R::GetStats(_)
                 | R::Follow(_)
                 | R::BatchQueryIp(_)
+                | R::QueryTask(_)
         )
     }
 

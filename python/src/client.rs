@@ -11,6 +11,7 @@ use mooring::transports::TransportChoice;
 use mooring::{Client, ClientConfig};
 use mooring_core::{
     Error, ErrorCode, Medium, Millis, ReplicaStatus, ReplicateConfig, Result, SoftPinAction,
+    TaskAction, TaskId, TaskState,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -53,6 +54,9 @@ fn code_of<T>(result: &Result<T>, ok: impl FnOnce(&T) -> i64, call: &str) -> i64
         }
     }
 }
+
+/// A task report as the Python layer takes it; see `NativeClient::query_task`.
+type TaskTuple = (String, &'static str, &'static str, u128, u64, u64, String);
 
 /// Where a port search for the in-process node's data server starts and ends.
 type PortRange = (u16, u16);
@@ -235,6 +239,43 @@ impl NativeClient {
     /// Raises unless the master answers.
     fn health_check(&self, py: Python<'_>) -> PyResult<()> {
         raise(block_on(py, self.client.health_check()))
+    }
+
+    /// Starts copying `key` to the segments `targets` in the background; returns the task id.
+    fn start_copy(&self, py: Python<'_>, key: &str, targets: Vec<String>) -> PyResult<u64> {
+        let targets: Vec<&str> = targets.iter().map(String::as_str).collect();
+        let task = raise(block_on(py, self.client.start_copy(key, &targets)))?;
+        Ok(task.0)
+    }
+
+    /// Starts moving `key`'s replica from segment `source` to `target` in the background;
+    /// returns the task id.
+    fn start_move(&self, py: Python<'_>, key: &str, source: &str, target: &str) -> PyResult<u64> {
+        let task = raise(block_on(py, self.client.start_move(key, source, target)))?;
+        Ok(task.0)
+    }
+
+    /// Where task `task` stands: (key, action name, state name, client id, age of its start in
+    /// ms, age of its last change in ms, failure message).
+    fn query_task(&self, py: Python<'_>, task: u64) -> PyResult<TaskTuple> {
+        let report = raise(block_on(py, self.client.query_task(TaskId(task))))?;
+        let age = |at: Millis| report.now.0.saturating_sub(at.0);
+        Ok((
+            report.key.clone(),
+            match report.action {
+                TaskAction::Copy | TaskAction::Repair => "REPLICA_COPY",
+                TaskAction::Move => "REPLICA_MOVE",
+            },
+            match report.state {
+                TaskState::Running => "PROCESSING",
+                TaskState::Succeeded => "SUCCESS",
+                TaskState::Failed => "FAILED",
+            },
+            report.client.0,
+            age(report.started),
+            age(report.updated),
+            report.message.clone(),
+        ))
     }
 
     /// Stores a bytes-like `value` (copying call: staged in the local buffer).

@@ -6,6 +6,7 @@ import array
 import ctypes
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from mooring.store import (
     ReplicaStatus,
     ReplicateConfig,
     SoftPinAction,
+    TaskStatus,
+    TaskType,
     parse_size,
 )
 
@@ -259,6 +262,57 @@ def test_pins_and_preferred_segment(shared, key):
     descs = shared.batch_get_replica_desc([key, key + "-missing"])
     assert list(descs) == [key]
     assert shared.get_replica_desc(key + "-missing") == []
+
+
+def test_copy_and_move_tasks_run_in_the_background_and_are_queried(master, key):
+    stores = [connect(master, segment="16MB") for _ in range(3)]
+    a, b, c = stores
+    try:
+        config = ReplicateConfig()
+        config.preferred_segment = a.get_hostname()
+        value = pattern(3 * MIB)
+        assert a.put(key, value, config) == 0
+
+        def finished(task_id):
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                report, code = a.query_task(task_id)
+                assert code == 0 and report is not None
+                if report.status != TaskStatus.PROCESSING:
+                    return report
+                time.sleep(0.005)
+            raise AssertionError(f"task {task_id} still running")
+
+        task_id, code = a.create_copy_task(key, [b.get_hostname()])
+        assert code == 0 and task_id[1] > 0
+        report = finished(task_id)
+        assert report.status == TaskStatus.SUCCESS and report.message == ""
+        assert report.type == TaskType.REPLICA_COPY and report.key == key
+        assert report.id == task_id
+        assert report.created_at_ms_epoch <= report.last_updated_at_ms_epoch
+        assert abs(report.created_at_ms_epoch - time.time() * 1000) < 60_000
+        endpoints = {r.transport_endpoint for r in a.get_replica_desc(key)}
+        assert endpoints == {a.get_hostname(), b.get_hostname()}
+
+        task_id, code = b.create_move_task(key, a.get_hostname(), c.get_hostname())
+        assert code == 0
+        report = finished(task_id)
+        assert report.status == TaskStatus.SUCCESS and report.type == TaskType.REPLICA_MOVE
+        endpoints = {r.transport_endpoint for r in a.get_replica_desc(key)}
+        assert endpoints == {b.get_hostname(), c.get_hostname()}
+        assert a.get(key) == value
+
+        # Refused before anything runs, and tasks the master never started.
+        assert a.create_copy_task(key, [b.get_hostname()]) == (
+            (0, 0),
+            ErrorCode.REPLICA_ALREADY_EXISTS,
+        )
+        assert a.create_move_task(key + "-missing", "x", "y")[1] == ErrorCode.OBJECT_NOT_FOUND
+        assert a.query_task((0, 987_654)) == (None, ErrorCode.OBJECT_NO_REPLICATION_TASK)
+        assert a.query_task(task_id[1])[0].status == TaskStatus.SUCCESS
+    finally:
+        for store in stores:
+            store.close()
 
 
 # ---- batches ---------------------------------------------------------------------------------

@@ -98,6 +98,9 @@ impl Presence {
     ) -> Result<Presence> {
         let clock = Clock::new();
         let info = control.call(Hello { client: id }).await?;
+        mooring_transport_tcp::bound_late_writes_for(Duration::from_millis(
+            info.client_ttl.as_millis(),
+        ));
         let contact = Arc::new(MasterContact::new(clock, info.client_ttl));
         let (node, disk) = match contribution {
             Some(c) => {

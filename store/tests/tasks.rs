@@ -227,3 +227,63 @@ async fn a_client_clears_its_own_objects_and_learns_its_nodes_hosts() {
     assert!(client.get("whole").await.is_err());
     assert_eq!(client.get("theirs").await.unwrap(), vec![3; 1000]);
 }
+
+/// Mooncake's CreateCopyTask / CreateMoveTask / QueryTask through a real cluster: the call
+/// returns while the copy runs in the background; the master reports it running, then done;
+/// a task the master never started is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_tasks_are_reported_until_they_end() {
+    use mooring_core::{ErrorCode, TaskAction, TaskId, TaskState};
+    let (_master, _addr, _nodes, client) = three_nodes().await;
+    let value: Vec<u8> = (0..2_000_000u32).map(|i| (i * 13 % 251) as u8).collect();
+    client
+        .put("queued", &value, &ReplicateConfig::single())
+        .await
+        .unwrap();
+    let source = holders(&client, "queued").await.remove(0);
+    let others: Vec<String> = (0..3)
+        .map(|i| format!("node{i}"))
+        .filter(|n| *n != source)
+        .collect();
+
+    let wait_for_end = async |task: TaskId| loop {
+        let report = client.query_task(task).await.unwrap();
+        if report.state != TaskState::Running {
+            return report;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+
+    let copy = client.start_copy("queued", &[&others[0]]).await.unwrap();
+    let report = wait_for_end(copy).await;
+    assert_eq!(report.state, TaskState::Succeeded, "{report:?}");
+    assert_eq!(report.action, TaskAction::Copy);
+    assert_eq!(report.key, "queued");
+    assert!(report.updated >= report.started && report.now >= report.updated);
+    assert_eq!(holders(&client, "queued").await.len(), 2);
+
+    let moved = client
+        .start_move("queued", &source, &others[1])
+        .await
+        .unwrap();
+    let report = wait_for_end(moved).await;
+    assert_eq!(report.state, TaskState::Succeeded, "{report:?}");
+    assert_eq!(report.action, TaskAction::Move);
+    let mut expected = others.clone();
+    expected.sort();
+    assert_eq!(holders(&client, "queued").await, expected);
+    assert_eq!(client.get("queued").await.unwrap(), value);
+
+    // Refused before anything runs: a segment that already holds a replica.
+    let refused = client
+        .start_copy("queued", &[&others[0]])
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code, ErrorCode::REPLICA_ALREADY_EXISTS);
+    let unknown = client.query_task(TaskId(987_654)).await.unwrap_err();
+    assert_eq!(unknown.code, ErrorCode::OBJECT_NO_REPLICATION_TASK);
+    assert!(
+        unknown.to_string().contains("never started here"),
+        "{unknown}"
+    );
+}

@@ -77,19 +77,38 @@ pub struct Framed {
 #[cfg(all(target_os = "linux", not(madsim)))]
 const SPLICE_SIZES: std::ops::RangeInclusive<usize> = 64 * 1024..=2 << 20;
 
-/// How long sent bytes may stay unacknowledged before the kernel drops the connection.
+/// How long sent bytes may stay unacknowledged before the kernel drops the connection, unless
+/// a cluster with a short client TTL asks for less (see [`bound_late_writes_for`]).
 ///
 /// This bounds how late a write can land on a node: bytes either arrive within this long of
 /// being sent or never do. Writers stop writing half a client TTL after their last
 /// acknowledged heartbeat and the master waits a whole TTL before reusing a silent writer's
 /// blocks, so this must stay well under half the TTL (default TTL 10 s).
-#[cfg(all(target_os = "linux", not(madsim)))]
 pub const USER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The user timeout connections opened from now on get, in milliseconds.
+static USER_TIMEOUT_MS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(USER_TIMEOUT.as_millis() as u64);
+
+/// Makes connections opened from now on give up on unacknowledged bytes within a quarter of
+/// `client_ttl` (never more than [`USER_TIMEOUT`]), so the write fence above holds for a
+/// cluster whose client TTL is short: with a 3 s TTL a write lands within 0.75 s of being
+/// sent or never, well inside the 1.5 s between the writer's own stop and the master's reuse.
+/// Only ever lowers it: a process in two clusters keeps the tighter bound.
+pub fn bound_late_writes_for(client_ttl: Duration) {
+    let ms = (client_ttl.as_millis() / 4).clamp(1, USER_TIMEOUT.as_millis()) as u64;
+    USER_TIMEOUT_MS.fetch_min(ms, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The user timeout connections opened now get.
+pub fn user_timeout() -> Duration {
+    Duration::from_millis(USER_TIMEOUT_MS.load(std::sync::atomic::Ordering::Relaxed))
+}
 
 #[cfg(all(target_os = "linux", not(madsim)))]
 fn set_user_timeout(stream: &TcpStream) {
     use std::os::fd::AsRawFd;
-    let ms = USER_TIMEOUT.as_millis() as libc::c_uint;
+    let ms = user_timeout().as_millis() as libc::c_uint;
     // SAFETY: a valid fd and a pointer to a live c_uint of the size passed.
     let rc = unsafe {
         libc::setsockopt(
@@ -392,5 +411,53 @@ impl Framed {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(all(test, target_os = "linux", not(madsim)))]
+mod tests {
+    use super::*;
+
+    fn kernel_user_timeout(stream: &TcpStream) -> u32 {
+        use std::os::fd::AsRawFd;
+        let mut ms: libc::c_uint = 0;
+        let mut len = std::mem::size_of::<libc::c_uint>() as libc::socklen_t;
+        // SAFETY: a valid fd, and pointers to a live c_uint and its length.
+        let rc = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_USER_TIMEOUT,
+                (&mut ms as *mut libc::c_uint).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        ms
+    }
+
+    /// A short client TTL lowers the user timeout of connections opened after it (to a
+    /// quarter of the TTL), a longer one never raises it again.
+    #[tokio::test]
+    async fn a_short_client_ttl_bounds_late_writes_on_new_connections() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connect = async || {
+            let stream = TcpStream::connect(addr).await.unwrap();
+            let _accepted = listener.accept().await.unwrap();
+            Framed::new(stream, Duration::ZERO)
+        };
+        let before = connect().await;
+        assert!(kernel_user_timeout(&before.stream) <= USER_TIMEOUT.as_millis() as u32);
+
+        bound_late_writes_for(Duration::from_secs(3));
+        assert_eq!(user_timeout(), Duration::from_millis(750));
+        let after = connect().await;
+        assert_eq!(kernel_user_timeout(&after.stream), 750);
+
+        bound_late_writes_for(Duration::from_secs(10));
+        assert_eq!(user_timeout(), Duration::from_millis(750), "never raised");
+        let later = connect().await;
+        assert_eq!(kernel_user_timeout(&later.stream), 750);
     }
 }

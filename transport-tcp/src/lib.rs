@@ -22,5 +22,5 @@ mod rpc;
 mod splice;
 
 pub use data::{DataPlaneConfig, LocalSegments, TcpDataPlane, TcpDataServer};
-pub use framed::{Framed, ReadError};
+pub use framed::{Framed, ReadError, bound_late_writes_for, user_timeout};
 pub use rpc::{TcpControlPlane, spawn_rpc_server, spawn_rpc_server_with_limits};

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import IntEnum
 from typing import Any, TypeVar
@@ -32,10 +33,13 @@ __all__ = [
     "ErrorCode",
     "MooncakeDistributedStore",
     "MooringError",
+    "QueryTaskResponse",
     "ReplicaDescriptor",
     "ReplicaStatus",
     "ReplicateConfig",
     "SoftPinAction",
+    "TaskStatus",
+    "TaskType",
     "parse_size",
 ]
 
@@ -233,6 +237,78 @@ class ReplicaDescriptor:
             f"ReplicaDescriptor({medium} on {self.transport_endpoint}, "
             f"address={self.buffer_address:#x}, size={self.size}, status={self.status.name})"
         )
+
+
+class TaskType(IntEnum):
+    """What a copy or move task does (Mooncake's names; a repair of a lost replica is a copy)."""
+
+    REPLICA_COPY = 0
+    REPLICA_MOVE = 1
+
+
+class TaskStatus(IntEnum):
+    """Where a task stands. Mooring starts a task when it is created, so ``PENDING`` is never
+    reported; it is kept for programs written against Mooncake."""
+
+    PENDING = 0
+    PROCESSING = 1
+    SUCCESS = 2
+    FAILED = 3
+
+
+def _uuid(value: int) -> tuple[int, int]:
+    """A 128-bit id as Mooncake's UUID pair (high 64 bits, low 64 bits)."""
+    return (value >> 64, value & _U64_MAX)
+
+
+class QueryTaskResponse:
+    """A copy or move task as ``query_task`` reports it."""
+
+    __slots__ = (
+        "assigned_client",
+        "created_at_ms_epoch",
+        "id",
+        "key",
+        "last_updated_at_ms_epoch",
+        "message",
+        "status",
+        "type",
+    )
+
+    def __init__(self, task: int, report: tuple[str, str, str, int, int, int, str]) -> None:
+        key, action, state, client, started_ago, updated_ago, message = report
+        now_ms = int(time.time() * 1000)
+        #: The task, as the UUID pair ``create_copy_task`` returned.
+        self.id = _uuid(task)
+        #: The object it copies (a Mooring addition).
+        self.key = key
+        #: A :class:`TaskType`.
+        self.type = TaskType[action]
+        #: A :class:`TaskStatus`.
+        self.status = TaskStatus[state]
+        #: When it started, in ms since the epoch (the master's age of the task, taken from now).
+        self.created_at_ms_epoch = now_ms - started_ago
+        #: When its status last changed, in ms since the epoch.
+        self.last_updated_at_ms_epoch = now_ms - updated_ago
+        #: The client carrying it out, as a UUID pair.
+        self.assigned_client = _uuid(client)
+        #: Why it failed; empty otherwise.
+        self.message = message
+
+    def __repr__(self) -> str:
+        why = f", message={self.message!r}" if self.message else ""
+        return (
+            f"QueryTaskResponse(id={self.id}, key={self.key!r}, type={self.type.name}, "
+            f"status={self.status.name}{why})"
+        )
+
+
+def _task_id(task_id: Any) -> int:
+    """A task id given as the UUID pair ``create_*_task`` returned, or as an int."""
+    if isinstance(task_id, int):
+        return task_id
+    high, low = task_id
+    return (int(high) << 64) | int(low)
 
 
 def _size(value: Any, name: str) -> int:
@@ -741,6 +817,40 @@ class MooncakeDistributedStore:
     def remove_all(self, force: bool = False) -> int:
         """Removes every object that can be removed now; how many, or a negative code."""
         return self._run("remove_all", lambda c: c.remove_all(), int)
+
+    def create_copy_task(self, key: str, targets: list[str]) -> tuple[tuple[int, int], int]:
+        """Starts copying ``key`` to each segment in ``targets`` and returns at once:
+        ``(task id, 0)``, or ``((0, 0), negative code)`` when the master refuses the copy (no
+        such key or segment, a replica already there, no room). This store carries the copy
+        out in the background; ``query_task`` tells how it went. Closing the store fails
+        copies still running."""
+        return self._run(
+            "create_copy_task",
+            lambda c: (_uuid(c.start_copy(key, list(targets))), 0),
+            lambda code: ((0, 0), code),
+        )
+
+    def create_move_task(
+        self, key: str, source: str, target: str
+    ) -> tuple[tuple[int, int], int]:
+        """Starts moving ``key``'s replica on segment ``source`` to segment ``target``; returns
+        as ``create_copy_task`` does."""
+        return self._run(
+            "create_move_task",
+            lambda c: (_uuid(c.start_move(key, source, target)), 0),
+            lambda code: ((0, 0), code),
+        )
+
+    def query_task(self, task_id: Any) -> tuple[QueryTaskResponse | None, int]:
+        """Where a task stands: ``(QueryTaskResponse, 0)``, or ``(None, negative code)`` for a
+        task the master does not know (never started, or one of many long ended: the master
+        keeps the last 4096)."""
+        task = _task_id(task_id)
+        return self._run(
+            "query_task",
+            lambda c: (QueryTaskResponse(task, c.query_task(task)), 0),
+            lambda code: (None, code),
+        )
 
     def get_replica_desc(self, key: str) -> list[ReplicaDescriptor]:
         """Where ``key``'s complete replicas are (empty if it cannot be read)."""

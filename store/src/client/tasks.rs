@@ -10,8 +10,10 @@
 
 use super::*;
 use crate::memory::value_buffer;
-use mooring_core::CopyGrant;
-use mooring_proto::wire::{CopyStart, MoveStart, TakeRepairs, TaskAbort, TaskEnd, TaskRevoke};
+use mooring_core::{CopyGrant, TaskId, TaskReport};
+use mooring_proto::wire::{
+    CopyStart, MoveStart, QueryTask, TakeRepairs, TaskAbort, TaskEnd, TaskRevoke,
+};
 
 impl Client {
     /// Adds a replica of `key` on each segment named in `targets`, copied from one of its
@@ -45,6 +47,57 @@ impl Client {
             self.carry_out(key, grant).await
         })
         .await
+    }
+
+    /// Starts copying `key` to each segment in `targets` and returns the task at once
+    /// (Mooncake's `CreateCopyTask`): this client carries the copy out in the background, and
+    /// [`Client::query_task`] tells how it went. The master refuses a copy it cannot plan
+    /// (no such key or segment, a replica already there, no room) here, before anything runs.
+    /// The copy fails if this client closes before it ends.
+    pub async fn start_copy(&self, key: &str, targets: &[&str]) -> Result<TaskId> {
+        let grant = self
+            .call(CopyStart {
+                client: self.id(),
+                key: key.to_string(),
+                targets: targets.iter().map(|t| t.to_string()).collect(),
+            })
+            .await?;
+        Ok(self.carry_out_in_background("copy", key, grant))
+    }
+
+    /// Starts moving `key`'s replica on segment `source` to segment `target` and returns the
+    /// task at once (Mooncake's `CreateMoveTask`); see [`Client::start_copy`].
+    pub async fn start_move(&self, key: &str, source: &str, target: &str) -> Result<TaskId> {
+        let grant = self
+            .call(MoveStart {
+                client: self.id(),
+                key: key.to_string(),
+                source: source.to_string(),
+                target: target.to_string(),
+            })
+            .await?;
+        Ok(self.carry_out_in_background("move", key, grant))
+    }
+
+    /// Where task `task` stands, as the master knows it (Mooncake's `QueryTask`): running, or
+    /// how it ended and why it failed. Any client may ask about any task.
+    pub async fn query_task(&self, task: TaskId) -> Result<TaskReport> {
+        self.call(QueryTask { task }).await
+    }
+
+    /// Spawns the transfer of `grant`; its outcome reaches the master (and so `query_task`).
+    fn carry_out_in_background(&self, name: &'static str, key: &str, grant: CopyGrant) -> TaskId {
+        let task = grant.task;
+        let (client, key) = (self.clone(), key.to_string());
+        tokio::spawn(async move {
+            let outcome = client
+                .operation(name, &key, client.carry_out(&key, grant))
+                .await;
+            if let Err(e) = outcome {
+                debug!(key, %task, "background {name} failed: {e}");
+            }
+        });
+        task
     }
 
     /// Carries out up to `max` of the repair copies the master has waiting (replicas lost with
