@@ -830,9 +830,7 @@ class MooncakeDistributedStore:
             lambda code: ((0, 0), code),
         )
 
-    def create_move_task(
-        self, key: str, source: str, target: str
-    ) -> tuple[tuple[int, int], int]:
+    def create_move_task(self, key: str, source: str, target: str) -> tuple[tuple[int, int], int]:
         """Starts moving ``key``'s replica on segment ``source`` to segment ``target``; returns
         as ``create_copy_task`` does."""
         return self._run(
