@@ -216,6 +216,9 @@ struct Pending {
     rotate: Option<(u64, Vec<u8>, Vec<u8>)>,
     /// The journal is being dropped: write what is left and stop.
     closing: bool,
+    /// The writer is waiting for records: an append must wake it. (While it writes and
+    /// syncs, appends only add to `bytes`: waking costs a system call per append.)
+    writer_waiting: bool,
 }
 
 /// What a journal has written, for metrics.
@@ -400,7 +403,7 @@ impl Journal {
         if let Some(generation) = due {
             self.begin_snapshot(generation, master);
         }
-        let seq = {
+        let (seq, wake) = {
             let mut pending = self
                 .shared
                 .pending
@@ -408,9 +411,11 @@ impl Journal {
                 .unwrap_or_else(|e| e.into_inner());
             journal::record(now, payload, &mut pending.bytes);
             pending.appended += 1;
-            pending.appended
+            (pending.appended, pending.writer_waiting)
         };
-        self.shared.work.notify_one();
+        if wake {
+            self.shared.work.notify_one();
+        }
         #[cfg(madsim)]
         self.writer
             .lock()
@@ -656,8 +661,10 @@ impl Writer {
         let (bytes, seq, rotate, closing) = {
             let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
             while wait && pending.bytes.is_empty() && pending.rotate.is_none() && !pending.closing {
+                pending.writer_waiting = true;
                 pending = shared.work.wait(pending).unwrap_or_else(|e| e.into_inner());
             }
+            pending.writer_waiting = false;
             self.spare.clear();
             let bytes = std::mem::replace(&mut pending.bytes, std::mem::take(&mut self.spare));
             (

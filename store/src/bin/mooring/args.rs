@@ -171,7 +171,8 @@ pub(crate) struct MasterArgs {
     /// An abandoned put's space is reused after this [default: 10m].
     #[arg(long)]
     pub(crate) release_timeout: Option<String>,
-    /// A silent client's segments and writes are dropped after this [default: 10s].
+    /// A silent member is taken for dead after this: its segments, and the writes it had not
+    /// finished, are dropped. Heartbeats go every quarter of it [default: 3s].
     #[arg(long)]
     pub(crate) client_ttl: Option<String>,
     /// Seed for placement randomness.
