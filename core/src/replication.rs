@@ -122,6 +122,14 @@ pub struct CopyGrant {
     pub checksum: Checksum,
 }
 
+/// Why a move cannot start or end: held reads of `key` may be reading its source.
+fn move_while_held(key: &str) -> Error {
+    Error::new(
+        ErrorCode::OBJECT_REPLICA_BUSY,
+        format!("{key:?} is being read by held reads, and a move would free what they read"),
+    )
+}
+
 /// How a task finishes.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Finish {
@@ -234,6 +242,9 @@ impl Master {
         }
         if object.writing || !object.has_complete_replica() {
             return Err(ErrorCode::REPLICA_IS_NOT_READY.into());
+        }
+        if source.is_some() && object.holds > 0 {
+            return Err(move_while_held(key));
         }
         let source_replica = match source {
             Some(name) => {
@@ -374,6 +385,19 @@ impl Master {
             ));
         }
         self.tasks.by_id.remove(&id);
+        // A move frees its source, which a held read (one registered with the master, which
+        // may outlast its lease) may still be reading: it cannot end while one is. Its
+        // transfers are over, so its targets are freed at once.
+        let held = self
+            .objects
+            .get(task.slot)
+            .is_some_and(|o| o.write_id == task.write && o.task() == Some(id) && o.holds > 0);
+        if finish == Finish::Complete && matches!(task.kind, TaskKind::Move { .. }) && held {
+            let _ = self.close_task(id, &task, Finish::Revoked);
+            let refused = Err(move_while_held(&task.key));
+            self.record_task_end(id, task, finish, &refused);
+            return refused;
+        }
         let outcome = self.close_task(id, &task, finish);
         self.record_task_end(id, task, finish, &outcome);
         outcome

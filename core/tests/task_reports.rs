@@ -167,3 +167,39 @@ fn reports_survive_a_snapshot() {
         );
     }
 }
+
+#[test]
+fn a_move_neither_starts_nor_ends_while_a_held_read_may_read_its_source() {
+    let mut f = Fixture::new(3, MIB);
+    f.put(A, "k", 4096, &one_on("seg0"));
+    let (hold, _) = f.m.acquire_hold(A, "k", f.now).unwrap();
+    assert_eq!(
+        code(f.m.move_start(B, "k", "seg0", "seg1", f.now)),
+        ErrorCode::OBJECT_REPLICA_BUSY
+    );
+    // A copy frees nothing: it may run beside held reads.
+    let copy = f.m.copy_start(B, "k", &["seg2".into()], f.now).unwrap();
+    f.m.task_end(B, copy.task, f.now).unwrap();
+    f.m.release_hold(A, hold, f.now).unwrap();
+
+    // A hold taken while the move runs keeps its source: the end is refused, the targets go.
+    let moving = f.m.move_start(B, "k", "seg0", "seg1", f.now).unwrap();
+    let (hold, held) = f.m.acquire_hold(A, "k", f.now).unwrap();
+    let used = f.used();
+    assert_eq!(
+        code(f.m.task_end(B, moving.task, f.now)),
+        ErrorCode::OBJECT_REPLICA_BUSY
+    );
+    f.check();
+    assert_eq!(f.used(), used - 4096, "the move's target is freed at once");
+    let report = f.m.query_task(moving.task, f.now).unwrap();
+    assert_eq!(report.state, TaskState::Failed);
+    assert!(report.message.contains("held reads"), "{report:?}");
+    let now_listed = f.get("k").unwrap();
+    assert_eq!(addrs(&now_listed.replicas), addrs(&held.replicas));
+    f.m.release_hold(A, hold, f.now).unwrap();
+    // With the reader gone the move goes through.
+    let moving = f.m.move_start(B, "k", "seg0", "seg1", f.now).unwrap();
+    f.m.task_end(B, moving.task, f.now).unwrap();
+    f.check();
+}
