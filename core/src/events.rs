@@ -73,6 +73,14 @@ pub enum Event {
         /// The segment that went away.
         segment: SegmentId,
     },
+    /// An object being written (a prefetch from a node's disk) lost its only readable copy
+    /// with a segment: it cannot be read unless the write completes, and goes if it fails.
+    ReadableCopyLost {
+        /// The key.
+        key: Box<str>,
+        /// The segment that went away.
+        segment: SegmentId,
+    },
     /// A segment was unmounted, by request or because its owner expired.
     SegmentUnmounted {
         /// The segment.

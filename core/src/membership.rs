@@ -170,6 +170,7 @@ impl Master {
         for object_slot in affected {
             // The node's disk copies go unreachable with it; a restarted node may register
             // them again (see `offload`).
+            let readable_before = self.objects.at(object_slot).is_readable();
             let disk_copy = (self.objects.at(object_slot).disk == slot).then(|| {
                 let object = self.objects.at(object_slot);
                 (object.key.clone(), object.write_id)
@@ -200,6 +201,14 @@ impl Master {
             };
             if let Some((key, write)) = disk_copy {
                 self.disk_copy_departed(&name, &key, write, lost);
+            }
+            let object = self.objects.at_mut(object_slot);
+            if !lost && readable_before && !object.is_readable() {
+                // Kept for the write in progress, which alone can bring the value back.
+                self.events.push(Event::ReadableCopyLost {
+                    key: object.key.clone(),
+                    segment: segment_id,
+                });
             }
             let object = self.objects.at_mut(object_slot);
             if !lost && object.writing && object.replicas.is_empty() {

@@ -243,9 +243,6 @@ impl Master {
         if object.writing || !object.has_complete_replica() {
             return Err(ErrorCode::REPLICA_IS_NOT_READY.into());
         }
-        if source.is_some() && object.holds > 0 {
-            return Err(move_while_held(key));
-        }
         let source_replica = match source {
             Some(name) => {
                 let seg = self.segments.slot_by_name(name).ok_or_else(|| {
@@ -295,6 +292,9 @@ impl Master {
                 ));
             }
             target_slots.push(seg);
+        }
+        if source.is_some() && object.holds > 0 {
+            return Err(move_while_held(key));
         }
         let size = object.size;
         let kind = match source {

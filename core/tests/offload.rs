@@ -776,3 +776,39 @@ fn revoking_a_refused_prefetch_of_a_dropped_disk_copy_reports_the_value_gone() {
         "{events:?}"
     );
 }
+
+#[test]
+fn a_prefetch_whose_disk_copy_leaves_with_its_node_says_so_and_may_still_bring_it_back() {
+    let mut f = write_through();
+    disk_only(&mut f, "k");
+    mount_as_a(&mut f, "a-mem");
+    let (_, grant) =
+        f.m.exist_prefetch(B, "k", &["a-mem".to_string()], f.now)
+            .unwrap();
+    let p = grant.expect("promoted");
+    f.m.drain_events();
+    // The node holding the only (disk) copy goes silent; A and the prefetching B stay.
+    f.advance(Millis::from_secs(11));
+    f.m.heartbeat(A, f.now);
+    f.m.heartbeat(B, f.now);
+    f.m.tick(f.now);
+    f.check();
+    let events = f.m.drain_events();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::ReadableCopyLost { key, .. } if &**key == "k")),
+        "{events:?}"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, Event::ObjectLost { key, .. } if &**key == "k")),
+        "the write in progress keeps the object"
+    );
+    assert!(!f.m.exist("k", f.now).unwrap(), "nothing readable now");
+    // The prefetch had read the bytes: ending it brings the value back.
+    f.end(B, "k", p.grant.write_id).unwrap();
+    f.check();
+    assert_eq!(media(&mut f, "k"), vec![Medium::Memory]);
+}

@@ -605,7 +605,9 @@ impl Supervisor {
                     kept_on_disk: false,
                     ..
                 } => history.gone(&key, at, GoneWhy::Evicted),
-                Event::ObjectLost { key, .. } => history.gone(&key, at, GoneWhy::Lost),
+                Event::ObjectLost { key, .. } | Event::ReadableCopyLost { key, .. } => {
+                    history.gone(&key, at, GoneWhy::Lost)
+                }
                 Event::WriteDiscarded {
                     key,
                     object_removed: true,

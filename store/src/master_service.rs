@@ -335,6 +335,9 @@ fn log_events(events: Vec<Event>) {
             Event::ObjectLost { key, segment } => {
                 debug!(%key, %segment, "object lost with its last segment")
             }
+            Event::ReadableCopyLost { key, segment } => {
+                info!(%key, %segment, "a prefetch's disk copy went with its segment; the value is back only if the prefetch completes")
+            }
             Event::SegmentUnmounted {
                 segment,
                 name,

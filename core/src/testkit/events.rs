@@ -67,7 +67,7 @@ impl Harness {
                 self.release_dead_client(client);
             }
             match event {
-                Event::PrefetchFailed { key, .. } => {
+                Event::PrefetchFailed { key, .. } | Event::ReadableCopyLost { key, .. } => {
                     return Err(format!(
                         "prefetch of {key:?}, but the harness never prefetches"
                     ));

@@ -60,6 +60,9 @@ impl Harness {
         if object.replicas.iter().any(|r| r.segment == target_seg) {
             return expect_code(&got, ErrorCode::REPLICA_ALREADY_EXISTS, "copy target");
         }
+        if move_source.is_some() && object.holds > 0 {
+            return expect_code(&got, ErrorCode::OBJECT_REPLICA_BUSY, "move while held");
+        }
         let grant = match got {
             Err(e) if e.code == ErrorCode::NO_AVAILABLE_HANDLE => {
                 let fits = self.model.segment_certainly_empty(target_seg)
@@ -203,6 +206,11 @@ impl Harness {
         let o = self.model.objects.get_mut(&mt.key).expect("alive");
         o.task = None;
         let has_targets = o.replicas.iter().any(|r| !r.complete);
+        if end && mt.move_source.is_some() && o.holds > 0 {
+            // Held reads may be reading the source: the move ends as if revoked.
+            o.replicas.retain(|r| r.complete);
+            return expect_code(&got, ErrorCode::OBJECT_REPLICA_BUSY, "move end while held");
+        }
         if !end {
             o.replicas.retain(|r| r.complete);
             return got.map_err(|e| format!("revoke failed: {e}"));

@@ -20,13 +20,7 @@ impl Client {
     /// complete replicas. `REPLICA_ALREADY_EXISTS` if a target already holds one.
     pub async fn copy(&self, key: &str, targets: &[&str]) -> Result<()> {
         self.operation("copy", key, async {
-            let grant = self
-                .call(CopyStart {
-                    client: self.id(),
-                    key: key.to_string(),
-                    targets: targets.iter().map(|t| t.to_string()).collect(),
-                })
-                .await?;
+            let grant = self.start_copy_grant(key, targets).await?;
             self.carry_out(key, grant).await
         })
         .await
@@ -36,14 +30,7 @@ impl Client {
     /// is freed once readers that may still be reading it are done.
     pub async fn move_replica(&self, key: &str, source: &str, target: &str) -> Result<()> {
         self.operation("move", key, async {
-            let grant = self
-                .call(MoveStart {
-                    client: self.id(),
-                    key: key.to_string(),
-                    source: source.to_string(),
-                    target: target.to_string(),
-                })
-                .await?;
+            let grant = self.start_move_grant(key, source, target).await?;
             self.carry_out(key, grant).await
         })
         .await
@@ -55,27 +42,14 @@ impl Client {
     /// (no such key or segment, a replica already there, no room) here, before anything runs.
     /// The copy fails if this client closes before it ends.
     pub async fn start_copy(&self, key: &str, targets: &[&str]) -> Result<TaskId> {
-        let grant = self
-            .call(CopyStart {
-                client: self.id(),
-                key: key.to_string(),
-                targets: targets.iter().map(|t| t.to_string()).collect(),
-            })
-            .await?;
+        let grant = self.start_copy_grant(key, targets).await?;
         Ok(self.carry_out_in_background("copy", key, grant))
     }
 
     /// Starts moving `key`'s replica on segment `source` to segment `target` and returns the
     /// task at once (Mooncake's `CreateMoveTask`); see [`Client::start_copy`].
     pub async fn start_move(&self, key: &str, source: &str, target: &str) -> Result<TaskId> {
-        let grant = self
-            .call(MoveStart {
-                client: self.id(),
-                key: key.to_string(),
-                source: source.to_string(),
-                target: target.to_string(),
-            })
-            .await?;
+        let grant = self.start_move_grant(key, source, target).await?;
         Ok(self.carry_out_in_background("move", key, grant))
     }
 
@@ -83,6 +57,27 @@ impl Client {
     /// how it ended and why it failed. Any client may ask about any task.
     pub async fn query_task(&self, task: TaskId) -> Result<TaskReport> {
         self.call(QueryTask { task }).await
+    }
+
+    /// Asks the master to plan a copy of `key` to `targets` (`CopyStart`).
+    async fn start_copy_grant(&self, key: &str, targets: &[&str]) -> Result<CopyGrant> {
+        self.call(CopyStart {
+            client: self.id(),
+            key: key.to_string(),
+            targets: targets.iter().map(|t| t.to_string()).collect(),
+        })
+        .await
+    }
+
+    /// Asks the master to plan a move of `key` from `source` to `target` (`MoveStart`).
+    async fn start_move_grant(&self, key: &str, source: &str, target: &str) -> Result<CopyGrant> {
+        self.call(MoveStart {
+            client: self.id(),
+            key: key.to_string(),
+            source: source.to_string(),
+            target: target.to_string(),
+        })
+        .await
     }
 
     /// Spawns the transfer of `grant`; its outcome reaches the master (and so `query_task`).
