@@ -554,15 +554,20 @@ fn disk_eviction_is_reported_before_the_files_go() {
     assert_eq!(media(&mut f, "both"), vec![Medium::Memory, Medium::Disk]);
 }
 
-#[test]
-fn a_prefetch_whose_target_segment_leaves_keeps_the_disk_copy() {
+/// "k" only on seg0's disk, and B's prefetch of it into A's segment "a-mem" begun.
+fn prefetching_into_a_mem() -> (Fixture, mooring_core::PrefetchGrant) {
     let mut f = write_through();
     disk_only(&mut f, "k");
     mount_as_a(&mut f, "a-mem");
     let (_, grant) =
         f.m.exist_prefetch(B, "k", &["a-mem".to_string()], f.now)
             .unwrap();
-    let p = grant.expect("promoted");
+    (f, grant.expect("promoted"))
+}
+
+#[test]
+fn a_prefetch_whose_target_segment_leaves_keeps_the_disk_copy() {
+    let (mut f, p) = prefetching_into_a_mem();
     assert_eq!(p.grant.replicas[0].segment, segment_id(&f, "a-mem"));
     f.m.unmount_segment(A, "a-mem", f.now).unwrap();
     f.check();
@@ -779,13 +784,7 @@ fn revoking_a_refused_prefetch_of_a_dropped_disk_copy_reports_the_value_gone() {
 
 #[test]
 fn a_prefetch_whose_disk_copy_leaves_with_its_node_says_so_and_may_still_bring_it_back() {
-    let mut f = write_through();
-    disk_only(&mut f, "k");
-    mount_as_a(&mut f, "a-mem");
-    let (_, grant) =
-        f.m.exist_prefetch(B, "k", &["a-mem".to_string()], f.now)
-            .unwrap();
-    let p = grant.expect("promoted");
+    let (mut f, p) = prefetching_into_a_mem();
     f.m.drain_events();
     // The node holding the only (disk) copy goes silent; A and the prefetching B stay.
     f.advance(Millis::from_secs(11));
