@@ -20,8 +20,8 @@ use crate::object::Object;
 /// The table as a snapshot stores it: the slab with its checksum column, and the free list.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub(crate) struct TableParts {
-    pub(crate) slots: Vec<Option<Object>>,
-    pub(crate) checksums: Vec<Checksum>,
+    pub(crate) slots: ChunkedVec<Option<Object>>,
+    pub(crate) checksums: ChunkedVec<Checksum>,
     pub(crate) free_slots: Vec<u32>,
 }
 
@@ -57,8 +57,8 @@ impl ObjectTable {
             free_slots,
         } = parts;
         let mut table = ObjectTable::new(seed);
-        table.slots = slots.into_iter().collect();
-        table.checksums = checksums.into_iter().collect();
+        table.slots = slots;
+        table.checksums = checksums;
         table.free_slots = free_slots;
         for (slot, object) in table.slots.iter().enumerate() {
             if let Some(object) = object {
@@ -158,11 +158,12 @@ impl ObjectTable {
             .filter_map(|(slot, o)| o.as_ref().map(|o| (slot as u32, o)))
     }
 
-    /// A copy of the slab, its checksums and its free list, for snapshots.
+    /// A copy of the slab (sharing its chunks), its checksums and its free list, for
+    /// snapshots.
     pub(crate) fn parts(&self) -> TableParts {
         TableParts {
-            slots: self.slots.iter().cloned().collect(),
-            checksums: self.checksums.iter().copied().collect(),
+            slots: self.slots.clone(),
+            checksums: self.checksums.clone(),
             free_slots: self.free_slots.clone(),
         }
     }
@@ -188,6 +189,8 @@ impl ObjectTable {
 
     /// Checks that the index, the slab and its checksum column agree.
     pub(crate) fn check(&self) -> Result<(), String> {
+        self.slots.check()?;
+        self.checksums.check()?;
         if self.checksums.len() != self.slots.len() {
             return Err(format!(
                 "object table: {} slots but {} checksums",

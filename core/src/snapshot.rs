@@ -29,7 +29,7 @@ use crate::zombies::WriteDeadlines;
 
 const MAGIC: [u8; 8] = *b"MOORSNAP";
 /// The snapshot format this build writes and reads.
-pub const SNAPSHOT_VERSION: u32 = 11;
+pub const SNAPSHOT_VERSION: u32 = 12;
 const HEADER_LEN: usize = 8 + 4 + 8 + 4;
 
 /// Everything a restored master needs.
@@ -49,12 +49,9 @@ struct State {
 }
 
 /// Wraps a payload in the snapshot envelope (header and checksum).
+#[cfg(feature = "testkit")]
 pub(crate) fn envelope(payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    let mut out = header(payload).to_vec();
     out.extend_from_slice(payload);
     out
 }
@@ -65,10 +62,73 @@ pub(crate) fn payload(snapshot: &[u8]) -> &[u8] {
     &snapshot[HEADER_LEN.min(snapshot.len())..]
 }
 
+/// A master's whole state as of one moment, to be serialized away from the master: taking
+/// it costs little (the big tables share their chunks with the master until it writes to
+/// them), serializing it costs a pass over everything.
+pub struct SnapshotState(State);
+
+/// A serialized snapshot in two pieces, the envelope's header and the payload, so that
+/// writing it needs no copy into one buffer.
+pub struct EncodedSnapshot {
+    header: [u8; HEADER_LEN],
+    payload: AlignedVec,
+}
+
+impl EncodedSnapshot {
+    /// The snapshot's bytes, in order: write them one after the other.
+    pub fn pieces(&self) -> [&[u8]; 2] {
+        [&self.header, &self.payload]
+    }
+
+    /// The snapshot's size in bytes.
+    pub fn len(&self) -> usize {
+        HEADER_LEN + self.payload.len()
+    }
+
+    /// Never: a snapshot has at least its header.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The snapshot's bytes in one buffer.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len());
+        out.extend_from_slice(&self.header);
+        out.extend_from_slice(&self.payload);
+        out
+    }
+}
+
+impl SnapshotState {
+    /// Serializes the state, in a buffer of `capacity` bytes to start with (the size of
+    /// the last snapshot saves growing it over and over).
+    pub fn encode(&self, capacity: usize) -> EncodedSnapshot {
+        let payload = rkyv::api::high::to_bytes_in::<_, rancor::Error>(
+            &self.0,
+            AlignedVec::with_capacity(capacity),
+        )
+        .expect("in-memory serialization");
+        EncodedSnapshot {
+            header: header(&payload),
+            payload,
+        }
+    }
+}
+
+/// The envelope's header for `payload`.
+fn header(payload: &[u8]) -> [u8; HEADER_LEN] {
+    let mut out = [0; HEADER_LEN];
+    out[..8].copy_from_slice(&MAGIC);
+    out[8..12].copy_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+    out[12..20].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    out[20..].copy_from_slice(&mooring_crc::append(0, payload).to_le_bytes());
+    out
+}
+
 impl Master {
-    /// Serializes the whole state.
-    pub fn snapshot(&self) -> Vec<u8> {
-        let state = State {
+    /// The whole state as of now, to serialize later (see [`SnapshotState`]).
+    pub fn snapshot_state(&self) -> SnapshotState {
+        SnapshotState(State {
             taken_at: self.now,
             rng: self.rng.clone(),
             segments: self.segments.clone(),
@@ -80,9 +140,12 @@ impl Master {
             tasks: self.tasks.clone(),
             disks: self.disks.clone(),
             counters: self.counters.clone(),
-        };
-        let payload = rkyv::to_bytes::<rancor::Error>(&state).expect("in-memory serialization");
-        envelope(&payload)
+        })
+    }
+
+    /// Serializes the whole state.
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.snapshot_state().encode(0).to_vec()
     }
 
     /// A canonical dump of the whole state, for checking that a restore is identical.
@@ -139,7 +202,7 @@ impl Master {
                 payload.len()
             )));
         }
-        if crc32c::crc32c(payload) != crc {
+        if mooring_crc::append(0, payload) != crc {
             return Err(bad("checksum mismatch (corrupt)"));
         }
         let mut aligned = AlignedVec::<16>::with_capacity(payload.len());

@@ -28,9 +28,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use mooring_core::log_shipping::LogPosition;
-use mooring_core::{Error, ErrorCode, Master, MasterConfig, Millis, Result};
+use mooring_core::{EncodedSnapshot, Error, ErrorCode, Master, MasterConfig, Millis, Result};
 use mooring_proto::journal::{self, Input};
 use tracing::{error, info, warn};
+
+use crate::seq_waiters::SeqWaiters;
 
 /// Journal bytes that start a snapshot, by default. A snapshot also waits until the journal
 /// has grown to twice the last snapshot, so writing snapshots costs at most half as many
@@ -261,8 +263,10 @@ struct Shared {
     counts: Counts,
     pending: Mutex<Pending>,
     work: Condvar,
-    /// The last sync, or the reason the journal stopped.
+    /// The last sync, or the reason the journal stopped (for followers of every sync).
     durable: tokio::sync::watch::Sender<SyncState>,
+    /// Requests waiting for their record to be on disk.
+    waiters: SeqWaiters,
     /// Where each generation this journal moved past ends.
     completed: CompletedEnds,
 }
@@ -320,7 +324,7 @@ impl Journal {
         snapshot_after: u64,
     ) -> Result<Journal> {
         let generation = generation + 1;
-        let snapshot_bytes = write_snapshot(dir, generation, master)?;
+        let snapshot_bytes = write_snapshot(dir, generation, &master.snapshot_state().encode(0))?;
         let path = journal_path(dir, generation);
         let file = JournalFile::create(&path, &config_record(master))
             .and_then(|file| sync_dir(dir).map(|()| file))
@@ -337,6 +341,7 @@ impl Journal {
                     offset: file.end,
                 },
             })),
+            waiters: SeqWaiters::new(Ok(0)),
             completed: CompletedEnds::default(),
         });
         let writer = Writer {
@@ -454,26 +459,21 @@ impl Journal {
 
     /// Resolves once record `seq` is on disk; an error if the journal can no longer write.
     pub fn durable(&self, seq: u64) -> impl std::future::Future<Output = Result<()>> + use<> {
-        let mut durable = self.shared.durable.subscribe();
+        let durable = self.shared.waiters.wait(seq);
         async move {
-            let reached = durable
-                .wait_for(|d| d.as_ref().map_or(true, |d| d.seq >= seq))
-                .await
-                .map_err(|_| io_error("the master's journal writer stopped".into()))?;
-            match &*reached {
-                Ok(_) => Ok(()),
-                Err(why) => Err(io_error(format!(
+            durable.await.map_err(|why| {
+                io_error(format!(
                     "the master cannot persist changes ({why}); it acknowledges none until it \
                      is restarted"
-                ))),
-            }
+                ))
+            })
         }
     }
 
-    /// Moves the journal to `generation` and writes a snapshot of `master` (cloned now, at
-    /// the rotation point) on a helper thread.
+    /// Moves the journal to `generation` and writes a snapshot of `master` (taken now, at
+    /// the rotation point, and serialized on a helper thread).
     fn begin_snapshot(&self, generation: u64, master: &Master) {
-        let state = master.clone();
+        let state = master.snapshot_state();
         {
             let mut pending = self
                 .shared
@@ -489,18 +489,24 @@ impl Journal {
         }
         self.shared.work.notify_one();
         let (dir, last_snapshot) = (self.dir.clone(), self.last_snapshot.clone());
-        let write = move || match write_snapshot(&dir, generation, &state) {
-            Ok(bytes) => {
-                last_snapshot.store(bytes, Ordering::Relaxed);
-                // The journal before this one stays a generation longer: a standby may still
-                // be copying its last records (see `crate::ha`).
-                delete_before(&dir, generation.saturating_sub(1));
-                info!(generation, bytes, "snapshot written");
+        let write = move || {
+            // Room for the last snapshot's size and a little more saves growing the buffer.
+            let room = last_snapshot.load(Ordering::Relaxed) as usize;
+            let encoded = state.encode(room + room / 8);
+            drop(state);
+            match write_snapshot(&dir, generation, &encoded) {
+                Ok(bytes) => {
+                    last_snapshot.store(bytes, Ordering::Relaxed);
+                    // The journal before this one stays a generation longer: a standby may still
+                    // be copying its last records (see `crate::ha`).
+                    delete_before(&dir, generation.saturating_sub(1));
+                    info!(generation, bytes, "snapshot written");
+                }
+                Err(e) => warn!(
+                    generation,
+                    "snapshot not written (the journals still hold everything): {e}"
+                ),
             }
-            Err(e) => warn!(
-                generation,
-                "snapshot not written (the journals still hold everything): {e}"
-            ),
         };
         // The simulation allows no threads: the switch and the snapshot happen now.
         #[cfg(madsim)]
@@ -555,20 +561,21 @@ fn config_record(master: &Master) -> Vec<u8> {
     out
 }
 
-/// Writes `master`'s snapshot as generation `generation`, durably; returns its size.
-fn write_snapshot(dir: &Path, generation: u64, master: &Master) -> Result<u64> {
+/// Writes `snapshot` as generation `generation`, durably; returns its size.
+fn write_snapshot(dir: &Path, generation: u64, snapshot: &EncodedSnapshot) -> Result<u64> {
     let path = snapshot_path(dir, generation);
     let temporary = path.with_extension("snap.tmp");
-    let bytes = master.snapshot();
     let written = (|| {
         let mut file = File::create(&temporary)?;
-        file.write_all(&bytes)?;
+        for piece in snapshot.pieces() {
+            file.write_all(piece)?;
+        }
         file.sync_all()?;
         fs::rename(&temporary, &path)?;
         sync_dir(dir)
     })();
     written
-        .map(|()| bytes.len() as u64)
+        .map(|()| snapshot.len() as u64)
         .map_err(|e| io_error(format!("cannot write snapshot {}: {e}", path.display())))
 }
 
@@ -702,6 +709,7 @@ impl Writer {
         match written {
             Ok(()) => {
                 let waking = std::time::Instant::now();
+                shared.waiters.advance(seq);
                 let _previous = shared.durable.send_replace(Ok(Synced {
                     seq,
                     end: LogPosition {
@@ -719,6 +727,7 @@ impl Writer {
                     "the journal cannot write ({e}): the master acknowledges no more changes; \
                      fix the disk and restart it (it recovers what was synced)"
                 );
+                shared.waiters.stop(e.to_string());
                 let _previous = shared.durable.send_replace(Err(e.to_string()));
                 false
             }

@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod node;
 pub mod preflight;
 pub mod presence;
+pub mod seq_waiters;
 pub mod token;
 pub mod transports;
 pub mod tuning;

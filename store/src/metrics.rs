@@ -34,6 +34,17 @@ struct RpcOutcome {
     outcome: String,
 }
 
+/// The labels counting a request of `kind` that ended with `outcome`.
+fn outcome_labels(kind: &str, outcome: Result<(), ErrorCode>) -> RpcOutcome {
+    RpcOutcome {
+        kind: kind.to_string(),
+        outcome: match outcome {
+            Ok(()) => "ok".to_string(),
+            Err(code) => format!("{code:?}"),
+        },
+    }
+}
+
 /// Labels of an RPC latency: which request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RpcKind {
@@ -100,12 +111,21 @@ impl KindSummary {
     }
 }
 
+/// One request kind's totals, and its Prometheus counter of successes and its latency
+/// histogram (looked up once: a family lookup builds its label strings, too slow to do for
+/// every request).
+struct KindRecord {
+    summary: KindSummary,
+    served_ok: Counter,
+    latency: Histogram,
+}
+
 /// What the master records as it serves.
 #[derive(Clone)]
 pub struct MasterMetrics {
     requests: Family<RpcOutcome, Counter>,
     latency: Family<RpcKind, Histogram, fn() -> Histogram>,
-    summary: Arc<Mutex<BTreeMap<&'static str, KindSummary>>>,
+    summary: Arc<Mutex<BTreeMap<&'static str, KindRecord>>>,
 }
 
 impl Default for MasterMetrics {
@@ -121,35 +141,38 @@ impl Default for MasterMetrics {
 impl MasterMetrics {
     /// Records one served request of `kind` that took `elapsed` and ended with `outcome`.
     pub fn record(&self, kind: &'static str, outcome: Result<(), ErrorCode>, elapsed: Duration) {
-        {
-            let mut summary = self.summary.lock().unwrap_or_else(|e| e.into_inner());
-            let entry = summary.entry(kind).or_default();
-            if outcome.is_ok() {
-                entry.ok += 1;
-            } else {
-                entry.errors += 1;
+        let mut kinds = self.summary.lock().unwrap_or_else(|e| e.into_inner());
+        let record = kinds.entry(kind).or_insert_with(|| KindRecord {
+            summary: KindSummary::default(),
+            served_ok: self
+                .requests
+                .get_or_create(&outcome_labels(kind, Ok(())))
+                .clone(),
+            latency: self
+                .latency
+                .get_or_create(&RpcKind {
+                    kind: kind.to_string(),
+                })
+                .clone(),
+        });
+        match outcome {
+            Ok(()) => {
+                record.summary.ok += 1;
+                record.served_ok.inc();
             }
-            let seconds = elapsed.as_secs_f64();
-            let bucket = bucket_bounds()
-                .position(|bound| seconds <= bound)
-                .unwrap_or(BUCKETS);
-            entry.buckets[bucket] += 1;
+            Err(_) => {
+                record.summary.errors += 1;
+                self.requests
+                    .get_or_create(&outcome_labels(kind, outcome))
+                    .inc();
+            }
         }
-        let outcome = match outcome {
-            Ok(()) => "ok".to_string(),
-            Err(code) => format!("{code:?}"),
-        };
-        self.requests
-            .get_or_create(&RpcOutcome {
-                kind: kind.to_string(),
-                outcome,
-            })
-            .inc();
-        self.latency
-            .get_or_create(&RpcKind {
-                kind: kind.to_string(),
-            })
-            .observe(elapsed.as_secs_f64());
+        let seconds = elapsed.as_secs_f64();
+        let bucket = bucket_bounds()
+            .position(|bound| seconds <= bound)
+            .unwrap_or(BUCKETS);
+        record.summary.buckets[bucket] += 1;
+        record.latency.observe(seconds);
     }
 
     /// The Prometheus text exposition of `report`, `segments`, the recorded RPCs and the
@@ -398,10 +421,11 @@ impl MasterMetrics {
     /// Per request kind: requests served, failures, and latency percentiles (from the
     /// histogram's buckets, so an upper bound within a factor of two).
     pub fn rpc_json(&self) -> serde_json::Value {
-        let summary = self.summary.lock().unwrap_or_else(|e| e.into_inner());
-        summary
+        let kinds = self.summary.lock().unwrap_or_else(|e| e.into_inner());
+        kinds
             .iter()
-            .map(|(kind, s)| {
+            .map(|(kind, record)| {
+                let s = &record.summary;
                 (
                     kind.to_string(),
                     serde_json::json!({

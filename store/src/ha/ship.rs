@@ -16,6 +16,7 @@ use tracing::{info, warn};
 
 use crate::clock::Clock;
 use crate::journal::{self, Journal, SyncState};
+use crate::seq_waiters::SeqWaiters;
 
 /// How long a `Follow` waits for something new before answering with nothing.
 const LONG_POLL: Duration = Duration::from_millis(500);
@@ -36,6 +37,8 @@ pub struct Shipping {
     state: Mutex<LogShipping>,
     /// The last record the leader may acknowledge, or why it may acknowledge nothing more.
     replicated: watch::Sender<std::result::Result<u64, String>>,
+    /// Requests waiting for their record to be replicated.
+    waiters: SeqWaiters,
     record: Arc<dyn InSyncRecord>,
     /// Changes to the recorded set are made one at a time, in order.
     recording: tokio::sync::Mutex<()>,
@@ -63,7 +66,8 @@ impl Shipping {
         let shipping = Arc::new(Shipping {
             me,
             state: Mutex::new(LogShipping::new(seq, end)),
-            replicated: watch::Sender::new(first.map(|s| s.seq)),
+            replicated: watch::Sender::new(first.clone().map(|s| s.seq)),
+            waiters: SeqWaiters::new(first.map(|s| s.seq)),
             record,
             recording: tokio::sync::Mutex::new(()),
             timeout: Millis(timeout.as_millis() as u64),
@@ -101,6 +105,7 @@ impl Shipping {
         let result = f(&mut state);
         let replicated = state.replicated();
         drop(state);
+        self.waiters.advance(replicated);
         self.replicated.send_if_modified(|r| match r {
             Ok(old) if *old < replicated => {
                 *old = replicated;
@@ -112,24 +117,20 @@ impl Shipping {
     }
 
     fn stop(&self, why: String) {
+        self.waiters.stop(why.clone());
         let _previous = self.replicated.send_replace(Err(why));
     }
 
     /// Resolves once record `seq` is on the leader's disk and every in-sync standby's.
     pub fn replicated(&self, seq: u64) -> BoxFuture<'static, Result<()>> {
-        let mut replicated = self.replicated.subscribe();
+        let replicated = self.waiters.wait(seq);
         Box::pin(async move {
-            let reached = replicated
-                .wait_for(|r| r.as_ref().map_or(true, |&r| r >= seq))
-                .await
-                .map_err(|_| unavailable("the leader stopped shipping its journal".into()))?;
-            match &*reached {
-                Ok(_) => Ok(()),
-                Err(why) => Err(unavailable(format!(
+            replicated.await.map_err(|why| {
+                unavailable(format!(
                     "the leader cannot acknowledge changes any more ({why}); retry: a new leader \
                      takes over"
-                ))),
-            }
+                ))
+            })
         })
     }
 
