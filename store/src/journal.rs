@@ -218,9 +218,12 @@ struct Pending {
     rotate: Option<(u64, Vec<u8>, Vec<u8>)>,
     /// The journal is being dropped: write what is left and stop.
     closing: bool,
-    /// The writer is waiting for records: an append must wake it. (While it writes and
-    /// syncs, appends only add to `bytes`: waking costs a system call per append.)
+    /// The writer is waiting for records: an append that brings `appended` to `wake_at`
+    /// must wake it. (While it writes and syncs, appends only add to `bytes`: waking costs a
+    /// system call per append.)
     writer_waiting: bool,
+    /// See `writer_waiting`.
+    wake_at: u64,
 }
 
 /// What a journal has written, for metrics.
@@ -350,6 +353,8 @@ impl Journal {
             dir: dir.to_path_buf(),
             spare: Vec::new(),
             synced: 0,
+            last_woken: 0,
+            last_sync: std::time::Duration::ZERO,
         };
         #[cfg(not(madsim))]
         let writer = {
@@ -416,7 +421,10 @@ impl Journal {
                 .unwrap_or_else(|e| e.into_inner());
             journal::record(now, payload, &mut pending.bytes);
             pending.appended += 1;
-            (pending.appended, pending.writer_waiting)
+            (
+                pending.appended,
+                pending.writer_waiting && pending.appended >= pending.wake_at,
+            )
         };
         if wake {
             self.shared.work.notify_one();
@@ -658,20 +666,55 @@ struct Writer {
     spare: Vec<u8>,
     /// The last record on disk.
     synced: u64,
+    /// How many records the last sync covered (and so how many requests it woke).
+    last_woken: u64,
+    /// How long the last write and sync took.
+    last_sync: std::time::Duration,
 }
 
 impl Writer {
+    /// Waits until there is something to write. The requests the last sync woke usually
+    /// append again at once: waiting (for at most a quarter of a sync) until as many
+    /// records are pending lets one sync cover them all, where otherwise the first few
+    /// would start a sync that the rest must wait out, and every record would wait for two.
+    fn gather<'a>(
+        &self,
+        shared: &'a Shared,
+        mut pending: std::sync::MutexGuard<'a, Pending>,
+    ) -> std::sync::MutexGuard<'a, Pending> {
+        while pending.bytes.is_empty() && pending.rotate.is_none() && !pending.closing {
+            pending.writer_waiting = true;
+            pending.wake_at = 0;
+            pending = shared.work.wait(pending).unwrap_or_else(|e| e.into_inner());
+        }
+        let target = self.synced + self.last_woken;
+        let deadline = std::time::Instant::now() + self.last_sync / 4;
+        while pending.appended < target && pending.rotate.is_none() && !pending.closing {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            pending.writer_waiting = true;
+            pending.wake_at = target;
+            pending = shared
+                .work
+                .wait_timeout(pending, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        pending.writer_waiting = false;
+        pending
+    }
+
     /// Writes and syncs everything appended so far, waiting for something to write if
     /// `wait`; then wakes the requests it covered. False once the journal is closing or
     /// broken.
     fn write_pending(&mut self, shared: &Shared, wait: bool) -> bool {
         let (bytes, seq, rotate, closing) = {
             let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
-            while wait && pending.bytes.is_empty() && pending.rotate.is_none() && !pending.closing {
-                pending.writer_waiting = true;
-                pending = shared.work.wait(pending).unwrap_or_else(|e| e.into_inner());
+            if wait {
+                pending = self.gather(shared, pending);
             }
-            pending.writer_waiting = false;
             self.spare.clear();
             let bytes = std::mem::replace(&mut pending.bytes, std::mem::take(&mut self.spare));
             (
@@ -696,9 +739,11 @@ impl Writer {
             self.file.append(&bytes)?;
             self.file.sync()
         })();
+        self.last_sync = started.elapsed();
+        self.last_woken = seq - self.synced;
         let c = &shared.counts;
         c.sync_micros
-            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+            .fetch_add(self.last_sync.as_micros() as u64, Ordering::Relaxed);
         c.syncs.fetch_add(1, Ordering::Relaxed);
         c.records.fetch_add(seq - self.synced, Ordering::Relaxed);
         let before_len = rotate.as_ref().map_or(0, |r| r.2.len());

@@ -313,6 +313,27 @@ impl MasterService {
     }
 }
 
+/// The metrics pages of `service` (see [`crate::metrics::handler`]), counting the
+/// connections `connections` reports; `in_group` for a master leading a group.
+pub fn metrics_pages(
+    service: &Arc<MasterService>,
+    connections: Arc<dyn Fn() -> usize + Send + Sync>,
+    in_group: bool,
+) -> crate::http::Handler {
+    let read = {
+        let service = service.clone();
+        Arc::new(move || service.with_master(|m, now| (m.report(now), m.segments())))
+    };
+    let journaled = service.clone();
+    crate::metrics::handler(
+        service.metrics.clone(),
+        read,
+        connections,
+        Arc::new(move || journaled.journal_counts()),
+        in_group,
+    )
+}
+
 fn log_events(events: Vec<Event>) {
     for event in events {
         match event {
@@ -430,16 +451,8 @@ impl RunningMaster {
         listen: &str,
         bearer: Option<String>,
     ) -> Result<SocketAddr> {
-        let service = self.service.clone();
-        let read = Arc::new(move || service.with_master(|m, now| (m.report(now), m.segments())));
         let limits = self.limits.clone();
-        let journaled = self.service.clone();
-        let handler = crate::metrics::handler(
-            self.service.metrics.clone(),
-            read,
-            Arc::new(move || limits.open()),
-            Arc::new(move || journaled.journal_counts()),
-        );
+        let handler = metrics_pages(&self.service, Arc::new(move || limits.open()), false);
         let (addr, task) =
             crate::http::serve(listen, handler, bearer, crate::metrics::PUBLIC_PATHS).await?;
         self.tasks.push(task);

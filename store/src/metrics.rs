@@ -183,10 +183,14 @@ impl MasterMetrics {
         segments: &[SegmentInfo],
         connections: usize,
         journal: Option<JournalCounts>,
+        in_group: bool,
     ) -> String {
         let stats = &report.stats;
         let census = &report.census;
         let mut registry = Registry::with_prefix("mooring");
+        if in_group {
+            registry.register("master_leading", LEADING_HELP, ConstGauge::new(1i64));
+        }
         if let Some(journal) = journal {
             registry.register(
                 "journal_records",
@@ -441,6 +445,26 @@ impl MasterMetrics {
     }
 }
 
+/// What `mooring_master_leading` says.
+const LEADING_HELP: &str = "1 while this master leads its group (and serves the figures \
+     shown), 0 while it stands by";
+
+/// The Prometheus text exposition of a master standing by in a group: it holds no figures
+/// of its own (the leader has them), only that it stands by and the `connections` open to it.
+pub fn render_standby(connections: usize) -> String {
+    let mut registry = Registry::with_prefix("mooring");
+    registry.register("master_leading", LEADING_HELP, ConstGauge::new(0i64));
+    registry.register(
+        "connections",
+        "RPC connections open to the master",
+        ConstGauge::new(connections as i64),
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)
+        .expect("writing to a String does not fail");
+    text
+}
+
 /// A storage node's metrics in the Prometheus text format: what its data server served, its
 /// segment, its disk tier (`disk`: copies and bytes, if it has one) and the peers refused.
 pub fn node_text(node: &crate::node::Node, disk: Option<(usize, u64)>) -> String {
@@ -584,24 +608,35 @@ pub fn handler(
     read: Arc<dyn Fn() -> (StatsReport, Vec<SegmentInfo>) + Send + Sync>,
     connections: Arc<dyn Fn() -> usize + Send + Sync>,
     journal: Arc<dyn Fn() -> Option<JournalCounts> + Send + Sync>,
+    in_group: bool,
 ) -> Handler {
     Arc::new(move |path: &str| match path {
         "/metrics" => {
             let (report, segments) = read();
             Response::ok(
                 "text/plain; version=0.0.4; charset=utf-8",
-                metrics.render(&report, &segments, connections(), journal()),
+                metrics.render(&report, &segments, connections(), journal(), in_group),
             )
         }
         "/stats.json" => {
             let (report, segments) = read();
             let mut document = stats_value(&report, &segments);
             document["rpc"] = metrics.rpc_json();
+            if in_group {
+                document["role"] = "leader".into();
+            }
             Response::ok("application/json", document.to_string())
         }
+        other => static_page(other),
+    })
+}
+
+/// The pages that hold no figures: the dashboard, and "no such page".
+pub fn static_page(path: &str) -> Response {
+    match path {
         "/" | "/index.html" => Response::ok("text/html; charset=utf-8", DASHBOARD),
         _ => Response::error(404, "no such page: try /metrics or /stats.json"),
-    })
+    }
 }
 
 #[cfg(test)]
@@ -653,7 +688,7 @@ mod tests {
             syncs: 4,
             ..JournalCounts::default()
         };
-        let text = metrics.render(&report, &[segment], 3, Some(journal));
+        let text = metrics.render(&report, &[segment], 3, Some(journal), false);
         for line in [
             "mooring_objects 3",
             "mooring_connections 3",

@@ -15,7 +15,7 @@ use mooring_core::ReplicateConfig;
 
 mod common;
 
-use common::{Proc, free_port, start_nodes, value, wait_for_segments};
+use common::{Proc, free_port, http_get, sample, start_nodes, value, wait_for_segments};
 
 /// A real etcd on loopback, deleted with its data when dropped.
 struct Etcd {
@@ -85,11 +85,14 @@ fn skip_reason() -> Option<String> {
     None
 }
 
-fn start_master(listen: &str, etcd: &str, state: &std::path::Path) -> Proc {
+/// A group master listening on `listen`, serving its metrics on `metrics`.
+fn start_master(listen: &str, metrics: &str, etcd: &str, state: &std::path::Path) -> Proc {
     Proc::start(&[
         "master",
         "--listen",
         listen,
+        "--metrics-listen",
+        metrics,
         "--etcd",
         etcd,
         "--cluster",
@@ -193,10 +196,14 @@ async fn a_standby_takes_over_from_a_killed_leader_with_every_acknowledged_objec
         format!("127.0.0.1:{}", free_port()),
         format!("127.0.0.1:{}", free_port()),
     ];
+    let metrics = [
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    ];
     let dirs = [base.join("a"), base.join("b")];
     let mut masters = [
-        Some(start_master(&addrs[0], &etcd.url, &dirs[0])),
-        Some(start_master(&addrs[1], &etcd.url, &dirs[1])),
+        Some(start_master(&addrs[0], &metrics[0], &etcd.url, &dirs[0])),
+        Some(start_master(&addrs[1], &metrics[1], &etcd.url, &dirs[1])),
     ];
     let group = addrs.join(",");
     let _nodes = start_nodes(&group, 3, "32MiB");
@@ -226,6 +233,30 @@ async fn a_standby_takes_over_from_a_killed_leader_with_every_acknowledged_objec
     client.remove("k7").await.unwrap();
     wait_in_sync(&etcd.url).await;
 
+    // Each master serves metrics: the leader its figures, the standby that it stands by and
+    // whom it follows.
+    let scraped = |i: usize| {
+        sample(
+            &http_get(&metrics[i], "/metrics", None).1,
+            "mooring_master_leading",
+        )
+    };
+    let leader = (0..2)
+        .find(|&i| scraped(i) == Some(1.0))
+        .expect("one master says it leads");
+    let page = http_get(&metrics[leader], "/metrics", None).1;
+    assert_eq!(sample(&page, "mooring_objects"), Some(200.0), "{page}");
+    assert_eq!(
+        scraped(1 - leader),
+        Some(0.0),
+        "the standby says it stands by"
+    );
+    let (status, standby) = http_get(&metrics[1 - leader], "/stats.json", None);
+    assert_eq!(status, 200);
+    let standby: serde_json::Value = serde_json::from_str(&standby).unwrap();
+    assert_eq!(standby["role"], "standby", "{standby}");
+    assert_eq!(standby["leader"], addrs[leader].as_str(), "{standby}");
+
     let check = |client: Client, upto: u64| async move {
         assert_eq!(
             client.get("weights").await.unwrap(),
@@ -249,6 +280,9 @@ async fn a_standby_takes_over_from_a_killed_leader_with_every_acknowledged_objec
     let (first, failover) = kill_leader(&mut masters, &addrs, &client).await;
     eprintln!("first failover: {} ms", failover.as_millis());
     check(client.clone(), 200).await;
+    let page = http_get(&metrics[1 - first], "/metrics", None).1;
+    assert_eq!(sample(&page, "mooring_master_leading"), Some(1.0), "{page}");
+    assert_eq!(sample(&page, "mooring_objects"), Some(200.0), "{page}");
     // The group goes on taking writes.
     for i in 200..260u64 {
         client
@@ -263,7 +297,12 @@ async fn a_standby_takes_over_from_a_killed_leader_with_every_acknowledged_objec
 
     // The killed master returns with its old directory: it must not lead from it (it lacks
     // the writes above), but copies the new leader's state and takes over in turn.
-    masters[first] = Some(start_master(&addrs[first], &etcd.url, &dirs[first]));
+    masters[first] = Some(start_master(
+        &addrs[first],
+        &metrics[first],
+        &etcd.url,
+        &dirs[first],
+    ));
     wait_in_sync(&etcd.url).await;
     let (second, failover) = kill_leader(&mut masters, &addrs, &client).await;
     assert_eq!(second, 1 - first);
@@ -291,7 +330,12 @@ async fn a_leader_cut_off_from_etcd_stops_granting_and_leads_again_once_it_retur
     let dir = std::env::temp_dir().join(format!("mooring-ha-fence-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let addr = format!("127.0.0.1:{}", free_port());
-    let _master = start_master(&addr, &etcd.url, &dir);
+    let _master = start_master(
+        &addr,
+        &format!("127.0.0.1:{}", free_port()),
+        &etcd.url,
+        &dir,
+    );
     // A node started before the master is elected waits for it.
     let _nodes = start_nodes(&addr, 1, "16MiB");
     let client = Client::connect(ClientConfig::new(addr.clone()))

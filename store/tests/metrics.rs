@@ -1,44 +1,11 @@
 //! The master's metrics endpoint as an operator meets it: a real master and node on loopback,
 //! scraped over HTTP while the CLI puts, and the figures follow the work.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 mod common;
 
-use common::{BIN, Proc, free_port};
-
-/// GETs `path` from `addr`: the status and the body.
-fn get(addr: &str, path: &str, bearer: Option<&str>) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).expect("connect to the metrics endpoint");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let auth = bearer.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\n").unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    let status = answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = answer
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (status, body)
-}
-
-/// The value of the sample `name` (with its labels, if any) in a Prometheus exposition.
-fn sample(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-}
+use common::{BIN, Proc, free_port, http_get as get, sample};
 
 fn put(master: &str, key: &str, file: &std::path::Path) {
     let out = Command::new(BIN)

@@ -2,8 +2,7 @@
 //! host, clients in this process that map the nodes' segments and copy by memcpy, with the
 //! nodes' own counters showing that no value crossed their TCP data servers.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,27 +13,16 @@ use mooring_core::{ErrorCode, ReplicateConfig};
 
 mod common;
 
-use common::{BIN, Proc, free_port, value};
+use common::{BIN, Proc, free_port, http_get, sample, value};
 
 /// The node's metrics page.
 fn node_metrics(addr: &str) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connect to the node's metrics");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    answer
+    http_get(addr, "/metrics", None).1
 }
 
 /// A counter's value on a metrics page.
-fn sample(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
+fn counter(text: &str, name: &str) -> f64 {
+    sample(text, name).unwrap_or_else(|| panic!("no {name} in {text}"))
 }
 
 fn start_node(master: &str, name: &str, transports: &str, metrics: &str) -> Proc {
@@ -107,8 +95,8 @@ async fn same_host_values_move_by_memcpy_and_stay_verified() {
     // Every value went in and out by memcpy: neither node's TCP data server moved one.
     for metrics in [&metrics_a, &metrics_b] {
         let page = node_metrics(metrics);
-        assert_eq!(sample(&page, "mooring_node_reads_total"), 0.0, "{page}");
-        assert_eq!(sample(&page, "mooring_node_writes_total"), 0.0, "{page}");
+        assert_eq!(counter(&page, "mooring_node_reads_total"), 0.0, "{page}");
+        assert_eq!(counter(&page, "mooring_node_writes_total"), 0.0, "{page}");
     }
     // A client that asks for TCP gets TCP, with the same bytes.
     let tcp = client(&addr, TransportChoice::Tcp).await;
@@ -116,7 +104,7 @@ async fn same_host_values_move_by_memcpy_and_stay_verified() {
     let page = node_metrics(&metrics_a);
     let page_b = node_metrics(&metrics_b);
     assert!(
-        sample(&page, "mooring_node_reads_total") + sample(&page_b, "mooring_node_reads_total")
+        counter(&page, "mooring_node_reads_total") + counter(&page_b, "mooring_node_reads_total")
             >= 1.0,
         "{page}"
     );
@@ -152,7 +140,7 @@ async fn shm_is_refused_where_it_cannot_run_and_auto_falls_back() {
         .await
         .unwrap();
     assert_eq!(auto.get("k").await.unwrap(), value(1, 5000));
-    assert!(sample(&node_metrics(&metrics), "mooring_node_writes_total") >= 1.0);
+    assert!(counter(&node_metrics(&metrics), "mooring_node_writes_total") >= 1.0);
     // A node cannot serve shm without TCP, and says so before mapping anything.
     let out = Command::new(BIN)
         .args([

@@ -30,6 +30,8 @@ use mooring_core::{Error, ErrorCode};
 use mooring_proto::transport::{Answer, RpcHandler};
 use mooring_proto::wire::{MasterRequest, MasterResponse};
 
+use mooring_transport_tcp::limits::ConnectionLimits;
+
 use crate::clock::Clock;
 use crate::master_service::MasterService;
 
@@ -85,21 +87,54 @@ pub fn advertised(listen: &str) -> Result<String, String> {
     }
 }
 
+/// A group master's RPC port, as [`serve`] bound it.
+pub struct Serving {
+    /// Where it listens.
+    pub addr: std::net::SocketAddr,
+    /// The task serving it.
+    pub task: tokio::task::JoinHandle<()>,
+    /// Its connection limits (and count of open connections).
+    pub limits: Arc<ConnectionLimits>,
+}
+
 /// Binds `listen` and serves `handler` to peers that prove they hold `token`.
 pub async fn serve(
     listen: &str,
     handler: Arc<RoleHandler>,
     token: Option<mooring_proto::auth::ClusterToken>,
-) -> Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>), Error> {
-    let (addr, task) = crate::master_service::serve_rpc(
-        listen,
-        handler,
-        token,
-        mooring_transport_tcp::limits::ConnectionLimits::standard(),
-    )
-    .await?;
+) -> Result<Serving, Error> {
+    let limits = ConnectionLimits::standard();
+    let (addr, task) =
+        crate::master_service::serve_rpc(listen, handler, token, limits.clone()).await?;
     tracing::info!(%addr, "master listening (in a group)");
-    Ok((addr, task))
+    Ok(Serving { addr, task, limits })
+}
+
+/// The metrics pages of a master in a group: the leader's figures while it leads (with
+/// `mooring_master_leading 1`); while it stands by, `mooring_master_leading 0` and, in
+/// `/stats.json`, the leader it knows of. Scrape every master and keep the leader's figures.
+pub fn metrics_pages(
+    role: Arc<RoleHandler>,
+    limits: Arc<ConnectionLimits>,
+) -> crate::http::Handler {
+    Arc::new(move |path: &str| {
+        let connections = limits.clone();
+        let connections = Arc::new(move || connections.open());
+        match role.serving() {
+            Ok(service) => crate::master_service::metrics_pages(&service, connections, true)(path),
+            Err(_) => match path {
+                "/metrics" => crate::http::Response::ok(
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    crate::metrics::render_standby(connections()),
+                ),
+                "/stats.json" => crate::http::Response::ok(
+                    "application/json",
+                    serde_json::json!({ "role": "standby", "leader": role.leader() }).to_string(),
+                ),
+                other => crate::metrics::static_page(other),
+            },
+        }
+    })
 }
 
 pub use mooring_proto::wire::STANDBY_REFUSAL;
@@ -147,6 +182,14 @@ impl RoleHandler {
         match old {
             Role::Leader { service, .. } => Some(service),
             Role::Standby { .. } => None,
+        }
+    }
+
+    /// The leader this master knows of while it stands by.
+    pub fn leader(&self) -> Option<String> {
+        match &*self.role.read().unwrap_or_else(|e| e.into_inner()) {
+            Role::Standby { leader } => leader.clone(),
+            Role::Leader { .. } => None,
         }
     }
 

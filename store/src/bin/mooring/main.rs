@@ -129,13 +129,8 @@ async fn run_master(args: MasterArgs) -> Result<(), Error> {
                 .clone()
                 .expect("clap requires --state-dir"),
             snapshot_after,
+            metrics: args.metrics.resolve()?,
         };
-        if args.metrics.metrics_listen.is_some() {
-            return Err(usage_error(
-                "--metrics-listen is not served by a master in a group (--etcd) yet; scrape                  masters started without --etcd"
-                    .into(),
-            ));
-        }
         return run_master_group(group, &listen, config, token).await;
     }
     let service = match &settings.state_dir {
@@ -170,6 +165,8 @@ struct GroupArgs<'a> {
     leader_ttl: Option<&'a str>,
     state_dir: std::path::PathBuf,
     snapshot_after: u64,
+    /// Where to serve metrics (`--metrics-listen`), and the bearer token they need.
+    metrics: Option<(String, Option<String>)>,
 }
 
 /// `mooring master --etcd`: serves as one of a group of masters (see `mooring::ha`).
@@ -196,7 +193,18 @@ async fn run_master_group(
         )));
     }
     let handler = Arc::new(mooring::ha::RoleHandler::default());
-    let (addr, _serving) = mooring::ha::serve(listen, handler.clone(), token.clone()).await?;
+    let serving = mooring::ha::serve(listen, handler.clone(), token.clone()).await?;
+    let addr = serving.addr;
+    let _metrics = match group.metrics {
+        Some((listen, bearer)) => {
+            let pages = mooring::ha::metrics_pages(handler.clone(), serving.limits.clone());
+            Some(
+                mooring::http::serve(&listen, pages, bearer, mooring::metrics::PUBLIC_PATHS)
+                    .await?,
+            )
+        }
+        None => None,
+    };
     let config = GroupConfig {
         endpoints,
         cluster: group.cluster.unwrap_or("default").to_string(),
