@@ -140,12 +140,16 @@ fn put_pairs(c: &mut Criterion) {
             let per_sync = |n: u64| n as f64 / c.syncs.max(1) as f64;
             eprintln!(
                 "{name}: {} records in {} syncs ({:.0} records, {:.0} µs writing and syncing, \
-                 {:.0} µs waking per sync)",
+                 {:.0} µs waking per sync); {} syncs over 1 ms took {:.1} s of the {:.1} s \
+                 syncing",
                 c.records,
                 c.syncs,
                 per_sync(c.records),
                 per_sync(c.sync_micros),
-                per_sync(c.wake_micros)
+                per_sync(c.wake_micros),
+                c.slow_syncs,
+                c.slow_sync_micros as f64 / 1e6,
+                c.sync_micros as f64 / 1e6,
             );
         }
     }

@@ -239,7 +239,15 @@ pub struct JournalCounts {
     pub sync_micros: u64,
     /// Time spent waking the requests each sync covered, in microseconds.
     pub wake_micros: u64,
+    /// Syncs that took longer than [`SLOW_SYNC`] (every change waiting on one waits that
+    /// long: the device was busy, or the sync also carried the zeros written ahead).
+    pub slow_syncs: u64,
+    /// Time spent in those, in microseconds.
+    pub slow_sync_micros: u64,
 }
+
+/// A write and sync longer than this is counted as slow ([`JournalCounts::slow_syncs`]).
+pub const SLOW_SYNC: std::time::Duration = std::time::Duration::from_millis(1);
 
 #[derive(Default)]
 struct Counts {
@@ -248,6 +256,8 @@ struct Counts {
     syncs: AtomicU64,
     sync_micros: AtomicU64,
     wake_micros: AtomicU64,
+    slow_syncs: AtomicU64,
+    slow_sync_micros: AtomicU64,
 }
 
 /// What a journal holds on disk: every record up to `seq`, ending at `end`.
@@ -447,6 +457,8 @@ impl Journal {
             syncs: read(&c.syncs),
             sync_micros: read(&c.sync_micros),
             wake_micros: read(&c.wake_micros),
+            slow_syncs: read(&c.slow_syncs),
+            slow_sync_micros: read(&c.slow_sync_micros),
         }
     }
 
@@ -742,8 +754,12 @@ impl Writer {
         self.last_sync = started.elapsed();
         self.last_woken = seq - self.synced;
         let c = &shared.counts;
-        c.sync_micros
-            .fetch_add(self.last_sync.as_micros() as u64, Ordering::Relaxed);
+        let micros = self.last_sync.as_micros() as u64;
+        c.sync_micros.fetch_add(micros, Ordering::Relaxed);
+        if self.last_sync > SLOW_SYNC {
+            c.slow_syncs.fetch_add(1, Ordering::Relaxed);
+            c.slow_sync_micros.fetch_add(micros, Ordering::Relaxed);
+        }
         c.syncs.fetch_add(1, Ordering::Relaxed);
         c.records.fetch_add(seq - self.synced, Ordering::Relaxed);
         let before_len = rotate.as_ref().map_or(0, |r| r.2.len());

@@ -214,6 +214,17 @@ impl MasterMetrics {
                 Unit::Seconds,
                 ConstCounter::new(journal.sync_micros as f64 / 1e6),
             );
+            registry.register(
+                "journal_slow_syncs",
+                "Journal syncs that took over 1 ms (every change waiting on one waits as long)",
+                ConstCounter::new(journal.slow_syncs),
+            );
+            registry.register_with_unit(
+                "journal_slow_sync",
+                "Time spent in journal syncs that took over 1 ms",
+                Unit::Seconds,
+                ConstCounter::new(journal.slow_sync_micros as f64 / 1e6),
+            );
         }
         let by_state = Family::<StateLabel, Gauge>::default();
         for (state, count) in [
@@ -686,6 +697,7 @@ mod tests {
         let journal = JournalCounts {
             records: 12,
             syncs: 4,
+            slow_syncs: 1,
             ..JournalCounts::default()
         };
         let text = metrics.render(&report, &[segment], 3, Some(journal), false);
@@ -704,6 +716,7 @@ mod tests {
             "mooring_reads_total{tier=\"none\"} 2",
             "mooring_journal_records_total 12",
             "mooring_journal_syncs_total 4",
+            "mooring_journal_slow_syncs_total 1",
         ] {
             assert!(text.contains(line), "{line:?} missing from\n{text}");
         }
