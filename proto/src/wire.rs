@@ -308,6 +308,28 @@ macro_rules! master_rpcs {
             pub fn name(&self) -> &'static str {
                 match self { $(MasterRequest::$name(_) => stringify!($name),)* }
             }
+
+            /// This request archived as its own type (not as the enum of every request,
+            /// whose archive is as large as its largest variant), with its name.
+            pub fn archive_alone(&self) -> (&'static str, AlignedVec) {
+                match self {
+                    $(MasterRequest::$name(request) => (
+                        stringify!($name),
+                        rkyv::to_bytes::<rancor::Error>(request).expect("in-memory serialization"),
+                    ),)*
+                }
+            }
+
+            /// The request named `name` from the bytes [`MasterRequest::archive_alone`]
+            /// gave (aligned to 16); why not, if they are not one.
+            pub fn from_archived_alone(name: &[u8], bytes: &[u8]) -> Result<MasterRequest, String> {
+                $(if name == stringify!($name).as_bytes() {
+                    return rkyv::from_bytes::<$name, rancor::Error>(bytes)
+                        .map(MasterRequest::$name)
+                        .map_err(|e| format!("a {} does not decode: {e}", stringify!($name)));
+                })*
+                Err(format!("no request is named {:?}", String::from_utf8_lossy(name)))
+            }
         }
     };
 }
