@@ -192,39 +192,54 @@ impl MasterMetrics {
             registry.register("master_leading", LEADING_HELP, ConstGauge::new(1i64));
         }
         if let Some(journal) = journal {
-            registry.register(
-                "journal_records",
-                "Journal records on disk (--state-dir)",
-                ConstCounter::new(journal.records),
-            );
-            registry.register_with_unit(
-                "journal_written",
-                "Bytes written to the journal",
-                Unit::Bytes,
-                ConstCounter::new(journal.bytes),
-            );
-            registry.register(
-                "journal_syncs",
-                "Journal fdatasync calls (each covers every record appended before it: group commit)",
-                ConstCounter::new(journal.syncs),
-            );
-            registry.register_with_unit(
-                "journal_sync",
-                "Time spent writing and syncing the journal",
-                Unit::Seconds,
-                ConstCounter::new(journal.sync_micros as f64 / 1e6),
-            );
-            registry.register(
-                "journal_slow_syncs",
-                "Journal syncs that took over 1 ms (every change waiting on one waits as long)",
-                ConstCounter::new(journal.slow_syncs),
-            );
-            registry.register_with_unit(
-                "journal_slow_sync",
-                "Time spent in journal syncs that took over 1 ms",
-                Unit::Seconds,
-                ConstCounter::new(journal.slow_sync_micros as f64 / 1e6),
-            );
+            for (name, help, count, unit) in [
+                (
+                    "journal_records",
+                    "Journal records on disk (--state-dir)",
+                    journal.records,
+                    None,
+                ),
+                (
+                    "journal_written",
+                    "Bytes written to the journal",
+                    journal.bytes,
+                    Some(Unit::Bytes),
+                ),
+                (
+                    "journal_syncs",
+                    "Journal fdatasync calls (each covers every record appended before it: group commit)",
+                    journal.syncs,
+                    None,
+                ),
+                (
+                    "journal_slow_syncs",
+                    "Journal syncs that took over 1 ms (every change waiting on one waits as long)",
+                    journal.slow_syncs,
+                    None,
+                ),
+            ] {
+                match unit {
+                    Some(unit) => {
+                        registry.register_with_unit(name, help, unit, ConstCounter::new(count))
+                    }
+                    None => registry.register(name, help, ConstCounter::new(count)),
+                }
+            }
+            for (name, help, micros) in [
+                (
+                    "journal_sync",
+                    "Time spent writing and syncing the journal",
+                    journal.sync_micros,
+                ),
+                (
+                    "journal_slow_sync",
+                    "Time spent in journal syncs that took over 1 ms",
+                    journal.slow_sync_micros,
+                ),
+            ] {
+                let seconds = ConstCounter::new(micros as f64 / 1e6);
+                registry.register_with_unit(name, help, Unit::Seconds, seconds);
+            }
         }
         let by_state = Family::<StateLabel, Gauge>::default();
         for (state, count) in [
