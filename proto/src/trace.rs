@@ -10,7 +10,9 @@
 use std::fmt;
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
+#[cfg(not(madsim))]
 use std::sync::OnceLock;
+#[cfg(not(madsim))]
 use std::sync::atomic::{AtomicU64, Ordering};
 
 tokio::task_local! {
@@ -31,10 +33,26 @@ impl fmt::Display for TraceId {
 impl TraceId {
     /// A fresh id, unique within this process.
     pub fn new() -> TraceId {
-        static PREFIX: OnceLock<u64> = OnceLock::new();
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        let prefix = *PREFIX.get_or_init(|| RandomState::new().hash_one(std::process::id()) << 40);
-        TraceId(prefix | (NEXT.fetch_add(1, Ordering::Relaxed) & ((1 << 40) - 1)))
+        // The simulation runs each seed on a fresh thread of one process: per-thread state
+        // starts each run alike, so a seed run among others is the seed run alone (a prefix
+        // drawn on a seed's first id would be drawn only by the first seed of a batch).
+        #[cfg(madsim)]
+        {
+            thread_local! {
+                static PREFIX: u64 = RandomState::new().hash_one(std::process::id()) << 40;
+                static NEXT: std::cell::Cell<u64> = const { std::cell::Cell::new(1) };
+            }
+            let n = NEXT.with(|next| next.replace(next.get() + 1));
+            TraceId(PREFIX.with(|prefix| *prefix) | (n & ((1 << 40) - 1)))
+        }
+        #[cfg(not(madsim))]
+        {
+            static PREFIX: OnceLock<u64> = OnceLock::new();
+            static NEXT: AtomicU64 = AtomicU64::new(1);
+            let prefix =
+                *PREFIX.get_or_init(|| RandomState::new().hash_one(std::process::id()) << 40);
+            TraceId(prefix | (NEXT.fetch_add(1, Ordering::Relaxed) & ((1 << 40) - 1)))
+        }
     }
 
     /// The id of the operation this task is running, or a fresh one outside any.
