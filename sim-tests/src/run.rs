@@ -585,11 +585,9 @@ impl Supervisor {
     /// Hands the history every object the master let go of on its own since the last tick,
     /// and counts what the master did.
     fn record_gone(&mut self) {
-        let Some(master) = self.world.master() else {
-            return;
-        };
+        let events = self.world.take_master_events();
         let mut history = self.world.history();
-        for (when, event) in master.take_events() {
+        for (when, event) in events {
             let at = when.duration_since(self.world.start);
             *self.coverage.entry(coverage::of_event(&event)).or_default() += 1;
             match event {

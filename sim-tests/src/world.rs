@@ -78,6 +78,9 @@ pub struct World {
     history: Mutex<History>,
     /// The running master, if it is up.
     master: Mutex<Option<Arc<MasterService>>>,
+    /// What a master that was replaced (a deposed leader) reported and the supervisor had
+    /// not yet taken: readers it served may have met it.
+    replaced_events: Mutex<Vec<(tokio::time::Instant, mooring_core::Event)>>,
     /// The simulated network's switchboard (transport-sim runs).
     pub net: Arc<SimNet>,
     /// The software HCA fabric every member's RDMA device is on (RDMA runs).
@@ -126,6 +129,7 @@ impl World {
             start: Instant::now(),
             history: Mutex::default(),
             master: Mutex::default(),
+            replaced_events: Mutex::default(),
             net: Arc::new(SimNet::new()),
             fabric: {
                 let fabric = mooring_transport_rdma::model::Fabric::new();
@@ -191,9 +195,34 @@ impl World {
             .clone()
     }
 
-    /// Records the running master.
+    /// Records the running master, keeping what the one it replaces reported and was not
+    /// yet taken.
     pub fn set_master(&self, service: Arc<MasterService>) {
-        *self.master.lock().unwrap_or_else(|e| e.into_inner()) = Some(service);
+        let old = self
+            .master
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(service.clone());
+        if let Some(old) = old.filter(|old| !Arc::ptr_eq(old, &service)) {
+            self.replaced_events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(old.take_events());
+        }
+    }
+
+    /// What the masters running now and before reported since the last call, in order.
+    pub fn take_master_events(&self) -> Vec<(tokio::time::Instant, mooring_core::Event)> {
+        let mut events = std::mem::take(
+            &mut *self
+                .replaced_events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        if let Some(master) = self.master() {
+            events.extend(master.take_events());
+        }
+        events
     }
 
     /// Where members reach the master: every group master's address, or the one master's.
