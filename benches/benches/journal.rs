@@ -2,7 +2,8 @@
 //! PutStart+PutEnd pairs through `MasterService::answer`, which is what each RPC connection
 //! calls, with 256 pairs in flight (`MOORING_BENCH_IN_FLIGHT`) on two worker threads. With the journal on, each answer
 //! waits until its record is synced, so this measures group commit: how many pairs one
-//! `fdatasync` covers decides the rate. No network: the master's own cost.
+//! `fdatasync` covers decides the rate. No network: the master's own cost. The pool is
+//! bounded ([`pool_bytes`]): after the first million puts, each evicts an older object.
 //!
 //! Run: `cargo bench -p mooring-benches --bench journal`. The journal lives under
 //! `target/journal-bench` (set `MOORING_BENCH_DIR` to measure another device).
@@ -28,6 +29,16 @@ fn in_flight() -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(256)
 }
+/// The pool's size: 4 GiB (`MOORING_BENCH_POOL_GIB` to try others), room for about a
+/// million of the bench's 4 KiB objects. Once it is full, each put evicts an older object,
+/// as in a cache at work: the table, and so each snapshot, stays the same size.
+fn pool_bytes() -> u64 {
+    let gib: u64 = std::env::var("MOORING_BENCH_POOL_GIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    gib << 30
+}
 /// Pairs per timed batch.
 const BATCH: u64 = 20_000;
 
@@ -48,7 +59,7 @@ fn mounted(service: &MasterService) {
                     name: "bench".into(),
                     base: 0,
                     // Metadata only: no memory behind it.
-                    size: 1 << 40,
+                    size: pool_bytes(),
                     endpoint: "bench:1".into(),
                     key: 1,
                     rdma_key: None,

@@ -97,14 +97,18 @@ pub fn sample_handoffs() -> Vec<Vec<u8>> {
 /// anything): decoding stops cleanly at the first bad record, and what it accepts survives
 /// encoding and decoding again.
 pub fn journal(data: &[u8]) {
-    use crate::journal::{decode, payload, record};
-    let decoded = decode(data);
+    use crate::journal::{FILE_HEADER, MAGIC, decode, file_header, payload, record};
+    // The generation the file's header names, if it has one (else any: the file is refused).
+    let generation = data
+        .get(MAGIC.len()..FILE_HEADER)
+        .map_or(0, |g| u64::from_le_bytes(g.try_into().expect("8 bytes")));
+    let decoded = decode(generation, data);
     assert!(decoded.intact <= data.len());
-    let mut again = Vec::new();
+    let mut again = file_header(generation).to_vec();
     for (now, input) in &decoded.entries {
-        record(*now, &payload(input), &mut again);
+        record(generation, *now, &payload(input), &mut again);
     }
-    let redecoded = decode(&again);
+    let redecoded = decode(generation, &again);
     assert_eq!(redecoded.stopped, None);
     assert_eq!(
         redecoded.entries, decoded.entries,
@@ -114,7 +118,7 @@ pub fn journal(data: &[u8]) {
 
 /// A short journal of every kind of input: the seed of the journal corpus.
 pub fn sample_journal() -> Vec<u8> {
-    use crate::journal::{Input, payload, record};
+    use crate::journal::{Input, file_header, payload, record};
     use mooring_core::{ClientId, MasterConfig, Millis, ReplicateConfig};
 
     use crate::wire::{GetReplicaList, PutStart};
@@ -133,10 +137,12 @@ pub fn sample_journal() -> Vec<u8> {
         Input::Request(GetReplicaList { key: "k".into() }.into()),
         Input::Tick,
     ];
-    let mut out = Vec::new();
+    const GENERATION: u64 = 4;
+    let mut out = file_header(GENERATION).to_vec();
     for (i, input) in inputs.iter().enumerate() {
-        record(Millis(10 * i as u64), &payload(input), &mut out);
+        record(GENERATION, Millis(10 * i as u64), &payload(input), &mut out);
     }
+    record(GENERATION, Millis(50), &payload(&Input::End), &mut out);
     out
 }
 

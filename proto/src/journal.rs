@@ -3,18 +3,24 @@
 //! The core is deterministic: the same inputs at the same times give the same state, the
 //! same grants and the same evictions. A master that appends every request it serves and
 //! every timer tick, in the order it applied them, can therefore be rebuilt by replaying the
-//! records onto the snapshot they follow. This module is the record format and the replay;
+//! records onto the snapshot they follow. This module is the file format and the replay;
 //! files, group commit and snapshots are the store's (`mooring::journal`).
 //!
-//! A record is `length u32 | crc32c u32 | now u64 | payload`, little-endian, where the crc
-//! covers `now` and the payload. The payload starts with a tag padded with zeros to a
-//! multiple of 16 bytes: a request's name (one length byte, then the name), or a zero byte
-//! for a configuration or a tick. After the tag comes the rkyv archive of the request alone
-//! (archived as the enum of every request, each record would be as large as the largest
-//! request: twice the bytes to write, sync and snapshot after) or of the [`Input`]. Decoding
-//! stops at the first record that is cut short or fails its checksum: a crash leaves at most
-//! one torn record at the tail, and everything before it is intact. Zeros after the last
-//! record (a writer may write them ahead) are the end, not damage.
+//! A journal file starts with a [`FILE_HEADER`]-byte header: [`MAGIC`] (which names the
+//! format) and the file's generation. Records follow: `length u32 | crc32c u32 | now u64 |
+//! payload`, little-endian, where the crc covers the generation, `now` and the payload. The
+//! payload starts with a tag padded with zeros to a multiple of 16 bytes: a request's name
+//! (one length byte, then the name), or a zero byte for any other input. After the tag comes
+//! the rkyv archive of the request alone (archived as the enum of every request, each record
+//! would be as large as the largest request: twice the bytes to write, sync and snapshot
+//! after) or of the [`Input`].
+//!
+//! Decoding stops at the first record that is cut short or fails its checksum: a crash
+//! leaves at most one torn record at the tail, and everything before it is intact. What
+//! follows the last record is not damage: zeros (a writer may write them ahead), or the
+//! records of an older generation when the file is reused (their checksums, seeded with
+//! another generation, fail). A journal that the next generation follows ends with
+//! [`Input::End`], so in a complete journal a failing record is damage.
 
 use mooring_core::{Master, MasterConfig, Millis};
 use rkyv::rancor;
@@ -25,6 +31,18 @@ use crate::wire::MasterRequest;
 
 /// Bytes before a record's payload: length, checksum, time.
 pub const RECORD_HEADER: usize = 4 + 4 + 8;
+/// The first bytes of every journal file of this format (the last byte is its version).
+pub const MAGIC: [u8; 8] = *b"MOORJNL\x01";
+/// Bytes before a journal file's first record: [`MAGIC`] and the generation.
+pub const FILE_HEADER: usize = MAGIC.len() + 8;
+
+/// The header of generation `generation`'s journal file.
+pub fn file_header(generation: u64) -> [u8; FILE_HEADER] {
+    let mut header = [0u8; FILE_HEADER];
+    header[..MAGIC.len()].copy_from_slice(&MAGIC);
+    header[MAGIC.len()..].copy_from_slice(&generation.to_le_bytes());
+    header
+}
 /// The largest payload a record may carry (a request's largest frame, with room to spare).
 pub const MAX_RECORD: usize = 64 << 20;
 
@@ -38,6 +56,8 @@ pub enum Input {
     Request(MasterRequest),
     /// The timer's [`Master::tick`].
     Tick,
+    /// The journal's last record: the next generation's journal holds what follows.
+    End,
 }
 
 /// Payload tags are padded to a multiple of this, so the archive after them stays aligned.
@@ -74,13 +94,18 @@ pub fn request_payload(request: MasterRequest) -> (Vec<u8>, MasterRequest) {
     let bytes = payload(&input);
     match input {
         Input::Request(request) => (bytes, request),
-        Input::Config(_) | Input::Tick => unreachable!("built as a request above"),
+        Input::Config(_) | Input::Tick | Input::End => unreachable!("built as a request above"),
     }
 }
 
 /// The payload of a timer tick.
 pub fn tick_payload() -> Vec<u8> {
     payload(&Input::Tick)
+}
+
+/// The payload of the record that ends a journal.
+pub fn end_payload() -> Vec<u8> {
+    payload(&Input::End)
 }
 
 /// The input a [`payload`] holds; why not, if it holds none.
@@ -101,10 +126,18 @@ fn from_payload(payload: &[u8]) -> Result<Input, String> {
     }
 }
 
-/// Appends to `out` the record of an input whose [`payload`] is `payload`, applied at `now`.
-pub fn record(now: Millis, payload: &[u8], out: &mut Vec<u8>) {
+/// A record's checksum: over its generation (so a reused file's older records fail), its
+/// time and its payload.
+fn checksum(generation: u64, now: &[u8; 8], payload: &[u8]) -> u32 {
+    let seeded = crc32c::crc32c_append(crc32c::crc32c(&generation.to_le_bytes()), now);
+    crc32c::crc32c_append(seeded, payload)
+}
+
+/// Appends to `out` the record, in generation `generation`'s journal, of an input whose
+/// [`payload`] is `payload`, applied at `now`.
+pub fn record(generation: u64, now: Millis, payload: &[u8], out: &mut Vec<u8>) {
     let now = now.as_millis().to_le_bytes();
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&now), payload);
+    let crc = checksum(generation, &now, payload);
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.extend_from_slice(&crc.to_le_bytes());
     out.extend_from_slice(&now);
@@ -114,27 +147,57 @@ pub fn record(now: Millis, payload: &[u8], out: &mut Vec<u8>) {
 /// What a journal's bytes hold.
 #[derive(Debug, Default)]
 pub struct Decoded {
-    /// The intact records, in order.
+    /// The intact records, in order (not the [`Input::End`] that may close them).
     pub entries: Vec<(Millis, Input)>,
-    /// How many leading bytes they take: the rest is a torn or damaged tail.
+    /// How many leading bytes the header and the records take: the rest is a torn or
+    /// damaged tail, zeros, or an older generation's records.
     pub intact: usize,
-    /// Why decoding stopped before the end, if it did.
+    /// Why decoding stopped before [`Input::End`] or zeros, if it did.
     pub stopped: Option<String>,
-    /// It stopped at a record whose checksum holds but whose input does not decode: not a
-    /// torn write but a journal from another version of Mooring, which must not be cut.
+    /// It stopped at bytes that are intact but not this format: a journal from another
+    /// version of Mooring, which must not be cut.
     pub foreign: bool,
+    /// The records end with [`Input::End`]: the next generation's journal follows.
+    pub ended: bool,
 }
 
-/// Decodes the records in `bytes`, stopping at the first one that is incomplete or damaged.
-pub fn decode(bytes: &[u8]) -> Decoded {
+/// Decodes generation `generation`'s journal file `bytes`, stopping at the first record that
+/// is incomplete or damaged, or at [`Input::End`].
+pub fn decode(generation: u64, bytes: &[u8]) -> Decoded {
     let mut decoded = Decoded::default();
-    let mut at = 0;
+    if bytes.iter().all(|&b| b == 0) {
+        // Created, and nothing written yet.
+        return decoded;
+    }
+    let Some(header) = bytes.get(..FILE_HEADER) else {
+        decoded.stopped = Some(format!("a {}-byte file header is cut short", bytes.len()));
+        return decoded;
+    };
+    if header[..MAGIC.len()] != MAGIC {
+        decoded.stopped = Some("the file does not start with this format's header".into());
+        decoded.foreign = true;
+        return decoded;
+    }
+    let named = u64::from_le_bytes(header[MAGIC.len()..].try_into().expect("8 bytes"));
+    if named != generation {
+        // A reused file whose new header never reached the disk.
+        decoded.stopped = Some(format!(
+            "the header names generation {named}: the file was being reused"
+        ));
+        return decoded;
+    }
+    let mut at = FILE_HEADER;
     while at < bytes.len() {
         // Zeros written ahead of the records: the end (no record starts with a zero length).
         if bytes[at..].iter().all(|&b| b == 0) {
             break;
         }
-        match decode_one(&bytes[at..]) {
+        match decode_one(generation, &bytes[at..]) {
+            Ok((_, Input::End, len)) => {
+                at += len;
+                decoded.ended = true;
+                break;
+            }
             Ok((now, input, len)) => {
                 decoded.entries.push((now, input));
                 at += len;
@@ -152,8 +215,8 @@ pub fn decode(bytes: &[u8]) -> Decoded {
 
 /// One record at the start of `bytes`: its time, its input and its length; or why not, and
 /// whether the record is intact but unreadable to this build.
-fn decode_one(bytes: &[u8]) -> Result<(Millis, Input, usize), (String, bool)> {
-    decode_checked(bytes)
+fn decode_one(generation: u64, bytes: &[u8]) -> Result<(Millis, Input, usize), (String, bool)> {
+    decode_checked(generation, bytes)
         .map_err(|why| (why, false))
         .and_then(|(now, body, len)| {
             let input = from_payload(body)
@@ -164,7 +227,7 @@ fn decode_one(bytes: &[u8]) -> Result<(Millis, Input, usize), (String, bool)> {
 
 /// The time and payload of the record at the start of `bytes`, with the record's length, once
 /// its length and checksum hold.
-fn decode_checked(bytes: &[u8]) -> Result<(Millis, &[u8], usize), String> {
+fn decode_checked(generation: u64, bytes: &[u8]) -> Result<(Millis, &[u8], usize), String> {
     if bytes.len() < RECORD_HEADER {
         return Err(format!("a {}-byte record header is cut short", bytes.len()));
     }
@@ -178,18 +241,22 @@ fn decode_checked(bytes: &[u8]) -> Result<(Millis, &[u8], usize), String> {
     let Some(body) = bytes.get(8..RECORD_HEADER + len) else {
         return Err(format!("a {len}-byte record is cut short"));
     };
-    if crc32c::crc32c(body) != crc {
+    let now: [u8; 8] = body[0..8].try_into().expect("8 bytes");
+    if checksum(generation, &now, &body[8..]) != crc {
         return Err("a record fails its checksum".into());
     }
-    let now = Millis(u64::from_le_bytes(body[0..8].try_into().expect("8 bytes")));
-    Ok((now, &body[8..], RECORD_HEADER + len))
+    Ok((
+        Millis(u64::from_le_bytes(now)),
+        &body[8..],
+        RECORD_HEADER + len,
+    ))
 }
 
 /// Applies one journaled input to `master`, as the master that journaled it did.
 /// (A [`Input::Config`] is the loader's business: it is not an input to the core.)
 pub fn apply(master: &mut Master, now: Millis, input: Input) {
     match input {
-        Input::Config(_) => {}
+        Input::Config(_) | Input::End => {}
         Input::Request(request) => {
             // The answer went to its client when the request was first served.
             let _ = dispatch::handle(master, request, now);
@@ -203,10 +270,12 @@ mod tests {
     use super::*;
     use crate::wire::{GetSize, Remove};
 
-    fn journal(inputs: &[(u64, Input)]) -> Vec<u8> {
-        let mut out = Vec::new();
+    const GENERATION: u64 = 9;
+
+    fn journal(generation: u64, inputs: &[(u64, Input)]) -> Vec<u8> {
+        let mut out = file_header(generation).to_vec();
         for (now, input) in inputs {
-            record(Millis(*now), &payload(input), &mut out);
+            record(generation, Millis(*now), &payload(input), &mut out);
         }
         out
     }
@@ -229,18 +298,18 @@ mod tests {
             alone.len(),
             as_enum.len()
         );
-        let mut bytes = Vec::new();
-        record(Millis(3), &alone, &mut bytes);
+        let mut bytes = file_header(GENERATION).to_vec();
+        record(GENERATION, Millis(3), &alone, &mut bytes);
         assert_eq!(
-            decode(&bytes).entries,
+            decode(GENERATION, &bytes).entries,
             vec![(Millis(3), Input::Request(end))]
         );
 
         // A record written in the old form (the enum's archive): intact but not readable, so
         // recovery refuses it rather than taking it for a torn tail.
-        let mut old = Vec::new();
-        record(Millis(3), &as_enum, &mut old);
-        let decoded = decode(&old);
+        let mut old = file_header(GENERATION).to_vec();
+        record(GENERATION, Millis(3), &as_enum, &mut old);
+        let decoded = decode(GENERATION, &old);
         assert!(decoded.entries.is_empty() && decoded.foreign, "{decoded:?}");
     }
 
@@ -251,9 +320,9 @@ mod tests {
             (5, Input::Request(Remove { key: "k".into() }.into())),
             (7, Input::Tick),
         ];
-        let bytes = journal(&inputs);
-        let decoded = decode(&bytes);
-        assert_eq!(decoded.stopped, None);
+        let bytes = journal(GENERATION, &inputs);
+        let decoded = decode(GENERATION, &bytes);
+        assert_eq!((decoded.stopped, decoded.ended), (None, false));
         assert_eq!(decoded.intact, bytes.len());
         let expected: Vec<(Millis, Input)> =
             inputs.into_iter().map(|(t, i)| (Millis(t), i)).collect();
@@ -262,15 +331,18 @@ mod tests {
 
     #[test]
     fn a_torn_or_damaged_tail_stops_decoding_after_the_intact_records() {
-        let bytes = journal(&[
-            (1, Input::Tick),
-            (2, Input::Request(GetSize { key: "k".into() }.into())),
-        ]);
-        let first = decode(&bytes).entries.len();
+        let bytes = journal(
+            GENERATION,
+            &[
+                (1, Input::Tick),
+                (2, Input::Request(GetSize { key: "k".into() }.into())),
+            ],
+        );
+        let first = decode(GENERATION, &bytes).entries.len();
         assert_eq!(first, 2);
-        let one = journal(&[(1, Input::Tick)]).len();
+        let one = journal(GENERATION, &[(1, Input::Tick)]).len();
         for cut in one..bytes.len() {
-            let decoded = decode(&bytes[..cut]);
+            let decoded = decode(GENERATION, &bytes[..cut]);
             assert_eq!(decoded.entries.len(), 1, "cut at {cut}");
             assert_eq!(decoded.intact, one);
             assert!(decoded.stopped.is_some() || cut == one);
@@ -278,30 +350,85 @@ mod tests {
         let mut damaged = bytes.clone();
         let last = damaged.len() - 1;
         damaged[last] ^= 1;
-        let decoded = decode(&damaged);
+        let decoded = decode(GENERATION, &damaged);
         assert_eq!(decoded.entries.len(), 1);
         assert!(!decoded.foreign, "a damaged record is a torn tail");
         assert!(decoded.stopped.unwrap().contains("checksum"));
         // Zeros written ahead of the records end the journal cleanly.
         let mut padded = bytes.clone();
         padded.extend_from_slice(&[0; 4096]);
-        let decoded = decode(&padded);
+        let decoded = decode(GENERATION, &padded);
         assert_eq!((decoded.entries.len(), decoded.stopped), (2, None));
         assert_eq!(decoded.intact, bytes.len());
         // A length beyond any record is refused, not allocated.
-        let mut huge = journal(&[(1, Input::Tick)]);
-        huge[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(decode(&huge).stopped.unwrap().contains("claims"));
+        let mut huge = journal(GENERATION, &[(1, Input::Tick)]);
+        huge[FILE_HEADER..FILE_HEADER + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(
+            decode(GENERATION, &huge)
+                .stopped
+                .unwrap()
+                .contains("claims")
+        );
+    }
+
+    #[test]
+    fn a_reused_file_ends_where_its_new_records_end() {
+        // Generation 3's file, reused for generation 9: its header and first records are
+        // overwritten; its older records follow, intact under their own generation.
+        let old = journal(
+            3,
+            &[
+                (1, Input::Tick),
+                (2, Input::Tick),
+                (3, Input::Request(GetSize { key: "old".into() }.into())),
+            ],
+        );
+        let new = journal(GENERATION, &[(8, Input::Tick)]);
+        let mut reused = old.clone();
+        reused[..new.len()].copy_from_slice(&new);
+        let decoded = decode(GENERATION, &reused);
+        assert_eq!(decoded.entries, vec![(Millis(8), Input::Tick)]);
+        assert_eq!(decoded.intact, new.len());
+        assert!(!decoded.foreign && !decoded.ended, "{decoded:?}");
+        assert!(decoded.stopped.unwrap().contains("checksum"));
+
+        // Closed with an end record, the same file is complete: the next journal may follow.
+        let mut closed = new.clone();
+        record(GENERATION, Millis(9), &end_payload(), &mut closed);
+        let mut reused = old.clone();
+        reused[..closed.len()].copy_from_slice(&closed);
+        let decoded = decode(GENERATION, &reused);
+        assert_eq!(decoded.entries, vec![(Millis(8), Input::Tick)]);
+        assert_eq!((decoded.intact, decoded.ended), (closed.len(), true));
+        assert_eq!(decoded.stopped, None);
+
+        // A reused file whose new header never reached the disk holds nothing of its own.
+        let decoded = decode(GENERATION, &old);
+        assert!(decoded.entries.is_empty() && !decoded.foreign);
+        assert!(decoded.stopped.unwrap().contains("generation 3"));
+    }
+
+    #[test]
+    fn a_file_without_this_formats_header_is_foreign_and_an_empty_one_is_empty() {
+        // The format before headers: records from the first byte.
+        let mut headless = Vec::new();
+        record(0, Millis(1), &payload(&Input::Tick), &mut headless);
+        let decoded = decode(0, &headless);
+        assert!(decoded.foreign && decoded.entries.is_empty(), "{decoded:?}");
+        for empty in [&[][..], &[0u8; 64][..]] {
+            let decoded = decode(GENERATION, empty);
+            assert_eq!((decoded.entries.len(), decoded.stopped), (0, None));
+        }
     }
 
     #[test]
     fn an_intact_record_this_build_cannot_read_is_flagged_foreign() {
-        let mut bytes = journal(&[(1, Input::Tick)]);
+        let mut bytes = journal(GENERATION, &[(1, Input::Tick)]);
         // A record whose checksum holds over bytes that are no input of this build (as from
         // another version of the format).
         let garbage = [0xA5u8; 24];
-        record(Millis(2), &garbage, &mut bytes);
-        let decoded = decode(&bytes);
+        record(GENERATION, Millis(2), &garbage, &mut bytes);
+        let decoded = decode(GENERATION, &bytes);
         assert_eq!(decoded.entries.len(), 1);
         assert!(decoded.foreign);
         assert!(decoded.stopped.unwrap().contains("does not decode"));

@@ -3,7 +3,10 @@
 //!
 //! Files, by generation `G`: `journal-G.log` holds the inputs applied since `snapshot-G.snap`
 //! was taken (generation 0 has no snapshot: it starts from an empty master). Every journal
-//! starts with the configuration its inputs were applied under.
+//! starts with a header naming its generation and the configuration its inputs were applied
+//! under, and a journal the next generation follows ends with an end record (the format is
+//! `mooring_proto::journal`'s). `journal-spare.log` is a retired journal kept for the next
+//! generation to reuse (see `JournalFile`).
 //!
 //! **What is guaranteed.** Records are appended in the order the master applied them. A
 //! writer thread writes whatever has accumulated and calls `fdatasync`, then wakes the
@@ -17,9 +20,10 @@
 //!
 //! **Snapshots.** Once the journal has grown by `snapshot_after` bytes, and by at least twice
 //! the size of the last snapshot (so snapshots cost at most half the journal's writing,
-//! however large the state), the master's state is cloned under its lock and the journal moves on to
-//! the next generation; a helper thread writes the snapshot
-//! (to a temporary name, synced, then renamed) and then deletes the previous generation.
+//! however large the state), the master's state is taken under its lock (a copy-on-write
+//! share, not a copy) and the journal moves on to the next generation; a helper thread writes
+//! the snapshot (to a temporary name, synced, then renamed) and then retires the generation
+//! before the previous one.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -141,28 +145,32 @@ pub fn recover(dir: &Path, config: MasterConfig) -> Result<Recovered> {
         let path = journal_path(dir, g);
         let bytes = fs::read(&path)
             .map_err(|e| io_error(format!("cannot read {}: {e}", path.display())))?;
-        let decoded = journal::decode(&bytes);
+        let decoded = journal::decode(g, &bytes);
         let last = i + 1 == to_replay.len();
-        if let Some(why) = &decoded.stopped {
-            if decoded.foreign {
-                return Err(io_error(format!(
-                    "{} holds a record this build cannot read {why}: it was written by another \
-                     version of Mooring; start the version that wrote it, or move the \
-                     directory aside to start empty",
-                    path.display()
-                )));
-            }
-            if !last {
-                return Err(io_error(format!(
-                    "{} is damaged {why}, and later journals follow it: the history cannot \
-                     be replayed past it; move the directory aside to start empty",
-                    path.display()
-                )));
-            }
-            warn!(
-                "{}: a torn record at the tail ({why}); it was never acknowledged",
+        if decoded.foreign {
+            let why = decoded.stopped.as_deref().unwrap_or_default();
+            return Err(io_error(format!(
+                "{} holds bytes this build cannot read ({why}): it was written by another \
+                 version of Mooring; start the version that wrote it, or move the \
+                 directory aside to start empty",
                 path.display()
-            );
+            )));
+        }
+        if !last && !decoded.ended {
+            let why = decoded
+                .stopped
+                .as_deref()
+                .unwrap_or("before its end record");
+            return Err(io_error(format!(
+                "{} is damaged ({why}), and later journals follow it: the history cannot \
+                 be replayed past it; move the directory aside to start empty",
+                path.display()
+            )));
+        }
+        if let Some(why) = &decoded.stopped {
+            // A torn write, or records left from the file's earlier use: the writer had not
+            // synced past here, so nothing after it was acknowledged.
+            info!("{} ends at byte {} ({why})", path.display(), decoded.intact);
         }
         for (now, input) in decoded.entries {
             if let Input::Config(logged) = &input {
@@ -208,13 +216,15 @@ fn reconfigure(master: Master, config: MasterConfig) -> Result<Master> {
 /// What the writer thread has still to write.
 #[derive(Default)]
 struct Pending {
+    /// The generation whose journal the records in `bytes` go to.
+    generation: u64,
     /// Records appended since the writer last took them.
     bytes: Vec<u8>,
     /// Sequence number of the last record appended.
     appended: u64,
-    /// A switch to a new generation: (its number, its first record, the records appended
-    /// before the switch, which still go to the old journal). `bytes` then holds the records
-    /// after it.
+    /// A switch to a new generation: (its number, its header and first record, the records
+    /// appended before the switch and the end record, which still go to the old journal).
+    /// `bytes` then holds the records after it.
     rotate: Option<(u64, Vec<u8>, Vec<u8>)>,
     /// The journal is being dropped: write what is left and stop.
     closing: bool,
@@ -339,13 +349,16 @@ impl Journal {
         let generation = generation + 1;
         let snapshot_bytes = write_snapshot(dir, generation, &master.snapshot_state().encode(0))?;
         let path = journal_path(dir, generation);
-        let file = JournalFile::create(&path, &config_record(master))
+        let file = JournalFile::create(dir, generation, &config_record(master, generation))
             .and_then(|file| sync_dir(dir).map(|()| file))
             .map_err(|e| io_error(format!("cannot write {}: {e}", path.display())))?;
-        delete_before(dir, generation);
+        retire_before(dir, generation, None);
         let shared = Arc::new(Shared {
             counts: Counts::default(),
-            pending: Mutex::new(Pending::default()),
+            pending: Mutex::new(Pending {
+                generation,
+                ..Pending::default()
+            }),
             work: Condvar::new(),
             durable: tokio::sync::watch::Sender::new(Ok(Synced {
                 seq: 0,
@@ -408,12 +421,21 @@ impl Journal {
             let threshold = self
                 .snapshot_after
                 .max(2 * self.last_snapshot.load(Ordering::Relaxed));
+            // The last snapshot is written and the writer has made the last switch (else
+            // the generation numbered here would not be the next the writer starts).
             let idle = self
                 .snapshotting
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .as_ref()
-                .is_none_or(|thread| thread.is_finished());
+                .is_none_or(|thread| thread.is_finished())
+                && self
+                    .shared
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .rotate
+                    .is_none();
             (progress.0 >= threshold && idle).then(|| {
                 progress.0 = 0;
                 progress.1 += 1;
@@ -429,7 +451,7 @@ impl Journal {
                 .pending
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            journal::record(now, payload, &mut pending.bytes);
+            journal::record(pending.generation, now, payload, &mut pending.bytes);
             pending.appended += 1;
             (
                 pending.appended,
@@ -500,15 +522,20 @@ impl Journal {
                 .pending
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            if pending.rotate.is_some() {
-                // The writer has not yet made the last switch; snapshot later.
-                return;
-            }
-            let before = std::mem::take(&mut pending.bytes);
-            pending.rotate = Some((generation, config_record(master), before));
+            debug_assert!(
+                pending.rotate.is_none(),
+                "checked when the snapshot fell due"
+            );
+            // The records so far, and the end record, close the current journal.
+            let mut before = std::mem::take(&mut pending.bytes);
+            let end = journal::end_payload();
+            journal::record(pending.generation, master.now(), &end, &mut before);
+            pending.generation = generation;
+            pending.rotate = Some((generation, config_record(master, generation), before));
         }
         self.shared.work.notify_one();
         let (dir, last_snapshot) = (self.dir.clone(), self.last_snapshot.clone());
+        let snapshot_after = self.snapshot_after;
         let write = move || {
             // Room for the last snapshot's size and a little more saves growing the buffer.
             let room = last_snapshot.load(Ordering::Relaxed) as usize;
@@ -518,8 +545,11 @@ impl Journal {
                 Ok(bytes) => {
                     last_snapshot.store(bytes, Ordering::Relaxed);
                     // The journal before this one stays a generation longer: a standby may still
-                    // be copying its last records (see `crate::ha`).
-                    delete_before(&dir, generation.saturating_sub(1));
+                    // be copying its last records (see `crate::ha`). The one before that is
+                    // reused for the next generation: room for all of it saves the writer
+                    // growing its file (see `JournalFile`).
+                    let room = snapshot_after.max(2 * bytes) + PREWRITE;
+                    retire_before(&dir, generation.saturating_sub(1), Some(room));
                     info!(generation, bytes, "snapshot written");
                 }
                 Err(e) => warn!(
@@ -573,11 +603,12 @@ impl Drop for Journal {
     }
 }
 
-/// The record a journal starts with: the configuration its inputs are applied under.
-fn config_record(master: &Master) -> Vec<u8> {
-    let mut out = Vec::new();
+/// The start of generation `generation`'s journal: the file header, and the configuration
+/// its inputs are applied under.
+fn config_record(master: &Master, generation: u64) -> Vec<u8> {
+    let mut out = journal::file_header(generation).to_vec();
     let payload = journal::payload(&Input::Config(master.config().clone()));
-    journal::record(master.now(), &payload, &mut out);
+    journal::record(generation, master.now(), &payload, &mut out);
     out
 }
 
@@ -599,6 +630,52 @@ fn write_snapshot(dir: &Path, generation: u64, snapshot: &EncodedSnapshot) -> Re
         .map_err(|e| io_error(format!("cannot write snapshot {}: {e}", path.display())))
 }
 
+/// Where a retired journal waits to be reused as the next generation's file.
+fn spare_path(dir: &Path) -> PathBuf {
+    dir.join("journal-spare.log")
+}
+
+/// Deletes the files of generations before `generation` (a snapshot of it is on disk), but
+/// keeps the newest of their journals as the spare the next journal reuses (unless a spare
+/// is waiting already). With `room`, the spare is grown to that many bytes, and made from
+/// nothing when no journal was retired.
+fn retire_before(dir: &Path, generation: u64, room: Option<u64>) {
+    let spare = spare_path(dir);
+    if !spare.exists()
+        && let Ok((journals, _)) = generations(dir)
+        && let Some(&newest) = journals.iter().rfind(|&&g| g < generation)
+    {
+        let _ = fs::rename(journal_path(dir, newest), &spare);
+    }
+    delete_before(dir, generation);
+    if let Some(room) = room
+        && let Err(e) = grow(&spare, room)
+    {
+        warn!(dir = %dir.display(), "cannot prepare the next journal file: {e}");
+    }
+}
+
+/// Writes zeros after the end of the file at `path` until it holds `room` bytes, synced a
+/// [`PREWRITE`] at a time (each sync carries no more than that).
+fn grow(path: &Path, room: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    let mut len = file.metadata()?.len();
+    let zeros = vec![0u8; PREWRITE as usize];
+    while len < room {
+        let step = (room - len).min(PREWRITE);
+        file.write_all_at(&zeros[..step as usize], len)?;
+        #[cfg(not(madsim))]
+        file.sync_data()?;
+        len += step;
+    }
+    Ok(())
+}
+
 /// Deletes the files of generations before `generation` (a snapshot of it is on disk).
 pub(crate) fn delete_before(dir: &Path, generation: u64) {
     let Ok((journals, snapshots)) = generations(dir) else {
@@ -612,11 +689,14 @@ pub(crate) fn delete_before(dir: &Path, generation: u64) {
     }
 }
 
-/// The writer thread: takes what has accumulated, writes and syncs it, wakes its waiters.
-/// A journal file being appended to. Its blocks are written with zeros ahead of the records
-/// (`PREWRITE` at a time): syncing records into blocks the file already has needs no
-/// metadata update, which more than halves each `fdatasync` here (150 µs rather than 390 µs
-/// for 18 KB). Readers take the zeros after the last record for the end of the journal.
+/// A journal file being appended to. Records go into blocks the file already has: syncing
+/// them then needs no metadata update (no commit of the filesystem's own journal), which
+/// more than halves each `fdatasync` here (150 µs rather than 390 µs for 18 KB), and keeps
+/// it from waiting on other files' writes (a snapshot's, in an ordered-data filesystem).
+/// A new generation reuses the file a retired one left ([`retire_before`]), whose blocks are
+/// all written; past its end, zeros are written ahead of the records (`PREWRITE` at a
+/// time), and the sync after that carries them. Readers take what follows the last record
+/// for the end of the journal: zeros, or the older records a reused file still holds.
 struct JournalFile {
     file: File,
     /// Where the next record goes.
@@ -630,13 +710,27 @@ struct JournalFile {
 const PREWRITE: u64 = if cfg!(madsim) { 64 << 10 } else { 8 << 20 };
 
 impl JournalFile {
-    /// A new journal file at `path` whose first record is `first`, synced.
-    fn create(path: &Path, first: &[u8]) -> std::io::Result<JournalFile> {
-        let file = OpenOptions::new().create_new(true).write(true).open(path)?;
+    /// Generation `generation`'s journal file in `dir`, beginning with `first` (its header
+    /// and first record), synced: the spare file if there is one, else a new file.
+    fn create(dir: &Path, generation: u64, first: &[u8]) -> std::io::Result<JournalFile> {
+        let path = journal_path(dir, generation);
+        if path.exists() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "a journal of this generation exists already",
+            ));
+        }
+        let file = match fs::rename(spare_path(dir), &path) {
+            Ok(()) => OpenOptions::new().write(true).open(&path)?,
+            Err(_) => OpenOptions::new()
+                .create_new(true)
+                .write(true)
+                .open(&path)?,
+        };
         let mut journal = JournalFile {
+            written: file.metadata()?.len(),
             file,
             end: 0,
-            written: 0,
         };
         journal.append(first)?;
         journal.file.sync_all()?;
@@ -742,7 +836,7 @@ impl Writer {
                 // The records before the switch end the old journal; the rest start the new.
                 self.file.append(before)?;
                 self.file.sync()?;
-                let next = JournalFile::create(&journal_path(&self.dir, *generation), config)?;
+                let next = JournalFile::create(&self.dir, *generation, config)?;
                 sync_dir(&self.dir)?;
                 shared.completed.insert(self.generation, self.file.end);
                 self.file = next;
@@ -815,8 +909,9 @@ mod tests {
     }
 
     /// Mounts a segment and puts `puts` objects (removing every third) through a persistent
-    /// service in `dir`; returns the live master's state, as a fingerprint.
-    fn run(dir: &Path, puts: usize, snapshot_after: u64) -> String {
+    /// service in `dir`, and more until the journal reaches generation `generation`; returns
+    /// the live master's state, as a fingerprint.
+    fn run(dir: &Path, puts: usize, snapshot_after: u64, generation: u64) -> String {
         let service = MasterService::persistent(dir, MasterConfig::default(), snapshot_after)
             .expect("a fresh directory");
         let ok = |request: mooring_proto::wire::MasterRequest| service.handle(request).unwrap();
@@ -833,7 +928,11 @@ mod tests {
             },
         }
         .into());
-        for i in 0..puts {
+        let reached = || generations(dir).unwrap().0.last() >= Some(&generation);
+        for i in 0.. {
+            if i >= puts && reached() {
+                break;
+            }
             let key = format!("k{i}");
             let Reply::PutStart(grant) = ok(PutStart {
                 client: CLIENT,
@@ -868,7 +967,7 @@ mod tests {
     fn a_recovered_master_is_the_master_that_was_running() {
         for snapshot_after in [SNAPSHOT_AFTER, 1] {
             let dir = scratch(&format!("same-{snapshot_after}"));
-            let live = run(&dir, 40, snapshot_after);
+            let live = run(&dir, 40, snapshot_after, 0);
             assert_eq!(
                 recovered(&dir).unwrap(),
                 live,
@@ -879,9 +978,44 @@ mod tests {
     }
 
     #[test]
+    fn journal_files_are_reused_and_recovery_stops_before_their_older_records() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = scratch("reused");
+        let restart = || {
+            let service = MasterService::persistent(&dir, MasterConfig::default(), SNAPSHOT_AFTER)
+                .expect("a restart");
+            service.with_master(|m, _| m.state_fingerprint())
+        };
+        run(&dir, 20, SNAPSHOT_AFTER, 0);
+        // A restart starts the next generation and retires the journal before it.
+        restart();
+        let spare = fs::metadata(spare_path(&dir)).expect("a retired journal kept for reuse");
+        // The next restart's journal is that file, reused: after its own first record come
+        // the older generation's records, which recovery takes for the end.
+        let live = restart();
+        let (journals, _) = generations(&dir).unwrap();
+        let g = *journals.last().unwrap();
+        let path = journal_path(&dir, g);
+        assert_eq!(fs::metadata(&path).unwrap().ino(), spare.ino());
+        let bytes = fs::read(&path).unwrap();
+        let decoded = journal::decode(g, &bytes);
+        assert_eq!(decoded.entries.len(), 1, "the configuration alone");
+        assert!(
+            decoded
+                .stopped
+                .as_deref()
+                .is_some_and(|why| why.contains("checksum")),
+            "{:?}",
+            decoded.stopped
+        );
+        assert_eq!(recovered(&dir).unwrap(), live);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn a_torn_tail_is_dropped_and_damage_before_later_journals_is_refused() {
         let dir = scratch("torn");
-        let live = run(&dir, 10, SNAPSHOT_AFTER);
+        let live = run(&dir, 10, SNAPSHOT_AFTER, 0);
         let (journals, _) = generations(&dir).unwrap();
         let last = journal_path(&dir, *journals.last().unwrap());
         let mut bytes = fs::read(&last).unwrap();
@@ -893,14 +1027,35 @@ mod tests {
             "a torn tail loses nothing written"
         );
 
+        // A journal closed by its end record may be followed by the next generation's.
+        let g = *journals.last().unwrap();
+        let decoded = journal::decode(g, &bytes);
+        let mut closed = bytes[..decoded.intact].to_vec();
+        journal::record(g, Millis(0), &journal::end_payload(), &mut closed);
+        let mut next = journal::file_header(g + 1).to_vec();
+        let config = journal::payload(&decoded.entries[0].1);
+        journal::record(g + 1, Millis(0), &config, &mut next);
+        fs::write(&last, &closed).unwrap();
+        fs::write(journal_path(&dir, g + 1), &next).unwrap();
+        assert_eq!(
+            recovered(&dir).unwrap(),
+            live,
+            "a complete journal, then the next"
+        );
+
         // A damaged record with a later journal after it cannot be skipped.
-        let next = journal_path(&dir, journals.last().unwrap() + 1);
-        fs::copy(&last, &next).unwrap();
-        let middle = journal::decode(&bytes).intact / 2;
-        bytes[middle] ^= 0xff;
-        fs::write(&last, &bytes).unwrap();
+        let mut damaged = closed.clone();
+        damaged[decoded.intact / 2] ^= 0xff;
+        fs::write(&last, &damaged).unwrap();
         let refused = recovered(&dir).unwrap_err();
         assert!(refused.to_string().contains("damaged"), "{refused}");
+        // Nor a journal cut short of its end record.
+        fs::write(&last, &bytes[..decoded.intact]).unwrap();
+        let refused = recovered(&dir).unwrap_err();
+        assert!(
+            refused.to_string().contains("before its end record"),
+            "{refused}"
+        );
 
         // Nor can a missing generation.
         fs::remove_file(&last).unwrap();

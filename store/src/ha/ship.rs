@@ -3,7 +3,7 @@
 //! until every in-sync standby holds it (see [`mooring_core::log_shipping`]).
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -346,6 +346,16 @@ fn read_chunk(
     let len = (end.saturating_sub(offset)).min(FOLLOW_CHUNK as u64) as usize;
     let mut bytes = vec![0u8; len];
     handle.read_exact_at(&mut bytes, offset).map_err(failed)?;
+    // A retired journal is renamed away before its file is reused: if `path` still names the
+    // file read, the bytes are the ones it held.
+    let read = handle.metadata().map_err(failed)?;
+    let named = std::fs::metadata(path).map_err(failed)?;
+    if (read.dev(), read.ino()) != (named.dev(), named.ino()) {
+        return Err(unavailable(format!(
+            "{} was retired while being read",
+            path.display()
+        )));
+    }
     Ok(FollowChunk {
         file,
         offset,
