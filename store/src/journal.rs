@@ -637,22 +637,36 @@ fn spare_path(dir: &Path) -> PathBuf {
 
 /// Deletes the files of generations before `generation` (a snapshot of it is on disk), but
 /// keeps the newest of their journals as the spare the next journal reuses (unless a spare
-/// is waiting already). With `room`, the spare is grown to that many bytes, and made from
-/// nothing when no journal was retired.
+/// is waiting already), grown to `room` bytes when given. (No spare is made from nothing:
+/// writing a whole file of zeros in the background slowed the journal's syncs as much as
+/// the growth it saves.)
 fn retire_before(dir: &Path, generation: u64, room: Option<u64>) {
     let spare = spare_path(dir);
     if !spare.exists()
         && let Ok((journals, _)) = generations(dir)
         && let Some(&newest) = journals.iter().rfind(|&&g| g < generation)
     {
-        let _ = fs::rename(journal_path(dir, newest), &spare);
+        let retired = journal_path(dir, newest);
+        let prepared = match room {
+            // Grown under another name: the writer may take the spare at any moment, and
+            // then writes past its end.
+            Some(room) => {
+                let growing = dir.join("journal-spare-growing.log");
+                let grown = fs::rename(&retired, &growing)
+                    .and_then(|()| grow(&growing, room))
+                    .and_then(|()| fs::rename(&growing, &spare));
+                if grown.is_err() {
+                    let _ = fs::remove_file(&growing);
+                }
+                grown
+            }
+            None => fs::rename(&retired, &spare),
+        };
+        if let Err(e) = prepared {
+            warn!(dir = %dir.display(), "cannot keep a journal file for reuse: {e}");
+        }
     }
     delete_before(dir, generation);
-    if let Some(room) = room
-        && let Err(e) = grow(&spare, room)
-    {
-        warn!(dir = %dir.display(), "cannot prepare the next journal file: {e}");
-    }
 }
 
 /// Writes zeros after the end of the file at `path` until it holds `room` bytes, synced a
