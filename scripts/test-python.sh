@@ -9,9 +9,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
-export CARGO_TARGET_DIR="$TARGET_DIR"
-VENV="${MOORING_PY_VENV:-$(dirname "$TARGET_DIR")/pyvenv}"
+if [ -n "${CARGO_TARGET_DIR:-}" ]; then
+    VENV="${MOORING_PY_VENV:-$(dirname "$CARGO_TARGET_DIR")/pyvenv}"
+else
+    # Inside the clone's own (ignored) target directory, never beside its sources.
+    export CARGO_TARGET_DIR="$PWD/target"
+    VENV="${MOORING_PY_VENV:-$CARGO_TARGET_DIR/pyvenv}"
+fi
 
 python=$(command -v python3 || true)
 if [ -z "$python" ] || ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then

@@ -103,9 +103,14 @@ def test_setup_refusals_return_codes(master):
         == bad
     )
     assert (
-        store.setup("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "tcp", "", f"etcd://{master.address}")
+        store.setup("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "tcp", "", f"http://{master.address}")
         == bad
     )
+    # etcd:// is where etcd finds the masters: a master's own port answers no etcd question,
+    # and setup says so at once.
+    assert store.setup(
+        "127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "tcp", "", f"etcd://{master.address}"
+    ) == int(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS)
     # Nothing listens on port 1.
     assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "tcp", "", "127.0.0.1:1") < 0
     if not os.path.exists("/sys/class/infiniband"):

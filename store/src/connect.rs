@@ -112,20 +112,43 @@ struct Transports {
     local: Arc<LocalSegments>,
 }
 
+/// A control plane to the master at `master`: one address, a group's (`A,B,C`), or where
+/// etcd finds the group's masters (`etcd://HOST:PORT[/CLUSTER]`, see
+/// [`crate::ha::discovery`]); calls time out after `timeout`.
+pub fn control_plane(
+    master: &str,
+    timeout: Duration,
+    token: Option<ClusterToken>,
+    id: ClientId,
+) -> Result<Arc<TcpControlPlane>> {
+    let spin = crate::tuning::client_spin();
+    Ok(match crate::ha::discovery::EtcdMasters::parse(master)? {
+        Some(etcd) => {
+            let label = etcd.to_string();
+            let etcd = Arc::new(etcd);
+            let discover: mooring_transport_tcp::Discover = Arc::new(move || {
+                let etcd = etcd.clone();
+                Box::pin(async move { etcd.masters().await })
+            });
+            TcpControlPlane::discovered(label, discover, timeout, spin, token, id)
+        }
+        None => TcpControlPlane::new(master, timeout, spin, token, id),
+    })
+}
+
 fn transports(
     config: &ClientConfig,
     id: ClientId,
     token: Option<ClusterToken>,
     local: Arc<LocalSegments>,
-) -> Transports {
-    Transports {
-        control: TcpControlPlane::new(
-            config.master.clone(),
+) -> Result<Transports> {
+    Ok(Transports {
+        control: control_plane(
+            &config.master,
             buggify::timeout(Site::CLIENT_RPC_TIMEOUT, config.rpc_timeout),
-            crate::tuning::client_spin(),
             token.clone(),
             id,
-        ),
+        )?,
         data: TcpDataPlane::new(
             local.clone(),
             DataPlaneConfig {
@@ -135,7 +158,7 @@ fn transports(
             },
         ),
         local,
-    }
+    })
 }
 
 /// Starts a data server for `segment` and describes the contribution.
@@ -186,7 +209,7 @@ impl Client {
             Some(token) => Some(token.clone()),
             None => crate::token::resolve(None)?,
         };
-        let t = transports(&config, id, token.clone(), local);
+        let t = transports(&config, id, token.clone(), local)?;
         let contribution = match &config.segment {
             Some(segment) => Some(contribution(segment, token, t.local).await?),
             None => None,
@@ -215,13 +238,12 @@ impl StandaloneNode {
         token: Option<ClusterToken>,
     ) -> Result<StandaloneNode> {
         let id = id.unwrap_or_else(random_client_id);
-        let control = TcpControlPlane::new(
+        let control = control_plane(
             master,
             buggify::timeout(Site::NODE_RPC_TIMEOUT, Duration::from_secs(10)),
-            crate::tuning::client_spin(),
             token.clone(),
             id,
-        );
+        )?;
         let contribution = contribution(segment, token, local).await?;
         StandaloneNode::with_transport(id, control, contribution).await
     }

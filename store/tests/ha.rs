@@ -25,19 +25,32 @@ struct Etcd {
 }
 
 impl Etcd {
+    /// Starts etcd on fresh ports, again on others if it exits (a port another test took
+    /// between our finding it free and etcd binding it).
     fn start() -> Etcd {
+        for _ in 0..3 {
+            if let Some(etcd) = Etcd::try_start() {
+                return etcd;
+            }
+        }
+        panic!("etcd did not start in three tries (see the etcd.log files in the temp dir)");
+    }
+
+    fn try_start() -> Option<Etcd> {
         let (client, peer) = (free_port(), free_port());
         let dir =
             std::env::temp_dir().join(format!("mooring-etcd-{}-{client}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = std::fs::File::create(dir.with_extension("log")).unwrap();
         let url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
-        let child = Command::new("etcd")
+        let mut child = Command::new("etcd")
             .args([
                 "--name",
                 "test",
                 "--data-dir",
-                dir.to_str().unwrap(),
+                dir.join("data").to_str().unwrap(),
                 "--listen-client-urls",
                 &url,
                 "--advertise-client-urls",
@@ -52,15 +65,21 @@ impl Etcd {
                 "error",
             ])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("start etcd");
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect(("127.0.0.1", client)).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                eprintln!("etcd exited ({status}) on ports {client}/{peer}; trying others");
+                let _ = std::fs::remove_dir_all(&dir);
+                return None;
+            }
             assert!(Instant::now() < deadline, "etcd never listened");
             std::thread::sleep(Duration::from_millis(50));
         }
-        Etcd { child, dir, url }
+        let _ = std::fs::remove_file(dir.with_extension("log"));
+        Some(Etcd { child, dir, url })
     }
 }
 
@@ -211,6 +230,10 @@ async fn a_standby_takes_over_from_a_killed_leader_with_every_acknowledged_objec
         .await
         .unwrap();
     wait_for_segments(&client, 3).await;
+    // A client that knows only where etcd is (Mooncake's `etcd://` form) finds the leader.
+    let via_etcd = Client::connect(ClientConfig::new(etcd_address(&etcd)))
+        .await
+        .unwrap();
     let pinned = ReplicateConfig {
         with_hard_pin: true,
         ..ReplicateConfig::replicas(2)
@@ -280,6 +303,8 @@ async fn a_standby_takes_over_from_a_killed_leader_with_every_acknowledged_objec
     let (first, failover) = kill_leader(&mut masters, &addrs, &client).await;
     eprintln!("first failover: {} ms", failover.as_millis());
     check(client.clone(), 200).await;
+    // The etcd client found the new leader too.
+    check(via_etcd.clone(), 200).await;
     let page = http_get(&metrics[1 - first], "/metrics", None).1;
     assert_eq!(sample(&page, "mooring_master_leading"), Some(1.0), "{page}");
     assert_eq!(sample(&page, "mooring_objects"), Some(200.0), "{page}");
@@ -309,6 +334,43 @@ async fn a_standby_takes_over_from_a_killed_leader_with_every_acknowledged_objec
     eprintln!("second failover: {} ms", failover.as_millis());
     check(client.clone(), 260).await;
     let _ = std::fs::remove_dir_all(&base);
+}
+
+/// `etcd://HOST:PORT/ha-test`: where clients find the test group's masters.
+fn etcd_address(etcd: &Etcd) -> String {
+    format!("etcd://{}/ha-test", etcd.url.trim_start_matches("http://"))
+}
+
+/// Without `--features etcd` too: clients find masters through etcd's plain JSON gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_address_with_no_master_behind_it_is_refused_with_what_to_check() {
+    if Command::new("etcd").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no etcd binary (install Debian's etcd-server)");
+        return;
+    }
+    let etcd = Etcd::start();
+    let config = ClientConfig::new(etcd_address(&etcd));
+    let started = Instant::now();
+    let refused = Client::connect(config)
+        .await
+        .err()
+        .expect("no master campaigns");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "refused at once, not at the timeout"
+    );
+    let text = refused.to_string();
+    assert!(
+        text.contains("no master of group \"ha-test\" campaigns") && text.contains("--cluster"),
+        "{text}"
+    );
+    // Something that is not etcd at all.
+    let port = free_port();
+    let refused = Client::connect(ClientConfig::new(format!("etcd://127.0.0.1:{port}")))
+        .await
+        .err()
+        .expect("nothing listens");
+    assert!(refused.to_string().contains("cannot connect"), "{refused}");
 }
 
 /// Sends `signal` to etcd (SIGSTOP freezes it: the leader's renewals go unanswered).

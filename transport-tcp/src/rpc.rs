@@ -33,12 +33,18 @@ pub(crate) const RECHECK: Duration = Duration::from_millis(1);
 /// a call tries them all again after this.
 const ELECTION_RETRY: Duration = Duration::from_millis(100);
 
-/// A pooled RPC client to the master: one address, or a group's (`A,B,C`), of which it talks
-/// to whichever leads.
+/// Finds a group's masters, the leader first (for a control plane given no fixed addresses:
+/// `etcd://`).
+pub type Discover = Arc<dyn Fn() -> BoxFuture<'static, Result<Vec<String>>> + Send + Sync>;
+
+/// A pooled RPC client to the master: one address, or a group's (`A,B,C`, or found through
+/// a [`Discover`]), of which it talks to whichever leads.
 pub struct TcpControlPlane {
-    /// Every master's address, as given.
+    /// Every master's address, as given (or where they are found).
     addr: String,
-    addrs: Vec<String>,
+    addrs: std::sync::RwLock<Vec<String>>,
+    /// Finds the masters again when none of `addrs` leads.
+    discover: Option<Discover>,
     /// The index in `addrs` of the master calls go to.
     current: AtomicUsize,
     /// Pooled connections to `addrs[current]`, with when each was last used.
@@ -71,9 +77,38 @@ impl TcpControlPlane {
             .filter(|a| !a.is_empty())
             .map(str::to_string)
             .collect();
+        TcpControlPlane::build(addr, addrs, None, timeout, spin, token, client)
+    }
+
+    /// Like [`TcpControlPlane::new`], for a group whose masters `discover` finds (`where` says
+    /// where, for messages): it is asked before the first call, and again whenever none of
+    /// the masters it named leads. A first call that cannot find any fails at once.
+    pub fn discovered(
+        r#where: impl Into<String>,
+        discover: Discover,
+        timeout: Duration,
+        spin: Duration,
+        token: Option<ClusterToken>,
+        client: ClientId,
+    ) -> Arc<TcpControlPlane> {
+        let r#where = r#where.into();
+        let discover = Some(discover);
+        TcpControlPlane::build(r#where, Vec::new(), discover, timeout, spin, token, client)
+    }
+
+    fn build(
+        addr: String,
+        addrs: Vec<String>,
+        discover: Option<Discover>,
+        timeout: Duration,
+        spin: Duration,
+        token: Option<ClusterToken>,
+        client: ClientId,
+    ) -> Arc<TcpControlPlane> {
         Arc::new(TcpControlPlane {
             addr,
-            addrs,
+            addrs: std::sync::RwLock::new(addrs),
+            discover,
             current: AtomicUsize::new(0),
             idle: std::sync::Mutex::new(Vec::new()),
             timeout,
@@ -83,12 +118,50 @@ impl TcpControlPlane {
         })
     }
 
+    /// Master `index`'s address.
+    fn addr_at(&self, index: usize) -> String {
+        let addrs = self.addrs.read().expect("address lock");
+        addrs.get(index).unwrap_or(&self.addr).clone()
+    }
+
+    /// How many masters calls may go to.
+    fn masters(&self) -> usize {
+        self.addrs.read().expect("address lock").len()
+    }
+
+    /// Asks the discovery for the masters; true if it named some. A list that differs from
+    /// the last starts over at its first (the leader).
+    async fn rediscover(&self, refused: &std::sync::Mutex<Option<Error>>) -> Result<bool> {
+        let Some(discover) = &self.discover else {
+            return Ok(true);
+        };
+        let found = match discover().await {
+            Ok(found) => found,
+            // Never found any: say so now rather than at the timeout.
+            Err(e) if self.masters() == 0 => return Err(e),
+            Err(e) => {
+                debug!(masters = %self.addr, "cannot find the masters again: {e}");
+                *refused.lock().expect("refusal lock") = Some(e);
+                return Ok(false);
+            }
+        };
+        if found.is_empty() {
+            return Ok(false);
+        }
+        let mut addrs = self.addrs.write().expect("address lock");
+        if *addrs != found {
+            debug!(masters = ?found, "found the group's masters at {}", self.addr);
+            *addrs = found;
+            self.current.store(0, Ordering::Relaxed);
+            self.idle.lock().expect("pool lock").clear();
+        }
+        Ok(true)
+    }
+
     /// A new connection to master `index`, past the handshake.
     async fn open(&self, index: usize) -> Result<Framed> {
-        let addr = self
-            .addrs
-            .get(index)
-            .map_or(self.addr.as_str(), String::as_str);
+        let addr = self.addr_at(index);
+        let addr = addr.as_str();
         let mut conn = Framed::connect(addr, self.spin).await.map_err(|e| {
             Error::new(
                 ErrorCode::RPC_FAIL,
@@ -114,8 +187,16 @@ impl TcpControlPlane {
         request: &MasterRequest,
         refused: &std::sync::Mutex<Option<Error>>,
     ) -> Result<Reply> {
+        // Found before the first call, and again after every round in which none led.
+        let mut find = self.masters() == 0;
         loop {
-            for _ in 0..self.addrs.len().max(1) {
+            if find && !self.rediscover(refused).await? {
+                tokio::time::sleep(ELECTION_RETRY).await;
+                continue;
+            }
+            find = self.discover.is_some();
+            let masters = self.masters();
+            for _ in 0..masters.max(1) {
                 let index = self.current.load(Ordering::Relaxed);
                 match self.round_trip(index, request).await {
                     // A standby may lead shortly; another master may lead already.
@@ -124,7 +205,7 @@ impl TcpControlPlane {
                         debug!(masters = %self.addr, "no master leads yet ({e}); trying again");
                         *refused.lock().expect("refusal lock") = Some(e);
                     }
-                    Err(Attempt::NotSent(e)) if self.addrs.len() > 1 => {
+                    Err(Attempt::NotSent(e)) if masters > 1 || self.discover.is_some() => {
                         self.move_on(index);
                         debug!(masters = %self.addr, "{e}; trying the next master");
                     }
@@ -138,7 +219,7 @@ impl TcpControlPlane {
 
     /// Goes on from master `index` to the next (unless another call did already).
     fn move_on(&self, index: usize) {
-        let next = (index + 1) % self.addrs.len().max(1);
+        let next = (index + 1) % self.masters().max(1);
         if self
             .current
             .compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed)
@@ -176,14 +257,10 @@ impl TcpControlPlane {
             None => self.open(index).await.map_err(Attempt::NotSent)?,
         };
         let id = TraceId::current().0;
-        let addr = self
-            .addrs
-            .get(index)
-            .map_or(self.addr.as_str(), String::as_str);
         let fail = |what: String| {
             Attempt::Failed(Error::new(
                 ErrorCode::RPC_FAIL,
-                format!("master at {addr}: {what}"),
+                format!("master at {}: {what}", self.addr_at(index)),
             ))
         };
         conn.write_message(id, request, &[])

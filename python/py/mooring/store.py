@@ -357,7 +357,9 @@ class MooncakeDistributedStore:
         local_buffer_size, protocol, rdma_devices, master_server_addr)`` or
         ``setup(config: dict)`` with the same keys. Sizes are ints or strings ("16MB", as
         Mooncake reads them: powers of 1024). ``metadata_server`` is accepted and ignored:
-        Mooring needs no metadata service. The cluster token comes from the ``token_file``
+        Mooring needs no metadata service. ``master_server_addr`` is the master's
+        ``host:port``, a group's (``host:port,host:port``), or where etcd finds the group's
+        masters (``etcd://host:port/cluster``). The cluster token comes from the ``token_file``
         option, else the file ``MOORING_TOKEN_FILE`` names; with neither, only a cluster
         running without a token on loopback accepts the store.
         """
@@ -425,12 +427,13 @@ class MooncakeDistributedStore:
                 ErrorCode.INVALID_PARAMS,
                 f'unknown protocol {protocol!r}: use "tcp" or "rdma"',
             )
-        if master.startswith(("etcd://", "http://", "https://")):
+        if master.startswith(("http://", "https://")):
             return self._refuse(
                 "setup",
                 ErrorCode.INVALID_PARAMS,
-                f"master_server_addr {master!r}: give the master's host:port "
-                "(Mooring does not find masters through etcd yet)",
+                f"master_server_addr {master!r}: give the master's host:port, every "
+                "master's (host:port,host:port), or where etcd finds them "
+                "(etcd://host:port/cluster)",
             )
         with self._setup_lock:
             if self._client is not None:

@@ -15,9 +15,11 @@
 //!   a master in that set campaigns, so a new leader holds every acknowledged change; it
 //!   recovers from its copy exactly like a restarted master ([`crate::journal::recover`]).
 //! - **Everyone else** (clients, nodes, other standbys) is given every master's address
-//!   (`--master A,B,C`): standbys refuse with `UNAVAILABLE_IN_CURRENT_STATUS`, naming the
-//!   leader, and callers move on to the next address.
+//!   (`--master A,B,C`), or where etcd is (`--master etcd://HOST:PORT`, [`discovery`]):
+//!   standbys refuse with `UNAVAILABLE_IN_CURRENT_STATUS`, naming the leader, and callers move
+//!   on to the next address.
 
+pub mod discovery;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod ship;

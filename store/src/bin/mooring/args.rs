@@ -191,8 +191,9 @@ pub(crate) struct MasterArgs {
     /// Run as one of a group of masters elected through etcd at these client URLs (comma- or
     /// semicolon-separated; Mooncake's `etcd://host:port;host:port` works too). One leads; the
     /// others keep a synced copy of its state in their --state-dir (required) and take over
-    /// within about --leader-ttl of its death. Give clients and nodes every master's address:
-    /// --master A,B,C. Needs a build with `--features etcd`.
+    /// within about --leader-ttl of its death. Give clients and nodes every master's address
+    /// (--master A,B,C) or etcd's (--master etcd://HOST:PORT/CLUSTER; they need no etcd
+    /// support of their own). Needs a build with `--features etcd`.
     #[arg(long, value_name = "URLS", requires = "state_dir")]
     pub(crate) etcd: Option<String>,
     /// The address the other masters, nodes and clients reach this one at
@@ -266,7 +267,8 @@ pub(crate) struct NodeArgs {
     /// TOML config file with a [node] section (flags override it).
     #[arg(long)]
     pub(crate) config: Option<PathBuf>,
-    /// The master's address [default: 127.0.0.1:50051].
+    /// The master's address [default: 127.0.0.1:50051]; a group's: every master's (A,B,C),
+    /// or where etcd finds them (etcd://HOST:PORT[/CLUSTER]).
     #[arg(long, env = "MOORING_MASTER")]
     pub(crate) master: Option<String>,
     /// Memory to contribute, e.g. 4GiB [default: 1GiB].
@@ -329,7 +331,8 @@ pub(crate) struct NodeArgs {
 
 #[derive(Args, Clone)]
 pub(crate) struct ClientArgs {
-    /// The master's address.
+    /// The master's address; a group's: every master's (A,B,C), or where etcd finds them
+    /// (etcd://HOST:PORT[/CLUSTER]).
     #[arg(long, env = "MOORING_MASTER", default_value = DEFAULT_MASTER)]
     pub(crate) master: String,
     /// Time allowed for one request.

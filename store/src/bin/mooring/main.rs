@@ -637,13 +637,12 @@ async fn run_debug(args: DebugArgs) -> Result<(), Error> {
     match args.action {
         DebugAction::HangPut { master, key, size } => {
             let client = random_client_id();
-            let control = mooring_transport_tcp::TcpControlPlane::new(
-                master,
+            let control = mooring::connect::control_plane(
+                &master,
                 Duration::from_secs(10),
-                mooring::client_spin(),
                 mooring::token::resolve(None)?,
                 client,
-            );
+            )?;
             let control: &dyn mooring_proto::transport::ControlPlane = &*control;
             let reply = control
                 .call(mooring_proto::wire::PutStart {
