@@ -421,22 +421,7 @@ impl Journal {
             let threshold = self
                 .snapshot_after
                 .max(2 * self.last_snapshot.load(Ordering::Relaxed));
-            // The last snapshot is written and the writer has made the last switch (else
-            // the generation numbered here would not be the next the writer starts).
-            let idle = self
-                .snapshotting
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-                .is_none_or(|thread| thread.is_finished())
-                && self
-                    .shared
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .rotate
-                    .is_none();
-            (progress.0 >= threshold && idle).then(|| {
+            (progress.0 >= threshold && self.may_switch()).then(|| {
                 progress.0 = 0;
                 progress.1 += 1;
                 progress.1
@@ -467,6 +452,25 @@ impl Journal {
             .unwrap_or_else(|e| e.into_inner())
             .write_pending(&self.shared, false);
         seq
+    }
+
+    /// Whether a snapshot may begin: the last one is written, and the writer has made the
+    /// last switch (else the generation numbered next would not be the next it starts).
+    fn may_switch(&self) -> bool {
+        let written = self
+            .snapshotting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_none_or(|thread| thread.is_finished());
+        written
+            && self
+                .shared
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .rotate
+                .is_none()
     }
 
     /// What the journal has written so far.
