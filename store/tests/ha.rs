@@ -104,9 +104,15 @@ fn skip_reason() -> Option<String> {
     None
 }
 
-/// A group master listening on `listen`, serving its metrics on `metrics`.
-fn start_master(listen: &str, metrics: &str, etcd: &str, state: &std::path::Path) -> Proc {
-    Proc::start(&[
+/// A group master listening on `listen`, serving its metrics on `metrics`; `Err` when it
+/// exits at once (one of its ports taken).
+fn try_start_master(
+    listen: &str,
+    metrics: &str,
+    etcd: &str,
+    state: &std::path::Path,
+) -> Result<Proc, String> {
+    Proc::try_start(&[
         "master",
         "--listen",
         listen,
@@ -124,6 +130,35 @@ fn start_master(listen: &str, metrics: &str, etcd: &str, state: &std::path::Path
         "--snapshot-after",
         "64KiB",
     ])
+}
+
+/// A group master on loopback ports free a moment ago, picked again when another process
+/// took one first (tests run side by side): the process, its address, its metrics address.
+fn start_master(etcd: &str, state: &std::path::Path) -> (Proc, String, String) {
+    let mut last = String::new();
+    for _ in 0..5 {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let metrics = format!("127.0.0.1:{}", free_port());
+        match try_start_master(&listen, &metrics, etcd, state) {
+            Ok(master) => return (master, listen, metrics),
+            Err(why) => last = why,
+        }
+    }
+    panic!("{last}")
+}
+
+/// A killed master started again on its own addresses (which clients know), retried while
+/// the port is briefly taken.
+fn restart_master(listen: &str, metrics: &str, etcd: &str, state: &std::path::Path) -> Proc {
+    let mut last = String::new();
+    for _ in 0..10 {
+        match try_start_master(listen, metrics, etcd, state) {
+            Ok(master) => return master,
+            Err(why) => last = why,
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    panic!("{last}")
 }
 
 /// Whether the master at `addr` leads now: a standby refuses at once, and the probe does not
@@ -211,19 +246,12 @@ async fn a_standby_takes_over_from_a_killed_leader_with_every_acknowledged_objec
     let etcd = Etcd::start();
     let base = std::env::temp_dir().join(format!("mooring-ha-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
-    let addrs = [
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    ];
-    let metrics = [
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    ];
     let dirs = [base.join("a"), base.join("b")];
-    let mut masters = [
-        Some(start_master(&addrs[0], &metrics[0], &etcd.url, &dirs[0])),
-        Some(start_master(&addrs[1], &metrics[1], &etcd.url, &dirs[1])),
-    ];
+    let (first_master, first_addr, first_metrics) = start_master(&etcd.url, &dirs[0]);
+    let (second_master, second_addr, second_metrics) = start_master(&etcd.url, &dirs[1]);
+    let addrs = [first_addr, second_addr];
+    let metrics = [first_metrics, second_metrics];
+    let mut masters = [Some(first_master), Some(second_master)];
     let group = addrs.join(",");
     let _nodes = start_nodes(&group, 3, "32MiB");
     let client = Client::connect(ClientConfig::new(group.clone()))
@@ -322,7 +350,7 @@ async fn a_standby_takes_over_from_a_killed_leader_with_every_acknowledged_objec
 
     // The killed master returns with its old directory: it must not lead from it (it lacks
     // the writes above), but copies the new leader's state and takes over in turn.
-    masters[first] = Some(start_master(
+    masters[first] = Some(restart_master(
         &addrs[first],
         &metrics[first],
         &etcd.url,
@@ -391,13 +419,7 @@ async fn a_leader_cut_off_from_etcd_stops_granting_and_leads_again_once_it_retur
     let etcd = Etcd::start();
     let dir = std::env::temp_dir().join(format!("mooring-ha-fence-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let addr = format!("127.0.0.1:{}", free_port());
-    let _master = start_master(
-        &addr,
-        &format!("127.0.0.1:{}", free_port()),
-        &etcd.url,
-        &dir,
-    );
+    let (_master, addr, _) = start_master(&etcd.url, &dir);
     // A node started before the master is elected waits for it.
     let _nodes = start_nodes(&addr, 1, "16MiB");
     let client = Client::connect(ClientConfig::new(addr.clone()))

@@ -39,7 +39,17 @@ impl Proc {
         )
     }
 
+    /// [`Proc::start`], but a process that exits before its first line (a port taken
+    /// meanwhile, say) is an `Err` saying so rather than a panic.
+    pub fn try_start(args: &[&str]) -> Result<Proc, String> {
+        Proc::try_spawn(Command::new(BIN).args(args))
+    }
+
     fn spawn(command: &mut Command) -> Proc {
+        Proc::try_spawn(command).unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    fn try_spawn(command: &mut Command) -> Result<Proc, String> {
         let mut child = command
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -51,11 +61,11 @@ impl Proc {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .expect("first line");
-        assert!(
-            !line.is_empty(),
-            "mooring {command:?} exited without output"
-        );
-        Proc { child, line }
+        if line.is_empty() {
+            let _ = child.wait();
+            return Err(format!("mooring {command:?} exited without output"));
+        }
+        Ok(Proc { child, line })
     }
 
     /// The address a master announced in its first line.
