@@ -49,8 +49,14 @@ EXPS = {
  'not-found-from-stale-disk-copy': [
    ('store/src/client/read.rs', "                    if e.code != ErrorCode::OBJECT_NOT_FOUND || last.is_none() {", "                    if true {"),
  ],
+ # The read path ignores which write it was asked for. Every layer checks the version (the
+ # node's index of copies, each backend's index, the record's header), so one layer alone
+ # planted is masked by the next: the plant takes the check out of all of them.
  'disk-read-any-version': [
    ('core/src/disk_copies.rs', "            .filter(|c| c.size == size && c.version == version)\n            .ok_or_else", "            .filter(|c| c.size == size)\n            .ok_or_else"),
+   ('disk/src/bucket/mod.rs', "        let Some(entry) = entry.filter(|e| e.version == version) else {", "        let Some(entry) = entry else {"),
+   ('disk/src/offset_file.rs', "        let Some(entry) = entry.filter(|e| e.version == version) else {", "        let Some(entry) = entry else {"),
+   ('disk/src/backend.rs', "    if record.key != key || record.version != version {", "    if record.key != key {"),
  ],
  'prefetch-checksum-unchecked': [
    ('core/src/put.rs', "        if object.has_disk_replica() && checksum != known {", "        if false && object.has_disk_replica() && checksum != known {"),
