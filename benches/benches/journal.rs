@@ -4,6 +4,8 @@
 //! waits until its record is synced, so this measures group commit: how many pairs one
 //! `fdatasync` covers decides the rate. No network: the master's own cost. The pool is
 //! bounded ([`pool_bytes`]) and filled before measuring: each put evicts an older object.
+//! With the journal on, the bench also runs (untimed) until a generation begins in a retired
+//! journal's file, as in a master that has run a while.
 //!
 //! Run: `cargo bench -p mooring-benches --bench journal`. The journal lives under
 //! `target/journal-bench` (set `MOORING_BENCH_DIR` to measure another device).
@@ -153,6 +155,23 @@ fn put_pairs(c: &mut Criterion) {
                 while next.load(Ordering::Relaxed) < objects {
                     batch(&runtime, service, &next);
                 }
+                // A master's first generations begin in new files, whose syncs also carry
+                // the zeros written ahead of the records; from the first generation that
+                // begins in a retired journal's file on, none do. Measure that steady state.
+                if service.journal_counts().is_some() {
+                    eprintln!("{name}: running until a generation reuses a retired journal");
+                    let limit = next.load(Ordering::Relaxed) + 40 * objects;
+                    while service
+                        .journal_counts()
+                        .is_some_and(|c| c.reused_files == 0)
+                    {
+                        assert!(
+                            next.load(Ordering::Relaxed) < limit,
+                            "no generation reused a retired journal's file"
+                        );
+                        batch(&runtime, service, &next);
+                    }
+                }
                 filled = true;
             }
             b.iter_custom(|iters| (0..iters).map(|_| batch(&runtime, service, &next)).sum())
@@ -165,7 +184,7 @@ fn put_pairs(c: &mut Criterion) {
             eprintln!(
                 "{name}: {} records in {} syncs ({:.0} records, {:.0} µs writing and syncing, \
                  {:.0} µs waking per sync); {} syncs over 1 ms took {:.1} s of the {:.1} s \
-                 syncing",
+                 syncing; {} generations began in reused files",
                 c.records,
                 c.syncs,
                 per_sync(c.records),
@@ -174,6 +193,7 @@ fn put_pairs(c: &mut Criterion) {
                 c.slow_syncs,
                 c.slow_sync_micros as f64 / 1e6,
                 c.sync_micros as f64 / 1e6,
+                c.reused_files,
             );
         }
     }

@@ -129,7 +129,9 @@ impl Master {
     /// the bytes freed.
     pub(crate) fn evict(&mut self, target: u64, now: Millis) -> u64 {
         let mut on_disk: Vec<Candidate> = Vec::new();
-        let mut unpinned: Vec<Candidate> = Vec::new();
+        // Most objects are unpinned: sized once, this is not copied again and again as it
+        // grows (with a million objects, those copies and their page faults showed in profiles).
+        let mut unpinned: Vec<Candidate> = Vec::with_capacity(self.objects.len());
         let mut soft_pinned: Vec<Candidate> = Vec::new();
         for (slot, object) in self.objects.iter() {
             if object.offload == OffloadMark::Queued {

@@ -254,6 +254,10 @@ pub struct JournalCounts {
     pub slow_syncs: u64,
     /// Time spent in those, in microseconds.
     pub slow_sync_micros: u64,
+    /// Generations begun in a retired journal's file, whose blocks are all written: their
+    /// syncs carry no zeros written ahead (see `JournalFile`). A master's first generations
+    /// begin in new files; once this counts, the journal is in its steady state.
+    pub reused_files: u64,
 }
 
 /// A write and sync longer than this is counted as slow ([`JournalCounts::slow_syncs`]).
@@ -268,6 +272,7 @@ struct Counts {
     wake_micros: AtomicU64,
     slow_syncs: AtomicU64,
     slow_sync_micros: AtomicU64,
+    reused_files: AtomicU64,
 }
 
 /// What a journal holds on disk: every record up to `seq`, ending at `end`.
@@ -353,8 +358,12 @@ impl Journal {
             .and_then(|file| sync_dir(dir).map(|()| file))
             .map_err(|e| io_error(format!("cannot write {}: {e}", path.display())))?;
         retire_before(dir, generation, None);
+        let counts = Counts::default();
+        counts
+            .reused_files
+            .store(u64::from(file.reused), Ordering::Relaxed);
         let shared = Arc::new(Shared {
-            counts: Counts::default(),
+            counts,
             pending: Mutex::new(Pending {
                 generation,
                 ..Pending::default()
@@ -485,6 +494,7 @@ impl Journal {
             wake_micros: read(&c.wake_micros),
             slow_syncs: read(&c.slow_syncs),
             slow_sync_micros: read(&c.slow_sync_micros),
+            reused_files: read(&c.reused_files),
         }
     }
 
@@ -717,6 +727,8 @@ pub(crate) fn delete_before(dir: &Path, generation: u64) {
 /// for the end of the journal: zeros, or the older records a reused file still holds.
 struct JournalFile {
     file: File,
+    /// It was a retired journal's file (the spare).
+    reused: bool,
     /// Where the next record goes.
     end: u64,
     /// How far the file has been written (with records or zeros).
@@ -738,14 +750,17 @@ impl JournalFile {
                 "a journal of this generation exists already",
             ));
         }
-        let file = match fs::rename(spare_path(dir), &path) {
-            Ok(()) => OpenOptions::new().write(true).open(&path)?,
-            Err(_) => OpenOptions::new()
+        let reused = fs::rename(spare_path(dir), &path).is_ok();
+        let file = if reused {
+            OpenOptions::new().write(true).open(&path)?
+        } else {
+            OpenOptions::new()
                 .create_new(true)
                 .write(true)
-                .open(&path)?,
+                .open(&path)?
         };
         let mut journal = JournalFile {
+            reused,
             written: file.metadata()?.len(),
             file,
             end: 0,
@@ -857,6 +872,9 @@ impl Writer {
                 let next = JournalFile::create(&self.dir, *generation, config)?;
                 sync_dir(&self.dir)?;
                 shared.completed.insert(self.generation, self.file.end);
+                if next.reused {
+                    shared.counts.reused_files.fetch_add(1, Ordering::Relaxed);
+                }
                 self.file = next;
                 self.generation = *generation;
             }
@@ -1002,15 +1020,17 @@ mod tests {
         let restart = || {
             let service = MasterService::persistent(&dir, MasterConfig::default(), SNAPSHOT_AFTER)
                 .expect("a restart");
-            service.with_master(|m, _| m.state_fingerprint())
+            let reused = service.journal_counts().expect("a journal").reused_files;
+            (service.with_master(|m, _| m.state_fingerprint()), reused)
         };
         run(&dir, 20, SNAPSHOT_AFTER, 0);
         // A restart starts the next generation and retires the journal before it.
-        restart();
+        assert_eq!(restart().1, 0, "no retired journal to reuse yet");
         let spare = fs::metadata(spare_path(&dir)).expect("a retired journal kept for reuse");
         // The next restart's journal is that file, reused: after its own first record come
         // the older generation's records, which recovery takes for the end.
-        let live = restart();
+        let (live, reused) = restart();
+        assert_eq!(reused, 1, "counted as reused");
         let (journals, _) = generations(&dir).unwrap();
         let g = *journals.last().unwrap();
         let path = journal_path(&dir, g);

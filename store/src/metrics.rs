@@ -217,6 +217,12 @@ impl MasterMetrics {
                     journal.slow_syncs,
                     None,
                 ),
+                (
+                    "journal_reused_files",
+                    "Journal generations begun in a retired journal's file (no zeros written ahead of their records)",
+                    journal.reused_files,
+                    None,
+                ),
             ] {
                 match unit {
                     Some(unit) => {
@@ -713,6 +719,7 @@ mod tests {
             records: 12,
             syncs: 4,
             slow_syncs: 1,
+            reused_files: 2,
             ..JournalCounts::default()
         };
         let text = metrics.render(&report, &[segment], 3, Some(journal), false);
@@ -732,6 +739,7 @@ mod tests {
             "mooring_journal_records_total 12",
             "mooring_journal_syncs_total 4",
             "mooring_journal_slow_syncs_total 1",
+            "mooring_journal_reused_files_total 2",
         ] {
             assert!(text.contains(line), "{line:?} missing from\n{text}");
         }
