@@ -15,7 +15,7 @@ use mooring_core::ReplicateConfig;
 
 mod common;
 
-use common::{Proc, free_port, http_get, sample, start_nodes, value, wait_for_segments};
+use common::{Proc, args, free_port, http_get, sample, start_nodes, value, wait_for_segments};
 
 /// A real etcd on loopback, deleted with its data when dropped.
 struct Etcd {
@@ -104,15 +104,9 @@ fn skip_reason() -> Option<String> {
     None
 }
 
-/// A group master listening on `listen`, serving its metrics on `metrics`; `Err` when it
-/// exits at once (one of its ports taken).
-fn try_start_master(
-    listen: &str,
-    metrics: &str,
-    etcd: &str,
-    state: &std::path::Path,
-) -> Result<Proc, String> {
-    Proc::try_start(&[
+/// The arguments of a group master listening on `listen`, serving its metrics on `metrics`.
+fn master_args(listen: &str, metrics: &str, etcd: &str, state: &std::path::Path) -> Vec<String> {
+    args(&[
         "master",
         "--listen",
         listen,
@@ -132,19 +126,12 @@ fn try_start_master(
     ])
 }
 
-/// A group master on loopback ports free a moment ago, picked again when another process
-/// took one first (tests run side by side): the process, its address, its metrics address.
+/// A group master on fresh loopback ports: the process, its address, its metrics address.
 fn start_master(etcd: &str, state: &std::path::Path) -> (Proc, String, String) {
-    let mut last = String::new();
-    for _ in 0..5 {
-        let listen = format!("127.0.0.1:{}", free_port());
-        let metrics = format!("127.0.0.1:{}", free_port());
-        match try_start_master(&listen, &metrics, etcd, state) {
-            Ok(master) => return (master, listen, metrics),
-            Err(why) => last = why,
-        }
-    }
-    panic!("{last}")
+    let (master, [listen, metrics]) = Proc::start_on_free_ports(true, |[listen, metrics]| {
+        master_args(listen, metrics, etcd, state)
+    });
+    (master, listen, metrics)
 }
 
 /// A killed master started again on its own addresses (which clients know), retried while
@@ -152,7 +139,9 @@ fn start_master(etcd: &str, state: &std::path::Path) -> (Proc, String, String) {
 fn restart_master(listen: &str, metrics: &str, etcd: &str, state: &std::path::Path) -> Proc {
     let mut last = String::new();
     for _ in 0..10 {
-        match try_start_master(listen, metrics, etcd, state) {
+        let args = master_args(listen, metrics, etcd, state);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        match Proc::try_start(&args) {
             Ok(master) => return master,
             Err(why) => last = why,
         }

@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 
 mod common;
 
-use common::{BIN, Proc, free_port, http_get as get, sample};
+use common::{BIN, Proc, args, http_get as get, sample};
 
 fn put(master: &str, key: &str, file: &std::path::Path) {
     let out = Command::new(BIN)
@@ -29,34 +29,37 @@ fn scrapes_follow_the_work_and_need_the_token() {
     std::fs::create_dir_all(&dir).unwrap();
     let token_file = dir.join("scrape-token");
     std::fs::write(&token_file, "scraper-secret\n").unwrap();
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let master = Proc::start_without_token(&[
-        "master",
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-listen",
-        &metrics,
-        "--metrics-token-file",
-        token_file.to_str().unwrap(),
-    ]);
+    let token_path = token_file.to_str().unwrap().to_string();
+    let (master, [metrics]) = Proc::start_on_free_ports(false, |[metrics]| {
+        args(&[
+            "master",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            metrics,
+            "--metrics-token-file",
+            &token_path,
+        ])
+    });
     let addr = master.announced_addr();
-    let node_metrics = format!("127.0.0.1:{}", free_port());
-    let _node = Proc::start_without_token(&[
-        "node",
-        "--master",
-        &addr,
-        "--size",
-        "8MiB",
-        "--no-prefault",
-        "--name",
-        "node-a",
-        // Over TCP, so its data server moves (and counts) the bytes; a same-host client
-        // would otherwise copy them through shared memory.
-        "--transports",
-        "tcp",
-        "--metrics-listen",
-        &node_metrics,
-    ]);
+    let (_node, [node_metrics]) = Proc::start_on_free_ports(false, |[node_metrics]| {
+        args(&[
+            "node",
+            "--master",
+            &addr,
+            "--size",
+            "8MiB",
+            "--no-prefault",
+            "--name",
+            "node-a",
+            // Over TCP, so its data server moves (and counts) the bytes; a same-host client
+            // would otherwise copy them through shared memory.
+            "--transports",
+            "tcp",
+            "--metrics-listen",
+            node_metrics,
+        ])
+    });
     let token = Some("scraper-secret");
 
     assert_eq!(get(&metrics, "/metrics", None).0, 401);

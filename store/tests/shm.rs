@@ -13,7 +13,7 @@ use mooring_core::{ErrorCode, ReplicateConfig};
 
 mod common;
 
-use common::{BIN, Proc, free_port, http_get, sample, value};
+use common::{BIN, Proc, args, http_get, sample, value};
 
 /// The node's metrics page.
 fn node_metrics(addr: &str) -> String {
@@ -25,20 +25,24 @@ fn counter(text: &str, name: &str) -> f64 {
     sample(text, name).unwrap_or_else(|| panic!("no {name} in {text}"))
 }
 
-fn start_node(master: &str, name: &str, transports: &str, metrics: &str) -> Proc {
-    Proc::start(&[
-        "node",
-        "--master",
-        master,
-        "--size",
-        "32MiB",
-        "--name",
-        name,
-        "--transports",
-        transports,
-        "--metrics-listen",
-        metrics,
-    ])
+/// A 32 MiB node named `name` serving `transports`; returns it and where its metrics are.
+fn start_node(master: &str, name: &str, transports: &str) -> (Proc, String) {
+    let (node, [metrics]) = Proc::start_on_free_ports(true, |[metrics]| {
+        args(&[
+            "node",
+            "--master",
+            master,
+            "--size",
+            "32MiB",
+            "--name",
+            name,
+            "--transports",
+            transports,
+            "--metrics-listen",
+            metrics,
+        ])
+    });
+    (node, metrics)
 }
 
 async fn client(master: &str, transport: TransportChoice) -> Client {
@@ -51,23 +55,21 @@ async fn client(master: &str, transport: TransportChoice) -> Client {
 async fn same_host_values_move_by_memcpy_and_stay_verified() {
     let master = Proc::start(&["master", "--listen", "127.0.0.1:0"]);
     let addr = master.announced_addr();
-    let (metrics_a, metrics_b) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
     // Both serve shared memory (the default) beside TCP.
-    let _a = start_node(&addr, "node-a", "tcp,shm", &metrics_a);
-    let _b = Proc::start(&[
-        "node",
-        "--master",
-        &addr,
-        "--size",
-        "32MiB",
-        "--name",
-        "node-b",
-        "--metrics-listen",
-        &metrics_b,
-    ]);
+    let (_a, metrics_a) = start_node(&addr, "node-a", "tcp,shm");
+    let (_b, [metrics_b]) = Proc::start_on_free_ports(true, |[metrics]| {
+        args(&[
+            "node",
+            "--master",
+            &addr,
+            "--size",
+            "32MiB",
+            "--name",
+            "node-b",
+            "--metrics-listen",
+            metrics,
+        ])
+    });
     let shm = client(&addr, TransportChoice::Shm).await;
     let two = ReplicateConfig::replicas(2);
     let sizes: Vec<usize> = (0..24).map(|i| 1 + (i * 7919 * 37) % 1_500_000).collect();
@@ -120,8 +122,7 @@ async fn same_host_values_move_by_memcpy_and_stay_verified() {
 async fn shm_is_refused_where_it_cannot_run_and_auto_falls_back() {
     let master = Proc::start(&["master", "--listen", "127.0.0.1:0"]);
     let addr = master.announced_addr();
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let _tcp_only = start_node(&addr, "tcp-only", "tcp", &metrics);
+    let (_tcp_only, metrics) = start_node(&addr, "tcp-only", "tcp");
     // Forced shared memory to a node that does not serve it: a clear error, no data.
     let shm = client(&addr, TransportChoice::Shm).await;
     let err = shm
@@ -191,12 +192,7 @@ async fn tickets_come_only_through_the_data_server_and_work_once() {
     use mooring_transport_tcp::{DataPlaneConfig, LocalSegments, TcpControlPlane, TcpDataPlane};
     let master = Proc::start(&["master", "--listen", "127.0.0.1:0"]);
     let addr = master.announced_addr();
-    let _node = start_node(
-        &addr,
-        "node-a",
-        "tcp,shm",
-        &format!("127.0.0.1:{}", free_port()),
-    );
+    let (_node, _) = start_node(&addr, "node-a", "tcp,shm");
     let control = TcpControlPlane::new(
         &addr,
         Duration::from_secs(5),

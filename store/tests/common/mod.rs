@@ -17,6 +17,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Owned arguments for [`Proc::start_on_free_ports`].
+pub fn args(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
 /// A child process killed when dropped.
 pub struct Proc {
     pub child: Child,
@@ -37,6 +42,31 @@ impl Proc {
                 .args(args)
                 .env_remove("MOORING_TOKEN_FILE"),
         )
+    }
+
+    /// Starts `mooring` with the arguments `args` makes from `N` loopback addresses free a
+    /// moment ago; when the process exits before its first line (another test took one of
+    /// the ports between the pick and the bind), picks new ones, up to five times. With
+    /// `token` false, no cluster token comes from the environment. Returns the process and
+    /// the addresses.
+    pub fn start_on_free_ports<const N: usize>(
+        token: bool,
+        args: impl Fn(&[String; N]) -> Vec<String>,
+    ) -> (Proc, [String; N]) {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let addrs: [String; N] = std::array::from_fn(|_| format!("127.0.0.1:{}", free_port()));
+            let mut command = Command::new(BIN);
+            command.args(args(&addrs));
+            if !token {
+                command.env_remove("MOORING_TOKEN_FILE");
+            }
+            match Proc::try_spawn(&mut command) {
+                Ok(proc) => return (proc, addrs),
+                Err(why) => last = why,
+            }
+        }
+        panic!("{last}")
     }
 
     /// [`Proc::start`], but a process that exits before its first line (a port taken
