@@ -36,6 +36,8 @@ case "$command" in
         echo "--- determinism"
         "$sim" determinism --seeds 4
         "$sim" determinism --seeds 2 --from 100 --transport rdma
+        # Seed 2 on TCP runs a group of masters on the simulated etcd.
+        "$sim" determinism --seeds 2 --from 2 --transport tcp
         # A group of masters (seed 2 on TCP): two replays, each in a fresh process, must agree.
         first=$(MADSIM_TEST_SEED=2 RUST_LOG=error "$sim" replay --transport tcp 2>&1)
         second=$(MADSIM_TEST_SEED=2 RUST_LOG=error "$sim" replay --transport tcp 2>&1)

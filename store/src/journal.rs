@@ -36,6 +36,7 @@ use mooring_core::{EncodedSnapshot, Error, ErrorCode, Master, MasterConfig, Mill
 use mooring_proto::journal::{self, Input};
 use tracing::{error, info, warn};
 
+use crate::latest::{Follower, Latest};
 use crate::seq_waiters::SeqWaiters;
 
 /// Journal bytes that start a snapshot, by default. A snapshot also waits until the journal
@@ -292,7 +293,7 @@ struct Shared {
     pending: Mutex<Pending>,
     work: Condvar,
     /// The last sync, or the reason the journal stopped (for followers of every sync).
-    durable: tokio::sync::watch::Sender<SyncState>,
+    durable: Latest<SyncState>,
     /// Requests waiting for their record to be on disk.
     waiters: SeqWaiters,
     /// Where each generation this journal moved past ends.
@@ -369,7 +370,7 @@ impl Journal {
                 ..Pending::default()
             }),
             work: Condvar::new(),
-            durable: tokio::sync::watch::Sender::new(Ok(Synced {
+            durable: Latest::new(Ok(Synced {
                 seq: 0,
                 end: LogPosition {
                     generation,
@@ -504,8 +505,8 @@ impl Journal {
     }
 
     /// Follows each sync (standbys ship what is on disk, and nothing more).
-    pub fn syncs(&self) -> tokio::sync::watch::Receiver<SyncState> {
-        self.shared.durable.subscribe()
+    pub fn syncs(&self) -> Follower<SyncState> {
+        self.shared.durable.follow()
     }
 
     /// Where each generation this journal moved past ends.
@@ -901,7 +902,7 @@ impl Writer {
             Ok(()) => {
                 let waking = std::time::Instant::now();
                 shared.waiters.advance(seq);
-                let _previous = shared.durable.send_replace(Ok(Synced {
+                shared.durable.set(Ok(Synced {
                     seq,
                     end: LogPosition {
                         generation: self.generation,
@@ -919,7 +920,7 @@ impl Writer {
                      fix the disk and restart it (it recovers what was synced)"
                 );
                 shared.waiters.stop(e.to_string());
-                let _previous = shared.durable.send_replace(Err(e.to_string()));
+                shared.durable.set(Err(e.to_string()));
                 false
             }
         }

@@ -28,6 +28,7 @@ pub mod disk_tier;
 pub mod ha;
 pub mod http;
 pub mod journal;
+pub mod latest;
 pub mod master_service;
 pub mod memory;
 pub mod metrics;

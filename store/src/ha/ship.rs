@@ -11,11 +11,11 @@ use mooring_core::log_shipping::{LogPosition, LogShipping, Membership};
 use mooring_core::{Error, ErrorCode, Millis, Result};
 use mooring_proto::transport::BoxFuture;
 use mooring_proto::wire::{FOLLOW_CHUNK, Follow, FollowChunk, StateFile};
-use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::clock::Clock;
 use crate::journal::{self, Journal, SyncState};
+use crate::latest::{Follower, Latest};
 use crate::seq_waiters::SeqWaiters;
 
 /// How long a `Follow` waits for something new before answering with nothing.
@@ -36,7 +36,7 @@ pub struct Shipping {
     me: String,
     state: Mutex<LogShipping>,
     /// The last record the leader may acknowledge, or why it may acknowledge nothing more.
-    replicated: watch::Sender<std::result::Result<u64, String>>,
+    replicated: Latest<std::result::Result<u64, String>>,
     /// Requests waiting for their record to be replicated.
     waiters: SeqWaiters,
     record: Arc<dyn InSyncRecord>,
@@ -58,7 +58,7 @@ impl Shipping {
         timeout: Duration,
     ) -> Arc<Shipping> {
         let mut syncs = journal.syncs();
-        let first = syncs.borrow().clone();
+        let first = syncs.get();
         let (seq, end) = match &first {
             Ok(s) => (s.seq, s.end),
             Err(_) => (0, LogPosition::default()),
@@ -66,7 +66,7 @@ impl Shipping {
         let shipping = Arc::new(Shipping {
             me,
             state: Mutex::new(LogShipping::new(seq, end)),
-            replicated: watch::Sender::new(first.clone().map(|s| s.seq)),
+            replicated: Latest::new(first.clone().map(|s| s.seq)),
             waiters: SeqWaiters::new(first.map(|s| s.seq)),
             record,
             recording: tokio::sync::Mutex::new(()),
@@ -83,7 +83,7 @@ impl Shipping {
                 let Some(shipping) = weak.upgrade() else {
                     return;
                 };
-                let synced = syncs.borrow_and_update().clone();
+                let synced = syncs.take();
                 match synced {
                     Ok(s) => {
                         let now = shipping.clock.now();
@@ -106,7 +106,7 @@ impl Shipping {
         let replicated = state.replicated();
         drop(state);
         self.waiters.advance(replicated);
-        self.replicated.send_if_modified(|r| match r {
+        self.replicated.update(|r| match r {
             Ok(old) if *old < replicated => {
                 *old = replicated;
                 true
@@ -118,7 +118,7 @@ impl Shipping {
 
     fn stop(&self, why: String) {
         self.waiters.stop(why.clone());
-        let _previous = self.replicated.send_replace(Err(why));
+        self.replicated.set(Err(why));
     }
 
     /// Resolves once record `seq` is on the leader's disk and every in-sync standby's.
@@ -136,9 +136,9 @@ impl Shipping {
 
     /// Resolves with the reason once the leader can acknowledge nothing more.
     pub async fn deposed(&self) -> String {
-        let mut replicated = self.replicated.subscribe();
+        let mut replicated = self.replicated.follow();
         match replicated.wait_for(|r| r.is_err()).await {
-            Ok(r) => r.clone().err().unwrap_or_default(),
+            Ok(r) => r.err().unwrap_or_default(),
             Err(_) => "shipping stopped".into(),
         }
     }
@@ -216,7 +216,7 @@ fn unavailable(what: String) -> Error {
 pub async fn serve_follow(
     shipping: Arc<Shipping>,
     dir: std::path::PathBuf,
-    mut syncs: watch::Receiver<SyncState>,
+    mut syncs: Follower<SyncState>,
     completed_end: impl Fn(u64) -> Option<u64>,
     request: Follow,
 ) -> Result<FollowChunk> {
@@ -226,8 +226,7 @@ pub async fn serve_follow(
     let deadline = tokio::time::Instant::now() + LONG_POLL;
     loop {
         let synced = syncs
-            .borrow_and_update()
-            .clone()
+            .take()
             .map_err(|why| unavailable(format!("the leader's journal stopped: {why}")))?;
         match next_chunk(&dir, synced.end, &completed_end, request.at, request.offset)? {
             Some(chunk) => return Ok(chunk),
