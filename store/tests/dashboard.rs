@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 
 mod common;
 
-use common::{BIN, Proc, args};
+use common::{BIN, Proc, start_master_with_scrape_token};
 
 fn chromium() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("MOORING_CHROMIUM") {
@@ -61,18 +61,7 @@ fn the_dashboard_shows_the_cluster_in_a_browser() {
     std::fs::create_dir_all(&dir).unwrap();
     let token_file = dir.join("token");
     std::fs::write(&token_file, "dash-token\n").unwrap();
-    let token_path = token_file.to_str().unwrap().to_string();
-    let (master, [metrics]) = Proc::start_on_free_ports(false, |[metrics]| {
-        args(&[
-            "master",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            metrics,
-            "--metrics-token-file",
-            &token_path,
-        ])
-    });
+    let (master, metrics) = start_master_with_scrape_token(&token_file);
     let addr = master.announced_addr();
     let _node = Proc::start_without_token(&[
         "node",

@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 
 mod common;
 
-use common::{BIN, Proc, args, http_get as get, sample};
+use common::{BIN, Proc, args, http_get as get, sample, start_master_with_scrape_token};
 
 fn put(master: &str, key: &str, file: &std::path::Path) {
     let out = Command::new(BIN)
@@ -29,18 +29,7 @@ fn scrapes_follow_the_work_and_need_the_token() {
     std::fs::create_dir_all(&dir).unwrap();
     let token_file = dir.join("scrape-token");
     std::fs::write(&token_file, "scraper-secret\n").unwrap();
-    let token_path = token_file.to_str().unwrap().to_string();
-    let (master, [metrics]) = Proc::start_on_free_ports(false, |[metrics]| {
-        args(&[
-            "master",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            metrics,
-            "--metrics-token-file",
-            &token_path,
-        ])
-    });
+    let (master, metrics) = start_master_with_scrape_token(&token_file);
     let addr = master.announced_addr();
     let (_node, [node_metrics]) = Proc::start_on_free_ports(false, |[node_metrics]| {
         args(&[

@@ -22,6 +22,24 @@ pub fn args(args: &[&str]) -> Vec<String> {
     args.iter().map(|a| a.to_string()).collect()
 }
 
+/// A master on loopback without a cluster token whose metrics endpoint wants the bearer
+/// token in `token_file`: the process and its metrics address.
+pub fn start_master_with_scrape_token(token_file: &std::path::Path) -> (Proc, String) {
+    let token_path = token_file.to_str().unwrap().to_string();
+    let (master, [metrics]) = Proc::start_on_free_ports(false, |[metrics]| {
+        args(&[
+            "master",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            metrics,
+            "--metrics-token-file",
+            &token_path,
+        ])
+    });
+    (master, metrics)
+}
+
 /// A child process killed when dropped.
 pub struct Proc {
     pub child: Child,
