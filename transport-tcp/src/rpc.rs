@@ -198,7 +198,7 @@ impl TcpControlPlane {
             let masters = self.masters();
             for _ in 0..masters.max(1) {
                 let index = self.current.load(Ordering::Relaxed);
-                match self.round_trip(index, request).await {
+                match self.round_trip(index, request, refused).await {
                     // A standby may lead shortly; another master may lead already.
                     Err(Attempt::Standby(e)) => {
                         self.move_on(index);
@@ -229,10 +229,13 @@ impl TcpControlPlane {
         }
     }
 
+    /// One try at master `index`. Once the request is sent, the last refusal in `refused` no
+    /// longer describes the call: this master may lead now and apply it.
     async fn round_trip(
         &self,
         index: usize,
         request: &MasterRequest,
+        refused: &std::sync::Mutex<Option<Error>>,
     ) -> std::result::Result<MasterResponse, Attempt> {
         let pooled = {
             let mut idle = self.idle.lock().expect("pool lock");
@@ -263,6 +266,7 @@ impl TcpControlPlane {
                 format!("master at {}: {what}", self.addr_at(index)),
             ))
         };
+        refused.lock().expect("refusal lock").take();
         conn.write_message(id, request, &[])
             .await
             .map_err(|e| fail(format!("send failed: {e}")))?;
@@ -307,7 +311,8 @@ impl ControlPlane for TcpControlPlane {
             let refused = std::sync::Mutex::new(None);
             match tokio::time::timeout(self.timeout, self.call_leader(&request, &refused)).await {
                 Ok(result) => result,
-                // Masters answered, but none led: say so (the refusal names the leader).
+                // Masters answered, but none led, and no try was in flight when time ran out:
+                // nothing was applied, so say why (the refusal names the leader).
                 Err(_) if let Some(refusal) = refused.into_inner().expect("refusal lock") => {
                     Err(refusal)
                 }
