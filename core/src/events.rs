@@ -73,12 +73,13 @@ pub enum Event {
         /// The segment that went away.
         segment: SegmentId,
     },
-    /// An object being written (a prefetch from a node's disk) lost its only readable copy
-    /// with a segment: it cannot be read unless the write completes, and goes if it fails.
+    /// An object being written (a prefetch from a node's disk) lost its only readable copy,
+    /// with its segment or to the node's disk eviction: it cannot be read unless the write
+    /// completes, and goes if it fails.
     ReadableCopyLost {
         /// The key.
         key: Box<str>,
-        /// The segment that went away.
+        /// The segment that went away, or whose disk dropped the copy.
         segment: SegmentId,
     },
     /// A segment was unmounted, by request or because its owner expired.

@@ -447,6 +447,13 @@ impl Master {
                 kept_on_disk: false,
                 last_access: object.last_access,
             });
+        } else if !object.is_readable() {
+            // A prefetch in progress keeps the object, and readers find nothing until it
+            // ends: say so now, as when the copy leaves with its node.
+            self.events.push(Event::ReadableCopyLost {
+                key: object.key.clone(),
+                segment: self.segments.at(seg).id,
+            });
         }
     }
 

@@ -762,6 +762,34 @@ fn a_prefetch_must_bring_back_the_known_value_even_after_its_disk_copy_went() {
 }
 
 #[test]
+fn a_disk_copy_dropped_under_a_prefetch_is_reported_as_unreadable_at_once() {
+    let mut f = write_through();
+    let w = disk_only(&mut f, "k");
+    let (_, grant) = f.m.exist_prefetch(A, "k", &[], f.now).unwrap();
+    assert!(grant.is_some(), "a prefetch into memory");
+    f.m.drain_events();
+    sync(
+        &mut f,
+        "seg0",
+        DiskReport {
+            evicted: vec![("k".into(), w)],
+            ..DiskReport::default()
+        },
+    );
+    f.check();
+    // Readers find nothing from now on (seed 1040 with held reads weighted up): the event
+    // that says so must come now, not when the prefetch fails later.
+    assert!(!f.m.exist("k", f.now).unwrap());
+    let events = f.m.drain_events();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::ReadableCopyLost { key, .. } if &**key == "k")),
+        "{events:?}"
+    );
+}
+
+#[test]
 fn revoking_a_refused_prefetch_of_a_dropped_disk_copy_reports_the_value_gone() {
     let (mut f, grant) = prefetch_whose_disk_copy_went();
     f.m.drain_events();

@@ -118,7 +118,7 @@ pub fn of_event(event: &Event) -> &'static str {
             DiscardCause::PrefetchRevoked => "damaged prefetch of a dropped disk copy revoked",
         },
         Event::ObjectLost { .. } => LOST,
-        Event::ReadableCopyLost { .. } => "prefetch lost its disk copy with a node",
+        Event::ReadableCopyLost { .. } => "prefetch lost its disk copy",
         Event::SegmentUnmounted { .. } => "segment unmounted",
         Event::ClientExpired { .. } => "client expired",
         Event::ClientLeft { .. } => "client left",
