@@ -29,6 +29,8 @@ case "$command" in
         "$sim" run --seeds "${MOORING_SIM_SEEDS:-200}"
         echo "--- regression seeds found on TCP runs (sim-tests/regressions-tcp.txt)"
         "$sim" run --transport tcp --list sim-tests/regressions-tcp.txt
+        echo "--- regression seeds found on RDMA runs (sim-tests/regressions-rdma.txt)"
+        "$sim" run --transport rdma --list sim-tests/regressions-rdma.txt
         echo "--- ${MOORING_SIM_TCP_SEEDS:-60} more seeds over TCP (a sixth run two masters on a simulated etcd and kill the leader)"
         "$sim" run --seeds "${MOORING_SIM_TCP_SEEDS:-60}" --from 1000 --transport tcp
         echo "--- ${MOORING_SIM_RDMA_SEEDS:-50} seeds over RDMA (the software HCA, with its faults)"

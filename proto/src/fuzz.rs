@@ -305,6 +305,7 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
                 psn: 0x1234,
             },
             replaces: Some(0x10),
+            key: 0x66,
         },
         DataRequest::ShmAttach { key: 0x55 },
     ];

@@ -293,7 +293,14 @@ impl DataService {
                 stager.unstage(slot);
                 DataReply::Done
             })),
-            DataRequest::RdmaConnect { client, replaces } => {
+            DataRequest::RdmaConnect {
+                client,
+                replaces,
+                key,
+            } => {
+                if let Err(e) = self.exports.resolve(key, &[]) {
+                    return Served::Answer(Err(e));
+                }
                 let acceptor = self.rdma.read().unwrap_or_else(|e| e.into_inner()).clone();
                 Served::Answer(match acceptor {
                     Some(acceptor) => acceptor
@@ -419,6 +426,35 @@ mod tests {
         assert!(matches!(
             service.serve(read, &mut Fixed(false)),
             Served::Answer(Err(e)) if e.code == ErrorCode::REPLICA_IS_GONE
+        ));
+    }
+
+    /// A queue pair is connected only for a segment the node serves: descriptors from an
+    /// earlier incarnation of the node (simulation seed 199 over RDMA: a restarted client
+    /// process registered fresh memory under the memory key its predecessor had) are
+    /// refused as gone instead of reading the new process's memory.
+    #[test]
+    fn rdma_connect_names_a_served_segment() {
+        let service = DataService::new(1);
+        let addr = service.export(&Arc::from("node:1"), segment());
+        let connect = |key| DataRequest::RdmaConnect {
+            client: crate::wire::QpAddress {
+                qpn: 1,
+                lid: 1,
+                gid: [0; 16],
+                psn: 1,
+            },
+            replaces: None,
+            key,
+        };
+        assert!(matches!(
+            service.serve(connect(addr.key ^ 2), &mut Fixed(false)),
+            Served::Answer(Err(e)) if e.code == ErrorCode::REPLICA_IS_GONE
+        ));
+        // A served segment gets as far as the RDMA acceptor (none on this node).
+        assert!(matches!(
+            service.serve(connect(addr.key), &mut Fixed(false)),
+            Served::Answer(Err(e)) if e.code == ErrorCode::UNAVAILABLE_IN_CURRENT_MODE
         ));
     }
 }

@@ -635,6 +635,10 @@ mod data {
             client: QpAddress,
             /// The node's queue pair the new one replaces, if any.
             replaces: Option<u32>,
+            /// The segment the sender means to reach through it: a node that does not serve
+            /// it (restarted, remounted) refuses, so descriptors from an earlier incarnation
+            /// never reach a later one's memory under a memory key it happens to reuse.
+            key: u64,
         },
         /// Offer the sender, if it runs on this node's host, a ticket with which to map the
         /// segment with `key` and read and write it by memcpy ([`DataReply::ShmOffer`]).

@@ -131,6 +131,7 @@ impl Handshake for DataServerHandshake {
             let request = DataRequest::RdmaConnect {
                 client: to_wire(local),
                 replaces,
+                key: self.node.key,
             };
             let reply: DataReply = self.via.request(&self.node, request).await?;
             reply
