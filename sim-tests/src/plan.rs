@@ -142,6 +142,16 @@ pub enum Fault {
         /// Picks the value and the bit.
         pick: u64,
     },
+    /// Damage every copy of one value a storage node holds (a failing machine): a bit of its
+    /// memory replica, the value's only one, and a bit of each of its records on the node's
+    /// disk, chosen by `pick`. The value is lost: readers must say it is damaged, never
+    /// that nothing has the key.
+    RotEveryCopy {
+        /// Which node.
+        node: usize,
+        /// Picks the value and the bits.
+        pick: u64,
+    },
     /// Datagrams from `from` to `to` arrive `by` late (a switch buffer, a retransmission
     /// backlog), intact; datagram-transport runs only (TCP's cut already delivers late).
     Lag {
@@ -182,7 +192,9 @@ impl Fault {
             | Fault::DiskErrors { lasts, .. }
             | Fault::Stranger { lasts }
             | Fault::Lag { lasts, .. } => *lasts,
-            Fault::RotDisk { .. } | Fault::RotMemory { .. } => Duration::ZERO,
+            Fault::RotDisk { .. } | Fault::RotMemory { .. } | Fault::RotEveryCopy { .. } => {
+                Duration::ZERO
+            }
         }
     }
 }
@@ -250,6 +262,12 @@ impl fmt::Display for Fault {
                 write!(
                     f,
                     "flip a bit of a value in node{node}'s memory ({pick:#x})"
+                )
+            }
+            Fault::RotEveryCopy { node, pick } => {
+                write!(
+                    f,
+                    "flip a bit of every copy of a value on node{node}, memory and disk ({pick:#x})"
                 )
             }
             Fault::Stranger { lasts } => {
@@ -529,6 +547,16 @@ impl Plan {
                 let node = rot.below(shape.nodes);
                 let pick = rot.next_u64();
                 faults.push((at, Fault::RotMemory { node, pick }));
+            }
+            // Its own stream too: in some runs with disks, a value damaged in every copy.
+            let mut everywhere = Rng::seeded(seed ^ 0x0E7E_2C09);
+            if disk.is_some() && chance(&mut everywhere, 0.5) {
+                for _ in 0..1 + everywhere.below(3) {
+                    let at = between(&mut everywhere, ms(300), horizon);
+                    let node = everywhere.below(shape.nodes);
+                    let pick = everywhere.next_u64();
+                    faults.push((at, Fault::RotEveryCopy { node, pick }));
+                }
             }
             faults.sort_by_key(|(at, _)| *at);
         }

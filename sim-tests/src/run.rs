@@ -479,6 +479,7 @@ impl Supervisor {
                 self.heals.push((until, Heal::DiskQuiet(node)));
             }
             Fault::RotMemory { node, pick } => self.rot_memory(node, pick),
+            Fault::RotEveryCopy { node, pick } => self.rot_every_copy(node, pick),
             Fault::RotDisk { node, pick } => {
                 let files = self.world.disks[node].files();
                 let nonempty: Vec<&(String, u64)> =
@@ -498,15 +499,41 @@ impl Supervisor {
     /// `pick` names with a complete memory replica there (reading its replica list grants a
     /// lease, as any reader's would).
     fn rot_memory(&self, node: usize, pick: u64) {
-        let (Some(master), Some(target)) = (self.world.master(), self.world.node(node)) else {
+        self.rot_value(node, pick, |_, _| true);
+    }
+
+    /// Flips one bit of every copy of a value on node `node`: the first key from the one
+    /// `pick` names whose only complete memory replica is there and whose records are on
+    /// the node's disk, in memory and in each record (the value's key hash, which heads it).
+    fn rot_every_copy(&self, node: usize, pick: u64) {
+        let disk = &self.world.disks[node];
+        let records = |key: &str| disk.find(&crate::value::key_hash(key).to_le_bytes());
+        let only_here = |key: &str, elsewhere: usize| elsewhere == 0 && !records(key).is_empty();
+        let Some(key) = self.rot_value(node, pick, only_here) else {
             return;
         };
-        let Some(segment) = target.segment() else {
-            return;
-        };
+        for (name, at) in records(&key) {
+            tracing::info!(%key, %name, at, "flipping a bit of a record on disk");
+            // The file exists: it was just searched.
+            let _ = disk.flip_bit(&name, at, (pick >> 24) as u8);
+        }
+    }
+
+    /// Flips one bit of a value held in node `node`'s memory: the first key from the one
+    /// `pick` names with a complete memory replica there that `also(key, replicas
+    /// elsewhere)` accepts. Returns the key.
+    fn rot_value(
+        &self,
+        node: usize,
+        pick: u64,
+        also: impl Fn(&str, usize) -> bool,
+    ) -> Option<String> {
+        let master = self.world.master()?;
+        let target = self.world.node(node)?;
+        let segment = target.segment()?;
         let keys = &self.world.keys;
         let start = (pick % keys.len() as u64) as usize;
-        let replica = keys
+        let (key, replica) = keys
             .iter()
             .cycle()
             .skip(start)
@@ -515,22 +542,22 @@ impl Supervisor {
                 // Behind the master's back, changing nothing: a lease granted here would be
                 // an input its journal never saw.
                 let (replicas, _) = master.with_master(|m, _| m.audit_memory_replicas(key))?;
+                let elsewhere = replicas.iter().filter(|r| r.segment != segment).count();
                 let replica = replicas
                     .into_iter()
                     .find(|r| r.segment == segment && r.len > 0)?;
-                Some((key.clone(), replica))
-            });
-        let Some((key, replica)) = replica else {
-            return;
-        };
+                also(key, elsewhere).then(|| (key.clone(), replica))
+            })?;
         let at = replica.addr + (pick >> 16) % replica.len;
         let mut byte = [0u8];
-        if target.memory().copy_out(at, &mut byte) {
-            byte[0] ^= 1 << ((pick >> 8) % 8);
-            let _ = target.memory().copy_in(at, &byte);
-            tracing::info!(%key, at, "flipping a bit in memory");
-            self.world.history().note_rot(&key);
+        if !target.memory().copy_out(at, &mut byte) {
+            return None;
         }
+        byte[0] ^= 1 << ((pick >> 8) % 8);
+        let _ = target.memory().copy_in(at, &byte);
+        tracing::info!(%key, at, "flipping a bit in memory");
+        self.world.history().note_rot(&key);
+        Some(key)
     }
 
     fn heal(&self, heal: &Heal) {
@@ -897,7 +924,7 @@ async fn final_sweep(world: &Arc<World>, master: &Arc<mooring::MasterService>) {
                 .plan
                 .faults
                 .iter()
-                .any(|(_, f)| matches!(f, Fault::RotDisk { .. }));
+                .any(|(_, f)| matches!(f, Fault::RotDisk { .. } | Fault::RotEveryCopy { .. }));
             for key in &w.keys {
                 let invoked = w.now();
                 let mut got = client.get(key).await;

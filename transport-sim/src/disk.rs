@@ -187,6 +187,24 @@ impl SimDisk {
         Ok(())
     }
 
+    /// Where `needle` occurs in the files (as their contents now read): a test's way to
+    /// find the records of one value.
+    pub fn find(&self, needle: &[u8]) -> Vec<(String, u64)> {
+        let state = self.lock();
+        let mut found = Vec::new();
+        if needle.is_empty() {
+            return found;
+        }
+        for (name, file) in &state.files {
+            for (at, window) in file.visible.windows(needle.len()).enumerate() {
+                if window == needle {
+                    found.push((name.clone(), at as u64));
+                }
+            }
+        }
+        found
+    }
+
     /// Every file and its length, sorted by name.
     pub fn files(&self) -> Vec<(String, u64)> {
         let state = self.lock();
