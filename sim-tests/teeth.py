@@ -59,7 +59,7 @@ EXPS = {
    ('disk/src/backend.rs', "    if record.key != key || record.version != version {", "    if record.key != key {"),
  ],
  'prefetch-checksum-unchecked': [
-   ('core/src/put.rs', "        if object.has_disk_replica() && checksum != known {", "        if false && object.has_disk_replica() && checksum != known {"),
+   ('core/src/put.rs', "        if (object.prefetch() || object.has_disk_replica()) && checksum != known {", "        if false && (object.prefetch() || object.has_disk_replica()) && checksum != known {"),
  ],
  'remove-while-held': [
    ('core/src/remove.rs', "        if object.holds > 0 {\n            return Err(ErrorCode::OBJECT_REPLICA_BUSY.into());", "        if false {\n            return Err(ErrorCode::OBJECT_REPLICA_BUSY.into());"),

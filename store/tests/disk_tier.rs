@@ -278,3 +278,81 @@ async fn disk_eviction(backend: DiskBackend) {
     assert!(writer.get("k29").await.unwrap() == value(29));
     cluster.shutdown().await.unwrap();
 }
+
+/// A master whose disk sync answers carry, beside its real orders, one no node could carry
+/// out: a value of 2^62 bytes (a confused or damaged reply). It remembers every report.
+struct HugeOrders {
+    inner: Arc<mooring::MasterService>,
+    reports: std::sync::Mutex<Vec<mooring_core::DiskReport>>,
+}
+
+impl mooring_proto::transport::RpcHandler for HugeOrders {
+    fn handle(
+        &self,
+        request: mooring_proto::wire::MasterRequest,
+    ) -> mooring_proto::wire::MasterResponse {
+        use mooring_proto::wire::{MasterRequest, Reply};
+        if let MasterRequest::DiskSync(sync) = &request {
+            self.reports.lock().unwrap().push(sync.report.clone());
+        }
+        let mut response = self.inner.handle(request);
+        if let Ok(Reply::DiskSync(ack)) = &mut response {
+            ack.offload.push(mooring_core::OffloadOrder {
+                key: "huge".into(),
+                write: mooring_core::WriteId(9_999),
+                addr: 0,
+                size: 1 << 62,
+                checksum: mooring_core::Checksum::EMPTY,
+            });
+        }
+        response
+    }
+}
+
+/// The node refuses an offload order for bytes outside its segment before allocating a
+/// buffer of its size, and reports it failed (under the simulation's plant that ignores
+/// frame checksums, a damaged order's length aborted the node on its allocation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offload_order_outside_the_segment_is_refused_not_allocated() {
+    let dir = TempDir::new("huge-order");
+    let handler = Arc::new(HugeOrders {
+        inner: mooring::MasterService::new(MasterConfig::default()).unwrap(),
+        reports: std::sync::Mutex::new(Vec::new()),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let master = listener.local_addr().unwrap().to_string();
+    let _server =
+        mooring_transport_tcp::spawn_rpc_server(listener, handler.clone(), Duration::ZERO, None);
+    let segment = mooring::SegmentConfig {
+        node: mooring::NodeConfig {
+            name: Some("node-0".into()),
+            size: 4 << 20,
+            prefault: false,
+            shared: false,
+            disk: Some(tier(dir.0.join("node-0"), DiskBackend::FilePerKey)),
+        },
+        listen: "127.0.0.1:0".into(),
+        advertise: None,
+        rdma_devices: None,
+    };
+    let local = Arc::new(mooring_transport_tcp::LocalSegments::default());
+    let node = mooring::StandaloneNode::start(&master, None, &segment, local, None)
+        .await
+        .unwrap();
+    let refused = ("huge".to_string(), mooring_core::WriteId(9_999));
+    let mut reported = false;
+    for _ in 0..500 {
+        reported = handler
+            .reports
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.failed.contains(&refused));
+        if reported {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(reported, "the impossible order was never reported failed");
+    node.shutdown().await.unwrap();
+}

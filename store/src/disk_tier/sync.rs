@@ -158,6 +158,12 @@ fn copy_orders(
     let copies: Vec<(OffloadOrder, Option<RecordBuf>)> = orders
         .into_iter()
         .map(|order| {
+            // The order names bytes of this node's segment: anything else (a confused or
+            // damaged reply) is refused before a buffer of its size is allocated.
+            if node.memory().range(order.addr, order.size).is_none() {
+                warn!(key = %order.key, addr = order.addr, size = order.size, "offload order names bytes outside this node's segment; refused");
+                return (order, None);
+            }
             let record = RecordBuf::with_value(
                 &order.key,
                 order.write.0,
@@ -184,10 +190,13 @@ fn copy_orders(
     let in_time = sent.elapsed() < lease;
     copies
         .into_iter()
-        .filter_map(|(order, record)| match record.filter(|_| in_time) {
-            Some(record) => Some((order, record)),
-            None => {
-                warn!(key = %order.key, "offload order not copied within its lease");
+        .filter_map(|(order, record)| match record {
+            Some(record) if in_time => Some((order, record)),
+            // Refused above (and said why), or copied too late.
+            refused_or_late => {
+                if refused_or_late.is_some() {
+                    warn!(key = %order.key, "offload order not copied within its lease");
+                }
                 pending.failed.push((order.key, order.write));
                 None
             }
