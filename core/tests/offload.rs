@@ -761,32 +761,24 @@ fn a_prefetch_must_bring_back_the_known_value_even_after_its_disk_copy_went() {
     assert_eq!(f.get("k").unwrap().checksum, sum_of("k"));
 }
 
-#[test]
-fn a_disk_copy_dropped_under_a_prefetch_is_reported_as_unreadable_at_once() {
-    let mut f = write_through();
-    let w = disk_only(&mut f, "k");
-    let (_, grant) = f.m.exist_prefetch(A, "k", &[], f.now).unwrap();
-    assert!(grant.is_some(), "a prefetch into memory");
-    f.m.drain_events();
-    sync(
-        &mut f,
-        "seg0",
-        DiskReport {
-            evicted: vec![("k".into(), w)],
-            ..DiskReport::default()
-        },
-    );
-    f.check();
-    // Readers find nothing from now on (seed 1040 with held reads weighted up): the event
-    // that says so must come now, not when the prefetch fails later.
-    assert!(!f.m.exist("k", f.now).unwrap());
-    let events = f.m.drain_events();
+/// Asserts that `events` say "k" has nothing readable while its prefetch runs.
+fn assert_readable_copy_lost(events: &[Event]) {
     assert!(
         events
             .iter()
             .any(|e| matches!(e, Event::ReadableCopyLost { key, .. } if &**key == "k")),
         "{events:?}"
     );
+}
+
+#[test]
+fn a_disk_copy_dropped_under_a_prefetch_is_reported_as_unreadable_at_once() {
+    let (mut f, _) = prefetch_whose_disk_copy_went();
+    // Readers find nothing from now on (seed 1040 with held reads weighted up): the event
+    // that says so must come with the report, not when the prefetch fails later.
+    assert!(!f.m.exist("k", f.now).unwrap());
+    let events = f.m.drain_events();
+    assert_readable_copy_lost(&events);
 }
 
 #[test]
@@ -821,12 +813,7 @@ fn a_prefetch_whose_disk_copy_leaves_with_its_node_says_so_and_may_still_bring_i
     f.m.tick(f.now);
     f.check();
     let events = f.m.drain_events();
-    assert!(
-        events
-            .iter()
-            .any(|e| matches!(e, Event::ReadableCopyLost { key, .. } if &**key == "k")),
-        "{events:?}"
-    );
+    assert_readable_copy_lost(&events);
     assert!(
         !events
             .iter()

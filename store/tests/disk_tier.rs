@@ -45,6 +45,22 @@ fn tier(dir: impl Into<std::path::PathBuf>, backend: DiskBackend) -> DiskTierCon
     config
 }
 
+/// A standalone 4 MiB node named "node-0" on loopback with `disk`.
+fn node_0(disk: DiskTierConfig) -> mooring::SegmentConfig {
+    mooring::SegmentConfig {
+        node: mooring::NodeConfig {
+            name: Some("node-0".into()),
+            size: 4 << 20,
+            prefault: false,
+            shared: false,
+            disk: Some(disk),
+        },
+        listen: "127.0.0.1:0".into(),
+        advertise: None,
+        rdma_devices: None,
+    }
+}
+
 /// One 4 MiB node with a disk, write-through offload, short leases.
 async fn cluster(
     dir: &TempDir,
@@ -159,19 +175,7 @@ async fn round_trip_and_restart(backend: DiskBackend) {
         ErrorCode::OBJECT_NOT_FOUND
     );
     // ...and a node started on the same directory registers them again.
-    let disk = tier(dir.0.join("node-0"), backend);
-    let segment = mooring::SegmentConfig {
-        node: mooring::NodeConfig {
-            name: Some("node-0".into()),
-            size: 4 << 20,
-            prefault: false,
-            shared: false,
-            disk: Some(disk),
-        },
-        listen: "127.0.0.1:0".into(),
-        advertise: None,
-        rdma_devices: None,
-    };
+    let segment = node_0(tier(dir.0.join("node-0"), backend));
     let local = Arc::new(mooring_transport_tcp::LocalSegments::default());
     let node = mooring::StandaloneNode::start(&master, None, &segment, local, token)
         .await
@@ -323,18 +327,7 @@ async fn an_offload_order_outside_the_segment_is_refused_not_allocated() {
     let master = listener.local_addr().unwrap().to_string();
     let _server =
         mooring_transport_tcp::spawn_rpc_server(listener, handler.clone(), Duration::ZERO, None);
-    let segment = mooring::SegmentConfig {
-        node: mooring::NodeConfig {
-            name: Some("node-0".into()),
-            size: 4 << 20,
-            prefault: false,
-            shared: false,
-            disk: Some(tier(dir.0.join("node-0"), DiskBackend::FilePerKey)),
-        },
-        listen: "127.0.0.1:0".into(),
-        advertise: None,
-        rdma_devices: None,
-    };
+    let segment = node_0(tier(dir.0.join("node-0"), DiskBackend::FilePerKey));
     let local = Arc::new(mooring_transport_tcp::LocalSegments::default());
     let node = mooring::StandaloneNode::start(&master, None, &segment, local, None)
         .await
