@@ -1,6 +1,10 @@
 //! Criterion benchmark of value checksums: `mooring-crc` (folding beside three `crc32`
 //! streams) against the `crc32c` crate (the `crc32` instruction alone), on a 128 KiB piece
-//! (what a transfer hands the summing helper at a time, in cache) and a 4 MiB value.
+//! (what a transfer hands the summing helper at a time, in cache) and a 4 MiB value; and a
+//! copy that is summed, as a same-host read makes one: 1 MiB values from a source too large
+//! for the caches (like a segment) into a 32 MiB batch of destinations, copied alone, copied
+//! then summed piece by piece while each piece is in cache, and copied and summed in one pass
+//! (`mooring_crc::copy_append`).
 //!
 //! Run: `cargo bench -p mooring-benches --bench crc`. Throughput is reported in bytes/s.
 
@@ -19,6 +23,11 @@ fn checksums(c: &mut Criterion) {
         group.bench_function("mooring-crc", |b| {
             b.iter(|| mooring_crc::append(0, black_box(bytes)))
         });
+        if mooring_crc::x86::available() {
+            group.bench_function("mooring-crc 256-bit engine", |b| {
+                b.iter(|| mooring_crc::x86::append(0, black_box(bytes)))
+            });
+        }
         group.bench_function("crc32c crate", |b| {
             b.iter(|| crc32c::crc32c(black_box(bytes)))
         });
@@ -26,5 +35,48 @@ fn checksums(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, checksums);
+fn copies(c: &mut Criterion) {
+    const VALUE: usize = 1 << 20;
+    let source: Vec<u8> = (0..256u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let mut batch = vec![0u8; 32 * VALUE];
+    let mut group = c.benchmark_group("copy 1 MiB from a cold source");
+    group.throughput(Throughput::Bytes(VALUE as u64));
+    let mut next = 0usize;
+    // The next value's source and destination: the source walks all of `source`, so each
+    // value comes from memory, not cache.
+    let mut step = || {
+        let at = next % (source.len() / VALUE);
+        next += 1;
+        (at * VALUE, (next % 32) * VALUE)
+    };
+    group.bench_function("copy", |b| {
+        b.iter(|| {
+            let (from, to) = step();
+            batch[to..to + VALUE].copy_from_slice(&source[from..from + VALUE]);
+        })
+    });
+    group.bench_function("copy, then sum each piece", |b| {
+        b.iter(|| {
+            let (from, to) = step();
+            // SAFETY: `source[from..]` has VALUE readable bytes, apart from `batch`.
+            black_box(unsafe {
+                mooring_crc::copy_then_sum(0, source[from..].as_ptr(), &mut batch[to..to + VALUE])
+            })
+        })
+    });
+    group.bench_function("copy and sum in one pass", |b| {
+        b.iter(|| {
+            let (from, to) = step();
+            // SAFETY: `source[from..]` has VALUE readable bytes, apart from `batch`.
+            black_box(unsafe {
+                mooring_crc::copy_append(0, source[from..].as_ptr(), &mut batch[to..to + VALUE])
+            })
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, checksums, copies);
 criterion_main!(benches);
