@@ -62,7 +62,12 @@ fn copies(c: &mut Criterion) {
             let (from, to) = step();
             // SAFETY: `source[from..]` has VALUE readable bytes, apart from `batch`.
             black_box(unsafe {
-                mooring_crc::copy_then_sum(0, source[from..].as_ptr(), &mut batch[to..to + VALUE])
+                mooring_crc::copy_then_sum(
+                    0,
+                    source[from..].as_ptr(),
+                    batch[to..].as_mut_ptr(),
+                    VALUE,
+                )
             })
         })
     });
@@ -71,7 +76,12 @@ fn copies(c: &mut Criterion) {
             let (from, to) = step();
             // SAFETY: `source[from..]` has VALUE readable bytes, apart from `batch`.
             black_box(unsafe {
-                mooring_crc::copy_append(0, source[from..].as_ptr(), &mut batch[to..to + VALUE])
+                mooring_crc::copy_append(
+                    0,
+                    source[from..].as_ptr(),
+                    batch[to..].as_mut_ptr(),
+                    VALUE,
+                )
             })
         })
     });

@@ -46,38 +46,36 @@ pub fn append(crc: u32, bytes: &[u8]) -> u32 {
     crc32c::crc32c_append(!register, &bytes[folded..])
 }
 
-/// Copies `dst.len()` bytes from `src` to `dst` and returns the crc32c of `crc`'s bytes
-/// followed by them (see [`crate::copy_append`]). Each 64 bytes are folded from the register
-/// they were stored from, so the checksum is of exactly what `dst` received. Copies of
+/// Copies `len` bytes from `src` to `dst` and returns the crc32c of `crc`'s bytes followed
+/// by them (see [`crate::copy_append`]). Each 64 bytes are folded from the register they
+/// were stored from, so the checksum is of exactly what `dst` received. Copies of
 /// [`STREAM_MIN`] bytes or more bypass the caches on the way into `dst`.
 ///
 /// # Safety
-/// `src` must be valid for reads of `dst.len()` bytes that do not overlap `dst` (others may
-/// write them meanwhile).
+/// As for [`crate::copy_append`].
 ///
 /// # Panics
 /// If the CPU lacks what [`available`] checks for.
-pub unsafe fn copy_append(crc: u32, src: *const u8, dst: &mut [u8]) -> u32 {
+pub unsafe fn copy_append(crc: u32, src: *const u8, dst: *mut u8, len: usize) -> u32 {
     assert!(available(), "this CPU lacks AVX-512 or VPCLMULQDQ");
     // Bytes before the first 64-byte boundary of `dst` are copied and summed apart, so that
     // the folded part's stores are aligned (cache-bypassing stores must be).
-    let head = dst.as_ptr().align_offset(64).min(dst.len());
-    let (head_dst, rest) = dst.split_at_mut(head);
-    // SAFETY (each `add` of `src` below): the caller's promise covers `src[..dst.len()]`.
-    let mut crc = copy_small(crc, src, head_dst);
-    let src = unsafe { src.add(head) };
-    let mut folded = rest.len() / STEP * STEP;
+    let head = dst.align_offset(64).min(len);
+    // SAFETY (every `add` below): offsets stay within the `len` bytes the caller promised.
+    let mut crc = unsafe { copy_small(crc, src, dst, head) };
+    let (src, dst, len) = unsafe { (src.add(head), dst.add(head), len - head) };
+    let mut folded = len / STEP * STEP;
     if folded < MIN_LEN {
         folded = 0;
-    } else if rest.len() >= STREAM_MIN {
+    } else if len >= STREAM_MIN {
         // SAFETY: the CPU has the features (checked above); `src` has `folded` readable
-        // bytes, and `rest` as many writable ones, 64-byte aligned.
-        crc = !unsafe { fold::<true, true>(!crc, src, rest.as_mut_ptr(), folded) };
+        // bytes, and `dst` as many writable ones, 64-byte aligned.
+        crc = !unsafe { fold::<true, true>(!crc, src, dst, folded) };
     } else {
         // SAFETY: as above.
-        crc = !unsafe { fold::<true, false>(!crc, src, rest.as_mut_ptr(), folded) };
+        crc = !unsafe { fold::<true, false>(!crc, src, dst, folded) };
     }
-    copy_small(crc, unsafe { src.add(folded) }, &mut rest[folded..])
+    unsafe { copy_small(crc, src.add(folded), dst.add(folded), len - folded) }
 }
 
 /// Copies of this many bytes or more bypass the caches on the way into the destination: a
@@ -88,10 +86,15 @@ pub unsafe fn copy_append(crc: u32, src: *const u8, dst: &mut [u8]) -> u32 {
 pub const STREAM_MIN: usize = 256 << 10;
 
 /// Copies, then sums what was copied: for the few bytes before and after the folded part.
-fn copy_small(crc: u32, src: *const u8, dst: &mut [u8]) -> u32 {
-    // SAFETY: the callers' promise: `src` has `dst.len()` readable bytes apart from `dst`.
-    unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
-    crc32c::crc32c_append(crc, dst)
+///
+/// # Safety
+/// As for [`crate::copy_append`].
+unsafe fn copy_small(crc: u32, src: *const u8, dst: *mut u8, len: usize) -> u32 {
+    // SAFETY: the caller's promise.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, len);
+        crc32c::crc32c_append(crc, std::slice::from_raw_parts(dst, len))
+    }
 }
 
 /// The CRC register after the `len` bytes at `src` (a multiple of [`STEP`], at least two

@@ -306,6 +306,28 @@ impl SegmentMemory {
         }
     }
 
+    /// Copies `dest.len()` bytes at remote address `addr` into `dest` (a local read) and
+    /// returns the checksum of what `dest` received, summed in the same pass over the bytes
+    /// (`mooring_crc::copy_append`). None if the range lies outside the segment.
+    pub fn copy_out_summed(&self, addr: u64, dest: &mut [u8]) -> Option<Checksum> {
+        let src = self.range(addr, dest.len() as u64)?;
+        // SAFETY: as for `copy_out`; others writing `src` meanwhile is allowed (the checksum
+        // is then of what landed, and the reader's check refuses it).
+        Some(Checksum(unsafe {
+            mooring_crc::copy_append(0, src.as_ptr(), dest.as_mut_ptr(), dest.len())
+        }))
+    }
+
+    /// Copies `src` to remote address `addr` (a local write) and returns its checksum, summed
+    /// in the same pass. None if the range lies outside the segment.
+    pub fn copy_in_summed(&self, addr: u64, src: &[u8]) -> Option<Checksum> {
+        let dest = self.range(addr, src.len() as u64)?;
+        // SAFETY: as for `copy_in`.
+        Some(Checksum(unsafe {
+            mooring_crc::copy_append(0, src.as_ptr(), dest.as_ptr(), src.len())
+        }))
+    }
+
     /// Copies `src` to remote address `addr` (a local write). Returns false if the range lies
     /// outside the segment.
     pub fn copy_in(&self, addr: u64, src: &[u8]) -> bool {
@@ -504,5 +526,26 @@ mod tests {
         assert!(memory.copy_out(base + 100, &mut out));
         assert_eq!(&out, b"hello");
         assert!(!memory.copy_out(base + 4093, &mut out));
+    }
+
+    #[test]
+    fn summed_copies_give_the_checksum_of_what_moved() {
+        let owner = Arc::new(std::sync::Mutex::new(vec![0u8; 64 << 10]));
+        let ptr = NonNull::new(owner.lock().unwrap().as_mut_ptr()).unwrap();
+        let memory = unsafe { SegmentMemory::new(ptr, 64 << 10, owner.clone()) };
+        let base = memory.base();
+        let value: Vec<u8> = (0..40_000u32).map(|i| (i * 31 + i / 7) as u8).collect();
+        assert_eq!(
+            memory.copy_in_summed(base + 3, &value),
+            Some(Checksum::of(&value))
+        );
+        let mut out = vec![0u8; value.len()];
+        assert_eq!(
+            memory.copy_out_summed(base + 3, &mut out),
+            Some(Checksum::of(&value))
+        );
+        assert_eq!(out, value);
+        assert_eq!(memory.copy_in_summed(base + (40 << 10), &value), None);
+        assert_eq!(memory.copy_out_summed(base + (40 << 10), &mut out), None);
     }
 }

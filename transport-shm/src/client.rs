@@ -7,10 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mooring_core::{Checksum, Error, ErrorCode, Result};
-use mooring_proto::summing::{STEP, Summing};
-use mooring_proto::transport::{
-    BoxFuture, DataPlane, NodeAddr, ReadOp, SegmentMemory, WriteOp, checksums_of,
-};
+use mooring_proto::transport::{BoxFuture, DataPlane, NodeAddr, ReadOp, SegmentMemory, WriteOp};
 use mooring_proto::wire::{DataReply, DataRequest, ShmOffer};
 use tracing::debug;
 
@@ -217,15 +214,18 @@ fn local(memory: &SegmentMemory, base: u64, addr: u64, len: u64, node: &NodeAddr
     addr.checked_sub(base)
         .and_then(|offset| offset.checked_add(memory.base()))
         .filter(|&at| memory.range(at, len).is_some())
-        .ok_or_else(|| {
-            Error::new(
-                ErrorCode::INVALID_PARAMS,
-                format!(
-                    "range {addr:#x}+{len} lies outside node {}'s segment",
-                    node.endpoint
-                ),
-            )
-        })
+        .ok_or_else(|| outside(node, addr, len))
+}
+
+/// The error for `len` bytes at the node's address `addr` outside its segment.
+fn outside(node: &NodeAddr, addr: u64, len: u64) -> Error {
+    Error::new(
+        ErrorCode::INVALID_PARAMS,
+        format!(
+            "range {addr:#x}+{len} lies outside node {}'s segment",
+            node.endpoint
+        ),
+    )
 }
 
 impl DataPlane for ShmDataPlane {
@@ -238,27 +238,17 @@ impl DataPlane for ShmDataPlane {
             let Some((memory, base)) = self.mapping(node).await? else {
                 return self.via.read(node, ops).await;
             };
-            let count = ops.len();
-            // One value is summed here, each piece while it is still in cache: waking the
-            // helper cost more than it saved (1 MiB gets: 179–218 µs inline against 246–262
-            // µs with the helper, `mooring bench --transport shm`); a batch keeps the helper
-            // busy and gains from it.
-            let mut summing = match count {
-                1 => Summing::inline(),
-                _ => Summing::new(),
-            };
-            for (i, op) in ops.into_iter().enumerate() {
-                let at = local(&memory, base, op.addr, op.dest.len() as u64, node)?;
-                // Each piece is summed (on the helper thread when it is large) while the next
-                // is copied.
-                for (j, piece) in op.dest.chunks_mut(STEP).enumerate() {
-                    let offset = (j * STEP) as u64;
-                    memory.copy_out(at + offset, piece);
-                    let piece: &'a [u8] = piece;
-                    summing.add(i, op.addr + offset, piece);
-                }
-            }
-            Ok(checksums_of(count, summing.finish()))
+            // Each value is summed as it is copied, in one pass that runs at the speed of the
+            // copy alone (`SegmentMemory::copy_out_summed`).
+            ops.into_iter()
+                .map(|op| {
+                    let len = op.dest.len() as u64;
+                    let at = local(&memory, base, op.addr, len, node)?;
+                    memory
+                        .copy_out_summed(at, op.dest)
+                        .ok_or_else(|| outside(node, op.addr, len))
+                })
+                .collect()
         })
     }
 
@@ -277,9 +267,9 @@ impl DataPlane for ShmDataPlane {
                 .iter()
                 .map(|op| local(&memory, base, op.addr, op.src.len() as u64, node))
                 .collect::<Result<Vec<u64>>>()?;
-            let mut summing = Summing::new();
-            for (i, (op, at)) in ops.iter().zip(targets).enumerate() {
-                summing.add_all(i, op.addr, op.src);
+            let mut sums = Vec::with_capacity(ops.len());
+            for (op, at) in ops.iter().zip(targets) {
+                let mut sum = Checksum::EMPTY;
                 for (j, piece) in op.src.chunks(WRITE_STEP).enumerate() {
                     // The writer's fence: no byte lands after the window the master granted
                     // (it may give these ranges to another writer then).
@@ -290,10 +280,14 @@ impl DataPlane for ShmDataPlane {
                              written (the master may have given the ranges to another writer)",
                         ));
                     }
-                    memory.copy_in(at + (j * WRITE_STEP) as u64, piece);
+                    let piece_sum = memory
+                        .copy_in_summed(at + (j * WRITE_STEP) as u64, piece)
+                        .ok_or_else(|| outside(node, op.addr, piece.len() as u64))?;
+                    sum = sum.then(piece_sum, piece.len() as u64);
                 }
+                sums.push(sum);
             }
-            Ok(checksums_of(ops.len(), summing.finish()))
+            Ok(sums)
         })
     }
 

@@ -630,24 +630,19 @@ impl DataPlane for TcpDataPlane {
     ) -> BoxFuture<'a, Result<Vec<Checksum>>> {
         Box::pin(async move {
             if let Some(segment) = self.local_segment(node) {
-                let count = ops.len();
-                let mut sums = Summing::new();
-                for (index, op) in ops.into_iter().enumerate() {
-                    let len = op.dest.len();
-                    let mut at = op.addr;
-                    for step in op.dest.chunks_mut(STEP) {
-                        if !segment.copy_out(at, step) {
-                            return Err(Error::new(
+                // In this process: each value is summed as it is copied.
+                return ops
+                    .into_iter()
+                    .map(|op| {
+                        let len = op.dest.len();
+                        segment.copy_out_summed(op.addr, op.dest).ok_or_else(|| {
+                            Error::new(
                                 ErrorCode::INVALID_PARAMS,
                                 format!("read {:#x}+{len} outside the segment", op.addr),
-                            ));
-                        }
-                        let step_len = step.len() as u64;
-                        sums.add(index, at, step);
-                        at += step_len;
-                    }
-                }
-                return Ok(checksums_of(count, sums.finish()));
+                            )
+                        })
+                    })
+                    .collect();
             }
             let count = ops.len();
             let ops: Vec<(u64, ReadPiece<'_>)> = ops
@@ -674,19 +669,22 @@ impl DataPlane for TcpDataPlane {
         Box::pin(async move {
             let deadline = Instant::now() + valid_for.min(Duration::from_secs(86_400));
             if let Some(segment) = self.local_segment(node) {
-                let count = ops.len();
-                let mut sums = Summing::new();
-                for (index, op) in ops.into_iter().enumerate() {
-                    // The helper sums the source while it is copied.
-                    sums.add_all(index, op.addr, op.src);
-                    if !segment.copy_in(op.addr, op.src) {
-                        return Err(Error::new(
-                            ErrorCode::INVALID_PARAMS,
-                            format!("write {:#x}+{} outside the segment", op.addr, op.src.len()),
-                        ));
-                    }
-                }
-                return Ok(checksums_of(count, sums.finish()));
+                // In this process: each value is summed as it is copied.
+                return ops
+                    .into_iter()
+                    .map(|op| {
+                        segment.copy_in_summed(op.addr, op.src).ok_or_else(|| {
+                            Error::new(
+                                ErrorCode::INVALID_PARAMS,
+                                format!(
+                                    "write {:#x}+{} outside the segment",
+                                    op.addr,
+                                    op.src.len()
+                                ),
+                            )
+                        })
+                    })
+                    .collect();
             }
             let count = ops.len();
             let ops: Vec<(u64, WritePiece<'_>)> = ops
