@@ -242,3 +242,78 @@ async fn tickets_come_only_through_the_data_server_and_work_once() {
     let offer = ask(node.key).await.unwrap().into_shm_offer("node").unwrap();
     assert!(redeem(&offer.socket, &offer.ticket).0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_memory_write_past_its_window_copies_nothing() {
+    use mooring_core::Checksum;
+    use mooring_proto::transport::{ControlPlane, DataPlane, NodeAddr, ReadOp, WriteOp};
+    use mooring_proto::wire::ListSegments;
+    use mooring_transport_shm::ShmDataPlane;
+    use mooring_transport_tcp::{DataPlaneConfig, LocalSegments, TcpControlPlane, TcpDataPlane};
+    let master = Proc::start(&["master", "--listen", "127.0.0.1:0"]);
+    let addr = master.announced_addr();
+    let (_node, metrics) = start_node(&addr, "node-a", "tcp,shm");
+    let control = TcpControlPlane::new(
+        &addr,
+        Duration::from_secs(5),
+        Duration::ZERO,
+        None,
+        mooring_core::ClientId(0x5B),
+    );
+    let control: &dyn ControlPlane = &*control;
+    let info = control.call(ListSegments {}).await.unwrap().remove(0);
+    let node = NodeAddr {
+        endpoint: info.endpoint.into(),
+        key: info.key,
+        rdma_key: None,
+    };
+    let tcp = TcpDataPlane::new(
+        Arc::new(LocalSegments::default()),
+        DataPlaneConfig::default(),
+    );
+    let shm = ShmDataPlane::new(tcp, true).unwrap();
+    // Nothing is allocated in the fresh segment: these bytes are this test's to write.
+    let at = info.base + (1 << 20);
+    let bytes = value(5, 3 << 20);
+    let write = |valid_for| {
+        shm.write(
+            &node,
+            vec![WriteOp {
+                addr: at,
+                src: &bytes,
+            }],
+            valid_for,
+        )
+    };
+    let err = write(Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.code, ErrorCode::TRANSFER_FAIL, "{err}");
+    assert!(err.to_string().contains("window passed"), "{err}");
+    let mut back = vec![0u8; bytes.len()];
+    let read = shm
+        .read(
+            &node,
+            vec![ReadOp {
+                addr: at,
+                dest: &mut back,
+            }],
+        )
+        .await;
+    assert_ne!(back, bytes, "a write past its window copied bytes");
+    assert_eq!(read.unwrap(), vec![Checksum::of(&back)]);
+    // Within its window the same write lands whole, summed as it is copied.
+    let sums = write(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(sums, vec![Checksum::of(&bytes)]);
+    let read = shm
+        .read(
+            &node,
+            vec![ReadOp {
+                addr: at,
+                dest: &mut back,
+            }],
+        )
+        .await;
+    assert_eq!(read.unwrap(), vec![Checksum::of(&bytes)]);
+    assert_eq!(back, bytes);
+    let page = node_metrics(&metrics);
+    assert_eq!(counter(&page, "mooring_node_writes_total"), 0.0, "{page}");
+}

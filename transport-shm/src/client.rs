@@ -259,7 +259,11 @@ impl DataPlane for ShmDataPlane {
         valid_for: Duration,
     ) -> BoxFuture<'a, Result<Vec<Checksum>>> {
         Box::pin(async move {
-            let deadline = Instant::now() + valid_for;
+            // A quarter of the window to spare, as RDMA writes keep: a copy that begins just
+            // before the deadline lands after it only if this thread stalls for that long
+            // between the check and the copy (nothing can stop a memcpy once it runs; a copy
+            // that lands late is refused by the reader's checksum, never returned).
+            let deadline = Instant::now() + (valid_for - valid_for / 4);
             let Some((memory, base)) = self.mapping(node).await? else {
                 return self.via.write(node, ops, valid_for).await;
             };
