@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use mooring::transports::TransportChoice;
 use mooring::{Client, ClientConfig};
-use mooring_core::{ErrorCode, ReplicateConfig};
+use mooring_core::{ErrorCode, ReplicateConfig, SegmentInfo};
+use mooring_proto::transport::NodeAddr;
 
 mod common;
 
@@ -184,17 +185,14 @@ fn redeem(socket: &[u8; 16], ticket: &[u8; 16]) -> (bool, mooring_transport_shm:
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tickets_come_only_through_the_data_server_and_work_once() {
-    use mooring_proto::transport::{ControlPlane, DataPlane, NodeAddr};
-    use mooring_proto::wire::{DataRequest, ListSegments};
-    use mooring_transport_shm::handoff::Reply;
-    use mooring_transport_tcp::{DataPlaneConfig, LocalSegments, TcpControlPlane, TcpDataPlane};
-    let master = Proc::start(&["master", "--listen", "127.0.0.1:0"]);
-    let addr = master.announced_addr();
-    let (_node, _) = start_node(&addr, "node-a", "tcp,shm");
+/// The first segment the master at `addr` lists, and its node's address, asked as a peer
+/// that is no client.
+async fn first_segment(addr: &str) -> (SegmentInfo, NodeAddr) {
+    use mooring_proto::transport::ControlPlane;
+    use mooring_proto::wire::ListSegments;
+    use mooring_transport_tcp::TcpControlPlane;
     let control = TcpControlPlane::new(
-        &addr,
+        addr,
         Duration::from_secs(5),
         Duration::ZERO,
         None,
@@ -203,14 +201,32 @@ async fn tickets_come_only_through_the_data_server_and_work_once() {
     let control: &dyn ControlPlane = &*control;
     let info = control.call(ListSegments {}).await.unwrap().remove(0);
     let node = NodeAddr {
-        endpoint: info.endpoint.into(),
+        endpoint: info.endpoint.clone().into(),
         key: info.key,
         rdma_key: None,
     };
-    let data = TcpDataPlane::new(
+    (info, node)
+}
+
+/// A TCP data plane of its own (no segment of this process's).
+fn tcp_data_plane() -> Arc<mooring_transport_tcp::TcpDataPlane> {
+    use mooring_transport_tcp::{DataPlaneConfig, LocalSegments, TcpDataPlane};
+    TcpDataPlane::new(
         Arc::new(LocalSegments::default()),
         DataPlaneConfig::default(),
-    );
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tickets_come_only_through_the_data_server_and_work_once() {
+    use mooring_proto::transport::DataPlane;
+    use mooring_proto::wire::DataRequest;
+    use mooring_transport_shm::handoff::Reply;
+    let master = Proc::start(&["master", "--listen", "127.0.0.1:0"]);
+    let addr = master.announced_addr();
+    let (_node, _) = start_node(&addr, "node-a", "tcp,shm");
+    let (_, node) = first_segment(&addr).await;
+    let data = tcp_data_plane();
     let ask = |key| data.request(&node, DataRequest::ShmAttach { key });
     let offer = ask(node.key).await.unwrap().into_shm_offer("node").unwrap();
     assert_eq!(offer.host, mooring_transport_shm::host_id().unwrap());
@@ -246,32 +262,13 @@ async fn tickets_come_only_through_the_data_server_and_work_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_memory_write_past_its_window_copies_nothing() {
     use mooring_core::Checksum;
-    use mooring_proto::transport::{ControlPlane, DataPlane, NodeAddr, ReadOp, WriteOp};
-    use mooring_proto::wire::ListSegments;
+    use mooring_proto::transport::{DataPlane, ReadOp, WriteOp};
     use mooring_transport_shm::ShmDataPlane;
-    use mooring_transport_tcp::{DataPlaneConfig, LocalSegments, TcpControlPlane, TcpDataPlane};
     let master = Proc::start(&["master", "--listen", "127.0.0.1:0"]);
     let addr = master.announced_addr();
     let (_node, metrics) = start_node(&addr, "node-a", "tcp,shm");
-    let control = TcpControlPlane::new(
-        &addr,
-        Duration::from_secs(5),
-        Duration::ZERO,
-        None,
-        mooring_core::ClientId(0x5B),
-    );
-    let control: &dyn ControlPlane = &*control;
-    let info = control.call(ListSegments {}).await.unwrap().remove(0);
-    let node = NodeAddr {
-        endpoint: info.endpoint.into(),
-        key: info.key,
-        rdma_key: None,
-    };
-    let tcp = TcpDataPlane::new(
-        Arc::new(LocalSegments::default()),
-        DataPlaneConfig::default(),
-    );
-    let shm = ShmDataPlane::new(tcp, true).unwrap();
+    let (info, node) = first_segment(&addr).await;
+    let shm = ShmDataPlane::new(tcp_data_plane(), true).unwrap();
     // Nothing is allocated in the fresh segment: these bytes are this test's to write.
     let at = info.base + (1 << 20);
     let bytes = value(5, 3 << 20);
