@@ -987,8 +987,9 @@ async fn final_sweep(world: &Arc<World>, master: &Arc<mooring::MasterService>) {
     let stats = master.stats();
     if stats.objects != 0 || stats.used != 0 {
         world.history().violation(format!(
-            "after removing everything, {} object(s) and {} byte(s) are still allocated",
-            stats.objects, stats.used
+            "after removing everything, {} object(s) and {} byte(s) are still allocated \
+             ({} discarded block(s) waiting for release, {} write(s) in progress)",
+            stats.objects, stats.used, stats.discarded_blocks, stats.writing
         ));
     }
 }
