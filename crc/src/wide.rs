@@ -170,9 +170,5 @@ unsafe fn fold<const COPY: bool, const STREAM: bool>(
         // SAFETY: 64 writable bytes at `remainder[8 * i..]`; the store is unaligned.
         unsafe { _mm512_storeu_si512(remainder.as_mut_ptr().add(8 * i).cast(), *a) };
     }
-    let mut register = 0u64;
-    for w in remainder {
-        register = _mm_crc32_u64(register, u64::from_le(w));
-    }
-    register as u32
+    crate::x86::sum_words(&remainder)
 }

@@ -125,15 +125,22 @@ fn one_block(register: u32, block: &[u8]) -> u32 {
         // SAFETY: 32 writable bytes at `remainder[4 * i..]`; the store is unaligned.
         unsafe { _mm256_storeu_si256(remainder.as_mut_ptr().add(4 * i).cast(), *a) };
     }
-    let mut register = 0u64;
-    for w in remainder {
-        register = _mm_crc32_u64(register, u64::from_le(w));
-    }
-    let mut register = register as u32;
+    let mut register = sum_words(&remainder);
     for crc in crcs {
         register = past_a_stream(register) ^ crc as u32;
     }
     register
+}
+
+/// The CRC register after `words` (what remains of a folded block), starting from zero:
+/// the register the block began with was added into its first bytes before folding.
+#[target_feature(enable = "sse4.2")]
+pub(crate) fn sum_words(words: &[u64]) -> u32 {
+    let mut register = 0u64;
+    for &w in words {
+        register = _mm_crc32_u64(register, u64::from_le(w));
+    }
+    register as u32
 }
 
 /// `register` shifted past one stream's bytes (as if they were zeros).
