@@ -10,6 +10,7 @@ use regex::{Regex, RegexBuilder};
 
 use crate::checksum::Checksum;
 use crate::error::{Error, ErrorCode, Result};
+use crate::ids::SegmentId;
 use crate::master::Master;
 use crate::object::ReplicaDescriptor;
 use crate::time::Millis;
@@ -67,6 +68,17 @@ impl Master {
             .map(|replica| self.segments.describe(replica, object.size))
             .collect();
         Some((replicas, self.objects.checksum(slot)))
+    }
+
+    /// The segment whose node holds `key`'s current value on disk, for the same kind of audit
+    /// as [`Master::audit_memory_replicas`]. `None` if `key` is not readable or has no disk
+    /// copy.
+    pub fn audit_disk_copy(&self, key: &str) -> Option<SegmentId> {
+        let slot = self.readable_slot(key).ok()?;
+        let object = self.objects.at(slot);
+        object
+            .has_disk_replica()
+            .then(|| self.segments.at(object.disk).id)
     }
 
     /// [`Master::get_replica_list`] for many keys.

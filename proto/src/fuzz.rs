@@ -6,8 +6,8 @@
 
 use crate::auth::Handshake;
 use crate::wire::{
-    DataRequest, DataResponse, FrameKind, HEADER_LEN, MasterRequest, MasterResponse, WireMessage,
-    header, parse_header,
+    ControlRequest, DataRequest, DataResponse, FrameKind, HEADER_LEN, MasterRequest,
+    MasterResponse, WireMessage, header, parse_header,
 };
 
 /// Raw bytes as a frame off the wire: the header is parsed and, if it passes, the rest is
@@ -20,7 +20,7 @@ pub fn frame(data: &[u8]) {
         return;
     };
     let accepted = [
-        MasterRequest::from_frame(&h, payload).is_ok(),
+        ControlRequest::from_frame(&h, payload).is_ok(),
         MasterResponse::from_frame(&h, payload).is_ok(),
         DataRequest::from_frame(&h, payload).is_ok(),
         DataResponse::from_frame(&h, payload).is_ok(),
@@ -32,10 +32,11 @@ pub fn frame(data: &[u8]) {
     );
 }
 
-/// Arbitrary bytes as a [`MasterRequest`] payload behind a valid header and checksum (so the
-/// fuzzer reaches validation and decoding, not just the checksum).
+/// Arbitrary bytes as a [`ControlRequest`] payload (a [`MasterRequest`] with its send time
+/// and validity) behind a valid header and checksum (so the fuzzer reaches validation and
+/// decoding, not just the checksum).
 pub fn master_request(payload: &[u8]) {
-    payload_roundtrip::<MasterRequest>(payload);
+    payload_roundtrip::<ControlRequest>(payload);
 }
 
 /// As [`master_request`], for the master's replies.
@@ -333,11 +334,14 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
         Err(ErrorCode::TRANSFER_FAIL.into()),
     ];
     let mut frames = Vec::new();
-    frames.extend(
-        requests
-            .iter()
-            .map(|m| (MasterRequest::KIND, m.to_frame(1))),
-    );
+    frames.extend(requests.into_iter().enumerate().map(|(i, request)| {
+        let sent = ControlRequest {
+            sent_at_us: i as u64 * 1_000,
+            valid_for_us: 2_000_000,
+            request,
+        };
+        (ControlRequest::KIND, sent.to_frame(1))
+    }));
     frames.extend(
         responses
             .iter()

@@ -28,7 +28,7 @@ use mooring_core::{
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MOOR";
 /// The wire format version this build speaks.
-pub const WIRE_VERSION: u8 = 13;
+pub const WIRE_VERSION: u8 = 14;
 /// Length of the frame header.
 pub const HEADER_LEN: usize = 24;
 /// Largest frame payload accepted (a batch of many keys fits; bulk data travels outside).
@@ -568,6 +568,25 @@ pub const FOLLOW_CHUNK: usize = 1 << 20;
 /// A master response: the reply or the error.
 pub type MasterResponse = Result<Reply, Error>;
 
+/// A [`MasterRequest`] as it travels, with when it was sent and how long it may still be
+/// applied. A stream stalled by a partition delivers its bytes when the partition heals,
+/// long after the sender stopped waiting; a master that applied such a request then would
+/// act unseen (a remove the caller gave up on taking the value it wrote since). So the
+/// master refuses a request that arrives past its validity.
+#[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub struct ControlRequest {
+    /// When it was sent: microseconds on the sender's clock for this connection, which
+    /// starts at zero as the client sends its handshake answer.
+    pub sent_at_us: u64,
+    /// How long after `sent_at_us` the master may still apply it: what the sender will still
+    /// wait, less the shortest round trip it has seen on this connection (a bound on how far
+    /// the master's view of the sender's clock may lag).
+    pub valid_for_us: u64,
+    /// The request.
+    pub request: MasterRequest,
+}
+
 /// A byte range of a node's segment memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 #[rkyv(derive(Debug))]
@@ -794,7 +813,7 @@ pub type DataResponse = Result<DataReply, Error>;
 
 pub(crate) use wire_message;
 
-wire_message!(MasterRequest, FrameKind::MasterRequest);
+wire_message!(ControlRequest, FrameKind::MasterRequest);
 wire_message!(MasterResponse, FrameKind::MasterResponse);
 wire_message!(DataRequest, FrameKind::DataRequest);
 wire_message!(DataResponse, FrameKind::DataResponse);
@@ -802,6 +821,15 @@ wire_message!(DataResponse, FrameKind::DataResponse);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `request` as a client sends it.
+    fn control(request: impl Into<MasterRequest>) -> ControlRequest {
+        ControlRequest {
+            sent_at_us: 1_234,
+            valid_for_us: 1_000_000,
+            request: request.into(),
+        }
+    }
 
     fn roundtrip<T: WireMessage + PartialEq + std::fmt::Debug>(msg: &T) {
         let frame = msg.to_frame(42);
@@ -814,14 +842,14 @@ mod tests {
 
     #[test]
     fn messages_roundtrip() {
-        roundtrip(&MasterRequest::from(PutStart {
+        roundtrip(&control(PutStart {
             client: ClientId(7),
             key: "k".into(),
             size: 4096,
             config: ReplicateConfig::replicas(2).hard_pinned().preferring("seg"),
             upsert: true,
         }));
-        roundtrip(&MasterRequest::from(BatchExist {
+        roundtrip(&control(BatchExist {
             keys: vec!["a".into(), "b".into()],
         }));
         roundtrip::<MasterResponse>(&Ok(Reply::BatchExist(vec![
@@ -869,14 +897,14 @@ mod tests {
 
     #[test]
     fn corrupt_frames_are_refused_not_misread() {
-        let frame = MasterRequest::from(Exist { key: "abc".into() }).to_frame(1);
+        let frame = control(Exist { key: "abc".into() }).to_frame(1);
         let header = parse_header(frame[..HEADER_LEN].try_into().unwrap()).unwrap();
         for i in HEADER_LEN..frame.len() {
             for bit in 0..8 {
                 let mut bad = frame.clone();
                 bad[i] ^= 1 << bit;
                 assert!(matches!(
-                    MasterRequest::from_frame(&header, &bad[HEADER_LEN..]),
+                    ControlRequest::from_frame(&header, &bad[HEADER_LEN..]),
                     Err(FrameError::Checksum { .. })
                 ));
             }
@@ -887,12 +915,12 @@ mod tests {
             h[i] ^= 1;
             let header = parse_header(&h).unwrap();
             assert!(matches!(
-                MasterRequest::from_frame(&header, &frame[HEADER_LEN..]),
+                ControlRequest::from_frame(&header, &frame[HEADER_LEN..]),
                 Err(FrameError::Checksum { .. })
             ));
         }
         let truncated = &frame[HEADER_LEN..frame.len() - 1];
-        assert!(MasterRequest::from_frame(&header, truncated).is_err());
+        assert!(ControlRequest::from_frame(&header, truncated).is_err());
         let mut h: [u8; HEADER_LEN] = frame[..HEADER_LEN].try_into().unwrap();
         h[0] = b'X';
         assert!(matches!(parse_header(&h), Err(FrameError::BadMagic(_))));
@@ -917,7 +945,7 @@ mod tests {
             let payload: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
             let h = header(FrameKind::MasterRequest, 0, &payload);
             let header = parse_header(&h).unwrap();
-            let _ = MasterRequest::from_frame(&header, &payload);
+            let _ = ControlRequest::from_frame(&header, &payload);
         }
     }
 

@@ -126,6 +126,10 @@ pub enum GoneWhy {
     Lost,
     /// A discarded write took it.
     Discarded,
+    /// A fault damaged every copy of its value (memory and disk, all on one node): no reader
+    /// can have it any more, though the master hears of it only as readers and the node
+    /// find the copies damaged, or not at all if the key is written again first.
+    Destroyed,
 }
 
 #[derive(Clone, Debug)]

@@ -505,29 +505,45 @@ impl Supervisor {
     /// Flips one bit of every copy of a value on node `node`: the first key from the one
     /// `pick` names whose only complete memory replica is there and whose records are on
     /// the node's disk, in memory and in each record (the value's key hash, which heads it).
+    /// If the records include the damaged value's own, and the master knows no disk copy of
+    /// it elsewhere, the value is destroyed: the history may find it gone from now on.
     fn rot_every_copy(&self, node: usize, pick: u64) {
         let disk = &self.world.disks[node];
         let records = |key: &str| disk.find(&crate::value::key_hash(key).to_le_bytes());
         let only_here = |key: &str, elsewhere: usize| elsewhere == 0 && !records(key).is_empty();
-        let Some(key) = self.rot_value(node, pick, only_here) else {
+        let Some((key, version)) = self.rot_value(node, pick, only_here) else {
             return;
         };
+        let mut own_record = crate::value::key_hash(&key).to_le_bytes().to_vec();
+        own_record.extend_from_slice(&version.to_le_bytes());
+        let own_record_here = !disk.find(&own_record).is_empty();
         for (name, at) in records(&key) {
             tracing::info!(%key, %name, at, "flipping a bit of a record on disk");
             // The file exists: it was just searched.
             let _ = disk.flip_bit(&name, at, (pick >> 24) as u8);
         }
+        let here = self.world.node(node).and_then(|n| n.segment());
+        let no_disk_copy_elsewhere = self.world.master().is_some_and(|master| {
+            master
+                .with_master(|m, _| m.audit_disk_copy(&key))
+                .is_none_or(|segment| Some(segment) == here)
+        });
+        if own_record_here && no_disk_copy_elsewhere {
+            tracing::info!(%key, version, "every copy of the value is damaged");
+            let at = self.world.now();
+            self.world.history().gone(&key, at, GoneWhy::Destroyed);
+        }
     }
 
     /// Flips one bit of a value held in node `node`'s memory: the first key from the one
     /// `pick` names with a complete memory replica there that `also(key, replicas
-    /// elsewhere)` accepts. Returns the key.
+    /// elsewhere)` accepts. Returns the key and the version its damaged value had.
     fn rot_value(
         &self,
         node: usize,
         pick: u64,
         also: impl Fn(&str, usize) -> bool,
-    ) -> Option<String> {
+    ) -> Option<(String, u64)> {
         let master = self.world.master()?;
         let target = self.world.node(node)?;
         let segment = target.segment()?;
@@ -548,6 +564,13 @@ impl Supervisor {
                     .find(|r| r.segment == segment && r.len > 0)?;
                 also(key, elsewhere).then(|| (key.clone(), replica))
             })?;
+        // Every value the workload writes is at least a header long and says its version.
+        let mut header = [0u8; crate::value::HEADER];
+        if replica.len < header.len() as u64 || !target.memory().copy_out(replica.addr, &mut header)
+        {
+            return None;
+        }
+        let version = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
         let at = replica.addr + (pick >> 16) % replica.len;
         let mut byte = [0u8];
         if !target.memory().copy_out(at, &mut byte) {
@@ -557,7 +580,7 @@ impl Supervisor {
         let _ = target.memory().copy_in(at, &byte);
         tracing::info!(%key, at, "flipping a bit in memory");
         self.world.history().note_rot(&key);
-        Some(key)
+        Some((key, version))
     }
 
     fn heal(&self, heal: &Heal) {
@@ -851,10 +874,10 @@ async fn liveness(world: &Arc<World>, sup: &mut Supervisor) {
             .violation("no master at the end of the run".into());
         return;
     };
-    // A request that sat in a stalled stream (madsim's TCP delivers a cut link's bytes when
-    // it heals) can still start a write after every client finished, and its blocks then wait
-    // out their own release timeout (seed 2086). Give such late writes one more discard and
-    // release timeout; what is still pending after that never ends.
+    // Repair copies go on after the workload (retried, with backoff, while a source stays
+    // unreadable), and one that fails leaves its destination blocks waiting out the release
+    // timeout (seed 142 on RDMA). Give such blocks one more discard and release timeout;
+    // what is still pending after that never ends.
     let late = Duration::from_millis(
         (m.put_start_discard_timeout + m.put_start_release_timeout).as_millis(),
     );
@@ -959,9 +982,11 @@ async fn final_sweep(world: &Arc<World>, master: &Arc<mooring::MasterService>) {
             }
             tokio::time::sleep(w.lease() * 2).await;
             let mut removed = 0;
-            // Offloads still on their way to a disk hold their objects back until the node
-            // reports them: remove again until the disks have settled.
-            let settled = w.now() + w.disk_settle() + Duration::from_millis(100);
+            // Two holds outlive the workload legitimately: an offload on its way to a disk
+            // keeps its object until the node reports it, and a background repair's read
+            // leases its object (one whose every copy is damaged is retried, seconds apart,
+            // for as long as it exists). Remove again until both have run out.
+            let settled = w.now() + w.disk_settle().max(w.lease()) + Duration::from_millis(100);
             loop {
                 removed += client
                     .remove_all()

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use mooring_core::{Error, ErrorCode, Result};
 use mooring_proto::transport::{Answer, BoxFuture, ControlPlane, RpcHandler};
-use mooring_proto::wire::{MasterRequest, MasterResponse, Reply};
+use mooring_proto::wire::{ControlRequest, MasterRequest, MasterResponse, Reply};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::warn;
 
 use crate::datagram::{decode, encode};
@@ -22,6 +23,8 @@ pub struct SimControlPlane {
     mux: Arc<Mux>,
     master: SocketAddr,
     timeout: Duration,
+    /// Requests' send times are measured from here.
+    origin: Instant,
 }
 
 impl SimControlPlane {
@@ -36,6 +39,7 @@ impl SimControlPlane {
             mux: Mux::bind(net, ip).await?,
             master,
             timeout,
+            origin: Instant::now(),
         }))
     }
 }
@@ -50,6 +54,11 @@ impl ControlPlane for SimControlPlane {
                     format!("master at {}: {what}", self.master),
                 )
             };
+            let request = ControlRequest {
+                sent_at_us: self.origin.elapsed().as_micros() as u64,
+                valid_for_us: self.timeout.as_micros() as u64,
+                request,
+            };
             let reply = self
                 .mux
                 .call(self.master, id, encode(id, &request, &[]), self.timeout)
@@ -62,7 +71,11 @@ impl ControlPlane for SimControlPlane {
     }
 }
 
-/// Serves `handler` on `bind` (on the current node) until the task is aborted.
+/// Serves `handler` on `bind` (on the current node) until the task is aborted. A request's
+/// validity goes unchecked: the simulated network delays a datagram by at most its noise's
+/// largest delay (under 100 ms), well within every call's timeout, and a cut drops
+/// datagrams rather than holding them (a stalled TCP stream is what delivers requests late;
+/// see `mooring_transport_tcp`).
 pub async fn serve_rpc(
     net: Arc<SimNet>,
     bind: SocketAddr,
@@ -72,9 +85,9 @@ pub async fn serve_rpc(
         net,
         bind,
         Box::new(
-            move |datagram, from| match decode::<MasterRequest>(datagram) {
-                Ok((id, request, _)) => {
-                    match handler.answer(request) {
+            move |datagram, from| match decode::<ControlRequest>(datagram) {
+                Ok((id, sent, _)) => {
+                    match handler.answer(sent.request) {
                         Answer::Now(response) => Handled::Now(Some(encode(id, &response, &[]))),
                         Answer::WhenDurable(durable) => Handled::Later(Box::pin(async move {
                             Some(encode(id, &durable.await, &[]))

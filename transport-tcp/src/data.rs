@@ -127,7 +127,7 @@ impl TcpDataServer {
                     let peer = peer.to_string();
                     let mut conn = Framed::new(stream, server.spin);
                     let identity = handshake::server(&mut conn, server.token.as_ref()).await;
-                    match identity.and_then(|id| handshaking.authenticated(id)) {
+                    match identity.and_then(|(id, _)| handshaking.authenticated(id)) {
                         Ok(_admitted) => server.serve_connection(conn, &peer).await,
                         Err(e) => refusals::refused(&peer, &e),
                     }

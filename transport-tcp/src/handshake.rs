@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use mooring_proto::auth::{
     ClusterToken, Handshake, NONCE_LEN, answer_challenge, check_welcome, judge_answer,
 };
@@ -27,22 +29,37 @@ fn nonce() -> [u8; NONCE_LEN] {
     }
 }
 
+/// The client's clock for a connection, as its handshake set it: send times are measured
+/// from the moment the client sent its answer (send time zero, which the server notes as the
+/// answer arrives), and the round trip from that answer to the welcome bounds how late the
+/// answer arrived.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionClock {
+    /// When the answer was sent: send time zero.
+    pub origin: Instant,
+    /// The answer's round trip.
+    pub rtt: Duration,
+}
+
 /// The client's side, speaking for client id `client` (0: none): answers
 /// the server's challenge and checks its welcome.
 pub async fn client(
     conn: &mut Framed,
     token: Option<&ClusterToken>,
     client: u128,
-) -> Result<(), String> {
+) -> Result<ConnectionClock, String> {
     let exchange = async {
         let (_, challenge) = conn.read_message::<Handshake>().await.map_err(unreadable)?;
         let own = nonce();
         let answer = answer_challenge(token, &challenge, &own, client)?;
+        let origin = Instant::now();
         conn.write_message(0, &answer, &[])
             .await
             .map_err(|e| format!("handshake send failed: {e}"))?;
         let (_, last) = conn.read_message::<Handshake>().await.map_err(unreadable)?;
-        check_welcome(token, &own, &challenge, &last)
+        let rtt = origin.elapsed();
+        check_welcome(token, &own, &challenge, &last)?;
+        Ok(ConnectionClock { origin, rtt })
     };
     match tokio::time::timeout(HANDSHAKE_DEADLINE, exchange).await {
         Ok(outcome) => outcome,
@@ -53,9 +70,12 @@ pub async fn client(
 }
 
 /// The server's side: challenges, judges the answer, and welcomes or refuses (then the caller
-/// closes). Returns the client id the peer proved it speaks for (0: none). Bounded by
-/// [`HANDSHAKE_DEADLINE`].
-pub async fn server(conn: &mut Framed, token: Option<&ClusterToken>) -> Result<u128, String> {
+/// closes). Returns the client id the peer proved it speaks for (0: none) and when its answer
+/// arrived (its send time zero; see [`ConnectionClock`]). Bounded by [`HANDSHAKE_DEADLINE`].
+pub async fn server(
+    conn: &mut Framed,
+    token: Option<&ClusterToken>,
+) -> Result<(u128, Instant), String> {
     let exchange = async {
         let own = nonce();
         let challenge = Handshake::Challenge {
@@ -66,11 +86,12 @@ pub async fn server(conn: &mut Framed, token: Option<&ClusterToken>) -> Result<u
             .await
             .map_err(|e| format!("challenge send failed: {e}"))?;
         let (_, answer) = conn.read_message::<Handshake>().await.map_err(unreadable)?;
+        let answered = Instant::now();
         match judge_answer(token, &own, &answer) {
             Ok((welcome, client)) => conn
                 .write_message(0, &welcome, &[])
                 .await
-                .map(|()| client)
+                .map(|()| (client, answered))
                 .map_err(|e| format!("welcome send failed: {e}")),
             Err(reason) => {
                 let refusal = Handshake::Refused {

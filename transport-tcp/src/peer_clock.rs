@@ -27,6 +27,15 @@ impl PeerClock {
         }
     }
 
+    /// A clock whose first message, sent at time zero, arrived at `arrived` (a handshake's
+    /// answer: see [`crate::handshake::ConnectionClock`]).
+    pub(crate) fn from_handshake(arrived: Instant) -> PeerClock {
+        PeerClock {
+            origin: arrived,
+            offset_us: Some(0),
+        }
+    }
+
     /// Records a message sent at `sent_at_us` (sender's clock) arriving now.
     fn offset(&mut self, sent_at_us: u64) -> i64 {
         let arrived = self.origin.elapsed().as_micros() as i64;

@@ -12,16 +12,19 @@ use std::time::Duration;
 
 use mooring_core::{ClientId, Error, ErrorCode, Result};
 use mooring_proto::auth::ClusterToken;
+use mooring_proto::serve::SenderClock;
 use mooring_proto::trace::TraceId;
 use mooring_proto::transport::{Answer, BoxFuture, ControlPlane, RpcHandler};
-use mooring_proto::wire::{MasterRequest, MasterResponse, Reply, STANDBY_REFUSAL};
+use mooring_proto::wire::{ControlRequest, MasterRequest, MasterResponse, Reply, STANDBY_REFUSAL};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::framed::{Framed, ReadError};
+use crate::handshake::ConnectionClock;
 use crate::limits::{ConnectionLimits, IDLE_TIMEOUT};
+use crate::peer_clock::PeerClock;
 use crate::{handshake, refusals};
 
 /// Most idle connections kept per peer.
@@ -48,7 +51,7 @@ pub struct TcpControlPlane {
     /// The index in `addrs` of the master calls go to.
     current: AtomicUsize,
     /// Pooled connections to `addrs[current]`, with when each was last used.
-    idle: std::sync::Mutex<Vec<(Framed, Instant)>>,
+    idle: std::sync::Mutex<Vec<(ControlConn, Instant)>>,
     timeout: Duration,
     spin: Duration,
     token: Option<ClusterToken>,
@@ -159,7 +162,7 @@ impl TcpControlPlane {
     }
 
     /// A new connection to master `index`, past the handshake.
-    async fn open(&self, index: usize) -> Result<Framed> {
+    async fn open(&self, index: usize) -> Result<ControlConn> {
         let addr = self.addr_at(index);
         let addr = addr.as_str();
         let mut conn = Framed::connect(addr, self.spin).await.map_err(|e| {
@@ -168,10 +171,13 @@ impl TcpControlPlane {
                 format!("cannot connect to the master at {addr}: {e}"),
             )
         })?;
-        handshake::client(&mut conn, self.token.as_ref(), self.client.0)
+        let clock = handshake::client(&mut conn, self.token.as_ref(), self.client.0)
             .await
             .map_err(|e| Error::new(ErrorCode::RPC_FAIL, format!("master at {addr}: {e}")))?;
-        Ok(conn)
+        Ok(ControlConn {
+            framed: conn,
+            clock,
+        })
     }
 
     /// The master's address (every master's, for a group).
@@ -184,7 +190,8 @@ impl TcpControlPlane {
     /// last refusal is left in `refused`.
     async fn call_leader(
         &self,
-        request: &MasterRequest,
+        request: &mut ControlRequest,
+        deadline: Instant,
         refused: &std::sync::Mutex<Option<Error>>,
     ) -> Result<Reply> {
         // Found before the first call, and again after every round in which none led.
@@ -198,7 +205,7 @@ impl TcpControlPlane {
             let masters = self.masters();
             for _ in 0..masters.max(1) {
                 let index = self.current.load(Ordering::Relaxed);
-                match self.round_trip(index, request, refused).await {
+                match self.round_trip(index, request, deadline, refused).await {
                     // A standby may lead shortly; another master may lead already.
                     Err(Attempt::Standby(e)) => {
                         self.move_on(index);
@@ -209,7 +216,9 @@ impl TcpControlPlane {
                         self.move_on(index);
                         debug!(masters = %self.addr, "{e}; trying the next master");
                     }
-                    Err(Attempt::NotSent(e) | Attempt::Failed(e)) => return Err(e),
+                    Err(Attempt::NotSent(e) | Attempt::Failed(e) | Attempt::OutOfTime(e)) => {
+                        return Err(e);
+                    }
                     Ok(reply) => return reply,
                 }
             }
@@ -229,12 +238,14 @@ impl TcpControlPlane {
         }
     }
 
-    /// One try at master `index`. Once the request is sent, the last refusal in `refused` no
-    /// longer describes the call: this master may lead now and apply it.
+    /// One try at master `index`, valid until `deadline` (the master refuses it later). Once
+    /// the request is sent, the last refusal in `refused` no longer describes the call: this
+    /// master may lead now and apply it.
     async fn round_trip(
         &self,
         index: usize,
-        request: &MasterRequest,
+        request: &mut ControlRequest,
+        deadline: Instant,
         refused: &std::sync::Mutex<Option<Error>>,
     ) -> std::result::Result<MasterResponse, Attempt> {
         let pooled = {
@@ -245,7 +256,9 @@ impl TcpControlPlane {
                 match idle.pop() {
                     // A master that restarted closed its end: skip what it left behind (a
                     // connection in use within the last millisecond is not worth the look).
-                    Some((conn, used)) if used.elapsed() > RECHECK && conn.peer_gone() => continue,
+                    Some((conn, used)) if used.elapsed() > RECHECK && conn.framed.peer_gone() => {
+                        continue;
+                    }
                     Some((conn, used)) if used.elapsed() < IDLE_TIMEOUT / 2 => break Some(conn),
                     Some(_) => {
                         idle.clear();
@@ -266,14 +279,36 @@ impl TcpControlPlane {
                 format!("master at {}: {what}", self.addr_at(index)),
             ))
         };
+        // The master's view of our clock may lag by up to the shortest round trip seen on
+        // this connection: announce that much less than we will wait.
+        let sent = Instant::now();
+        let valid_for = deadline
+            .saturating_duration_since(sent)
+            .saturating_sub(conn.clock.rtt);
+        if valid_for.is_zero() {
+            return Err(Attempt::OutOfTime(Error::new(
+                ErrorCode::RPC_FAIL,
+                format!(
+                    "master at {}: the call ran out of time before its request could be sent \
+                     (the shortest round trip on this connection is {:?}); nothing was applied",
+                    self.addr_at(index),
+                    conn.clock.rtt
+                ),
+            )));
+        }
+        request.sent_at_us = (sent - conn.clock.origin).as_micros() as u64;
+        request.valid_for_us = valid_for.as_micros() as u64;
         refused.lock().expect("refusal lock").take();
-        conn.write_message(id, request, &[])
+        conn.framed
+            .write_message(id, &*request, &[])
             .await
             .map_err(|e| fail(format!("send failed: {e}")))?;
         let (reply_id, response) = conn
+            .framed
             .read_message::<MasterResponse>()
             .await
             .map_err(|e| fail(format!("no reply: {e}")))?;
+        conn.clock.rtt = conn.clock.rtt.min(sent.elapsed());
         if reply_id != id {
             return Err(fail(format!("reply {reply_id} to request {id}")));
         }
@@ -295,6 +330,13 @@ impl TcpControlPlane {
     }
 }
 
+/// A pooled connection to a master, with the clock its requests are stamped on.
+struct ControlConn {
+    framed: Framed,
+    /// Its origin, and the shortest round trip seen on it so far.
+    clock: ConnectionClock,
+}
+
 /// How one try at a master ended, when it gave no answer to pass on.
 enum Attempt {
     /// No connection: the request was not sent.
@@ -303,13 +345,23 @@ enum Attempt {
     Standby(Error),
     /// Sent, but no reply: it may have been applied, so it is not sent again.
     Failed(Error),
+    /// Too little of the call's time was left to send it: the master would refuse it.
+    OutOfTime(Error),
 }
 
 impl ControlPlane for TcpControlPlane {
     fn send(&self, request: MasterRequest) -> BoxFuture<'_, Result<Reply>> {
         Box::pin(async move {
             let refused = std::sync::Mutex::new(None);
-            match tokio::time::timeout(self.timeout, self.call_leader(&request, &refused)).await {
+            let deadline = Instant::now() + self.timeout;
+            // Stamped afresh on each try (see `round_trip`).
+            let mut request = ControlRequest {
+                sent_at_us: 0,
+                valid_for_us: 0,
+                request,
+            };
+            let call = self.call_leader(&mut request, deadline, &refused);
+            match tokio::time::timeout(self.timeout, call).await {
                 Ok(result) => result,
                 // Masters answered, but none led, and no try was in flight when time ran out:
                 // nothing was applied, so say why (the refusal names the leader).
@@ -370,9 +422,12 @@ pub fn spawn_rpc_server_with_limits(
                 let peer = peer.to_string();
                 let mut conn = Framed::new(stream, spin);
                 let client = handshake::server(&mut conn, token.as_ref()).await;
-                match client.and_then(|id| Ok((id, handshaking.authenticated(id)?))) {
-                    Ok((client, _admitted)) => {
-                        serve_connection(conn, &*handler, &peer, ClientId(client)).await
+                match client
+                    .and_then(|(id, answered)| Ok((id, answered, handshaking.authenticated(id)?)))
+                {
+                    Ok((client, answered, _admitted)) => {
+                        let clock = PeerClock::from_handshake(answered);
+                        serve_connection(conn, &*handler, &peer, ClientId(client), clock).await
                     }
                     Err(e) => refusals::refused(&peer, &e),
                 }
@@ -382,10 +437,18 @@ pub fn spawn_rpc_server_with_limits(
 }
 
 /// Serves one connection that speaks for client `bound`: a request naming another client is
-/// refused (no peer may act as another's id: end its writes, unmount its segments).
-async fn serve_connection(mut conn: Framed, handler: &dyn RpcHandler, peer: &str, bound: ClientId) {
+/// refused (no peer may act as another's id: end its writes, unmount its segments), and so is
+/// one that arrives after its sender stopped waiting (`clock` turns its validity into a
+/// deadline here).
+async fn serve_connection(
+    mut conn: Framed,
+    handler: &dyn RpcHandler,
+    peer: &str,
+    bound: ClientId,
+    mut clock: PeerClock,
+) {
     loop {
-        let next = tokio::time::timeout(IDLE_TIMEOUT, conn.read_message::<MasterRequest>());
+        let next = tokio::time::timeout(IDLE_TIMEOUT, conn.read_message::<ControlRequest>());
         let Ok(next) = next.await else {
             debug!(
                 peer,
@@ -393,7 +456,7 @@ async fn serve_connection(mut conn: Framed, handler: &dyn RpcHandler, peer: &str
             );
             return;
         };
-        let (id, request) = match next {
+        let (id, sent) = match next {
             Ok(message) => message,
             Err(ReadError::Closed) => return,
             Err(ReadError::Io(e)) => {
@@ -407,7 +470,27 @@ async fn serve_connection(mut conn: Framed, handler: &dyn RpcHandler, peer: &str
         };
         // The request's id is its operation's trace id: the handler's lines carry it.
         let span = tracing::debug_span!("request", trace = %TraceId(id));
+        let late = clock.expired(sent.sent_at_us, sent.valid_for_us);
+        let request = sent.request;
         let response = span.in_scope(|| match request.client() {
+            _ if late => {
+                refusals::refused(
+                    peer,
+                    &format!(
+                        "{} arrived after its sender stopped waiting (delayed in the network); \
+                         not applied",
+                        request.name()
+                    ),
+                );
+                Answer::Now(Err(Error::new(
+                    ErrorCode::RPC_FAIL,
+                    format!(
+                        "the {} reached the master after its sender's deadline, so it was not \
+                         applied; send it again",
+                        request.name()
+                    ),
+                )))
+            }
             Some(named) if named != bound => {
                 refusals::refused(
                     peer,

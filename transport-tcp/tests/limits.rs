@@ -7,7 +7,7 @@ use std::time::Duration;
 use mooring_core::{Error, ErrorCode};
 use mooring_proto::auth::ClusterToken;
 use mooring_proto::transport::RpcHandler;
-use mooring_proto::wire::{GetStats, MasterRequest, MasterResponse};
+use mooring_proto::wire::{ControlRequest, GetStats, MasterRequest, MasterResponse};
 use mooring_transport_tcp::limits::ConnectionLimits;
 use mooring_transport_tcp::{Framed, handshake, spawn_rpc_server_with_limits};
 
@@ -30,7 +30,11 @@ async fn connect(addr: &str, token: &ClusterToken, identity: u128) -> (Framed, b
     handshake::client(&mut conn, Some(token), identity)
         .await
         .unwrap();
-    let request: MasterRequest = GetStats {}.into();
+    let request = ControlRequest {
+        sent_at_us: 0,
+        valid_for_us: 10_000_000,
+        request: GetStats {}.into(),
+    };
     conn.write_message(1, &request, &[]).await.unwrap();
     let served = matches!(
         conn.read_message::<MasterResponse>().await,
