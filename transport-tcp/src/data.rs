@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::framed::{Framed, ReadError};
+use crate::framed::{Framed, PACE_CAP, ReadError};
 use crate::lanes::{ReadPiece, SplitBuf, WritePiece, chunk_ops, ranges_of, split_lanes};
 use crate::limits::{ConnectionLimits, IDLE_TIMEOUT};
 use crate::peer_clock::PeerClock;
@@ -125,7 +125,8 @@ impl TcpDataServer {
                 };
                 tokio::spawn(async move {
                     let peer = peer.to_string();
-                    let mut conn = Framed::new(stream, server.spin);
+                    let mut conn =
+                        Framed::new(stream, server.spin).follow_pace(server.spin * PACE_CAP);
                     let identity = handshake::server(&mut conn, server.token.as_ref()).await;
                     match identity.and_then(|(id, _)| handshaking.authenticated(id)) {
                         Ok(_admitted) => server.serve_connection(conn, &peer).await,

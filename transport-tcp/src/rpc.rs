@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::framed::{Framed, ReadError};
+use crate::framed::{Framed, PACE_CAP, ReadError};
 use crate::handshake::ConnectionClock;
 use crate::limits::{ConnectionLimits, IDLE_TIMEOUT};
 use crate::peer_clock::PeerClock;
@@ -420,7 +420,7 @@ pub fn spawn_rpc_server_with_limits(
             let (handler, token) = (handler.clone(), token.clone());
             tokio::spawn(async move {
                 let peer = peer.to_string();
-                let mut conn = Framed::new(stream, spin);
+                let mut conn = Framed::new(stream, spin).follow_pace(spin * PACE_CAP);
                 let client = handshake::server(&mut conn, token.as_ref()).await;
                 match client
                     .and_then(|(id, answered)| Ok((id, answered, handshaking.authenticated(id)?)))
