@@ -6,7 +6,7 @@
 //! 10 to 15 µs when they poll). Clients wait for answers they expect soon; servers wait for
 //! the next request of a client making back-to-back calls. A server connection learns its
 //! client's pace (the time from each answer to the next request) and spins half again that
-//! long, up to ten times its configured spin, so a client that does a little work between
+//! long, up to five times its configured spin, so a client that does a little work between
 //! calls (checks a batch, reads from a node) still finds the master and the node polling.
 //! Set `MOORING_CLIENT_SPIN` and `MOORING_SERVER_SPIN` (e.g. `0`, `20us`, `100us`) to change
 //! the defaults; zero turns polling off (idle CPU matters more than latency). Pollers yield the CPU between polls, so
