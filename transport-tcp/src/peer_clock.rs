@@ -13,17 +13,26 @@ use tokio::time::Instant;
 /// between arrival here and that send time is the clock skew plus the smallest delay any
 /// message on this connection had; the sender bounds that delay by the probe's round trip
 /// and leaves it out of the validity it announces, so the local deadline is never later
-/// than the real one. (Clock rates are assumed equal; drift is parts per million.)
+/// than the real one. Clock rates differ by parts per million: the estimate may rise by
+/// [`MAX_DRIFT_PPM`] of the time between messages, so a sender whose clock runs slow is not
+/// judged late on a connection that lives for days (and a late message moves it by no more).
 pub(crate) struct PeerClock {
     origin: Instant,
     offset_us: Option<i64>,
+    /// When the last message arrived, in microseconds since `origin`.
+    last_arrival_us: i64,
 }
+
+/// The most two hosts' clock rates are taken to differ, in parts per million (quartz is
+/// within 100; NTP keeps monotonic clocks within tens).
+const MAX_DRIFT_PPM: i64 = 200;
 
 impl PeerClock {
     pub(crate) fn new() -> PeerClock {
         PeerClock {
             origin: Instant::now(),
             offset_us: None,
+            last_arrival_us: 0,
         }
     }
 
@@ -33,6 +42,7 @@ impl PeerClock {
         PeerClock {
             origin: arrived,
             offset_us: Some(0),
+            last_arrival_us: 0,
         }
     }
 
@@ -40,8 +50,13 @@ impl PeerClock {
     fn offset(&mut self, sent_at_us: u64) -> i64 {
         let arrived = self.origin.elapsed().as_micros() as i64;
         let gap = arrived.saturating_sub(sent_at_us.min(i64::MAX as u64) as i64);
-        let offset = self.offset_us.map_or(gap, |o| o.min(gap));
+        let since_last = arrived.saturating_sub(self.last_arrival_us).max(0);
+        let drift = since_last.saturating_mul(MAX_DRIFT_PPM) / 1_000_000;
+        let offset = self
+            .offset_us
+            .map_or(gap, |o| o.saturating_add(drift).min(gap));
         self.offset_us = Some(offset);
+        self.last_arrival_us = arrived;
         offset
     }
 
@@ -78,6 +93,7 @@ mod tests {
         let mut clock = PeerClock {
             origin: Instant::now() - Duration::from_secs(1),
             offset_us: None,
+            last_arrival_us: 0,
         };
         clock.observe(900_000);
         // Sent at 0 s with half a second of validity, arriving now: a second late.
@@ -85,9 +101,25 @@ mod tests {
         // Sent at 0.95 s: still valid for about half a second.
         let fresh = clock.deadline(950_000, 500_000);
         assert!(fresh > Instant::now() + Duration::from_millis(300));
-        // The offset only ever shrinks: a later, slower message does not move deadlines out.
+        // A later, slower message does not move deadlines out (beyond the drift the few
+        // microseconds since the last message allow: none).
         let offset = clock.offset_us;
         clock.observe(0);
         assert_eq!(clock.offset_us, offset);
+    }
+
+    #[test]
+    fn a_sender_whose_clock_runs_slow_is_not_judged_late_days_later() {
+        // Clocks matched 100 s ago (offset zero then); the sender's runs 100 ppm slow, so a
+        // message it sends now says 99.99 s. Valid for 5 ms, it is on time.
+        let mut clock = PeerClock {
+            origin: Instant::now() - Duration::from_secs(100),
+            offset_us: Some(0),
+            last_arrival_us: 0,
+        };
+        assert!(!clock.expired(99_990_000, 5_000));
+        // The estimate rose by the drift, not to whatever a late message's gap says: one sent
+        // at 99 s and valid for 0.98 s, which ran out 10 ms ago, is still refused.
+        assert!(clock.expired(99_000_000, 1_000_000 - 20_000));
     }
 }
