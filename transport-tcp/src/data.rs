@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::framed::{Framed, PACE_CAP, ReadError};
+use crate::handshake::ConnectionClock;
 use crate::lanes::{ReadPiece, SplitBuf, WritePiece, chunk_ops, ranges_of, split_lanes};
 use crate::limits::{ConnectionLimits, IDLE_TIMEOUT};
 use crate::peer_clock::PeerClock;
@@ -348,11 +349,9 @@ pub struct TcpDataPlane {
 /// A client's data connection, with what it knows about the path to the node.
 struct DataConn {
     framed: Framed,
-    /// The origin of this connection's clock (send times are measured from it).
-    opened: Instant,
-    /// The probe's round trip: a bound on the delay of the message the node measured the
-    /// clock offset from (see [`PeerClock`]).
-    rtt: Duration,
+    /// Its clock: time zero at the probe, whose round trip bounds the delay of the message
+    /// the node measured the clock offset from (see [`PeerClock`]).
+    clock: ConnectionClock,
     /// When it was last checked back into the pool.
     last_used: Instant,
 }
@@ -447,8 +446,10 @@ impl TcpDataPlane {
         }
         Ok(DataConn {
             framed,
-            opened,
-            rtt: opened.elapsed(),
+            clock: ConnectionClock {
+                origin: opened,
+                rtt: opened.elapsed(),
+            },
             last_used: Instant::now(),
         })
     }
@@ -531,20 +532,15 @@ impl TcpDataPlane {
                         sums.add_all(piece.op, *addr, piece.src);
                     }
                     for chunk in chunks.iter() {
-                        // The node's view of the send time may be off by up to the probe's
-                        // round trip: announce that much less.
-                        let now = Instant::now();
-                        let valid_for = deadline
-                            .saturating_duration_since(now)
-                            .saturating_sub(data_conn.rtt);
-                        if valid_for.is_zero() {
+                        let Some((sent_at_us, valid_for_us)) = data_conn.clock.stamp(deadline)
+                        else {
                             return Err(fail("passed the writer's deadline".into()));
-                        }
+                        };
                         let request = DataRequest::Write {
                             key: node.key,
                             ranges: ranges_of(chunk),
-                            sent_at_us: (now - data_conn.opened).as_micros() as u64,
-                            valid_for_us: valid_for.as_micros() as u64,
+                            sent_at_us,
+                            valid_for_us,
                         };
                         let bulk: Vec<&[u8]> = chunk.iter().map(|o| o.1.src).collect();
                         conn.write_message(id, &request, &bulk)

@@ -29,16 +29,37 @@ fn nonce() -> [u8; NONCE_LEN] {
     }
 }
 
-/// The client's clock for a connection, as its handshake set it: send times are measured
-/// from the moment the client sent its answer (send time zero, which the server notes as the
-/// answer arrives), and the round trip from that answer to the welcome bounds how late the
-/// answer arrived.
+/// The client's clock for a connection: send times are measured from `origin` (send time
+/// zero, a message the server notes the arrival of: the handshake's answer, or a data
+/// connection's probe), and the shortest round trip seen bounds how late the server's view
+/// of this clock may be (see `PeerClock`).
 #[derive(Clone, Copy, Debug)]
 pub struct ConnectionClock {
-    /// When the answer was sent: send time zero.
+    /// When the message at send time zero went out.
     pub origin: Instant,
-    /// The answer's round trip.
+    /// The shortest round trip seen on the connection.
     pub rtt: Duration,
+}
+
+impl ConnectionClock {
+    /// A message sent now, to be acted on no later than `deadline`: its send time and the
+    /// validity to announce (what is left, less the round trip the server's view of this
+    /// clock may lag by), both in microseconds. `None` when nothing would be left.
+    pub fn stamp(&self, deadline: Instant) -> Option<(u64, u64)> {
+        let now = Instant::now();
+        let valid_for = deadline
+            .saturating_duration_since(now)
+            .saturating_sub(self.rtt);
+        (!valid_for.is_zero()).then(|| {
+            let sent_at = now.saturating_duration_since(self.origin);
+            (sent_at.as_micros() as u64, valid_for.as_micros() as u64)
+        })
+    }
+
+    /// Notes a round trip that took `rtt`.
+    pub fn saw_round_trip(&mut self, rtt: Duration) {
+        self.rtt = self.rtt.min(rtt);
+    }
 }
 
 /// The client's side, speaking for client id `client` (0: none): answers

@@ -279,13 +279,8 @@ impl TcpControlPlane {
                 format!("master at {}: {what}", self.addr_at(index)),
             ))
         };
-        // The master's view of our clock may lag by up to the shortest round trip seen on
-        // this connection: announce that much less than we will wait.
         let sent = Instant::now();
-        let valid_for = deadline
-            .saturating_duration_since(sent)
-            .saturating_sub(conn.clock.rtt);
-        if valid_for.is_zero() {
+        let Some((sent_at_us, valid_for_us)) = conn.clock.stamp(deadline) else {
             return Err(Attempt::OutOfTime(Error::new(
                 ErrorCode::RPC_FAIL,
                 format!(
@@ -295,9 +290,9 @@ impl TcpControlPlane {
                     conn.clock.rtt
                 ),
             )));
-        }
-        request.sent_at_us = (sent - conn.clock.origin).as_micros() as u64;
-        request.valid_for_us = valid_for.as_micros() as u64;
+        };
+        request.sent_at_us = sent_at_us;
+        request.valid_for_us = valid_for_us;
         refused.lock().expect("refusal lock").take();
         conn.framed
             .write_message(id, &*request, &[])
@@ -308,7 +303,7 @@ impl TcpControlPlane {
             .read_message::<MasterResponse>()
             .await
             .map_err(|e| fail(format!("no reply: {e}")))?;
-        conn.clock.rtt = conn.clock.rtt.min(sent.elapsed());
+        conn.clock.saw_round_trip(sent.elapsed());
         if reply_id != id {
             return Err(fail(format!("reply {reply_id} to request {id}")));
         }
