@@ -314,6 +314,15 @@ impl History {
         self.remove_attempts[handle].refused = true;
     }
 
+    /// Every write of `key` recorded so far, whatever its outcome: its version and size.
+    pub fn writes_of(&self, key: &str) -> Vec<(u64, usize)> {
+        self.writes
+            .iter()
+            .filter(|(_, w)| w.key == key)
+            .map(|(v, w)| (*v, w.size))
+            .collect()
+    }
+
     /// Records that the master let `key`'s object go on its own at `at`.
     pub fn gone(&mut self, key: &str, at: At, why: GoneWhy) {
         debug!(key, ?at, ?why, "object gone");

@@ -480,19 +480,60 @@ impl Supervisor {
             }
             Fault::RotMemory { node, pick } => self.rot_memory(node, pick),
             Fault::RotEveryCopy { node, pick } => self.rot_every_copy(node, pick),
-            Fault::RotDisk { node, pick } => {
-                let files = self.world.disks[node].files();
-                let nonempty: Vec<&(String, u64)> =
-                    files.iter().filter(|(_, len)| *len > 0).collect();
-                if !nonempty.is_empty() {
-                    let (name, len) = nonempty[(pick % nonempty.len() as u64) as usize];
-                    let at = (pick >> 16) % len;
-                    tracing::info!(%name, at, "flipping a bit");
-                    // The file exists: it was just listed.
-                    let _ = self.world.disks[node].flip_bit(name, at, (pick >> 8) as u8);
-                }
-            }
+            Fault::RotDisk { node, pick } => self.rot_disk(node, pick),
         }
+    }
+
+    /// Flips one bit of a file on node `node`'s disk, chosen by `pick`. If the bit is in the
+    /// bytes of a value whose disk copy there is its only copy (the master lists no complete
+    /// memory replica), the value is destroyed: the history may find it gone from now on.
+    fn rot_disk(&self, node: usize, pick: u64) {
+        let disk = &self.world.disks[node];
+        let files = disk.files();
+        let nonempty: Vec<&(String, u64)> = files.iter().filter(|(_, len)| *len > 0).collect();
+        if nonempty.is_empty() {
+            return;
+        }
+        let (name, len) = nonempty[(pick % nonempty.len() as u64) as usize];
+        let at = (pick >> 16) % len;
+        // Looked up first: the search reads the value's header, which the flip may hit.
+        let sole_copy = self.sole_copy_at(node, name, at);
+        tracing::info!(%name, at, "flipping a bit");
+        // The file exists: it was just listed.
+        let _ = disk.flip_bit(name, at, (pick >> 8) as u8);
+        if let Some(key) = sole_copy {
+            tracing::info!(%key, "the only copy of the value is damaged");
+            let now = self.world.now();
+            self.world.history().gone(&key, now, GoneWhy::Destroyed);
+        }
+    }
+
+    /// The key whose current value has a byte at offset `at` of file `name` on node `node`'s
+    /// disk, if that disk copy is the value's only one.
+    fn sole_copy_at(&self, node: usize, name: &str, at: u64) -> Option<String> {
+        let master = self.world.master()?;
+        let here = self.world.node(node)?.segment()?;
+        let disk = &self.world.disks[node];
+        self.world.keys.iter().find_map(|key| {
+            let (memory, checksum) = master.with_master(|m, _| m.audit_memory_replicas(key))?;
+            let on_disk_here = master.with_master(|m, _| m.audit_disk_copy(key)) == Some(here);
+            if !memory.is_empty() || !on_disk_here {
+                return None;
+            }
+            let writes = self.world.history().writes_of(key);
+            writes.into_iter().find_map(|(version, size)| {
+                let mut header = crate::value::key_hash(key).to_le_bytes().to_vec();
+                header.extend_from_slice(&version.to_le_bytes());
+                let inside = disk.find(&header).iter().any(|(file, start)| {
+                    file == name && (*start..*start + size as u64).contains(&at)
+                });
+                let current = || {
+                    mooring_core::Checksum::of(&crate::value::encode(key, version, size))
+                        == checksum
+                };
+                (inside && current()).then(|| key.clone())
+            })
+        })
     }
 
     /// Flips one bit of a value held in node `node`'s memory: the first key from the one
