@@ -864,7 +864,7 @@ async fn supervise(plan: Plan) -> Report {
     history.settle();
     let violations = history.judge();
     let fingerprint = history.fingerprint() ^ world.now().as_nanos() as u64;
-    Report {
+    let report = Report {
         violations,
         tally: history.tally.clone(),
         sim_time: world.now(),
@@ -879,7 +879,23 @@ async fn supervise(plan: Plan) -> Report {
         fingerprint,
         coverage: coverage::of_run(sup.coverage, &history),
         plan: world.plan.clone(),
+    };
+    drop(history);
+    // Stop every member (their tasks keep the world and their segments otherwise).
+    let mut members: Vec<NodeId> = sup
+        .nodes
+        .members()
+        .into_iter()
+        .map(|m| sup.nodes.id(m))
+        .collect();
+    if let Some((second, etcd)) = &sup.nodes.group {
+        members.extend([second.id(), etcd.id()]);
     }
+    for id in members {
+        sup.handle.kill(id);
+    }
+    world.release();
+    report
 }
 
 async fn liveness(world: &Arc<World>, sup: &mut Supervisor) {

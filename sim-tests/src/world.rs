@@ -176,6 +176,16 @@ impl World {
         master_state_dir(self.plan.seed)
     }
 
+    /// Lets go of the run's large state (node segments, the master, disk images) once the
+    /// run is judged: madsim keeps the tasks of nodes it killed, and they keep the world.
+    pub fn release(&self) {
+        self.nodes.lock().expect("nodes lock").clear();
+        *self.master.lock().expect("master lock") = None;
+        for disk in &self.disks {
+            disk.clear();
+        }
+    }
+
     /// Simulated time since the run started.
     pub fn now(&self) -> Duration {
         self.start.elapsed()

@@ -205,6 +205,11 @@ impl SimDisk {
         found
     }
 
+    /// Deletes every file at once (a harness letting go of a finished run's disk).
+    pub fn clear(&self) {
+        self.lock().files.clear();
+    }
+
     /// Every file and its length, sorted by name.
     pub fn files(&self) -> Vec<(String, u64)> {
         let state = self.lock();
