@@ -2,11 +2,12 @@
 # Seeded whole-cluster simulations under madsim (sim-tests/). Builds with --cfg madsim in its
 # own target directory ($CARGO_TARGET_DIR/madsim, or MOORING_SIM_TARGET_DIR).
 #
-#   scripts/sim.sh run [--seeds N] [--from S] [--jobs J] [--transport tcp|sim|rdma] [--ops N]
+#   scripts/sim.sh run [--seeds N] [--from S] [--jobs J] [--transport tcp|sim|rdma|shm] [--ops N]
 #   MADSIM_TEST_SEED=N scripts/sim.sh replay        one seed again, with logs (RUST_LOG)
 #   scripts/sim.sh determinism [--seeds N]          each seed twice, runs must be identical
 #   scripts/sim.sh ci                               regression lists, 200 seeds, 60 more TCP
-#                                                   seeds, 50 RDMA seeds, determinism
+#                                                   seeds, 50 RDMA seeds, 60 shm seeds,
+#                                                   determinism
 #   scripts/sim.sh overnight                        10,000 seeds
 #   scripts/sim.sh teeth [SEEDS]                    every planted bug (sim-tests/teeth.py): seeds
 #                                                   caught and the first failing seed, as a table
@@ -31,13 +32,18 @@ case "$command" in
         "$sim" run --transport tcp --list sim-tests/regressions-tcp.txt
         echo "--- regression seeds found on RDMA runs (sim-tests/regressions-rdma.txt)"
         "$sim" run --transport rdma --list sim-tests/regressions-rdma.txt
+        echo "--- regression seeds found on shared-memory runs (sim-tests/regressions-shm.txt)"
+        "$sim" run --transport shm --list sim-tests/regressions-shm.txt
         echo "--- ${MOORING_SIM_TCP_SEEDS:-60} more seeds over TCP (a sixth run two masters on a simulated etcd and kill the leader)"
         "$sim" run --seeds "${MOORING_SIM_TCP_SEEDS:-60}" --from 1000 --transport tcp
         echo "--- ${MOORING_SIM_RDMA_SEEDS:-50} seeds over RDMA (the software HCA, with its faults)"
         "$sim" run --seeds "${MOORING_SIM_RDMA_SEEDS:-50}" --from 100 --transport rdma
+        echo "--- ${MOORING_SIM_SHM_SEEDS:-60} seeds over same-host shared memory (two hosts; the rest as sim)"
+        "$sim" run --seeds "${MOORING_SIM_SHM_SEEDS:-60}" --from 2000 --transport shm
         echo "--- determinism"
         "$sim" determinism --seeds 4
         "$sim" determinism --seeds 2 --from 100 --transport rdma
+        "$sim" determinism --seeds 2 --from 2000 --transport shm
         # Seed 2 on TCP runs a group of masters on the simulated etcd.
         "$sim" determinism --seeds 2 --from 2 --transport tcp
         # A group of masters (seed 2 on TCP): two replays, each in a fresh process, must agree.

@@ -108,6 +108,19 @@ EXPS = {
  'no-request-deadline': [
    ('transport-tcp/src/rpc.rs', "        let late = clock.expired(sent.sent_at_us, sent.valid_for_us);\n", "        let late = clock.expired(sent.sent_at_us, sent.valid_for_us) && false;\n"),
  ],
+ # A same-host client keeps using its mapping after the node remounted its segment.
+ 'shm-mapping-outlives-mount': [
+   ('transport-shm/src/client.rs', "    if crate::memory::export_key(memory) == Some(node.key) {", "    if true {"),
+ ],
+ # A same-host writer copies whatever its window says.
+ 'shm-no-write-fence': [
+   ('transport-shm/src/client.rs', "                    if Instant::now() >= deadline {", "                    if false {"),
+ ],
+}
+# Plants in code only some transports run are tried on those (default: the usual mix).
+RUN_ARGS = {
+ 'shm-mapping-outlives-mount': ['--transport', 'shm'],
+ 'shm-no-write-fence': ['--transport', 'shm'],
 }
 if len(sys.argv) > 1 and sys.argv[1] == 'all':
     # Every plant in turn, then one line each: seeds caught and seeds to detection.
@@ -143,7 +156,7 @@ finally:
     subprocess.run(['git','checkout','--']+sorted(files),cwd=ROOT)
 binp=os.path.join(env['CARGO_TARGET_DIR'],'release/mooring-sim')
 t=time.time()
-r=subprocess.run([binp,'run','--seeds',str(seeds)],cwd=ROOT,capture_output=True,text=True)
+r=subprocess.run([binp,'run','--seeds',str(seeds)]+RUN_ARGS.get(name,[]),cwd=ROOT,capture_output=True,text=True)
 out=r.stdout
 summary=[l for l in out.splitlines() if re.match(r'^\d+ seeds in ',l)][-1]
 failed=re.search(r'failed(?: \[(.*)\])?$',summary)

@@ -43,6 +43,8 @@ mod sim {
         Sim,
         /// RDMA over the software HCA (with its faults), the rest as `sim`.
         Rdma,
+        /// As `sim`, with clients reaching nodes on their own host through shared memory.
+        Shm,
     }
 
     #[derive(clap::Args, Clone)]
@@ -64,6 +66,7 @@ mod sim {
                 TransportArg::Tcp => Transport::Tcp,
                 TransportArg::Sim => Transport::Sim,
                 TransportArg::Rdma => Transport::Rdma,
+                TransportArg::Shm => Transport::Shm,
             });
             let shape = Shape {
                 ops: self.ops,
@@ -157,7 +160,7 @@ mod sim {
                 let total = plans.len();
                 run_many(plans, jobs, |report| {
                     done += 1;
-                    totals.add(&report.coverage);
+                    totals.add(&report.coverage, report.plan.transport == Transport::Tcp);
                     if !report.passed() {
                         failed.push(report.plan.seed);
                         println!("{report}");

@@ -16,6 +16,7 @@ use mooring_proto::auth::ClusterToken;
 use mooring_proto::transport::{ControlPlane, DataPlane, DataServer, RpcHandler};
 use mooring_transport_rdma::model::ModelVerbs;
 use mooring_transport_rdma::{RdmaClient, RdmaConfig, RdmaDataPlane, RdmaDataServer, RdmaServer};
+use mooring_transport_shm::{ShmDataPlane, ShmDataServer};
 use mooring_transport_sim::{SimControlPlane, SimDataPlane, SimDataServer, serve_rpc};
 use mooring_transport_tcp::{DataPlaneConfig, LocalSegments};
 use tracing::{debug, info};
@@ -62,7 +63,7 @@ pub async fn master(world: Arc<World>) {
             std::future::pending::<()>().await;
             drop(running);
         }
-        Transport::Sim | Transport::Rdma => {
+        Transport::Sim | Transport::Rdma | Transport::Shm => {
             service.audit_eviction_order();
             service.keep_events();
             let _timer = service.spawn_timer();
@@ -162,7 +163,7 @@ async fn start_node(world: &World, i: usize, name: &str) -> Result<StandaloneNod
         name: Some(name.to_string()),
         size: world.plan.shape.node_bytes,
         prefault: false,
-        shared: false,
+        shared: world.plan.transport == Transport::Shm,
         disk,
     };
     let member = Member::Node(i);
@@ -183,7 +184,7 @@ async fn start_node(world: &World, i: usize, name: &str) -> Result<StandaloneNod
             )
             .await
         }
-        Transport::Sim | Transport::Rdma => {
+        Transport::Sim | Transport::Rdma | Transport::Shm => {
             let (control, contribution) = sim_member(world, ip(member), id, Some(config)).await?;
             let contribution = contribution.expect("asked for a contribution");
             StandaloneNode::with_transport(id, control, contribution).await
@@ -217,6 +218,11 @@ async fn sim_member(
                     sim_server,
                     Arc::new(RdmaServer::new(Arc::new(rdma_device(world, at)), 64)),
                 )),
+                // Offered to clients on the member's host too.
+                Transport::Shm => Arc::new(ShmDataServer::new(
+                    sim_server,
+                    world.sockets.serve(host_of(at)),
+                )),
                 Transport::Tcp | Transport::Sim => sim_server,
             };
             Some(Contribution {
@@ -237,7 +243,7 @@ pub async fn connect(world: &World, at: IpAddr, segment: Option<String>) -> Resu
         name: Some(name),
         size: world.plan.shape.client_bytes,
         prefault: false,
-        shared: false,
+        shared: world.plan.transport == Transport::Shm,
         disk: None,
     });
     match world.plan.transport {
@@ -260,7 +266,7 @@ pub async fn connect(world: &World, at: IpAddr, segment: Option<String>) -> Resu
             });
             Client::connect(config).await
         }
-        Transport::Sim | Transport::Rdma => {
+        Transport::Sim | Transport::Rdma | Transport::Shm => {
             let (control, contribution) = sim_member(world, at, id, segment).await?;
             let mut data: Arc<dyn DataPlane> =
                 SimDataPlane::new(world.net.clone(), at, CALL_TIMEOUT)
@@ -275,9 +281,29 @@ pub async fn connect(world: &World, at: IpAddr, segment: Option<String>) -> Resu
                 // Every node serves RDMA: bulk bytes never fall back to datagrams.
                 data = Arc::new(RdmaDataPlane::new(client, data, true));
             }
+            if world.plan.transport == Transport::Shm {
+                // Nodes on other hosts through datagrams.
+                data = Arc::new(ShmDataPlane::with_handoff(
+                    data,
+                    false,
+                    host_of(at),
+                    world.sockets.handoff(),
+                ));
+            }
             Client::with_transport(id, control, data, contribution).await
         }
     }
+}
+
+/// The host of the member at `at` in shm runs: two hosts, by the parity of the address's
+/// last byte (node `i` shares a host with client `j` when `i` and `j` are both even or both
+/// odd).
+fn host_of(at: IpAddr) -> [u8; 16] {
+    let last = match at {
+        IpAddr::V4(v4) => v4.octets()[3],
+        IpAddr::V6(v6) => v6.octets()[15],
+    };
+    [last % 2; 16]
 }
 
 /// A device on the run's fabric for the member at `at` (named by its address, so the

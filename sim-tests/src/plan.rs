@@ -20,12 +20,16 @@ pub enum Transport {
     /// handshake and staging over transport-sim datagrams (as `Sim`), with the HCA's own
     /// faults too.
     Rdma,
+    /// As `Sim`, with the members on two hosts: a client reads and writes the segments of
+    /// nodes on its own host by memcpy through shared memory (transport-shm, segments
+    /// handed over in-process), out of reach of network faults.
+    Shm,
 }
 
 impl Transport {
     /// Whether control messages travel as transport-sim datagrams (whose faults apply).
     pub fn datagrams(self) -> bool {
-        matches!(self, Transport::Sim | Transport::Rdma)
+        matches!(self, Transport::Sim | Transport::Rdma | Transport::Shm)
     }
 }
 
@@ -35,6 +39,7 @@ impl fmt::Display for Transport {
             Transport::Tcp => "tcp",
             Transport::Sim => "sim",
             Transport::Rdma => "rdma",
+            Transport::Shm => "shm",
         })
     }
 }
@@ -672,7 +677,7 @@ impl Plan {
             },
             7 | 8 => {
                 let (duplicate, corrupt, loss, max_delay) = match transport {
-                    Transport::Sim | Transport::Rdma => (
+                    Transport::Sim | Transport::Rdma | Transport::Shm => (
                         rng.below(20) as f64 / 100.0,
                         rng.below(10) as f64 / 100.0,
                         rng.below(20) as f64 / 100.0,

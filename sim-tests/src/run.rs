@@ -356,7 +356,9 @@ impl Supervisor {
             self.world.fabric.block(&from, &to);
         }
         match self.world.plan.transport {
-            Transport::Sim | Transport::Rdma => self.world.net.block(ip(from), ip(to)),
+            Transport::Sim | Transport::Rdma | Transport::Shm => {
+                self.world.net.block(ip(from), ip(to))
+            }
             Transport::Tcp => NetSim::current().clog_link(self.nodes.id(from), self.nodes.id(to)),
         }
     }
@@ -367,7 +369,9 @@ impl Supervisor {
             self.world.fabric.unblock(&from, &to);
         }
         match self.world.plan.transport {
-            Transport::Sim | Transport::Rdma => self.world.net.unblock(ip(from), ip(to)),
+            Transport::Sim | Transport::Rdma | Transport::Shm => {
+                self.world.net.unblock(ip(from), ip(to))
+            }
             Transport::Tcp => NetSim::current().unclog_link(self.nodes.id(from), self.nodes.id(to)),
         }
     }
@@ -429,12 +433,14 @@ impl Supervisor {
                 ..
             } => {
                 match self.world.plan.transport {
-                    Transport::Sim | Transport::Rdma => self.world.net.set_faults(NetFaults {
-                        loss,
-                        duplicate,
-                        corrupt,
-                        max_delay,
-                    }),
+                    Transport::Sim | Transport::Rdma | Transport::Shm => {
+                        self.world.net.set_faults(NetFaults {
+                            loss,
+                            duplicate,
+                            corrupt,
+                            max_delay,
+                        })
+                    }
                     Transport::Tcp => {
                         NetSim::current().update_config(|c| c.packet_loss_rate = loss)
                     }
@@ -635,7 +641,9 @@ impl Supervisor {
             Heal::Unblock(from, to) => self.unblock(from, to),
             Heal::Unlag(from, to) => self.world.net.unlag(ip(from), ip(to)),
             Heal::Quiet => match self.world.plan.transport {
-                Transport::Sim | Transport::Rdma => self.world.net.set_faults(NetFaults::default()),
+                Transport::Sim | Transport::Rdma | Transport::Shm => {
+                    self.world.net.set_faults(NetFaults::default())
+                }
                 Transport::Tcp => NetSim::current().update_config(|c| c.packet_loss_rate = 0.0),
             },
             Heal::Resume(id) => self.handle.resume(id),

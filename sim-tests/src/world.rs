@@ -85,6 +85,8 @@ pub struct World {
     pub net: Arc<SimNet>,
     /// The software HCA fabric every member's RDMA device is on (RDMA runs).
     pub fabric: mooring_transport_rdma::model::Fabric,
+    /// The nodes' shared-memory servers, reached by same-host clients (shm runs).
+    pub sockets: Arc<mooring_transport_sim::shm::SimSockets>,
     /// Operations each client has left to do.
     pub budgets: Vec<AtomicUsize>,
     /// Whether each client has finished its budget.
@@ -136,6 +138,7 @@ impl World {
                 fabric.set_rates(plan.rdma_faults, plan.seed);
                 fabric
             },
+            sockets: Arc::default(),
             budgets: (0..shape.clients)
                 .map(|_| AtomicUsize::new(per_client))
                 .collect(),

@@ -16,15 +16,7 @@ pub fn segment_memory(len: usize, prefault: bool, shared: bool) -> Result<Segmen
     if !shared {
         return Ok(MappedMemory::new(len, prefault)?.into_segment());
     }
-    #[cfg(not(madsim))]
-    {
-        Ok(mooring_transport_shm::SharedMemory::new(len, prefault)?.into_segment())
-    }
-    #[cfg(madsim)]
-    Err(Error::new(
-        ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
-        "shared memory needs real processes; the simulation runs every node in one",
-    ))
+    Ok(mooring_transport_shm::SharedMemory::new(len, prefault)?.into_segment())
 }
 
 /// An anonymous private mapping.

@@ -165,6 +165,13 @@ impl Node {
     /// is already gone from the master's view; the old key stops working.
     pub async fn remount(&self) -> Result<()> {
         warn!(name = %self.inner.name, "master forgot this node; remounting");
+        // The old key stops working before the memory is offered again: once the master
+        // takes the new mount, it hands the same ranges to new writers, and a transfer for
+        // the old mount (a late writer's, a reader's) must not land in them or read them.
+        let old = self.inner.mount.lock().expect("mount lock").take();
+        if let Some((old, _)) = old {
+            self.inner.server.unexport(old.key);
+        }
         self.mount().await
     }
 

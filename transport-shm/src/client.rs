@@ -2,6 +2,7 @@
 //! by memcpy; everything else through the wrapped transport.
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -46,11 +47,49 @@ struct Entry {
     made: Instant,
 }
 
+/// How a client presents a node's ticket and receives the segment's descriptor: on the
+/// node's Unix socket in production ([`ShmDataPlane::new`]); by a direct call in the
+/// simulation, which runs every node in one process (`mooring-transport-sim`).
+pub trait Handoff: Send + Sync + 'static {
+    /// Whether the socket with this id is served by this very process (a client then reaches
+    /// the node's memory through the wrapped transport instead of mapping it twice).
+    fn in_this_process(&self, socket: &[u8; 16]) -> bool;
+
+    /// Presents `offer`'s ticket to the node that made it; the node's reply and the
+    /// descriptor that came with it, or why the node could not be asked.
+    fn exchange(&self, offer: &ShmOffer) -> std::result::Result<(Reply, Option<OwnedFd>), String>;
+}
+
+/// The handoff on a node's abstract Unix socket, with the descriptor as `SCM_RIGHTS`.
+struct SocketHandoff;
+
+impl Handoff for SocketHandoff {
+    fn in_this_process(&self, socket: &[u8; 16]) -> bool {
+        crate::server::in_this_process(socket)
+    }
+
+    fn exchange(&self, offer: &ShmOffer) -> std::result::Result<(Reply, Option<OwnedFd>), String> {
+        let (address, name) = socket_address(&offer.socket).map_err(|e| e.to_string())?;
+        // Another network namespace (a container) does not see the socket: that is a node on
+        // this host this client cannot share memory with.
+        let stream = UnixStream::connect_addr(&address)
+            .map_err(|e| format!("cannot reach the node's socket {name}: {e}"))?;
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+        let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+        use std::io::Write;
+        (&stream)
+            .write_all(&handoff::encode_request(&offer.ticket))
+            .map_err(|e| format!("sending the ticket: {e}"))?;
+        handoff::recv_reply(&stream)
+    }
+}
+
 /// A client's data plane that maps the segments of nodes on its own host.
 pub struct ShmDataPlane {
     via: Arc<dyn DataPlane>,
     required: bool,
     host: [u8; 16],
+    handoff: Arc<dyn Handoff>,
     /// By node endpoint and segment key; key `None` marks a node that is not reachable by
     /// shared memory at all.
     routes: Mutex<HashMap<RouteId, Entry>>,
@@ -61,14 +100,31 @@ impl ShmDataPlane {
     /// node that cannot be reached by shared memory is an error rather than reached through
     /// `via`.
     pub fn new(via: Arc<dyn DataPlane>, required: bool) -> Result<ShmDataPlane> {
-        // Batches sum on the helper thread: start it before the first one.
-        mooring_proto::summing::start_helper();
-        Ok(ShmDataPlane {
+        Ok(ShmDataPlane::with_handoff(
             via,
             required,
-            host: crate::host_id()?,
+            crate::host_id()?,
+            Arc::new(SocketHandoff),
+        ))
+    }
+
+    /// As [`ShmDataPlane::new`], for a client on `host` that receives segments through
+    /// `handoff`.
+    pub fn with_handoff(
+        via: Arc<dyn DataPlane>,
+        required: bool,
+        host: [u8; 16],
+        handoff: Arc<dyn Handoff>,
+    ) -> ShmDataPlane {
+        // Batches sum on the helper thread: start it before the first one.
+        mooring_proto::summing::start_helper();
+        ShmDataPlane {
+            via,
+            required,
+            host,
+            handoff,
             routes: Mutex::new(HashMap::new()),
-        })
+        }
     }
 
     fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<RouteId, Entry>> {
@@ -103,6 +159,9 @@ impl ShmDataPlane {
             Some(route) => route,
             None => {
                 let (id, route) = self.attach(node).await;
+                if let Route::Elsewhere(why) = &route {
+                    debug!(node = %node.endpoint, "not through shared memory: {why}");
+                }
                 self.remember(id, route.clone(), now);
                 route
             }
@@ -118,10 +177,7 @@ impl ShmDataPlane {
                     node.endpoint
                 ),
             )),
-            Route::Elsewhere(why) => {
-                debug!(node = %node.endpoint, "not through shared memory: {why}");
-                Ok(None)
-            }
+            Route::Elsewhere(_) => Ok(None),
         }
     }
 
@@ -170,41 +226,30 @@ impl ShmDataPlane {
                 elsewhere("the node runs on another host".into()),
             );
         }
-        if crate::server::in_this_process(&offer.socket) {
+        if self.handoff.in_this_process(&offer.socket) {
             return (whole_node, Route::Own);
         }
-        match redeem(&offer) {
+        match self.redeem(&offer) {
             Ok(route) => (segment, route),
             Err(why) => (whole_node, elsewhere(why)),
         }
     }
-}
 
-/// Presents `offer`'s ticket on the node's socket and maps what comes back.
-fn redeem(offer: &ShmOffer) -> std::result::Result<Route, String> {
-    let (address, name) = socket_address(&offer.socket).map_err(|e| e.to_string())?;
-    // Another network namespace (a container) does not see the socket: that is a node on
-    // this host this client cannot share memory with.
-    let stream = UnixStream::connect_addr(&address)
-        .map_err(|e| format!("cannot reach the node's socket {name}: {e}"))?;
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-    use std::io::Write;
-    (&stream)
-        .write_all(&handoff::encode_request(&offer.ticket))
-        .map_err(|e| format!("sending the ticket: {e}"))?;
-    match handoff::recv_reply(&stream)? {
-        (Reply::Granted { base, len }, Some(fd)) => {
-            let len =
-                usize::try_from(len).map_err(|_| "a segment larger than memory".to_string())?;
-            let memory = map_received(fd, len).map_err(|e| e.to_string())?;
-            debug!(socket = %name, len, "mapped a same-host segment");
-            Ok(Route::Mapped(memory, base))
+    /// Presents `offer`'s ticket through the handoff and maps what comes back.
+    fn redeem(&self, offer: &ShmOffer) -> std::result::Result<Route, String> {
+        match self.handoff.exchange(offer)? {
+            (Reply::Granted { base, len }, Some(fd)) => {
+                let len =
+                    usize::try_from(len).map_err(|_| "a segment larger than memory".to_string())?;
+                let memory = map_received(fd, len).map_err(|e| e.to_string())?;
+                debug!(len, "mapped a same-host segment");
+                Ok(Route::Mapped(memory, base))
+            }
+            (Reply::Granted { .. }, None) => {
+                Err("the node granted a segment but sent no descriptor".into())
+            }
+            (Reply::Refused(why), _) => Err(format!("the node refused the ticket: {why}")),
         }
-        (Reply::Granted { .. }, None) => {
-            Err("the node granted a segment but sent no descriptor".into())
-        }
-        (Reply::Refused(why), _) => Err(format!("the node refused the ticket: {why}")),
     }
 }
 
@@ -215,6 +260,23 @@ fn local(memory: &SegmentMemory, base: u64, addr: u64, len: u64, node: &NodeAddr
         .and_then(|offset| offset.checked_add(memory.base()))
         .filter(|&at| memory.range(at, len).is_some())
         .ok_or_else(|| outside(node, addr, len))
+}
+
+/// Whether the node still exports `memory` under the key `node` names. After a remount (the
+/// master forgot the node and may give the segment's ranges to new writers) the old key
+/// names nothing, over shared memory as over every other transport.
+fn still_exported(memory: &SegmentMemory, node: &NodeAddr) -> Result<()> {
+    if crate::memory::export_key(memory) == Some(node.key) {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorCode::TRANSFER_FAIL,
+        format!(
+            "node {} no longer exports this segment under key {:#x} (it unmounted or \
+             remounted it); ask the master where the object is now",
+            node.endpoint, node.key
+        ),
+    ))
 }
 
 /// The error for `len` bytes at the node's address `addr` outside its segment.
@@ -238,9 +300,11 @@ impl DataPlane for ShmDataPlane {
             let Some((memory, base)) = self.mapping(node).await? else {
                 return self.via.read(node, ops).await;
             };
+            still_exported(&memory, node)?;
             // Each value is summed as it is copied, in one pass that runs at the speed of the
             // copy alone (`SegmentMemory::copy_out_summed`).
-            ops.into_iter()
+            let sums = ops
+                .into_iter()
                 .map(|op| {
                     let len = op.dest.len() as u64;
                     let at = local(&memory, base, op.addr, len, node)?;
@@ -248,7 +312,10 @@ impl DataPlane for ShmDataPlane {
                         .copy_out_summed(at, op.dest)
                         .ok_or_else(|| outside(node, op.addr, len))
                 })
-                .collect()
+                .collect::<Result<Vec<Checksum>>>()?;
+            // Bytes copied while the node remounted may be another mount's.
+            still_exported(&memory, node)?;
+            Ok(sums)
         })
     }
 
@@ -284,6 +351,7 @@ impl DataPlane for ShmDataPlane {
                              written (the master may have given the ranges to another writer)",
                         ));
                     }
+                    still_exported(&memory, node)?;
                     let piece_sum = memory
                         .copy_in_summed(at + (j * WRITE_STEP) as u64, piece)
                         .ok_or_else(|| outside(node, op.addr, piece.len() as u64))?;
@@ -301,5 +369,129 @@ impl DataPlane for ShmDataPlane {
         request: DataRequest,
     ) -> BoxFuture<'a, Result<DataReply>> {
         self.via.request(node, request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{SharedMemory, ShmServer};
+    use mooring_proto::transport::ShmAcceptor;
+
+    /// A node's data server as far as attaching goes: answers `ShmAttach` with an offer.
+    struct Attach(Arc<ShmServer>);
+
+    impl DataPlane for Attach {
+        fn read<'a>(
+            &'a self,
+            _: &'a NodeAddr,
+            _: Vec<ReadOp<'a>>,
+        ) -> BoxFuture<'a, Result<Vec<Checksum>>> {
+            Box::pin(async { panic!("every transfer goes through shared memory") })
+        }
+
+        fn write<'a>(
+            &'a self,
+            _: &'a NodeAddr,
+            _: Vec<WriteOp<'a>>,
+            _: Duration,
+        ) -> BoxFuture<'a, Result<Vec<Checksum>>> {
+            Box::pin(async { panic!("every transfer goes through shared memory") })
+        }
+
+        fn request<'a>(
+            &'a self,
+            _: &'a NodeAddr,
+            request: DataRequest,
+        ) -> BoxFuture<'a, Result<DataReply>> {
+            let DataRequest::ShmAttach { key } = request else {
+                panic!("only attaches are asked for: {request:?}");
+            };
+            Box::pin(async move { self.0.offer(key).map(DataReply::ShmOffer) })
+        }
+    }
+
+    /// The handoff as a call to the node's server, as in the simulation.
+    struct Direct(Arc<ShmServer>);
+
+    impl Handoff for Direct {
+        fn in_this_process(&self, _: &[u8; 16]) -> bool {
+            false
+        }
+
+        fn exchange(
+            &self,
+            offer: &ShmOffer,
+        ) -> std::result::Result<(Reply, Option<OwnedFd>), String> {
+            Ok(self.0.hand_over(&handoff::encode_request(&offer.ticket)))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_mapping_stops_working_when_the_node_remounts_its_segment() {
+        let server = ShmServer::unlistened([3; 16]);
+        let memory = SharedMemory::new(1 << 16, false).unwrap().into_segment();
+        let shm = ShmDataPlane::with_handoff(
+            Arc::new(Attach(server.clone())),
+            true,
+            [3; 16],
+            Arc::new(Direct(server.clone())),
+        );
+        let mount = |key| NodeAddr {
+            endpoint: "node".into(),
+            key,
+            rdma_key: None,
+        };
+        let (first, second) = (mount(0x11), mount(0x13));
+        let at = memory.base() + 512;
+        let write = |node, bytes: &'static [u8]| {
+            shm.write(
+                node,
+                vec![WriteOp {
+                    addr: at,
+                    src: bytes,
+                }],
+                Duration::from_secs(5),
+            )
+        };
+        let mut back = [0u8; 5];
+        server.add(first.key, memory.clone());
+        write(&first, b"first").await.unwrap();
+
+        // The master forgot the node, which exports its memory anew: the first mount's key
+        // reaches nothing, though this client still maps the memory.
+        server.add(second.key, memory.clone());
+        server.remove(first.key);
+        let err = write(&first, b"stale").await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::TRANSFER_FAIL);
+        assert!(err.to_string().contains("no longer exports"), "{err}");
+        let read = shm
+            .read(
+                &first,
+                vec![ReadOp {
+                    addr: at,
+                    dest: &mut back,
+                }],
+            )
+            .await;
+        assert!(read.is_err(), "a read through the first mount's key");
+        let mut landed = [0u8; 5];
+        assert!(memory.copy_out(at, &mut landed));
+        assert_eq!(&landed, b"first", "the stale write copied nothing");
+
+        write(&second, b"again").await.unwrap();
+        let sums = shm
+            .read(
+                &second,
+                vec![ReadOp {
+                    addr: at,
+                    dest: &mut back,
+                }],
+            )
+            .await
+            .unwrap();
+        assert_eq!((&back, sums), (b"again", vec![Checksum::of(b"again")]));
+        server.remove(second.key);
+        assert!(write(&second, b"gone!").await.is_err(), "unexported");
     }
 }

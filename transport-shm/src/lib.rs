@@ -21,7 +21,7 @@ mod host;
 mod memory;
 mod server;
 
-pub use client::ShmDataPlane;
+pub use client::{Handoff, ShmDataPlane};
 pub use host::host_id;
 pub use memory::SharedMemory;
 pub use server::{ShmDataServer, ShmServer, TICKET_TTL, socket_address};

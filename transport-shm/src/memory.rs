@@ -4,6 +4,7 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use mooring_core::{Error, ErrorCode, Result};
 use mooring_proto::transport::SegmentMemory;
@@ -11,6 +12,13 @@ use mooring_proto::transport::SegmentMemory;
 /// The seals a segment's memfd carries: its size is fixed for good, so no holder of the
 /// descriptor can make another's mapping fault by truncating it.
 const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// Bytes after a segment in its memfd: a page whose first word holds the data-server key the
+/// segment is exported under now (0: none). A client checks it around every transfer, so a
+/// mapping received for an earlier mount stops working the moment the node exports the memory
+/// anew (a remount, after which the master hands its ranges to other writers), as the earlier
+/// key stops working on every other transport.
+const CONTROL: usize = 4096;
 
 /// A node's segment in shared memory.
 pub struct SharedMemory {
@@ -27,8 +35,8 @@ impl SharedMemory {
                 "segment size is zero",
             ));
         }
-        let fd = memfd(len)?;
-        let map = Mapping::new(fd.as_fd(), len)?;
+        let fd = memfd(len + CONTROL)?;
+        let map = Mapping::new(fd.as_fd(), len + CONTROL)?;
         if prefault {
             map.prefault();
         }
@@ -42,7 +50,7 @@ impl SharedMemory {
 
     /// A segment view kept alive by this memory.
     pub fn into_segment(self) -> SegmentMemory {
-        let (ptr, len) = (self.map.ptr, self.map.len);
+        let (ptr, len) = (self.map.ptr, self.map.data_len());
         // SAFETY: the mapping lives until the last clone of the owner drops.
         unsafe { SegmentMemory::new(ptr, len, Arc::new(self)) }
     }
@@ -52,6 +60,36 @@ impl SharedMemory {
 pub(crate) fn shared(memory: &SegmentMemory) -> Option<&SharedMemory> {
     let owner: &(dyn std::any::Any + Send + Sync) = &**memory.owner();
     owner.downcast_ref::<SharedMemory>()
+}
+
+/// The word holding the key `memory` is exported under, if it is shared memory (the node's
+/// or a client's mapping of it).
+fn export_word(memory: &SegmentMemory) -> Option<&AtomicU64> {
+    let owner: &(dyn std::any::Any + Send + Sync) = &**memory.owner();
+    let map = match owner.downcast_ref::<SharedMemory>() {
+        Some(shared) => &shared.map,
+        None => owner.downcast_ref::<Mapping>()?,
+    };
+    Some(map.export_word())
+}
+
+/// Records that `memory` is exported under `key` from now on.
+pub(crate) fn set_export_key(memory: &SegmentMemory, key: u64) {
+    if let Some(word) = export_word(memory) {
+        word.store(key, Ordering::Release);
+    }
+}
+
+/// Records that `memory` is no longer exported under `key` (if that is still its key).
+pub(crate) fn clear_export_key(memory: &SegmentMemory, key: u64) {
+    if let Some(word) = export_word(memory) {
+        let _ = word.compare_exchange(key, 0, Ordering::AcqRel, Ordering::Acquire);
+    }
+}
+
+/// The key the node exports `memory` under now (0: none), if it is shared memory.
+pub(crate) fn export_key(memory: &SegmentMemory) -> Option<u64> {
+    export_word(memory).map(|word| word.load(Ordering::Acquire))
 }
 
 fn last_os_error(what: &str) -> Error {
@@ -114,15 +152,18 @@ pub(crate) fn map_received(fd: OwnedFd, len: usize) -> Result<SegmentMemory> {
             std::io::Error::last_os_error()
         )));
     }
-    if len == 0 || (stat.st_size as u64) < len as u64 {
+    let Some(total) = len.checked_add(CONTROL).filter(|_| len > 0) else {
+        return Err(refuse(format!("the offer says {len} bytes")));
+    };
+    if (stat.st_size as u64) < total as u64 {
         return Err(refuse(format!(
-            "it holds {} bytes, the offer says {len}",
+            "it holds {} bytes, the offer says {len} (and {CONTROL} after them)",
             stat.st_size
         )));
     }
-    let map = Arc::new(Mapping::new(fd.as_fd(), len)?);
+    let map = Arc::new(Mapping::new(fd.as_fd(), total)?);
     populate_in_background(Arc::downgrade(&map));
-    let (ptr, len) = (map.ptr, map.len);
+    let (ptr, len) = (map.ptr, map.data_len());
     // SAFETY: the mapping lives until the last clone of the owner drops (the descriptor may
     // close now: a mapping keeps its pages).
     Ok(unsafe { SegmentMemory::new(ptr, len, map) })
@@ -136,6 +177,10 @@ const POPULATE_STEP: usize = 64 << 20;
 /// huge pages). Stops early if the mapping is dropped; a kernel without
 /// `MADV_POPULATE_WRITE` (before 5.14) just leaves the faults to the transfers.
 fn populate_in_background(map: std::sync::Weak<Mapping>) {
+    if cfg!(madsim) {
+        // The simulation runs on one thread: its transfers take the faults.
+        return;
+    }
     let _ = std::thread::Builder::new()
         .name("mooring-shm-populate".into())
         .spawn(move || {
@@ -203,6 +248,19 @@ impl Mapping {
         })
     }
 
+    /// Bytes before the control page: the segment's own.
+    fn data_len(&self) -> usize {
+        self.len - CONTROL
+    }
+
+    /// The control page's export-key word.
+    fn export_word(&self) -> &AtomicU64 {
+        // SAFETY: every mapping is of a segment and its control page (`len` includes it), so
+        // the page's first 8 bytes lie inside the mapping, page-aligned; they are only ever
+        // accessed atomically, by this process and by others mapping the same memfd.
+        unsafe { &*self.ptr.as_ptr().add(self.data_len()).cast::<AtomicU64>() }
+    }
+
     /// Touches one byte per page so the kernel backs the whole range now.
     fn prefault(&self) {
         for offset in (0..self.len).step_by(4096) {
@@ -247,10 +305,43 @@ mod tests {
     }
 
     #[test]
+    fn a_client_mapping_sees_the_key_the_node_exports_under_now() {
+        let memory = SharedMemory::new(1 << 16, false).unwrap();
+        let fd = dup(memory.fd());
+        let node = memory.into_segment();
+        let client = map_received(fd, 1 << 16).unwrap();
+        assert_eq!(
+            client.len(),
+            1 << 16,
+            "the control page is not the segment's"
+        );
+        assert_eq!(export_key(&client), Some(0));
+        set_export_key(&node, 11);
+        assert_eq!(export_key(&client), Some(11));
+        clear_export_key(&node, 7);
+        assert_eq!(
+            export_key(&client),
+            Some(11),
+            "only the current key is cleared"
+        );
+        set_export_key(&node, 12);
+        clear_export_key(&node, 11);
+        assert_eq!(export_key(&client), Some(12), "a remount's key stays");
+        clear_export_key(&node, 12);
+        assert_eq!(export_key(&client), Some(0));
+        // Writing the whole segment leaves the key alone.
+        assert!(client.copy_in(client.base(), &vec![0xFF; 1 << 16]));
+        set_export_key(&node, 13);
+        assert!(client.copy_in(client.base(), &vec![0xEE; 1 << 16]));
+        assert_eq!(export_key(&node), Some(13));
+        assert!(!client.copy_in(client.base() + 1, &vec![0; 1 << 16]));
+    }
+
+    #[test]
     fn unsealed_short_or_foreign_descriptors_are_refused() {
         let memory = SharedMemory::new(8192, false).unwrap();
         let err = map_received(dup(memory.fd()), 16384).err().unwrap();
-        assert!(err.to_string().contains("8192 bytes"), "{err}");
+        assert!(err.to_string().contains("the offer says 16384"), "{err}");
         assert!(map_received(dup(memory.fd()), 0).is_err());
         // SAFETY: a plain memfd without seals.
         let raw = unsafe { libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC) };

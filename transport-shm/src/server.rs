@@ -2,7 +2,7 @@
 //! the Unix socket on which clients redeem them.
 
 use std::collections::HashMap;
-use std::os::fd::AsFd;
+use std::os::fd::OwnedFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -20,7 +20,7 @@ use mooring_transport_tcp::refusals;
 use tracing::{debug, info};
 
 use crate::handoff::{self, Reply};
-use crate::memory::shared;
+use crate::memory::{clear_export_key, set_export_key, shared};
 
 /// How long a ticket may wait to be redeemed.
 pub const TICKET_TTL: Duration = Duration::from_secs(10);
@@ -150,16 +150,55 @@ impl ShmServer {
         }))
     }
 
-    /// Offers `memory` (if it is shared memory) under the data server's `key`.
+    /// A server for a node on `host` that listens on no socket: its tickets are redeemed by
+    /// calling [`ShmServer::hand_over`]. For the simulation, which runs every node and
+    /// client of a cluster in one process and one thread.
+    pub fn unlistened(host: [u8; 16]) -> Arc<ShmServer> {
+        Arc::new(ShmServer {
+            state: Arc::new(State::default()),
+            host,
+            socket: random(),
+            listener: None,
+        })
+    }
+
+    /// The id of the socket this server's offers name.
+    pub fn socket(&self) -> [u8; 16] {
+        self.socket
+    }
+
+    /// Answers a client's handoff request (the bytes it sends on the socket): the reply, and
+    /// the segment's descriptor when the ticket is good. The socket's own answer, for a
+    /// caller that carries request and descriptor another way.
+    pub fn hand_over(&self, request: &[u8]) -> (Reply, Option<OwnedFd>) {
+        match answer(&self.state, request) {
+            Ok((granted, memory)) => match shared(&memory).map(|m| m.fd().try_clone_to_owned()) {
+                Some(Ok(fd)) => (granted, Some(fd)),
+                Some(Err(e)) => (
+                    Reply::Refused(format!("cannot hand over the segment: {e}")),
+                    None,
+                ),
+                None => (granted, None),
+            },
+            Err(why) => (Reply::Refused(why), None),
+        }
+    }
+
+    /// Offers `memory` (if it is shared memory) under the data server's `key`. Clients that
+    /// mapped it for an earlier key stop using their mapping now.
     pub fn add(&self, key: u64, memory: SegmentMemory) {
         if shared(&memory).is_some() {
+            set_export_key(&memory, key);
             lock(&self.state.exports).insert(key, memory);
         }
     }
 
-    /// Stops offering `key`; tickets for it are no longer honoured.
+    /// Stops offering `key`; tickets for it are no longer honoured, and clients stop using
+    /// their mappings for it.
     pub fn remove(&self, key: u64) {
-        lock(&self.state.exports).remove(&key);
+        if let Some(memory) = lock(&self.state.exports).remove(&key) {
+            clear_export_key(&memory, key);
+        }
         lock(&self.state.tickets)
             .issued
             .retain(|_, (k, _)| *k != key);
@@ -185,15 +224,16 @@ impl ShmAcceptor for ShmServer {
 
 impl Drop for ShmServer {
     fn drop(&mut self) {
+        let Some(thread) = self.listener.take() else {
+            return;
+        };
         lock(&IN_THIS_PROCESS).retain(|s| *s != self.socket);
         self.state.stopping.store(true, Ordering::SeqCst);
         // Wake the accept loop so it sees the flag.
         if let Ok((address, _)) = socket_address(&self.socket) {
             let _ = UnixStream::connect_addr(&address);
         }
-        if let Some(thread) = self.listener.take() {
-            let _ = thread.join();
-        }
+        let _ = thread.join();
     }
 }
 
@@ -237,14 +277,24 @@ fn hand_off(stream: &UnixStream, state: &State) {
         );
         return;
     }
-    let ticket = match handoff::decode_request(&request) {
-        Ok(ticket) => ticket,
-        Err(why) => {
-            refusals::refused("shm socket", &why);
-            let _ = handoff::send_reply(stream, &Reply::Refused(why), None);
-            return;
+    let sent = match answer(state, &request) {
+        Ok((granted, memory)) => {
+            handoff::send_reply(stream, &granted, shared(&memory).map(|m| m.fd()))
         }
+        Err(why) => handoff::send_reply(stream, &Reply::Refused(why), None),
     };
+    match sent {
+        Ok(()) => debug!("answered a same-host client"),
+        Err(e) => debug!("a same-host client left before its answer: {e}"),
+    }
+}
+
+/// The answer to a handoff request: the grant and the memory whose descriptor goes with it
+/// (only shared memory is offered: [`ShmServer::add`]), or why the request is refused.
+fn answer(state: &State, request: &[u8]) -> std::result::Result<(Reply, SegmentMemory), String> {
+    let ticket = handoff::decode_request(request).inspect_err(|why| {
+        refusals::refused("shm socket", why);
+    })?;
     let key = lock(&state.tickets).redeem(&ticket, Instant::now());
     let memory = key.and_then(|key| lock(&state.exports).get(&key).cloned());
     let Some(memory) = memory else {
@@ -252,22 +302,21 @@ fn hand_off(stream: &UnixStream, state: &State) {
             "shm socket",
             "a ticket that is unknown, used, expired or for a segment gone",
         );
-        let why = "ticket unknown, already used or expired, or its segment is gone: ask the node \
-                   for a new one";
-        let _ = handoff::send_reply(stream, &Reply::Refused(why.into()), None);
-        return;
-    };
-    let Some(shared) = shared(&memory) else {
-        return;
+        return Err(
+            "ticket unknown, already used or expired, or its segment is gone: ask the \
+                    node for a new one"
+                .into(),
+        );
     };
     let granted = Reply::Granted {
         base: memory.base(),
         len: memory.len() as u64,
     };
-    match handoff::send_reply(stream, &granted, Some(shared.fd().as_fd())) {
-        Ok(()) => debug!(len = memory.len(), "handed a segment to a same-host client"),
-        Err(e) => debug!("a same-host client left before its segment was handed over: {e}"),
-    }
+    debug!(
+        len = memory.len(),
+        "handing a segment to a same-host client"
+    );
+    Ok((granted, memory))
 }
 
 /// A node's data server that offers its segments to same-host clients too.

@@ -5,6 +5,8 @@
 //! - [`disk::SimDisk`]: an in-memory [`mooring_proto::disk::Disk`] with latency, EIO, torn
 //!   writes and loss of unsynced data on crash (madsim's own file system injects no faults).
 //!   It works in any build; its randomness is seeded.
+//! - [`shm::SimSockets`]: same-host shared memory with segments handed over by a call instead
+//!   of on a Unix socket (any build).
 //! - (`--cfg madsim` builds only) [`SimNet`], [`SimControlPlane`], [`SimDataPlane`],
 //!   [`SimDataServer`] and [`serve_rpc`]: the transport traits over madsim endpoints, carrying
 //!   the same checksummed frames as TCP, with per-message loss, delay (hence reordering),
@@ -13,6 +15,7 @@
 //!   unlike TCP, nothing is retransmitted: a lost message is a timeout for the caller.
 
 pub mod disk;
+pub mod shm;
 
 #[cfg(madsim)]
 mod data;

@@ -1,0 +1,162 @@
+//! A node the master forgot mounts its memory again under a fresh key. The old key stops
+//! working before the new mount is offered to the master: once the master takes the new
+//! mount it hands the same ranges to new writers, and a transfer for the old mount (a late
+//! writer's, or a reader's) must not land in them or read them.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mooring::master_service::MasterService;
+use mooring::{Node, NodeConfig};
+use mooring_core::{ClientId, Error, ErrorCode, MasterConfig, Result};
+use mooring_proto::serve::DataCounts;
+use mooring_proto::transport::{
+    Answer, BoxFuture, ControlPlane, DataServer, ExportTable, NodeAddr, RdmaAcceptor, RpcHandler,
+    SegmentMemory, ShmAcceptor, Stager,
+};
+use mooring_proto::wire::{Hello, MasterRequest, Reply};
+
+const CLIENT: ClientId = ClientId(9);
+
+/// What the node did, in order.
+#[derive(Default)]
+struct Log(Mutex<Vec<String>>);
+
+impl Log {
+    fn push(&self, event: String) {
+        self.0.lock().unwrap().push(event);
+    }
+
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut self.0.lock().unwrap())
+    }
+}
+
+/// The master in-process; refuses mounts while `refuse_mounts` is set, and logs them.
+struct Master {
+    service: Arc<MasterService>,
+    log: Arc<Log>,
+    refuse_mounts: Mutex<bool>,
+}
+
+impl ControlPlane for Master {
+    fn send(&self, request: MasterRequest) -> BoxFuture<'_, Result<Reply>> {
+        Box::pin(async move {
+            if let MasterRequest::MountSegment(mount) = &request {
+                self.log.push(format!("mount key {}", mount.spec.key));
+                if *self.refuse_mounts.lock().unwrap() {
+                    return Err(Error::new(
+                        ErrorCode::RPC_FAIL,
+                        "the mount's reply was lost",
+                    ));
+                }
+            }
+            match self.service.answer(request) {
+                Answer::Now(response) => response,
+                Answer::WhenDurable(response) => response.await,
+            }
+        })
+    }
+}
+
+/// A data server that only keeps the export table, and logs exports and unexports.
+struct Exports {
+    table: ExportTable,
+    log: Arc<Log>,
+}
+
+impl DataServer for Exports {
+    fn export(&self, memory: SegmentMemory) -> Result<NodeAddr> {
+        let key = self.table.export(memory);
+        self.log.push(format!("export key {key}"));
+        Ok(NodeAddr {
+            endpoint: "node:1".into(),
+            key,
+            rdma_key: None,
+        })
+    }
+
+    fn unexport(&self, key: u64) {
+        self.table.unexport(key);
+        self.log.push(format!("unexport key {key}"));
+    }
+
+    fn serve_disk(&self, _: Arc<dyn Stager>) -> Result<()> {
+        Ok(())
+    }
+
+    fn disk_starting(&self) {}
+
+    fn serve_rdma(&self, _: Arc<dyn RdmaAcceptor>) {}
+
+    fn serve_shm(&self, _: Arc<dyn ShmAcceptor>) {}
+
+    fn counts(&self) -> DataCounts {
+        DataCounts::default()
+    }
+}
+
+#[tokio::test]
+async fn the_old_key_stops_working_before_the_memory_is_mounted_again() {
+    let log = Arc::new(Log::default());
+    let master = Arc::new(Master {
+        service: MasterService::new(MasterConfig::default()).unwrap(),
+        log: log.clone(),
+        refuse_mounts: Mutex::new(false),
+    });
+    let control: Arc<dyn ControlPlane> = master.clone();
+    control.call(Hello { client: CLIENT }).await.unwrap();
+    let exports = Arc::new(Exports {
+        table: ExportTable::new(1),
+        log: log.clone(),
+    });
+    let config = NodeConfig {
+        name: Some("seg".into()),
+        size: 1 << 20,
+        prefault: false,
+        shared: false,
+        disk: None,
+    };
+    let node = Node::start(
+        CLIENT,
+        &config,
+        control,
+        exports.clone(),
+        "node:1",
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    let first = log.take();
+    assert_eq!(first.len(), 2, "{first:?}");
+    let first_key = first[0].strip_prefix("export key ").unwrap().to_string();
+
+    // A remount whose reply is lost: the old key went first, then the new one with the
+    // failed mount.
+    *master.refuse_mounts.lock().unwrap() = true;
+    assert!(node.remount().await.is_err());
+    let failed = log.take();
+    assert_eq!(failed[0], format!("unexport key {first_key}"), "{failed:?}");
+    assert!(failed[1].starts_with("export key "), "{failed:?}");
+    let second_key = failed[1].strip_prefix("export key ").unwrap().to_string();
+    assert_ne!(second_key, first_key);
+    assert_eq!(
+        failed[2..],
+        [
+            format!("mount key {second_key}"),
+            format!("unexport key {second_key}")
+        ],
+        "{failed:?}"
+    );
+    assert!(!node.is_mounted());
+
+    // The next remount succeeds under a third key, with nothing of the earlier mounts left.
+    *master.refuse_mounts.lock().unwrap() = false;
+    node.remount().await.unwrap();
+    let again = log.take();
+    assert_eq!(again.len(), 2, "{again:?}");
+    let third_key = again[0].strip_prefix("export key ").unwrap();
+    assert_eq!(again[1], format!("mount key {third_key}"));
+    assert!(node.is_mounted());
+    assert_eq!(exports.table.keys(), [third_key.parse::<u64>().unwrap()]);
+}
