@@ -4,11 +4,14 @@
 //! drives this with what happened; every decision is here, where tests and the reference
 //! model reach it.
 //!
-//! Deletion is two-phase (spec 001): a copy chosen for eviction, tombstoned or found damaged
-//! leaves the index at once (no new reader finds it), and its file is deleted only once every
-//! read already in progress has finished ([`DiskCopies::readers_left`]). A deletion that
-//! fails is retried until it succeeds: the master has forgotten the copy, so it must not come
-//! back after a restart.
+//! Deletion is two-phase (spec 001): a copy tombstoned, found damaged, or evicted once the
+//! master has been told leaves the index (no new reader finds it), and its file is deleted
+//! only once every read already in progress has finished ([`DiskCopies::readers_left`]). A
+//! deletion that fails is retried until it succeeds: the master has forgotten the copy, so it
+//! must not come back after a restart. Unlike spec 001's `PrepareEviction`, an eviction victim
+//! stays readable while the master is being told: the master still lists it until then, and
+//! a reader it sent there must not be told the copy is gone when, if the master cannot be
+//! told, it is not.
 
 use std::collections::BTreeMap;
 
@@ -144,17 +147,18 @@ impl DiskCopies {
         }
     }
 
-    /// Phase one of disk eviction: takes whole units out of the index, least valuable first,
-    /// until `need` more bytes fit under `capacity`. They are leaving: tell the master, then
-    /// delete them once [`DiskCopies::readers_left`] is zero, or put them back with
-    /// [`DiskCopies::restore`] if the master could not be told.
+    /// Phase one of disk eviction: the copies (key and write) to evict, whole units, least
+    /// valuable first, until `need` more bytes fit under `capacity`. They stay in the index,
+    /// readable: tell the master, then [`DiskCopies::take_writes`] and delete them once
+    /// [`DiskCopies::readers_left`] is zero (or leave them, if the master could not be told).
     pub fn choose_victims(
-        &mut self,
+        &self,
         need: u64,
         capacity: u64,
         order: DiskEvictionOrder,
-    ) -> Vec<(String, DiskCopy)> {
-        if self.bytes + need <= capacity {
+    ) -> Vec<(String, WriteId)> {
+        let mut bytes = self.bytes;
+        if bytes + need <= capacity {
             return Vec::new();
         }
         // Per unit: (first written, last read, its keys).
@@ -172,21 +176,24 @@ impl DiskCopies {
         });
         let mut victims = Vec::new();
         for (_, _, keys) in ranked {
-            if self.bytes + need <= capacity {
+            if bytes + need <= capacity {
                 break;
             }
             for key in keys {
-                victims.push(self.take(&key).expect("listed from the index"));
+                let copy = &self.entries[&key];
+                bytes -= copy.size;
+                victims.push((key, WriteId(copy.version)));
             }
         }
         victims
     }
 
-    /// Takes the copies the master tombstoned out of the index: a key only if it holds that
-    /// write. They are leaving, like eviction victims.
-    pub fn take_tombstoned(&mut self, tombstones: &[(String, WriteId)]) -> Vec<(String, DiskCopy)> {
+    /// Takes copies out of the index (the master tombstoned them, or was told of their
+    /// eviction): a key only if it still holds that write. They are leaving, with their
+    /// reads in progress.
+    pub fn take_writes(&mut self, writes: &[(String, WriteId)]) -> Vec<(String, DiskCopy)> {
         let mut taken = Vec::new();
-        for (key, write) in tombstones {
+        for (key, write) in writes {
             if self.entries.get(key).is_some_and(|c| c.version == write.0) {
                 taken.extend(self.take(key));
             }
@@ -280,7 +287,7 @@ mod tests {
         disk
     }
 
-    fn names(victims: &[(String, DiskCopy)]) -> Vec<&str> {
+    fn names<T>(victims: &[(String, T)]) -> Vec<&str> {
         victims.iter().map(|(k, _)| k.as_str()).collect()
     }
 
@@ -289,13 +296,10 @@ mod tests {
         let mut read_a = disk();
         let ticket = read_a.begin_read("a", 0, 100).unwrap();
         read_a.end_read(ticket);
-        let fifo = read_a
-            .clone()
-            .choose_victims(150, 400, DiskEvictionOrder::Fifo);
+        let fifo = read_a.choose_victims(150, 400, DiskEvictionOrder::Fifo);
         assert_eq!(names(&fifo), ["a", "b", "c"], "oldest first, whole units");
-        let lru = read_a
-            .clone()
-            .choose_victims(100, 400, DiskEvictionOrder::Lru);
+        assert_eq!(fifo[2], ("c".to_string(), WriteId(2)));
+        let lru = read_a.choose_victims(100, 400, DiskEvictionOrder::Lru);
         assert_eq!(
             names(&lru),
             ["b", "c"],
@@ -315,10 +319,15 @@ mod tests {
         let reading = disk.begin_read("a", 0, 100).unwrap();
         let victims = disk.choose_victims(100, 400, DiskEvictionOrder::Fifo);
         assert_eq!(names(&victims), ["a"]);
+        // Until the master has been told, the victim is still read.
+        let second = disk.begin_read("a", 0, 100).unwrap();
+        assert_eq!(names(&disk.take_writes(&victims)), ["a"]);
+        assert_eq!(disk.usage(), (3, 300));
         assert!(
             disk.get("a").is_none(),
             "no new reader finds a leaving copy"
         );
+        disk.end_read(second);
         assert!(disk.begin_read("a", 0, 100).is_err());
         assert_eq!(
             disk.readers_left("a", 0),
@@ -336,14 +345,14 @@ mod tests {
     fn a_copy_the_master_was_not_told_about_goes_back_with_its_readers() {
         let mut disk = disk();
         let reading = disk.begin_read("d", 3, 100).unwrap();
-        let victims = disk.choose_victims(400, 400, DiskEvictionOrder::Lru);
+        let victims = disk.take_writes(&disk.choose_victims(400, 400, DiskEvictionOrder::Lru));
         assert_eq!(disk.usage(), (0, 0));
         disk.restore(victims);
         assert_eq!(disk.usage(), (4, 400));
         disk.end_read(reading);
         assert_eq!(disk.get("d").unwrap().readers, 0);
         // A key written again while its old copy was leaving keeps the newer copy.
-        let victims = disk.choose_victims(400, 400, DiskEvictionOrder::Fifo);
+        let victims = disk.take_writes(&disk.choose_victims(400, 400, DiskEvictionOrder::Fifo));
         disk.insert("a".into(), 9, 50, Checksum::of(b"a"), 7);
         disk.restore(victims);
         assert_eq!(disk.get("a").unwrap().version, 9);
@@ -351,9 +360,20 @@ mod tests {
     }
 
     #[test]
+    fn a_victim_written_again_while_the_master_is_told_stays() {
+        let mut disk = disk();
+        let victims = disk.choose_victims(100, 400, DiskEvictionOrder::Fifo);
+        assert_eq!(victims, [("a".to_string(), WriteId(0))]);
+        disk.insert("a".into(), 9, 100, Checksum::of(b"a"), 7);
+        assert!(disk.take_writes(&victims).is_empty());
+        assert_eq!(disk.get("a").unwrap().version, 9);
+        assert_eq!(disk.usage(), (4, 400));
+    }
+
+    #[test]
     fn tombstones_take_only_the_write_they_name_and_damage_is_reported_once() {
         let mut disk = disk();
-        let taken = disk.take_tombstoned(&[("a".into(), WriteId(7)), ("b".into(), WriteId(1))]);
+        let taken = disk.take_writes(&[("a".into(), WriteId(7)), ("b".into(), WriteId(1))]);
         assert_eq!(names(&taken), ["b"], "a holds write 0, not 7");
         assert!(
             !disk.forget_damaged("c", 99),

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use mooring_core::{DiscardCause, Event, UpsertCounts};
 
 use crate::history::History;
+use crate::plan::Transport;
 
 /// Paths and the share of seeds (in a set of [`FLOOR_MIN_SEEDS`] or more) that must reach
 /// each: about two thirds of what the CI's 200 seeds reached when they were set (the table
@@ -53,7 +54,7 @@ pub const FLOORS: &[(&str, f64)] = &[
     // A third of the seeds kill the master.
     ("master recovered from its journal", 0.25),
     // Half the TCP seeds that kill the master run a group instead (a sixth of TCP seeds);
-    // 19% of 400 TCP seeds took over. Counted over TCP seeds alone ([`TCP_ONLY`]).
+    // 19% of 400 TCP seeds took over. Counted over TCP seeds alone ([`reachable`]).
     (STANDBY_TOOK_OVER, 0.08),
     // Copy and move tasks started beside the workload (not in RDMA runs) and followed with
     // QueryTask: 100% and 62% of CI's 200 seeds.
@@ -64,9 +65,17 @@ pub const FLOORS: &[(&str, f64)] = &[
 /// Floors are checked only over at least this many seeds (fewer say little about shares).
 pub const FLOOR_MIN_SEEDS: usize = 100;
 
-/// Paths only TCP seeds reach (groups of masters run over TCP alone): their floors are
-/// shares of the TCP seeds in a set, and a set without TCP seeds is not held to them.
-const TCP_ONLY: &[&str] = &[STANDBY_TOOK_OVER];
+/// Whether seeds over `transport` can reach `path` at all. A floor is a share of the seeds in
+/// a set that can, and a set with none of them is not held to it.
+fn reachable(path: &str, transport: Transport) -> bool {
+    match path {
+        // Groups of masters run over TCP alone.
+        STANDBY_TOOK_OVER => transport == Transport::Tcp,
+        // RDMA runs start no copy or move tasks (see the workload).
+        TASK_SUCCEEDED | TASK_FAILED => transport != Transport::Rdma,
+        _ => true,
+    }
+}
 
 const STANDBY_TOOK_OVER: &str = "standby took over from its copy";
 
@@ -159,18 +168,16 @@ pub fn of_run(
 /// Coverage summed over a seed set.
 #[derive(Default)]
 pub struct Totals {
-    seeds: usize,
-    /// Of them, the seeds that ran over TCP.
-    tcp_seeds: usize,
+    /// The transport of each seed.
+    seeds: Vec<Transport>,
     /// Path -> (seeds that reached it, times in all).
     paths: BTreeMap<&'static str, (usize, u64)>,
 }
 
 impl Totals {
-    /// Adds one run's coverage (`tcp`: the run was over TCP).
-    pub fn add(&mut self, coverage: &BTreeMap<&'static str, u64>, tcp: bool) {
-        self.seeds += 1;
-        self.tcp_seeds += usize::from(tcp);
+    /// Adds the coverage of one run over `transport`.
+    pub fn add(&mut self, coverage: &BTreeMap<&'static str, u64>, transport: Transport) {
+        self.seeds.push(transport);
         for (&path, &n) in coverage {
             let entry = self.paths.entry(path).or_default();
             entry.0 += usize::from(n > 0);
@@ -182,7 +189,7 @@ impl Totals {
     pub fn table(&self) -> String {
         let mut out = format!(
             "coverage over {} seeds (seeds reaching each path, times in all, floor):\n",
-            self.seeds
+            self.seeds.len()
         );
         let mut names: Vec<&str> = self.paths.keys().copied().collect();
         names.extend(
@@ -199,7 +206,7 @@ impl Totals {
                 .map_or(String::new(), |(_, f)| format!("  floor {:.0}%", f * 100.0));
             out.push_str(&format!(
                 "  {name:<36} {seeds:>5} ({:>3.0}%) {times:>8}{floor}\n",
-                100.0 * seeds as f64 / self.seeds.max(1) as f64
+                100.0 * seeds as f64 / self.seeds.len().max(1) as f64
             ));
         }
         out
@@ -208,20 +215,25 @@ impl Totals {
     /// The floored paths reached by fewer seeds than their floor (only over
     /// [`FLOOR_MIN_SEEDS`] or more seeds).
     pub fn short_of_floors(&self) -> Vec<String> {
-        if self.seeds < FLOOR_MIN_SEEDS {
+        if self.seeds.len() < FLOOR_MIN_SEEDS {
             return Vec::new();
         }
         FLOORS
             .iter()
             .filter_map(|&(path, floor)| {
                 let seeds = self.paths.get(path).map_or(0, |p| p.0);
-                let (out_of, which) = match TCP_ONLY.contains(&path) {
-                    true => (self.tcp_seeds, " TCP"),
-                    false => (self.seeds, ""),
-                };
+                let out_of = self
+                    .seeds
+                    .iter()
+                    .filter(|&&t| reachable(path, t))
+                    .count();
                 if out_of == 0 {
                     return None;
                 }
+                let which = match out_of == self.seeds.len() {
+                    true => "",
+                    false => " able",
+                };
                 let share = seeds as f64 / out_of as f64;
                 (share < floor).then(|| {
                     format!(
@@ -252,7 +264,7 @@ mod tests {
                     run.insert(path, 1);
                 }
             }
-            totals.add(&run, true);
+            totals.add(&run, Transport::Tcp);
         }
         let short = totals.short_of_floors();
         assert_eq!(short.len(), 1, "{short:?}");
@@ -261,7 +273,7 @@ mod tests {
     }
 
     #[test]
-    fn paths_only_tcp_reaches_are_floored_over_tcp_seeds_alone() {
+    fn paths_some_transports_cannot_reach_are_floored_over_the_seeds_that_can() {
         let everything_but_standby = || -> BTreeMap<&'static str, u64> {
             FLOORS
                 .iter()
@@ -271,9 +283,17 @@ mod tests {
         };
         let mut without_tcp = Totals::default();
         for _ in 0..FLOOR_MIN_SEEDS {
-            without_tcp.add(&everything_but_standby(), false);
+            without_tcp.add(&everything_but_standby(), Transport::Shm);
         }
         assert_eq!(without_tcp.short_of_floors(), Vec::<String>::new());
+        let mut rdma = Totals::default();
+        for _ in 0..FLOOR_MIN_SEEDS {
+            let mut run = everything_but_standby();
+            run.remove(TASK_SUCCEEDED);
+            run.remove(TASK_FAILED);
+            rdma.add(&run, Transport::Rdma);
+        }
+        assert_eq!(rdma.short_of_floors(), Vec::<String>::new());
         // A mixed set: the TCP half must reach it in its floor's share of the TCP seeds.
         let mut mixed = Totals::default();
         for i in 0..FLOOR_MIN_SEEDS {
@@ -282,10 +302,10 @@ mod tests {
             if tcp && i < 6 {
                 run.insert(STANDBY_TOOK_OVER, 1);
             }
-            mixed.add(&run, tcp);
+            mixed.add(&run, if tcp { Transport::Tcp } else { Transport::Sim });
         }
         let short = mixed.short_of_floors();
         assert_eq!(short.len(), 1, "3 of 50 TCP seeds is 6%: {short:?}");
-        assert!(short[0].contains("3 of 50 TCP seeds"), "{short:?}");
+        assert!(short[0].contains("3 of 50 able seeds"), "{short:?}");
     }
 }

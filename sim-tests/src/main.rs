@@ -160,7 +160,7 @@ mod sim {
                 let total = plans.len();
                 run_many(plans, jobs, |report| {
                     done += 1;
-                    totals.add(&report.coverage, report.plan.transport == Transport::Tcp);
+                    totals.add(&report.coverage, report.plan.transport);
                     if !report.passed() {
                         failed.push(report.plan.seed);
                         println!("{report}");

@@ -166,7 +166,7 @@ impl Harness {
         let ack = self.sync_and_judge(round, report, &disk.files)?;
         disk.synced_mount = Some(round.seg.0);
         // Tombstones: a copy goes only if it is that write; all are confirmed next time.
-        let taken = disk.copies.take_tombstoned(&ack.delete);
+        let taken = disk.copies.take_writes(&ack.delete);
         let writes: Vec<(String, u64)> = taken.into_iter().map(|(k, c)| (k, c.version)).collect();
         if !writes.is_empty() {
             self.hit("disk-tombstone-carried-out");
@@ -249,12 +249,7 @@ impl Harness {
         } else {
             DiskEvictionOrder::Fifo
         };
-        let victims: Vec<(String, WriteId)> = disk
-            .copies
-            .choose_victims(need, capacity, order)
-            .into_iter()
-            .map(|(k, c)| (k, WriteId(c.version)))
-            .collect();
+        let victims: Vec<(String, WriteId)> = disk.copies.choose_victims(need, capacity, order);
         // A victim written since the last sync is unknown to the master, which would ignore
         // its eviction and then record it from the pending report: it is withdrawn from that
         // report instead (as failed: the disk had no room to keep it).
@@ -274,7 +269,12 @@ impl Harness {
             };
             self.sync_and_judge(round, phase_one, &disk.files)?;
         }
-        let writes: Vec<(String, u64)> = victims.into_iter().map(|(k, w)| (k, w.0)).collect();
+        let writes: Vec<(String, u64)> = disk
+            .copies
+            .take_writes(&victims)
+            .into_iter()
+            .map(|(k, c)| (k, c.version))
+            .collect();
         disk.delete_files(&writes);
         // One unit per batch, like a bucket.
         disk.units += 1;

@@ -130,7 +130,7 @@ async fn carry_out_tombstones(
     tombstones: Vec<(String, WriteId)>,
     pending: &mut DiskReport,
 ) {
-    let held = tier.copies().take_tombstoned(&tombstones);
+    let held = tier.copies().take_writes(&tombstones);
     let writes: Vec<(String, u64)> = held.iter().map(|(k, c)| (k.clone(), c.version)).collect();
     match tier.delete(&writes).await {
         Ok(()) => {
@@ -265,10 +265,11 @@ impl Sink<'_> {
         }
     }
 
-    /// Disk eviction: takes victims out of the index, tells the master, then deletes them.
-    /// A victim written earlier in this round and not reported yet is withdrawn from the
-    /// report (as a failed order) instead: the master does not know it, so an eviction report
-    /// would be ignored and the next sync would record a copy whose file is gone.
+    /// Disk eviction: chooses victims, tells the master, then takes them out of the index and
+    /// deletes them (readers the master sent to them meanwhile still find them). A victim
+    /// written earlier in this round and not reported yet is withdrawn from the report (as a
+    /// failed order) instead: the master does not know it, so an eviction report would be
+    /// ignored and the next sync would record a copy whose file is gone.
     async fn make_room(&self, need: u64, pending: &mut DiskReport) -> Result<()> {
         let capacity = self.tier.config.capacity;
         if capacity == 0 {
@@ -284,7 +285,7 @@ impl Sink<'_> {
         coverage::hit(Path::NODE_DISK_EVICTION);
         let (withdrawn, evicted): (Vec<_>, Vec<_>) = victims
             .iter()
-            .map(|(key, copy)| (key.clone(), WriteId(copy.version)))
+            .cloned()
             .partition(|write| pending.offloaded.contains(write));
         let report = DiskReport {
             evicted,
@@ -296,8 +297,7 @@ impl Sink<'_> {
             call_sync(self.control, self.client, self.segment, report).await
         };
         if let Err(e) = told {
-            // The master may still point at them: keep them.
-            self.tier.copies().restore(victims);
+            // The master may still point at them: they stay.
             return Err(Error::new(
                 e.code,
                 format!("could not tell the master about disk eviction: {e}"),
@@ -305,8 +305,9 @@ impl Sink<'_> {
         }
         pending.offloaded.retain(|write| !withdrawn.contains(write));
         pending.failed.extend(withdrawn);
-        debug!(count = victims.len(), "disk eviction");
-        let writes = victims.into_iter().map(|(k, c)| (k, c.version)).collect();
+        let taken = self.tier.copies().take_writes(&victims);
+        debug!(count = taken.len(), "disk eviction");
+        let writes = taken.into_iter().map(|(k, c)| (k, c.version)).collect();
         self.tier.delete_for_good(writes).await;
         Ok(())
     }
