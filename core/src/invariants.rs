@@ -216,12 +216,28 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
         }
         if object.has_disk_replica() {
             disk_replicas += 1;
-            if master.segments.get(object.disk).is_none() || !master.disks.has_disk(object.disk) {
+            let Some(segment) = master
+                .segments
+                .get(object.disk)
+                .filter(|_| master.disks.has_disk(object.disk))
+            else {
                 return Err(violation(
                     "disk-replica",
                     format!(
                         "{key:?} has a disk copy on segment slot {}, which is not mounted or has no disk",
                         object.disk
+                    ),
+                ));
+            };
+            if master
+                .disks
+                .is_tombstoned(&segment.name, key, object.write_id)
+            {
+                return Err(violation(
+                    "disk-replica",
+                    format!(
+                        "{key:?}'s disk copy on {} is listed, yet its node is told to delete it",
+                        segment.name
                     ),
                 ));
             }

@@ -89,6 +89,13 @@ impl Disks {
         self.ghosts.contains_key(key)
     }
 
+    /// Whether the disk of the segment named `name` is to delete its copy `(key, write)`.
+    pub(crate) fn is_tombstoned(&self, name: &str, key: &str, write: WriteId) -> bool {
+        self.tombstones
+            .get(name)
+            .is_some_and(|t| t.contains(&(key.into(), write)))
+    }
+
     /// Tombstones outstanding, over all disks.
     pub(crate) fn tombstone_count(&self) -> usize {
         self.tombstones.values().map(BTreeSet::len).sum()
@@ -459,6 +466,12 @@ impl Master {
 
     /// An order was carried out.
     fn disk_copy_written(&mut self, seg: u32, name: &str, key: &str, write: WriteId) {
+        if self.disks.is_tombstoned(name, key, write) {
+            // Condemned already: a report from before the node's remount (an order of the
+            // segment's earlier mount, whose copies were tombstoned when it went), which the
+            // node is about to delete.
+            return;
+        }
         match self.current_write(key, write) {
             Some(slot) if self.objects.at(slot).disk == NO_DISK => self.set_disk_copy(slot, seg),
             Some(slot) if self.objects.at(slot).disk == seg => {}
@@ -482,12 +495,7 @@ impl Master {
         first_sync: bool,
         now: Millis,
     ) {
-        let deleted = self
-            .disks
-            .tombstones
-            .get(name)
-            .is_some_and(|t| t.contains(&(key.into(), write)));
-        if deleted {
+        if self.disks.is_tombstoned(name, key, write) {
             return;
         }
         if self.check_key(key).is_err() || size == 0 {
@@ -625,6 +633,13 @@ impl Master {
             if object.writing || object.disk != NO_DISK {
                 continue;
             }
+            // The node has yet to delete an earlier copy of this very write: it may delete
+            // the new one with it. The object may be queued again later.
+            let name = &self.segments.at(seg).name;
+            if self.disks.is_tombstoned(name, &object.key, write) {
+                continue;
+            }
+            let object = self.objects.at_mut(slot);
             object.grant_lease(now, lease_ttl);
             let object = self.objects.at(slot);
             orders.push(OffloadOrder {

@@ -490,6 +490,53 @@ fn a_departed_copy_of_a_value_still_in_memory_is_deleted_on_return() {
 }
 
 #[test]
+fn an_offload_report_from_before_a_remount_does_not_revive_a_condemned_copy() {
+    // Seed 5384 of the shared-memory simulation: the node's report that it wrote the copy
+    // failed while the master forgot the node; it came again with the remount's recovery.
+    let mut f = write_through();
+    mount_as_a(&mut f, "a-mem");
+    let g = f.put(A, "k", 4 * KIB, &ReplicateConfig::replicas(2));
+    assert_eq!(offload_all(&mut f, "seg0"), vec!["k".to_string()]);
+    let spec = lose_the_node(&mut f);
+    assert_eq!(media(&mut f, "k"), vec![Medium::Memory]);
+    let node2 = ClientId(0x90DF);
+    let id = f.m.mount_segment(node2, &spec, f.now).unwrap();
+    let copy = ("k".to_string(), g.write_id);
+    let report = DiskReport {
+        offloaded: vec![copy.clone()],
+        recovered: vec![("k".into(), g.write_id, 4 * KIB, sum_of("k"))],
+        want: 10,
+        ..DiskReport::default()
+    };
+    let ack = f.m.disk_sync(node2, id, report, f.now).unwrap();
+    f.check();
+    assert_eq!(ack.delete, vec![copy.clone()], "the old mount's copy goes");
+    assert_eq!(
+        media(&mut f, "k"),
+        vec![Medium::Memory],
+        "and is not listed as the value's disk copy"
+    );
+    assert!(
+        ack.offload.is_empty(),
+        "no order for a write whose copy is being deleted"
+    );
+    // Once the node confirms the deletion, the value may be offloaded there again.
+    let ack =
+        f.m.disk_sync(
+            node2,
+            id,
+            DiskReport {
+                deleted: vec![copy],
+                ..DiskReport::default()
+            },
+            f.now,
+        )
+        .unwrap();
+    f.check();
+    assert!(ack.delete.is_empty());
+}
+
+#[test]
 fn a_disk_seen_before_has_its_unreported_copies_deleted_a_new_disk_has_them_adopted() {
     let mut f = write_through();
     // seg0's disk has synced with this master: a copy it never reported (written just before
