@@ -443,7 +443,12 @@ impl Master {
         // The disk chose to drop it: offloading it again would evict another copy.
         self.objects.at_mut(slot).offload = OffloadMark::Failed;
         let object = self.objects.at(slot);
-        if object.replicas.is_empty() && !object.writing {
+        // As when a segment goes (see `membership`): copy targets alone are not a value, and
+        // the copy feeding them is gone.
+        if !object.writing && !object.is_readable() {
+            if let Some(task) = object.task() {
+                self.abandon_task(task, crate::replication::Finish::ObjectLost);
+            }
             let object = self.remove_object(slot);
             self.counters.evicted_objects += 1;
             self.events.push(Event::Evicted {

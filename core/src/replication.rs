@@ -144,7 +144,7 @@ pub(crate) enum Finish {
     TimedOut,
     /// The client carrying it out left or was taken for dead.
     ClientGone,
-    /// Its object was lost with a segment.
+    /// Its object's last copy went: with a segment, or evicted from its node's disk.
     ObjectLost,
 }
 
@@ -162,7 +162,10 @@ impl Finish {
             Finish::Aborted => "writing the new replicas failed",
             Finish::TimedOut => "the copier did not end the task within the put discard timeout",
             Finish::ClientGone => "the client carrying the task out left or was taken for dead",
-            Finish::ObjectLost => "the object was lost with a segment while the task ran",
+            Finish::ObjectLost => {
+                "the object was lost while the task ran (its last copy went with its segment, \
+                 or from its disk)"
+            }
         }
     }
 }

@@ -537,6 +537,62 @@ fn an_offload_report_from_before_a_remount_does_not_revive_a_condemned_copy() {
 }
 
 #[test]
+fn evicting_the_last_copy_from_disk_while_a_copy_task_runs_takes_the_object() {
+    // Seed 9611: a repair copied the value from a memory replica that then went with its
+    // node; the node's disk evicted the only other copy. The copy's target alone is no value.
+    let mut f = write_through();
+    mount_as_a(&mut f, "a-mem");
+    let g = f.put(A, "k", 4 * KIB, &ReplicateConfig::replicas(2));
+    // The node writes the copy, but goes before it reports it.
+    let ordered_copy = ordered(&sync(&mut f, "seg0", want(10)));
+    assert_eq!(ordered_copy, vec![("k".to_string(), g.write_id)]);
+    let spec = lose_the_node(&mut f);
+    // seg0's node comes back and its disk copy of the current value is adopted.
+    let node2 = ClientId(0x90DF);
+    let disk_seg = f.m.mount_segment(node2, &spec, f.now).unwrap();
+    let recovered = DiskReport {
+        recovered: vec![("k".into(), g.write_id, 4 * KIB, sum_of("k"))],
+        ..DiskReport::default()
+    };
+    f.m.disk_sync(node2, disk_seg, recovered, f.now).unwrap();
+    f.check();
+    assert_eq!(media(&mut f, "k"), vec![Medium::Memory, Medium::Disk]);
+    // B copies it from A's memory to C's segment; A then goes.
+    let c = ClientId(0xC);
+    let spec_c = SegmentSpec {
+        name: "c-mem".into(),
+        base: 0xC000_0000_0000,
+        size: MIB,
+        endpoint: "c-mem:7000".into(),
+        key: 10,
+        rdma_key: None,
+    };
+    f.m.mount_segment(c, &spec_c, f.now).unwrap();
+    f.m.heartbeat(B, f.now);
+    f.m.copy_start(B, "k", &["c-mem".into()], f.now).unwrap();
+    f.check();
+    f.advance(Millis::from_secs(11));
+    for alive in [node2, c, B] {
+        f.m.heartbeat(alive, f.now);
+    }
+    f.m.tick(f.now);
+    f.check();
+    assert_eq!(
+        media(&mut f, "k"),
+        vec![Medium::Disk],
+        "readable from disk alone"
+    );
+    // The disk evicts it: nothing readable is left, and the task's target is no value.
+    let evicted = DiskReport {
+        evicted: vec![("k".into(), g.write_id)],
+        ..DiskReport::default()
+    };
+    f.m.disk_sync(node2, disk_seg, evicted, f.now).unwrap();
+    f.check();
+    assert_eq!(code(f.get("k")), ErrorCode::OBJECT_NOT_FOUND);
+}
+
+#[test]
 fn a_disk_seen_before_has_its_unreported_copies_deleted_a_new_disk_has_them_adopted() {
     let mut f = write_through();
     // seg0's disk has synced with this master: a copy it never reported (written just before
