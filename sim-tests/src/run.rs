@@ -1050,8 +1050,14 @@ async fn final_sweep(world: &Arc<World>, master: &Arc<mooring::MasterService>) {
             // Two holds outlive the workload legitimately: an offload on its way to a disk
             // keeps its object until the node reports it, and a background repair's read
             // leases its object (one whose every copy is damaged is retried, seconds apart,
-            // for as long as it exists). Remove again until both have run out.
-            let settled = w.now() + w.disk_settle().max(w.lease()) + Duration::from_millis(100);
+            // for as long as it exists). Remove again until both have run out. A repair
+            // copy under way when its object is removed leaves its target blocks waiting out
+            // the release timeout (RDMA seeds 690 and 758): wait that out too.
+            let release = Duration::from_millis(w.plan.master.put_start_release_timeout.as_millis());
+            let settled = w.now()
+                + w.disk_settle().max(w.lease())
+                + release
+                + Duration::from_millis(100);
             loop {
                 removed += client
                     .remove_all()
