@@ -466,26 +466,32 @@ fn a_departed_copy_of_a_key_written_again_never_comes_back() {
     );
 }
 
+/// `k` with two replicas, one on A's segment (A stays), and a disk copy on seg0's node, which
+/// is then lost; returns `k`'s write and the spec to mount seg0 again.
+fn offloaded_then_node_lost(f: &mut Fixture) -> (WriteId, SegmentSpec) {
+    mount_as_a(f, "a-mem");
+    let g = f.put(A, "k", 4 * KIB, &ReplicateConfig::replicas(2));
+    assert_eq!(offload_all(f, "seg0"), vec!["k".to_string()]);
+    let spec = lose_the_node(f);
+    assert_eq!(media(f, "k"), vec![Medium::Memory]);
+    (g.write_id, spec)
+}
+
 #[test]
 fn a_departed_copy_of_a_value_still_in_memory_is_deleted_on_return() {
     let mut f = write_through();
-    mount_as_a(&mut f, "a-mem");
-    // Two replicas: the one on A's segment (A stays) outlives seg0's node.
-    let g = f.put(A, "k", 4 * KIB, &ReplicateConfig::replicas(2));
-    assert_eq!(offload_all(&mut f, "seg0"), vec!["k".to_string()]);
-    let spec = lose_the_node(&mut f);
-    assert_eq!(media(&mut f, "k"), vec![Medium::Memory]);
+    let (write, spec) = offloaded_then_node_lost(&mut f);
     f.advance(Millis::from_secs(6));
     f.remove("k").unwrap();
     let node2 = ClientId(0x90DF);
     let id = f.m.mount_segment(node2, &spec, f.now).unwrap();
     let report = DiskReport {
-        recovered: vec![("k".into(), g.write_id, 4 * KIB, sum_of("k"))],
+        recovered: vec![("k".into(), write, 4 * KIB, sum_of("k"))],
         ..DiskReport::default()
     };
     let ack = f.m.disk_sync(node2, id, report, f.now).unwrap();
     f.check();
-    assert_eq!(ack.delete, vec![("k".to_string(), g.write_id)]);
+    assert_eq!(ack.delete, vec![("k".to_string(), write)]);
     assert_eq!(code(f.get("k")), ErrorCode::OBJECT_NOT_FOUND);
 }
 
@@ -494,17 +500,13 @@ fn an_offload_report_from_before_a_remount_does_not_revive_a_condemned_copy() {
     // Seed 5384 of the shared-memory simulation: the node's report that it wrote the copy
     // failed while the master forgot the node; it came again with the remount's recovery.
     let mut f = write_through();
-    mount_as_a(&mut f, "a-mem");
-    let g = f.put(A, "k", 4 * KIB, &ReplicateConfig::replicas(2));
-    assert_eq!(offload_all(&mut f, "seg0"), vec!["k".to_string()]);
-    let spec = lose_the_node(&mut f);
-    assert_eq!(media(&mut f, "k"), vec![Medium::Memory]);
+    let (write, spec) = offloaded_then_node_lost(&mut f);
     let node2 = ClientId(0x90DF);
     let id = f.m.mount_segment(node2, &spec, f.now).unwrap();
-    let copy = ("k".to_string(), g.write_id);
+    let copy = ("k".to_string(), write);
     let report = DiskReport {
         offloaded: vec![copy.clone()],
-        recovered: vec![("k".into(), g.write_id, 4 * KIB, sum_of("k"))],
+        recovered: vec![("k".into(), write, 4 * KIB, sum_of("k"))],
         want: 10,
         ..DiskReport::default()
     };
