@@ -347,6 +347,10 @@ struct Supervisor {
     armed: BTreeMap<NodeId, (Duration, Duration)>,
     /// What the master did on its own, by kind (see [`crate::coverage::of_event`]).
     coverage: BTreeMap<&'static str, u64>,
+    /// Disk records a flip damaged while their value had other copies: (node, key, the
+    /// value's checksum). Watched until the record is the value's only copy (the value is
+    /// then destroyed) or is no longer the value's ([`Supervisor::watch_rotted`]).
+    rotted: Vec<(usize, String, Checksum)>,
 }
 
 impl Supervisor {
@@ -492,8 +496,11 @@ impl Supervisor {
 
     /// Flips one bit of a file on node `node`'s disk, chosen by `pick`. If the bit is in the
     /// bytes of a value whose disk copy there is its only copy (the master lists no complete
-    /// memory replica), the value is destroyed: the history may find it gone from now on.
-    fn rot_disk(&self, node: usize, pick: u64) {
+    /// memory replica), the value is destroyed: the history may find it gone from now on. If
+    /// the value has other copies, it is destroyed once they are gone (seeds 10003, 10437:
+    /// its memory replicas evicted or lost with a node), which [`Supervisor::watch_rotted`]
+    /// looks out for.
+    fn rot_disk(&mut self, node: usize, pick: u64) {
         let disk = &self.world.disks[node];
         let files = disk.files();
         let nonempty: Vec<&(String, u64)> = files.iter().filter(|(_, len)| *len > 0).collect();
@@ -503,29 +510,65 @@ impl Supervisor {
         let (name, len) = nonempty[(pick % nonempty.len() as u64) as usize];
         let at = (pick >> 16) % len;
         // Looked up first: the search reads the value's header, which the flip may hit.
-        let sole_copy = self.sole_copy_at(node, name, at);
+        let hit = self.current_value_at(node, name, at);
         tracing::info!(%name, at, "flipping a bit");
         // The file exists: it was just listed.
         let _ = disk.flip_bit(name, at, (pick >> 8) as u8);
-        if let Some(key) = sole_copy {
-            tracing::info!(%key, "the only copy of the value is damaged");
-            let now = self.world.now();
-            self.world.history().gone(&key, now, GoneWhy::Destroyed);
+        match hit {
+            Some((key, _, true)) => {
+                tracing::info!(%key, "the only copy of the value is damaged");
+                let now = self.world.now();
+                self.world.history().gone(&key, now, GoneWhy::Destroyed);
+            }
+            Some((key, checksum, false)) => self.rotted.push((node, key, checksum)),
+            None => {}
         }
     }
 
+    /// Records as destroyed each value whose damaged disk record is now its only copy (the
+    /// master lists no complete memory replica, and the disk copy on the damaged node); stops
+    /// watching a record that is no longer its key's current value.
+    fn watch_rotted(&mut self) {
+        let Some(master) = self.world.master() else {
+            return;
+        };
+        let world = &self.world;
+        // The state may have changed at any moment since the last tick.
+        let since = world.now().saturating_sub(TICK);
+        self.rotted.retain(|(node, key, checksum)| {
+            let here = world.node(*node).and_then(|n| n.segment());
+            let (memory, disk) =
+                master.with_master(|m, _| (m.audit_memory_replicas(key), m.audit_disk_copy(key)));
+            match memory {
+                Some((memory, current)) if current == *checksum => {
+                    let only_copy = memory.is_empty() && disk.is_some() && disk == here;
+                    if only_copy {
+                        tracing::info!(%key, "a damaged disk record is the value's only copy now");
+                        world.history().gone(key, since, GoneWhy::Destroyed);
+                    }
+                    !only_copy
+                }
+                // Written again, removed, or gone: the record is not the value's any more.
+                _ => false,
+            }
+        });
+    }
+
     /// The key whose current value has a byte at offset `at` of file `name` on node `node`'s
-    /// disk, if that disk copy is the value's only one.
-    fn sole_copy_at(&self, node: usize, name: &str, at: u64) -> Option<String> {
+    /// disk (a copy the master lists there, or one written and not reported yet): the key,
+    /// the value's checksum, and whether that disk copy is the value's only one.
+    fn current_value_at(
+        &self,
+        node: usize,
+        name: &str,
+        at: u64,
+    ) -> Option<(String, Checksum, bool)> {
         let master = self.world.master()?;
         let here = self.world.node(node)?.segment()?;
         let disk = &self.world.disks[node];
         self.world.keys.iter().find_map(|key| {
             let (memory, checksum) = master.with_master(|m, _| m.audit_memory_replicas(key))?;
             let on_disk_here = master.with_master(|m, _| m.audit_disk_copy(key)) == Some(here);
-            if !memory.is_empty() || !on_disk_here {
-                return None;
-            }
             let writes = self.world.history().writes_of(key);
             writes.into_iter().find_map(|(version, size)| {
                 let mut header = crate::value::key_hash(key).to_le_bytes().to_vec();
@@ -537,7 +580,8 @@ impl Supervisor {
                     mooring_core::Checksum::of(&crate::value::encode(key, version, size))
                         == checksum
                 };
-                (inside && current()).then(|| key.clone())
+                (inside && current())
+                    .then(|| (key.clone(), checksum, memory.is_empty() && on_disk_here))
             })
         })
     }
@@ -822,6 +866,7 @@ async fn supervise(plan: Plan) -> Report {
         heals: Vec::new(),
         armed: BTreeMap::new(),
         coverage: BTreeMap::new(),
+        rotted: Vec::new(),
     };
 
     // Safety phase: the workload under faults, invariants checked every tick.
@@ -837,6 +882,7 @@ async fn supervise(plan: Plan) -> Report {
         sup.serve_crash_orders(now);
         sup.heal_due(now);
         sup.record_gone();
+        sup.watch_rotted();
         sup.check_invariants();
         ticks += 1;
         if ticks.is_multiple_of(SCRUB_EVERY) {
