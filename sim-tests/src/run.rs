@@ -497,9 +497,9 @@ impl Supervisor {
     /// Flips one bit of a file on node `node`'s disk, chosen by `pick`. If the bit is in the
     /// bytes of a value whose disk copy there is its only copy (the master lists no complete
     /// memory replica), the value is destroyed: the history may find it gone from now on. If
-    /// the value has other copies, it is destroyed once they are gone (seeds 10003, 10437:
-    /// its memory replicas evicted or lost with a node), which [`Supervisor::watch_rotted`]
-    /// looks out for.
+    /// the value has other copies, it is destroyed once they are gone (seed 10003: its memory
+    /// replicas evicted or lost with a node), which [`Supervisor::watch_rotted`] looks out
+    /// for.
     fn rot_disk(&mut self, node: usize, pick: u64) {
         let disk = &self.world.disks[node];
         let files = disk.files();
@@ -555,8 +555,9 @@ impl Supervisor {
     }
 
     /// The key whose current value has a byte at offset `at` of file `name` on node `node`'s
-    /// disk (a copy the master lists there, or one written and not reported yet): the key,
-    /// the value's checksum, and whether that disk copy is the value's only one.
+    /// disk, where the master lists that value's disk copy: the key, the value's checksum,
+    /// and whether that disk copy is the value's only one. (A copy written and not yet
+    /// reported is not found: searching every key's records on every flip slowed runs by half.)
     fn current_value_at(
         &self,
         node: usize,
@@ -568,21 +569,27 @@ impl Supervisor {
         let disk = &self.world.disks[node];
         self.world.keys.iter().find_map(|key| {
             let (memory, checksum) = master.with_master(|m, _| m.audit_memory_replicas(key))?;
-            let on_disk_here = master.with_master(|m, _| m.audit_disk_copy(key)) == Some(here);
-            let writes = self.world.history().writes_of(key);
-            writes.into_iter().find_map(|(version, size)| {
-                let mut header = crate::value::key_hash(key).to_le_bytes().to_vec();
-                header.extend_from_slice(&version.to_le_bytes());
-                let inside = disk.find(&header).iter().any(|(file, start)| {
-                    file == name && (*start..*start + size as u64).contains(&at)
-                });
-                let current = || {
-                    mooring_core::Checksum::of(&crate::value::encode(key, version, size))
-                        == checksum
-                };
-                (inside && current())
-                    .then(|| (key.clone(), checksum, memory.is_empty() && on_disk_here))
-            })
+            if master.with_master(|m, _| m.audit_disk_copy(key)) != Some(here) {
+                return None;
+            }
+            // The current value's write first (a checksum), then its record on disk (a scan of
+            // the disk image, so once per key).
+            let (version, size) =
+                self.world
+                    .history()
+                    .writes_of(key)
+                    .into_iter()
+                    .find(|&(version, size)| {
+                        mooring_core::Checksum::of(&crate::value::encode(key, version, size))
+                            == checksum
+                    })?;
+            let mut header = crate::value::key_hash(key).to_le_bytes().to_vec();
+            header.extend_from_slice(&version.to_le_bytes());
+            let inside = disk
+                .find(&header)
+                .iter()
+                .any(|(file, start)| file == name && (*start..*start + size as u64).contains(&at));
+            inside.then(|| (key.clone(), checksum, memory.is_empty()))
         })
     }
 
