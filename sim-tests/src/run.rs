@@ -14,6 +14,7 @@ use madsim::runtime::{Handle, NodeHandle, Runtime};
 use madsim::task::NodeId;
 use mooring::buggify::Site;
 use mooring_core::{Checksum, ErrorCode, Event, SegmentId, Stats, invariants};
+use mooring_transport_sim::disk::SimDisk;
 use mooring_transport_sim::{NetFaults, NetStats};
 
 use crate::history::{GoneWhy, Tally};
@@ -347,10 +348,40 @@ struct Supervisor {
     armed: BTreeMap<NodeId, (Duration, Duration)>,
     /// What the master did on its own, by kind (see [`crate::coverage::of_event`]).
     coverage: BTreeMap<&'static str, u64>,
-    /// Disk records a flip damaged while their value had other copies: (node, key, the
-    /// value's checksum). Watched until the record is the value's only copy (the value is
-    /// then destroyed) or is no longer the value's ([`Supervisor::watch_rotted`]).
-    rotted: Vec<(usize, String, Checksum)>,
+    /// Disk records a flip damaged while their value had other copies. Watched until the
+    /// record is the value's only copy (the value is then destroyed) or is no longer the
+    /// value's ([`Supervisor::watch_rotted`]).
+    rotted: Vec<DamagedRecord>,
+}
+
+/// A value's record on a node's disk that a bit flip hit.
+struct DamagedRecord {
+    /// The node whose disk holds it.
+    node: usize,
+    key: String,
+    /// The write whose value it holds, and that value's length.
+    version: u64,
+    size: usize,
+    /// The value's checksum, as the master knows it while it is the key's current value.
+    checksum: Checksum,
+}
+
+impl DamagedRecord {
+    /// Whether `disk` still holds an intact record of the same value (the node wrote it
+    /// twice): the master's disk copy may be that one.
+    fn intact_twin_on(&self, disk: &SimDisk) -> bool {
+        let mut header = crate::value::key_hash(&self.key).to_le_bytes().to_vec();
+        header.extend_from_slice(&self.version.to_le_bytes());
+        disk.find(&header).iter().any(|(name, start)| {
+            disk.contents(name).is_some_and(|bytes| {
+                let start = *start as usize;
+                bytes.get(start..start + self.size).is_some_and(|value| {
+                    crate::value::judge(&self.key, value)
+                        == crate::value::Judged::Intact(self.version)
+                })
+            })
+        })
+    }
 }
 
 impl Supervisor {
@@ -515,12 +546,14 @@ impl Supervisor {
         // The file exists: it was just listed.
         let _ = disk.flip_bit(name, at, (pick >> 8) as u8);
         match hit {
-            Some((key, _, true)) => {
-                tracing::info!(%key, "the only copy of the value is damaged");
+            Some((record, true)) if !record.intact_twin_on(disk) => {
+                tracing::info!(key = %record.key, "the only copy of the value is damaged");
                 let now = self.world.now();
-                self.world.history().gone(&key, now, GoneWhy::Destroyed);
+                self.world
+                    .history()
+                    .gone(&record.key, now, GoneWhy::Destroyed);
             }
-            Some((key, checksum, false)) => self.rotted.push((node, key, checksum)),
+            Some((record, _)) => self.rotted.push(record),
             None => {}
         }
     }
@@ -535,13 +568,17 @@ impl Supervisor {
         let world = &self.world;
         // The state may have changed at any moment since the last tick.
         let since = world.now().saturating_sub(TICK);
-        self.rotted.retain(|(node, key, checksum)| {
-            let here = world.node(*node).and_then(|n| n.segment());
+        self.rotted.retain(|record| {
+            let here = world.node(record.node).and_then(|n| n.segment());
+            let key = &record.key;
             let (memory, disk) =
                 master.with_master(|m, _| (m.audit_memory_replicas(key), m.audit_disk_copy(key)));
             match memory {
-                Some((memory, current)) if current == *checksum => {
-                    let only_copy = memory.is_empty() && disk.is_some() && disk == here;
+                Some((memory, current)) if current == record.checksum => {
+                    let only_copy = memory.is_empty()
+                        && disk.is_some()
+                        && disk == here
+                        && !record.intact_twin_on(&world.disks[record.node]);
                     if only_copy {
                         tracing::info!(%key, "a damaged disk record is the value's only copy now");
                         world.history().gone(key, since, GoneWhy::Destroyed);
@@ -555,42 +592,39 @@ impl Supervisor {
     }
 
     /// The key whose current value has a byte at offset `at` of file `name` on node `node`'s
-    /// disk, where the master lists that value's disk copy: the key, the value's checksum,
-    /// and whether that disk copy is the value's only one. (A copy written and not yet
-    /// reported is not found: searching every key's records on every flip slowed runs by half.)
-    fn current_value_at(
-        &self,
-        node: usize,
-        name: &str,
-        at: u64,
-    ) -> Option<(String, Checksum, bool)> {
+    /// disk: the key, the value's checksum, and whether that disk copy is the value's only
+    /// one (the master lists it and no memory replica). A copy the node wrote and has not
+    /// reported yet is found too (seed 10437): [`Supervisor::watch_rotted`] waits for the
+    /// master to list it.
+    fn current_value_at(&self, node: usize, name: &str, at: u64) -> Option<(DamagedRecord, bool)> {
         let master = self.world.master()?;
         let here = self.world.node(node)?.segment()?;
-        let disk = &self.world.disks[node];
-        self.world.keys.iter().find_map(|key| {
-            let (memory, checksum) = master.with_master(|m, _| m.audit_memory_replicas(key))?;
-            if master.with_master(|m, _| m.audit_disk_copy(key)) != Some(here) {
-                return None;
-            }
-            // The current value's write first (a checksum), then its record on disk (a scan of
-            // the disk image, so once per key).
-            let (version, size) =
-                self.world
-                    .history()
-                    .writes_of(key)
-                    .into_iter()
-                    .find(|&(version, size)| {
-                        mooring_core::Checksum::of(&crate::value::encode(key, version, size))
-                            == checksum
-                    })?;
-            let mut header = crate::value::key_hash(key).to_le_bytes().to_vec();
-            header.extend_from_slice(&version.to_le_bytes());
-            let inside = disk
-                .find(&header)
-                .iter()
-                .any(|(file, start)| file == name && (*start..*start + size as u64).contains(&at));
-            inside.then(|| (key.clone(), checksum, memory.is_empty()))
-        })
+        let contents = self.world.disks[node].contents(name)?;
+        let (key, version, size) =
+            crate::value::value_at(&contents, at as usize, &self.world.keys)?;
+        // Only a write the history made (a stray header-like run of bytes is not a value).
+        if !self
+            .world
+            .history()
+            .writes_of(key)
+            .contains(&(version, size))
+        {
+            return None;
+        }
+        let checksum = mooring_core::Checksum::of(&crate::value::encode(key, version, size));
+        let (memory, current) = master.with_master(|m, _| m.audit_memory_replicas(key))?;
+        if current != checksum {
+            return None;
+        }
+        let listed_here = master.with_master(|m, _| m.audit_disk_copy(key)) == Some(here);
+        let record = DamagedRecord {
+            node,
+            key: key.to_string(),
+            version,
+            size,
+            checksum,
+        };
+        Some((record, listed_here && memory.is_empty()))
     }
 
     /// Flips one bit of a value held in node `node`'s memory: the first key from the one

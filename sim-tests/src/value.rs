@@ -79,6 +79,23 @@ pub fn judge(key: &str, bytes: &[u8]) -> Judged {
     Judged::Intact(field(8))
 }
 
+/// The value whose bytes include offset `at` of `bytes` (a disk file's contents), if one of
+/// `keys` heads it: the key, the write's version and the value's length. The nearest value
+/// header at or before `at` decides: if its value ends before `at`, the offset is in no value.
+pub fn value_at<'k>(bytes: &[u8], at: usize, keys: &'k [String]) -> Option<(&'k str, u64, usize)> {
+    let by_hash: std::collections::HashMap<u64, &str> =
+        keys.iter().map(|k| (key_hash(k), k.as_str())).collect();
+    let field = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    let last_header = bytes.len().checked_sub(HEADER)?.min(at);
+    let start = (0..=last_header)
+        .rev()
+        .find(|&p| by_hash.contains_key(&field(p)))?;
+    let len =
+        u32::from_le_bytes(bytes[start + 16..start + 20].try_into().expect("4 bytes")) as usize;
+    let inside = at < start + len && start + len <= bytes.len();
+    inside.then(|| (by_hash[&field(start)], field(start + 8), len))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,5 +120,26 @@ mod tests {
         assert!(matches!(judge("k1", &v[..50]), Judged::Torn(_)));
         assert!(matches!(judge("k1", &[0u8; 100]), Judged::Torn(_)));
         assert_eq!(encode("k", 1, HEADER).len(), HEADER);
+    }
+
+    #[test]
+    fn the_value_at_an_offset_is_found_by_the_nearest_header() {
+        let keys = vec!["a".to_string(), "b".to_string()];
+        let mut file = vec![0xEEu8; 10];
+        file.extend(encode("a", 3, 40));
+        file.extend([0xEE; 6]);
+        file.extend(encode("b", 9, 30));
+        assert_eq!(value_at(&file, 5, &keys), None, "before any value");
+        assert_eq!(value_at(&file, 10, &keys), Some(("a", 3, 40)));
+        assert_eq!(value_at(&file, 49, &keys), Some(("a", 3, 40)));
+        assert_eq!(value_at(&file, 52, &keys), None, "between values");
+        assert_eq!(value_at(&file, 56, &keys), Some(("b", 9, 30)));
+        assert_eq!(value_at(&file, 85, &keys), Some(("b", 9, 30)));
+        assert_eq!(value_at(&file[..70], 60, &keys), None, "a value cut short");
+        assert_eq!(
+            value_at(&file, 30, &keys[1..]),
+            None,
+            "a key not asked about"
+        );
     }
 }

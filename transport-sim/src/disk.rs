@@ -205,6 +205,12 @@ impl SimDisk {
         found
     }
 
+    /// `name`'s contents as they read now, if it exists (a test's way to see what a fault is
+    /// about to hit).
+    pub fn contents(&self, name: &str) -> Option<Vec<u8>> {
+        self.lock().files.get(name).map(|file| file.visible.clone())
+    }
+
     /// Deletes every file at once (a harness letting go of a finished run's disk).
     pub fn clear(&self) {
         self.lock().files.clear();
