@@ -67,6 +67,7 @@ fn copies(c: &mut Criterion) {
                     source[from..].as_ptr(),
                     batch[to..].as_mut_ptr(),
                     VALUE,
+                    mooring_crc::Own::Destination,
                 )
             })
         })
@@ -81,6 +82,7 @@ fn copies(c: &mut Criterion) {
                     source[from..].as_ptr(),
                     batch[to..].as_mut_ptr(),
                     VALUE,
+                    mooring_crc::Own::Destination,
                 )
             })
         })

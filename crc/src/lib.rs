@@ -52,42 +52,69 @@ pub fn append(crc: u32, bytes: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, bytes)
 }
 
+/// Which side of a copy is this process's own, that nobody else writes while the copy runs.
+/// A copy's checksum is read back from that side, so it describes exactly the bytes this
+/// process meant to move, whatever another process does to the other side meanwhile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Own {
+    /// A read out of shared memory: the checksum is of what the destination received (if the
+    /// source changed meanwhile, the reader's check refuses the torn copy).
+    Destination,
+    /// A write into shared memory: the checksum is of the source, the value meant to land
+    /// (if a late writer clobbers the destination meanwhile, a reader's check refuses it;
+    /// summed from the destination, the clobbered bytes would be vouched for).
+    Source,
+}
+
 /// Copies `len` bytes from `src` to `dst` and returns the crc32c of `crc`'s bytes followed by
-/// the bytes copied (see [`append`]). With AVX-512 ([`wide`]) in one pass over them, at about
-/// the speed of the copy alone; elsewhere [`copy_then_sum`].
+/// the bytes copied (see [`append`]), as read back from the side `own` names. With AVX-512
+/// ([`wide`]) in one pass over them, at about the speed of the copy alone; elsewhere
+/// [`copy_then_sum`].
 ///
 /// # Safety
-/// `src` must be valid for reads and `dst` for writes of `len` bytes, not overlapping. Either
-/// may be memory shared with another process. If others write `src` meanwhile, the result
-/// is still the checksum of exactly what `dst` received (so a reader that checks it detects
-/// a torn copy); nobody else may write `dst` until this returns.
-pub unsafe fn copy_append(crc: u32, src: *const u8, dst: *mut u8, len: usize) -> u32 {
+/// `src` must be valid for reads and `dst` for writes of `len` bytes, not overlapping. The
+/// side `own` does not name may be memory shared with another process, written meanwhile;
+/// nobody else may write the side it names until this returns.
+pub unsafe fn copy_append(crc: u32, src: *const u8, dst: *mut u8, len: usize, own: Own) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if len >= wide::MIN_LEN && wide::available() {
         // SAFETY: the caller's promise, passed on.
-        return unsafe { wide::copy_append(crc, src, dst, len) };
+        return unsafe { wide::copy_append(crc, src, dst, len, own) };
     }
     // SAFETY: the caller's promise, passed on.
-    unsafe { copy_then_sum(crc, src, dst, len) }
+    unsafe { copy_then_sum(crc, src, dst, len, own) }
 }
 
 /// [`copy_append`] by copying pieces that fit the nearest cache and summing each after its
-/// copy. (A copy that folds as it goes in the 256-bit engine ran slower than this: its
-/// 8-byte `crc32` streams make a poor copy.)
+/// copy, from the side `own` names. (A copy that folds as it goes in the 256-bit engine ran
+/// slower than this: its 8-byte `crc32` streams make a poor copy.)
 ///
 /// # Safety
 /// As for [`copy_append`].
-pub unsafe fn copy_then_sum(crc: u32, src: *const u8, dst: *mut u8, len: usize) -> u32 {
+pub unsafe fn copy_then_sum(crc: u32, src: *const u8, dst: *mut u8, len: usize, own: Own) -> u32 {
     let mut crc = crc;
     for at in (0..len).step_by(COPY_PIECE) {
         let piece = COPY_PIECE.min(len - at);
         // SAFETY: the caller's promise covers `[at, at + piece)` of both.
         unsafe {
             std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), piece);
-            crc = append(crc, std::slice::from_raw_parts(dst.add(at), piece));
+            crc = append(
+                crc,
+                std::slice::from_raw_parts(own.pick(src, dst).add(at), piece),
+            );
         }
     }
     crc
+}
+
+impl Own {
+    /// The pointer to read a copy's bytes back from.
+    pub(crate) fn pick(self, src: *const u8, dst: *mut u8) -> *const u8 {
+        match self {
+            Own::Destination => dst,
+            Own::Source => src,
+        }
+    }
 }
 
 /// Bytes [`copy_then_sum`] copies then sums at a time: two of the 256-bit engine's blocks.
@@ -107,7 +134,7 @@ mod tests {
     }
 
     type Sum = fn(u32, &[u8]) -> u32;
-    type CopySum = unsafe fn(u32, *const u8, *mut u8, usize) -> u32;
+    type CopySum = unsafe fn(u32, *const u8, *mut u8, usize, super::Own) -> u32;
 
     /// Every way of summing this CPU can run, by name.
     fn engines() -> Vec<(&'static str, Sum)> {
@@ -147,12 +174,18 @@ mod tests {
         for (name, sum) in engines() {
             assert_eq!(sum(crc, data), expected, "{name}, {} bytes", data.len());
         }
-        for (name, copy_sum) in copy_engines() {
+        for ((name, copy_sum), own) in copy_engines().into_iter().flat_map(|engine| {
+            [
+                (engine, super::Own::Destination),
+                (engine, super::Own::Source),
+            ]
+        }) {
             // One byte before the copy shows a store out of place.
             let mut copy = vec![0u8; data.len() + 1];
             // SAFETY: `data` has `data.len()` readable bytes, apart from `copy`.
-            let sum = unsafe { copy_sum(crc, data.as_ptr(), copy[1..].as_mut_ptr(), data.len()) };
-            assert_eq!(sum, expected, "{name}, {} bytes", data.len());
+            let sum =
+                unsafe { copy_sum(crc, data.as_ptr(), copy[1..].as_mut_ptr(), data.len(), own) };
+            assert_eq!(sum, expected, "{name} ({own:?}), {} bytes", data.len());
             assert!(
                 copy[1..] == *data,
                 "{name} copied wrongly, {} bytes",
@@ -199,5 +232,60 @@ mod tests {
                 check(0x1234_5678, &data[..len]);
             }
         }
+    }
+
+    /// A pointer another thread may write through, as another process writes shared memory.
+    #[derive(Clone, Copy)]
+    struct Shared(*mut u8);
+    // SAFETY: the test shares the buffer on purpose, to race a copy as another process would.
+    unsafe impl Send for Shared {}
+
+    #[test]
+    fn a_write_is_summed_from_its_source_while_another_writer_clobbers_the_destination() {
+        // The destination is shared memory another writer (a late one, from an expired
+        // lease) may write meanwhile: the checksum must still be the source's, so that a
+        // reader refuses what landed instead of the master recording its checksum.
+        let source = bytes(64 << 10, 5);
+        let expected = crc32c::crc32c(&source);
+        let mut destination = vec![0u8; source.len() + 64];
+        let (len, base) = (source.len(), Shared(destination.as_mut_ptr()));
+        let stop = &std::sync::atomic::AtomicBool::new(false);
+        let started = &std::sync::atomic::AtomicBool::new(false);
+        let wrong = std::thread::scope(|scope| {
+            scope.spawn(move || {
+                let base = base;
+                let mut at = 0usize;
+                started.store(true, std::sync::atomic::Ordering::Relaxed);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // SAFETY: inside the buffer, which outlives the scope.
+                    unsafe { base.0.add(at).write_volatile(0xA5) };
+                    at = (at + 61) % len;
+                }
+            });
+            while !started.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::yield_now();
+            }
+            // Counted, not asserted here: the other thread stops only when told.
+            let mut wrong = Vec::new();
+            for (name, copy_sum) in copy_engines() {
+                for round in 0..1_000 {
+                    // SAFETY: both buffers hold `len` bytes and do not overlap; the other
+                    // thread writes only the destination, the side not named.
+                    let sum =
+                        unsafe { copy_sum(0, source.as_ptr(), base.0, len, super::Own::Source) };
+                    if sum != expected {
+                        wrong.push((name, round));
+                    }
+                }
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            wrong
+        });
+        assert!(
+            wrong.is_empty(),
+            "{} copies summed what landed instead of the source, first {:?}",
+            wrong.len(),
+            wrong.first()
+        );
     }
 }

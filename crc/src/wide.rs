@@ -48,7 +48,9 @@ pub fn append(crc: u32, bytes: &[u8]) -> u32 {
 
 /// Copies `len` bytes from `src` to `dst` and returns the crc32c of `crc`'s bytes followed
 /// by them (see [`crate::copy_append`]). Each 64 bytes are folded from the register they
-/// were stored from, so the checksum is of exactly what `dst` received. Copies of
+/// were loaded into and stored from, so the checksum is of exactly what was read from `src`
+/// and what `dst` received; the few bytes around them are read back from the side `own`
+/// names. Copies of
 /// [`STREAM_MIN`] bytes or more bypass the caches on the way into `dst`.
 ///
 /// # Safety
@@ -56,13 +58,19 @@ pub fn append(crc: u32, bytes: &[u8]) -> u32 {
 ///
 /// # Panics
 /// If the CPU lacks what [`available`] checks for.
-pub unsafe fn copy_append(crc: u32, src: *const u8, dst: *mut u8, len: usize) -> u32 {
+pub unsafe fn copy_append(
+    crc: u32,
+    src: *const u8,
+    dst: *mut u8,
+    len: usize,
+    own: crate::Own,
+) -> u32 {
     assert!(available(), "this CPU lacks AVX-512 or VPCLMULQDQ");
     // Bytes before the first 64-byte boundary of `dst` are copied and summed apart, so that
     // the folded part's stores are aligned (cache-bypassing stores must be).
     let head = dst.align_offset(64).min(len);
     // SAFETY (every `add` below): offsets stay within the `len` bytes the caller promised.
-    let mut crc = unsafe { copy_small(crc, src, dst, head) };
+    let mut crc = unsafe { copy_small(crc, src, dst, head, own) };
     let (src, dst, len) = unsafe { (src.add(head), dst.add(head), len - head) };
     let mut folded = len / STEP * STEP;
     if folded < MIN_LEN {
@@ -75,7 +83,7 @@ pub unsafe fn copy_append(crc: u32, src: *const u8, dst: *mut u8, len: usize) ->
         // SAFETY: as above.
         crc = !unsafe { fold::<true, false>(!crc, src, dst, folded) };
     }
-    unsafe { copy_small(crc, src.add(folded), dst.add(folded), len - folded) }
+    unsafe { copy_small(crc, src.add(folded), dst.add(folded), len - folded, own) }
 }
 
 /// Copies of this many bytes or more bypass the caches on the way into the destination: a
@@ -85,15 +93,17 @@ pub unsafe fn copy_append(crc: u32, src: *const u8, dst: *mut u8, len: usize) ->
 /// 1.0; `cargo bench -p mooring-benches --bench crc`).
 pub const STREAM_MIN: usize = 256 << 10;
 
-/// Copies, then sums what was copied: for the few bytes before and after the folded part.
+/// Copies, then sums what was copied, from the side `own` names: for the few bytes before
+/// and after the folded part.
 ///
 /// # Safety
 /// As for [`crate::copy_append`].
-unsafe fn copy_small(crc: u32, src: *const u8, dst: *mut u8, len: usize) -> u32 {
+unsafe fn copy_small(crc: u32, src: *const u8, dst: *mut u8, len: usize, own: crate::Own) -> u32 {
+    let summed = own.pick(src, dst);
     // SAFETY: the caller's promise.
     unsafe {
         std::ptr::copy_nonoverlapping(src, dst, len);
-        crc32c::crc32c_append(crc, std::slice::from_raw_parts(dst, len))
+        crc32c::crc32c_append(crc, std::slice::from_raw_parts(summed, len))
     }
 }
 

@@ -314,17 +314,32 @@ impl SegmentMemory {
         // SAFETY: as for `copy_out`; others writing `src` meanwhile is allowed (the checksum
         // is then of what landed, and the reader's check refuses it).
         Some(Checksum(unsafe {
-            mooring_crc::copy_append(0, src.as_ptr(), dest.as_mut_ptr(), dest.len())
+            mooring_crc::copy_append(
+                0,
+                src.as_ptr(),
+                dest.as_mut_ptr(),
+                dest.len(),
+                mooring_crc::Own::Destination,
+            )
         }))
     }
 
-    /// Copies `src` to remote address `addr` (a local write) and returns its checksum, summed
-    /// in the same pass. None if the range lies outside the segment.
+    /// Copies `src` to remote address `addr` (a local write) and returns the checksum of
+    /// `src`, summed in the same pass. Summed from `src`, not from the segment: another
+    /// writer (a late one, through shared memory) may write the same bytes meanwhile, and
+    /// the checksum the master records must then refuse what landed, not vouch for it.
+    /// None if the range lies outside the segment.
     pub fn copy_in_summed(&self, addr: u64, src: &[u8]) -> Option<Checksum> {
         let dest = self.range(addr, src.len() as u64)?;
-        // SAFETY: as for `copy_in`.
+        // SAFETY: as for `copy_in`; `src` is the caller's and nobody writes it meanwhile.
         Some(Checksum(unsafe {
-            mooring_crc::copy_append(0, src.as_ptr(), dest.as_ptr(), src.len())
+            mooring_crc::copy_append(
+                0,
+                src.as_ptr(),
+                dest.as_ptr(),
+                src.len(),
+                mooring_crc::Own::Source,
+            )
         }))
     }
 

@@ -137,9 +137,10 @@ impl ShmDataPlane {
         let known = {
             let mut routes = self.routes();
             let mut known = None;
+            // The segment first: a mapping made is the answer, whatever else is known.
             for id in [
-                (node.endpoint.clone(), None),
                 (node.endpoint.clone(), Some(node.key)),
+                (node.endpoint.clone(), None),
             ] {
                 if let Some(entry) = routes.get_mut(&id) {
                     if !matches!(entry.route, Route::Mapped(..))
@@ -159,10 +160,19 @@ impl ShmDataPlane {
             Some(route) => route,
             None => {
                 let (id, route) = self.attach(node).await;
-                if let Route::Elsewhere(why) = &route {
-                    debug!(node = %node.endpoint, "not through shared memory: {why}");
+                match &route {
+                    // Required, a failure is an error either way: asking again costs only
+                    // the attach, and a refusal that passes (too many clients attaching at
+                    // once) does not fail the transfers after it.
+                    Route::Elsewhere(why) if self.required => {
+                        debug!(node = %node.endpoint, "not through shared memory: {why}");
+                    }
+                    Route::Elsewhere(why) => {
+                        debug!(node = %node.endpoint, "not through shared memory: {why}");
+                        self.remember(id, route.clone(), now);
+                    }
+                    _ => self.remember(id, route.clone(), now),
                 }
-                self.remember(id, route.clone(), now);
                 route
             }
         };
@@ -183,6 +193,12 @@ impl ShmDataPlane {
 
     fn remember(&self, id: RouteId, route: Route, now: Instant) {
         let mut routes = self.routes();
+        // Attaches run concurrently: one that failed (its handoff refused) must not replace
+        // the mapping another one made.
+        let mapped = |e: &Entry| matches!(e.route, Route::Mapped(..));
+        if !matches!(route, Route::Mapped(..)) && routes.get(&id).is_some_and(mapped) {
+            return;
+        }
         routes.retain(|_, e| {
             !(matches!(e.route, Route::Mapped(..)) && now.duration_since(e.used) >= IDLE)
         });
@@ -229,9 +245,11 @@ impl ShmDataPlane {
         if self.handoff.in_this_process(&offer.socket) {
             return (whole_node, Route::Own);
         }
+        // A refused handoff says nothing about the node's other segments, or about the next
+        // attach (the node turns clients away while too many attach at once).
         match self.redeem(&offer) {
             Ok(route) => (segment, route),
-            Err(why) => (whole_node, elsewhere(why)),
+            Err(why) => (segment, elsewhere(why)),
         }
     }
 
@@ -313,7 +331,9 @@ impl DataPlane for ShmDataPlane {
                         .ok_or_else(|| outside(node, op.addr, len))
                 })
                 .collect::<Result<Vec<Checksum>>>()?;
-            // Bytes copied while the node remounted may be another mount's.
+            // Bytes copied while the node remounted may be another mount's. The fence keeps
+            // the copy's loads before the key's second load (on CPUs that reorder loads).
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
             still_exported(&memory, node)?;
             Ok(sums)
         })
@@ -493,5 +513,80 @@ mod tests {
         assert_eq!((&back, sums), (b"again", vec![Checksum::of(b"again")]));
         server.remove(second.key);
         assert!(write(&second, b"gone!").await.is_err(), "unexported");
+    }
+
+    /// A handoff that refuses its first exchange (as a node turns clients away while too
+    /// many attach at once), then hands over as [`Direct`] does.
+    struct RefusesOnce(Direct, std::sync::atomic::AtomicBool);
+
+    impl Handoff for RefusesOnce {
+        fn in_this_process(&self, _: &[u8; 16]) -> bool {
+            false
+        }
+
+        fn exchange(
+            &self,
+            offer: &ShmOffer,
+        ) -> std::result::Result<(Reply, Option<OwnedFd>), String> {
+            if !self.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return Err("the node closed the connection (too many clients)".into());
+            }
+            self.0.exchange(offer)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_handoff_does_not_fail_the_transfers_after_it() {
+        let server = ShmServer::unlistened([4; 16]);
+        let memory = SharedMemory::new(1 << 16, false).unwrap().into_segment();
+        let handoff = RefusesOnce(Direct(server.clone()), Default::default());
+        let shm = ShmDataPlane::with_handoff(
+            Arc::new(Attach(server.clone())),
+            true,
+            [4; 16],
+            Arc::new(handoff),
+        );
+        let node = NodeAddr {
+            endpoint: "node".into(),
+            key: 0x21,
+            rdma_key: None,
+        };
+        server.add(node.key, memory.clone());
+        let write = || {
+            shm.write(
+                &node,
+                vec![WriteOp {
+                    addr: memory.base() + 64,
+                    src: b"value",
+                }],
+                Duration::from_secs(5),
+            )
+        };
+        let refused = write().await.unwrap_err();
+        assert!(
+            refused.to_string().contains("too many clients"),
+            "{refused}"
+        );
+        write().await.expect("the next transfer attaches again");
+        let mut landed = [0u8; 5];
+        assert!(memory.copy_out(memory.base() + 64, &mut landed));
+        assert_eq!(&landed, b"value");
+    }
+
+    #[test]
+    fn an_attach_that_failed_does_not_replace_a_mapping_made_beside_it() {
+        let server = ShmServer::unlistened([5; 16]);
+        let shm = ShmDataPlane::with_handoff(
+            Arc::new(Attach(server.clone())),
+            false,
+            [5; 16],
+            Arc::new(Direct(server)),
+        );
+        let id: RouteId = ("node".into(), Some(7));
+        let memory = SharedMemory::new(4096, false).unwrap().into_segment();
+        let now = Instant::now();
+        shm.remember(id.clone(), Route::Mapped(memory, 0), now);
+        shm.remember(id.clone(), Route::Elsewhere("refused".into()), now);
+        assert!(matches!(shm.routes()[&id].route, Route::Mapped(..)));
     }
 }

@@ -43,6 +43,9 @@ pub fn send_reply(
     (&*stream).write_all(&bytes[sent as usize..])
 }
 
+/// How long the rest of a reply may take once its first bytes came.
+const REPLY_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Receives a reply on `stream` and the descriptor attached to it, if any.
 pub fn recv_reply(stream: &UnixStream) -> Result<(Reply, Option<OwnedFd>), String> {
     let mut bytes = vec![0u8; REPLY_HEADER_LEN + MAX_MESSAGE];
@@ -60,8 +63,18 @@ pub fn recv_reply(stream: &UnixStream) -> Result<(Reply, Option<OwnedFd>), Strin
     let fd = received_fd(&msg);
     let mut have = got as usize;
     let mut need = REPLY_HEADER_LEN;
+    // However the node paces the rest, the whole reply comes within the window: a caller
+    // waits for it on a thread that has other work.
+    let deadline = std::time::Instant::now() + REPLY_WINDOW;
     loop {
         while have < need {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(format!(
+                    "the node's reply took longer than {REPLY_WINDOW:?}"
+                ));
+            }
+            let _ = stream.set_read_timeout(Some(left));
             let n = (&*stream)
                 .read(&mut bytes[have..need])
                 .map_err(|e| format!("receiving: {e}"))?;
@@ -120,7 +133,8 @@ fn received_fd(msg: &libc::msghdr) -> Option<OwnedFd> {
     first
 }
 
-/// Room for one control message carrying a few descriptors, aligned for `cmsghdr`.
+/// Room for one control message carrying one descriptor (the kernel closes any more a peer
+/// sends, and flags the message cut short), aligned for `cmsghdr`.
 struct ControlBuffer {
     bytes: [u64; 8],
 }

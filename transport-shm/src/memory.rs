@@ -13,8 +13,8 @@ use mooring_proto::transport::SegmentMemory;
 /// descriptor can make another's mapping fault by truncating it.
 const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
-/// Bytes after a segment in its memfd: a page whose first word holds the data-server key the
-/// segment is exported under now (0: none). A client checks it around every transfer, so a
+/// Bytes after a segment in its memfd: a page whose first 8-byte-aligned word holds the
+/// data-server key the segment is exported under now (0: none). A client checks it around every transfer, so a
 /// mapping received for an earlier mount stops working the moment the node exports the memory
 /// anew (a remount, after which the master hands its ranges to other writers), as the earlier
 /// key stops working on every other transport.
@@ -253,12 +253,15 @@ impl Mapping {
         self.len - CONTROL
     }
 
-    /// The control page's export-key word.
+    /// The control page's export-key word: its first 8 bytes at an offset that is a
+    /// multiple of 8 (a segment may be any number of bytes long, an atomic must be aligned).
     fn export_word(&self) -> &AtomicU64 {
-        // SAFETY: every mapping is of a segment and its control page (`len` includes it), so
-        // the page's first 8 bytes lie inside the mapping, page-aligned; they are only ever
+        let at = self.data_len().next_multiple_of(8);
+        // SAFETY: every mapping is of a segment and its control page (`len` includes it), and
+        // `at` is at most 7 bytes into that page, so `at..at + 8` lies inside the mapping; the
+        // mapping starts page-aligned, so the word is 8-byte aligned. It is only ever
         // accessed atomically, by this process and by others mapping the same memfd.
-        unsafe { &*self.ptr.as_ptr().add(self.data_len()).cast::<AtomicU64>() }
+        unsafe { &*self.ptr.as_ptr().add(at).cast::<AtomicU64>() }
     }
 
     /// Touches one byte per page so the kernel backs the whole range now.
@@ -302,6 +305,20 @@ mod tests {
         let mut back = [0u8; 4];
         assert!(node.copy_out(node.base() + 8, &mut back));
         assert_eq!(&back, b"back");
+    }
+
+    #[test]
+    fn a_segment_of_any_length_has_an_aligned_export_word() {
+        for len in [1, 7, 1001, (1 << 16) + 3] {
+            let memory = SharedMemory::new(len, false).unwrap();
+            let fd = dup(memory.fd());
+            let node = memory.into_segment();
+            let word = export_word(&node).expect("shared memory has one");
+            assert_eq!(std::ptr::from_ref(word).addr() % 8, 0, "{len}-byte segment");
+            let client = map_received(fd, len).unwrap();
+            set_export_key(&node, 5);
+            assert_eq!(export_key(&client), Some(5), "{len}-byte segment");
+        }
     }
 
     #[test]

@@ -242,7 +242,15 @@ fn accept_loop(listener: UnixListener, state: Arc<State>) {
         if state.stopping.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(stream) = stream else { continue };
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(e) => {
+                // Out of descriptors or memory, typically: retrying at once would spin.
+                refusals::refused("shm socket", &format!("cannot accept a client: {e}"));
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            }
+        };
         if state.handoffs.fetch_add(1, Ordering::SeqCst) >= MAX_HANDOFFS {
             state.handoffs.fetch_sub(1, Ordering::SeqCst);
             refusals::refused(
