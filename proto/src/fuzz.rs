@@ -89,6 +89,7 @@ pub fn sample_handoffs() -> Vec<Vec<u8>> {
         encode_reply(&Reply::Granted {
             base: 0x7f00_0000_0000,
             len: 1 << 30,
+            proof: [9; 16],
         }),
         encode_reply(&Reply::Refused("ticket unknown".into())),
     ]
@@ -330,6 +331,7 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
             host: [1; 16],
             socket: [2; 16],
             ticket: [3; 16],
+            proof: [4; 16],
         })),
         Err(ErrorCode::TRANSFER_FAIL.into()),
     ];

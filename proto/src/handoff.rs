@@ -1,22 +1,26 @@
 //! The same-host transport's exchange on a node's Unix socket: a client presents a ticket; the node answers with
-//! the segment's address and length and, attached as `SCM_RIGHTS`, its memfd, or with a
-//! refusal saying why.
+//! the segment's address and length and the offer's proof and, attached as `SCM_RIGHTS`, its
+//! memfd, or with a refusal saying why.
 //!
 //! ```text
 //! request: "MSHM" | version | ticket (16)                                  21 bytes
 //! reply:   "MSHM" | version | status | message length (u16) | base (u64) | length (u64)
-//!          | message (status 1: why the ticket was refused)
+//!          | proof (16) | message (status 1: why the ticket was refused)
 //! ```
+//!
+//! The proof came with the ticket in the node's offer, over the authenticated data
+//! connection, and is sent back only with the memory: a process that took the socket's name
+//! after the node went learns the ticket from the client but cannot prove it is the node.
 //!
 //! Integers are little-endian. Decoding is pure and total (fuzzed): any bytes give a value or
 //! an error, never a panic.
 
 const MAGIC: [u8; 4] = *b"MSHM";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 /// Length of a request.
 pub const REQUEST_LEN: usize = 21;
 /// Length of a reply before its message.
-pub const REPLY_HEADER_LEN: usize = 24;
+pub const REPLY_HEADER_LEN: usize = 40;
 /// Longest refusal message.
 pub const MAX_MESSAGE: usize = 512;
 
@@ -30,6 +34,8 @@ pub enum Reply {
         base: u64,
         /// The segment's length.
         len: u64,
+        /// The proof in the offer whose ticket this answers.
+        proof: [u8; 16],
     },
     /// No memory for this ticket, and why.
     Refused(String),
@@ -58,9 +64,9 @@ pub fn decode_request(bytes: &[u8]) -> Result<[u8; 16], String> {
 
 /// A reply's bytes (a refusal's message is cut to [`MAX_MESSAGE`] bytes).
 pub fn encode_reply(reply: &Reply) -> Vec<u8> {
-    let (status, message, base, len) = match reply {
-        Reply::Granted { base, len } => (0u8, "", *base, *len),
-        Reply::Refused(why) => (1u8, cut(why), 0, 0),
+    let (status, message, base, len, proof) = match reply {
+        Reply::Granted { base, len, proof } => (0u8, "", *base, *len, *proof),
+        Reply::Refused(why) => (1u8, cut(why), 0, 0, [0; 16]),
     };
     let mut bytes = Vec::with_capacity(REPLY_HEADER_LEN + message.len());
     bytes.extend_from_slice(&MAGIC);
@@ -69,6 +75,7 @@ pub fn encode_reply(reply: &Reply) -> Vec<u8> {
     bytes.extend_from_slice(&(message.len() as u16).to_le_bytes());
     bytes.extend_from_slice(&base.to_le_bytes());
     bytes.extend_from_slice(&len.to_le_bytes());
+    bytes.extend_from_slice(&proof);
     bytes.extend_from_slice(message.as_bytes());
     bytes
 }
@@ -104,6 +111,7 @@ pub fn decode_reply(bytes: &[u8]) -> Result<Reply, String> {
         0 => Ok(Reply::Granted {
             base: word(8),
             len: word(16),
+            proof: bytes[24..40].try_into().expect("16 bytes"),
         }),
         1 => Ok(Reply::Refused(
             String::from_utf8_lossy(&bytes[REPLY_HEADER_LEN..]).into_owned(),
@@ -152,6 +160,7 @@ mod tests {
             Reply::Granted {
                 base: 0x7f00_0000_0000,
                 len: 1 << 30,
+                proof: [9; 16],
             },
             Reply::Refused("ticket unknown or expired".into()),
         ] {

@@ -767,6 +767,9 @@ pub struct ShmOffer {
     pub socket: [u8; 16],
     /// A one-time ticket for this segment, valid for a few seconds.
     pub ticket: [u8; 16],
+    /// What the node's socket sends back with the memory: the client maps only memory that
+    /// comes with it (a process on the socket's name that did not make the offer lacks it).
+    pub proof: [u8; 16],
 }
 
 impl DataReply {

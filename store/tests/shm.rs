@@ -239,7 +239,7 @@ async fn tickets_come_only_through_the_data_server_and_work_once() {
     let (fd, reply) = redeem(&offer.socket, &offer.ticket);
     assert!(fd, "{reply:?}");
     assert!(
-        matches!(reply, Reply::Granted { len, .. } if len == 32 << 20),
+        matches!(reply, Reply::Granted { len, proof, .. } if len == 32 << 20 && proof == offer.proof),
         "{reply:?}"
     );
     let (fd, reply) = redeem(&offer.socket, &offer.ticket);

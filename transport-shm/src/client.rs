@@ -256,7 +256,14 @@ impl ShmDataPlane {
     /// Presents `offer`'s ticket through the handoff and maps what comes back.
     fn redeem(&self, offer: &ShmOffer) -> std::result::Result<Route, String> {
         match self.handoff.exchange(offer)? {
-            (Reply::Granted { base, len }, Some(fd)) => {
+            // Memory without the offer's proof comes from a process that did not make the
+            // offer (one that took the socket's name after the node went): never map it.
+            (Reply::Granted { proof, .. }, _) if proof != offer.proof => Err(
+                "the process on the node's socket could not prove it made the offer (the node \
+                 may have exited and another process taken its socket name)"
+                    .into(),
+            ),
+            (Reply::Granted { base, len, .. }, Some(fd)) => {
                 let len =
                     usize::try_from(len).map_err(|_| "a segment larger than memory".to_string())?;
                 let memory = map_received(fd, len).map_err(|e| e.to_string())?;
@@ -588,5 +595,62 @@ mod tests {
         shm.remember(id.clone(), Route::Mapped(memory, 0), now);
         shm.remember(id.clone(), Route::Elsewhere("refused".into()), now);
         assert!(matches!(shm.routes()[&id].route, Route::Mapped(..)));
+    }
+
+    /// A process that took the node's socket name: it answers with memory of its own, but
+    /// cannot know the proof the node put in its offer.
+    struct Squatter;
+
+    impl Handoff for Squatter {
+        fn in_this_process(&self, _: &[u8; 16]) -> bool {
+            false
+        }
+
+        fn exchange(
+            &self,
+            offer: &ShmOffer,
+        ) -> std::result::Result<(Reply, Option<OwnedFd>), String> {
+            let own = SharedMemory::new(1 << 16, false).unwrap();
+            let fd = own.fd().try_clone_to_owned().unwrap();
+            let mut guess = offer.ticket;
+            guess[0] ^= 1;
+            let granted = Reply::Granted {
+                base: own.into_segment().base(),
+                len: 1 << 16,
+                proof: guess,
+            };
+            Ok((granted, Some(fd)))
+        }
+    }
+
+    #[tokio::test]
+    async fn memory_from_a_process_that_cannot_prove_it_made_the_offer_is_not_mapped() {
+        let server = ShmServer::unlistened([6; 16]);
+        let memory = SharedMemory::new(1 << 16, false).unwrap().into_segment();
+        let shm = ShmDataPlane::with_handoff(
+            Arc::new(Attach(server.clone())),
+            true,
+            [6; 16],
+            Arc::new(Squatter),
+        );
+        let node = NodeAddr {
+            endpoint: "node".into(),
+            key: 0x31,
+            rdma_key: None,
+        };
+        server.add(node.key, memory.clone());
+        let written = shm
+            .write(
+                &node,
+                vec![WriteOp {
+                    addr: memory.base() + 64,
+                    src: b"secret",
+                }],
+                Duration::from_secs(5),
+            )
+            .await;
+        let refused = written.unwrap_err();
+        assert!(refused.to_string().contains("could not prove"), "{refused}");
+        assert!(shm.routes().is_empty(), "nothing mapped or remembered");
     }
 }

@@ -163,6 +163,7 @@ mod tests {
         let granted = Reply::Granted {
             base: 4096,
             len: 8192,
+            proof: [3; 16],
         };
         send_reply(&a, &granted, Some(file.as_fd())).unwrap();
         let (reply, fd) = recv_reply(&b).unwrap();

@@ -78,32 +78,34 @@ struct State {
 
 #[derive(Default)]
 struct Tickets {
-    /// What each ticket is for, and when it was issued.
-    issued: HashMap<[u8; 16], (u64, Instant)>,
+    /// What each ticket is for, when it was issued, and the proof its offer carried.
+    issued: HashMap<[u8; 16], (u64, Instant, [u8; 16])>,
 }
 
 impl Tickets {
-    fn issue(&mut self, key: u64, now: Instant) -> [u8; 16] {
+    /// A fresh ticket for `key`, and the proof the reply to it will carry.
+    fn issue(&mut self, key: u64, now: Instant) -> ([u8; 16], [u8; 16]) {
         self.issued
-            .retain(|_, (_, at)| now.duration_since(*at) < TICKET_TTL);
+            .retain(|_, (_, at, _)| now.duration_since(*at) < TICKET_TTL);
         if self.issued.len() >= MAX_TICKETS {
             let oldest = self
                 .issued
                 .iter()
-                .min_by_key(|(_, (_, at))| *at)
+                .min_by_key(|(_, (_, at, _))| *at)
                 .map(|(t, _)| *t)
                 .expect("at the limit, so not empty");
             self.issued.remove(&oldest);
         }
-        let ticket = random();
-        self.issued.insert(ticket, (key, now));
-        ticket
+        let (ticket, proof) = (random(), random());
+        self.issued.insert(ticket, (key, now, proof));
+        (ticket, proof)
     }
 
-    /// The key `ticket` is for, if it was issued and has not expired or been redeemed.
-    fn redeem(&mut self, ticket: &[u8; 16], now: Instant) -> Option<u64> {
-        let (key, at) = self.issued.remove(ticket)?;
-        (now.duration_since(at) < TICKET_TTL).then_some(key)
+    /// The key `ticket` is for and its proof, if it was issued and has not expired or been
+    /// redeemed.
+    fn redeem(&mut self, ticket: &[u8; 16], now: Instant) -> Option<(u64, [u8; 16])> {
+        let (key, at, proof) = self.issued.remove(ticket)?;
+        (now.duration_since(at) < TICKET_TTL).then_some((key, proof))
     }
 }
 
@@ -201,7 +203,7 @@ impl ShmServer {
         }
         lock(&self.state.tickets)
             .issued
-            .retain(|_, (k, _)| *k != key);
+            .retain(|_, (k, _, _)| *k != key);
     }
 }
 
@@ -213,11 +215,12 @@ impl ShmAcceptor for ShmServer {
                 format!("segment key {key:#x} is not in shared memory here; use TCP for it"),
             ));
         }
-        let ticket = lock(&self.state.tickets).issue(key, Instant::now());
+        let (ticket, proof) = lock(&self.state.tickets).issue(key, Instant::now());
         Ok(ShmOffer {
             host: self.host,
             socket: self.socket,
             ticket,
+            proof,
         })
     }
 }
@@ -303,9 +306,10 @@ fn answer(state: &State, request: &[u8]) -> std::result::Result<(Reply, SegmentM
     let ticket = handoff::decode_request(request).inspect_err(|why| {
         refusals::refused("shm socket", why);
     })?;
-    let key = lock(&state.tickets).redeem(&ticket, Instant::now());
-    let memory = key.and_then(|key| lock(&state.exports).get(&key).cloned());
-    let Some(memory) = memory else {
+    let redeemed = lock(&state.tickets).redeem(&ticket, Instant::now());
+    let found =
+        redeemed.and_then(|(key, proof)| Some((lock(&state.exports).get(&key).cloned()?, proof)));
+    let Some((memory, proof)) = found else {
         refusals::refused(
             "shm socket",
             "a ticket that is unknown, used, expired or for a segment gone",
@@ -319,6 +323,7 @@ fn answer(state: &State, request: &[u8]) -> std::result::Result<(Reply, SegmentM
     let granted = Reply::Granted {
         base: memory.base(),
         len: memory.len() as u64,
+        proof,
     };
     debug!(
         len = memory.len(),
@@ -383,10 +388,11 @@ mod tests {
     fn tickets_work_once_within_their_time_and_are_bounded() {
         let mut tickets = Tickets::default();
         let t0 = Instant::now();
-        let a = tickets.issue(1, t0);
-        let b = tickets.issue(2, t0);
+        let (a, proof) = tickets.issue(1, t0);
+        let (b, _) = tickets.issue(2, t0);
         assert_ne!(a, b);
-        assert_eq!(tickets.redeem(&a, t0), Some(1));
+        assert_ne!(a, proof, "the proof is not the ticket");
+        assert_eq!(tickets.redeem(&a, t0), Some((1, proof)));
         assert_eq!(tickets.redeem(&a, t0), None, "once only");
         assert_eq!(tickets.redeem(&b, t0 + TICKET_TTL), None, "expired");
         assert_eq!(tickets.redeem(&[0; 16], t0), None);

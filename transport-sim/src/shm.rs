@@ -84,7 +84,8 @@ mod tests {
             reply,
             Reply::Granted {
                 base: memory.base(),
-                len: 1 << 16
+                len: 1 << 16,
+                proof: offer.proof,
             }
         );
         assert!(fd.is_some(), "the descriptor comes with the grant");
