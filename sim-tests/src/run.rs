@@ -356,8 +356,10 @@ struct Supervisor {
 
 /// A value's record on a node's disk that a bit flip hit.
 struct DamagedRecord {
-    /// The node whose disk holds it.
+    /// The node whose disk holds it, the file, and where in it the value starts.
     node: usize,
+    file: String,
+    start: u64,
     key: String,
     /// The write whose value it holds, and that value's length.
     version: u64,
@@ -367,12 +369,16 @@ struct DamagedRecord {
 }
 
 impl DamagedRecord {
-    /// Whether `disk` still holds an intact record of the same value (the node wrote it
-    /// twice): the master's disk copy may be that one.
+    /// Whether `disk` holds another record of the same value whose value is intact (the
+    /// node wrote it twice): the master's disk copy may be that one.
     fn intact_twin_on(&self, disk: &SimDisk) -> bool {
         let mut header = crate::value::key_hash(&self.key).to_le_bytes().to_vec();
         header.extend_from_slice(&self.version.to_le_bytes());
-        disk.find(&header).iter().any(|(name, start)| {
+        let found = disk.find(&header);
+        let mut others = found
+            .iter()
+            .filter(|(name, start)| (name, *start) != (&self.file, self.start));
+        others.any(|(name, start)| {
             disk.contents(name).is_some_and(|bytes| {
                 let start = *start as usize;
                 bytes.get(start..start + self.size).is_some_and(|value| {
@@ -591,8 +597,9 @@ impl Supervisor {
         });
     }
 
-    /// The key whose current value has a byte at offset `at` of file `name` on node `node`'s
-    /// disk: the key, the value's checksum, and whether that disk copy is the value's only
+    /// The key whose current value's disk record (header, key or value) has a byte at offset
+    /// `at` of file `name` on node `node`'s disk (seed 13707: a flip in a record's header):
+    /// the key, the value's checksum, and whether that disk copy is the value's only
     /// one (the master lists it and no memory replica). A copy the node wrote and has not
     /// reported yet is found too (seed 10437): [`Supervisor::watch_rotted`] waits for the
     /// master to list it.
@@ -600,8 +607,9 @@ impl Supervisor {
         let master = self.world.master()?;
         let here = self.world.node(node)?.segment()?;
         let contents = self.world.disks[node].contents(name)?;
-        let (key, version, size) =
-            crate::value::value_at(&contents, at as usize, &self.world.keys)?;
+        let header = mooring_disk::record::HEADER_LEN;
+        let (key, version, size, start) =
+            crate::value::value_at(&contents, at as usize, &self.world.keys, header)?;
         // Only a write the history made (a stray header-like run of bytes is not a value).
         if !self
             .world
@@ -619,6 +627,8 @@ impl Supervisor {
         let listed_here = master.with_master(|m, _| m.audit_disk_copy(key)) == Some(here);
         let record = DamagedRecord {
             node,
+            file: name.to_string(),
+            start: start as u64,
             key: key.to_string(),
             version,
             size,

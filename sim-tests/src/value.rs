@@ -79,21 +79,37 @@ pub fn judge(key: &str, bytes: &[u8]) -> Judged {
     Judged::Intact(field(8))
 }
 
-/// The value whose bytes include offset `at` of `bytes` (a disk file's contents), if one of
-/// `keys` heads it: the key, the write's version and the value's length. The nearest value
-/// header at or before `at` decides: if its value ends before `at`, the offset is in no value.
-pub fn value_at<'k>(bytes: &[u8], at: usize, keys: &'k [String]) -> Option<(&'k str, u64, usize)> {
+/// The value whose disk record includes offset `at` of `bytes` (a disk file's contents), if
+/// one of `keys` heads it: the key, the write's version, the value's length and where the
+/// value starts. A record is
+/// the node's `header` bytes, the key, then the value, every byte of which its checksum
+/// covers, so a flip anywhere in it damages the value's copy.
+pub fn value_at<'k>(
+    bytes: &[u8],
+    at: usize,
+    keys: &'k [String],
+    header: usize,
+) -> Option<(&'k str, u64, usize, usize)> {
     let by_hash: std::collections::HashMap<u64, &str> =
         keys.iter().map(|k| (key_hash(k), k.as_str())).collect();
+    let longest_key = keys.iter().map(String::len).max()?;
     let field = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-    let last_header = bytes.len().checked_sub(HEADER)?.min(at);
-    let start = (0..=last_header)
+    let last_start = bytes.len().checked_sub(HEADER)?;
+    // A value starts at most a record's header and key after `at`, or anywhere before it:
+    // the nearest starts on either side are the only candidates.
+    let after = (at + 1..=(at + header + longest_key).min(last_start))
+        .find(|&p| by_hash.contains_key(&field(p)));
+    let before = (0..=at.min(last_start))
         .rev()
-        .find(|&p| by_hash.contains_key(&field(p)))?;
-    let len =
-        u32::from_le_bytes(bytes[start + 16..start + 20].try_into().expect("4 bytes")) as usize;
-    let inside = at < start + len && start + len <= bytes.len();
-    inside.then(|| (by_hash[&field(start)], field(start + 8), len))
+        .find(|&p| by_hash.contains_key(&field(p)));
+    [after, before].into_iter().flatten().find_map(|start| {
+        let key = by_hash[&field(start)];
+        let len = u32::from_le_bytes(bytes[start + 16..start + 20].try_into().expect("4 bytes"));
+        let end = start + len as usize;
+        let record = start.checked_sub(header + key.len())?;
+        (record <= at && at < end && end <= bytes.len())
+            .then(|| (key, field(start + 8), len as usize, start))
+    })
 }
 
 #[cfg(test)]
@@ -123,21 +139,37 @@ mod tests {
     }
 
     #[test]
-    fn the_value_at_an_offset_is_found_by_the_nearest_header() {
-        let keys = vec!["a".to_string(), "b".to_string()];
+    fn the_value_whose_record_spans_an_offset_is_found() {
+        let keys = vec!["a".to_string(), "bb".to_string()];
+        // Records as a node writes them: a 4-byte header (in this test), the key, the value.
         let mut file = vec![0xEEu8; 10];
-        file.extend(encode("a", 3, 40));
+        file.extend([0x11; 4]);
+        file.extend(b"a");
+        file.extend(encode("a", 3, 40)); // the value at 15..55
         file.extend([0xEE; 6]);
-        file.extend(encode("b", 9, 30));
-        assert_eq!(value_at(&file, 5, &keys), None, "before any value");
-        assert_eq!(value_at(&file, 10, &keys), Some(("a", 3, 40)));
-        assert_eq!(value_at(&file, 49, &keys), Some(("a", 3, 40)));
-        assert_eq!(value_at(&file, 52, &keys), None, "between values");
-        assert_eq!(value_at(&file, 56, &keys), Some(("b", 9, 30)));
-        assert_eq!(value_at(&file, 85, &keys), Some(("b", 9, 30)));
-        assert_eq!(value_at(&file[..70], 60, &keys), None, "a value cut short");
+        file.extend([0x22; 4]);
+        file.extend(b"bb");
+        file.extend(encode("bb", 9, 30)); // the record at 61..97, its value at 67..97
+        let find = |at| value_at(&file, at, &keys, 4);
+        assert_eq!(find(5), None, "before any record");
         assert_eq!(
-            value_at(&file, 30, &keys[1..]),
+            find(10),
+            Some(("a", 3, 40, 15)),
+            "the first byte of a's record header"
+        );
+        assert_eq!(find(14), Some(("a", 3, 40, 15)), "a's key");
+        assert_eq!(find(54), Some(("a", 3, 40, 15)), "a's value's last byte");
+        assert_eq!(find(57), None, "between records");
+        assert_eq!(find(61), Some(("bb", 9, 30, 67)), "bb's record header");
+        assert_eq!(find(66), Some(("bb", 9, 30, 67)), "bb's key");
+        assert_eq!(find(96), Some(("bb", 9, 30, 67)));
+        assert_eq!(
+            value_at(&file[..80], 70, &keys, 4),
+            None,
+            "a value cut short"
+        );
+        assert_eq!(
+            value_at(&file, 30, &keys[1..], 4),
             None,
             "a key not asked about"
         );
