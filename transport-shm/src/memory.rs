@@ -162,11 +162,22 @@ pub(crate) fn map_received(fd: OwnedFd, len: usize) -> Result<SegmentMemory> {
         )));
     }
     let map = Arc::new(Mapping::new(fd.as_fd(), total)?);
-    populate_in_background(Arc::downgrade(&map));
+    // Populating a page the node never touched would allocate it, charged to this process
+    // (its container's memory limit): only a segment the node backed in full (it prefaulted)
+    // is populated, which then costs this process page tables only.
+    if fully_backed(&stat, total) {
+        populate_in_background(Arc::downgrade(&map));
+    }
     let (ptr, len) = (map.ptr, map.data_len());
     // SAFETY: the mapping lives until the last clone of the owner drops (the descriptor may
     // close now: a mapping keeps its pages).
     Ok(unsafe { SegmentMemory::new(ptr, len, map) })
+}
+
+/// Whether the memfd `stat` describes has memory behind each of its first `len` bytes.
+fn fully_backed(stat: &libc::stat, len: usize) -> bool {
+    // `st_blocks` counts 512-byte units of memory the file holds.
+    (stat.st_blocks as u64).saturating_mul(512) >= len as u64
 }
 
 /// Bytes populated at a time in the background.
@@ -305,6 +316,28 @@ mod tests {
         let mut back = [0u8; 4];
         assert!(node.copy_out(node.base() + 8, &mut back));
         assert_eq!(&back, b"back");
+    }
+
+    #[test]
+    fn only_a_segment_the_node_backed_in_full_is_populated_by_clients() {
+        let stat = |memory: &SharedMemory| {
+            // SAFETY: plain data, filled by the kernel for a descriptor we hold.
+            let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+            assert_eq!(
+                unsafe { libc::fstat(memory.fd().as_raw_fd(), &mut stat) },
+                0
+            );
+            stat
+        };
+        let total = (1 << 20) + CONTROL;
+        let prefaulted = SharedMemory::new(1 << 20, true).unwrap();
+        assert!(fully_backed(&stat(&prefaulted), total));
+        let sparse = SharedMemory::new(1 << 20, false).unwrap();
+        assert!(!fully_backed(&stat(&sparse), total));
+        let segment = sparse.into_segment();
+        assert!(segment.copy_in(segment.base(), &[1u8; 8192]));
+        let touched = shared(&segment).unwrap();
+        assert!(!fully_backed(&stat(touched), total), "two pages of many");
     }
 
     #[test]
