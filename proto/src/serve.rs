@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 use mooring_core::{Error, ErrorCode, Result};
 
 use crate::transport::{
-    BoxFuture, ExportTable, NodeAddr, RdmaAcceptor, SegmentMemory, ShmAcceptor, Stager,
+    BoxFuture, ExportTable, Exported, NodeAddr, RdmaAcceptor, SegmentMemory, ShmAcceptor, Stager,
 };
 use crate::wire::{DataReply, DataRequest, DataResponse, Range};
 
@@ -40,9 +40,17 @@ pub enum Served {
 pub struct Ranges {
     memory: SegmentMemory,
     ranges: Vec<Range>,
+    exported: Exported,
 }
 
 impl Ranges {
+    /// Whether the segment is still exported under the request's key, for a transport that
+    /// fills the ranges over time: it stops once the export ends (the master may have given
+    /// the ranges to other writers).
+    pub fn exported(&self) -> Exported {
+        self.exported.clone()
+    }
+
     /// Total bytes.
     pub fn len(&self) -> u64 {
         self.ranges.iter().map(|r| r.len).sum()
@@ -263,13 +271,21 @@ impl DataService {
                          another writer",
                     ));
                 }
-                match self.exports.resolve(key, &ranges) {
-                    Ok(memory) => Served::Write(Ranges { memory, ranges }),
+                match self.exports.resolve_watched(key, &ranges) {
+                    Ok((memory, exported)) => Served::Write(Ranges {
+                        memory,
+                        ranges,
+                        exported,
+                    }),
                     Err(e) => Served::RefuseWrite(e),
                 }
             }
-            DataRequest::Read { key, ranges } => match self.exports.resolve(key, &ranges) {
-                Ok(memory) => Served::Read(Ranges { memory, ranges }),
+            DataRequest::Read { key, ranges } => match self.exports.resolve_watched(key, &ranges) {
+                Ok((memory, exported)) => Served::Read(Ranges {
+                    memory,
+                    ranges,
+                    exported,
+                }),
                 Err(e) => Served::Answer(Err(e)),
             },
             DataRequest::Probe { sent_at_us } => {

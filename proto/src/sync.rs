@@ -8,10 +8,10 @@
 #[cfg(mooring_loom)]
 pub(crate) use loom::sync::{
     RwLock,
-    atomic::{AtomicU64, Ordering},
+    atomic::{AtomicBool, AtomicU64, Ordering},
 };
 #[cfg(not(mooring_loom))]
 pub(crate) use std::sync::{
     RwLock,
-    atomic::{AtomicU64, Ordering},
+    atomic::{AtomicBool, AtomicU64, Ordering},
 };

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use mooring_core::{Checksum, Error, ErrorCode, Result};
 // The export table's lock and key counter: loom's under `--cfg mooring_loom`.
-use crate::sync::{AtomicU64, Ordering, RwLock};
+use crate::sync::{AtomicBool, AtomicU64, Ordering, RwLock};
 use crate::wire::{
     Call, DataReply, DataRequest, MAX_DATA_REQUEST, MasterRequest, MasterResponse, QpAddress,
     Range, Reply, ShmOffer, StagedSlot,
@@ -384,9 +384,22 @@ pub trait DataServer: Send + Sync {
 /// segment; a remount exports under a fresh key, so descriptors from an earlier mount stop
 /// working.
 pub struct ExportTable {
-    regions: RwLock<BTreeMap<u64, SegmentMemory>>,
+    regions: RwLock<BTreeMap<u64, (SegmentMemory, Exported)>>,
     key_seed: u64,
     next_key: AtomicU64,
+}
+
+/// Whether one export is still in force: a transfer that runs long (a write trickling in over
+/// a slow link) checks it as it goes, since once the segment is unexported (a remount) the
+/// master may give its ranges to other writers.
+#[derive(Clone)]
+pub struct Exported(Arc<AtomicBool>);
+
+impl Exported {
+    /// Whether the export is still in force.
+    pub fn still(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
 }
 
 impl ExportTable {
@@ -404,19 +417,24 @@ impl ExportTable {
     pub fn export(&self, memory: SegmentMemory) -> u64 {
         let n = self.next_key.fetch_add(1, Ordering::Relaxed);
         let key = mix(self.key_seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1;
+        let exported = Exported(Arc::new(AtomicBool::new(true)));
         self.regions
             .write()
             .expect("export table lock")
-            .insert(key, memory);
+            .insert(key, (memory, exported));
         key
     }
 
-    /// Stops exporting `key`; returns its memory if it was exported.
+    /// Stops exporting `key`; returns its memory if it was exported. Transfers under way
+    /// see it through their [`Exported`].
     pub fn unexport(&self, key: u64) -> Option<SegmentMemory> {
-        self.regions
+        let (memory, exported) = self
+            .regions
             .write()
             .expect("export table lock")
-            .remove(&key)
+            .remove(&key)?;
+        exported.0.store(false, Ordering::Release);
+        Some(memory)
     }
 
     /// Every exported key.
@@ -432,6 +450,11 @@ impl ExportTable {
     /// The memory of `key` if every range lies inside it and the total is one request's
     /// worth at most.
     pub fn resolve(&self, key: u64, ranges: &[Range]) -> Result<SegmentMemory> {
+        self.resolve_watched(key, ranges).map(|(memory, _)| memory)
+    }
+
+    /// As [`ExportTable::resolve`], with what tells whether the export is still in force.
+    pub fn resolve_watched(&self, key: u64, ranges: &[Range]) -> Result<(SegmentMemory, Exported)> {
         let mut total: u64 = 0;
         for r in ranges {
             total = total
@@ -457,7 +480,7 @@ impl ExportTable {
                 )
             })?;
         for r in ranges {
-            if region.range(r.addr, r.len).is_none() {
+            if region.0.range(r.addr, r.len).is_none() {
                 return Err(Error::new(
                     ErrorCode::INVALID_PARAMS,
                     format!("range {:#x}+{} lies outside the segment", r.addr, r.len),
@@ -514,7 +537,10 @@ mod tests {
             table.resolve(first, &huge).unwrap_err().code,
             ErrorCode::INVALID_PARAMS
         );
+        let (_, exported) = table.resolve_watched(first, &inside).unwrap();
+        assert!(exported.still());
         assert!(table.unexport(first).is_some());
+        assert!(!exported.still(), "a transfer under way sees the unexport");
         assert_eq!(
             table.resolve(first, &inside).unwrap_err().code,
             ErrorCode::REPLICA_IS_GONE

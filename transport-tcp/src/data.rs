@@ -223,8 +223,14 @@ impl TcpDataServer {
     }
 }
 
-/// Reads a write's bulk bytes straight from the socket into the segment, within `deadline`,
-/// and answers. False if the connection must close.
+/// Bytes of a write received between checks of its deadline and of its segment's export.
+const WRITE_STEP: usize = 256 << 10;
+
+/// Reads a write's bulk bytes straight from the socket into the segment, within `deadline`
+/// and while the segment is still exported under the request's key, and answers. Both are
+/// checked before every [`WRITE_STEP`] bytes: a write that trickles in must not land after
+/// its deadline, nor after a remount (the master may by then have given its ranges to
+/// another writer). False if the connection must close.
 async fn receive_write(
     conn: &mut Framed,
     id: u64,
@@ -232,20 +238,34 @@ async fn receive_write(
     deadline: Instant,
     peer: &str,
 ) -> bool {
+    let exported = target.exported();
     for dest in target.write_slices() {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(remaining, conn.read_exact(dest)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                debug!(peer, "write aborted: {e}");
+        for step in dest.chunks_mut(WRITE_STEP) {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let stop = if remaining.is_zero() {
+                Some("still arriving at its deadline")
+            } else if !exported.still() {
+                Some("still arriving after its segment was unexported (unmounted or remounted)")
+            } else {
+                None
+            };
+            if let Some(why) = stop {
+                warn!(peer, "write {why}; closing the connection");
                 return false;
             }
-            Err(_) => {
-                warn!(
-                    peer,
-                    "write still arriving at its deadline; closing the connection"
-                );
-                return false;
+            match tokio::time::timeout(remaining, conn.read_exact(step)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    debug!(peer, "write aborted: {e}");
+                    return false;
+                }
+                Err(_) => {
+                    warn!(
+                        peer,
+                        "write still arriving at its deadline; closing the connection"
+                    );
+                    return false;
+                }
             }
         }
     }

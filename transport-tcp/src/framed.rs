@@ -289,6 +289,16 @@ impl Framed {
 
     /// Reads the next frame and decodes it as `M`. Returns the request id and the message.
     pub async fn read_message<M: WireMessage>(&mut self) -> Result<(u64, M), ReadError> {
+        self.read_message_at_most(usize::MAX).await
+    }
+
+    /// As [`Framed::read_message`], refusing a frame longer than `limit` before reading its
+    /// payload: for messages that are always small, from peers not yet authenticated (whose
+    /// frames could otherwise hold up to the largest frame's worth of memory each).
+    pub async fn read_message_at_most<M: WireMessage>(
+        &mut self,
+        limit: usize,
+    ) -> Result<(u64, M), ReadError> {
         if !self.fill(HEADER_LEN, true).await? {
             return Err(ReadError::Closed);
         }
@@ -301,6 +311,12 @@ impl Framed {
         self.start += HEADER_LEN;
         let header: FrameHeader = parse_header(&header).map_err(ReadError::Frame)?;
         let len = header.len as usize;
+        if len > limit {
+            return Err(ReadError::Io(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a {len}-byte frame where at most {limit} bytes are expected"),
+            )));
+        }
         let rest = async {
             if len <= BUFFER {
                 self.fill(len, false).await?;
@@ -508,6 +524,34 @@ mod tests {
     /// A connection following its peer's pace spins half again as long as the last gap,
     /// within its floor and cap, and only its floor after a pause past the cap; one that
     /// does not follow keeps its spin.
+    #[tokio::test]
+    async fn a_frame_longer_than_the_caller_expects_is_refused_before_its_payload() {
+        use mooring_proto::wire::{DataRequest, WireMessage};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut sender = Framed::new(TcpStream::connect(addr).await.unwrap(), Duration::ZERO);
+        let mut receiver = Framed::new(listener.accept().await.unwrap().0, Duration::ZERO);
+        // A 200 KiB message whose payload never comes: only its header is sent.
+        let big = DataRequest::Write {
+            key: 1,
+            ranges: vec![mooring_proto::wire::Range { addr: 0, len: 0 }; 200 << 10 >> 4],
+            sent_at_us: 0,
+            valid_for_us: 0,
+        };
+        let frame = big.to_frame(3);
+        sender.stream.write_all(&frame[..HEADER_LEN]).await.unwrap();
+        let refused = tokio::time::timeout(
+            Duration::from_secs(5),
+            receiver.read_message_at_most::<DataRequest>(64 << 10),
+        )
+        .await
+        .expect("refused at once, without waiting for the payload");
+        let Err(err) = refused else {
+            panic!("a frame over the limit was read")
+        };
+        assert!(err.to_string().contains("at most 65536"), "{err}");
+    }
+
     #[tokio::test]
     async fn the_spin_follows_the_peers_pace_within_bounds() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

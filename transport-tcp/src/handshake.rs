@@ -13,6 +13,10 @@ use mooring_proto::auth::{
 
 use crate::framed::{Framed, ReadError};
 
+/// Longest handshake message accepted: they are a few dozen bytes, and the peer has not
+/// proved anything yet when the first arrives.
+const MAX_HANDSHAKE: usize = 64 << 10;
+
 /// How long a server waits for a new connection's answer. Short: a peer that connects and
 /// says nothing holds a connection slot for no more than this.
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
@@ -70,14 +74,20 @@ pub async fn client(
     client: u128,
 ) -> Result<ConnectionClock, String> {
     let exchange = async {
-        let (_, challenge) = conn.read_message::<Handshake>().await.map_err(unreadable)?;
+        let (_, challenge) = conn
+            .read_message_at_most::<Handshake>(MAX_HANDSHAKE)
+            .await
+            .map_err(unreadable)?;
         let own = nonce();
         let answer = answer_challenge(token, &challenge, &own, client)?;
         let origin = Instant::now();
         conn.write_message(0, &answer, &[])
             .await
             .map_err(|e| format!("handshake send failed: {e}"))?;
-        let (_, last) = conn.read_message::<Handshake>().await.map_err(unreadable)?;
+        let (_, last) = conn
+            .read_message_at_most::<Handshake>(MAX_HANDSHAKE)
+            .await
+            .map_err(unreadable)?;
         let rtt = origin.elapsed();
         check_welcome(token, &own, &challenge, &last)?;
         Ok(ConnectionClock { origin, rtt })
@@ -106,7 +116,10 @@ pub async fn server(
         conn.write_message(0, &challenge, &[])
             .await
             .map_err(|e| format!("challenge send failed: {e}"))?;
-        let (_, answer) = conn.read_message::<Handshake>().await.map_err(unreadable)?;
+        let (_, answer) = conn
+            .read_message_at_most::<Handshake>(MAX_HANDSHAKE)
+            .await
+            .map_err(unreadable)?;
         let answered = Instant::now();
         match judge_answer(token, &own, &answer) {
             Ok((welcome, client)) => conn

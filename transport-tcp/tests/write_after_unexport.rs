@@ -1,0 +1,83 @@
+//! A write that trickles in stops landing once its segment is unexported (a remount, after
+//! which the master may give the ranges to other writers): over loopback, against a real data
+//! server, with the request a client would send.
+
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mooring_proto::transport::{DataServer, SegmentMemory};
+use mooring_proto::wire::{DataRequest, DataResponse, Range};
+use mooring_transport_tcp::{Framed, LocalSegments, TcpDataServer, handshake};
+
+const HALF: usize = 1 << 20;
+/// What the server may still take in after the unexport: the step it was already waiting
+/// for when the unexport came (it checks before each 256 KiB).
+const STEP: usize = 256 << 10;
+
+#[tokio::test]
+async fn a_write_under_way_stops_landing_when_its_segment_is_unexported() {
+    let owner = Arc::new(Mutex::new(vec![0u8; 2 * HALF]));
+    let ptr = NonNull::new(owner.lock().unwrap().as_mut_ptr()).unwrap();
+    // SAFETY: the vector lives as long as `owner`, which the segment keeps alive.
+    let memory = unsafe { SegmentMemory::new(ptr, 2 * HALF, owner.clone()) };
+    let server = TcpDataServer::start(
+        "127.0.0.1:0",
+        None,
+        Arc::new(LocalSegments::default()),
+        7,
+        Duration::ZERO,
+        None,
+    )
+    .await
+    .unwrap();
+    let node = server.export(memory.clone()).unwrap();
+
+    let mut conn = Framed::connect(&node.endpoint, Duration::ZERO)
+        .await
+        .unwrap();
+    let clock = handshake::client(&mut conn, None, 0x77).await.unwrap();
+    let write = DataRequest::Write {
+        key: node.key,
+        ranges: vec![Range {
+            addr: memory.base(),
+            len: 2 * HALF as u64,
+        }],
+        sent_at_us: clock.origin.elapsed().as_micros() as u64,
+        valid_for_us: 30_000_000,
+    };
+    // The request and the first half of its bytes; the rest comes later (a slow link).
+    conn.write_message(1, &write, &[&vec![0xAB; HALF]])
+        .await
+        .unwrap();
+    let landed = |at: usize| {
+        let mut byte = [0u8];
+        assert!(memory.copy_out(memory.base() + at as u64, &mut byte));
+        byte[0]
+    };
+    for _ in 0..500 {
+        if landed(HALF - 1) == 0xAB {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(landed(HALF - 1), 0xAB, "the first half never landed");
+
+    // The node remounts: the old key goes. Then the rest of the write arrives (any bytes
+    // will do: the server takes what follows as the write's).
+    server.unexport(node.key);
+    let rest = vec![0xCD; HALF];
+    let _ = conn
+        .write_message(2, &DataRequest::Probe { sent_at_us: 0 }, &[&rest])
+        .await;
+    // The server answers or closes the connection, either way done with the write.
+    let _ =
+        tokio::time::timeout(Duration::from_secs(10), conn.read_message::<DataResponse>()).await;
+
+    let after: Vec<u8> = (HALF + STEP..2 * HALF).map(landed).collect();
+    assert!(
+        after.iter().all(|&b| b == 0),
+        "{} bytes landed after the segment was unexported",
+        after.iter().filter(|&&b| b != 0).count()
+    );
+}
