@@ -8,7 +8,7 @@
 //! the segment lives in the caller's own process ([`LocalSegments`]).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -129,8 +129,14 @@ impl TcpDataServer {
                     let mut conn =
                         Framed::new(stream, server.spin).follow_pace(server.spin * PACE_CAP);
                     let identity = handshake::server(&mut conn, server.token.as_ref()).await;
+                    // An open connection must not keep the server (its listener, its port)
+                    // alive once its owner drops it: it holds the server only per request.
+                    let serving = Arc::downgrade(&server);
+                    drop(server);
                     match identity.and_then(|(id, _)| handshaking.authenticated(id)) {
-                        Ok(_admitted) => server.serve_connection(conn, &peer).await,
+                        Ok(_admitted) => {
+                            TcpDataServer::serve_connection(&serving, conn, &peer).await
+                        }
                         Err(e) => refusals::refused(&peer, &e),
                     }
                 });
@@ -155,7 +161,7 @@ impl TcpDataServer {
         }
     }
 
-    async fn serve_connection(&self, mut conn: Framed, peer: &str) {
+    async fn serve_connection(server: &Weak<TcpDataServer>, mut conn: Framed, peer: &str) {
         let mut clock = PeerClock::new();
         loop {
             let next = tokio::time::timeout(IDLE_TIMEOUT, conn.read_message::<DataRequest>());
@@ -193,7 +199,11 @@ impl TcpDataServer {
                     bytes = request.bulk_len().unwrap_or(0),
                     "data request"
                 );
-                self.service.serve(request, &mut clock)
+                let Some(server) = server.upgrade() else {
+                    debug!(peer, "the data server stopped; closing its connection");
+                    return;
+                };
+                server.service.serve(request, &mut clock)
             };
             let keep_going = match served {
                 Served::Answer(response) => conn

@@ -1,6 +1,7 @@
-//! A write that trickles in stops landing once its segment is unexported (a remount, after
-//! which the master may give the ranges to other writers): over loopback, against a real data
-//! server, with the request a client would send.
+//! The life of a data server's connections, over loopback against a real server, with the
+//! requests a client would send: a write that trickles in stops landing once its segment is
+//! unexported (a remount, after which the master may give the ranges to other writers), and
+//! a dropped server lets go of its port though clients stay connected.
 
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
@@ -80,4 +81,44 @@ async fn a_write_under_way_stops_landing_when_its_segment_is_unexported() {
         "{} bytes landed after the segment was unexported",
         after.iter().filter(|&&b| b != 0).count()
     );
+}
+
+#[tokio::test]
+async fn a_dropped_server_frees_its_port_while_a_client_stays_connected() {
+    let server = TcpDataServer::start(
+        "127.0.0.1:0",
+        None,
+        Arc::new(LocalSegments::default()),
+        9,
+        Duration::ZERO,
+        None,
+    )
+    .await
+    .unwrap();
+    let endpoint = server.endpoint().to_string();
+    // A client with an idle pooled connection, as every reader keeps one.
+    let mut conn = Framed::connect(&endpoint, Duration::ZERO).await.unwrap();
+    handshake::client(&mut conn, None, 0x78).await.unwrap();
+    drop(server);
+    let mut bound = None;
+    for _ in 0..200 {
+        match tokio::net::TcpListener::bind(&endpoint).await {
+            Ok(listener) => {
+                bound = Some(listener);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+    assert!(
+        bound.is_some(),
+        "{endpoint} still taken by a dropped server with a client connected"
+    );
+    // The client's next request finds the connection closed.
+    let probe = DataRequest::Probe { sent_at_us: 0 };
+    let _ = conn.write_message(1, &probe, &[]).await;
+    let answer = tokio::time::timeout(Duration::from_secs(5), conn.read_message::<DataResponse>())
+        .await
+        .expect("the connection closes");
+    assert!(answer.is_err(), "a dropped server answered: {answer:?}");
 }
