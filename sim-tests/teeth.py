@@ -109,6 +109,10 @@ EXPS = {
  'shm-mapping-outlives-mount': [
    ('transport-shm/src/client.rs', "    if crate::memory::export_key(memory) == Some(node.key) {", "    if true {"),
  ],
+ # A TCP write already under way keeps landing after its segment was unexported (a remount).
+ 'tcp-write-outlives-export': [
+   ('transport-tcp/src/data.rs', "            } else if !exported.still() {", "            } else if false {"),
+ ],
  # A same-host writer copies whatever its window says.
  'shm-no-write-fence': [
    ('transport-shm/src/client.rs', "                    if Instant::now() >= deadline {", "                    if false {"),
@@ -118,6 +122,7 @@ EXPS = {
 RUN_ARGS = {
  'shm-mapping-outlives-mount': ['--transport', 'shm'],
  'shm-no-write-fence': ['--transport', 'shm'],
+ 'tcp-write-outlives-export': ['--transport', 'tcp'],
 }
 if len(sys.argv) > 1 and sys.argv[1] == 'all':
     # Every plant in turn, then one line each: seeds caught and seeds to detection.
