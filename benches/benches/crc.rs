@@ -4,7 +4,8 @@
 //! copy that is summed, as a same-host read makes one: 1 MiB values from a source too large
 //! for the caches (like a segment) into a 32 MiB batch of destinations, copied alone, copied
 //! then summed piece by piece while each piece is in cache, and copied and summed in one pass
-//! (`mooring_crc::copy_append`).
+//! (`mooring_crc::copy_append`); the last two sum from the source, as a write into shared memory
+//! does.
 //!
 //! Run: `cargo bench -p mooring-benches --bench crc`. Throughput is reported in bytes/s.
 
@@ -83,6 +84,36 @@ fn copies(c: &mut Criterion) {
                     batch[to..].as_mut_ptr(),
                     VALUE,
                     mooring_crc::Own::Destination,
+                )
+            })
+        })
+    });
+    group.bench_function("copy and sum in one pass, from the source (a write)", |b| {
+        b.iter(|| {
+            let (from, to) = step();
+            // SAFETY: `source[from..]` has VALUE readable bytes, apart from `batch`.
+            black_box(unsafe {
+                mooring_crc::copy_append(
+                    0,
+                    source[from..].as_ptr(),
+                    batch[to..].as_mut_ptr(),
+                    VALUE,
+                    mooring_crc::Own::Source,
+                )
+            })
+        })
+    });
+    group.bench_function("copy, then sum each piece from the source (a write)", |b| {
+        b.iter(|| {
+            let (from, to) = step();
+            // SAFETY: `source[from..]` has VALUE readable bytes, apart from `batch`.
+            black_box(unsafe {
+                mooring_crc::copy_then_sum(
+                    0,
+                    source[from..].as_ptr(),
+                    batch[to..].as_mut_ptr(),
+                    VALUE,
+                    mooring_crc::Own::Source,
                 )
             })
         })
