@@ -58,66 +58,44 @@ fn copies(c: &mut Criterion) {
             batch[to..to + VALUE].copy_from_slice(&source[from..from + VALUE]);
         })
     });
-    group.bench_function("copy, then sum each piece", |b| {
-        b.iter(|| {
-            let (from, to) = step();
-            // SAFETY: `source[from..]` has VALUE readable bytes, apart from `batch`.
-            black_box(unsafe {
-                mooring_crc::copy_then_sum(
-                    0,
-                    source[from..].as_ptr(),
-                    batch[to..].as_mut_ptr(),
-                    VALUE,
-                    mooring_crc::Own::Destination,
-                )
+    type CopySum = unsafe fn(u32, *const u8, *mut u8, usize, mooring_crc::Own) -> u32;
+    let read = mooring_crc::Own::Destination;
+    let write = mooring_crc::Own::Source;
+    let ways: [(&str, CopySum, mooring_crc::Own); 4] = [
+        (
+            "copy, then sum each piece",
+            mooring_crc::copy_then_sum,
+            read,
+        ),
+        ("copy and sum in one pass", mooring_crc::copy_append, read),
+        (
+            "copy and sum in one pass, from the source (a write)",
+            mooring_crc::copy_append,
+            write,
+        ),
+        (
+            "copy, then sum each piece from the source (a write)",
+            mooring_crc::copy_then_sum,
+            write,
+        ),
+    ];
+    for (name, copy_sum, own) in ways {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let (from, to) = step();
+                // SAFETY: `source[from..]` has VALUE readable bytes, apart from `batch`.
+                black_box(unsafe {
+                    copy_sum(
+                        0,
+                        source[from..].as_ptr(),
+                        batch[to..].as_mut_ptr(),
+                        VALUE,
+                        own,
+                    )
+                })
             })
-        })
-    });
-    group.bench_function("copy and sum in one pass", |b| {
-        b.iter(|| {
-            let (from, to) = step();
-            // SAFETY: `source[from..]` has VALUE readable bytes, apart from `batch`.
-            black_box(unsafe {
-                mooring_crc::copy_append(
-                    0,
-                    source[from..].as_ptr(),
-                    batch[to..].as_mut_ptr(),
-                    VALUE,
-                    mooring_crc::Own::Destination,
-                )
-            })
-        })
-    });
-    group.bench_function("copy and sum in one pass, from the source (a write)", |b| {
-        b.iter(|| {
-            let (from, to) = step();
-            // SAFETY: `source[from..]` has VALUE readable bytes, apart from `batch`.
-            black_box(unsafe {
-                mooring_crc::copy_append(
-                    0,
-                    source[from..].as_ptr(),
-                    batch[to..].as_mut_ptr(),
-                    VALUE,
-                    mooring_crc::Own::Source,
-                )
-            })
-        })
-    });
-    group.bench_function("copy, then sum each piece from the source (a write)", |b| {
-        b.iter(|| {
-            let (from, to) = step();
-            // SAFETY: `source[from..]` has VALUE readable bytes, apart from `batch`.
-            black_box(unsafe {
-                mooring_crc::copy_then_sum(
-                    0,
-                    source[from..].as_ptr(),
-                    batch[to..].as_mut_ptr(),
-                    VALUE,
-                    mooring_crc::Own::Source,
-                )
-            })
-        })
-    });
+        });
+    }
     group.finish();
 }
 

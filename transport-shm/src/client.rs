@@ -542,39 +542,59 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_refused_handoff_does_not_fail_the_transfers_after_it() {
-        let server = ShmServer::unlistened([4; 16]);
+    /// A node on host `host` serving a 64 KiB segment under `key`, and a client that requires
+    /// shared memory and attaches through the handoff `handoff` makes for that node.
+    fn node_and_client(
+        host: [u8; 16],
+        key: u64,
+        handoff: impl FnOnce(&Arc<ShmServer>) -> Arc<dyn Handoff>,
+    ) -> (ShmDataPlane, NodeAddr, SegmentMemory) {
+        let server = ShmServer::unlistened(host);
         let memory = SharedMemory::new(1 << 16, false).unwrap().into_segment();
-        let handoff = RefusesOnce(Direct(server.clone()), Default::default());
         let shm = ShmDataPlane::with_handoff(
             Arc::new(Attach(server.clone())),
             true,
-            [4; 16],
-            Arc::new(handoff),
+            host,
+            handoff(&server),
         );
         let node = NodeAddr {
             endpoint: "node".into(),
-            key: 0x21,
+            key,
             rdma_key: None,
         };
-        server.add(node.key, memory.clone());
-        let write = || {
-            shm.write(
-                &node,
-                vec![WriteOp {
-                    addr: memory.base() + 64,
-                    src: b"value",
-                }],
-                Duration::from_secs(5),
-            )
+        server.add(key, memory.clone());
+        (shm, node, memory)
+    }
+
+    /// Writes `value` 64 bytes into `memory`'s segment on `node`.
+    async fn write_at_64(
+        shm: &ShmDataPlane,
+        node: &NodeAddr,
+        memory: &SegmentMemory,
+        value: &[u8],
+    ) -> Result<Vec<Checksum>> {
+        let op = WriteOp {
+            addr: memory.base() + 64,
+            src: value,
         };
-        let refused = write().await.unwrap_err();
+        shm.write(node, vec![op], Duration::from_secs(5)).await
+    }
+
+    #[tokio::test]
+    async fn a_refused_handoff_does_not_fail_the_transfers_after_it() {
+        let (shm, node, memory) = node_and_client([4; 16], 0x21, |server| {
+            Arc::new(RefusesOnce(Direct(server.clone()), Default::default()))
+        });
+        let refused = write_at_64(&shm, &node, &memory, b"value")
+            .await
+            .unwrap_err();
         assert!(
             refused.to_string().contains("too many clients"),
             "{refused}"
         );
-        write().await.expect("the next transfer attaches again");
+        write_at_64(&shm, &node, &memory, b"value")
+            .await
+            .expect("the next transfer attaches again");
         let mut landed = [0u8; 5];
         assert!(memory.copy_out(memory.base() + 64, &mut landed));
         assert_eq!(&landed, b"value");
@@ -625,30 +645,8 @@ mod tests {
 
     #[tokio::test]
     async fn memory_from_a_process_that_cannot_prove_it_made_the_offer_is_not_mapped() {
-        let server = ShmServer::unlistened([6; 16]);
-        let memory = SharedMemory::new(1 << 16, false).unwrap().into_segment();
-        let shm = ShmDataPlane::with_handoff(
-            Arc::new(Attach(server.clone())),
-            true,
-            [6; 16],
-            Arc::new(Squatter),
-        );
-        let node = NodeAddr {
-            endpoint: "node".into(),
-            key: 0x31,
-            rdma_key: None,
-        };
-        server.add(node.key, memory.clone());
-        let written = shm
-            .write(
-                &node,
-                vec![WriteOp {
-                    addr: memory.base() + 64,
-                    src: b"secret",
-                }],
-                Duration::from_secs(5),
-            )
-            .await;
+        let (shm, node, memory) = node_and_client([6; 16], 0x31, |_| Arc::new(Squatter));
+        let written = write_at_64(&shm, &node, &memory, b"secret").await;
         let refused = written.unwrap_err();
         assert!(refused.to_string().contains("could not prove"), "{refused}");
         assert!(shm.routes().is_empty(), "nothing mapped or remembered");

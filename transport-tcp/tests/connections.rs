@@ -16,22 +16,21 @@ const HALF: usize = 1 << 20;
 /// for when the unexport came (it checks before each 256 KiB).
 const STEP: usize = 256 << 10;
 
+/// A data server on a free loopback port, without a cluster token, its keys from `seed`.
+async fn server(seed: u64) -> Arc<TcpDataServer> {
+    let segments = Arc::new(LocalSegments::default());
+    TcpDataServer::start("127.0.0.1:0", None, segments, seed, Duration::ZERO, None)
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_write_under_way_stops_landing_when_its_segment_is_unexported() {
     let owner = Arc::new(Mutex::new(vec![0u8; 2 * HALF]));
     let ptr = NonNull::new(owner.lock().unwrap().as_mut_ptr()).unwrap();
     // SAFETY: the vector lives as long as `owner`, which the segment keeps alive.
     let memory = unsafe { SegmentMemory::new(ptr, 2 * HALF, owner.clone()) };
-    let server = TcpDataServer::start(
-        "127.0.0.1:0",
-        None,
-        Arc::new(LocalSegments::default()),
-        7,
-        Duration::ZERO,
-        None,
-    )
-    .await
-    .unwrap();
+    let server = server(7).await;
     let node = server.export(memory.clone()).unwrap();
 
     let mut conn = Framed::connect(&node.endpoint, Duration::ZERO)
@@ -85,16 +84,7 @@ async fn a_write_under_way_stops_landing_when_its_segment_is_unexported() {
 
 #[tokio::test]
 async fn a_dropped_server_frees_its_port_while_a_client_stays_connected() {
-    let server = TcpDataServer::start(
-        "127.0.0.1:0",
-        None,
-        Arc::new(LocalSegments::default()),
-        9,
-        Duration::ZERO,
-        None,
-    )
-    .await
-    .unwrap();
+    let server = server(9).await;
     let endpoint = server.endpoint().to_string();
     // A client with an idle pooled connection, as every reader keeps one.
     let mut conn = Framed::connect(&endpoint, Duration::ZERO).await.unwrap();
