@@ -160,18 +160,15 @@ impl ShmDataPlane {
             Some(route) => route,
             None => {
                 let (id, route) = self.attach(node).await;
-                match &route {
-                    // Required, a failure is an error either way: asking again costs only
-                    // the attach, and a refusal that passes (too many clients attaching at
-                    // once) does not fail the transfers after it.
-                    Route::Elsewhere(why) if self.required => {
-                        debug!(node = %node.endpoint, "not through shared memory: {why}");
-                    }
-                    Route::Elsewhere(why) => {
-                        debug!(node = %node.endpoint, "not through shared memory: {why}");
-                        self.remember(id, route.clone(), now);
-                    }
-                    _ => self.remember(id, route.clone(), now),
+                if let Route::Elsewhere(why) = &route {
+                    debug!(node = %node.endpoint, "not through shared memory: {why}");
+                }
+                // Required, a failure is an error either way: asking again costs only the
+                // attach, and a refusal that passes (too many clients attaching at once) does
+                // not fail the transfers after it.
+                let failed = matches!(route, Route::Elsewhere(_));
+                if !(failed && self.required) {
+                    self.remember(id, route.clone(), now);
                 }
                 route
             }

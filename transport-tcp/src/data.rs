@@ -260,7 +260,7 @@ async fn receive_write(
                 None
             };
             if let Some(why) = stop {
-                warn!(peer, "write {why}; closing the connection");
+                refusals::refused(peer, &format!("write {why}; closing the connection"));
                 return false;
             }
             match tokio::time::timeout(remaining, conn.read_exact(step)).await {
