@@ -10,7 +10,9 @@ use tokio::net::TcpListener;
 
 /// Piece `i` of `len` bytes: a pattern that differs per piece and per offset.
 fn piece(i: usize, len: usize) -> Vec<u8> {
-    (0..len).map(|at| (i * 131 + at * 7 + at / 251) as u8).collect()
+    (0..len)
+        .map(|at| (i * 131 + at * 7 + at / 251) as u8)
+        .collect()
 }
 
 #[tokio::test]
@@ -45,7 +47,10 @@ async fn pieces_of_every_size_arrive_in_order_and_the_next_frame_after_them() {
     for (i, &len) in sizes.iter().enumerate() {
         let mut got = vec![0u8; len];
         conn.read_exact(&mut got).await.unwrap();
-        assert!(got == piece(i, len), "piece {i} ({len} bytes) read back wrong");
+        assert!(
+            got == piece(i, len),
+            "piece {i} ({len} bytes) read back wrong"
+        );
     }
     let (id, next) = conn.read_message::<DataRequest>().await.unwrap();
     assert_eq!(id, 2, "the frame after the pieces");
