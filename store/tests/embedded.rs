@@ -149,3 +149,90 @@ async fn held_reads_release_their_hold() {
         ErrorCode::OBJECT_NOT_FOUND
     );
 }
+
+/// A batch reads the values it read lately where it read them, alongside asking the master,
+/// and keeps those bytes only while the master names the same value: an upsert between two
+/// batches (inside the first one's lease, so the old bytes are still in place) is seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_sees_an_upsert_of_a_value_it_read_lately() {
+    let cluster = EmbeddedCluster::start(EmbeddedConfig {
+        nodes: 2,
+        node_size: 32 << 20,
+        local_memcpy: false,
+        master: MasterConfig {
+            lease_ttl: Millis(2_000),
+            ..MasterConfig::default()
+        },
+        ..EmbeddedConfig::default()
+    })
+    .await
+    .unwrap();
+    let writer = cluster.client().await.unwrap();
+    let reader = cluster.client().await.unwrap();
+    let keys: Vec<String> = (0..8).map(|i| format!("lately/{i}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    for (i, key) in keys.iter().enumerate() {
+        let v = value(i as u64, 4096);
+        writer
+            .put(key, &v, &ReplicateConfig::single())
+            .await
+            .unwrap();
+    }
+    let expect = |values: Vec<mooring_core::Result<Vec<u8>>>, changed: &[usize], round: u64| {
+        for (i, got) in values.into_iter().enumerate() {
+            let seed = if changed.contains(&i) {
+                100 + round * 10 + i as u64
+            } else {
+                i as u64
+            };
+            assert_eq!(got.unwrap(), value(seed, 4096), "key {i}, round {round}");
+        }
+    };
+    // Remembered by single gets and by a batch, then read again unchanged.
+    for key in &keys[..4] {
+        reader.get(key).await.unwrap();
+    }
+    expect(reader.batch_get(&refs).await, &[], 0);
+    expect(reader.batch_get(&refs).await, &[], 0);
+    // New values of the same size: fresh buffers, as the reader's lease is on, so the old
+    // bytes are still where the reader read them.
+    for round in 1..=2u64 {
+        for i in [1usize, 5] {
+            let v = value(100 + round * 10 + i as u64, 4096);
+            writer
+                .upsert(&keys[i], &v, &ReplicateConfig::single())
+                .await
+                .unwrap();
+        }
+        expect(reader.batch_get(&refs).await, &[1, 5], round);
+        let mut buffers = vec![vec![0u8; 8192]; keys.len()];
+        let mut items: Vec<(&str, &mut [u8])> = refs
+            .iter()
+            .copied()
+            .zip(buffers.iter_mut().map(Vec::as_mut_slice))
+            .collect();
+        let lens = reader.batch_get_into(&mut items).await;
+        for (i, len) in lens.into_iter().enumerate() {
+            assert_eq!(len.unwrap(), 4096);
+            let seed = if [1, 5].contains(&i) {
+                100 + round * 10 + i as u64
+            } else {
+                i as u64
+            };
+            assert_eq!(
+                &buffers[i][..4096],
+                &value(seed, 4096)[..],
+                "key {i}, round {round}"
+            );
+        }
+    }
+    // A value of another size: the remembered length no longer fits the list.
+    let longer = value(7, 8000);
+    writer
+        .upsert(&keys[2], &longer, &ReplicateConfig::single())
+        .await
+        .unwrap();
+    let got = reader.batch_get(&refs).await;
+    assert_eq!(got[2].as_ref().unwrap(), &longer);
+    cluster.shutdown().await.unwrap();
+}
