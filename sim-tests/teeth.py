@@ -28,7 +28,7 @@ EXPS = {
    ('store/src/disk_tier/sync.rs', "        let told = if report.evicted.is_empty() {", "        let told = if true {"),
  ],
  'read-past-lease': [
-   ('store/src/client/read.rs', "            let outlived = asked.elapsed() >= usable;", "            let outlived = false;"),
+   ('store/src/client/read.rs', "            let outlived = !self.inside_lease(asked, &list);", "            let outlived = false;"),
  ],
  'evict-in-place-pinned': [
    ('core/src/object.rs', "            || self.pinned_in_place()\n            || self.lease_active(now)", "            || self.lease_active(now)"),
@@ -112,11 +112,6 @@ EXPS = {
  # A TCP write already under way keeps landing after its segment was unexported (a remount).
  'tcp-write-outlives-export': [
    ('transport-tcp/src/data.rs', "            } else if !exported.still() {", "            } else if false {"),
- ],
- # A batch keeps whatever it read where it read a value lately, whichever value the master
- # now names (the master's answer no longer confirms the bytes).
- 'remembered-unchecked': [
-   ('store/src/client/read.rs', "                        list.write == remembered.write\n", "                        true || list.write == remembered.write\n"),
  ],
  # A same-host writer copies whatever its window says.
  'shm-no-write-fence': [

@@ -10,7 +10,7 @@ use regex::{Regex, RegexBuilder};
 
 use crate::checksum::Checksum;
 use crate::error::{Error, ErrorCode, Result};
-use crate::ids::{SegmentId, WriteId};
+use crate::ids::SegmentId;
 use crate::master::Master;
 use crate::object::ReplicaDescriptor;
 use crate::time::Millis;
@@ -27,10 +27,6 @@ pub struct ReplicaList {
     pub lease_ttl: Millis,
     /// The value's checksum: a replica whose bytes do not match it is damaged; read another.
     pub checksum: Checksum,
-    /// The put or upsert that wrote the value. Every new value of a key gets a new id (never
-    /// reused, across failovers too), and copies, moves, offloads and prefetches keep it: two
-    /// lists naming the same write describe the same bytes.
-    pub write: WriteId,
 }
 
 /// Longest regular expression accepted, in bytes.
@@ -226,7 +222,6 @@ impl Master {
             replicas,
             lease_ttl,
             checksum: self.objects.checksum(slot),
-            write: object.write_id,
         }
     }
 }

@@ -43,12 +43,6 @@ impl Path {
     /// Every copy a get was listed was gone from its node (a disk copy the node dropped
     /// after the master listed it): the get asked the master again.
     pub const LISTED_COPY_GONE: Path = Path("listed copies gone, asked again");
-    /// A batch read kept a value it read again where it had read it lately, the master
-    /// naming the same write (see `client::locations`).
-    pub const READ_REMEMBERED: Path = Path("value read again where read lately");
-    /// A value read again where it was read lately had changed, moved or could not be read
-    /// there in time: the batch read it as the master listed it.
-    pub const REMEMBERED_STALE: Path = Path("value read lately had changed or moved");
     /// A master restarted on its state directory and replayed its journal.
     pub const MASTER_RECOVERED: Path = Path("master recovered from its journal");
     /// A node's repair agent copied back a replica lost with a segment.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use mooring::{Client, ClientConfig};
 use mooring_core::{
     Checksum, ErrorCode, HeartbeatAck, HeartbeatStatus, Medium, Millis, ReplicaDescriptor,
-    ReplicaList, ReplicaStatus, SegmentId, WriteId,
+    ReplicaList, ReplicaStatus, SegmentId,
 };
 use mooring_proto::transport::RpcHandler;
 use mooring_proto::wire::{ClusterInfo, MasterRequest, MasterResponse, Reply};
@@ -29,7 +29,6 @@ fn list(lens: &[u64]) -> ReplicaList {
             .collect(),
         lease_ttl: Millis(5_000),
         checksum: Checksum::EMPTY,
-        write: WriteId(1),
     }
 }
 

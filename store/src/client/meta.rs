@@ -36,7 +36,7 @@ impl Client {
                 .await;
             buggify::damage(Site::CLIENT_PREFETCH_BUFFER, &mut value);
             let transfer = match read {
-                Ok(_) => self
+                Ok(()) => self
                     .write_batch(&[(&prefetch.grant, &value)], started)
                     .await
                     .pop()

@@ -43,7 +43,6 @@ use crate::buggify::{self, Site};
 use crate::node::Node;
 use crate::presence::{Contribution, Presence};
 
-mod locations;
 mod meta;
 mod read;
 mod tasks;
@@ -60,8 +59,6 @@ struct Inner {
     data: Arc<dyn DataPlane>,
     segments: RwLock<BTreeMap<SegmentId, NodeAddr>>,
     next_replica: AtomicUsize,
-    /// Where values were read lately, inside their leases (see [`locations`]).
-    locations: locations::Locations,
 }
 
 impl Client {
@@ -80,7 +77,6 @@ impl Client {
                 data,
                 segments: RwLock::new(BTreeMap::new()),
                 next_replica: AtomicUsize::new(0),
-                locations: locations::Locations::default(),
             }),
         })
     }
@@ -154,12 +150,6 @@ impl Client {
             .into_iter()
             .map(|(id, addr)| (id, addr.endpoint.to_string()))
             .collect())
-    }
-
-    /// The data-plane address of `segment` if this client knows it already (no request).
-    fn known_node(&self, segment: SegmentId) -> Option<NodeAddr> {
-        let cache = self.inner.segments.read().expect("segment cache lock");
-        cache.get(&segment).cloned()
     }
 
     /// Resolves segment ids to data-plane addresses, asking the master for unknown ones.

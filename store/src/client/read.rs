@@ -1,6 +1,5 @@
 //! Reads: get and its batches, inside the lease, from memory replicas or a node's disk.
 
-use super::locations::Remembered;
 use super::*;
 use crate::coverage::{self, Path};
 use crate::memory::value_buffer;
@@ -67,7 +66,7 @@ impl Client {
             buggify::hold(Site::CLIENT_HELD_READ_TRANSFER).await;
             self.read_replica(key, &list.replicas, list.checksum, &mut value)
                 .await
-                .map(|_| value)
+                .map(|()| value)
         }
         .await;
         if !self.inside_lease(asked, &list) {
@@ -125,9 +124,8 @@ impl Client {
             };
             // Past its lease a read's blocks may have been reused under it: bytes that fail
             // their checksum then say nothing about the replicas, and the read starts over.
-            let usable = usable_lease(&list);
-            let outlived = asked.elapsed() >= usable;
-            let replica = match read {
+            let outlived = !self.inside_lease(asked, &list);
+            match read {
                 // The only copies listed were gone from their nodes (a node dropped its disk
                 // copy after the master listed it): the value may have moved meanwhile (a
                 // prefetch brought it back to memory), so ask the master again.
@@ -138,15 +136,9 @@ impl Client {
                     continue;
                 }
                 Err(e) if !(outlived && e.code == ErrorCode::INVALID_REPLICA) => return Err(e),
-                Err(_) => None,
-                Ok(replica) => Some(replica),
-            };
+                _ => {}
+            }
             if !outlived {
-                if let Some(replica) = replica {
-                    self.inner
-                        .locations
-                        .remember(key, &list, &replica, asked, usable);
-                }
                 return Ok(if caller_buffer {
                     (None, size)
                 } else {
@@ -165,19 +157,20 @@ impl Client {
     }
 
     pub(super) fn inside_lease(&self, asked: Instant, list: &ReplicaList) -> bool {
-        asked.elapsed() < usable_lease(list)
+        let lease = Duration::from_millis(list.lease_ttl.as_millis());
+        let usable = buggify::timeout(Site::CLIENT_READ_LEASE, lease.saturating_sub(lease / 10));
+        asked.elapsed() < usable
     }
 
     /// Reads one of `key`'s `replicas` into `buf`, trying the next on failure or when the
     /// bytes do not match the value's `checksum` (memory replicas before the disk one).
-    /// Returns the replica read.
     pub(super) async fn read_replica(
         &self,
         key: &str,
         replicas: &[ReplicaDescriptor],
         checksum: Checksum,
         buf: &mut [u8],
-    ) -> Result<ReplicaDescriptor> {
+    ) -> Result<()> {
         let ids: Vec<SegmentId> = replicas.iter().map(|r| r.segment).collect();
         let nodes = self.resolve(&ids).await?;
         // What stopped the replicas tried so far.
@@ -208,7 +201,7 @@ impl Client {
                     if failed {
                         coverage::hit(Path::READ_FELL_BACK);
                     }
-                    return Ok(*replica);
+                    return Ok(());
                 }
                 Err(e) => {
                     debug!(endpoint = %node.endpoint, "replica read failed, trying another: {e}");
@@ -306,44 +299,24 @@ impl Client {
             keys.first().copied().unwrap_or_default(),
             async {
                 let mut results: Vec<Result<Vec<u8>>> = vec![Ok(Vec::new()); keys.len()];
-                // Buffers for the values read lately, which are read again at once.
-                let mut buffers: Vec<Vec<u8>> = keys
-                    .iter()
-                    .map(|k| {
-                        let recalled = self.inner.locations.recall(k);
-                        recalled
-                            .and_then(|r| value_buffer(r.replica.len).ok())
-                            .unwrap_or_default()
-                    })
-                    .collect();
-                let mut early: Vec<Option<&mut [u8]>> = buffers
-                    .iter_mut()
-                    .map(|b| (!b.is_empty()).then_some(&mut b[..]))
-                    .collect();
-                let (lists, asked, ready) = self.lists_and_remembered(keys, &mut early).await;
-                drop(early);
-                let mut lists = match lists {
+                let asked = Instant::now();
+                let mut lists = match self.batch_lists(keys).await {
                     Ok(lists) => lists,
                     Err(e) => return vec![Err(e); keys.len()],
                 };
-                for (i, list) in lists.iter_mut().enumerate() {
-                    if ready[i] {
-                        continue;
-                    }
+                let mut buffers: Vec<Vec<u8>> = Vec::with_capacity(lists.len());
+                for list in &mut lists {
                     let buffer = match list {
                         Ok(list) => value_buffer(list.replicas[0].len),
                         Err(_) => Ok(Vec::new()),
                     };
-                    buffers[i] = buffer.unwrap_or_else(|e| {
+                    buffers.push(buffer.unwrap_or_else(|e| {
                         *list = Err(e);
                         Vec::new()
-                    });
+                    }));
                 }
-                let mut dests: Vec<Option<&mut [u8]>> = buffers
-                    .iter_mut()
-                    .zip(&ready)
-                    .map(|(b, &ready)| (!ready).then_some(&mut b[..]))
-                    .collect();
+                let mut dests: Vec<Option<&mut [u8]>> =
+                    buffers.iter_mut().map(|b| Some(&mut b[..])).collect();
                 let outcomes = self.batch_read(keys, &lists, &mut dests, asked).await;
                 drop(dests);
                 for (i, outcome) in outcomes.into_iter().enumerate() {
@@ -366,11 +339,8 @@ impl Client {
             items.first().map_or("", |(key, _)| *key),
             async {
                 let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
-                let mut buffers: Vec<Option<&mut [u8]>> =
-                    items.iter_mut().map(|(_, buf)| Some(&mut **buf)).collect();
-                let (lists, asked, ready) = self.lists_and_remembered(&keys, &mut buffers).await;
-                drop(buffers);
-                let lists = match lists {
+                let asked = Instant::now();
+                let lists = match self.batch_lists(&keys).await {
                     Ok(lists) => lists,
                     Err(e) => return vec![Err(e); items.len()],
                 };
@@ -381,10 +351,7 @@ impl Client {
                         Ok(list) => list.replicas[0].len as usize,
                         Err(_) => 0,
                     };
-                    if ready[i] {
-                        // Already read (see `lists_and_remembered`).
-                        dests.push(None);
-                    } else if buf.len() < size {
+                    if buf.len() < size {
                         early[i] = Some(Error::new(
                             ErrorCode::BUFFER_OVERFLOW,
                             format!("{key:?} is {size} bytes, the buffer {}", buf.len()),
@@ -411,120 +378,6 @@ impl Client {
             },
         )
         .await
-    }
-
-    /// The replica lists of `keys`, asked for while the keys this client read lately (their
-    /// leases still on) are read again, from where they were read, into their `dests` (see
-    /// [`super::locations`]). Returns the lists, when they were asked for, and per key whether
-    /// its destination already holds the value its list names: read inside the remembered
-    /// lease, of the write the list names, its checksum matching.
-    async fn lists_and_remembered(
-        &self,
-        keys: &[&str],
-        dests: &mut [Option<&mut [u8]>],
-    ) -> (Result<Vec<Result<ReplicaList>>>, Instant, Vec<bool>) {
-        let asked = Instant::now();
-        let recalled: Vec<Option<(Remembered, NodeAddr)>> = keys
-            .iter()
-            .zip(dests.iter())
-            .map(|(key, dest)| {
-                let dest = dest.as_ref()?;
-                let remembered = self.inner.locations.recall(key)?;
-                if (dest.len() as u64) < remembered.replica.len {
-                    return None;
-                }
-                let node = self.known_node(remembered.replica.segment)?;
-                Some((remembered, node))
-            })
-            .collect();
-        if recalled.iter().all(Option::is_none) {
-            return (self.batch_lists(keys).await, asked, vec![false; keys.len()]);
-        }
-        let (lists, sums) = futures_util::future::join(
-            self.batch_lists(keys),
-            self.read_remembered(&recalled, dests),
-        )
-        .await;
-        let Ok(listed) = &lists else {
-            return (lists, asked, vec![false; keys.len()]);
-        };
-        let ready = (0..keys.len())
-            .map(|i| {
-                let Some((remembered, _)) = &recalled[i] else {
-                    return false;
-                };
-                let same = match (&listed[i], sums[i]) {
-                    (Ok(list), Some(sum)) => {
-                        list.write == remembered.write
-                            && list.checksum == sum
-                            && list.replicas[0].len == remembered.replica.len
-                    }
-                    _ => false,
-                };
-                if same {
-                    coverage::hit(Path::READ_REMEMBERED);
-                    if let Ok(list) = &listed[i] {
-                        // The list's lease covers the replica again, from this request on.
-                        let usable = usable_lease(list);
-                        let locations = &self.inner.locations;
-                        locations.remember(keys[i], list, &remembered.replica, asked, usable);
-                    }
-                } else {
-                    debug!(
-                        key = keys[i],
-                        "the value read lately changed or moved; reading it as listed"
-                    );
-                    coverage::hit(Path::REMEMBERED_STALE);
-                    self.inner.locations.forget(keys[i]);
-                }
-                same
-            })
-            .collect();
-        (lists, asked, ready)
-    }
-
-    /// Reads each `recalled` key's remembered replica into its destination, grouped per node,
-    /// all nodes at once. Per key: the checksum of the bytes read, if the read landed inside
-    /// the remembered lease.
-    async fn read_remembered(
-        &self,
-        recalled: &[Option<(Remembered, NodeAddr)>],
-        dests: &mut [Option<&mut [u8]>],
-    ) -> Vec<Option<Checksum>> {
-        buggify::hold(Site::CLIENT_BEFORE_READ_TRANSFER).await;
-        let mut per_node: BTreeMap<&NodeAddr, Vec<(usize, ReadOp<'_>)>> = BTreeMap::new();
-        for (i, (recalled, dest)) in recalled.iter().zip(dests.iter_mut()).enumerate() {
-            let (Some((remembered, node)), Some(dest)) = (recalled, dest) else {
-                continue;
-            };
-            let len = remembered.replica.len as usize;
-            let op = ReadOp {
-                addr: remembered.replica.addr,
-                dest: &mut dest[..len],
-            };
-            per_node.entry(node).or_default().push((i, op));
-        }
-        let reads = per_node.into_iter().map(|(node, ops)| async move {
-            let (indices, ops): (Vec<usize>, Vec<ReadOp<'_>>) = ops.into_iter().unzip();
-            (indices, self.inner.data.read(node, ops).await)
-        });
-        let mut sums = vec![None; recalled.len()];
-        for (indices, outcome) in join_all(reads).await {
-            match outcome {
-                Ok(got) if got.len() == indices.len() => {
-                    for (i, sum) in indices.into_iter().zip(got) {
-                        let (remembered, _) = recalled[i].as_ref().expect("read only recalled");
-                        // Bytes that landed after the lease may be another value's.
-                        sums[i] = remembered.inside_lease().then_some(sum);
-                    }
-                }
-                Ok(_) => {
-                    debug!("a data plane answered a batch read with the wrong number of checksums")
-                }
-                Err(e) => debug!("reading values where they were read lately failed: {e}"),
-            }
-        }
-        sums
     }
 
     pub(super) async fn batch_lists(&self, keys: &[&str]) -> Result<Vec<Result<ReplicaList>>> {
@@ -563,7 +416,7 @@ impl Client {
         };
         buggify::hold(Site::CLIENT_BEFORE_READ_TRANSFER).await;
         let mut results: Vec<Result<usize>> = Vec::with_capacity(lists.len());
-        let mut per_node: BTreeMap<NodeAddr, Vec<(usize, &ReplicaDescriptor)>> = BTreeMap::new();
+        let mut per_node: BTreeMap<NodeAddr, Vec<(usize, u64)>> = BTreeMap::new();
         // Keys read one by one: only on disk, or their node's batch failed.
         let mut failed = Vec::new();
         for (i, list) in lists.iter().enumerate() {
@@ -581,7 +434,7 @@ impl Client {
                         Some(r) if r.medium == Medium::Memory => per_node
                             .entry(nodes[&r.segment].clone())
                             .or_default()
-                            .push((i, *r)),
+                            .push((i, r.addr)),
                         Some(_) => failed.push(i),
                         None => results[i] = Err(segment_gone(list.replicas[0].segment)),
                     }
@@ -595,9 +448,8 @@ impl Client {
         for (node, keys) in &per_node {
             let ops: Vec<(usize, ReadOp<'_>)> = keys
                 .iter()
-                .map(|&(i, replica)| {
+                .map(|&(i, addr)| {
                     let dest = slots[i].take().expect("one destination per key");
-                    let addr = replica.addr;
                     (i, ReadOp { addr, dest })
                 })
                 .collect();
@@ -607,24 +459,14 @@ impl Client {
             let (keys, ops): (Vec<usize>, Vec<ReadOp<'_>>) = ops.into_iter().unzip();
             (keys, self.inner.data.read(node, ops).await)
         });
-        let chosen: BTreeMap<usize, &ReplicaDescriptor> =
-            per_node.values().flatten().copied().collect();
         for (indices, outcome) in join_all(reads).await {
             match outcome {
                 Ok(sums) if sums.len() == indices.len() => {
                     // Keys whose bytes are damaged are retried one by one too (from another
                     // replica).
                     for (i, sum) in indices.into_iter().zip(sums) {
-                        let Ok(list) = &lists[i] else { continue };
-                        if list.checksum == sum {
-                            let usable = usable_lease(list);
-                            if asked.elapsed() < usable {
-                                let replica = chosen[&i];
-                                self.inner
-                                    .locations
-                                    .remember(keys[i], list, replica, asked, usable);
-                            }
-                        } else {
+                        let expected = lists[i].as_ref().map(|l| l.checksum);
+                        if expected.is_ok_and(|expected| expected != sum) {
                             warn!(
                                 key = keys[i],
                                 "a replica failed its checksum; reading another"
@@ -684,13 +526,6 @@ impl Client {
         }
         results
     }
-}
-
-/// How long after its request a read granted `list` may trust the bytes it reads: the lease
-/// less a tenth (for clock-rate differences between this host and the master's).
-fn usable_lease(list: &ReplicaList) -> Duration {
-    let lease = Duration::from_millis(list.lease_ttl.as_millis());
-    buggify::timeout(Site::CLIENT_READ_LEASE, lease.saturating_sub(lease / 10))
 }
 
 /// Whether a batch's read of one key, listed as `listed`, failed in a way a fresh single
