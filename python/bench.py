@@ -262,38 +262,47 @@ def python_phases(master: str, sizes: list[int], count: int, batch: int) -> list
 
 
 def read_phases(reader, base, buf, run, size, count, batch) -> list[dict]:
+    """The reads, call for call as `mooring bench` makes them: `count` gets cycling over the
+    objects, then `count / batch` batches (rounded up) cycling the same way."""
     keys = [f"bench/{run}/{size}/{i:07}" for i in range(objects_for(size, count))]
     expected = Values(size, len(keys))
     expected_bytes = [expected[i].tobytes() for i in range(len(keys))] if size <= 64 * 1024 else []
     phases = []
     lat = []
-    for i, k in enumerate(keys):
+    for n in range(count):
+        i = n % len(keys)
         t = time.perf_counter()
-        got = reader.get_into(k, base, size)
+        got = reader.get_into(keys[i], base, size)
         lat.append(time.perf_counter() - t)
         if got != size or not expected.matches(buf, i):
-            sys.exit(f"get_into {k}: {got}")
+            sys.exit(f"get_into {keys[i]}: {got}")
     phases.append(summary("get_into", size, 1, lat))
     if size <= 64 * 1024:
         lat = []
-        for i, k in enumerate(keys):
+        for n in range(count):
+            i = n % len(keys)
             t = time.perf_counter()
-            got = reader.get(k)
+            got = reader.get(keys[i])
             lat.append(time.perf_counter() - t)
             if got != expected_bytes[i]:
-                sys.exit(f"get {k} returned the wrong bytes")
+                sys.exit(f"get {keys[i]} returned the wrong bytes")
         phases.append(summary("get", size, 1, lat))
     lat = []
+    batch = min(batch, len(keys))
     ptrs = [base + j * size for j in range(batch)]
-    for start in range(0, len(keys) - batch + 1, batch):
+    sizes = [size] * batch
+    for round_ in range(-(-count // batch)):
+        first = (round_ * batch) % len(keys)
+        ids = [(first + j) % len(keys) for j in range(batch)]
+        names = [keys[i] for i in ids]
         t = time.perf_counter()
-        got = reader.batch_get_into(keys[start : start + batch], ptrs, [size] * batch)
+        got = reader.batch_get_into(names, ptrs, sizes)
         lat.append(time.perf_counter() - t)
-        if got != [size] * batch:
+        if got != sizes:
             sys.exit(f"batch_get_into: {got}")
-        for j in range(batch):
-            if not expected.matches(buf[j * size : (j + 1) * size], start + j):
-                sys.exit(f"batch_get_into {keys[start + j]} returned the wrong bytes")
+        for j, i in enumerate(ids):
+            if not expected.matches(buf[j * size : (j + 1) * size], i):
+                sys.exit(f"batch_get_into {keys[i]} returned the wrong bytes")
     phases.append(summary(f"batch{batch}-get_into", size, batch, lat))
     return phases
 
