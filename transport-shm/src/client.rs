@@ -435,8 +435,20 @@ mod tests {
         }
     }
 
-    /// The handoff as a call to the node's server, as in the simulation.
-    struct Direct(Arc<ShmServer>);
+    /// The handoff as a call to the node's server, as in the simulation; the first
+    /// `refusals` exchanges are refused, as a node turns clients away while too many attach
+    /// at once.
+    struct Direct(Arc<ShmServer>, std::sync::atomic::AtomicUsize);
+
+    impl Direct {
+        fn new(server: Arc<ShmServer>) -> Direct {
+            Direct(server, Default::default())
+        }
+
+        fn refusing_first(server: Arc<ShmServer>, refusals: usize) -> Direct {
+            Direct(server, refusals.into())
+        }
+    }
 
     impl Handoff for Direct {
         fn in_this_process(&self, _: &[u8; 16]) -> bool {
@@ -447,6 +459,14 @@ mod tests {
             &self,
             offer: &ShmOffer,
         ) -> std::result::Result<(Reply, Option<OwnedFd>), String> {
+            use std::sync::atomic::Ordering::SeqCst;
+            if self
+                .1
+                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err("the node closed the connection (too many clients)".into());
+            }
             Ok(self.0.hand_over(&handoff::encode_request(&offer.ticket)))
         }
     }
@@ -459,7 +479,7 @@ mod tests {
             Arc::new(Attach(server.clone())),
             true,
             [3; 16],
-            Arc::new(Direct(server.clone())),
+            Arc::new(Direct::new(server.clone())),
         );
         let mount = |key| NodeAddr {
             endpoint: "node".into(),
@@ -519,26 +539,6 @@ mod tests {
         assert!(write(&second, b"gone!").await.is_err(), "unexported");
     }
 
-    /// A handoff that refuses its first exchange (as a node turns clients away while too
-    /// many attach at once), then hands over as [`Direct`] does.
-    struct RefusesOnce(Direct, std::sync::atomic::AtomicBool);
-
-    impl Handoff for RefusesOnce {
-        fn in_this_process(&self, _: &[u8; 16]) -> bool {
-            false
-        }
-
-        fn exchange(
-            &self,
-            offer: &ShmOffer,
-        ) -> std::result::Result<(Reply, Option<OwnedFd>), String> {
-            if !self.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
-                return Err("the node closed the connection (too many clients)".into());
-            }
-            self.0.exchange(offer)
-        }
-    }
-
     /// A node on host `host` serving a 64 KiB segment under `key`, and a client that requires
     /// shared memory and attaches through the handoff `handoff` makes for that node.
     fn node_and_client(
@@ -580,7 +580,7 @@ mod tests {
     #[tokio::test]
     async fn a_refused_handoff_does_not_fail_the_transfers_after_it() {
         let (shm, node, memory) = node_and_client([4; 16], 0x21, |server| {
-            Arc::new(RefusesOnce(Direct(server.clone()), Default::default()))
+            Arc::new(Direct::refusing_first(server.clone(), 1))
         });
         let refused = write_at_64(&shm, &node, &memory, b"value")
             .await
@@ -604,7 +604,7 @@ mod tests {
             Arc::new(Attach(server.clone())),
             false,
             [5; 16],
-            Arc::new(Direct(server)),
+            Arc::new(Direct::new(server)),
         );
         let id: RouteId = ("node".into(), Some(7));
         let memory = SharedMemory::new(4096, false).unwrap().into_segment();
