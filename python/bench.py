@@ -102,7 +102,7 @@ def fill_value(dest: np.ndarray, size: int, i: int) -> None:
 
 class Values:
     """Every object's value of one size, made before the timed loop, as `mooring bench` makes
-    them: the writers copy each into their reused source buffer before its put, and the
+    them: the writers put each from where it was made, one after another, and the
     readers check what they read against them with a comparison that only reads (as memcmp
     does). The gaps a benchmark leaves between calls decide whether the servers are still
     busy-polling when the next call comes (on two cores, a parked server costs tens of µs), so
@@ -112,7 +112,9 @@ class Values:
 
     def __init__(self, size: int, n: int) -> None:
         self.size = size
-        self.made = np.empty((n, size), dtype=np.uint8)
+        # Page-aligned and in huge pages, as the Rust side's values are (its allocator asks
+        # for them); numpy's own arrays start 16 bytes past a page, in 4 KiB pages.
+        self.made = page_aligned(n * size).reshape(n, size)
         for i in range(n):
             fill_value(self.made[i], size, i)
         self.mask = np.empty(CHUNK_WORDS, dtype=bool)
@@ -143,7 +145,9 @@ def page_aligned(nbytes: int) -> np.ndarray:
     a buffer 16 bytes past a page boundary, where malloc puts large numpy arrays, ran 2.5x
     slower (the kernel's copy out of the socket stalls on 4K aliasing), and reads into 4 KiB
     pages about a fifth slower than into huge pages."""
-    region = mmap.mmap(-1, nbytes)
+    # Private: a shared anonymous mapping is shmem, which gets huge pages only where the
+    # host's shmem_enabled allows (here it does not).
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         region.madvise(mmap.MADV_HUGEPAGE)
     return np.frombuffer(region, dtype=np.uint8)
@@ -184,8 +188,6 @@ def writer(args: argparse.Namespace) -> None:
     setup(store, args.master, footprint + footprint // 4 + (64 << 20), 64 << 20)
     config = ReplicateConfig()
     config.preferred_segment = store.get_hostname()
-    staging = page_aligned(max(sizes))
-    store.register_buffer(staging.ctypes.data, staging.nbytes)
     print("ready", flush=True)
     for line in sys.stdin:
         words = line.split()
@@ -194,15 +196,17 @@ def writer(args: argparse.Namespace) -> None:
         size = int(words[1])
         lat = []
         n = objects_for(size, args.count)
+        # As the Rust writer does: every value made first, then put back to back from where
+        # it was made (one registered region, as an engine registers its host pool).
         made = Values(size, n)
+        store.register_buffer(made.made.ctypes.data, made.made.nbytes)
         for i in range(n):
-            # As the Rust writer does: a value made earlier, copied into the reused source.
-            np.copyto(staging[:size], made[i])
             t = time.perf_counter()
-            code = store.put_from(f"py/{args.run}/{size}/{i}", staging.ctypes.data, size, config)
+            code = store.put_from(f"py/{args.run}/{size}/{i}", made[i].ctypes.data, size, config)
             lat.append(time.perf_counter() - t)
             if code != 0:
                 sys.exit(f"put_from failed with code {code}")
+        store.unregister_buffer(made.made.ctypes.data)
         print(json.dumps(summary("put_from", size, 1, lat)), flush=True)
     store.close()
 

@@ -269,6 +269,30 @@ def test_pins_and_preferred_segment(shared, key):
     assert shared.get_replica_desc(key + "-missing") == []
 
 
+def test_prefer_alloc_in_same_node_places_the_replica_in_this_process(master, key):
+    stores = [connect(master, segment="16MB") for _ in range(3)]
+    try:
+        config = ReplicateConfig()
+        config.prefer_alloc_in_same_node = True
+        # Each store's puts land in its own segment, though others (these and the session's
+        # shared store's) have room.
+        for n, store in enumerate(stores):
+            assert store.put(f"{key}-{n}", b"here", config) == 0
+            [replica] = store.get_replica_desc(f"{key}-{n}")
+            assert replica.transport_endpoint == store.get_hostname()
+        # A store without a segment has no own node to prefer: the put still lands.
+        reader = connect(master, segment=0)
+        try:
+            assert reader.put(f"{key}-reader", b"anywhere", config) == 0
+            [replica] = reader.get_replica_desc(f"{key}-reader")
+            assert replica.status == ReplicaStatus.COMPLETE
+        finally:
+            reader.close()
+    finally:
+        for store in stores:
+            store.close()
+
+
 def test_copy_and_move_tasks_run_in_the_background_and_are_queried(master, key):
     stores = [connect(master, segment="16MB") for _ in range(3)]
     a, b, c = stores

@@ -511,9 +511,15 @@ class MooncakeDistributedStore:
             return failed(code)
 
     def _config(self, config: ReplicateConfig | None) -> tuple:
+        config = config or _DEFAULT_CONFIG
         client = self._client
-        own = client.segment_name() if client is not None else None
-        return (config or _DEFAULT_CONFIG)._native(own)
+        # Asked only when wanted: it is a call into the extension on every put.
+        own = (
+            client.segment_name()
+            if config.prefer_alloc_in_same_node and client is not None
+            else None
+        )
+        return config._native(own)
 
     def _many(self, call: str, keys: Sequence[str], *lists: Sequence) -> list[int] | None:
         """Per-key refusals for mismatched list lengths, or None when they match."""
