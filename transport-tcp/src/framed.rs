@@ -8,17 +8,17 @@
 //!
 //! Reads can busy-poll the socket for a short while before parking: a waiter woken through
 //! epoll pays tens of microseconds on a virtualised host, more than a whole loopback round
-//! trip, so a caller that expects an answer soon polls a non-blocking `recv` first (going
-//! around the runtime's readiness cache, which only updates when the task parks), yielding to
-//! the runtime's other tasks between polls. Real sockets only; the simulator's streams always
-//! park.
+//! trip, so a caller that expects an answer soon polls a non-blocking `recv` first, yielding to
+//! the runtime's other tasks between polls, with the socket out of the runtime's reactor
+//! meanwhile (see [`crate::socket`]). Real sockets only; the simulator's streams always park.
 
 use std::io::{self, IoSlice};
 use std::time::Duration;
 
 use mooring_proto::wire::{FrameError, FrameHeader, HEADER_LEN, WireMessage, parse_header};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::socket::Socket;
 
 /// Read buffer size.
 const BUFFER: usize = 64 * 1024;
@@ -67,7 +67,7 @@ pub(crate) const PACE_CAP: u32 = 5;
 
 /// A framed connection.
 pub struct Framed {
-    stream: TcpStream,
+    socket: Socket,
     buf: Box<[u8]>,
     start: usize,
     end: usize,
@@ -141,53 +141,6 @@ fn set_user_timeout(stream: &TcpStream) {
     }
 }
 
-/// One non-blocking `recv`, bypassing the runtime's readiness cache.
-#[cfg(not(madsim))]
-fn try_recv(stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: `buf` is a valid writable slice; the fd is the stream's, open while it lives.
-    let n = unsafe {
-        libc::recv(
-            stream.as_raw_fd(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            libc::MSG_DONTWAIT,
-        )
-    };
-    if n >= 0 {
-        Ok(n as usize)
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// Reads at least one byte (or EOF), spinning up to `spin` before parking.
-async fn read_some(stream: &mut TcpStream, buf: &mut [u8], spin: Duration) -> io::Result<usize> {
-    #[cfg(not(madsim))]
-    if !spin.is_zero() {
-        let started = std::time::Instant::now();
-        loop {
-            match try_recv(stream, buf) {
-                Ok(n) => return Ok(n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if started.elapsed() >= spin {
-                        break;
-                    }
-                    // Let this runtime's other tasks (other connections) and, if the host is
-                    // oversubscribed, other processes' threads run between polls.
-                    std::thread::yield_now();
-                    tokio::task::yield_now().await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    #[cfg(madsim)]
-    let _ = spin;
-    stream.read(buf).await
-}
-
 impl Framed {
     /// Whether the peer has closed (or reset) this idle connection, or sent bytes nobody
     /// asked for: a pooled connection to a peer that restarted must not carry a request.
@@ -198,12 +151,11 @@ impl Framed {
         }
         #[cfg(not(madsim))]
         {
-            use std::os::fd::AsRawFd;
             let mut byte = 0u8;
             // SAFETY: one writable byte; the fd is the stream's, open while it lives.
             let n = unsafe {
                 libc::recv(
-                    self.stream.as_raw_fd(),
+                    self.socket.fd(),
                     (&raw mut byte).cast(),
                     1,
                     libc::MSG_PEEK | libc::MSG_DONTWAIT,
@@ -222,7 +174,7 @@ impl Framed {
         #[cfg(all(target_os = "linux", not(madsim)))]
         set_user_timeout(&stream);
         Framed {
-            stream,
+            socket: Socket::new(stream),
             buf: vec![0; BUFFER].into_boxed_slice(),
             start: 0,
             end: 0,
@@ -278,7 +230,10 @@ impl Framed {
             self.start = 0;
         }
         while self.buffered() < need {
-            let n = read_some(&mut self.stream, &mut self.buf[self.end..], self.spin).await?;
+            let n = self
+                .socket
+                .read_some(&mut self.buf[self.end..], self.spin)
+                .await?;
             if n == 0 {
                 if eof_ok && self.buffered() == 0 {
                     return Ok(false);
@@ -366,7 +321,10 @@ impl Framed {
         self.start += from_buffer;
         let mut filled = from_buffer;
         while filled < dest.len() {
-            let n = read_some(&mut self.stream, &mut dest[filled..], self.spin).await?;
+            let n = self
+                .socket
+                .read_some(&mut dest[filled..], self.spin)
+                .await?;
             if n == 0 {
                 return Err(ReadError::Io(io::ErrorKind::UnexpectedEof.into()));
             }
@@ -389,10 +347,10 @@ impl Framed {
             for b in bulk {
                 frame.extend_from_slice(b);
             }
-            self.stream.write_all(&frame).await?;
+            self.socket.write_all(&frame).await?;
         } else if self.splice_large(bulk) {
             // Large slices: zero-copy, one at a time; runs of small ones: gathered writes.
-            self.stream.write_all(&frame).await?;
+            self.socket.write_all(&frame).await?;
             let mut run: Vec<&[u8]> = Vec::new();
             for &b in bulk {
                 if self.should_splice(b) {
@@ -411,7 +369,7 @@ impl Framed {
             slices.extend(bulk.iter().copied().filter(|b| !b.is_empty()));
             self.write_all_vectored(&mut slices).await?;
         }
-        self.stream.flush().await?;
+        self.socket.flush().await?;
         if self.spin_cap > self.spin_floor {
             self.sent_at = Some(tokio::time::Instant::now());
         }
@@ -442,12 +400,12 @@ impl Framed {
     #[cfg(all(target_os = "linux", not(madsim)))]
     async fn splice_out(&mut self, slice: &[u8]) -> io::Result<()> {
         let pipe = self.splice.as_mut().expect("checked by should_splice");
-        pipe.send(&self.stream, slice).await
+        pipe.send(&mut self.socket, slice).await
     }
 
     #[cfg(not(all(target_os = "linux", not(madsim))))]
     async fn splice_out(&mut self, slice: &[u8]) -> io::Result<()> {
-        self.stream.write_all(slice).await
+        self.socket.write_all(slice).await
     }
 
     /// Writes every slice, in order, with as few `writev` calls as the kernel allows.
@@ -459,7 +417,7 @@ impl Framed {
                 .take(MAX_IOVECS)
                 .map(|s| IoSlice::new(s))
                 .collect();
-            let mut written = self.stream.write_vectored(&batch).await?;
+            let mut written = self.socket.write_vectored(&batch).await?;
             if written == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
@@ -484,14 +442,13 @@ mod tests {
 
     use mooring_proto::auth::Handshake;
 
-    fn kernel_user_timeout(stream: &TcpStream) -> u32 {
-        use std::os::fd::AsRawFd;
+    fn kernel_user_timeout(conn: &Framed) -> u32 {
         let mut ms: libc::c_uint = 0;
         let mut len = std::mem::size_of::<libc::c_uint>() as libc::socklen_t;
         // SAFETY: a valid fd, and pointers to a live c_uint and its length.
         let rc = unsafe {
             libc::getsockopt(
-                stream.as_raw_fd(),
+                conn.socket.fd(),
                 libc::IPPROTO_TCP,
                 libc::TCP_USER_TIMEOUT,
                 (&mut ms as *mut libc::c_uint).cast(),
@@ -514,17 +471,17 @@ mod tests {
             Framed::new(stream, Duration::ZERO)
         };
         let before = connect().await;
-        assert!(kernel_user_timeout(&before.stream) <= USER_TIMEOUT.as_millis() as u32);
+        assert!(kernel_user_timeout(&before) <= USER_TIMEOUT.as_millis() as u32);
 
         bound_late_writes_for(Duration::from_secs(3));
         assert_eq!(user_timeout(), Duration::from_millis(750));
         let after = connect().await;
-        assert_eq!(kernel_user_timeout(&after.stream), 750);
+        assert_eq!(kernel_user_timeout(&after), 750);
 
         bound_late_writes_for(Duration::from_secs(10));
         assert_eq!(user_timeout(), Duration::from_millis(750), "never raised");
         let later = connect().await;
-        assert_eq!(kernel_user_timeout(&later.stream), 750);
+        assert_eq!(kernel_user_timeout(&later), 750);
     }
 
     /// A connection following its peer's pace spins half again as long as the last gap,
@@ -545,7 +502,7 @@ mod tests {
             valid_for_us: 0,
         };
         let frame = big.to_frame(3);
-        sender.stream.write_all(&frame[..HEADER_LEN]).await.unwrap();
+        sender.socket.write_all(&frame[..HEADER_LEN]).await.unwrap();
         let refused = tokio::time::timeout(
             Duration::from_secs(5),
             receiver.read_message_at_most::<DataRequest>(64 << 10),

@@ -18,6 +18,7 @@ pub mod limits;
 mod peer_clock;
 pub mod refusals;
 mod rpc;
+mod socket;
 #[cfg(all(target_os = "linux", not(madsim)))]
 mod splice;
 

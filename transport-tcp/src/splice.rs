@@ -11,9 +11,11 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
 
 use tokio::io::Interest;
-use tokio::net::TcpStream;
+
+use crate::socket::{Socket, retrying};
 
 /// A pipe sized for bulk transfers.
 pub struct SplicePipe {
@@ -59,32 +61,27 @@ impl SplicePipe {
         }
     }
 
-    /// Sends `data` on `stream` without copying it in this process.
-    pub async fn send(&mut self, stream: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+    /// Sends `data` on `socket` without copying it in this process.
+    pub async fn send(&mut self, socket: &mut Socket, mut data: &[u8]) -> io::Result<()> {
         while !data.is_empty() {
             let chunk = data.len().min(self.capacity);
             let queued = self.queue(&data[..chunk])?;
             let mut pending = queued;
             while pending > 0 {
                 let pipe = self.read.as_raw_fd();
-                let moved = stream
-                    .async_io(Interest::WRITABLE, || {
+                let moved = socket
+                    .io(Interest::WRITABLE, Duration::ZERO, |fd| {
                         // SAFETY: splicing between two descriptors we hold open.
-                        let n = unsafe {
+                        retrying(|| unsafe {
                             libc::splice(
                                 pipe,
                                 std::ptr::null_mut(),
-                                stream.as_raw_fd(),
+                                fd,
                                 std::ptr::null_mut(),
                                 pending,
                                 libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
                             )
-                        };
-                        if n < 0 {
-                            Err(io::Error::last_os_error())
-                        } else {
-                            Ok(n as usize)
-                        }
+                        })
                     })
                     .await?;
                 if moved == 0 {
