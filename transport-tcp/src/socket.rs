@@ -11,9 +11,9 @@
 //! the wake-ups coming from `recv` through `ep_poll_callback`.
 //!
 //! So a [`Socket`] moves bytes with non-blocking system calls of its own and, on a
-//! multi-threaded runtime, is registered with the reactor only when a call has to park; the
-//! next busy-polling read takes it out again (one `epoll_ctl` each way, paid only by calls
-//! that parked, which cost tens of µs anyway).
+//! multi-threaded runtime, is registered with the reactor only when a call has to park, and
+//! only for the direction it waits on; the next busy-polling read takes it out again (one
+//! `epoll_ctl` each way, paid only by calls that parked, which cost tens of µs anyway).
 //! Readiness is never lost: a registration reports a socket that is ready already, and while
 //! registered the reactor records every edge. The simulator's streams have no descriptors: there
 //! a [`Socket`] is the simulated stream, always parked.
@@ -31,38 +31,56 @@ mod real {
     use super::*;
     use std::os::fd::{AsRawFd, RawFd};
     use tokio::io::Interest;
+    use tokio::io::unix::AsyncFd;
 
     /// A connected socket; see the module docs.
     pub(crate) struct Socket {
-        state: State,
+        /// The socket's place in the reactor, and for what, while it has one. Declared before
+        /// the stream so that it leaves the reactor before the descriptor closes.
+        registered: Option<(AsyncFd<Descriptor>, Interest)>,
+        /// The stream (`None` if taking it from tokio's own registration failed: every call
+        /// then fails).
+        stream: Option<std::net::TcpStream>,
         fd: RawFd,
-        /// Whether busy-polling reads take the socket out of the reactor: on a multi-threaded
-        /// runtime only. On a single-threaded one the thread that polls the reactor is the
-        /// one busy-polling, so an arrival wakes nobody, and staying in saves the two
-        /// `epoll_ctl` calls per park (bulk reads park several times a transfer).
+        /// Whether busy-polling reads take the socket out of the reactor, and parks register
+        /// only the direction they wait for: on a multi-threaded runtime. On a
+        /// single-threaded one the thread that polls the reactor is the one busy-polling, so
+        /// an arrival wakes nobody, and staying in saves two `epoll_ctl` calls per park (bulk
+        /// reads park several times a transfer).
         leaves_reactor: bool,
+        /// Whether the last busy-polling call had to park. A connection whose answers come
+        /// after the spin (a server whose client pauses) parks every time; taking it out of
+        /// the reactor before each spin would cost two `epoll_ctl` calls a call and save
+        /// nothing, so it stays in until a call is answered while spinning.
+        parked_last: bool,
     }
 
-    enum State {
-        /// Out of the reactor: only this socket's own calls see its readiness.
-        Polled(std::net::TcpStream),
-        /// In the reactor, for a call that parked (or one that will).
-        Parked(tokio::net::TcpStream),
-        /// Lost while moving between the two (the move failed); every call fails.
-        Lost,
+    /// A descriptor the socket owns, as the reactor sees it.
+    struct Descriptor(RawFd);
+
+    impl AsRawFd for Descriptor {
+        fn as_raw_fd(&self) -> RawFd {
+            self.0
+        }
     }
 
     impl Socket {
-        /// Wraps a connected stream (in the reactor until its first busy-polling read, if that
-        /// leaves it).
+        /// Wraps a connected stream (out of the reactor until a call parks).
         pub(crate) fn new(stream: tokio::net::TcpStream) -> Socket {
             let fd = stream.as_raw_fd();
             let leaves_reactor = tokio::runtime::Handle::try_current()
                 .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+            let stream = stream
+                .into_std()
+                .inspect_err(|e| tracing::warn!("cannot take a socket from the runtime: {e}"))
+                .ok();
             Socket {
-                state: State::Parked(stream),
-                fd,
+                registered: None,
+                // A lost stream's descriptor is closed, and its number may be reused.
+                fd: if stream.is_some() { fd } else { -1 },
+                stream,
                 leaves_reactor,
+                parked_last: false,
             }
         }
 
@@ -72,25 +90,30 @@ mod real {
         }
 
         /// Runs `op` (one non-blocking system call on the descriptor) until it stops saying
-        /// "would block": first busy-polling for up to `spin` out of the reactor, then parked
-        /// in it. `op` must only report `WouldBlock` when the socket is not ready for
-        /// `interest`.
+        /// "would block": first busy-polling for up to `spin`, then parked in the reactor.
+        /// `op` must only report `WouldBlock` when the socket is not ready for `interest`.
         pub(crate) async fn io<R>(
             &mut self,
             interest: Interest,
             spin: Duration,
             mut op: impl FnMut(RawFd) -> io::Result<R>,
         ) -> io::Result<R> {
+            if self.stream.is_none() {
+                return Err(lost());
+            }
             let fd = self.fd;
             if !spin.is_zero() {
-                if self.leaves_reactor {
-                    self.leave_reactor()?;
+                if self.leaves_reactor && !self.parked_last {
+                    self.registered = None;
                 }
                 let started = std::time::Instant::now();
                 loop {
                     match op(fd) {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        done => return done,
+                        done => {
+                            self.parked_last = false;
+                            return done;
+                        }
                     }
                     if started.elapsed() >= spin {
                         break;
@@ -100,44 +123,40 @@ mod real {
                     std::thread::yield_now();
                     tokio::task::yield_now().await;
                 }
+                self.parked_last = true;
             } else {
-                // Once without the reactor: its readiness cache is stale while polled.
+                // Once before parking: a registration's readiness is stale while polled.
                 match op(fd) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     done => return done,
                 }
             }
-            self.join_reactor()?.async_io(interest, || op(fd)).await
+            self.registration(interest)?
+                .async_io(interest, |_| op(fd))
+                .await
         }
 
-        fn leave_reactor(&mut self) -> io::Result<()> {
-            if matches!(self.state, State::Parked(_)) {
-                let State::Parked(stream) = std::mem::replace(&mut self.state, State::Lost) else {
-                    unreachable!("matched above")
-                };
-                self.state = State::Polled(stream.into_std()?);
+        /// The socket's registration, made for `interest` if it has none that covers it. On a
+        /// multi-threaded runtime a read parks registered for reading alone: a socket
+        /// registered for writing too is reported writable at once, which wakes the idle
+        /// worker for nothing at every park.
+        fn registration(&mut self, interest: Interest) -> io::Result<&AsyncFd<Descriptor>> {
+            let wanted = if self.leaves_reactor {
+                interest
+            } else {
+                Interest::READABLE | Interest::WRITABLE
+            };
+            let covered = matches!(&self.registered, Some((_, has)) if *has == wanted);
+            if !covered {
+                self.registered = None;
+                // SAFETY: the descriptor is the stream's, which stays open and the same for
+                // as long as the registration lives: both are this socket's, the stream is
+                // never taken out, and the registration is dropped first.
+                let registration =
+                    unsafe { AsyncFd::register_with_interest(Descriptor(self.fd), wanted) }?;
+                self.registered = Some((registration, wanted));
             }
-            self.usable()
-        }
-
-        fn join_reactor(&mut self) -> io::Result<&tokio::net::TcpStream> {
-            if matches!(self.state, State::Polled(_)) {
-                let State::Polled(stream) = std::mem::replace(&mut self.state, State::Lost) else {
-                    unreachable!("matched above")
-                };
-                self.state = State::Parked(tokio::net::TcpStream::from_std(stream)?);
-            }
-            match &self.state {
-                State::Parked(stream) => Ok(stream),
-                _ => Err(lost()),
-            }
-        }
-
-        fn usable(&self) -> io::Result<()> {
-            match self.state {
-                State::Lost => Err(lost()),
-                _ => Ok(()),
-            }
+            Ok(&self.registered.as_ref().expect("registered above").0)
         }
 
         /// Reads at least one byte (0: the peer closed), spinning up to `spin` before parking.
@@ -199,13 +218,10 @@ mod real {
 
         /// Nothing to flush: writes go straight to the kernel.
         pub(crate) async fn flush(&mut self) -> io::Result<()> {
-            self.usable()
-        }
-    }
-
-    impl AsRawFd for Socket {
-        fn as_raw_fd(&self) -> RawFd {
-            self.fd
+            match self.stream {
+                Some(_) => Ok(()),
+                None => Err(lost()),
+            }
         }
     }
 
@@ -225,7 +241,7 @@ mod real {
     }
 
     fn lost() -> io::Error {
-        io::Error::other("the socket was lost moving in or out of the runtime's reactor")
+        io::Error::other("the socket could not be taken from the runtime's own registration")
     }
 }
 
