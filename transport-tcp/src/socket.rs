@@ -101,9 +101,18 @@ mod real {
             if self.stream.is_none() {
                 return Err(lost());
             }
+            // Tokio's own streams take a unit of the task's budget per operation, so a long
+            // transfer that never waits still lets the worker's other tasks run. Taken before
+            // the call: a yield after it, if cancelled, would lose the bytes it moved.
+            tokio::task::coop::consume_budget().await;
             let fd = self.fd;
             if !spin.is_zero() {
-                if self.leaves_reactor && !self.parked_last {
+                // Out of the reactor while polling, unless calls keep parking for this very
+                // direction (a registration for writing, left by a write that parked, would
+                // be woken by every acknowledgement that frees room).
+                let keeps = self.parked_last
+                    && matches!(&self.registered, Some((_, has)) if *has == interest);
+                if self.leaves_reactor && !keeps {
                     self.registered = None;
                 }
                 let started = std::time::Instant::now();
