@@ -149,22 +149,7 @@ impl Framed {
         if self.buffered() > 0 {
             return true;
         }
-        #[cfg(not(madsim))]
-        {
-            let mut byte = 0u8;
-            // SAFETY: one writable byte; the fd is the stream's, open while it lives.
-            let n = unsafe {
-                libc::recv(
-                    self.socket.fd(),
-                    (&raw mut byte).cast(),
-                    1,
-                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
-                )
-            };
-            n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock
-        }
-        #[cfg(madsim)]
-        false
+        self.socket.peer_sent_or_closed()
     }
 
     /// Wraps a connected stream (and turns Nagle off: requests are latency-bound). Reads spin
@@ -513,6 +498,28 @@ mod tests {
             panic!("a frame over the limit was read")
         };
         assert!(err.to_string().contains("at most 65536"), "{err}");
+    }
+
+    /// A pooled connection is refused once its peer closed it or sent bytes nobody asked for;
+    /// a quiet live one is kept.
+    #[tokio::test]
+    async fn an_idle_connection_whose_peer_closed_or_spoke_is_gone() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let quiet = Framed::new(TcpStream::connect(addr).await.unwrap(), Duration::ZERO);
+        let (_quiet_peer, _) = listener.accept().await.unwrap();
+        let spoke = Framed::new(TcpStream::connect(addr).await.unwrap(), Duration::ZERO);
+        let (mut spoke_peer, _) = listener.accept().await.unwrap();
+        let closed = Framed::new(TcpStream::connect(addr).await.unwrap(), Duration::ZERO);
+        let (closed_peer, _) = listener.accept().await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut spoke_peer, b"?")
+            .await
+            .unwrap();
+        drop(closed_peer);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!quiet.peer_gone());
+        assert!(spoke.peer_gone());
+        assert!(closed.peer_gone());
     }
 
     #[tokio::test]

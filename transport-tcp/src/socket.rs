@@ -84,7 +84,8 @@ mod real {
             }
         }
 
-        /// The descriptor, for socket options and peeks (valid while the socket lives).
+        /// The descriptor, for tests that read its socket options.
+        #[cfg(test)]
         pub(crate) fn fd(&self) -> RawFd {
             self.fd
         }
@@ -232,6 +233,23 @@ mod real {
                 None => Err(lost()),
             }
         }
+
+        /// Whether the peer has closed or reset the connection, or sent bytes: looks without
+        /// waiting or consuming anything.
+        pub(crate) fn peer_sent_or_closed(&self) -> bool {
+            let mut byte = 0u8;
+            // SAFETY: one writable byte; `fd` is this socket's, open while it lives (a lost
+            // socket's is -1, which fails and so counts as closed).
+            let n = unsafe {
+                libc::recv(
+                    self.fd,
+                    (&raw mut byte).cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock
+        }
     }
 
     /// A system call's byte count, or its error; made again if a signal interrupted it (never
@@ -288,6 +306,12 @@ mod simulated {
         /// The simulated stream buffers until flushed.
         pub(crate) async fn flush(&mut self) -> io::Result<()> {
             self.stream.flush().await
+        }
+
+        /// The simulated stream cannot be looked at without reading: a dead peer shows when
+        /// the next call fails.
+        pub(crate) fn peer_sent_or_closed(&self) -> bool {
+            false
         }
     }
 }
