@@ -8,9 +8,11 @@
 //! client's pace (the time from each answer to the next request) and spins half again that
 //! long, up to five times its configured spin, so a client that does a little work between
 //! calls (checks a batch, reads from a node) still finds the master and the node polling.
-//! Set `MOORING_CLIENT_SPIN` and `MOORING_SERVER_SPIN` (e.g. `0`, `20us`, `100us`) to change
-//! the defaults; zero turns polling off (idle CPU matters more than latency). Pollers yield the CPU between polls, so
-//! on an oversubscribed host the process that has work still gets to run.
+//! After a longer pause it goes by the gap before that one (a put's two master calls have
+//! its copy between them, then a short gap to the next put). Set `MOORING_CLIENT_SPIN` and
+//! `MOORING_SERVER_SPIN` (e.g. `0`, `20us`, `100us`) to change the defaults; zero turns
+//! polling off (idle CPU matters more than latency). Pollers yield the CPU between polls,
+//! so on an oversubscribed host the process that has work still gets to run.
 
 use std::time::Duration;
 

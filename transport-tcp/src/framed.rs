@@ -79,6 +79,8 @@ pub struct Framed {
     spin_cap: Duration,
     /// When the last frame went out, while following the peer's pace.
     sent_at: Option<tokio::time::Instant>,
+    /// The gap before the last one (see [`Framed::follow`]).
+    previous_gap: Duration,
     /// Zero-copy sender for bulk data (created on first use; absent if pipes fail).
     #[cfg(all(target_os = "linux", not(madsim)))]
     splice: Option<crate::splice::SplicePipe>,
@@ -167,6 +169,7 @@ impl Framed {
             spin_floor: spin,
             spin_cap: spin,
             sent_at: None,
+            previous_gap: Duration::MAX,
             #[cfg(all(target_os = "linux", not(madsim)))]
             splice: None,
         }
@@ -183,14 +186,19 @@ impl Framed {
     }
 
     /// Sets the next read's spin from `gap`, the time between this side's last frame and the
-    /// peer's next: half as long again (its pace varies), within the floor and cap; the floor
-    /// after a pause longer than the cap.
+    /// peer's next: half as long again (its pace varies), within the floor and cap. After a
+    /// pause longer than the cap it goes by the gap before, if that one was short: calls
+    /// often alternate a long gap with a short one (a put copies its value between its two
+    /// master calls, then the program makes its next put), and the short one is the next.
+    /// Only after two long pauses in a row is the spin the floor.
     fn follow(&mut self, gap: Duration) {
-        self.spin = if gap <= self.spin_cap {
-            (gap + gap / 2).clamp(self.spin_floor, self.spin_cap)
-        } else {
-            self.spin_floor
-        };
+        let basis = [gap, self.previous_gap]
+            .into_iter()
+            .find(|&g| g <= self.spin_cap);
+        self.spin = basis.map_or(self.spin_floor, |g| {
+            (g + g / 2).clamp(self.spin_floor, self.spin_cap)
+        });
+        self.previous_gap = gap;
     }
 
     /// Connects to `addr`.
@@ -469,9 +477,6 @@ mod tests {
         assert_eq!(kernel_user_timeout(&later), 750);
     }
 
-    /// A connection following its peer's pace spins half again as long as the last gap,
-    /// within its floor and cap, and only its floor after a pause past the cap; one that
-    /// does not follow keeps its spin.
     #[tokio::test]
     async fn a_frame_longer_than_the_caller_expects_is_refused_before_its_payload() {
         use mooring_proto::wire::{DataRequest, WireMessage};
@@ -522,6 +527,10 @@ mod tests {
         assert!(closed.peer_gone());
     }
 
+    /// A connection following its peer's pace spins half again as long as the last gap,
+    /// within its floor and cap; after a pause past the cap, as long as the short gap before
+    /// it says, and only its floor after two such pauses; one that does not follow keeps
+    /// its spin.
     #[tokio::test]
     async fn the_spin_follows_the_peers_pace_within_bounds() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -537,7 +546,16 @@ mod tests {
         conn.follow(us(180));
         assert_eq!(conn.spin, us(200), "never above the cap");
         conn.follow(us(900));
-        assert_eq!(conn.spin, us(20), "a long pause costs only the floor");
+        assert_eq!(conn.spin, us(200), "after a pause, the short gap before it");
+        conn.follow(us(900));
+        assert_eq!(conn.spin, us(20), "two long pauses cost only the floor");
+        // A put's pattern: its copy between two master calls, a short gap before the next.
+        for _ in 0..3 {
+            conn.follow(us(40));
+            assert_eq!(conn.spin, us(60));
+            conn.follow(us(500));
+            assert_eq!(conn.spin, us(60), "ready for the next call after the copy");
+        }
         // The first frame out starts a gap to measure; without following, none is.
         conn.write_message(1, &Handshake::Refused { reason: "x".into() }, &[])
             .await
