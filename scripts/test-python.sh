@@ -30,6 +30,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/pip" install --quiet --upgrade pip
 "$VENV/bin/pip" install --quiet "maturin>=1.9,<2" "pytest>=7" numpy "ruff>=0.6"
+# The tensor helpers are tested with real torch: PyPI's build (with CUDA's libraries, about
+# 3 GB the first time) runs on machines without a GPU.
+"$VENV/bin/pip" install --quiet torch
 
 # The master the tests start.
 cargo build --release --locked -p mooring --bin mooring

@@ -1,5 +1,5 @@
 """The SGLang HiCache backend end to end, against a real master, with a host memory pool shaped
-like SGLang's (SGLang itself needs torch and a GPU build; this machine has neither)."""
+like SGLang's (SGLang's own package is built for GPUs and is not installed here)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import IntEnum
 from typing import Any, TypeVar
 
-from . import _native
+from . import _native, tensors
 from ._native import BufferHandle, MooringError, parse_size
 
 __all__ = [
@@ -773,6 +773,48 @@ class MooncakeDistributedStore:
             ),
             failed,
         )
+
+    # ---- tensors -----------------------------------------------------------------------------
+
+    def put_tensor(self, key: str, tensor: Any) -> int:
+        """Stores a ``torch.Tensor`` (copied to host memory first if it is on a device) with
+        its dtype and shape, in Mooncake's tensor format; 0 or a negative code."""
+        try:
+            header, data, keep = tensors.encode(tensor)
+        except ValueError as e:
+            return self._refuse("put_tensor", ErrorCode.INVALID_PARAMS, f"{key}: {e}")
+        native = self._config(None)
+        code = self._run(
+            "put_tensor", lambda c: c.put_parts(key, [header, data], native, False) or 0, int
+        )
+        del keep  # the tensor's host copy, whose memory `data` views, lived through the put
+        return code
+
+    def batch_put_tensor(self, keys: Sequence[str], tensors_list: Sequence[Any]) -> list[int]:
+        """``put_tensor`` for many keys; one code per key."""
+        refused = self._many("batch_put_tensor", keys, tensors_list)
+        if refused is not None:
+            return refused
+        return [self.put_tensor(key, tensor) for key, tensor in zip(keys, tensors_list)]
+
+    def get_tensor(self, key: str) -> Any:
+        """The tensor stored under ``key`` with ``put_tensor`` (in host memory), or ``None``
+        if it cannot be read or is not a stored tensor (the log says why)."""
+        return self._tensor("get_tensor", key, self.get_buffer(key))
+
+    def batch_get_tensor(self, keys: Sequence[str]) -> list[Any]:
+        """``get_tensor`` for many keys; ``None`` for each one that cannot be read."""
+        handles = self.batch_get_buffer(keys)
+        return [self._tensor("batch_get_tensor", k, h) for k, h in zip(keys, handles)]
+
+    def _tensor(self, call: str, key: str, handle: BufferHandle | None) -> Any:
+        if handle is None:
+            return None
+        try:
+            return tensors.decode(handle)
+        except ValueError as e:
+            self._refuse(call, ErrorCode.INVALID_PARAMS, f"{key}: {e}")
+            return None
 
     # ---- registered memory -------------------------------------------------------------------
 
