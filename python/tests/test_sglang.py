@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+import torch
 from mooring.integrations import sglang as adapter
 
 
@@ -160,6 +161,23 @@ def test_older_calls_with_targets(backend):
     assert backend.get("nope") is None
     assert backend.set("plain", b"bytes value") and backend.get("plain") == b"bytes value"
     backend.store.unregister_buffer(base)
+
+
+def test_generic_page_calls_with_tensors(backend):
+    """SGLang 0.5 calls batch_set/batch_get with a tensor per page when its extra config
+    lacks interface_v1 (its cache controller's generic path)."""
+    pages = [
+        torch.randn(64, generator=torch.Generator().manual_seed(i)).bfloat16() for i in range(3)
+    ]
+    keys = ["g0", "g1", "g2"]
+    assert backend.batch_set(keys, pages)
+    targets = [torch.empty(64, dtype=torch.bfloat16) for _ in range(4)]
+    got = backend.batch_get([*keys, "missing"], targets)
+    assert got[0] is targets[0] and got[3] is None
+    assert all(torch.equal(g, p) for g, p in zip(got[:3], pages))
+    assert backend.get("g1", torch.zeros(64, dtype=torch.bfloat16)).equal(pages[1])
+    assert backend.get("g1", torch.zeros(32, dtype=torch.bfloat16)) is None  # wrong size
+    assert backend.get("g1", torch.zeros(64, 2, dtype=torch.bfloat16)[:, 0]) is None  # strided
 
 
 def test_clear_removes_what_it_can(backend):

@@ -6,7 +6,11 @@ Load it through SGLang's dynamic storage backend::
         --hicache-storage-backend dynamic \\
         --hicache-storage-backend-extra-config '{"backend_name": "mooring",
             "module_path": "mooring.integrations.sglang", "class_name": "MooringStore",
-            "master_server_address": "10.0.0.1:50051"}'
+            "interface_v1": 1, "master_server_address": "10.0.0.1:50051"}'
+
+``interface_v1`` makes SGLang call the zero-copy page calls (``batch_set_v1`` /
+``batch_get_v1``); without it SGLang 0.5 calls ``batch_set`` / ``batch_get`` with a tensor
+per page, which work too, with a copy each way.
 
 Configuration, from ``extra_config`` first, then the environment:
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -226,20 +231,37 @@ class MooringStore(_Base):
     # ---- the older calls ---------------------------------------------------------------------
 
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
-        """With a target (address, size): reads into it and answers success. Without: the
-        value as bytes, or None."""
+        """With a tensor target (SGLang's page-sized buffer): reads into it and answers it, or
+        None. With an address and size (registered memory): reads there and answers
+        success. Without a target: the value as bytes, or None."""
         if target_location is None:
             value = self.store.get(self._key(key))
             return value if value else None
+        if _is_tensor(target_location):
+            return self._read_into(key, target_location)
         return self.store.get_into(self._key(key), target_location, target_sizes) >= 0
+
+    def _read_into(self, key: str, tensor: Any) -> Any:
+        if not tensor.is_contiguous() or tensor.device.type != "cpu":
+            logger.warning("mooring: %s: the target tensor must be contiguous, in CPU memory", key)
+            return None
+        handle = self.store.get_buffer(self._key(key))
+        dest = memoryview(_bytes_like(tensor))
+        if handle is None or len(handle) != dest.nbytes:
+            return None
+        dest[:] = memoryview(handle)
+        return tensor
 
     def batch_get(
         self, keys: list[str], target_locations: Any = None, target_sizes: Any = None
     ) -> Any:
-        """With targets: reads into them and answers how many leading keys were read.
-        Without: the values (bytes or None)."""
+        """With tensor targets: ``get`` of each (the tensor, or None). With addresses and
+        sizes: reads into them and answers how many leading keys were read. Without: the
+        values (bytes or None)."""
         if target_locations is None:
             return [self.get(k) for k in keys]
+        if any(_is_tensor(t) for t in target_locations):
+            return [self.get(k, t) for k, t in zip(keys, target_locations)]
         lengths = self.store.batch_get_into(
             [self._key(k) for k in keys], list(target_locations), list(target_sizes)
         )
@@ -312,7 +334,14 @@ class MooringStore(_Base):
         self.store.close()
 
 
+def _is_tensor(value: Any) -> bool:
+    return hasattr(value, "data_ptr") and hasattr(value, "is_contiguous")
+
+
 def _bytes_like(value: Any) -> Any:
-    if hasattr(value, "detach") and hasattr(value, "numpy"):  # a CPU torch tensor
-        return value.detach().contiguous().view(-1).numpy().view("uint8")
+    """A CPU tensor's bytes as a numpy array sharing its memory (of any dtype: numpy has no
+    bfloat16, so the bytes are viewed as uint8 first); anything else as it is."""
+    if _is_tensor(value):
+        torch = sys.modules["torch"]  # imported by whoever made the tensor
+        return value.detach().contiguous().view(-1).view(torch.uint8).numpy()
     return value
