@@ -30,9 +30,10 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/pip" install --quiet --upgrade pip
 "$VENV/bin/pip" install --quiet "maturin>=1.9,<2" "pytest>=7" numpy "ruff>=0.6"
-# The tensor helpers are tested with real torch: PyPI's build (with CUDA's libraries, about
-# 3 GB the first time) runs on machines without a GPU.
-"$VENV/bin/pip" install --quiet torch
+# The tensor helpers and the SGLang backend are tested with real torch and SGLang (the
+# version the backend was written against): PyPI's builds, with CUDA's libraries (about
+# 10 GB the first time), run on machines without a GPU.
+"$VENV/bin/pip" install --quiet torch "sglang==0.5.23"
 
 # The master the tests start.
 cargo build --release --locked -p mooring --bin mooring

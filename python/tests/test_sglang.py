@@ -1,5 +1,5 @@
 """The SGLang HiCache backend end to end, against a real master, with a host memory pool shaped
-like SGLang's (SGLang's own package is built for GPUs and is not installed here)."""
+like SGLang's, and loaded by SGLang's own backend factory."""
 
 from __future__ import annotations
 
@@ -80,6 +80,49 @@ def test_loadable_by_module_path_and_class_name():
         "register_mem_pool_host",
     ):
         assert callable(getattr(cls, method)), method
+
+
+def test_loaded_and_driven_by_sglang_itself(master):
+    """SGLang's own factory (sglang 0.5.23, which the test command installs) loads the adapter
+    as `--hicache-storage-backend dynamic` does, and its cache controller's generic page calls
+    (a tensor per page) work through SGLang's base class."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    config = HiCacheStorageConfig(
+        tp_rank=0,
+        tp_size=1,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=False,
+        enable_storage_metrics=True,
+        is_page_first_layout=True,
+        model_name="org/sglang-itself",
+        extra_config={
+            "backend_name": "mooring",
+            "module_path": "mooring.integrations.sglang",
+            "class_name": "MooringStore",
+            "interface_v1": 1,
+            "master_server_address": master.address,
+            "global_segment_size": "16MB",
+        },
+    )
+    backend = StorageBackendFactory.create_backend("dynamic", config, None)
+    try:
+        assert isinstance(backend, adapter.MooringStore) and isinstance(backend, HiCacheStorage)
+        pages = [torch.randn(512, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+        keys = ["s0", "s1", "s2"]
+        assert backend.batch_set(keys, [p.bfloat16() for p in pages])
+        assert backend.batch_exists([*keys, "missing"]) == 3
+        targets = [torch.empty(512, dtype=torch.bfloat16) for _ in range(4)]
+        got = backend.batch_get([*keys, "missing"], targets)
+        assert all(torch.equal(g, p.bfloat16()) for g, p in zip(got[:3], pages))
+        assert got[3] is None
+        assert backend.store.is_exist("org-sglang-itself/s0@tp0of1") == 1
+    finally:
+        backend.close()
 
 
 def test_pages_round_trip_through_the_host_pool(backend, master):
