@@ -1,5 +1,6 @@
 """The SGLang HiCache backend end to end, against a real master, with a host memory pool shaped
-like SGLang's, and loaded by SGLang's own backend factory."""
+like SGLang's and with SGLang's own MHA host pool, and loaded by SGLang's own backend
+factory."""
 
 from __future__ import annotations
 
@@ -121,6 +122,83 @@ def test_loaded_and_driven_by_sglang_itself(master):
         assert all(torch.equal(g, p.bfloat16()) for g, p in zip(got[:3], pages))
         assert got[3] is None
         assert backend.store.is_exist("org-sglang-itself/s0@tp0of1") == 1
+    finally:
+        backend.close()
+
+
+def sglang_mha_host_pool(layers=2, tokens=256, heads=2, dim=16, page=16):
+    """SGLang's own MHA host pool (page-first layout) over a device pool in CPU memory."""
+    from sglang.srt.mem_cache.device_pool_info import KVBufferLayout, KVBuffers, MHABufferInfo
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+    def layer_buffers():
+        return tuple(
+            torch.zeros(tokens + page, heads, dim, dtype=torch.bfloat16) for _ in range(layers)
+        )
+
+    def pointers(buffers):
+        return torch.tensor([b.data_ptr() for b in buffers], dtype=torch.uint64)
+
+    k, v = layer_buffers(), layer_buffers()
+    device = MHABufferInfo(
+        buffers=KVBuffers(
+            k=k, v=v, k_data_ptrs=pointers(k), v_data_ptrs=pointers(v), layout=KVBufferLayout.NHD
+        ),
+        page_size=page,
+        head_num=heads,
+        head_dim=dim,
+        v_head_dim=dim,
+        dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+    )
+    return MHATokenToKVPoolHost(
+        device,
+        2.0,
+        0,
+        page,
+        "page_first",
+        pin_memory=False,
+        device="cpu",
+        device_capacity_tokens=tokens,
+        start_layer=0,
+        end_layer=layers,
+    ), (k, v)
+
+
+def test_pages_move_through_sglangs_own_host_pool(master):
+    """The zero-copy page calls against SGLang's MHATokenToKVPoolHost: pages written from
+    one place in the pool come back, byte for byte, into another."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+    pool, _device = sglang_mha_host_pool()
+    config = HiCacheStorageConfig(
+        tp_rank=0,
+        tp_size=1,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=False,
+        enable_storage_metrics=False,
+        is_page_first_layout=True,
+        model_name="own-pool",
+        extra_config={"master_server_address": master.address, "global_segment_size": "16MB"},
+    )
+    backend = adapter.MooringStore(config, {})
+    try:
+        backend.register_mem_pool_host(pool)
+        raw = pool.kv_buffer.view(torch.uint8)
+        raw.view(-1)[:] = (
+            torch.arange(raw.numel(), dtype=torch.int64).remainder(251).to(torch.uint8)
+        )
+        page = pool.page_size
+        written = torch.arange(0, 2 * page, dtype=torch.int64)
+        read = torch.arange(4 * page, 6 * page, dtype=torch.int64)
+        assert backend.batch_set_v1(["q0", "q1"], written) == [True, True]
+        assert backend.batch_exists(["q0", "q1", "q2"]) == 2
+        assert not torch.equal(raw[:, 0 : 2 * page], raw[:, 4 * page : 6 * page])
+        assert backend.batch_get_v1(["q0", "q1"], read) == [True, True]
+        assert torch.equal(raw[:, 0 : 2 * page], raw[:, 4 * page : 6 * page])  # K and V halves
     finally:
         backend.close()
 
