@@ -83,14 +83,12 @@ def test_loadable_by_module_path_and_class_name():
         assert callable(getattr(cls, method)), method
 
 
-def test_loaded_and_driven_by_sglang_itself(master):
-    """SGLang's own factory (sglang 0.5.23, which the test command installs) loads the adapter
-    as `--hicache-storage-backend dynamic` does, and its cache controller's generic page calls
-    (a tensor per page) work through SGLang's base class."""
-    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
-    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+def sglang_config(model_name: str, **extra):
+    """SGLang's own storage config for one rank of an MHA model, with ``extra`` as the
+    backend's extra config."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
-    config = HiCacheStorageConfig(
+    return HiCacheStorageConfig(
         tp_rank=0,
         tp_size=1,
         pp_rank=0,
@@ -100,15 +98,26 @@ def test_loaded_and_driven_by_sglang_itself(master):
         is_mla_model=False,
         enable_storage_metrics=True,
         is_page_first_layout=True,
-        model_name="org/sglang-itself",
-        extra_config={
-            "backend_name": "mooring",
-            "module_path": "mooring.integrations.sglang",
-            "class_name": "MooringStore",
-            "interface_v1": 1,
-            "master_server_address": master.address,
-            "global_segment_size": "16MB",
-        },
+        model_name=model_name,
+        extra_config=extra,
+    )
+
+
+def test_loaded_and_driven_by_sglang_itself(master):
+    """SGLang's own factory (sglang 0.5.23, which the test command installs) loads the adapter
+    as `--hicache-storage-backend dynamic` does, and its cache controller's generic page calls
+    (a tensor per page) work through SGLang's base class."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+    config = sglang_config(
+        "org/sglang-itself",
+        backend_name="mooring",
+        module_path="mooring.integrations.sglang",
+        class_name="MooringStore",
+        interface_v1=1,
+        master_server_address=master.address,
+        global_segment_size="16MB",
     )
     backend = StorageBackendFactory.create_backend("dynamic", config, None)
     try:
@@ -168,21 +177,9 @@ def sglang_mha_host_pool(layers=2, tokens=256, heads=2, dim=16, page=16):
 def test_pages_move_through_sglangs_own_host_pool(master):
     """The zero-copy page calls against SGLang's MHATokenToKVPoolHost: pages written from
     one place in the pool come back, byte for byte, into another."""
-    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
-
     pool, _device = sglang_mha_host_pool()
-    config = HiCacheStorageConfig(
-        tp_rank=0,
-        tp_size=1,
-        pp_rank=0,
-        pp_size=1,
-        attn_cp_rank=0,
-        attn_cp_size=1,
-        is_mla_model=False,
-        enable_storage_metrics=False,
-        is_page_first_layout=True,
-        model_name="own-pool",
-        extra_config={"master_server_address": master.address, "global_segment_size": "16MB"},
+    config = sglang_config(
+        "own-pool", master_server_address=master.address, global_segment_size="16MB"
     )
     backend = adapter.MooringStore(config, {})
     try:
