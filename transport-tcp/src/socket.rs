@@ -333,10 +333,12 @@ mod tests {
         (socket, peer)
     }
 
-    fn multi_thread() -> tokio::runtime::Runtime {
+    /// A runtime with one worker, its threads named `name`: tests run side by side in one
+    /// process, so a test that counts its worker's switches gives it a name no other test uses.
+    fn multi_thread(name: &str) -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
-            .thread_name("socket-test-io")
+            .thread_name(name)
             .enable_all()
             .build()
             .unwrap()
@@ -365,7 +367,7 @@ mod tests {
     /// socket goes in and out of the reactor and no byte or wake-up is lost on the way.
     #[test]
     fn reads_that_park_and_reads_that_spin_take_every_byte() {
-        let runtime = multi_thread();
+        let runtime = multi_thread("socket-test-io");
         let (mut socket, mut peer) = pair(&runtime);
         let sender = std::thread::spawn(move || {
             for i in 0..200u32 {
@@ -414,7 +416,7 @@ mod tests {
     /// the reactor until there is room, and arrives whole.
     #[test]
     fn a_write_that_fills_the_socket_waits_for_room() {
-        let runtime = multi_thread();
+        let runtime = multi_thread("socket-test-io");
         let (mut socket, mut peer) = pair(&runtime);
         let data: Vec<u8> = (0..16 << 20)
             .map(|i: u32| (i * 7 + i / 4099) as u8)
@@ -443,11 +445,15 @@ mod tests {
         reader.join().unwrap();
     }
 
+    /// The name of the one worker whose switches are counted; the other tests' workers come and
+    /// go while it counts (with a shared name, one leaving made the count negative).
+    const IDLE_WORKER: &str = "socket-idle-wkr";
+
     /// The point of the type: while a call busy-polls for its answer, answers arriving do not
     /// wake the runtime's idle worker (with tokio's always-registered streams, each did).
     #[test]
     fn answers_taken_by_busy_polling_wake_no_idle_worker() {
-        let runtime = multi_thread();
+        let runtime = multi_thread(IDLE_WORKER);
         // Let the worker start and park.
         runtime.block_on(async { tokio::time::sleep(Duration::from_millis(20)).await });
         let (mut socket, mut peer) = pair(&runtime);
@@ -459,7 +465,7 @@ mod tests {
                 peer.write_all(&byte).unwrap();
             }
         });
-        let before = switches_of("socket-test-io");
+        let before = switches_of(IDLE_WORKER);
         let started = Instant::now();
         runtime.block_on(async {
             let mut byte = [0u8; 1];
@@ -472,7 +478,7 @@ mod tests {
                 assert_eq!(n, 1);
             }
         });
-        let woken = switches_of("socket-test-io") - before;
+        let woken = switches_of(IDLE_WORKER) - before;
         echo.join().unwrap();
         // A few for the first registration and the reactor's housekeeping; one per answer
         // before this type.
