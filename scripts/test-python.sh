@@ -33,7 +33,7 @@ fi
 # The tensor helpers and the SGLang backend are tested with real torch and SGLang (the
 # version the backend was written against): PyPI's builds, with CUDA's libraries (about
 # 10 GB the first time), run on machines without a GPU.
-"$VENV/bin/pip" install --quiet torch "sglang==0.5.23"
+"$VENV/bin/pip" install --quiet torch safetensors "sglang==0.5.23"
 
 # The master the tests start.
 cargo build --release --locked -p mooring --bin mooring

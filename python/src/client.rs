@@ -459,6 +459,12 @@ impl NativeClient {
         raise(self.registered.unregister(ptr))
     }
 
+    /// Checks that `size` bytes at `ptr` lie inside one registered buffer, so that Python
+    /// may read them (a tensor's header, before it is stored from there).
+    fn check_registered(&self, ptr: usize, size: usize) -> PyResult<()> {
+        raise(self.registered.check(ptr, size))
+    }
+
     /// Stores `size` bytes of registered memory at `ptr` (zero-copy).
     fn put_from(
         &self,

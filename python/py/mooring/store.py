@@ -25,8 +25,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import IntEnum
 from typing import Any, TypeVar
 
-from . import _native, tensors
+from . import _native
 from ._native import BufferHandle, MooringError, parse_size
+from .codes import ErrorCode
+from .tensor_calls import TensorCalls
 
 __all__ = [
     "BufferHandle",
@@ -50,44 +52,6 @@ _DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 _DEFAULT_LOCAL_BUFFER_SIZE = 16 * 1024 * 1024
 _DEFAULT_MASTER = "127.0.0.1:50051"
 _U64_MAX = 2**64 - 1
-
-
-class ErrorCode(IntEnum):
-    """Mooncake's numeric error codes, as Mooring answers them."""
-
-    INTERNAL_ERROR = -1
-    BUFFER_OVERFLOW = -10
-    SEGMENT_NOT_FOUND = -101
-    SEGMENT_ALREADY_EXISTS = -102
-    CLIENT_NOT_FOUND = -103
-    NO_AVAILABLE_HANDLE = -200
-    INVALID_VERSION = -300
-    INVALID_KEY = -400
-    WRITE_FAIL = -500
-    INVALID_PARAMS = -600
-    ILLEGAL_CLIENT = -601
-    INVALID_WRITE = -700
-    INVALID_READ = -701
-    INVALID_REPLICA = -702
-    REPLICA_IS_NOT_READY = -703
-    OBJECT_NOT_FOUND = -704
-    OBJECT_ALREADY_EXISTS = -705
-    OBJECT_HAS_LEASE = -706
-    LEASE_EXPIRED = -707
-    OBJECT_HAS_REPLICATION_TASK = -708
-    OBJECT_NO_REPLICATION_TASK = -709
-    REPLICA_NOT_FOUND = -710
-    REPLICA_ALREADY_EXISTS = -711
-    REPLICA_IS_GONE = -712
-    OBJECT_REPLICA_BUSY = -714
-    TRANSFER_FAIL = -800
-    RPC_FAIL = -900
-    UNAVAILABLE_IN_CURRENT_STATUS = -1010
-    UNAVAILABLE_IN_CURRENT_MODE = -1011
-    FILE_NOT_FOUND = -1100
-    FILE_OPEN_FAIL = -1101
-    FILE_READ_FAIL = -1102
-    FILE_WRITE_FAIL = -1103
 
 
 class SoftPinAction(IntEnum):
@@ -326,7 +290,7 @@ def _port_range() -> tuple[int, int]:
     return low, high
 
 
-class MooncakeDistributedStore:
+class MooncakeDistributedStore(TensorCalls):
     """A client of a Mooring cluster with Mooncake's ``MooncakeDistributedStore`` API.
 
     Call :meth:`setup` first. A store whose ``global_segment_size`` is above zero also
@@ -773,48 +737,6 @@ class MooncakeDistributedStore:
             ),
             failed,
         )
-
-    # ---- tensors -----------------------------------------------------------------------------
-
-    def put_tensor(self, key: str, tensor: Any) -> int:
-        """Stores a ``torch.Tensor`` (copied to host memory first if it is on a device) with
-        its dtype and shape, in Mooncake's tensor format; 0 or a negative code."""
-        try:
-            header, data, keep = tensors.encode(tensor)
-        except ValueError as e:
-            return self._refuse("put_tensor", ErrorCode.INVALID_PARAMS, f"{key}: {e}")
-        native = self._config(None)
-        code = self._run(
-            "put_tensor", lambda c: c.put_parts(key, [header, data], native, False) or 0, int
-        )
-        del keep  # the tensor's host copy, whose memory `data` views, lived through the put
-        return code
-
-    def batch_put_tensor(self, keys: Sequence[str], tensors_list: Sequence[Any]) -> list[int]:
-        """``put_tensor`` for many keys; one code per key."""
-        refused = self._many("batch_put_tensor", keys, tensors_list)
-        if refused is not None:
-            return refused
-        return [self.put_tensor(key, tensor) for key, tensor in zip(keys, tensors_list)]
-
-    def get_tensor(self, key: str) -> Any:
-        """The tensor stored under ``key`` with ``put_tensor`` (in host memory), or ``None``
-        if it cannot be read or is not a stored tensor (the log says why)."""
-        return self._tensor("get_tensor", key, self.get_buffer(key))
-
-    def batch_get_tensor(self, keys: Sequence[str]) -> list[Any]:
-        """``get_tensor`` for many keys; ``None`` for each one that cannot be read."""
-        handles = self.batch_get_buffer(keys)
-        return [self._tensor("batch_get_tensor", k, h) for k, h in zip(keys, handles)]
-
-    def _tensor(self, call: str, key: str, handle: BufferHandle | None) -> Any:
-        if handle is None:
-            return None
-        try:
-            return tensors.decode(handle)
-        except ValueError as e:
-            self._refuse(call, ErrorCode.INVALID_PARAMS, f"{key}: {e}")
-            return None
 
     # ---- registered memory -------------------------------------------------------------------
 

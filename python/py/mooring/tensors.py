@@ -11,6 +11,11 @@ store's ``get_tensor``:
   -1), an axis count ``u32`` and a reserved ``u32``, and four 32-byte axis records (a shard's
   parallelism axes; zeros for a whole tensor).
 
+A tensor-parallel shard (``put_tensor_with_tp``) is one of equal slices along a split
+dimension: its header keeps the whole tensor's shape as the global shape, the slice's as the
+local one, and one axis record (kind 1, tensor parallel; the shard's rank, the shard count,
+the split dimension, and the slice's extent along it in the last field).
+
 Torch is imported only where a tensor is made: storing one needs torch already imported by
 the caller, who holds the tensor.
 """
@@ -34,7 +39,9 @@ _AXIS_COUNT = struct.Struct("<II")
 _AXIS = struct.Struct("<6iq")
 HEADER_SIZE = _HEAD.size + 2 * _SHAPE.size + _AXIS_COUNT.size + _MAX_AXES * _AXIS.size
 _LAYOUTS = (0, 1)
+# Mooncake's axis kinds: data, tensor, expert and pipeline parallel, reserved.
 _AXIS_KINDS = range(5)
+_TP_AXIS = 1
 
 # Mooncake's dtype codes: each one's torch name and element size.
 _DTYPES = (
@@ -61,6 +68,40 @@ def encode(tensor: Any) -> tuple[bytes, Any, Any]:
     a contiguous copy if it is not contiguous), and what keeps that view's memory alive.
 
     Raises ``ValueError`` saying what is wrong if ``tensor`` cannot be stored."""
+    code, host = _host(tensor)
+    return _encoded(code, host, list(host.shape), None)
+
+
+def encode_shards(tensor: Any, count: int, split_dim: int) -> list[tuple[bytes, Any, Any]]:
+    """``tensor`` cut into ``count`` equal shards along dimension ``split_dim``, each encoded
+    as ``encode`` does but with Mooncake's shard header: the whole tensor's shape beside the
+    shard's, and one tensor-parallel axis (the shard's rank, ``count``, ``split_dim``).
+
+    Raises ``ValueError`` if the tensor cannot be stored or does not split evenly."""
+    code, host = _host(tensor)
+    shape = list(host.shape)
+    if not 0 <= split_dim < len(shape):
+        raise ValueError(f"split_dim {split_dim} is not a dimension of a {shape} tensor")
+    if count <= 0 or shape[split_dim] % count:
+        raise ValueError(
+            f"dimension {split_dim} of a {shape} tensor does not split into {count} equal "
+            "shards (Mooncake's tensor-parallel layout has only equal ones)"
+        )
+    extent = shape[split_dim] // count
+    return [
+        _encoded(
+            code,
+            host.narrow(split_dim, rank * extent, extent).contiguous(),
+            shape,
+            (rank, count, split_dim),
+        )
+        for rank in range(count)
+    ]
+
+
+def _host(tensor: Any) -> tuple[int, Any]:
+    """The dtype code of ``tensor`` and its contiguous copy in host memory (itself if it is
+    one already)."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(tensor, torch.Tensor):
         raise ValueError(f"a {type(tensor).__name__} is not a torch.Tensor")
@@ -71,16 +112,32 @@ def encode(tensor: Any) -> tuple[bytes, Any, Any]:
         raise ValueError(f"tensors of {tensor.dtype} cannot be stored (supported: {supported})")
     if tensor.dim() > _MAX_DIMS:
         raise ValueError(f"a tensor of {tensor.dim()} dimensions: at most {_MAX_DIMS} are stored")
-    host = tensor.detach().to("cpu").contiguous()
+    return code, tensor.detach().to("cpu").contiguous()
+
+
+def _encoded(
+    code: int, host: Any, global_shape: list[int], tp_axis: tuple[int, int, int] | None
+) -> tuple[bytes, Any, Any]:
+    """The header of ``host`` (a whole tensor, or with ``tp_axis`` = (rank, count, split
+    dimension) a shard of one shaped ``global_shape``), a view of its bytes, and ``host``."""
     shape = list(host.shape)
     nbytes = host.numel() * host.element_size()
-    padded = shape + [-1] * (_MAX_DIMS - len(shape))
+
+    def padded(dims: list[int]) -> list[int]:
+        return dims + [-1] * (_MAX_DIMS - len(dims))
+
+    if tp_axis is None:
+        layout, axes = 0, b""
+    else:
+        rank, count, split_dim = tp_axis
+        # Mooncake keeps the shard's extent along the split in the axis's last field.
+        layout, axes = 1, _AXIS.pack(_TP_AXIS, 0, rank, count, split_dim, 0, shape[split_dim])
     header = (
-        _HEAD.pack(_MAGIC, _VERSION, HEADER_SIZE, code, len(shape), 0, 0, HEADER_SIZE, nbytes)
-        + _SHAPE.pack(*padded)
-        + _SHAPE.pack(*padded)
-        + _AXIS_COUNT.pack(0, 0)
-        + bytes(_MAX_AXES * _AXIS.size)
+        _HEAD.pack(_MAGIC, _VERSION, HEADER_SIZE, code, len(shape), layout, 0, HEADER_SIZE, nbytes)
+        + _SHAPE.pack(*padded(global_shape))
+        + _SHAPE.pack(*padded(shape))
+        + _AXIS_COUNT.pack(len(axes) // _AXIS.size, 0)
+        + axes.ljust(_MAX_AXES * _AXIS.size, b"\0")
     )
     # The tensor's memory as bytes, without a copy (`host` must outlive them).
     data = memoryview((ctypes.c_uint8 * nbytes).from_address(host.data_ptr())).cast("B")
@@ -93,13 +150,7 @@ def decode(buffer: Any) -> Any:
     Raises ``ValueError`` saying what is wrong if the bytes are not a stored tensor."""
     view = memoryview(buffer).cast("B")
     dtype_code, shape, offset, nbytes = _parse(view)
-    try:
-        import torch
-    except ImportError:
-        raise ValueError("torch is not installed: pip install torch") from None
-    dtype = getattr(torch, _DTYPES[dtype_code][0], None)
-    if dtype is None:
-        raise ValueError(f"this torch ({torch.__version__}) has no {_DTYPES[dtype_code][0]}")
+    torch, dtype = _torch_dtype(dtype_code)
     out = torch.empty(shape, dtype=dtype)
     if nbytes:
         with warnings.catch_warnings():
@@ -110,12 +161,48 @@ def decode(buffer: Any) -> Any:
     return out
 
 
-def _parse(view: memoryview) -> tuple[int, list[int], int, int]:
-    """Checks a stored tensor's header as Mooncake does; its dtype code, (local) shape, and
+def view_at(address: int, length: int) -> Any:
+    """The tensor stored in the ``length`` bytes at ``address`` (memory the caller checked is
+    registered), as a view of that memory: no copy, valid while the memory is.
+
+    Raises ``ValueError`` saying what is wrong if the bytes are not a stored tensor."""
+    memory = memoryview((ctypes.c_uint8 * length).from_address(address)).cast("B")
+    dtype_code, shape, offset, nbytes = _parse(memory)
+    torch, dtype = _torch_dtype(dtype_code)
+    if not nbytes:
+        return torch.empty(shape, dtype=dtype)
+    flat = torch.frombuffer(memory, dtype=torch.uint8, count=nbytes, offset=offset)
+    return flat.view(dtype).view(shape)
+
+
+def check_at(address: int, length: int) -> None:
+    """Checks, as Mooncake does before storing them, that the ``length`` bytes at ``address``
+    (memory the caller checked is registered) hold a tensor header and the bytes it
+    describes. Raises ``ValueError`` saying what is wrong."""
+    header = memoryview((ctypes.c_uint8 * min(length, HEADER_SIZE)).from_address(address))
+    _parse(header.cast("B"), length)
+
+
+def _torch_dtype(dtype_code: int) -> tuple[Any, Any]:
+    """Torch, and its dtype for a stored dtype code."""
+    try:
+        import torch
+    except ImportError:
+        raise ValueError("torch is not installed: pip install torch") from None
+    dtype = getattr(torch, _DTYPES[dtype_code][0], None)
+    if dtype is None:
+        raise ValueError(f"this torch ({torch.__version__}) has no {_DTYPES[dtype_code][0]}")
+    return torch, dtype
+
+
+def _parse(view: memoryview, total: int | None = None) -> tuple[int, list[int], int, int]:
+    """Checks a stored tensor's header as Mooncake does, for a value of ``total`` bytes (all
+    of ``view``, or the value whose header ``view`` is); its dtype code, (local) shape, and
     where its bytes are."""
-    if len(view) < HEADER_SIZE:
+    total = len(view) if total is None else total
+    if total < HEADER_SIZE:
         raise ValueError(
-            f"{len(view)} bytes are fewer than a tensor's {HEADER_SIZE}-byte header: "
+            f"{total} bytes are fewer than a tensor's {HEADER_SIZE}-byte header: "
             "the value was not stored with put_tensor"
         )
     magic, version, header_size, dtype, ndim, layout, _, offset, nbytes = _HEAD.unpack_from(view)
@@ -138,8 +225,8 @@ def _parse(view: memoryview) -> tuple[int, list[int], int, int]:
         kind, _, rank, count, split, _, _ = _AXIS.unpack_from(view, first_axis + i * _AXIS.size)
         if kind not in _AXIS_KINDS or not 0 <= rank < count or not -1 <= split < ndim:
             raise ValueError(f"layout axis {i} is malformed")
-    if not HEADER_SIZE <= offset <= len(view) or nbytes != len(view) - offset:
-        raise ValueError(f"{nbytes} bytes at {offset} do not fill the {len(view)}-byte value")
+    if not HEADER_SIZE <= offset <= total or nbytes != total - offset:
+        raise ValueError(f"{nbytes} bytes at {offset} do not fill the {total}-byte value")
     shape = list(local_shape[:ndim])
     expected = _DTYPES[dtype][1]
     for d in shape:
