@@ -242,36 +242,42 @@ impl ShmDataPlane {
         if self.handoff.in_this_process(&offer.socket) {
             return (whole_node, Route::Own);
         }
-        // A refused handoff says nothing about the node's other segments, or about the next
-        // attach (the node turns clients away while too many attach at once).
-        match self.redeem(&offer) {
+        // The exchange waits on the node's socket (up to its timeouts): off the runtime's
+        // threads, so the transfers of other callers go on meanwhile. A refused handoff says
+        // nothing about the node's other segments, or about the next attach (the node turns
+        // clients away while too many attach at once).
+        let handoff = self.handoff.clone();
+        let redeemed = tokio::task::spawn_blocking(move || redeem(handoff.as_ref(), &offer))
+            .await
+            .unwrap_or_else(|e| Err(format!("the handoff stopped: {e}")));
+        match redeemed {
             Ok(route) => (segment, route),
             Err(why) => (segment, elsewhere(why)),
         }
     }
+}
 
-    /// Presents `offer`'s ticket through the handoff and maps what comes back.
-    fn redeem(&self, offer: &ShmOffer) -> std::result::Result<Route, String> {
-        match self.handoff.exchange(offer)? {
-            // Memory without the offer's proof comes from a process that did not make the
-            // offer (one that took the socket's name after the node went): never map it.
-            (Reply::Granted { proof, .. }, _) if proof != offer.proof => Err(
-                "the process on the node's socket could not prove it made the offer (the node \
-                 may have exited and another process taken its socket name)"
-                    .into(),
-            ),
-            (Reply::Granted { base, len, .. }, Some(fd)) => {
-                let len =
-                    usize::try_from(len).map_err(|_| "a segment larger than memory".to_string())?;
-                let memory = map_received(fd, len).map_err(|e| e.to_string())?;
-                debug!(len, "mapped a same-host segment");
-                Ok(Route::Mapped(memory, base))
-            }
-            (Reply::Granted { .. }, None) => {
-                Err("the node granted a segment but sent no descriptor".into())
-            }
-            (Reply::Refused(why), _) => Err(format!("the node refused the ticket: {why}")),
+/// Presents `offer`'s ticket through `handoff` and maps what comes back.
+fn redeem(handoff: &dyn Handoff, offer: &ShmOffer) -> std::result::Result<Route, String> {
+    match handoff.exchange(offer)? {
+        // Memory without the offer's proof comes from a process that did not make the
+        // offer (one that took the socket's name after the node went): never map it.
+        (Reply::Granted { proof, .. }, _) if proof != offer.proof => Err(
+            "the process on the node's socket could not prove it made the offer (the node \
+             may have exited and another process taken its socket name)"
+                .into(),
+        ),
+        (Reply::Granted { base, len, .. }, Some(fd)) => {
+            let len =
+                usize::try_from(len).map_err(|_| "a segment larger than memory".to_string())?;
+            let memory = map_received(fd, len).map_err(|e| e.to_string())?;
+            debug!(len, "mapped a same-host segment");
+            Ok(Route::Mapped(memory, base))
         }
+        (Reply::Granted { .. }, None) => {
+            Err("the node granted a segment but sent no descriptor".into())
+        }
+        (Reply::Refused(why), _) => Err(format!("the node refused the ticket: {why}")),
     }
 }
 
@@ -638,6 +644,47 @@ mod tests {
             };
             Ok((granted, Some(fd)))
         }
+    }
+
+    /// A node slow to answer the handoff: it answers only once `go` says so (or refuses
+    /// after 2 s).
+    struct Slow(Direct, std::sync::Mutex<std::sync::mpsc::Receiver<()>>);
+
+    impl Handoff for Slow {
+        fn in_this_process(&self, _: &[u8; 16]) -> bool {
+            false
+        }
+
+        fn exchange(
+            &self,
+            offer: &ShmOffer,
+        ) -> std::result::Result<(Reply, Option<OwnedFd>), String> {
+            let go = self.1.lock().unwrap().recv_timeout(Duration::from_secs(2));
+            go.map_err(|_| "no answer on the node's socket".to_string())?;
+            self.0.exchange(offer)
+        }
+    }
+
+    /// On a runtime with one thread, the task that lets the node answer runs while the
+    /// attach waits for that answer: the handoff's wait does not hold the runtime's thread
+    /// (when it did, the answer came only after the handoff had given up).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_slow_handoff_leaves_the_runtime_to_other_tasks() {
+        let (go, wait) = std::sync::mpsc::channel();
+        let (shm, node, memory) = node_and_client([7; 16], 0x41, |server| {
+            Arc::new(Slow(Direct::new(server.clone()), wait.into()))
+        });
+        let answer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            go.send(()).unwrap();
+        });
+        write_at_64(&shm, &node, &memory, b"value")
+            .await
+            .expect("the node answered while the attach waited");
+        answer.await.unwrap();
+        let mut landed = [0u8; 5];
+        assert!(memory.copy_out(memory.base() + 64, &mut landed));
+        assert_eq!(&landed, b"value");
     }
 
     #[tokio::test]
