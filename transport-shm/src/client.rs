@@ -242,19 +242,28 @@ impl ShmDataPlane {
         if self.handoff.in_this_process(&offer.socket) {
             return (whole_node, Route::Own);
         }
-        // The exchange waits on the node's socket (up to its timeouts): off the runtime's
-        // threads, so the transfers of other callers go on meanwhile. A refused handoff says
-        // nothing about the node's other segments, or about the next attach (the node turns
-        // clients away while too many attach at once).
-        let handoff = self.handoff.clone();
-        let redeemed = tokio::task::spawn_blocking(move || redeem(handoff.as_ref(), &offer))
-            .await
-            .unwrap_or_else(|e| Err(format!("the handoff stopped: {e}")));
-        match redeemed {
+        // A refused handoff says nothing about the node's other segments, or about the next
+        // attach (the node turns clients away while too many attach at once).
+        match redeem_off_runtime(self.handoff.clone(), offer).await {
             Ok(route) => (segment, route),
             Err(why) => (segment, elsewhere(why)),
         }
     }
+}
+
+/// [`redeem`] on the blocking pool: the exchange waits on the node's socket (up to its
+/// timeouts), and the transfers of other callers go on meanwhile. The simulation's handoff is
+/// a direct call that never waits (and madsim has no blocking pool).
+async fn redeem_off_runtime(
+    handoff: Arc<dyn Handoff>,
+    offer: ShmOffer,
+) -> std::result::Result<Route, String> {
+    #[cfg(not(madsim))]
+    return tokio::task::spawn_blocking(move || redeem(handoff.as_ref(), &offer))
+        .await
+        .unwrap_or_else(|e| Err(format!("the handoff stopped: {e}")));
+    #[cfg(madsim)]
+    redeem(handoff.as_ref(), &offer)
 }
 
 /// Presents `offer`'s ticket through `handoff` and maps what comes back.
