@@ -113,6 +113,11 @@ pub struct MasterSection {
     pub state_dir: Option<PathBuf>,
     /// Journal growth that starts a snapshot (a size: "64MiB").
     pub snapshot_after: Option<String>,
+    /// Queue every completed write for its node's disk, not only what eviction reaches.
+    pub offload_write_through: Option<bool>,
+    /// Segment usage fraction past which nodes with a disk copy out their least recently
+    /// used objects ahead of eviction (above 1: never).
+    pub offload_ahead_watermark: Option<f64>,
 }
 
 /// The `[node]` section of a config file.
@@ -207,6 +212,10 @@ impl MasterSection {
             seed: flags.seed.or(self.seed),
             state_dir: flags.state_dir.or(self.state_dir),
             snapshot_after: flags.snapshot_after.or(self.snapshot_after),
+            offload_write_through: flags.offload_write_through.or(self.offload_write_through),
+            offload_ahead_watermark: flags
+                .offload_ahead_watermark
+                .or(self.offload_ahead_watermark),
         }
     }
 
@@ -243,6 +252,12 @@ impl MasterSection {
         }
         if let Some(v) = self.seed {
             c.seed = v;
+        }
+        if let Some(v) = self.offload_write_through {
+            c.offload_write_through = v;
+        }
+        if let Some(v) = self.offload_ahead_watermark {
+            c.offload_ahead_watermark = v;
         }
         c.validate().map_err(|e| e.to_string())?;
         Ok(c)
@@ -312,5 +327,37 @@ mod tests {
                 .contains("eviction_high_watermark")
         );
         assert!(toml::from_str::<FileConfig>("[master]\nleese_ttl = \"1s\"").is_err());
+    }
+
+    #[test]
+    fn offload_settings_reach_the_core_config() {
+        let file: FileConfig = toml::from_str(
+            "[master]\noffload_write_through = true\noffload_ahead_watermark = 0.8\n",
+        )
+        .unwrap();
+        let config = file.master.clone().master_config().unwrap();
+        assert!(config.offload_write_through);
+        assert_eq!(config.offload_ahead_watermark, 0.8);
+        let flags = MasterSection {
+            offload_ahead_watermark: Some(2.0),
+            ..MasterSection::default()
+        };
+        let config = file.master.overlay(flags).master_config().unwrap();
+        assert_eq!(
+            config.offload_ahead_watermark, 2.0,
+            "the flag wins; above 1: off"
+        );
+        let unset = MasterSection::default().master_config().unwrap();
+        assert!(!unset.offload_write_through);
+        assert_eq!(unset.offload_ahead_watermark, 0.6);
+        let bad = MasterSection {
+            offload_ahead_watermark: Some(0.0),
+            ..MasterSection::default()
+        };
+        assert!(
+            bad.master_config()
+                .unwrap_err()
+                .contains("offload_ahead_watermark")
+        );
     }
 }

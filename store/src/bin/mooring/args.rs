@@ -178,6 +178,16 @@ pub(crate) struct MasterArgs {
     /// Seed for placement randomness.
     #[arg(long)]
     pub(crate) seed: Option<u64>,
+    /// Copy every completed write to its node's disk (nodes with --disk-dir), not only the
+    /// objects eviction reaches: a burst of writes then cannot evict values before their
+    /// copy, at the cost of disk writes for values that never leave memory.
+    #[arg(long)]
+    pub(crate) offload_write_through: bool,
+    /// Segment usage fraction past which a node with a disk copies out its least recently
+    /// used objects ahead of eviction, so eviction drops copies rather than values; above 1
+    /// turns it off [default: 0.6].
+    #[arg(long, value_name = "FRACTION")]
+    pub(crate) offload_ahead: Option<f64>,
     /// Keep the master's state in DIR (created if missing): a journal of every change,
     /// synced before the change is acknowledged, and periodic snapshots. A master restarted
     /// with the same DIR knows every object it acknowledged; its nodes reconnect and their

@@ -105,6 +105,8 @@ async fn run_master(args: MasterArgs) -> Result<(), Error> {
         seed: args.seed,
         state_dir: args.state_dir,
         snapshot_after: args.snapshot_after,
+        offload_write_through: args.offload_write_through.then_some(true),
+        offload_ahead_watermark: args.offload_ahead,
     };
     let settings = file.master.overlay(flags);
     let config = settings.master_config().map_err(usage_error)?;
