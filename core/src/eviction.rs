@@ -5,7 +5,8 @@
 //! needs), least recently accessed (written or read) first. Three tiers: unpinned objects that also have a copy on a
 //! node's disk go first (dropping their memory loses nothing: they stay readable from disk),
 //! then every other unpinned candidate, then soft-pinned ones, and those only if
-//! `allow_evict_soft_pinned`. Objects queued for offload wait for their copy (see `offload`). Hard-pinned,
+//! `allow_evict_soft_pinned`. Objects queued for offload wait for their copy (see `offload`),
+//! in both passes below: a put that finds no room while they wait is refused. Hard-pinned,
 //! leased, held, replicating and in-progress objects are never candidates (see
 //! `Object::eviction_class`).
 //!
@@ -114,10 +115,23 @@ impl Master {
                 _ => {}
             }
         }
+        let waiting = self
+            .objects
+            .iter()
+            .filter(|(_, o)| o.offload == OffloadMark::Queued)
+            .count();
+        let why = if waiting > 0 {
+            format!(
+                "; {waiting} objects wait for their nodes to copy them to disk before their memory \
+                 may go: retry shortly, or give the nodes faster disks or more memory"
+            )
+        } else {
+            String::new()
+        };
         Err(Error::new(
             ErrorCode::NO_AVAILABLE_HANDLE,
             format!(
-                "no segment has {} free contiguous bytes after eviction ({} of {} bytes in use)",
+                "no segment has {} free contiguous bytes after eviction ({} of {} bytes in use){why}",
                 block_len(size),
                 self.segments.used(),
                 self.segments.capacity()
@@ -213,8 +227,11 @@ impl Master {
         let allow_soft = self.config.allow_evict_soft_pinned;
         let mut owners: HashMap<(u32, u32), Option<Evictable>> = HashMap::new();
         for (slot, object) in self.objects.iter() {
+            // An object waiting for its disk copy waits here too (as in `evict`): dropping it
+            // now would lose the value its queue entry promised to keep.
+            let waiting_for_disk = object.offload == OffloadMark::Queued;
             let evictable = match object.eviction_class(now) {
-                Some(class) if object.readers_done_at(grace) <= now => {
+                Some(class) if object.readers_done_at(grace) <= now && !waiting_for_disk => {
                     let soft = class == EvictionClass::SoftPinned;
                     (!soft || allow_soft).then_some((slot, soft, object.last_access))
                 }

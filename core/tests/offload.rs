@@ -235,6 +235,40 @@ fn write_through_queues_every_completed_write() {
     assert!(sync(&mut f, "seg0", want(10)).offload.is_empty());
 }
 
+/// Found by the Python suite: a burst of puts into a full segment took objects still waiting
+/// for their disk copy (the window pass ignored the queue the LRU pass respects), and their
+/// values were lost.
+#[test]
+fn a_put_that_finds_no_room_never_takes_objects_waiting_for_their_disk_copy() {
+    let mut f = write_through();
+    // The 1 MiB segment full of 16 KiB objects, each queued for its copy, none written yet.
+    let keys: Vec<String> = (0..64).map(|i| format!("k{i:02}")).collect();
+    for k in &keys {
+        f.put(A, k, 16 * KIB, &one());
+        f.advance(Millis(1));
+    }
+    let refused = f.start(B, "new", 16 * KIB, &one()).unwrap_err();
+    assert_eq!(refused.code, ErrorCode::NO_AVAILABLE_HANDLE);
+    assert!(
+        refused
+            .to_string()
+            .contains("64 objects wait for their nodes to copy them"),
+        "{refused}"
+    );
+    for k in &keys {
+        assert!(f.m.exist(k, f.now).unwrap(), "{k} lost");
+    }
+    // Once the node wrote the copies and their orders' leases ended, the put makes room by
+    // dropping memory only.
+    assert_eq!(offload_all(&mut f, "seg0").len(), keys.len());
+    f.advance(Millis::from_secs(6));
+    f.put(B, "new", 16 * KIB, &one());
+    for k in &keys {
+        assert!(f.m.exist(k, f.now).unwrap(), "{k} lost");
+    }
+    assert!(f.m.stats().evicted_to_disk > 0);
+}
+
 #[test]
 fn a_report_for_a_replaced_value_becomes_a_tombstone() {
     let mut f = write_through();

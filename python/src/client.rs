@@ -407,6 +407,12 @@ impl NativeClient {
         raise(block_on(py, self.client.exist(key)))
     }
 
+    /// Whether `key` has a complete replica; if its only copy is on a node's disk, it is
+    /// first brought back into memory (RFC 003's prefetch; best effort, failures logged).
+    fn exist_prefetch(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
+        raise(block_on(py, self.client.exist_prefetch(key)))
+    }
+
     /// 1 (present), 0 (absent) or a negative code, per key.
     fn batch_exist(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();

@@ -64,6 +64,30 @@ class Master:
         self.process.wait()
 
 
+class Node:
+    """A `mooring node` process joined to `master`, serving once its segment is mounted."""
+
+    def __init__(self, master: Master, *flags: str) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "MOORING_TOKEN_FILE"}
+        self.process = subprocess.Popen(
+            [mooring_binary(), "node", "--master", master.address, "--listen", "127.0.0.1:0"]
+            + list(flags),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        # The CLI prints one line once the segment is mounted.
+        line = self.process.stdout.readline()
+        if "serving" not in line:
+            self.stop()
+            raise RuntimeError(f"the node did not start: {line!r}")
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
 @pytest.fixture(scope="session")
 def master():
     m = Master()

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import Master, connect
+from conftest import Master, Node, connect
 from mooring import _native
 from mooring.store import (
     BufferHandle,
@@ -342,6 +342,54 @@ def test_copy_and_move_tasks_run_in_the_background_and_are_queried(master, key):
     finally:
         for store in stores:
             store.close()
+
+
+def test_is_exist_with_prefetch_brings_a_disk_only_value_back_into_memory(tmp_path, key):
+    # Write-through: every value gets its disk copy, whatever evicts it from memory.
+    master = Master("--lease-ttl", "200ms", "--offload-write-through")
+    node = Node(master, "--size", "4MiB", "--no-prefault", "--disk-dir", str(tmp_path))
+    store = connect(master, segment=0)
+    try:
+        # 40 values of 256 KiB through a 4 MiB segment: most end up only on the node's disk.
+        # A put that finds memory full of values still waiting for their disk copy is refused
+        # (-200) rather than dropping one of them; it goes through once the node copied them.
+        values = {f"{key}/{i}": pattern(256 << 10, seed=i) for i in range(40)}
+        refused = 0
+        for k, v in values.items():
+            deadline = time.monotonic() + 20
+            while (code := store.put(k, v)) == ErrorCode.NO_AVAILABLE_HANDLE:
+                assert time.monotonic() < deadline, "the node never copied the values to disk"
+                refused += 1
+                time.sleep(0.02)
+            assert code == 0
+
+        def on_disk_only(k):
+            replicas = store.get_replica_desc(k)
+            return bool(replicas) and all(r.is_disk_replica() for r in replicas)
+
+        deadline = time.monotonic() + 20
+        while not on_disk_only(f"{key}/0") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert on_disk_only(f"{key}/0"), store.get_replica_desc(f"{key}/0")
+        assert store.is_exist(f"{key}/0") == 1  # a plain probe leaves it where it is
+        assert on_disk_only(f"{key}/0")
+
+        assert store.is_exist(f"{key}/0", prefetch=True) == 1
+        media = {r.is_memory_replica() for r in store.get_replica_desc(f"{key}/0")}
+        assert media == {True, False}, store.get_replica_desc(f"{key}/0")
+        assert store.get(f"{key}/0") == values[f"{key}/0"]
+
+        assert store.is_exist(key + "-absent", prefetch=True) == 0
+        disk_only = next(k for k in list(values)[1:] if on_disk_only(k))
+        assert store.batch_is_exist([disk_only, key + "-absent"], prefetch=True) == [1, 0]
+        assert any(r.is_memory_replica() for r in store.get_replica_desc(disk_only))
+        # Nothing was lost to the burst.
+        assert all(store.get(k) == v for k, v in values.items())
+        assert refused > 0, "the burst never filled memory: the test proves nothing about it"
+    finally:
+        store.close()
+        node.stop()
+        master.stop()
 
 
 # ---- batches ---------------------------------------------------------------------------------

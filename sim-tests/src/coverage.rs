@@ -24,7 +24,10 @@ pub const FLOORS: &[(&str, f64)] = &[
     (EVICTED, 0.90),
     (EVICTED_TO_DISK, 0.50),
     (DISK_COPY_DROPPED, 0.12),
-    (CONTIGUOUS, 0.50),
+    // Window eviction no longer takes objects waiting for their disk copy, which in seeds
+    // with disks (three quarters) were most of its victims: reached in 27% of CI's 200
+    // seeds and 21% of 400 since (66% before, values lost among them).
+    (CONTIGUOUS, 0.15),
     (SOFT_PINNED_EVICTED, 0.75),
     (PREEMPTED, 0.90),
     (TIMED_OUT, 0.20),

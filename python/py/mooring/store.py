@@ -756,14 +756,23 @@ class MooncakeDistributedStore(TensorCalls):
         """The size of ``key``'s value, or a negative code."""
         return self._run("get_size", lambda c: c.get_size(key), int)
 
-    def is_exist(self, key: str) -> int:
-        """1 if ``key`` exists, 0 if not, a negative code on failure."""
+    def is_exist(self, key: str, prefetch: bool = False) -> int:
+        """1 if ``key`` exists, 0 if not, a negative code on failure.
+
+        With ``prefetch`` (Mooncake's RFC for ``exist``; a Mooring addition to the Python
+        call), a value whose only copy is on a node's disk is first brought back into memory,
+        this store's segment first, so the get that follows the probe reads memory. Best
+        effort: a failed promotion still answers 1, and is logged."""
+        if prefetch:
+            return self._run("is_exist", lambda c: int(c.exist_prefetch(key)), int)
         return self._run("is_exist", lambda c: int(c.exist(key)), int)
 
-    def batch_is_exist(self, keys: Sequence[str]) -> list[int]:
-        """``is_exist`` for many keys."""
+    def batch_is_exist(self, keys: Sequence[str], prefetch: bool = False) -> list[int]:
+        """``is_exist`` for many keys (in one request, or one per key with ``prefetch``)."""
         if not keys:
             return []
+        if prefetch:
+            return [self.is_exist(key, prefetch=True) for key in keys]
         return self._run(
             "batch_is_exist", lambda c: c.batch_exist(list(keys)), lambda code: [code] * len(keys)
         )
