@@ -452,16 +452,32 @@ mod tests {
 
     /// The handoff as a call to the node's server, as in the simulation; the first
     /// `refusals` exchanges are refused, as a node turns clients away while too many attach
-    /// at once.
-    struct Direct(Arc<ShmServer>, std::sync::atomic::AtomicUsize);
+    /// at once. With a `gate`, the node answers only once the gate opens (or refuses after
+    /// 2 s), as a node slow to answer.
+    struct Direct {
+        server: Arc<ShmServer>,
+        refusals: std::sync::atomic::AtomicUsize,
+        gate: Option<std::sync::Mutex<std::sync::mpsc::Receiver<()>>>,
+    }
 
     impl Direct {
         fn new(server: Arc<ShmServer>) -> Direct {
-            Direct(server, Default::default())
+            Direct::refusing_first(server, 0)
         }
 
         fn refusing_first(server: Arc<ShmServer>, refusals: usize) -> Direct {
-            Direct(server, refusals.into())
+            Direct {
+                server,
+                refusals: refusals.into(),
+                gate: None,
+            }
+        }
+
+        fn answering_when(server: Arc<ShmServer>, gate: std::sync::mpsc::Receiver<()>) -> Direct {
+            Direct {
+                gate: Some(gate.into()),
+                ..Direct::new(server)
+            }
         }
     }
 
@@ -475,14 +491,20 @@ mod tests {
             offer: &ShmOffer,
         ) -> std::result::Result<(Reply, Option<OwnedFd>), String> {
             use std::sync::atomic::Ordering::SeqCst;
+            if let Some(gate) = &self.gate {
+                let open = gate.lock().unwrap().recv_timeout(Duration::from_secs(2));
+                open.map_err(|_| "no answer on the node's socket".to_string())?;
+            }
             if self
-                .1
+                .refusals
                 .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
                 .is_ok()
             {
                 return Err("the node closed the connection (too many clients)".into());
             }
-            Ok(self.0.hand_over(&handoff::encode_request(&offer.ticket)))
+            Ok(self
+                .server
+                .hand_over(&handoff::encode_request(&offer.ticket)))
         }
     }
 
@@ -655,25 +677,6 @@ mod tests {
         }
     }
 
-    /// A node slow to answer the handoff: it answers only once `go` says so (or refuses
-    /// after 2 s).
-    struct Slow(Direct, std::sync::Mutex<std::sync::mpsc::Receiver<()>>);
-
-    impl Handoff for Slow {
-        fn in_this_process(&self, _: &[u8; 16]) -> bool {
-            false
-        }
-
-        fn exchange(
-            &self,
-            offer: &ShmOffer,
-        ) -> std::result::Result<(Reply, Option<OwnedFd>), String> {
-            let go = self.1.lock().unwrap().recv_timeout(Duration::from_secs(2));
-            go.map_err(|_| "no answer on the node's socket".to_string())?;
-            self.0.exchange(offer)
-        }
-    }
-
     /// On a runtime with one thread, the task that lets the node answer runs while the
     /// attach waits for that answer: the handoff's wait does not hold the runtime's thread
     /// (when it did, the answer came only after the handoff had given up).
@@ -681,7 +684,7 @@ mod tests {
     async fn a_slow_handoff_leaves_the_runtime_to_other_tasks() {
         let (go, wait) = std::sync::mpsc::channel();
         let (shm, node, memory) = node_and_client([7; 16], 0x41, |server| {
-            Arc::new(Slow(Direct::new(server.clone()), wait.into()))
+            Arc::new(Direct::answering_when(server.clone(), wait))
         });
         let answer = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
