@@ -347,7 +347,8 @@ impl NativeClient {
             if upsert {
                 self.client.batch_upsert(&items, &config).await
             } else {
-                self.client.batch_put(&items, &config).await
+                let results = self.client.batch_put(&items, &config).await;
+                results.into_iter().map(put_outcome).collect()
             }
         });
         Ok(results
@@ -552,7 +553,8 @@ impl NativeClient {
             } else if upsert {
                 self.client.batch_upsert(&items, &config).await
             } else {
-                self.client.batch_put_from(&items, &config).await
+                let results = self.client.batch_put_from(&items, &config).await;
+                results.into_iter().map(put_outcome).collect()
             }
         });
         Ok((0..keys.len())
@@ -827,7 +829,19 @@ async fn write(
     if upsert {
         client.upsert(key, value, config).await
     } else {
-        client.put_from(key, value, config).await
+        put_outcome(client.put_from(key, value, config).await)
+    }
+}
+
+/// Mooncake's put convention: a put of a key that already exists keeps the stored value and
+/// succeeds (Mooncake's client logs it at debug level); `upsert` is the call that replaces.
+fn put_outcome(result: Result<()>) -> Result<()> {
+    match result {
+        Err(e) if e.code == ErrorCode::OBJECT_ALREADY_EXISTS => {
+            tracing::debug!("already stored, kept as it is: {e}");
+            Ok(())
+        }
+        other => other,
     }
 }
 

@@ -144,7 +144,8 @@ def test_calls_before_setup_answer_codes():
 
 def test_put_get_and_friends(shared, key):
     assert shared.put(key, b"hello") == 0
-    assert shared.put(key, b"again") == ErrorCode.OBJECT_ALREADY_EXISTS
+    # Mooncake's put convention: an existing key keeps its value, and the put answers 0.
+    assert shared.put(key, b"again") == 0
     assert shared.get(key) == b"hello"
     assert shared.get(key + "-missing") == b""
     assert shared.get_size(key) == 5
@@ -400,7 +401,8 @@ def test_put_batch_get_batch_upsert_batch(shared, key):
     values = [pattern(1000 + i, i) for i in range(10)]
     assert shared.put_batch(keys, values) == 0
     assert shared.get_batch(keys + [key + "-missing"]) == values + [b""]
-    assert shared.put_batch(keys[:2], values[:2]) == ErrorCode.OBJECT_ALREADY_EXISTS
+    assert shared.put_batch(keys[:2], [b"x", b"y"]) == 0  # existing keys keep their values
+    assert shared.get_batch(keys[:2]) == values[:2]
     assert shared.upsert_batch(keys[:2], [b"a", b"b"]) == 0
     assert shared.get_batch(keys[:2]) == [b"a", b"b"]
     assert shared.put_batch(keys, values[:3]) == ErrorCode.INVALID_PARAMS
@@ -440,6 +442,8 @@ def test_put_from_and_get_into(shared, key):
     base = buf.ctypes.data
     assert shared.put_from(key, base, MIB) == 0
     assert shared.get(key) == pattern(MIB, 1)
+    assert shared.put_from(key, base + 1, MIB) == 0  # already stored: kept, as Mooncake's
+    assert shared.get(key) == pattern(MIB, 1)
     assert shared.get_into(key, base + MIB, MIB) == MIB
     assert buf[MIB : 2 * MIB].tobytes() == pattern(MIB, 1)
     assert shared.get_into(key, base + MIB, MIB - 1) == ErrorCode.BUFFER_OVERFLOW
@@ -475,6 +479,7 @@ def test_batch_put_from_and_get_into(shared, key):
         buf[i * size : (i + 1) * size] = i + 1
     ptrs = [base + i * size for i in range(n)]
     assert shared.batch_put_from(keys, ptrs, [size] * n) == [0] * n
+    assert shared.batch_put_from(keys[:2], ptrs[2:4], [size] * 2) == [0, 0]  # kept as stored
     out = [base + MIB + i * size for i in range(n)]
     assert shared.batch_get_into(keys, out, [size] * n) == [size] * n
     assert (buf[MIB : MIB + n * size] == buf[: n * size]).all()

@@ -121,9 +121,7 @@ def test_batches_answer_per_key(shared, key):
     keys = [f"{key}/{i}" for i in range(4)]
     tensors = [sample(torch.float16, (i + 1, 8), seed=i) for i in range(4)]
     assert shared.batch_put_tensor(keys, tensors) == [0, 0, 0, 0]
-    assert (
-        shared.batch_put_tensor(keys[:2], tensors[:2]) == [int(ErrorCode.OBJECT_ALREADY_EXISTS)] * 2
-    )
+    assert shared.batch_put_tensor(keys[:2], tensors[2:]) == [0, 0]  # stored ones are kept
     got = shared.batch_get_tensor([keys[0], key + "-missing", keys[3]])
     assert torch.equal(got[0], tensors[0]) and got[1] is None and torch.equal(got[2], tensors[3])
     invalid = int(ErrorCode.INVALID_PARAMS)
@@ -137,7 +135,8 @@ def test_upsert_and_pub_calls_replace_and_take_a_config(shared, key):
     invalid = int(ErrorCode.INVALID_PARAMS)
     first, second = sample(torch.float32, (4, 4), seed=1), sample(torch.float32, (2, 3), seed=2)
     assert shared.put_tensor(key, first) == 0
-    assert shared.put_tensor(key, second) == int(ErrorCode.OBJECT_ALREADY_EXISTS)
+    assert shared.put_tensor(key, second) == 0  # Mooncake's convention: the first is kept
+    assert torch.equal(shared.get_tensor(key), first)
     assert shared.upsert_tensor(key, second) == 0
     assert torch.equal(shared.get_tensor(key), second)
 
@@ -155,7 +154,6 @@ def test_upsert_and_pub_calls_replace_and_take_a_config(shared, key):
     keys = [f"{key}/{i}" for i in range(3)]
     values = [sample(torch.int16, (i + 2,), seed=i) for i in range(3)]
     assert shared.batch_pub_tensor(keys[:2], values[:2], config) == [0, 0]
-    assert shared.batch_put_tensor(keys[:1], values[:1]) == [int(ErrorCode.OBJECT_ALREADY_EXISTS)]
     assert shared.batch_upsert_tensor(keys, values[::-1]) == [0, 0, 0]
     assert shared.batch_upsert_pub_tensor(keys, values, config) == [0, 0, 0]
     assert all(torch.equal(g, v) for g, v in zip(shared.batch_get_tensor(keys), values))
@@ -205,9 +203,7 @@ def test_put_tensor_from_stores_a_header_and_data_from_registered_memory(shared,
     assert shared.get_into(key, base, 8192) == length
     assert shared.put_tensor_from(key + "-copy", base, length) == 0
     assert torch.equal(shared.get_tensor(key + "-copy"), tensor)
-    assert shared.put_tensor_from(key + "-copy", base, length) == int(
-        ErrorCode.OBJECT_ALREADY_EXISTS
-    )
+    assert shared.put_tensor_from(key + "-copy", base, length) == 0  # already stored: kept
     # The header is checked before anything is stored: its length must describe the bytes.
     assert shared.put_tensor_from(key + "-long", base, length + 4) == invalid
     assert shared.put_tensor_from(key + "-short", base, 100) == invalid
@@ -259,15 +255,45 @@ def test_tensor_parallel_shards_are_stored_per_rank_in_mooncakes_layout(shared, 
     assert shared.put_tensor_with_tp(key + "-one", tensor, tp_size=1) == 0
     assert torch.equal(shared.get_tensor(key + "-one"), tensor)
     assert torch.equal(shared.get_tensor_with_tp(key + "-one", tp_rank=0, tp_size=1), tensor)
-    # A shard already stored stops the put with its code.
-    assert shared.put_tensor_with_tp(key, tensor, tp_size=2, split_dim=1) == int(
-        ErrorCode.OBJECT_ALREADY_EXISTS
-    )
+    # Shards already stored are kept, as Mooncake's put keeps an existing key.
+    assert shared.put_tensor_with_tp(key, torch.zeros(4, 6), tp_size=2, split_dim=1) == 0
+    assert torch.equal(shared.get_tensor_with_tp(key, tp_rank=0, tp_size=2), tensor[:, :3])
 
     config = ReplicateConfig()
     config.with_hard_pin = True
     assert shared.pub_tensor_with_tp(key + "-pub", tensor, config, tp_size=3, split_dim=1) == 0
     assert torch.equal(shared.get_tensor(key + "-pub_tp_2"), tensor[:, 4:])
+
+
+def test_a_failed_shard_does_not_stop_the_other_ranks(shared, key, monkeypatch):
+    # Rank 0's write fails (as one finding no room would); the others are still stored, and
+    # the answer is rank 0's code, as Mooncake's batch of shards answers.
+    put_encoded = shared._put_encoded
+
+    def rank_0_fails(call, shard, encoded, config, upsert):
+        if shard.endswith("_tp_0"):
+            return int(ErrorCode.NO_AVAILABLE_HANDLE)
+        return put_encoded(call, shard, encoded, config, upsert)
+
+    monkeypatch.setattr(shared, "_put_encoded", rank_0_fails)
+    tensor = sample(torch.int32, (6, 2))
+    assert shared.put_tensor_with_tp(key, tensor, tp_size=3) == int(ErrorCode.NO_AVAILABLE_HANDLE)
+    assert shared.is_exist(f"{key}_tp_0") == 0
+    assert torch.equal(shared.get_tensor(f"{key}_tp_1"), tensor[2:4])
+    assert torch.equal(shared.get_tensor(f"{key}_tp_2"), tensor[4:])
+
+
+def test_tensors_without_bytes_to_store_are_refused_not_raised(shared, key):
+    invalid = int(ErrorCode.INVALID_PARAMS)
+    assert shared.put_tensor(key, torch.empty(4, device="meta")) == invalid
+    assert shared.put_tensor(key, torch.eye(3).to_sparse()) == invalid
+    assert shared.batch_put_tensor(
+        [key, key + "-ok"], [torch.eye(2).to_sparse(), torch.ones(2)]
+    ) == [
+        invalid,
+        0,
+    ]
+    assert shared.is_exist(key) == 0
 
 
 def test_tensor_parallel_batches_and_registered_memory(shared, key, pool):
@@ -323,7 +349,7 @@ def test_safetensors_files_round_trip_through_the_store(shared, key, tmp_path):
     assert torch.equal(shared.get_tensor(key + "-loaded"), tensor)
     with pytest.warns(UserWarning, match="no tensor named"):
         again = shared.load_tensor_from_safetensor(key + "-loaded", path)
-    assert again is None  # already stored: put_tensor's -705 (logged)
+    assert torch.equal(again, tensor)  # already stored: kept, and answered
 
     named = str(tmp_path / "named.safetensors")
     save_file({"a": torch.zeros(2), key + "-b": torch.ones(3)}, named)

@@ -7,6 +7,8 @@ Change ``from mooncake.store import MooncakeDistributedStore`` to
 Conventions (Mooncake's):
 
 - calls that store or remove answer ``0`` or a negative error code (see :class:`ErrorCode`);
+- a put of a key that already exists keeps the stored value and answers ``0`` (``upsert``
+  replaces it);
 - ``get`` answers the value as ``bytes``, ``b""`` when it cannot;
 - ``get_size`` answers the size, ``get_into`` the bytes read, or a negative code;
 - ``is_exist`` answers ``1``, ``0`` or a negative code;
@@ -500,7 +502,8 @@ class MooncakeDistributedStore(TensorCalls):
 
     def put(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
         """Stores a bytes-like ``value`` (bytes, bytearray, memoryview, numpy array) under
-        ``key``; 0 or a negative code (-705 if the key exists: use ``upsert``)."""
+        ``key``; 0 or a negative code. As Mooncake's put does, a key that already exists keeps
+        its value and the put answers 0: ``upsert`` replaces it."""
         return self._write("put", key, value, config, False)
 
     def upsert(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:

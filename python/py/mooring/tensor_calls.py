@@ -118,6 +118,11 @@ class TensorCalls:
         refused = self._many("batch_get_tensor_into", keys, buffer_ptrs, sizes)
         if refused is not None:
             return list(refused)
+        if self._client is None and keys:
+            code = self._refuse(
+                "batch_get_tensor_into", ErrorCode.INVALID_PARAMS, "call setup() first"
+            )
+            return [code] * len(keys)
         lengths = self.batch_get_into(keys, buffer_ptrs, sizes)
         return [
             self._viewed("batch_get_tensor_into", key, ptr, length)
@@ -152,9 +157,9 @@ class TensorCalls:
         self, key: str, tensor: Any, tp_rank: int = 0, tp_size: int = 1, split_dim: int = 0
     ) -> int:
         """Stores ``tensor`` as ``tp_size`` equal shards along ``split_dim``, every rank's,
-        under ``<key>_tp_<rank>`` (``tp_rank`` is accepted for the signature); 0 or the first
-        failure's code. Shards stored before a failure stay. -600 if the dimension does not
-        split evenly."""
+        under ``<key>_tp_<rank>`` (``tp_rank`` is accepted for the signature). Every shard is
+        tried; the answer is 0, or the code of the first rank that failed (the others stay
+        stored). -600 if the dimension does not split evenly."""
         return self._put_tensor_with_tp("put_tensor_with_tp", key, tensor, None, tp_size, split_dim)
 
     def pub_tensor_with_tp(
@@ -359,11 +364,11 @@ class TensorCalls:
             shards = tensors.encode_shards(tensor, tp_size, split_dim)
         except ValueError as e:
             return self._refuse(call, ErrorCode.INVALID_PARAMS, f"{key}: {e}")
-        for rank, encoded in enumerate(shards):
-            code = self._put_encoded(call, shard_key(key, rank), encoded, config, False)
-            if code != 0:
-                return code
-        return 0
+        codes = [
+            self._put_encoded(call, shard_key(key, rank), encoded, config, False)
+            for rank, encoded in enumerate(shards)
+        ]
+        return next((code for code in codes if code != 0), 0)
 
     def _batch_put_tensor_with_tp(
         self, call, keys, tensors_list, config, tp_size: int, split_dim: int

@@ -112,7 +112,12 @@ def _host(tensor: Any) -> tuple[int, Any]:
         raise ValueError(f"tensors of {tensor.dtype} cannot be stored (supported: {supported})")
     if tensor.dim() > _MAX_DIMS:
         raise ValueError(f"a tensor of {tensor.dim()} dimensions: at most {_MAX_DIMS} are stored")
-    return code, tensor.detach().to("cpu").contiguous()
+    if tensor.layout != torch.strided or tensor.is_meta:
+        raise ValueError(f"a {tensor.layout} tensor on {tensor.device} has no bytes to store")
+    try:
+        return code, tensor.detach().to("cpu").contiguous()
+    except (RuntimeError, NotImplementedError, TypeError) as e:
+        raise ValueError(f"torch cannot copy the tensor to host memory: {e}") from None
 
 
 def _encoded(

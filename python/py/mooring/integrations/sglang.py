@@ -204,7 +204,7 @@ class MooringStore(_Base):
             self._record(
                 self._metrics.backup_pgs, self._metrics.backup_bandwidth, keys, sizes, started
             )
-        return [c == 0 or c == ErrorCode.OBJECT_ALREADY_EXISTS for c in codes]
+        return [c == 0 for c in codes]
 
     def batch_get_v1(
         self, keys: list[str], host_indices: Any, extra_info: Any = None
@@ -283,7 +283,7 @@ class MooringStore(_Base):
             code = self.store.put_from(self._key(key), target_location, target_sizes)
         else:
             code = self.store.put(self._key(key), _bytes_like(value))
-        return code == 0 or code == ErrorCode.OBJECT_ALREADY_EXISTS
+        return code == 0
 
     def batch_set(
         self,
@@ -301,7 +301,7 @@ class MooringStore(_Base):
             )
         else:
             codes = [self.store.put(self._key(k), _bytes_like(v)) for k, v in zip(keys, values)]
-        return all(c == 0 or c == ErrorCode.OBJECT_ALREADY_EXISTS for c in codes)
+        return all(c == 0 for c in codes)
 
     def exists(self, key: str) -> bool:
         """Whether ``key`` is stored."""
