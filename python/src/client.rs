@@ -668,16 +668,23 @@ impl NativeClient {
         sizes: Vec<Vec<Vec<usize>>>,
     ) -> Vec<Vec<Vec<i64>>> {
         let bad = i64::from(ErrorCode::INVALID_PARAMS.code());
-        // Shapes first: every list must match the keys' shape.
-        let shaped = |b: usize| -> Option<()> {
-            let n = keys.get(b)?.len();
-            let (d, s, z) = (dst_offsets.get(b)?, src_offsets.get(b)?, sizes.get(b)?);
-            if d.len() != n || s.len() != n || z.len() != n {
-                return None;
-            }
-            (0..n)
-                .all(|k| d[k].len() == z[k].len() && s[k].len() == z[k].len())
-                .then_some(())
+        // A buffer whose lists do not give one entry per key fails whole; a key whose three
+        // lists differ in length fails alone. Failures are shaped by the destination offsets,
+        // one code per fragment, as Mooncake shapes them.
+        let listed = |b: usize| -> bool {
+            let n = keys.get(b).map_or(usize::MAX, Vec::len);
+            [dst_offsets.get(b), src_offsets.get(b), sizes.get(b)]
+                .iter()
+                .all(|lists| lists.is_some_and(|l| l.len() == n))
+        };
+        let failed = |b: usize, k: usize| -> Vec<i64> {
+            vec![
+                bad;
+                dst_offsets
+                    .get(b)
+                    .and_then(|d| d.get(k))
+                    .map_or(1, Vec::len)
+            ]
         };
         let mut unique: Vec<&str> = keys.iter().flatten().map(String::as_str).collect();
         unique.sort_unstable();
@@ -685,18 +692,27 @@ impl NativeClient {
         let values = block_on(py, self.client.batch_get(&unique));
         let mut answer = Vec::with_capacity(ptrs.len());
         for (b, &ptr) in ptrs.iter().enumerate() {
-            if shaped(b).is_none() {
+            if !listed(b) {
                 let n = keys.get(b).map_or(0, Vec::len);
-                answer.push(
-                    (0..n)
-                        .map(|k| vec![bad; sizes.get(b).and_then(|z| z.get(k)).map_or(1, Vec::len)])
-                        .collect(),
-                );
+                answer.push((0..n).map(|k| failed(b, k)).collect());
                 continue;
             }
             let room = self.registered.room_at(ptr);
             let mut per_key = Vec::with_capacity(keys[b].len());
             for (k, key) in keys[b].iter().enumerate() {
+                let fragments = sizes[b][k].len();
+                if dst_offsets[b][k].len() != fragments || src_offsets[b][k].len() != fragments {
+                    log_failure(
+                        "get_into_ranges",
+                        &invalid(format!(
+                            "{key:?}: {} destination offsets, {} source offsets and {fragments} sizes: give one of each per fragment",
+                            dst_offsets[b][k].len(),
+                            src_offsets[b][k].len()
+                        )),
+                    );
+                    per_key.push(failed(b, k));
+                    continue;
+                }
                 let at = unique
                     .binary_search(&key.as_str())
                     .expect("every key was read");
@@ -826,6 +842,11 @@ async fn write(
     config: &ReplicateConfig,
     upsert: bool,
 ) -> Result<()> {
+    if value.is_empty() {
+        // Mooncake's put or upsert of nothing stores nothing and succeeds, with a warning.
+        tracing::warn!(key, "an empty value: nothing stored");
+        return Ok(());
+    }
     if upsert {
         client.upsert(key, value, config).await
     } else {

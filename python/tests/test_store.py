@@ -74,6 +74,14 @@ def test_setup_positional_and_dict_and_hostname(master):
     assert store.health_check() == 0
     assert store.close() == 0
     assert store.health_check() == 1
+    # Mooncake's later keyword options, at their defaults, are taken.
+    defaults = {"engine": None, "enable_ssd_offload": False, "ssd_offload_path": ""}
+    defaults |= {"tenant_id": "default", "enable_client_http_server": False}
+    assert (
+        store.setup("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "tcp", "", master.address, **defaults)
+        == 0
+    )
+    assert store.close() == 0
 
     config = {
         "local_hostname": "127.0.0.1",
@@ -111,6 +119,19 @@ def test_setup_refusals_return_codes(master):
     assert store.setup(
         "127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "tcp", "", f"etcd://{master.address}"
     ) == int(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS)
+    # Mooncake's options Mooring does not carry out are refused, not silently dropped.
+    for option in (
+        {"tenant_id": "team-a"},
+        {"enable_ssd_offload": True},
+        {"enable_client_http_server": True},
+    ):
+        args = ("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "tcp", "", master.address)
+        assert store.setup(*args, **option) == bad, option
+        config = {"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE"}
+        as_string = {k: str(v).lower() for k, v in option.items()}
+        assert store.setup({**config, "master_server_addr": master.address, **as_string}) == bad
+    with pytest.raises(TypeError):
+        store.setup("127.0.0.1", "P2PHANDSHAKE", tennant_id="x")  # a typo is an error
     # Nothing listens on port 1.
     assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "tcp", "", "127.0.0.1:1") < 0
     if not os.path.exists("/sys/class/infiniband"):
@@ -155,6 +176,10 @@ def test_put_get_and_friends(shared, key):
     assert shared.batch_is_exist([key, key + "-missing", key]) == [1, 0, 1]
     assert shared.batch_is_exist([]) == []
     assert shared.put("", b"x") == ErrorCode.INVALID_PARAMS
+    # As Mooncake's: a put of nothing stores nothing and answers 0 (with a warning).
+    assert shared.put(key + "-empty", b"") == 0
+    assert shared.put_parts(key + "-empty", b"", bytearray()) == 0
+    assert shared.is_exist(key + "-empty") == 0
 
 
 def test_values_of_every_bytes_like_kind(shared, key):
@@ -539,6 +564,15 @@ def test_get_into_ranges(shared, key):
     assert buf[100:300].tobytes() == value[5000:5200]
     past = shared.get_into_ranges([base], [[key]], [[[0]]], [[[9_990]]], [[[20]]])
     assert past == [[[ErrorCode.INVALID_PARAMS]]]
+    # A key whose lists differ in length fails alone, shaped by its destination offsets (the
+    # case of Mooncake's own test); a key with no fragments answers none.
+    mismatched = shared.get_into_ranges(
+        [base], [[key, key]], [[[0], []]], [[[0, 1], []]], [[[], []]]
+    )
+    assert mismatched == [[[ErrorCode.INVALID_PARAMS], []]]
+    # A buffer whose lists do not give one entry per key fails whole, in the same shape.
+    uneven = shared.get_into_ranges([base], [[key, key]], [[[0], [0, 8]]], [[[0]]], [[[4]]])
+    assert uneven == [[[ErrorCode.INVALID_PARAMS], [ErrorCode.INVALID_PARAMS] * 2]]
     shared.unregister_buffer(base)
 
 

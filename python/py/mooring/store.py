@@ -284,6 +284,33 @@ def _size(value: Any, name: str) -> int:
         raise ValueError(f"{name}: {e}") from None
 
 
+def _flag(value: Any) -> bool:
+    """A config dict's flag, given as a bool or as Mooncake's strings ("true", "1")."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def _unsupported(ssd_offload: bool, tenant_id: str, client_http_server: bool) -> str:
+    """Why Mooncake setup options Mooring does not carry out cannot be taken, or ""."""
+    if tenant_id not in ("", "default"):
+        return (
+            f"tenant_id {tenant_id!r}: Mooring has no tenants (every store of a cluster shares "
+            "its keys); run a master per tenant, or leave tenant_id at 'default'"
+        )
+    if ssd_offload:
+        return (
+            "enable_ssd_offload: Mooring's SSD tier runs on its storage nodes; start them with "
+            "`mooring node --disk-dir DIR`, and leave enable_ssd_offload off here"
+        )
+    if client_http_server:
+        return (
+            "enable_client_http_server: Mooring serves metrics from its master and nodes "
+            "(--metrics-listen); leave enable_client_http_server off here"
+        )
+    return ""
+
+
 def _port_range() -> tuple[int, int]:
     low = int(os.environ.get("MC_STORE_CLIENT_MIN_PORT", "12300"))
     high = int(os.environ.get("MC_STORE_CLIENT_MAX_PORT", "14300"))
@@ -315,7 +342,12 @@ class MooncakeDistributedStore(TensorCalls):
         rdma_devices: str = "",
         master_server_addr: str = _DEFAULT_MASTER,
         engine: Any = None,
-        **options: Any,
+        enable_ssd_offload: bool = False,
+        ssd_offload_path: str = "",
+        tenant_id: str = "default",
+        enable_client_http_server: bool = False,
+        client_http_port: int | None = None,
+        token_file: str | None = None,
     ) -> int:
         """Connects to the master; answers 0 or a negative code.
 
@@ -328,9 +360,18 @@ class MooncakeDistributedStore(TensorCalls):
         masters (``etcd://host:port/cluster``). The cluster token comes from the ``token_file``
         option, else the file ``MOORING_TOKEN_FILE`` names; with neither, only a cluster
         running without a token on loopback accepts the store.
+
+        Mooncake's other options are refused with -600 unless left at their defaults, rather
+        than silently ignored: Mooring has no tenants (``tenant_id``: run a cluster per
+        tenant), keeps its SSD tier on the nodes (``enable_ssd_offload``: start ``mooring node
+        --disk-dir``), and serves metrics from the master and nodes
+        (``enable_client_http_server``: ``--metrics-listen``). ``engine`` is ignored.
         """
         if isinstance(local_hostname, Mapping):
             return self._setup_from_dict(dict(local_hostname))
+        refused = _unsupported(enable_ssd_offload, tenant_id, enable_client_http_server)
+        if refused:
+            return self._refuse("setup", ErrorCode.INVALID_PARAMS, refused)
         try:
             segment = _size(global_segment_size, "global_segment_size")
             local = _size(local_buffer_size, "local_buffer_size")
@@ -343,10 +384,17 @@ class MooncakeDistributedStore(TensorCalls):
             str(protocol),
             str(rdma_devices or ""),
             str(master_server_addr),
-            options.get("token_file"),
+            token_file,
         )
 
     def _setup_from_dict(self, config: dict) -> int:
+        refused = _unsupported(
+            _flag(config.get("enable_ssd_offload", False)),
+            str(config.get("tenant_id", "default")),
+            _flag(config.get("enable_client_http_server", False)),
+        )
+        if refused:
+            return self._refuse("setup", ErrorCode.INVALID_PARAMS, refused)
         hostname = config.get("local_hostname")
         if not hostname:
             return self._refuse("setup", ErrorCode.INVALID_PARAMS, "config has no local_hostname")
@@ -722,10 +770,12 @@ class MooncakeDistributedStore(TensorCalls):
         alone."""
 
         def failed(code: int) -> list[list[list[int]]]:
+            # Shaped by the destination offsets, as Mooncake shapes its failures.
             return [
                 [[code] * len(fragments) for fragments in per_key]
                 for per_key in (
-                    all_sizes[b] if b < len(all_sizes) else [] for b in range(len(buffer_ptrs))
+                    all_dst_offsets[b] if b < len(all_dst_offsets) else []
+                    for b in range(len(buffer_ptrs))
                 )
             ]
 
