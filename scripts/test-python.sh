@@ -44,4 +44,4 @@ cargo build --release --locked -p mooring --bin mooring
 "$VENV/bin/ruff" format --check python
 
 cd python
-"$VENV/bin/python" -m pytest -q "$@"
+"$VENV/bin/python" -m pytest -q -rs "$@"

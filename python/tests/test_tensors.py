@@ -368,3 +368,22 @@ def test_safetensors_files_round_trip_through_the_store(shared, key, tmp_path):
     garbage.write_bytes(b"not a safetensors file")
     assert shared.load_tensor_from_safetensor(key + "-x", str(garbage)) is None
     assert shared.is_exist(key + "-x") == 0
+
+
+def test_gpu_memory_is_refused_by_register_buffer(shared):
+    from mooring import devices
+
+    host = torch.zeros(4096, dtype=torch.uint8)
+    assert devices.is_device_memory(host.data_ptr()) is False
+    assert shared.register_buffer(host.data_ptr(), 4096) == 0
+    assert shared.unregister_buffer(host.data_ptr()) == 0
+    if not torch.cuda.is_available():
+        pytest.skip(
+            "no GPU here: the refusal of device memory cannot run (host memory passed the check)"
+        )
+    device = torch.zeros(4096, dtype=torch.uint8, device="cuda")
+    assert shared.register_buffer(device.data_ptr(), 4096) == int(ErrorCode.INVALID_PARAMS)
+    pinned = torch.zeros(4096, dtype=torch.uint8).pin_memory()
+    assert devices.is_device_memory(pinned.data_ptr()) is False
+    assert shared.register_buffer(pinned.data_ptr(), 4096) == 0
+    assert shared.unregister_buffer(pinned.data_ptr()) == 0

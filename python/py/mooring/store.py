@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import IntEnum
 from typing import Any, TypeVar
 
-from . import _native
+from . import _native, devices
 from ._native import BufferHandle, MooringError, parse_size
 from .codes import ErrorCode
 from .tensor_calls import TensorCalls
@@ -796,7 +796,15 @@ class MooncakeDistributedStore(TensorCalls):
     def register_buffer(self, buffer_ptr: int, size: int) -> int:
         """Registers ``size`` bytes at ``buffer_ptr`` for the zero-copy calls (``put_from``,
         ``get_into`` and their batches); 0 or a negative code. Keep the memory allocated
-        until ``unregister_buffer``."""
+        until ``unregister_buffer``. GPU memory is refused with -600: Mooring moves registered
+        bytes with the CPU (register pinned host memory, and copy to and from the device)."""
+        if devices.is_device_memory(buffer_ptr):
+            return self._refuse(
+                "register_buffer",
+                ErrorCode.INVALID_PARAMS,
+                f"{buffer_ptr:#x} is GPU memory, which Mooring cannot move yet: register pinned "
+                "host memory and copy to and from the device",
+            )
         return self._run("register_buffer", lambda c: c.register_buffer(buffer_ptr, size) or 0, int)
 
     def unregister_buffer(self, buffer_ptr: int) -> int:
