@@ -52,6 +52,10 @@ if ! dpkg -s $etcd_packages >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v 
         || echo "    could not install them: the etcd build and test will be skipped" >&2
 fi
 
+t=$SECONDS; step "tracked files (no build outputs in git)"
+scripts/check-tracked-files.sh
+elapsed $t
+
 t=$SECONDS; step "format"
 cargo fmt --all -- --check
 cargo fmt --manifest-path fuzz/Cargo.toml -- --check
