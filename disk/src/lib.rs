@@ -6,6 +6,8 @@
 //! - [`UringDisk`]: the same over io_uring (one ring on a dedicated thread, submissions
 //!   batched up to the queue depth); `Unsupported` where io_uring is not available, so
 //!   callers fall back to [`PosixDisk`];
+//! - [`PosixStateDir`]: the master's state directory (journals, snapshots) on a real
+//!   directory, owner-only;
 //! - [`record`]: the checksummed on-disk record every backend stores, so a torn or corrupt
 //!   record is detected and never served;
 //! - [`FilePerKey`]: the file-per-key backend (two levels of hashed directories, atomic
@@ -28,6 +30,7 @@ mod paths;
 #[cfg(not(madsim))]
 mod posix;
 pub mod record;
+mod state_dir;
 #[cfg(all(target_os = "linux", not(madsim)))]
 mod uring;
 
@@ -39,5 +42,6 @@ pub use offset_file::{DATA_FILE, OffsetFile};
 #[cfg(not(madsim))]
 pub use posix::{IoMode, PosixDisk};
 pub use record::RecordBuf;
+pub use state_dir::PosixStateDir;
 #[cfg(all(target_os = "linux", not(madsim)))]
 pub use uring::UringDisk;

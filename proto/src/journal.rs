@@ -21,6 +21,14 @@
 //! records of an older generation when the file is reused (their checksums, seeded with
 //! another generation, fail). A journal that the next generation follows ends with
 //! [`Input::End`], so in a complete journal a failing record is damage.
+//!
+//! **Damage is told from a torn tail by sync marks.** After each sync the writer appends a
+//! [`Input::Synced`] mark naming the offset every byte before which is on disk. A crash can
+//! only tear bytes written after the last sync, so no intact mark can name an offset past a
+//! torn record; a mark that does proves the bad record was synced (and acknowledged), and
+//! [`Decoded::damaged`] reports it, so recovery stops instead of silently dropping every
+//! change after it. Marks have one fixed length, which lets [`decode`] look for them past a
+//! bad record in one pass (a length field of their size, then the checksum).
 
 use mooring_core::{Master, MasterConfig, Millis};
 use rkyv::rancor;
@@ -58,6 +66,9 @@ pub enum Input {
     Tick,
     /// The journal's last record: the next generation's journal holds what follows.
     End,
+    /// A sync mark: every byte of this journal before the offset it names was on disk when
+    /// the mark was written (see the module docs). Not an input to the core.
+    Synced(u64),
 }
 
 /// Payload tags are padded to a multiple of this, so the archive after them stays aligned.
@@ -94,7 +105,9 @@ pub fn request_payload(request: MasterRequest) -> (Vec<u8>, MasterRequest) {
     let bytes = payload(&input);
     match input {
         Input::Request(request) => (bytes, request),
-        Input::Config(_) | Input::Tick | Input::End => unreachable!("built as a request above"),
+        Input::Config(_) | Input::Tick | Input::End | Input::Synced(_) => {
+            unreachable!("built as a request above")
+        }
     }
 }
 
@@ -106,6 +119,16 @@ pub fn tick_payload() -> Vec<u8> {
 /// The payload of the record that ends a journal.
 pub fn end_payload() -> Vec<u8> {
     payload(&Input::End)
+}
+
+/// The payload of a sync mark: every byte before `offset` is on disk.
+pub fn synced_payload(offset: u64) -> Vec<u8> {
+    payload(&Input::Synced(offset))
+}
+
+/// The length of every sync mark's record.
+pub fn synced_record_len() -> usize {
+    RECORD_HEADER + synced_payload(0).len()
 }
 
 /// The input a [`payload`] holds; why not, if it holds none.
@@ -159,6 +182,18 @@ pub struct Decoded {
     pub foreign: bool,
     /// The records end with [`Input::End`]: the next generation's journal follows.
     pub ended: bool,
+    /// Decoding stopped at a bad record that was synced: a sync mark after it names a later
+    /// offset. Everything after it was acknowledged, so the journal is damaged, not torn.
+    pub damaged: Option<Damage>,
+}
+
+/// Where a journal was damaged before records its writer had synced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Damage {
+    /// The offset of the first bad record: [`Decoded::intact`].
+    pub at: usize,
+    /// The furthest offset a sync mark after it says was on disk.
+    pub synced_to: u64,
 }
 
 /// Decodes generation `generation`'s journal file `bytes`, stopping at the first record that
@@ -180,10 +215,11 @@ pub fn decode(generation: u64, bytes: &[u8]) -> Decoded {
     }
     let named = u64::from_le_bytes(header[MAGIC.len()..].try_into().expect("8 bytes"));
     if named != generation {
-        // A reused file whose new header never reached the disk.
+        // A reused file whose new header never reached the disk (unless a mark says it did).
         decoded.stopped = Some(format!(
             "the header names generation {named}: the file was being reused"
         ));
+        decoded.damaged = synced_past(generation, bytes, 0);
         return decoded;
     }
     let mut at = FILE_HEADER;
@@ -198,6 +234,7 @@ pub fn decode(generation: u64, bytes: &[u8]) -> Decoded {
                 decoded.ended = true;
                 break;
             }
+            Ok((_, Input::Synced(_), len)) => at += len,
             Ok((now, input, len)) => {
                 decoded.entries.push((now, input));
                 at += len;
@@ -205,12 +242,34 @@ pub fn decode(generation: u64, bytes: &[u8]) -> Decoded {
             Err((why, foreign)) => {
                 decoded.stopped = Some(format!("at byte {at}: {why}"));
                 decoded.foreign = foreign;
+                if !foreign {
+                    decoded.damaged = synced_past(generation, bytes, at);
+                }
                 break;
             }
         }
     }
     decoded.intact = at;
     decoded
+}
+
+/// The damage at `bad` if an intact sync mark of `generation` after it names an offset past
+/// it (see the module docs); one pass over the rest of `bytes`.
+fn synced_past(generation: u64, bytes: &[u8], bad: usize) -> Option<Damage> {
+    let len = synced_record_len();
+    let field = ((len - RECORD_HEADER) as u32).to_le_bytes();
+    let mut furthest: Option<u64> = None;
+    let mut at = bad + 1;
+    while at + len <= bytes.len() {
+        if bytes[at..at + 4] == field
+            && let Ok((_, Input::Synced(offset), _)) = decode_one(generation, &bytes[at..])
+            && offset > bad as u64
+        {
+            furthest = Some(furthest.map_or(offset, |f| f.max(offset)));
+        }
+        at += 1;
+    }
+    furthest.map(|synced_to| Damage { at: bad, synced_to })
 }
 
 /// One record at the start of `bytes`: its time, its input and its length; or why not, and
@@ -256,7 +315,7 @@ fn decode_checked(generation: u64, bytes: &[u8]) -> Result<(Millis, &[u8], usize
 /// (A [`Input::Config`] is the loader's business: it is not an input to the core.)
 pub fn apply(master: &mut Master, now: Millis, input: Input) {
     match input {
-        Input::Config(_) | Input::End => {}
+        Input::Config(_) | Input::End | Input::Synced(_) => {}
         Input::Request(request) => {
             // The answer went to its client when the request was first served.
             let _ = dispatch::handle(master, request, now);
@@ -369,6 +428,68 @@ mod tests {
                 .unwrap()
                 .contains("claims")
         );
+    }
+
+    #[test]
+    fn a_bad_record_before_a_sync_mark_is_damage_and_one_after_it_a_torn_tail() {
+        let inputs = [
+            (1, Input::Tick),
+            (2, Input::Request(GetSize { key: "a".into() }.into())),
+            (3, Input::Tick),
+        ];
+        let mut bytes = journal(GENERATION, &inputs);
+        let first_end = FILE_HEADER + RECORD_HEADER + payload(&Input::Tick).len();
+        // Synced, then marked; then a batch that a crash may tear.
+        let synced = bytes.len() as u64;
+        record(GENERATION, Millis(3), &synced_payload(synced), &mut bytes);
+        assert_eq!(bytes.len() as u64, synced + synced_record_len() as u64);
+        let marked = bytes.len();
+        record(GENERATION, Millis(4), &tick_payload(), &mut bytes);
+        let decoded = decode(GENERATION, &bytes);
+        assert_eq!(decoded.entries.len(), 4, "marks are not entries");
+        assert_eq!((decoded.stopped, decoded.damaged), (None, None));
+
+        // A torn record after the mark: a tail, nothing acknowledged is lost.
+        let mut torn = bytes.clone();
+        torn[marked + 5] ^= 0x10;
+        let decoded = decode(GENERATION, &torn);
+        assert_eq!(decoded.entries.len(), 3);
+        assert_eq!(decoded.damaged, None, "{:?}", decoded.stopped);
+
+        // A flipped bit in any synced record, header or body: damage, at that record.
+        for flip in [
+            first_end,
+            first_end + 3,
+            first_end + RECORD_HEADER + 1,
+            FILE_HEADER,
+        ] {
+            let mut damaged = bytes.clone();
+            damaged[flip] ^= 0x04;
+            let decoded = decode(GENERATION, &damaged);
+            let damage = decoded.damaged.expect("damage before the mark is reported");
+            assert!(
+                damage.at <= flip,
+                "flip at {flip}, reported at {}",
+                damage.at
+            );
+            assert_eq!(damage.synced_to, synced);
+        }
+        // A flipped header generation: the header was synced too.
+        let mut damaged = bytes.clone();
+        damaged[MAGIC.len()] ^= 0x01;
+        assert_eq!(decode(GENERATION, &damaged).damaged.unwrap().at, 0);
+        // A mark of another generation (a reused file's older records) proves nothing.
+        let mut older = journal(GENERATION, &[(1, Input::Tick)]);
+        let end = older.len();
+        older.extend_from_slice(&[0xEE; 7]);
+        record(
+            GENERATION - 1,
+            Millis(1),
+            &synced_payload(1 << 20),
+            &mut older,
+        );
+        let decoded = decode(GENERATION, &older);
+        assert_eq!((decoded.intact, decoded.damaged), (end, None));
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! | [`journal`] | the master's inputs as checksummed records, and their replay |
 //! | [`trace`] | the id one client operation carries through master and nodes |
 //! | [`disk`] | the file I/O trait the SSD tier's disks implement |
+//! | [`state_dir`] | the files a master keeps (journals, snapshots), as a trait the simulation can break |
 //! | [`fuzz`] | fuzz entry points for every decoder of network bytes |
 
 pub mod auth;
@@ -26,6 +27,7 @@ pub mod fuzz;
 pub mod handoff;
 pub mod journal;
 pub mod serve;
+pub mod state_dir;
 pub mod summing;
 /// Lock and atomic types, swapped for loom's under `--cfg mooring_loom` so loom can model
 /// the structures that share state across threads (the export table).

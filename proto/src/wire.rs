@@ -495,13 +495,16 @@ impl MasterRequest {
 
     /// Whether its answer acknowledges a change a client will rely on, so a master that keeps
     /// a journal sends it only once the request is on disk. Reads, existence checks, listings
-    /// and heartbeats need not wait: if one is lost with a crash, so is everything after it,
-    /// and a restarted master grants every object a fresh lease (`Master::resume`).
+    /// and heartbeats (a `Hello` is one) need not wait: if one is lost with a crash, so is
+    /// everything after it, a restarted master grants every object a fresh lease
+    /// (`Master::resume`), and a client it does not know registers again with its next
+    /// heartbeat.
     pub fn needs_durability(&self) -> bool {
         use MasterRequest as R;
         !matches!(
             self,
             R::Heartbeat(_)
+                | R::Hello(_)
                 | R::DescribeSegments(_)
                 | R::ListSegments(_)
                 | R::GetReplicaList(_)

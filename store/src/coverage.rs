@@ -45,6 +45,13 @@ impl Path {
     pub const LISTED_COPY_GONE: Path = Path("listed copies gone, asked again");
     /// A master restarted on its state directory and replayed its journal.
     pub const MASTER_RECOVERED: Path = Path("master recovered from its journal");
+    /// A master's journal ended in a torn or damaged record no sync mark vouched for: the
+    /// tail after the last sync, dropped as unacknowledged.
+    pub const JOURNAL_TORN_TAIL: Path = Path("journal tail torn by a crash, dropped");
+    /// A master refused to start: its journal was damaged before records it had synced.
+    pub const JOURNAL_DAMAGE_REFUSED: Path = Path("damaged journal refused at start");
+    /// A master's state directory was full: records held, changes refused.
+    pub const JOURNAL_FULL: Path = Path("state directory full, changes refused");
     /// A node's repair agent copied back a replica lost with a segment.
     pub const REPLICA_REPAIRED: Path = Path("replica lost with a node repaired");
     /// A repair copy failed (its source unreadable or damaged, a target gone): the master

@@ -15,8 +15,22 @@
 //! sync share the next (group commit). After a crash the disk holds a prefix of the applied
 //! history — at most the tail after the last sync is lost, and nothing in it was acknowledged
 //! except reads, whose leases a restarted master replaces with fresh ones for every object.
-//! If a write or sync fails, the master stops acknowledging changes (they fail with
-//! `INTERNAL_ERROR`) until it is restarted from the directory.
+//! If a sync fails, the master stops acknowledging changes (they fail with `INTERNAL_ERROR`)
+//! until it is restarted from the directory: a failed `fsync` may have dropped the bytes it
+//! covered, so no later success can vouch for them. A write that fails because the
+//! directory is full is different: nothing was lost, so the writer keeps the records and
+//! tries again every [`FULL_RETRY`], while the master refuses new changes with an error that
+//! says the disk is full (reads, heartbeats and new clients' `Hello` go on); once space frees,
+//! the held records reach the disk, the requests waiting on them are answered, and changes
+//! are accepted again, with no restart.
+//!
+//! **Damage is never taken for a torn tail.** After each sync the writer appends a sync mark
+//! (`mooring_proto::journal`): recovery that finds a bad record followed by a mark vouching
+//! for bytes past it refuses to start, naming the file and the offset, rather than replaying
+//! up to the damage and silently dropping every acknowledged change after it.
+//!
+//! All file access goes through the [`StateDir`] seam: a real directory in production
+//! ([`mooring_disk::PosixStateDir`], owner-only), the simulated disk under the simulator.
 //!
 //! **Snapshots.** Once the journal has grown by `snapshot_after` bytes, and by at least twice
 //! the size of the last snapshot (so snapshots cost at most half the journal's writing,
@@ -25,15 +39,14 @@
 //! the snapshot (to a temporary name, synced, then renamed) and then retires the generation
 //! before the previous one.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use mooring_core::log_shipping::LogPosition;
 use mooring_core::{EncodedSnapshot, Error, ErrorCode, Master, MasterConfig, Millis, Result};
 use mooring_proto::journal::{self, Input};
+use mooring_proto::state_dir::{OpenMode, StateDir, StateFile};
 use tracing::{error, info, warn};
 
 use crate::latest::{Follower, Latest};
@@ -44,37 +57,37 @@ use crate::seq_waiters::SeqWaiters;
 /// bytes as the journal, however large the state.
 pub const SNAPSHOT_AFTER: u64 = 64 << 20;
 
-/// Where generation `generation`'s journal is kept in `dir`.
-pub(crate) fn journal_path(dir: &Path, generation: u64) -> PathBuf {
-    dir.join(format!("journal-{generation:020}.log"))
+/// How often a writer whose directory is full tries again.
+pub const FULL_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Records held in memory while the directory is full, beyond which reads are refused too
+/// (they are journaled, and would grow the held records without bound).
+const FULL_HOLD_LIMIT: usize = 64 << 20;
+
+/// The name of generation `generation`'s journal.
+pub(crate) fn journal_name(generation: u64) -> String {
+    format!("journal-{generation:020}.log")
 }
 
-/// Where generation `generation`'s snapshot is kept in `dir`.
-pub(crate) fn snapshot_path(dir: &Path, generation: u64) -> PathBuf {
-    dir.join(format!("snapshot-{generation:020}.snap"))
+/// The name of generation `generation`'s snapshot.
+pub(crate) fn snapshot_name(generation: u64) -> String {
+    format!("snapshot-{generation:020}.snap")
 }
 
 fn io_error(what: String) -> Error {
     Error::new(ErrorCode::INTERNAL_ERROR, what)
 }
 
-/// Makes a rename or a new file in `dir` durable.
-pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
 /// The generations present in `dir`: (journals, snapshots), each ascending.
-pub(crate) fn generations(dir: &Path) -> Result<(Vec<u64>, Vec<u64>)> {
-    let entries = fs::read_dir(dir).map_err(|e| {
+pub(crate) fn generations(dir: &dyn StateDir) -> Result<(Vec<u64>, Vec<u64>)> {
+    let names = dir.list().map_err(|e| {
         io_error(format!(
             "cannot read the state directory {}: {e}",
-            dir.display()
+            dir.location()
         ))
     })?;
     let (mut journals, mut snapshots) = (Vec::new(), Vec::new());
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
+    for name in names {
         let number = |prefix: &str, suffix: &str| {
             name.strip_prefix(prefix)?
                 .strip_suffix(suffix)?
@@ -105,21 +118,21 @@ pub struct Recovered {
 /// Rebuilds the master kept in `dir` (created if missing): the newest snapshot, then every
 /// journal from its generation on, replayed under the configuration each was written with,
 /// and finally `config` in force. An empty directory gives a fresh master.
-pub fn recover(dir: &Path, config: MasterConfig) -> Result<Recovered> {
-    fs::create_dir_all(dir).map_err(|e| {
+pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
+    dir.prepare().map_err(|e| {
         io_error(format!(
             "cannot create the state directory {}: {e}",
-            dir.display()
+            dir.location()
         ))
     })?;
     let (journals, snapshots) = generations(dir)?;
     let base = snapshots.last().copied();
     let mut master: Option<Master> = None;
     let mut snapshot = match base {
-        Some(g) => Some(fs::read(snapshot_path(dir, g)).map_err(|e| {
+        Some(g) => Some(dir.read(&snapshot_name(g)).map_err(|e| {
             io_error(format!(
                 "cannot read snapshot {g} in {}: {e}",
-                dir.display()
+                dir.location()
             ))
         })?),
         None => None,
@@ -134,7 +147,7 @@ pub fn recover(dir: &Path, config: MasterConfig) -> Result<Recovered> {
         return Err(io_error(format!(
             "the state directory {} lacks journal {} (found {}): it cannot be replayed; \
              restore the missing file or start from an empty directory",
-            dir.display(),
+            dir.location(),
             gap.1,
             gap.0
         )));
@@ -143,18 +156,31 @@ pub fn recover(dir: &Path, config: MasterConfig) -> Result<Recovered> {
     let mut generation = first;
     for (i, &g) in to_replay.iter().enumerate() {
         generation = g;
-        let path = journal_path(dir, g);
-        let bytes = fs::read(&path)
-            .map_err(|e| io_error(format!("cannot read {}: {e}", path.display())))?;
+        let name = journal_name(g);
+        let path = format!("{}/{name}", dir.location());
+        let bytes = dir
+            .read(&name)
+            .map_err(|e| io_error(format!("cannot read {path}: {e}")))?;
         let decoded = journal::decode(g, &bytes);
         let last = i + 1 == to_replay.len();
         if decoded.foreign {
             let why = decoded.stopped.as_deref().unwrap_or_default();
             return Err(io_error(format!(
-                "{} holds bytes this build cannot read ({why}): it was written by another \
+                "{path} holds bytes this build cannot read ({why}): it was written by another \
                  version of Mooring; start the version that wrote it, or move the \
-                 directory aside to start empty",
-                path.display()
+                 directory aside to start empty"
+            )));
+        }
+        if let Some(damage) = decoded.damaged {
+            crate::coverage::hit(crate::coverage::Path::JOURNAL_DAMAGE_REFUSED);
+            let why = decoded.stopped.as_deref().unwrap_or_default();
+            return Err(io_error(format!(
+                "{path} is damaged at byte {} ({why}), but the master had synced it through \
+                 byte {}: the changes after the damage were acknowledged, and starting would \
+                 drop them silently. Restore the file from a backup or a standby's copy; to \
+                 start anyway and lose every change after the damage, cut the file there \
+                 (truncate -s {} {path})",
+                damage.at, damage.synced_to, damage.at
             )));
         }
         if !last && !decoded.ended {
@@ -163,15 +189,15 @@ pub fn recover(dir: &Path, config: MasterConfig) -> Result<Recovered> {
                 .as_deref()
                 .unwrap_or("before its end record");
             return Err(io_error(format!(
-                "{} is damaged ({why}), and later journals follow it: the history cannot \
-                 be replayed past it; move the directory aside to start empty",
-                path.display()
+                "{path} is damaged ({why}), and later journals follow it: the history cannot \
+                 be replayed past it; move the directory aside to start empty"
             )));
         }
         if let Some(why) = &decoded.stopped {
             // A torn write, or records left from the file's earlier use: the writer had not
             // synced past here, so nothing after it was acknowledged.
-            info!("{} ends at byte {} ({why})", path.display(), decoded.intact);
+            crate::coverage::hit(crate::coverage::Path::JOURNAL_TORN_TAIL);
+            info!("{path} ends at byte {} ({why})", decoded.intact);
         }
         for (now, input) in decoded.entries {
             if let Input::Config(logged) = &input {
@@ -185,8 +211,7 @@ pub fn recover(dir: &Path, config: MasterConfig) -> Result<Recovered> {
             }
             let Some(m) = master.as_mut() else {
                 return Err(io_error(format!(
-                    "{} does not start with its configuration record",
-                    path.display()
+                    "{path} does not start with its configuration record"
                 )));
             };
             journal::apply(m, now, input);
@@ -298,6 +323,9 @@ struct Shared {
     waiters: SeqWaiters,
     /// Where each generation this journal moved past ends.
     completed: CompletedEnds,
+    /// Why the directory cannot take more records right now (it is full), if it cannot:
+    /// the writer holds them and tries again; changes are refused meanwhile.
+    full: Mutex<Option<String>>,
 }
 
 /// Where each generation a journal moved past ends (its file holds zeros after that).
@@ -325,7 +353,7 @@ impl CompletedEnds {
 /// The journal of a running master: appends under the master's lock, a writer thread that
 /// syncs them in groups, and periodic snapshots.
 pub struct Journal {
-    dir: PathBuf,
+    dir: Arc<dyn StateDir>,
     shared: Arc<Shared>,
     snapshot_after: u64,
     /// Journal bytes since the last snapshot began, and the current generation.
@@ -347,18 +375,24 @@ impl Journal {
     /// Starts generation `generation + 1` in `dir`: a snapshot of `master` (synced before
     /// anything else), a journal beginning with `config`, and the older files deleted.
     pub fn start(
-        dir: &Path,
+        dir: Arc<dyn StateDir>,
         generation: u64,
         master: &Master,
         snapshot_after: u64,
     ) -> Result<Journal> {
         let generation = generation + 1;
-        let snapshot_bytes = write_snapshot(dir, generation, &master.snapshot_state().encode(0))?;
-        let path = journal_path(dir, generation);
-        let file = JournalFile::create(dir, generation, &config_record(master, generation))
-            .and_then(|file| sync_dir(dir).map(|()| file))
-            .map_err(|e| io_error(format!("cannot write {}: {e}", path.display())))?;
-        retire_before(dir, generation, None);
+        let snapshot_bytes = write_snapshot(&*dir, generation, &master.snapshot_state().encode(0))?;
+        let file = JournalFile::create(&*dir, generation, &config_record(master, generation))
+            .and_then(|file| dir.sync_dir().map(|()| file))
+            .map_err(|e| {
+                io_error(format!(
+                    "cannot write {}/{}: {e}{}",
+                    dir.location(),
+                    journal_name(generation),
+                    full_hint(&e)
+                ))
+            })?;
+        retire_before(&*dir, generation, None);
         let counts = Counts::default();
         counts
             .reused_files
@@ -379,11 +413,13 @@ impl Journal {
             })),
             waiters: SeqWaiters::new(Ok(0)),
             completed: CompletedEnds::default(),
+            full: Mutex::new(None),
         });
         let writer = Writer {
             file,
             generation,
-            dir: dir.to_path_buf(),
+            dir: dir.clone(),
+            rotating: None,
             spare: Vec::new(),
             synced: 0,
             last_woken: 0,
@@ -402,9 +438,9 @@ impl Journal {
         };
         #[cfg(madsim)]
         let writer = Mutex::new(writer);
-        info!(dir = %dir.display(), generation, "journal started");
+        info!(dir = %dir.location(), generation, "journal started");
         Ok(Journal {
-            dir: dir.to_path_buf(),
+            dir,
             shared,
             snapshot_after: snapshot_after.max(1),
             progress: Mutex::new((0, generation)),
@@ -500,8 +536,52 @@ impl Journal {
     }
 
     /// The state directory.
-    pub fn dir(&self) -> &Path {
+    pub fn dir(&self) -> &Arc<dyn StateDir> {
         &self.dir
+    }
+
+    /// Why a request must be refused before it is applied, if it must: the directory is full
+    /// (see the module docs), and the request changes something (`needs_durability`), or
+    /// the records held for the disk have reached their limit.
+    pub fn refusal(&self, needs_durability: bool) -> Option<Error> {
+        let full = self.shared.full.lock().unwrap_or_else(|e| e.into_inner());
+        let why = full.as_ref()?;
+        let held = self
+            .shared
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .bytes
+            .len();
+        (needs_durability || held >= FULL_HOLD_LIMIT).then(|| {
+            Error::new(
+                ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS,
+                format!(
+                    "the master's state directory {} is full ({why}), so it cannot record \
+                     changes and refuses them; reads go on. Free space there: changes are \
+                     accepted again by themselves, with no restart",
+                    self.dir.location()
+                ),
+            )
+        })
+    }
+
+    /// Tries again to write what a full directory held back (the simulation's writer runs
+    /// only when called; the production writer thread retries by itself).
+    pub fn retry_if_full(&self) {
+        #[cfg(madsim)]
+        if self
+            .shared
+            .full
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            self.writer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .write_pending(&self.shared, false);
+        }
     }
 
     /// Follows each sync (standbys ship what is on disk, and nothing more).
@@ -556,7 +636,7 @@ impl Journal {
             let room = last_snapshot.load(Ordering::Relaxed) as usize;
             let encoded = state.encode(room + room / 8);
             drop(state);
-            match write_snapshot(&dir, generation, &encoded) {
+            match write_snapshot(&*dir, generation, &encoded) {
                 Ok(bytes) => {
                     last_snapshot.store(bytes, Ordering::Relaxed);
                     // The journal before this one stays a generation longer: a standby may still
@@ -564,7 +644,7 @@ impl Journal {
                     // reused for the next generation: room for all of it saves the writer
                     // growing its file (see `JournalFile`).
                     let room = snapshot_after.max(2 * bytes) + PREWRITE;
-                    retire_before(&dir, generation.saturating_sub(1), Some(room));
+                    retire_before(&*dir, generation.saturating_sub(1), Some(room));
                     info!(generation, bytes, "snapshot written");
                 }
                 Err(e) => warn!(
@@ -627,94 +707,93 @@ fn config_record(master: &Master, generation: u64) -> Vec<u8> {
     out
 }
 
-/// Writes `snapshot` as generation `generation`, durably; returns its size.
-fn write_snapshot(dir: &Path, generation: u64, snapshot: &EncodedSnapshot) -> Result<u64> {
-    let path = snapshot_path(dir, generation);
-    let temporary = path.with_extension("snap.tmp");
-    let written = (|| {
-        let mut file = File::create(&temporary)?;
-        for piece in snapshot.pieces() {
-            file.write_all(piece)?;
-        }
-        file.sync_all()?;
-        fs::rename(&temporary, &path)?;
-        sync_dir(dir)
-    })();
-    written
+/// Writes `snapshot` as generation `generation`, durably; returns its size. A failure
+/// leaves no half-written file behind.
+fn write_snapshot(dir: &dyn StateDir, generation: u64, snapshot: &EncodedSnapshot) -> Result<u64> {
+    let name = snapshot_name(generation);
+    let pieces = snapshot.pieces();
+    dir.write_whole(&name, &pieces)
         .map(|()| snapshot.len() as u64)
-        .map_err(|e| io_error(format!("cannot write snapshot {}: {e}", path.display())))
+        .map_err(|e| {
+            io_error(format!(
+                "cannot write snapshot {}/{name}: {e}{}",
+                dir.location(),
+                full_hint(&e)
+            ))
+        })
+}
+
+/// What to add to an error message when `e` says the directory is full.
+fn full_hint(e: &io::Error) -> &'static str {
+    if e.kind() == io::ErrorKind::StorageFull {
+        " (the state directory is full: free space there and start again)"
+    } else {
+        ""
+    }
 }
 
 /// Where a retired journal waits to be reused as the next generation's file.
-fn spare_path(dir: &Path) -> PathBuf {
-    dir.join("journal-spare.log")
-}
+const SPARE: &str = "journal-spare.log";
 
 /// Deletes the files of generations before `generation` (a snapshot of it is on disk), but
 /// keeps the newest of their journals as the spare the next journal reuses (unless a spare
 /// is waiting already), grown to `room` bytes when given. (No spare is made from nothing:
 /// writing a whole file of zeros in the background slowed the journal's syncs as much as
 /// the growth it saves.)
-fn retire_before(dir: &Path, generation: u64, room: Option<u64>) {
-    let spare = spare_path(dir);
-    if !spare.exists()
+fn retire_before(dir: &dyn StateDir, generation: u64, room: Option<u64>) {
+    if !dir.exists(SPARE)
         && let Ok((journals, _)) = generations(dir)
         && let Some(&newest) = journals.iter().rfind(|&&g| g < generation)
     {
-        let retired = journal_path(dir, newest);
+        let retired = journal_name(newest);
         let prepared = match room {
             // Grown under another name: the writer may take the spare at any moment, and
             // then writes past its end.
             Some(room) => {
-                let growing = dir.join("journal-spare-growing.log");
-                let grown = fs::rename(&retired, &growing)
-                    .and_then(|()| grow(&growing, room))
-                    .and_then(|()| fs::rename(&growing, &spare));
+                let growing = "journal-spare-growing.log";
+                let grown = dir
+                    .rename(&retired, growing)
+                    .and_then(|()| grow(dir, growing, room))
+                    .and_then(|()| dir.rename(growing, SPARE));
                 if grown.is_err() {
-                    let _ = fs::remove_file(&growing);
+                    let _ = dir.remove(growing);
                 }
                 grown
             }
-            None => fs::rename(&retired, &spare),
+            None => dir.rename(&retired, SPARE),
         };
         if let Err(e) = prepared {
-            warn!(dir = %dir.display(), "cannot keep a journal file for reuse: {e}");
+            warn!(dir = %dir.location(), "cannot keep a journal file for reuse: {e}");
         }
     }
     delete_before(dir, generation);
 }
 
-/// Writes zeros after the end of the file at `path` until it holds `room` bytes, synced a
+/// Writes zeros after the end of the file `name` until it holds `room` bytes, synced a
 /// [`PREWRITE`] at a time (each sync carries no more than that).
-fn grow(path: &Path, room: u64) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)?;
-    let mut len = file.metadata()?.len();
+fn grow(dir: &dyn StateDir, name: &str, room: u64) -> io::Result<()> {
+    let file = dir.open(name, OpenMode::Write)?;
+    let mut len = file.len()?;
     let zeros = vec![0u8; PREWRITE as usize];
     while len < room {
         let step = (room - len).min(PREWRITE);
-        file.write_all_at(&zeros[..step as usize], len)?;
-        #[cfg(not(madsim))]
-        file.sync_data()?;
+        file.write_at(&zeros[..step as usize], len)?;
+        file.sync()?;
         len += step;
     }
     Ok(())
 }
 
 /// Deletes the files of generations before `generation` (a snapshot of it is on disk).
-pub(crate) fn delete_before(dir: &Path, generation: u64) {
+pub(crate) fn delete_before(dir: &dyn StateDir, generation: u64) {
     let Ok((journals, snapshots)) = generations(dir) else {
         return;
     };
     for g in journals.into_iter().filter(|&g| g < generation) {
-        let _ = fs::remove_file(journal_path(dir, g));
+        let _ = dir.remove(&journal_name(g));
     }
     for g in snapshots.into_iter().filter(|&g| g < generation) {
-        let _ = fs::remove_file(snapshot_path(dir, g));
+        let _ = dir.remove(&snapshot_name(g));
     }
 }
 
@@ -727,7 +806,7 @@ pub(crate) fn delete_before(dir: &Path, generation: u64) {
 /// time), and the sync after that carries them. Readers take what follows the last record
 /// for the end of the journal: zeros, or the older records a reused file still holds.
 struct JournalFile {
-    file: File,
+    file: Box<dyn StateFile>,
     /// It was a retired journal's file (the spare).
     reused: bool,
     /// Where the next record goes.
@@ -742,56 +821,66 @@ const PREWRITE: u64 = if cfg!(madsim) { 64 << 10 } else { 8 << 20 };
 
 impl JournalFile {
     /// Generation `generation`'s journal file in `dir`, beginning with `first` (its header
-    /// and first record), synced: the spare file if there is one, else a new file.
-    fn create(dir: &Path, generation: u64, first: &[u8]) -> std::io::Result<JournalFile> {
-        let path = journal_path(dir, generation);
-        if path.exists() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                "a journal of this generation exists already",
-            ));
-        }
-        let reused = fs::rename(spare_path(dir), &path).is_ok();
-        let file = if reused {
-            OpenOptions::new().write(true).open(&path)?
+    /// and first record), synced: the spare file if there is one, else a new file. A file
+    /// of that generation already there is refused, unless `again` (a switch retried after
+    /// the directory was full: nothing in that file was acknowledged).
+    fn create(dir: &dyn StateDir, generation: u64, first: &[u8]) -> io::Result<JournalFile> {
+        Self::create_or_again(dir, generation, first, false)
+    }
+
+    fn create_or_again(
+        dir: &dyn StateDir,
+        generation: u64,
+        first: &[u8],
+        again: bool,
+    ) -> io::Result<JournalFile> {
+        let name = journal_name(generation);
+        let (file, reused) = if dir.exists(&name) {
+            if !again {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "a journal of this generation exists already",
+                ));
+            }
+            (dir.open(&name, OpenMode::Write)?, false)
+        } else if dir.rename(SPARE, &name).is_ok() {
+            (dir.open(&name, OpenMode::Write)?, true)
         } else {
-            OpenOptions::new()
-                .create_new(true)
-                .write(true)
-                .open(&path)?
+            (dir.open(&name, OpenMode::CreateNew)?, false)
         };
         let mut journal = JournalFile {
             reused,
-            written: file.metadata()?.len(),
+            written: file.len()?,
             file,
             end: 0,
         };
         journal.append(first)?;
-        journal.file.sync_all()?;
+        journal.file.sync()?;
         Ok(journal)
     }
 
-    /// Writes `bytes` after the last record (not yet synced).
-    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        use std::os::unix::fs::FileExt;
+    /// Writes `bytes` after the last record (not yet synced). When the zeros written ahead
+    /// do not fit, the records alone are tried.
+    fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
         let needed = self.end + bytes.len() as u64;
         if needed > self.written {
             let upto = needed.max(self.written + PREWRITE);
             let zeros = vec![0u8; (upto - self.written) as usize];
-            self.file.write_all_at(&zeros, self.written)?;
-            self.written = upto;
+            match self.file.write_at(&zeros, self.written) {
+                Ok(()) => self.written = upto,
+                Err(e) if e.kind() == io::ErrorKind::StorageFull => {}
+                Err(e) => return Err(e),
+            }
         }
-        self.file.write_all_at(bytes, self.end)?;
+        self.file.write_at(bytes, self.end)?;
         self.end = needed;
+        self.written = self.written.max(needed);
         Ok(())
     }
 
-    /// Makes every appended record durable. (A simulated crash loses no page cache: the
-    /// simulation skips the real sync, which would only make its runs slow.)
-    fn sync(&self) -> std::io::Result<()> {
-        #[cfg(not(madsim))]
-        self.file.sync_data()?;
-        Ok(())
+    /// Makes every appended record durable.
+    fn sync(&self) -> io::Result<()> {
+        self.file.sync()
     }
 }
 
@@ -801,7 +890,10 @@ struct Writer {
     file: JournalFile,
     /// The generation `file` belongs to.
     generation: u64,
-    dir: PathBuf,
+    dir: Arc<dyn StateDir>,
+    /// A switch to the next generation that the full directory interrupted: it is finished
+    /// before anything else is written.
+    rotating: Option<Rotation>,
     /// The buffer the next batch of records accumulates in, handed back and forth.
     spare: Vec<u8>,
     /// The last record on disk.
@@ -810,6 +902,18 @@ struct Writer {
     last_woken: u64,
     /// How long the last write and sync took.
     last_sync: std::time::Duration,
+}
+
+/// A switch to generation `generation`: `before` (the records appended before it, and the
+/// end record) closes the current journal, then the new one begins with `first`.
+struct Rotation {
+    generation: u64,
+    first: Vec<u8>,
+    before: Vec<u8>,
+    /// `before` is written and synced: only the new journal is left to make.
+    closed: bool,
+    /// Its file was begun before the directory filled up.
+    again: bool,
 }
 
 impl Writer {
@@ -822,7 +926,11 @@ impl Writer {
         shared: &'a Shared,
         mut pending: std::sync::MutexGuard<'a, Pending>,
     ) -> std::sync::MutexGuard<'a, Pending> {
-        while pending.bytes.is_empty() && pending.rotate.is_none() && !pending.closing {
+        while pending.bytes.is_empty()
+            && pending.rotate.is_none()
+            && self.rotating.is_none()
+            && !pending.closing
+        {
             pending.writer_waiting = true;
             pending.wake_at = 0;
             pending = shared.work.wait(pending).unwrap_or_else(|e| e.into_inner());
@@ -846,76 +954,110 @@ impl Writer {
         pending
     }
 
+    /// Closes the current journal and begins the next, as `rotation` says; on failure,
+    /// `rotation` records how far it got.
+    fn switch(&mut self, shared: &Shared, rotation: &mut Rotation) -> io::Result<()> {
+        if !rotation.closed {
+            self.file.append(&rotation.before)?;
+            self.file.sync()?;
+            rotation.closed = true;
+        }
+        let next = JournalFile::create_or_again(
+            &*self.dir,
+            rotation.generation,
+            &rotation.first,
+            rotation.again,
+        );
+        // A failure may leave the file begun: the retry takes it over.
+        rotation.again = true;
+        let next = next?;
+        self.dir.sync_dir()?;
+        shared.completed.insert(self.generation, self.file.end);
+        if next.reused {
+            shared.counts.reused_files.fetch_add(1, Ordering::Relaxed);
+        }
+        self.file = next;
+        self.generation = rotation.generation;
+        Ok(())
+    }
+
     /// Writes and syncs everything appended so far, waiting for something to write if
     /// `wait`; then wakes the requests it covered. False once the journal is closing or
     /// broken.
     fn write_pending(&mut self, shared: &Shared, wait: bool) -> bool {
-        let (bytes, seq, rotate, closing) = {
+        let (bytes, seq, closing) = {
             let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
             if wait {
                 pending = self.gather(shared, pending);
             }
+            if self.rotating.is_none()
+                && let Some((generation, first, before)) = pending.rotate.take()
+            {
+                self.rotating = Some(Rotation {
+                    generation,
+                    first,
+                    before,
+                    closed: false,
+                    again: false,
+                });
+            }
             self.spare.clear();
             let bytes = std::mem::replace(&mut pending.bytes, std::mem::take(&mut self.spare));
-            (
-                bytes,
-                pending.appended,
-                pending.rotate.take(),
-                pending.closing,
-            )
+            (bytes, pending.appended, pending.closing)
         };
         let started = std::time::Instant::now();
+        let rotated_bytes = self.rotating.as_ref().map_or(0, |r| r.before.len());
         let written = (|| {
-            if let Some((generation, config, before)) = &rotate {
-                // The records before the switch end the old journal; the rest start the new.
-                self.file.append(before)?;
-                self.file.sync()?;
-                let next = JournalFile::create(&self.dir, *generation, config)?;
-                sync_dir(&self.dir)?;
-                shared.completed.insert(self.generation, self.file.end);
-                if next.reused {
-                    shared.counts.reused_files.fetch_add(1, Ordering::Relaxed);
+            if let Some(mut rotation) = self.rotating.take() {
+                let switched = self.switch(shared, &mut rotation);
+                if switched.is_err() {
+                    self.rotating = Some(rotation);
                 }
-                self.file = next;
-                self.generation = *generation;
+                switched?;
             }
             self.file.append(&bytes)?;
             self.file.sync()
         })();
         self.last_sync = started.elapsed();
-        self.last_woken = seq - self.synced;
-        let c = &shared.counts;
-        let micros = self.last_sync.as_micros() as u64;
-        c.sync_micros.fetch_add(micros, Ordering::Relaxed);
-        if self.last_sync > SLOW_SYNC {
-            c.slow_syncs.fetch_add(1, Ordering::Relaxed);
-            c.slow_sync_micros.fetch_add(micros, Ordering::Relaxed);
-        }
-        c.syncs.fetch_add(1, Ordering::Relaxed);
-        c.records.fetch_add(seq - self.synced, Ordering::Relaxed);
-        let before_len = rotate.as_ref().map_or(0, |r| r.2.len());
-        c.bytes
-            .fetch_add((bytes.len() + before_len) as u64, Ordering::Relaxed);
-        self.synced = seq;
-        self.spare = bytes;
         match written {
             Ok(()) => {
+                let c = &shared.counts;
+                let micros = self.last_sync.as_micros() as u64;
+                c.sync_micros.fetch_add(micros, Ordering::Relaxed);
+                if self.last_sync > SLOW_SYNC {
+                    c.slow_syncs.fetch_add(1, Ordering::Relaxed);
+                    c.slow_sync_micros.fetch_add(micros, Ordering::Relaxed);
+                }
+                c.syncs.fetch_add(1, Ordering::Relaxed);
+                c.records.fetch_add(seq - self.synced, Ordering::Relaxed);
+                c.bytes
+                    .fetch_add((bytes.len() + rotated_bytes) as u64, Ordering::Relaxed);
+                self.last_woken = seq - self.synced;
+                self.synced = seq;
+                self.spare = bytes;
                 let waking = std::time::Instant::now();
+                let end = LogPosition {
+                    generation: self.generation,
+                    offset: self.file.end,
+                };
                 shared.waiters.advance(seq);
-                shared.durable.set(Ok(Synced {
-                    seq,
-                    end: LogPosition {
-                        generation: self.generation,
-                        offset: self.file.end,
-                    },
-                }));
+                shared.durable.set(Ok(Synced { seq, end }));
                 c.wake_micros
                     .fetch_add(waking.elapsed().as_micros() as u64, Ordering::Relaxed);
+                self.mark_synced();
+                let recovered = shared.full.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if recovered.is_some() {
+                    info!(dir = %self.dir.location(), "the state directory has room again: changes are accepted");
+                }
+                !closing
+            }
+            Err(e) if e.kind() == io::ErrorKind::StorageFull => {
+                self.hold(shared, bytes, &e);
                 !closing
             }
             Err(e) => {
                 error!(
-                    dir = %self.dir.display(),
+                    dir = %self.dir.location(),
                     "the journal cannot write ({e}): the master acknowledges no more changes; \
                      fix the disk and restart it (it recovers what was synced)"
                 );
@@ -925,6 +1067,53 @@ impl Writer {
             }
         }
     }
+
+    /// After a sync: appends the mark that vouches for every byte before it (not synced
+    /// itself; see the module docs). One that does not fit is left out: marks only sharpen
+    /// what recovery can tell.
+    fn mark_synced(&mut self) {
+        let mut mark = Vec::with_capacity(journal::synced_record_len());
+        let offset = self.file.end;
+        journal::record(
+            self.generation,
+            Millis(0),
+            &journal::synced_payload(offset),
+            &mut mark,
+        );
+        if let Err(e) = self.file.append(&mark) {
+            tracing::debug!("sync mark not written: {e}");
+        }
+    }
+
+    /// The directory is full: `bytes` go back before whatever was appended since, the
+    /// master refuses changes until they are written, and the writer tries again after
+    /// [`FULL_RETRY`] (in the simulation, when called).
+    fn hold(&mut self, shared: &Shared, bytes: Vec<u8>, e: &io::Error) {
+        crate::coverage::hit(crate::coverage::Path::JOURNAL_FULL);
+        let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let newer = std::mem::replace(&mut pending.bytes, bytes);
+        pending.bytes.extend_from_slice(&newer);
+        let was_full = shared
+            .full
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(e.to_string())
+            .is_some();
+        if !was_full {
+            warn!(
+                dir = %self.dir.location(),
+                "the state directory is full ({e}): the master refuses changes until there \
+                 is room again (reads go on); held records are written as soon as it frees"
+            );
+        }
+        #[cfg(not(madsim))]
+        if !pending.closing {
+            let _ = shared
+                .work
+                .wait_timeout(pending, FULL_RETRY)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }
 
 #[cfg(test)]
@@ -932,6 +1121,11 @@ mod tests {
     use mooring_core::{Checksum, ClientId, ReplicateConfig, SegmentSpec};
     use mooring_proto::transport::RpcHandler;
     use mooring_proto::wire::{Hello, MountSegment, PutEnd, PutStart, Remove, Reply};
+
+    use std::fs;
+    use std::path::{Path, PathBuf};
+
+    use mooring_disk::PosixStateDir;
 
     use super::*;
     use crate::master_service::MasterService;
@@ -965,7 +1159,7 @@ mod tests {
             },
         }
         .into());
-        let reached = || generations(dir).unwrap().0.last() >= Some(&generation);
+        let reached = || posix(dir).0.last() >= Some(&generation);
         for i in 0.. {
             if i >= puts && reached() {
                 break;
@@ -997,7 +1191,17 @@ mod tests {
     }
 
     fn recovered(dir: &Path) -> Result<String> {
-        recover(dir, MasterConfig::default()).map(|r| r.master.state_fingerprint())
+        recover(&PosixStateDir::new(dir), MasterConfig::default())
+            .map(|r| r.master.state_fingerprint())
+    }
+
+    /// The generations in the real directory `dir`.
+    fn posix(dir: &Path) -> (Vec<u64>, Vec<u64>) {
+        generations(&PosixStateDir::new(dir)).unwrap()
+    }
+
+    fn journal_path(dir: &Path, generation: u64) -> PathBuf {
+        dir.join(journal_name(generation))
     }
 
     #[test]
@@ -1027,26 +1231,21 @@ mod tests {
         run(&dir, 20, SNAPSHOT_AFTER, 0);
         // A restart starts the next generation and retires the journal before it.
         assert_eq!(restart().1, 0, "no retired journal to reuse yet");
-        let spare = fs::metadata(spare_path(&dir)).expect("a retired journal kept for reuse");
+        let spare = fs::metadata(dir.join(SPARE)).expect("a retired journal kept for reuse");
         // The next restart's journal is that file, reused: after its own first record come
         // the older generation's records, which recovery takes for the end.
         let (live, reused) = restart();
         assert_eq!(reused, 1, "counted as reused");
-        let (journals, _) = generations(&dir).unwrap();
+        let (journals, _) = posix(&dir);
         let g = *journals.last().unwrap();
         let path = journal_path(&dir, g);
         assert_eq!(fs::metadata(&path).unwrap().ino(), spare.ino());
         let bytes = fs::read(&path).unwrap();
         let decoded = journal::decode(g, &bytes);
         assert_eq!(decoded.entries.len(), 1, "the configuration alone");
-        assert!(
-            decoded
-                .stopped
-                .as_deref()
-                .is_some_and(|why| why.contains("checksum")),
-            "{:?}",
-            decoded.stopped
-        );
+        // The older generation's bytes (its records and sync marks) end it: not damage.
+        assert!(decoded.stopped.is_some(), "{decoded:?}");
+        assert_eq!(decoded.damaged, None, "{:?}", decoded.stopped);
         assert_eq!(recovered(&dir).unwrap(), live);
         let _ = fs::remove_dir_all(&dir);
     }
@@ -1055,7 +1254,7 @@ mod tests {
     fn a_torn_tail_is_dropped_and_damage_before_later_journals_is_refused() {
         let dir = scratch("torn");
         let live = run(&dir, 10, SNAPSHOT_AFTER, 0);
-        let (journals, _) = generations(&dir).unwrap();
+        let (journals, _) = posix(&dir);
         let last = journal_path(&dir, *journals.last().unwrap());
         let mut bytes = fs::read(&last).unwrap();
         bytes.extend_from_slice(&[0x55; 11]);
@@ -1101,5 +1300,212 @@ mod tests {
         let refused = recovered(&dir).unwrap_err();
         assert!(refused.to_string().contains("lacks journal"), "{refused}");
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_flipped_bit_early_in_the_newest_journal_stops_the_master_at_that_offset() {
+        let dir = scratch("flipped");
+        run(&dir, 60, SNAPSHOT_AFTER, 0);
+        let (journals, _) = posix(&dir);
+        let g = *journals.last().unwrap();
+        let path = journal_path(&dir, g);
+        let mut bytes = fs::read(&path).unwrap();
+        let intact = journal::decode(g, &bytes).intact;
+        // One bit, a tenth of the way in: 90% of the acknowledged history follows it.
+        bytes[intact / 10] ^= 0x20;
+        fs::write(&path, &bytes).unwrap();
+        let refused = recovered(&dir).unwrap_err().to_string();
+        let named = path.display().to_string();
+        assert!(
+            refused.contains(&named) && refused.contains("damaged at byte"),
+            "{refused}"
+        );
+        let at: usize = refused
+            .split("damaged at byte ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .expect("the offset");
+        assert!(
+            at <= intact / 10,
+            "reported at {at}, flipped at {}",
+            intact / 10
+        );
+        // Cut there, as the message says, the master starts with what precedes the damage.
+        bytes.truncate(at);
+        fs::write(&path, &bytes).unwrap();
+        recovered(&dir).expect("starts once the operator cut the damage off");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A real directory that can be made to refuse writes for want of space.
+    struct Fillable {
+        dir: PosixStateDir,
+        full: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    struct FillableFile {
+        file: Box<dyn StateFile>,
+        full: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl StateFile for FillableFile {
+        fn len(&self) -> io::Result<u64> {
+            self.file.len()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            self.file.read_at(buf, offset)
+        }
+        fn write_at(&self, bytes: &[u8], offset: u64) -> io::Result<()> {
+            if self.full.load(Ordering::SeqCst) {
+                return Err(io::Error::from(io::ErrorKind::StorageFull));
+            }
+            self.file.write_at(bytes, offset)
+        }
+        fn sync(&self) -> io::Result<()> {
+            self.file.sync()
+        }
+        fn id(&self) -> u64 {
+            self.file.id()
+        }
+    }
+
+    impl StateDir for Fillable {
+        fn location(&self) -> String {
+            self.dir.location()
+        }
+        fn prepare(&self) -> io::Result<()> {
+            self.dir.prepare()
+        }
+        fn list(&self) -> io::Result<Vec<String>> {
+            self.dir.list()
+        }
+        fn open(&self, name: &str, mode: OpenMode) -> io::Result<Box<dyn StateFile>> {
+            Ok(Box::new(FillableFile {
+                file: self.dir.open(name, mode)?,
+                full: self.full.clone(),
+            }))
+        }
+        fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+            self.dir.rename(from, to)
+        }
+        fn remove(&self, name: &str) -> io::Result<()> {
+            self.dir.remove(name)
+        }
+        fn sync_dir(&self) -> io::Result<()> {
+            self.dir.sync_dir()
+        }
+        fn id_of(&self, name: &str) -> io::Result<u64> {
+            self.dir.id_of(name)
+        }
+    }
+
+    #[test]
+    fn a_full_directory_refuses_changes_serves_reads_and_recovers_without_a_restart() {
+        use mooring_proto::transport::Answer;
+        use mooring_proto::wire::{Exist, MasterRequest};
+        let path = scratch("full");
+        let full = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let dir = Arc::new(Fillable {
+            dir: PosixStateDir::new(&path),
+            full: full.clone(),
+        });
+        let service = MasterService::persistent_in(dir, MasterConfig::default(), SNAPSHOT_AFTER)
+            .expect("a fresh directory");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let answer = |request: MasterRequest| match service.answer(request) {
+            Answer::Now(response) => response,
+            Answer::WhenDurable(later) => runtime.block_on(later),
+        };
+        let put = |key: &str| -> Answer {
+            service.answer(
+                PutStart {
+                    client: CLIENT,
+                    key: key.into(),
+                    size: 1000,
+                    config: ReplicateConfig::single(),
+                    upsert: false,
+                }
+                .into(),
+            )
+        };
+        answer(Hello { client: CLIENT }.into()).unwrap();
+        answer(
+            MountSegment {
+                client: CLIENT,
+                spec: SegmentSpec {
+                    name: "seg".into(),
+                    base: 0,
+                    size: 1 << 20,
+                    endpoint: "node:1".into(),
+                    key: 1,
+                    rdma_key: None,
+                },
+            }
+            .into(),
+        )
+        .unwrap();
+
+        full.store(true, Ordering::SeqCst);
+        // The change that meets the full disk waits for it, unanswered.
+        let Answer::WhenDurable(waiting) = put("first") else {
+            panic!("a put's start waits for the disk");
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let refused = loop {
+            match put("second") {
+                Answer::Now(Err(e)) => break e,
+                Answer::WhenDurable(_) | Answer::Now(Ok(_)) => {}
+            }
+            assert!(std::time::Instant::now() < deadline, "never refused");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert_eq!(refused.code, ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS);
+        assert!(refused.to_string().contains("is full"), "{refused}");
+        // Reads and a new client's Hello go on.
+        assert_eq!(
+            answer(
+                Exist {
+                    key: "nothing".into()
+                }
+                .into()
+            ),
+            Ok(Reply::Exist(false))
+        );
+        answer(
+            Hello {
+                client: ClientId(8),
+            }
+            .into(),
+        )
+        .expect("a new client is welcome");
+
+        // Space frees: the held change lands and is answered, and changes are accepted again.
+        full.store(false, Ordering::SeqCst);
+        runtime
+            .block_on(waiting)
+            .expect("the held put's start is acknowledged once it is on disk");
+        let again = loop {
+            match put("third") {
+                Answer::Now(Err(e)) => {
+                    assert!(std::time::Instant::now() < deadline, "still refused: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                other => break other,
+            }
+        };
+        let Answer::WhenDurable(later) = again else {
+            panic!("a put's start waits for the disk");
+        };
+        runtime
+            .block_on(later)
+            .expect("accepted again, with no restart");
+        let live = service.with_master(|m, _| m.state_fingerprint());
+        drop(service);
+        assert_eq!(recovered(&path).unwrap(), live, "nothing lost or invented");
+        let _ = fs::remove_dir_all(&path);
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use mooring_core::invariants::{self, Violation};
 use mooring_core::{Error, ErrorCode, Event, Master, MasterConfig, Result, Stats};
 use mooring_proto::auth::ClusterToken;
+use mooring_proto::state_dir::StateDir;
 use mooring_proto::transport::{Answer, RpcHandler};
 use mooring_proto::wire::{BatchPutStart, Follow, MasterRequest, MasterResponse, PutStart, Reply};
 use mooring_proto::{dispatch, journal};
@@ -65,11 +66,21 @@ impl MasterService {
         config: MasterConfig,
         snapshot_after: u64,
     ) -> Result<Arc<MasterService>> {
+        let dir: Arc<dyn StateDir> = Arc::new(mooring_disk::PosixStateDir::new(dir));
+        MasterService::persistent_in(dir, config, snapshot_after)
+    }
+
+    /// [`MasterService::persistent`] on any state directory (the simulation's disk, say).
+    pub fn persistent_in(
+        dir: Arc<dyn StateDir>,
+        config: MasterConfig,
+        snapshot_after: u64,
+    ) -> Result<Arc<MasterService>> {
         let Recovered {
             mut master,
             generation,
             replayed,
-        } = crate::journal::recover(dir, config)?;
+        } = crate::journal::recover(&*dir, config)?;
         if replayed > 0 {
             crate::coverage::hit(crate::coverage::Path::MASTER_RECOVERED);
         }
@@ -77,7 +88,7 @@ impl MasterService {
         master.resume(clock.now());
         let stats = master.stats();
         info!(
-            dir = %dir.display(),
+            dir = %dir.location(),
             objects = stats.objects,
             segments = stats.segments,
             replayed,
@@ -190,7 +201,7 @@ impl MasterService {
             return Answer::Now(self.handle(request.into()));
         };
         let shipping = shipping.clone();
-        let dir = journal.dir().to_path_buf();
+        let dir = journal.dir().clone();
         let syncs = journal.syncs();
         let ends = journal.completed_ends();
         Answer::WhenDurable(Box::pin(async move {
@@ -217,6 +228,9 @@ impl MasterService {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(resolution).await;
+                if let Some(journal) = &service.journal {
+                    journal.retry_if_full();
+                }
                 service.with_master(|m, now| {
                     if m.next_deadline().is_some_and(|d| d <= now) {
                         if let Some(journal) = &service.journal {
@@ -283,6 +297,18 @@ impl MasterService {
         let kind = request.name();
         let started = std::time::Instant::now();
         let needs_durability = request.needs_durability();
+        if let Some(refused) = self
+            .journal
+            .as_ref()
+            .and_then(|journal| journal.refusal(needs_durability))
+        {
+            self.metrics
+                .record(kind, Err(refused.code), started.elapsed());
+            if let Some(suppressed) = FULL_REFUSALS.admit() {
+                warn!(request = kind, suppressed, "refused: {refused}");
+            }
+            return (Err(refused), None);
+        }
         let (payload, request) = match &self.journal {
             Some(_) => {
                 let (payload, request) = journal::request_payload(request);
@@ -312,6 +338,10 @@ impl MasterService {
         (response, seq.filter(|_| needs_durability))
     }
 }
+
+/// Refusals for want of room in the state directory: logged at most ten a second.
+static FULL_REFUSALS: mooring_transport_tcp::refusals::LogBudget =
+    mooring_transport_tcp::refusals::LogBudget::new();
 
 /// The metrics pages of `service` (see [`crate::metrics::handler`]), counting the
 /// connections `connections` reports; `in_group` for a master leading a group.

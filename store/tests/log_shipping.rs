@@ -143,9 +143,12 @@ async fn a_standby_copy_recovers_to_the_leaders_state_and_holds_every_acknowledg
     following.abort();
     let _ = following.await;
     let live = service.with_master(|m, _| m.state_fingerprint());
-    let copy = mooring::journal::recover(&copy_dir, MasterConfig::default())
-        .unwrap()
-        .master;
+    let copy = mooring::journal::recover(
+        &mooring_disk::PosixStateDir::new(&copy_dir),
+        MasterConfig::default(),
+    )
+    .unwrap()
+    .master;
     assert_eq!(
         copy.state_fingerprint(),
         live,

@@ -2,13 +2,12 @@
 //! request acknowledging what the standby holds, and answers that acknowledge a change wait
 //! until every in-sync standby holds it (see [`mooring_core::log_shipping`]).
 
-use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mooring_core::log_shipping::{LogPosition, LogShipping, Membership};
 use mooring_core::{Error, ErrorCode, Millis, Result};
+use mooring_proto::state_dir::{OpenMode, StateDir};
 use mooring_proto::transport::BoxFuture;
 use mooring_proto::wire::{FOLLOW_CHUNK, Follow, FollowChunk, StateFile};
 use tracing::{info, warn};
@@ -215,7 +214,7 @@ fn unavailable(what: String) -> Error {
 /// the leader's state files (waiting up to [`LONG_POLL`] for more when it has everything).
 pub async fn serve_follow(
     shipping: Arc<Shipping>,
-    dir: std::path::PathBuf,
+    dir: Arc<dyn StateDir>,
     mut syncs: Follower<SyncState>,
     completed_end: impl Fn(u64) -> Option<u64>,
     request: Follow,
@@ -228,7 +227,13 @@ pub async fn serve_follow(
         let synced = syncs
             .take()
             .map_err(|why| unavailable(format!("the leader's journal stopped: {why}")))?;
-        match next_chunk(&dir, synced.end, &completed_end, request.at, request.offset)? {
+        match next_chunk(
+            &*dir,
+            synced.end,
+            &completed_end,
+            request.at,
+            request.offset,
+        )? {
             Some(chunk) => return Ok(chunk),
             None => {
                 // The standby has everything: wait for the next sync.
@@ -257,7 +262,7 @@ pub async fn serve_follow(
 /// next one if there is one (so its copy need not keep every journal), else the next journal;
 /// one that is anywhere the leader cannot continue from starts over from the newest snapshot.
 fn next_chunk(
-    dir: &std::path::Path,
+    dir: &dyn StateDir,
     end: LogPosition,
     completed_end: &impl Fn(u64) -> Option<u64>,
     at: StateFile,
@@ -271,7 +276,8 @@ fn next_chunk(
     };
     let from_snapshot = || {
         read_chunk(
-            &journal::snapshot_path(dir, base),
+            dir,
+            &journal::snapshot_name(base),
             StateFile::Snapshot(base),
             0,
             None,
@@ -295,9 +301,10 @@ fn next_chunk(
                     return Ok(None);
                 }
                 let next = g + 1;
-                let snapshot = journal::snapshot_path(dir, next);
+                let snapshot = journal::snapshot_name(next);
                 if snapshots.contains(&next)
-                    && let Ok(chunk) = read_chunk(&snapshot, StateFile::Snapshot(next), 0, None)
+                    && let Ok(chunk) =
+                        read_chunk(dir, &snapshot, StateFile::Snapshot(next), 0, None)
                 {
                     return Ok(Some(chunk));
                 }
@@ -308,7 +315,7 @@ fn next_chunk(
                     complete: false,
                 }));
             }
-            let chunk = read_chunk(&journal::journal_path(dir, g), at, offset, Some(file_end));
+            let chunk = read_chunk(dir, &journal::journal_name(g), at, offset, Some(file_end));
             match chunk {
                 Ok(mut chunk) => {
                     chunk.complete &= g < end.generation;
@@ -319,7 +326,7 @@ fn next_chunk(
             }
         }
         StateFile::Snapshot(g) if snapshots.contains(&g) => {
-            match read_chunk(&journal::snapshot_path(dir, g), at, offset, None) {
+            match read_chunk(dir, &journal::snapshot_name(g), at, offset, None) {
                 Ok(chunk) => Ok(Some(chunk)),
                 Err(_) => from_snapshot().map(Some),
             }
@@ -328,31 +335,31 @@ fn next_chunk(
     }
 }
 
-/// Reads up to [`FOLLOW_CHUNK`] bytes of `path` from `offset`, up to `end` (the file's length
+/// Reads up to [`FOLLOW_CHUNK`] bytes of `name` from `offset`, up to `end` (the file's length
 /// when None).
 fn read_chunk(
-    path: &std::path::Path,
+    dir: &dyn StateDir,
+    name: &str,
     file: StateFile,
     offset: u64,
     end: Option<u64>,
 ) -> Result<FollowChunk> {
-    let failed = |e: std::io::Error| unavailable(format!("cannot read {}: {e}", path.display()));
-    let handle = File::open(path).map_err(failed)?;
+    let failed =
+        |e: std::io::Error| unavailable(format!("cannot read {}/{name}: {e}", dir.location()));
+    let handle = dir.open(name, OpenMode::Read).map_err(failed)?;
     let end = match end {
         Some(end) => end,
-        None => handle.metadata().map_err(failed)?.len(),
+        None => handle.len().map_err(failed)?,
     };
     let len = (end.saturating_sub(offset)).min(FOLLOW_CHUNK as u64) as usize;
     let mut bytes = vec![0u8; len];
-    handle.read_exact_at(&mut bytes, offset).map_err(failed)?;
-    // A retired journal is renamed away before its file is reused: if `path` still names the
+    handle.read_at(&mut bytes, offset).map_err(failed)?;
+    // A retired journal is renamed away before its file is reused: if `name` still names the
     // file read, the bytes are the ones it held.
-    let read = handle.metadata().map_err(failed)?;
-    let named = std::fs::metadata(path).map_err(failed)?;
-    if (read.dev(), read.ino()) != (named.dev(), named.ino()) {
+    if dir.id_of(name).map_err(failed)? != handle.id() {
         return Err(unavailable(format!(
-            "{} was retired while being read",
-            path.display()
+            "{}/{name} was retired while being read",
+            dir.location()
         )));
     }
     Ok(FollowChunk {

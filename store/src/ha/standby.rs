@@ -12,6 +12,9 @@ use mooring_proto::transport::ControlPlane;
 use mooring_proto::wire::{Follow, FollowChunk, StateFile};
 use tracing::{debug, info};
 
+use mooring_disk::PosixStateDir;
+use mooring_proto::state_dir::StateDir;
+
 use crate::journal;
 
 /// The file that names a state directory's contents: a fresh one each time a standby starts
@@ -41,7 +44,7 @@ fn renew_incarnation(dir: &Path) -> Result<u64> {
         file.write_all_at(n.to_string().as_bytes(), 0)?;
         file.sync_all()?;
         fs::rename(&temporary, &path)?;
-        journal::sync_dir(dir)
+        PosixStateDir::new(dir).sync_dir()
     })()
     .map_err(|e| failed(format!("cannot write {}: {e}", path.display())))?;
     Ok(n)
@@ -118,7 +121,7 @@ impl Copier {
                         .open(&path)?;
                     file.set_len(self.offset)?;
                     self.file = Some(file);
-                    journal::sync_dir(&self.dir)?;
+                    PosixStateDir::new(&self.dir).sync_dir()?;
                 }
                 let file = self.file.as_ref().expect("opened above");
                 file.write_all_at(&chunk.bytes, self.offset)?;
@@ -130,13 +133,13 @@ impl Copier {
         if chunk.complete
             && let StateFile::Snapshot(g) = self.at
         {
-            let path = journal::snapshot_path(&self.dir, g);
+            let path = self.dir.join(journal::snapshot_name(g));
             (|| {
                 fs::rename(self.writing_path(), &path)?;
-                journal::sync_dir(&self.dir)
+                PosixStateDir::new(&self.dir).sync_dir()
             })()
             .map_err(|e| failed(format!("cannot write {}: {e}", path.display())))?;
-            journal::delete_before(&self.dir, g);
+            journal::delete_before(&PosixStateDir::new(&self.dir), g);
             info!(
                 generation = g,
                 bytes = self.offset,
@@ -191,10 +194,11 @@ impl Copier {
 
     fn writing_path(&self) -> PathBuf {
         match self.at {
-            StateFile::Snapshot(g) => {
-                journal::snapshot_path(&self.dir, g).with_extension("snap.tmp")
-            }
-            StateFile::Journal(g) => journal::journal_path(&self.dir, g),
+            StateFile::Snapshot(g) => self
+                .dir
+                .join(journal::snapshot_name(g))
+                .with_extension("snap.tmp"),
+            StateFile::Journal(g) => self.dir.join(journal::journal_name(g)),
         }
     }
 }
@@ -214,5 +218,7 @@ fn wipe(dir: &Path) -> Result<()> {
                 .map_err(|e| failed(format!("cannot delete {}: {e}", entry.path().display())))?;
         }
     }
-    journal::sync_dir(dir).map_err(|e| failed(format!("cannot sync {}: {e}", dir.display())))
+    PosixStateDir::new(dir)
+        .sync_dir()
+        .map_err(|e| failed(format!("cannot sync {}: {e}", dir.display())))
 }
