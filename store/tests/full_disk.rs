@@ -65,7 +65,7 @@ async fn a_full_state_directory_refuses_changes_keeps_serving_reads_and_recovers
     let mount = match small_file_system() {
         Ok(mount) => mount,
         Err(why) => {
-            println!("SKIPPED: {why}");
+            eprintln!("SKIPPED: {why}");
             return;
         }
     };

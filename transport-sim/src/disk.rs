@@ -36,6 +36,9 @@ pub struct DiskFaults {
     pub torn_on_crash: f64,
     /// On crash, the chance an unsynced write is lost entirely.
     pub lost_on_crash: f64,
+    /// Bytes the disk holds at most (all files together): a write that would grow past it
+    /// fails with `StorageFull` and writes nothing. None: no limit.
+    pub capacity: Option<u64>,
 }
 
 /// What happened to the disk so far.
@@ -49,10 +52,14 @@ pub struct DiskStats {
     pub lost: u64,
     /// Crashes.
     pub crashes: u64,
+    /// Writes refused for want of space (see [`DiskFaults::capacity`]).
+    pub full: u64,
 }
 
 #[derive(Clone, Debug, Default)]
 struct SimFile {
+    /// Names the file whatever it is renamed to.
+    id: u64,
     visible: Vec<u8>,
     durable: Vec<u8>,
     unsynced: Vec<(u64, Vec<u8>)>,
@@ -67,8 +74,10 @@ fn apply(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
     image[start..end].copy_from_slice(data);
 }
 
-struct State {
+pub(crate) struct State {
     files: BTreeMap<String, SimFile>,
+    /// The id the next new file gets.
+    next_id: u64,
     faults: DiskFaults,
     rng: Rng,
     stats: DiskStats,
@@ -99,6 +108,116 @@ impl State {
             .get_mut(name)
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no file {name:?}")))
     }
+
+    /// A new, empty file named `name` (replacing any).
+    pub(crate) fn create(&mut self, name: &str) -> u64 {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.files.insert(
+            name.to_string(),
+            SimFile {
+                id,
+                ..SimFile::default()
+            },
+        );
+        id
+    }
+
+    /// The name file `id` has now.
+    pub(crate) fn name_of(&self, id: u64) -> io::Result<String> {
+        self.files
+            .iter()
+            .find(|(_, f)| f.id == id)
+            .map(|(name, _)| name.clone())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no file #{id}")))
+    }
+
+    /// Writes `data` at `offset` of `name`, unsynced, unless an injected fault or the
+    /// capacity refuses it.
+    pub(crate) fn write(&mut self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
+        if self.fault(|f| f.write_error) {
+            self.stats.errors += 1;
+            return Err(eio("write"));
+        }
+        if let Some(capacity) = self.faults.capacity {
+            let len = self.file(name)?.visible.len() as u64;
+            let growth = (offset + data.len() as u64).saturating_sub(len);
+            let used: u64 = self.files.values().map(|f| f.visible.len() as u64).sum();
+            if growth > 0 && used + growth > capacity {
+                self.stats.full += 1;
+                return Err(io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    "simulated ENOSPC: no space left on the disk",
+                ));
+            }
+        }
+        let file = self.file(name)?;
+        apply(&mut file.visible, offset, data);
+        file.unsynced.push((offset, data.to_vec()));
+        Ok(())
+    }
+
+    /// Makes `name`'s writes durable, unless an injected fault fails the sync (which loses
+    /// them, as a failed `fsync` on Linux may).
+    pub(crate) fn sync(&mut self, name: &str) -> io::Result<()> {
+        let failed = self.fault(|f| f.sync_error);
+        let file = self.file(name)?;
+        if failed {
+            let lost = file.unsynced.len() as u64;
+            file.unsynced.clear();
+            file.visible = file.durable.clone();
+            self.stats.errors += 1;
+            self.stats.lost += lost;
+            return Err(eio("sync"));
+        }
+        file.unsynced.clear();
+        file.durable = file.visible.clone();
+        Ok(())
+    }
+
+    /// Fills `buf` from `offset` of `name` as far as the file goes; how many bytes it read.
+    pub(crate) fn read(&mut self, name: &str, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        if self.fault(|f| f.read_error) {
+            self.stats.errors += 1;
+            return Err(eio("read"));
+        }
+        let file = self.file(name)?;
+        let start = (offset as usize).min(file.visible.len());
+        let n = buf.len().min(file.visible.len() - start);
+        buf[..n].copy_from_slice(&file.visible[start..start + n]);
+        Ok(n)
+    }
+
+    /// Renames `from` to `to`, replacing any file named `to`.
+    pub(crate) fn rename(&mut self, from: &str, to: &str) -> io::Result<()> {
+        let file = self
+            .files
+            .remove(from)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no file {from:?}")))?;
+        self.files.insert(to.to_string(), file);
+        Ok(())
+    }
+
+    /// The length of `name`.
+    pub(crate) fn len(&mut self, name: &str) -> io::Result<u64> {
+        Ok(self.file(name)?.visible.len() as u64)
+    }
+
+    /// The id of the file named `name`, if there is one.
+    pub(crate) fn id_of(&self, name: &str) -> Option<u64> {
+        self.files.get(name).map(|f| f.id)
+    }
+
+    /// Removes `name`.
+    pub(crate) fn remove(&mut self, name: &str) -> io::Result<()> {
+        match self.files.remove(name) {
+            Some(_) => Ok(()),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no file {name:?}"),
+            )),
+        }
+    }
 }
 
 fn eio(what: &str) -> io::Error {
@@ -123,6 +242,7 @@ impl SimDisk {
         SimDisk {
             state: Mutex::new(State {
                 files: BTreeMap::new(),
+                next_id: 0,
                 faults: DiskFaults::default(),
                 rng: Rng::seeded(seed),
                 stats: DiskStats::default(),
@@ -131,7 +251,7 @@ impl SimDisk {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic elsewhere cannot leave a file half-updated: every update is one assignment.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -250,30 +370,13 @@ impl SimDisk {
     async fn write_bytes(&self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
         self.check_aligned(offset, data.len())?;
         self.delay().await;
-        let mut state = self.lock();
-        if state.fault(|f| f.write_error) {
-            state.stats.errors += 1;
-            return Err(eio("write"));
-        }
-        let file = state.file(name)?;
-        apply(&mut file.visible, offset, data);
-        file.unsynced.push((offset, data.to_vec()));
-        Ok(())
+        self.lock().write(name, offset, data)
     }
 
     async fn read_bytes(&self, name: &str, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         self.check_aligned(offset, buf.len())?;
         self.delay().await;
-        let mut state = self.lock();
-        if state.fault(|f| f.read_error) {
-            state.stats.errors += 1;
-            return Err(eio("read"));
-        }
-        let file = state.file(name)?;
-        let start = (offset as usize).min(file.visible.len());
-        let n = buf.len().min(file.visible.len() - start);
-        buf[..n].copy_from_slice(&file.visible[start..start + n]);
-        Ok(n)
+        self.lock().read(name, offset, buf)
     }
 
     async fn delay(&self) {
@@ -292,9 +395,7 @@ impl Disk for SimDisk {
     fn create<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>> {
         Box::pin(async move {
             self.delay().await;
-            self.lock()
-                .files
-                .insert(name.to_string(), SimFile::default());
+            self.lock().create(name);
             Ok(())
         })
     }
@@ -328,20 +429,7 @@ impl Disk for SimDisk {
     fn sync<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>> {
         Box::pin(async move {
             self.delay().await;
-            let mut state = self.lock();
-            let failed = state.fault(|f| f.sync_error);
-            let file = state.file(name)?;
-            if failed {
-                let lost = file.unsynced.len() as u64;
-                file.unsynced.clear();
-                file.visible = file.durable.clone();
-                state.stats.errors += 1;
-                state.stats.lost += lost;
-                return Err(eio("sync"));
-            }
-            file.unsynced.clear();
-            file.durable = file.visible.clone();
-            Ok(())
+            self.lock().sync(name)
         })
     }
 
@@ -352,25 +440,14 @@ impl Disk for SimDisk {
     fn remove<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>> {
         Box::pin(async move {
             self.delay().await;
-            match self.lock().files.remove(name) {
-                Some(_) => Ok(()),
-                None => Err(io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!("no file {name:?}"),
-                )),
-            }
+            self.lock().remove(name)
         })
     }
 
     fn rename<'a>(&'a self, from: &'a str, to: &'a str) -> BoxFuture<'a, io::Result<()>> {
         Box::pin(async move {
             self.delay().await;
-            let mut state = self.lock();
-            let file = state.files.remove(from).ok_or_else(|| {
-                io::Error::new(io::ErrorKind::NotFound, format!("no file {from:?}"))
-            })?;
-            state.files.insert(to.to_string(), file);
-            Ok(())
+            self.lock().rename(from, to)
         })
     }
 

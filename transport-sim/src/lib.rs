@@ -5,6 +5,9 @@
 //! - [`disk::SimDisk`]: an in-memory [`mooring_proto::disk::Disk`] with latency, EIO, torn
 //!   writes and loss of unsynced data on crash (madsim's own file system injects no faults).
 //!   It works in any build; its randomness is seeded.
+//! - [`state_dir::SimStateDir`]: the master's state directory (journals, snapshots) on a
+//!   [`disk::SimDisk`], so its faults reach the journal too; a full disk refuses growing
+//!   writes with `StorageFull` ([`disk::DiskFaults::capacity`]).
 //! - [`shm::SimSockets`]: same-host shared memory with segments handed over by a call instead
 //!   of on a Unix socket (any build).
 //! - (`--cfg madsim` builds only) [`SimNet`], [`SimControlPlane`], [`SimDataPlane`],
@@ -16,6 +19,7 @@
 
 pub mod disk;
 pub mod shm;
+pub mod state_dir;
 
 #[cfg(madsim)]
 mod data;
