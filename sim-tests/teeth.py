@@ -113,6 +113,20 @@ EXPS = {
  'tcp-write-outlives-export': [
    ('transport-tcp/src/data.rs', "            } else if !exported.still() {", "            } else if false {"),
  ],
+ # Recovery takes damage to synced journal records for a torn tail and keeps going: every
+ # acknowledged change after the damage is dropped silently. Planted where recovery acts on
+ # it, and (separately) where the decoder looks for the sync marks that prove it.
+ 'journal-damage-ignored': [
+   ('store/src/journal.rs', "        if let Some(damage) = decoded.damaged {", "        if let Some(damage) = decoded.damaged.filter(|_| false) {"),
+ ],
+ 'journal-marks-unread': [
+   ('proto/src/journal.rs', "                if !foreign {\n                    decoded.damaged = synced_past(generation, bytes, at);\n                }\n", ""),
+ ],
+ # A full state directory: the records that met it are dropped instead of held, so the
+ # changes waiting on them are acknowledged by the next successful sync without being on disk.
+ 'journal-full-drops-held': [
+   ('store/src/journal.rs', "        let newer = std::mem::replace(&mut pending.bytes, bytes);\n        pending.bytes.extend_from_slice(&newer);\n", "        drop(bytes);\n"),
+ ],
  # A same-host writer copies whatever its window says.
  'shm-no-write-fence': [
    ('transport-shm/src/client.rs', "                    if Instant::now() >= deadline {", "                    if false {"),

@@ -180,6 +180,34 @@ pub enum Fault {
     KillMaster {
         /// How long it stays down.
         down_for: Duration,
+        /// What happens to its state directory as it dies.
+        journal: JournalFault,
+    },
+    /// The master's state directory fills up for `lasts`: changes must be refused, reads
+    /// served, and everything held written once there is room (runs whose master keeps its
+    /// state on the simulated disk).
+    MasterDiskFull {
+        /// How long the disk stays full.
+        lasts: Duration,
+    },
+}
+
+/// What a master's death does to its state directory (runs whose master keeps its state on
+/// the simulated disk; a group's masters keep theirs on real directories and are only
+/// killed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JournalFault {
+    /// The process dies; the disk keeps everything written (the page cache survives).
+    Kill,
+    /// The machine loses power while a batch of records is half written: unsynced writes are
+    /// torn or lost. Nothing acknowledged may go.
+    PowerLoss,
+    /// The process dies, then a bit flips in a synced record of the newest journal (chosen
+    /// by `pick`): the restarted master must refuse to start, naming the damage; the
+    /// harness then restores the byte, as an operator restores the file, and it starts.
+    FlipSynced {
+        /// Picks the byte and the bit.
+        pick: u64,
     },
 }
 
@@ -189,13 +217,14 @@ impl Fault {
         match self {
             Fault::KillNode { down_for, .. }
             | Fault::CrashClient { down_for, .. }
-            | Fault::KillMaster { down_for } => *down_for,
+            | Fault::KillMaster { down_for, .. } => *down_for,
             Fault::Partition { lasts, .. }
             | Fault::Isolate { lasts, .. }
             | Fault::Noise { lasts, .. }
             | Fault::PauseNode { lasts, .. }
             | Fault::DiskErrors { lasts, .. }
             | Fault::Stranger { lasts }
+            | Fault::MasterDiskFull { lasts }
             | Fault::Lag { lasts, .. } => *lasts,
             Fault::RotDisk { .. } | Fault::RotMemory { .. } | Fault::RotEveryCopy { .. } => {
                 Duration::ZERO
@@ -210,8 +239,30 @@ impl fmt::Display for Fault {
             Fault::KillNode { node, down_for } => {
                 write!(f, "kill node{node}, restart after {down_for:?}")
             }
-            Fault::KillMaster { down_for } => {
+            Fault::KillMaster {
+                down_for,
+                journal: JournalFault::Kill,
+            } => {
                 write!(f, "kill the master, restart it after {down_for:?}")
+            }
+            Fault::KillMaster {
+                down_for,
+                journal: JournalFault::PowerLoss,
+            } => write!(
+                f,
+                "power loss at the master mid-write (unsynced journal bytes torn or lost), \
+                 restart it after {down_for:?}"
+            ),
+            Fault::KillMaster {
+                down_for,
+                journal: JournalFault::FlipSynced { pick },
+            } => write!(
+                f,
+                "kill the master and flip a bit in a synced journal record (pick {pick:#x}), \
+                 restart it after {down_for:?}"
+            ),
+            Fault::MasterDiskFull { lasts } => {
+                write!(f, "fill the master's state directory for {lasts:?}")
             }
             Fault::CrashClient {
                 client,
@@ -543,7 +594,13 @@ impl Plan {
             if chance(&mut crash, 0.35) {
                 let at = between(&mut crash, ms(300), horizon);
                 let down_for = between(&mut crash, ms(100), ms(3000));
-                faults.push((at, Fault::KillMaster { down_for }));
+                faults.push((
+                    at,
+                    Fault::KillMaster {
+                        down_for,
+                        journal: JournalFault::Kill,
+                    },
+                ));
             }
             // Its own stream too: memory damage that only checksums can see.
             let mut rot = Rng::seeded(seed ^ 0x0B17_F11B);
@@ -578,13 +635,36 @@ impl Plan {
         let block_size =
             chance(&mut blocks, 0.5).then(|| [4 << 10, 16 << 10, 32 << 10][blocks.below(3)]);
         let client_rot = disk.is_some() && chance(&mut Rng::seeded(seed ^ 0xC11E_0B17), 0.4);
-        let master_state = faults
+        let mut master_state = faults
             .iter()
             .any(|(_, f)| matches!(f, Fault::KillMaster { .. }));
         // Its own stream: half the TCP runs that kill the master run a group instead.
         let master_group = master_state
             && transport == Transport::Tcp
             && chance(&mut Rng::seeded(seed ^ 0x6A0C_E7CD), 0.5);
+        // Its own stream: a lone master's state directory is the simulated disk, and its
+        // deaths do to it what deaths do to disks; in some runs with faults it fills up.
+        if !master_group {
+            let mut journal = Rng::seeded(seed ^ 0x004A_0DA1);
+            for (_, fault) in &mut faults {
+                if let Fault::KillMaster { journal: what, .. } = fault {
+                    *what = match journal.below(3) {
+                        0 => JournalFault::Kill,
+                        1 => JournalFault::PowerLoss,
+                        _ => JournalFault::FlipSynced {
+                            pick: journal.next_u64(),
+                        },
+                    };
+                }
+            }
+            if shape.faults && chance(&mut journal, 0.3) {
+                let at = between(&mut journal, ms(300), ms(12_000));
+                let lasts = between(&mut journal, ms(200), ms(3000));
+                faults.push((at, Fault::MasterDiskFull { lasts }));
+                faults.sort_by_key(|(at, _)| *at);
+                master_state = true;
+            }
+        }
         // Its own stream: the HCA's faults, in RDMA runs with faults.
         let mut hca = Rng::seeded(seed ^ 0x4843_4146);
         let rdma_faults = if transport == Transport::Rdma && shape.faults {

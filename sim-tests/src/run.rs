@@ -18,7 +18,7 @@ use mooring_transport_sim::disk::SimDisk;
 use mooring_transport_sim::{NetFaults, NetStats};
 
 use crate::history::{GoneWhy, Tally};
-use crate::plan::{Fault, Member, Plan, Transport};
+use crate::plan::{Fault, JournalFault, Member, Plan, Transport};
 use crate::stranger::{self, stranger_ip};
 use crate::workload::OPERATION_BOUND;
 use crate::world::{CrashOrder, World, checker_ip, ip};
@@ -198,6 +198,8 @@ enum Heal {
     Quiet,
     Resume(NodeId),
     DiskQuiet(usize),
+    /// The master's state directory has room again.
+    MasterDiskRoom,
 }
 
 fn start_cluster(world: &Arc<World>) -> Nodes {
@@ -497,7 +499,7 @@ impl Supervisor {
                 self.handle.pause(id);
                 self.heals.push((until, Heal::Resume(id)));
             }
-            Fault::KillMaster { .. } => {
+            Fault::KillMaster { journal, .. } => {
                 // What the master reported before it died is the history's; its successor
                 // replays its journal without reporting it again.
                 self.record_gone();
@@ -507,7 +509,16 @@ impl Supervisor {
                     _ => self.nodes.master.id(),
                 };
                 self.handle.kill(id);
+                match journal {
+                    JournalFault::Kill => {}
+                    JournalFault::PowerLoss => self.world.master_power_loss(now.as_nanos() as u64),
+                    JournalFault::FlipSynced { pick } => self.world.flip_synced_journal_bit(pick),
+                }
                 self.heals.push((until, Heal::Restart(id)));
+            }
+            Fault::MasterDiskFull { .. } => {
+                self.world.master_disk_full();
+                self.heals.push((until, Heal::MasterDiskRoom));
             }
             Fault::Stranger { .. } => {
                 let world = self.world.clone();
@@ -746,6 +757,7 @@ impl Supervisor {
             Heal::DiskQuiet(node) => {
                 self.world.disks[node].set_faults(World::disk_faults(&self.world.plan, 0.0))
             }
+            Heal::MasterDiskRoom => self.world.master_disk_room(),
         }
     }
 

@@ -11,6 +11,7 @@ use mooring::MasterService;
 use mooring::node::Node;
 use mooring_transport_sim::SimNet;
 use mooring_transport_sim::disk::{DiskFaults, SimDisk};
+use mooring_transport_sim::state_dir::SimStateDir;
 use tokio::time::Instant;
 
 use crate::history::History;
@@ -107,6 +108,12 @@ pub struct World {
     pub healed: AtomicBool,
     /// A group's masters (their current incarnations), and which one leads.
     group: Mutex<Group>,
+    /// The lone master's state directory (runs that kill it or fill it): it outlives the
+    /// master's incarnations.
+    pub master_disk: Arc<SimDisk>,
+    /// A bit flipped in a synced journal record while the master was down: (file, byte,
+    /// bit). Its next start must refuse.
+    armed_flip: Mutex<Option<(String, u64, u8)>>,
 }
 
 impl World {
@@ -150,6 +157,12 @@ impl World {
             reading: Mutex::default(),
             healed: AtomicBool::new(false),
             group: Mutex::default(),
+            master_disk: {
+                let disk = SimDisk::new(plan.seed ^ 0x5A7E_D15C);
+                disk.set_faults(World::master_disk_faults());
+                Arc::new(disk)
+            },
+            armed_flip: Mutex::default(),
             plan,
         })
     }
@@ -187,6 +200,7 @@ impl World {
         for disk in &self.disks {
             disk.clear();
         }
+        self.master_disk.clear();
     }
 
     /// Simulated time since the run started.
@@ -304,6 +318,128 @@ impl World {
             sync_error: error_rate,
             torn_on_crash: d.map_or(0.0, |d| d.torn_on_crash),
             lost_on_crash: d.map_or(0.0, |d| d.lost_on_crash),
+            capacity: None,
+        }
+    }
+
+    /// The master disk's faults when it is not full: a power loss tears or loses unsynced
+    /// writes (the journal's tail), as on the nodes' disks.
+    pub fn master_disk_faults() -> DiskFaults {
+        DiskFaults {
+            torn_on_crash: 0.5,
+            lost_on_crash: 0.3,
+            ..DiskFaults::default()
+        }
+    }
+
+    /// Fills the master's state directory: no file may grow until [`World::master_disk_room`].
+    pub fn master_disk_full(&self) {
+        let used = self.master_disk.files().iter().map(|(_, len)| len).sum();
+        self.master_disk.set_faults(DiskFaults {
+            capacity: Some(used),
+            ..World::master_disk_faults()
+        });
+    }
+
+    /// Frees the master's state directory.
+    pub fn master_disk_room(&self) {
+        self.master_disk.set_faults(World::master_disk_faults());
+    }
+
+    /// The newest journal on the master's disk: its name, generation and bytes.
+    fn newest_journal(&self) -> Option<(String, u64, Vec<u8>)> {
+        let (name, generation) = self
+            .master_disk
+            .files()
+            .into_iter()
+            .filter_map(|(name, _)| {
+                let g = name.strip_prefix("journal-")?.strip_suffix(".log")?;
+                let g = g.parse::<u64>().ok()?;
+                Some((name, g))
+            })
+            .max_by_key(|(_, g)| *g)?;
+        let bytes = self.master_disk.contents(&name)?;
+        Some((name, generation, bytes))
+    }
+
+    /// A power loss at the master while it wrote a batch of records: a piece of a record is
+    /// written after the last one, unsynced, and the disk crashes (tearing or losing it and
+    /// any other unsynced bytes).
+    pub fn master_power_loss(&self, pick: u64) {
+        if let Some((name, generation, bytes)) = self.newest_journal() {
+            let end = mooring_proto::journal::decode(generation, &bytes).intact;
+            let first = mooring_proto::journal::FILE_HEADER;
+            if end > first + 1 {
+                // A strict prefix of the first record: cut short, so never replayed.
+                let cut = first + 1 + (pick as usize) % (end - first - 1).min(64);
+                let piece = bytes[first..cut].to_vec();
+                let dir = SimStateDir::new(self.master_disk.clone());
+                use mooring_proto::state_dir::{OpenMode, StateDir};
+                if let Ok(file) = dir.open(&name, OpenMode::Write) {
+                    let _ = file.write_at(&piece, end as u64);
+                }
+            }
+        }
+        self.master_disk.crash();
+    }
+
+    /// Flips a bit, chosen by `pick`, in a synced record of the master's newest journal (the
+    /// master is down): its next start must refuse. Synced bytes are the disk's durable
+    /// image, independent of what the journal's code believes.
+    pub fn flip_synced_journal_bit(&self, pick: u64) {
+        let Some((name, generation, bytes)) = self.newest_journal() else {
+            return;
+        };
+        let first = mooring_proto::journal::FILE_HEADER as u64;
+        let records = mooring_proto::journal::decode(generation, &bytes).intact as u64;
+        let synced = self.master_disk.durable_len(&name).unwrap_or(0);
+        let end = records.min(synced);
+        if end <= first {
+            return;
+        }
+        let at = first + pick % (end - first);
+        let bit = (pick >> 56) as u8 % 8;
+        if self.master_disk.flip_bit(&name, at, bit).is_ok() {
+            *self.armed_flip.lock().expect("flip lock") = Some((name, at, bit));
+        }
+    }
+
+    /// The lone master's service on its state directory, recovered. A start after a flipped
+    /// bit must refuse: then the byte is restored (as an operator restores the file) and it
+    /// starts; a start that does not refuse has dropped acknowledged changes silently. A
+    /// start can fail for want of room (a new generation begins with a snapshot): that error
+    /// is returned, for the caller to try again as a supervisor would.
+    pub fn start_persistent_master(
+        &self,
+        config: mooring_core::MasterConfig,
+    ) -> mooring_core::Result<Arc<MasterService>> {
+        let dir: Arc<dyn mooring_proto::state_dir::StateDir> =
+            Arc::new(SimStateDir::new(self.master_disk.clone()));
+        let armed = self.armed_flip.lock().expect("flip lock").take();
+        match MasterService::persistent_in(dir.clone(), config.clone(), 16 << 10) {
+            Ok(service) => {
+                if let Some((name, at, bit)) = armed {
+                    self.history().violation(format!(
+                        "the master started on {name} with bit {bit} of synced byte {at} \
+                         flipped: it dropped acknowledged changes silently instead of refusing"
+                    ));
+                }
+                Ok(service)
+            }
+            Err(full) if armed.is_none() && full.to_string().contains("is full") => Err(full),
+            Err(refused) => {
+                let Some((name, at, bit)) = armed else {
+                    panic!("the simulated master starts: {refused}");
+                };
+                assert!(
+                    refused.to_string().contains(&name),
+                    "the refusal names the damaged file: {refused}"
+                );
+                self.master_disk
+                    .flip_bit(&name, at, bit)
+                    .expect("the journal is there");
+                MasterService::persistent_in(dir, config, 16 << 10)
+            }
         }
     }
 

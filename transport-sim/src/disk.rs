@@ -331,6 +331,14 @@ impl SimDisk {
         self.lock().files.get(name).map(|file| file.visible.clone())
     }
 
+    /// How much of `name` survives a crash for sure: its durable image's length.
+    pub fn durable_len(&self, name: &str) -> Option<u64> {
+        self.lock()
+            .files
+            .get(name)
+            .map(|file| file.durable.len() as u64)
+    }
+
     /// Deletes every file at once (a harness letting go of a finished run's disk).
     pub fn clear(&self) {
         self.lock().files.clear();
