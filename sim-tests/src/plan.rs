@@ -661,6 +661,19 @@ impl Plan {
                 let at = between(&mut journal, ms(300), ms(12_000));
                 let lasts = between(&mut journal, ms(200), ms(3000));
                 faults.push((at, Fault::MasterDiskFull { lasts }));
+                // Half the time the master dies soon after: what it acknowledged while and
+                // after its disk was full must be what it recovers.
+                if chance(&mut journal, 0.5) {
+                    let later = at + lasts + between(&mut journal, ms(100), ms(1000));
+                    let down_for = between(&mut journal, ms(100), ms(1000));
+                    faults.push((
+                        later,
+                        Fault::KillMaster {
+                            down_for,
+                            journal: JournalFault::Kill,
+                        },
+                    ));
+                }
                 faults.sort_by_key(|(at, _)| *at);
                 master_state = true;
             }

@@ -426,7 +426,17 @@ impl World {
                 }
                 Ok(service)
             }
-            Err(full) if armed.is_none() && full.to_string().contains("is full") => Err(full),
+            Err(full) if full.to_string().contains("is full") => {
+                if let Some((name, at, bit)) = armed {
+                    // It recovered past the damage, and only the full disk stopped it.
+                    self.history().violation(format!(
+                        "the master recovered {name} with bit {bit} of synced byte {at} \
+                         flipped instead of refusing (then found its disk full: {full})"
+                    ));
+                    let _ = self.master_disk.flip_bit(&name, at, bit);
+                }
+                Err(full)
+            }
             Err(refused) => {
                 let Some((name, at, bit)) = armed else {
                     panic!("the simulated master starts: {refused}");
