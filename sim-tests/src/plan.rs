@@ -190,6 +190,13 @@ pub enum Fault {
         /// How long the disk stays full.
         lasts: Duration,
     },
+    /// Every sync of the master's state directory fails for `lasts` (EIO, the unsynced
+    /// bytes dropped as Linux may drop them): the master must stop acknowledging changes
+    /// for good (fail-stop); when the disk works again it is restarted on what it kept.
+    MasterSyncFails {
+        /// How long syncs fail.
+        lasts: Duration,
+    },
 }
 
 /// What a master's death does to its state directory (runs whose master keeps its state on
@@ -225,6 +232,7 @@ impl Fault {
             | Fault::DiskErrors { lasts, .. }
             | Fault::Stranger { lasts }
             | Fault::MasterDiskFull { lasts }
+            | Fault::MasterSyncFails { lasts }
             | Fault::Lag { lasts, .. } => *lasts,
             Fault::RotDisk { .. } | Fault::RotMemory { .. } | Fault::RotEveryCopy { .. } => {
                 Duration::ZERO
@@ -263,6 +271,12 @@ impl fmt::Display for Fault {
             ),
             Fault::MasterDiskFull { lasts } => {
                 write!(f, "fill the master's state directory for {lasts:?}")
+            }
+            Fault::MasterSyncFails { lasts } => {
+                write!(
+                    f,
+                    "fail every sync of the master's state directory for {lasts:?}"
+                )
             }
             Fault::CrashClient {
                 client,
@@ -674,9 +688,17 @@ impl Plan {
                         },
                     ));
                 }
-                faults.sort_by_key(|(at, _)| *at);
                 master_state = true;
             }
+            // In some runs with faults its syncs fail for a while; then it is restarted (a
+            // master whose journal stopped acknowledges nothing until then).
+            if shape.faults && chance(&mut journal, 0.2) {
+                let at = between(&mut journal, ms(300), ms(12_000));
+                let lasts = between(&mut journal, ms(20), ms(1000));
+                faults.push((at, Fault::MasterSyncFails { lasts }));
+                master_state = true;
+            }
+            faults.sort_by_key(|(at, _)| *at);
         }
         // Its own stream: the HCA's faults, in RDMA runs with faults.
         let mut hca = Rng::seeded(seed ^ 0x4843_4146);

@@ -200,6 +200,8 @@ enum Heal {
     DiskQuiet(usize),
     /// The master's state directory has room again.
     MasterDiskRoom,
+    /// The master's state directory's syncs work again.
+    MasterSyncsWork,
 }
 
 fn start_cluster(world: &Arc<World>) -> Nodes {
@@ -517,8 +519,12 @@ impl Supervisor {
                 self.heals.push((until, Heal::Restart(id)));
             }
             Fault::MasterDiskFull { .. } => {
-                self.world.master_disk_full();
+                self.world.master_disk_full(true);
                 self.heals.push((until, Heal::MasterDiskRoom));
+            }
+            Fault::MasterSyncFails { .. } => {
+                self.world.master_syncs_fail(true);
+                self.heals.push((until, Heal::MasterSyncsWork));
             }
             Fault::Stranger { .. } => {
                 let world = self.world.clone();
@@ -736,7 +742,7 @@ impl Supervisor {
         Some((key, version))
     }
 
-    fn heal(&self, heal: &Heal) {
+    fn heal(&mut self, heal: &Heal) {
         match *heal {
             Heal::Restart(id) => {
                 // madsim's restart alone keeps the old incarnation's sockets bound (only kill
@@ -757,7 +763,16 @@ impl Supervisor {
             Heal::DiskQuiet(node) => {
                 self.world.disks[node].set_faults(World::disk_faults(&self.world.plan, 0.0))
             }
-            Heal::MasterDiskRoom => self.world.master_disk_room(),
+            Heal::MasterDiskRoom => self.world.master_disk_full(false),
+            Heal::MasterSyncsWork => {
+                // The disk works again, and the master whose journal stopped is restarted
+                // on it (as an operator restarts it after the alarm).
+                self.world.master_syncs_fail(false);
+                self.record_gone();
+                let id = self.nodes.master.id();
+                self.handle.kill(id);
+                self.handle.restart(id);
+            }
         }
     }
 

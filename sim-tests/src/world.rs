@@ -114,6 +114,8 @@ pub struct World {
     /// A bit flipped in a synced journal record while the master was down: (file, byte,
     /// bit). Its next start must refuse.
     armed_flip: Mutex<Option<(String, u64, u8)>>,
+    /// The master disk's faults now (full, failing syncs, or neither).
+    master_disk_now: Mutex<DiskFaults>,
 }
 
 impl World {
@@ -163,6 +165,7 @@ impl World {
                 Arc::new(disk)
             },
             armed_flip: Mutex::default(),
+            master_disk_now: Mutex::new(World::master_disk_faults()),
             plan,
         })
     }
@@ -332,18 +335,21 @@ impl World {
         }
     }
 
-    /// Fills the master's state directory: no file may grow until [`World::master_disk_room`].
-    pub fn master_disk_full(&self) {
+    /// Fills the master's state directory (`full`: no file may grow), or frees it.
+    pub fn master_disk_full(&self, full: bool) {
         let used = self.master_disk.files().iter().map(|(_, len)| len).sum();
-        self.master_disk.set_faults(DiskFaults {
-            capacity: Some(used),
-            ..World::master_disk_faults()
-        });
+        self.master_disk_state(|faults| faults.capacity = full.then_some(used));
     }
 
-    /// Frees the master's state directory.
-    pub fn master_disk_room(&self) {
-        self.master_disk.set_faults(World::master_disk_faults());
+    /// Makes every sync of the master's state directory fail (`fail`), or none.
+    pub fn master_syncs_fail(&self, fail: bool) {
+        self.master_disk_state(|faults| faults.sync_error = if fail { 1.0 } else { 0.0 });
+    }
+
+    fn master_disk_state(&self, change: impl FnOnce(&mut DiskFaults)) {
+        let mut faults = self.master_disk_now.lock().expect("master disk lock");
+        change(&mut faults);
+        self.master_disk.set_faults(faults.clone());
     }
 
     /// The newest journal on the master's disk: its name, generation and bytes.

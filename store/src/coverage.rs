@@ -52,6 +52,8 @@ impl Path {
     pub const JOURNAL_DAMAGE_REFUSED: Path = Path("damaged journal refused at start");
     /// A master's state directory was full: records held, changes refused.
     pub const JOURNAL_FULL: Path = Path("state directory full, changes refused");
+    /// A master's journal could not sync: it stopped acknowledging changes (fail-stop).
+    pub const JOURNAL_FAILED: Path = Path("journal sync failed, master stopped changes");
     /// A node's repair agent copied back a replica lost with a segment.
     pub const REPLICA_REPAIRED: Path = Path("replica lost with a node repaired");
     /// A repair copy failed (its source unreadable or damaged, a target gone): the master

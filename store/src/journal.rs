@@ -15,9 +15,11 @@
 //! sync share the next (group commit). After a crash the disk holds a prefix of the applied
 //! history — at most the tail after the last sync is lost, and nothing in it was acknowledged
 //! except reads, whose leases a restarted master replaces with fresh ones for every object.
-//! If a sync fails, the master stops acknowledging changes (they fail with `INTERNAL_ERROR`)
-//! until it is restarted from the directory: a failed `fsync` may have dropped the bytes it
-//! covered, so no later success can vouch for them. A write that fails because the
+//! If a sync fails, the master stops acknowledging changes until it is restarted from the
+//! directory: a failed `fsync` may have dropped the bytes it covered, so no later success can
+//! vouch for them. The changes that sync covered are answered `RPC_FAIL` (applied, but whether
+//! they survive a restart is unknown), later ones are refused with `FILE_WRITE_FAIL` before
+//! they are applied. A write that fails because the
 //! directory is full is different: nothing was lost, so the writer keeps the records and
 //! tries again every [`FULL_RETRY`], while the master refuses new changes with an error that
 //! says the disk is full (reads, heartbeats and new clients' `Hello` go on); once space frees,
@@ -76,6 +78,17 @@ pub(crate) fn snapshot_name(generation: u64) -> String {
 
 fn io_error(what: String) -> Error {
     Error::new(ErrorCode::INTERNAL_ERROR, what)
+}
+
+/// The answer to a change once the journal stopped (a sync failed).
+fn persist_failed(why: &str) -> Error {
+    Error::new(
+        ErrorCode::FILE_WRITE_FAIL,
+        format!(
+            "the master cannot persist changes ({why}); it acknowledges none until it is \
+             restarted on a working disk"
+        ),
+    )
 }
 
 /// The generations present in `dir`: (journals, snapshots), each ascending.
@@ -326,6 +339,11 @@ struct Shared {
     /// Why the directory cannot take more records right now (it is full), if it cannot:
     /// the writer holds them and tries again; changes are refused meanwhile.
     full: Mutex<Option<String>>,
+    /// Why the journal stopped for good (a failed sync), if it did: changes are refused
+    /// until the master is restarted.
+    failed: Mutex<Option<String>>,
+    /// `failed` is set (read on every append, without the lock).
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 /// Where each generation a journal moved past ends (its file holds zeros after that).
@@ -414,6 +432,8 @@ impl Journal {
             waiters: SeqWaiters::new(Ok(0)),
             completed: CompletedEnds::default(),
             full: Mutex::new(None),
+            failed: Mutex::new(None),
+            stopped: std::sync::atomic::AtomicBool::new(false),
         });
         let writer = Writer {
             file,
@@ -482,7 +502,10 @@ impl Journal {
                 .pending
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            journal::record(pending.generation, now, payload, &mut pending.bytes);
+            // A stopped journal writes nothing more: its records would only pile up.
+            if !self.shared.stopped.load(Ordering::Relaxed) {
+                journal::record(pending.generation, now, payload, &mut pending.bytes);
+            }
             pending.appended += 1;
             (
                 pending.appended,
@@ -544,6 +567,11 @@ impl Journal {
     /// (see the module docs), and the request changes something (`needs_durability`), or
     /// the records held for the disk have reached their limit.
     pub fn refusal(&self, needs_durability: bool) -> Option<Error> {
+        if needs_durability
+            && let Some(why) = &*self.shared.failed.lock().unwrap_or_else(|e| e.into_inner())
+        {
+            return Some(persist_failed(why));
+        }
         let full = self.shared.full.lock().unwrap_or_else(|e| e.into_inner());
         let why = full.as_ref()?;
         let held = self
@@ -599,10 +627,16 @@ impl Journal {
         let durable = self.shared.waiters.wait(seq);
         async move {
             durable.await.map_err(|why| {
-                io_error(format!(
-                    "the master cannot persist changes ({why}); it acknowledges none until it \
-                     is restarted"
-                ))
+                // Applied, but perhaps not on disk: whether it survives a restart is unknown,
+                // as when an answer is lost.
+                Error::new(
+                    ErrorCode::RPC_FAIL,
+                    format!(
+                        "the master applied the change but could not make it durable ({why}): \
+                         it may or may not survive a restart; the master acknowledges no \
+                         changes until it is restarted on a working disk"
+                    ),
+                )
             })
         }
     }
@@ -985,6 +1019,16 @@ impl Writer {
     /// `wait`; then wakes the requests it covered. False once the journal is closing or
     /// broken.
     fn write_pending(&mut self, shared: &Shared, wait: bool) -> bool {
+        if shared
+            .failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            // Fail-stop: a failed sync may have dropped what it covered, and no later sync
+            // can vouch for it (the simulation's writer is called again after a failure).
+            return false;
+        }
         let (bytes, seq, closing) = {
             let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
             if wait {
@@ -1061,6 +1105,9 @@ impl Writer {
                     "the journal cannot write ({e}): the master acknowledges no more changes; \
                      fix the disk and restart it (it recovers what was synced)"
                 );
+                crate::coverage::hit(crate::coverage::Path::JOURNAL_FAILED);
+                *shared.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                shared.stopped.store(true, Ordering::Relaxed);
                 shared.waiters.stop(e.to_string());
                 shared.durable.set(Err(e.to_string()));
                 false
@@ -1338,15 +1385,25 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
     }
 
-    /// A real directory that can be made to refuse writes for want of space.
+    /// A real directory that can be made to refuse writes for want of space, or to fail
+    /// its syncs.
+    #[derive(Default)]
     struct Fillable {
-        dir: PosixStateDir,
+        dir: Option<PosixStateDir>,
         full: Arc<std::sync::atomic::AtomicBool>,
+        sync_fails: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Fillable {
+        fn dir(&self) -> &PosixStateDir {
+            self.dir.as_ref().expect("a directory")
+        }
     }
 
     struct FillableFile {
         file: Box<dyn StateFile>,
         full: Arc<std::sync::atomic::AtomicBool>,
+        sync_fails: Arc<std::sync::atomic::AtomicBool>,
     }
 
     impl StateFile for FillableFile {
@@ -1363,6 +1420,9 @@ mod tests {
             self.file.write_at(bytes, offset)
         }
         fn sync(&self) -> io::Result<()> {
+            if self.sync_fails.load(Ordering::SeqCst) {
+                return Err(io::Error::other("injected EIO on fsync"));
+            }
             self.file.sync()
         }
         fn id(&self) -> u64 {
@@ -1372,31 +1432,32 @@ mod tests {
 
     impl StateDir for Fillable {
         fn location(&self) -> String {
-            self.dir.location()
+            self.dir().location()
         }
         fn prepare(&self) -> io::Result<()> {
-            self.dir.prepare()
+            self.dir().prepare()
         }
         fn list(&self) -> io::Result<Vec<String>> {
-            self.dir.list()
+            self.dir().list()
         }
         fn open(&self, name: &str, mode: OpenMode) -> io::Result<Box<dyn StateFile>> {
             Ok(Box::new(FillableFile {
-                file: self.dir.open(name, mode)?,
+                file: self.dir().open(name, mode)?,
                 full: self.full.clone(),
+                sync_fails: self.sync_fails.clone(),
             }))
         }
         fn rename(&self, from: &str, to: &str) -> io::Result<()> {
-            self.dir.rename(from, to)
+            self.dir().rename(from, to)
         }
         fn remove(&self, name: &str) -> io::Result<()> {
-            self.dir.remove(name)
+            self.dir().remove(name)
         }
         fn sync_dir(&self) -> io::Result<()> {
-            self.dir.sync_dir()
+            self.dir().sync_dir()
         }
         fn id_of(&self, name: &str) -> io::Result<u64> {
-            self.dir.id_of(name)
+            self.dir().id_of(name)
         }
     }
 
@@ -1407,8 +1468,9 @@ mod tests {
         let path = scratch("full");
         let full = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let dir = Arc::new(Fillable {
-            dir: PosixStateDir::new(&path),
+            dir: Some(PosixStateDir::new(&path)),
             full: full.clone(),
+            ..Fillable::default()
         });
         let service = MasterService::persistent_in(dir, MasterConfig::default(), SNAPSHOT_AFTER)
             .expect("a fresh directory");
@@ -1626,5 +1688,58 @@ mod tests {
             refused > 0 && intact > 0,
             "refused {refused}, intact {intact}"
         );
+    }
+
+    #[test]
+    fn a_failed_sync_stops_acknowledging_changes_for_good() {
+        use mooring_proto::transport::Answer;
+        use mooring_proto::wire::{Exist, MasterRequest};
+        let path = scratch("sync-fails");
+        let sync_fails = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let dir = Arc::new(Fillable {
+            dir: Some(PosixStateDir::new(&path)),
+            sync_fails: sync_fails.clone(),
+            ..Fillable::default()
+        });
+        let service = MasterService::persistent_in(dir, MasterConfig::default(), SNAPSHOT_AFTER)
+            .expect("a fresh directory");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let answer = |request: MasterRequest| match service.answer(request) {
+            Answer::Now(response) => response,
+            Answer::WhenDurable(later) => runtime.block_on(later),
+        };
+        let remove = |key: &str| answer(Remove { key: key.into() }.into());
+        answer(Hello { client: CLIENT }.into()).unwrap();
+        sync_fails.store(true, Ordering::SeqCst);
+        let failed = remove("a").unwrap_err();
+        assert_eq!(
+            failed.code,
+            ErrorCode::RPC_FAIL,
+            "an outcome unknown: {failed}"
+        );
+        assert!(
+            failed.to_string().contains("could not make it durable"),
+            "{failed}"
+        );
+        // The disk works again, but what the failed sync covered may be gone: nothing after
+        // it is acknowledged, and changes are refused before they are applied.
+        sync_fails.store(false, Ordering::SeqCst);
+        let refused = remove("b").unwrap_err();
+        assert_eq!(
+            refused.code,
+            ErrorCode::FILE_WRITE_FAIL,
+            "refused: {refused}"
+        );
+        assert!(refused.to_string().contains("cannot persist"), "{refused}");
+        assert_eq!(
+            answer(Exist { key: "b".into() }.into()),
+            Ok(Reply::Exist(false)),
+            "reads go on"
+        );
+        drop(service);
+        let _ = fs::remove_dir_all(&path);
     }
 }
