@@ -46,11 +46,11 @@ pub async fn master(world: Arc<World>) {
     // In runs that kill it, the master keeps its state and each start recovers it; small
     // snapshots, so runs cross journal generations.
     let service = if world.plan.master_state {
-        // A start that finds its disk full fails; the supervisor starts it again.
+        // A start that finds its disk full or failing fails; the supervisor starts it again.
         loop {
             match world.start_persistent_master(config.clone()) {
                 Ok(service) => break service,
-                Err(e) if e.to_string().contains("is full") => {
+                Err(e) if World::start_may_retry(&e) => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 Err(e) => panic!("the simulated master starts: {e}"),

@@ -390,16 +390,19 @@ impl World {
     }
 
     /// Flips a bit, chosen by `pick`, in a synced record of the master's newest journal (the
-    /// master is down): its next start must refuse. Synced bytes are the disk's durable
-    /// image, independent of what the journal's code believes.
+    /// master is down): its next start must refuse. What is synced is the disk's to say
+    /// (its durable image), not the journal code's.
     pub fn flip_synced_journal_bit(&self, pick: u64) {
         let Some((name, generation, bytes)) = self.newest_journal() else {
             return;
         };
         let first = mooring_proto::journal::FILE_HEADER as u64;
-        let records = mooring_proto::journal::decode(generation, &bytes).intact as u64;
-        let synced = self.master_disk.durable_len(&name).unwrap_or(0);
-        let end = records.min(synced);
+        // The whole records within what reads as it would after a crash (a prefix of the
+        // durable image: what follows it, the sync mark written after the last sync, is not
+        // yet synced).
+        let synced = self.master_disk.synced_prefix(&name).unwrap_or(0) as usize;
+        let end = mooring_proto::journal::decode(generation, &bytes[..synced.min(bytes.len())])
+            .intact as u64;
         if end <= first {
             return;
         }
@@ -413,8 +416,8 @@ impl World {
     /// The lone master's service on its state directory, recovered. A start after a flipped
     /// bit must refuse: then the byte is restored (as an operator restores the file) and it
     /// starts; a start that does not refuse has dropped acknowledged changes silently. A
-    /// start can fail for want of room (a new generation begins with a snapshot): that error
-    /// is returned, for the caller to try again as a supervisor would.
+    /// start can fail because its disk will not take a write (a new generation begins with a
+    /// snapshot): that error is returned, for the caller to try again as a supervisor would.
     pub fn start_persistent_master(
         &self,
         config: mooring_core::MasterConfig,
@@ -432,7 +435,7 @@ impl World {
                 }
                 Ok(service)
             }
-            Err(full) if full.to_string().contains("is full") => {
+            Err(full) if World::start_may_retry(&full) => {
                 if let Some((name, at, bit)) = armed {
                     // It recovered past the damage, and only the full disk stopped it.
                     self.history().violation(format!(
@@ -457,6 +460,13 @@ impl World {
                 MasterService::persistent_in(dir, config, 16 << 10)
             }
         }
+    }
+
+    /// Whether a master's start failed only because its disk would not take a write (full,
+    /// or failing for a while): a supervisor starts it again.
+    pub fn start_may_retry(e: &mooring_core::Error) -> bool {
+        let why = e.to_string();
+        why.contains("is full") || why.contains("cannot write")
     }
 
     /// The master's lease as a duration.

@@ -331,12 +331,18 @@ impl SimDisk {
         self.lock().files.get(name).map(|file| file.visible.clone())
     }
 
-    /// How much of `name` survives a crash for sure: its durable image's length.
-    pub fn durable_len(&self, name: &str) -> Option<u64> {
-        self.lock()
-            .files
-            .get(name)
-            .map(|file| file.durable.len() as u64)
+    /// How many leading bytes of `name` read now as they would after a crash: where its
+    /// current contents and its durable image first differ.
+    pub fn synced_prefix(&self, name: &str) -> Option<u64> {
+        let state = self.lock();
+        let file = state.files.get(name)?;
+        let same = file
+            .visible
+            .iter()
+            .zip(&file.durable)
+            .take_while(|(a, b)| a == b)
+            .count();
+        Some(same as u64)
     }
 
     /// Deletes every file at once (a harness letting go of a finished run's disk).
