@@ -1,9 +1,8 @@
-//! Offload keeping up with eviction under a write-heavy workload (spec 001): one node with
-//! 64 MiB of memory and a disk tier takes a stream of fresh 1 MiB puts, so every put evicts.
-//! First a paced stream (128 MiB/s), then an unthrottled one that
-//! criterion times. After each it prints how many evictions left a disk copy (the rest were
-//! dropped because their offload had not happened in time). Offload keeps up when the two
-//! counts match.
+//! Offload keeping up with eviction under a write-heavy workload (docs/ssd-tier.md): one node
+//! with 64 MiB of memory and a disk tier takes a stream of fresh 1 MiB puts, so every put
+//! evicts. First a paced stream (128 MiB/s), then an unthrottled one that criterion times.
+//! After each it prints how many evictions left a disk copy (the rest were dropped because
+//! their offload had not happened in time). Offload keeps up when the two counts match.
 //!
 //! Run: `cargo bench -p mooring-benches --bench offload`. The disk lives under
 //! `target/offload-bench` (set `MOORING_BENCH_DIR` to measure another device).

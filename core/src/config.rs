@@ -44,9 +44,9 @@ pub struct MasterConfig {
     pub max_key_len: usize,
     /// Most replicas one put may ask for.
     pub max_replicas: usize,
-    /// Eviction first offloads objects whose memory replica sits on a segment whose node has
-    /// a disk, then drops only their memory (spec 001's offload on eviction). Default true;
-    /// without disks it changes nothing.
+    /// Eviction first offloads objects whose memory replica sits on a segment whose node has a
+    /// disk, then drops only their memory (offload on eviction, docs/ssd-tier.md). Default
+    /// true; without disks it changes nothing.
     pub offload_on_evict: bool,
     /// Every completed write is also queued for offload (write-through). Default false.
     pub offload_write_through: bool,

@@ -4,14 +4,13 @@
 //! drives this with what happened; every decision is here, where tests and the reference
 //! model reach it.
 //!
-//! Deletion is two-phase (spec 001): a copy tombstoned, found damaged, or evicted once the
-//! master has been told leaves the index (no new reader finds it), and its file is deleted
+//! Deletion is two-phase (docs/ssd-tier.md): a copy tombstoned, found damaged, or evicted once
+//! the master has been told leaves the index (no new reader finds it), and its file is deleted
 //! only once every read already in progress has finished ([`DiskCopies::readers_left`]). A
 //! deletion that fails is retried until it succeeds: the master has forgotten the copy, so it
-//! must not come back after a restart. Unlike spec 001's `PrepareEviction`, an eviction victim
-//! stays readable while the master is being told: the master still lists it until then, and
-//! a reader it sent there must not be told the copy is gone when, if the master cannot be
-//! told, it is not.
+//! must not come back after a restart. An eviction victim stays readable while the master is
+//! being told: the master still lists it until then, and a reader it sent there must not be
+//! told the copy is gone when, if the master cannot be told, it is not.
 
 use std::collections::BTreeMap;
 

@@ -21,7 +21,7 @@
 //! | [`checksum`] | end-to-end value checksums (crc32c) |
 //! | `put` | two-phase put (start / end / revoke) |
 //! | [`soft_pin`] | soft-pin actions (preserve, enable, disable) and what a write leaves |
-//! | `upsert` | RFC 000 upsert, with the torn-read window closed |
+//! | `upsert` | upsert by case (docs/upsert.md), with the torn-read window closed |
 //! | `reads`, `holds` | replica lists, exist, leases; held reads (refcounts) |
 //! | [`census`] | objects by state and the bytes they hold, counted on request |
 //! | `remove` | remove, remove-all, remove-by-regex |

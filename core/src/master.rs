@@ -69,7 +69,7 @@ pub struct ReadCounts {
     pub misses: u64,
 }
 
-/// Upserts started, by how RFC 000 handled them (see `upsert`).
+/// Upserts started, by case (see `upsert` and docs/upsert.md).
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
 )]
@@ -127,7 +127,7 @@ pub struct Stats {
     pub disk_copies_recorded: u64,
     /// Of `evicted_objects`, those that live on in a disk copy (the rest were dropped).
     pub evicted_to_disk: u64,
-    /// Prefetches (RFC 003) started since start.
+    /// Prefetches (docs/prefetch.md) started since start.
     pub prefetches: u64,
     /// Prefetches that found no memory to promote into, since start.
     pub prefetch_failures: u64,

@@ -1,6 +1,6 @@
-//! The SSD tier's policy (spec 001, RFC 003): which objects go to a node's disk and when, the
-//! LOCAL_DISK replicas readers are handed, what nodes tell the master about their disks, and
-//! prefetching a disk-only object back into memory.
+//! The SSD tier's policy (docs/ssd-tier.md, docs/prefetch.md): which objects go to a node's
+//! disk and when, the LOCAL_DISK replicas readers are handed, what nodes tell the master about
+//! their disks, and prefetching a disk-only object back into memory.
 //!
 //! # Which objects, and when
 //!
@@ -241,10 +241,10 @@ impl Master {
         })
     }
 
-    /// RFC 003's `exist(key, prefetch=true)`: whether `key` exists and, if its only complete
-    /// copy is on disk with no memory replica being written, a memory replica to promote it
-    /// into (preferring the segments in `preferred`, evicting as a put would). A failed
-    /// allocation still answers `true` (the object exists); it is reported as
+    /// `exist(key, prefetch=true)` (docs/prefetch.md): whether `key` exists and, if its only
+    /// complete copy is on disk with no memory replica being written, a memory replica to
+    /// promote it into (preferring the segments in `preferred`, evicting as a put would). A
+    /// failed allocation still answers `true` (the object exists); it is reported as
     /// [`Event::PrefetchFailed`] and counted.
     pub fn exist_prefetch(
         &mut self,

@@ -1,6 +1,6 @@
-//! Upsert: write a key whether or not it exists (RFC 000).
+//! Upsert: write a key whether or not it exists (see docs/upsert.md).
 //!
-//! UpsertStart follows the RFC's flow chart:
+//! UpsertStart, step by step:
 //!
 //! 1. Validate (`INVALID_PARAMS`). A missing key is **Case A**: a plain put.
 //! 2. A copy/move on the key: `OBJECT_HAS_REPLICATION_TASK`.
@@ -18,29 +18,29 @@
 //!
 //! UpsertEnd and UpsertRevoke are PutEnd and PutRevoke.
 //!
-//! # Closing the RFC's torn-read window
+//! # Closing the torn-read window
 //!
-//! The RFC's Case B lets a reader that fetched descriptors just before the upsert read while
-//! the same buffer is overwritten, and return torn bytes. We do not allow that. Mechanism:
-//! **a reader's lease protects the bytes, not just the object.** If a lease (plus grace) may
-//! still be running, Case B becomes copy-on-write: fresh buffers are allocated for the new
-//! value and the old ones are released only after the lease ends, so every reader inside its
-//! lease reads the old value intact, and readers that arrive later get
-//! `REPLICA_IS_NOT_READY` until UpsertEnd, then the new value. Only if no room can be found
-//! for the copy does the upsert fail with `OBJECT_REPLICA_BUSY` (retry once the lease ends,
-//! at most `lease_ttl` later).
+//! A plain in-place Case B would let a reader that fetched descriptors just before the upsert
+//! read while the same buffer is overwritten, and return torn bytes. We do not allow that.
+//! Mechanism: **a reader's lease protects the bytes, not just the object.** If a lease (plus
+//! grace) may still be running, Case B becomes copy-on-write: fresh buffers are allocated for
+//! the new value and the old ones are released only after the lease ends, so every reader
+//! inside its lease reads the old value intact, and readers that arrive later get
+//! `REPLICA_IS_NOT_READY` until UpsertEnd, then the new value. Only if no room can be found for
+//! the copy does the upsert fail with `OBJECT_REPLICA_BUSY` (retry once the lease ends, at most
+//! `lease_ttl` later).
 //!
-//! Why this and not the alternatives: treating every lease as busy would make upserts of a
-//! key that is read continuously (a hot weight shard) fail forever, since every read extends
-//! the lease; a per-replica version re-checked after the transfer costs every get a second
-//! RPC. Copy-on-write costs memory only while readers are actually active, and falls back to
-//! in-place (the RFC's 1x memory) whenever nobody is reading, which is the coordinated
-//! weight-update case the RFC was written for. Readers already must finish inside their
-//! lease (`LEASE_EXPIRED` otherwise), so this adds no rule for them.
+//! Why this and not the alternatives: treating every lease as busy would make upserts of a key
+//! that is read continuously (a hot weight shard) fail forever, since every read extends the
+//! lease; a per-replica version re-checked after the transfer costs every get a second RPC.
+//! Copy-on-write costs memory only while readers are actually active, and falls back to
+//! in-place (no extra memory) whenever nobody is reading, which is the coordinated
+//! weight-update case upsert exists for. Readers already must finish inside their lease
+//! (`LEASE_EXPIRED` otherwise), so this adds no rule for them.
 //!
-//! Two more departures from the RFC, both so a failed upsert never loses data: Case C and the
-//! copy-on-write path allocate the new buffers *before* releasing the old ones, and if that
-//! allocation fails the old value stays readable (the RFC erases it first).
+//! Two more choices, both so a failed upsert never loses data: Case C and the copy-on-write
+//! path allocate the new buffers *before* releasing the old ones, and if that allocation fails
+//! the old value stays readable (rather than being freed first to make room).
 
 use crate::checksum::Checksum;
 use crate::config::ReplicateConfig;

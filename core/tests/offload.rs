@@ -1,6 +1,6 @@
-//! The SSD tier's policy (spec 001, RFC 003): offload selection, disk replicas, versioned
-//! tombstones, disk eviction, recovery and prefetch, checked against the invariants at every
-//! step.
+//! The SSD tier's policy (docs/ssd-tier.md, docs/prefetch.md): offload selection, disk
+//! replicas, versioned tombstones, disk eviction, recovery and prefetch, checked against the
+//! invariants at every step.
 
 mod common;
 

@@ -1,5 +1,6 @@
-//! The overview's rules (spec 004): two-phase put, leases, soft pin, eviction, zombie cleanup,
-//! client liveness, the allocation strategy, snapshots, determinism and the driver contract.
+//! The master's policy (docs/policy.md): two-phase put, leases, soft pin, eviction, zombie
+//! cleanup, client liveness, the allocation strategy, snapshots, determinism and the driver
+//! contract.
 
 mod common;
 

@@ -1,5 +1,5 @@
 //! The backend seam: how a node's disk tier stores, finds and deletes values, whatever the
-//! layout (spec 001's bucket, file-per-key and offset-allocator backends).
+//! layout (the bucket, file-per-key and offset-allocator backends; see docs/ssd-tier.md).
 //!
 //! Every backend stores values as [`record`](crate::record)s, each starting at an offset
 //! aligned to the disk's alignment, so a reader can load a whole record with one aligned read

@@ -12,8 +12,8 @@
 //!   record is detected and never served;
 //! - [`FilePerKey`]: the file-per-key backend (two levels of hashed directories, atomic
 //!   replace, recovery scan);
-//! - [`Bucket`]: the bucket backend, spec 001's default (each put writes one bucket: a data
-//!   file of aligned records and a checksummed meta whose rename commits it);
+//! - [`Bucket`]: the bucket backend, the default (each put writes one bucket: a data file of
+//!   aligned records and a checksummed meta whose rename commits it);
 //! - [`OffsetFile`]: the offset-allocator backend (one preallocated `kv_cache.data`, space
 //!   managed by the core's offset allocator, the index rebuilt by a recovery scan).
 //!

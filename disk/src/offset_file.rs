@@ -5,11 +5,11 @@
 //! that alignment, so every offset stays aligned.
 //!
 //! A put writes its records, syncs the file once, then publishes them in a sharded index (1024
-//! maps, as the spec has). A record is retired (replaced or removed) by zeroing its first block
-//! and syncing before its space is freed, so freed space never holds a record the recovery scan
-//! would find. The index is not persisted: [`Backend::recover`] scans the whole file for intact
-//! records (checksummed, so torn or damaged ones are skipped) and rebuilds the allocator with
-//! exactly that layout.
+//! maps, to spread lock contention). A record is retired (replaced or removed) by zeroing its
+//! first block and syncing before its space is freed, so freed space never holds a record the
+//! recovery scan would find. The index is not persisted: [`Backend::recover`] scans the whole
+//! file for intact records (checksummed, so torn or damaged ones are skipped) and rebuilds the
+//! allocator with exactly that layout.
 //!
 //! The file is created, or extended to the capacity, by recovery, which must run before the
 //! first put. A larger existing file is used whole, never shrunk.

@@ -388,7 +388,8 @@ mod messages {
         BatchGetReplicaList { keys: Vec<String> } => Vec<Result<ReplicaList, Error>>;
         Exist { key: String } => bool;
         BatchExist { keys: Vec<String> } => Vec<Result<bool, Error>>;
-        /// `exist(key, prefetch=true)` (RFC 003); `preferred` are the caller's own segments.
+        /// `exist(key, prefetch=true)` (docs/prefetch.md); `preferred` are the caller's own
+        /// segments.
         ExistPrefetch {
             client: ClientId,
             key: String,

@@ -408,8 +408,8 @@ impl NativeClient {
         raise(block_on(py, self.client.exist(key)))
     }
 
-    /// Whether `key` has a complete replica; if its only copy is on a node's disk, it is
-    /// first brought back into memory (RFC 003's prefetch; best effort, failures logged).
+    /// Whether `key` has a complete replica; if its only copy is on a node's disk, it is first
+    /// brought back into memory (a prefetch, docs/prefetch.md; best effort, failures logged).
     fn exist_prefetch(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
         raise(block_on(py, self.client.exist_prefetch(key)))
     }

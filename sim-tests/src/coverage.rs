@@ -109,7 +109,7 @@ const UPSERT_RESIZED: &str = "upsert case C (new size)";
 const TASK_SUCCEEDED: &str = "copy or move task followed to success";
 const TASK_FAILED: &str = "copy or move task followed to failure";
 
-/// The master's upserts by RFC 000 case, as paths.
+/// The master's upserts by case (docs/upsert.md), as paths.
 pub fn of_upserts(upserts: &UpsertCounts) -> [(&'static str, u64); 4] {
     [
         (UPSERT_CREATED, upserts.created),

@@ -398,7 +398,7 @@ impl Workload {
             }
             Op::Exist => {
                 let key = self.key();
-                // With disks, half the checks promote a disk-only value (RFC 003).
+                // With disks, half the checks promote a disk-only value (docs/prefetch.md).
                 let invoked = self.world.now();
                 let (what, result) = if self.world.plan.disk.is_some() && self.rng.below(2) == 0 {
                     ("exist_prefetch", self.client.exist_prefetch(&key).await)

@@ -31,7 +31,7 @@ pub struct NodeConfig {
     /// Back the segment (and the disk tier's staging buffer) with shared memory that clients
     /// on this host map (the node serves shm).
     pub shared: bool,
-    /// A disk tier behind the segment (spec 001), if any.
+    /// A disk tier behind the segment (docs/ssd-tier.md), if any.
     pub disk: Option<crate::disk_tier::DiskTierConfig>,
 }
 

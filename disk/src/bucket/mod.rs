@@ -1,5 +1,5 @@
-//! The bucket backend, spec 001's default: each put writes one bucket holding a group of
-//! values, as two files:
+//! The bucket backend, the default layout (docs/ssd-tier.md): each put writes one bucket
+//! holding a group of values, as two files:
 //!
 //! - `buckets/{id:016x}.bucket`: the values' [`record`]s, each at an aligned offset (zeros in
 //!   between), so one aligned read loads one record;

@@ -820,8 +820,8 @@ class MooncakeDistributedStore(TensorCalls):
     def is_exist(self, key: str, prefetch: bool = False) -> int:
         """1 if ``key`` exists, 0 if not, a negative code on failure.
 
-        With ``prefetch`` (Mooncake's RFC for ``exist``; a Mooring addition to the Python
-        call), a value whose only copy is on a node's disk is first brought back into memory,
+        With ``prefetch`` (a Mooring addition to the Python call; see docs/prefetch.md), a
+        value whose only copy is on a node's disk is first brought back into memory,
         this store's segment first, so the get that follows the probe reads memory. Best
         effort: a failed promotion still answers 1, and is logged."""
         if prefetch:

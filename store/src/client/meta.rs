@@ -12,10 +12,10 @@ impl Client {
         .await
     }
 
-    /// RFC 003's `exist(key, prefetch=true)`: whether `key` exists and, if its only copy is on
-    /// a node's disk, promotes it into memory (this client's own segment first) before
-    /// answering, so a later get is a memory hit. Best effort: if the promotion fails the
-    /// answer is still `true` and the failure is logged.
+    /// `exist(key, prefetch=true)` (docs/prefetch.md): whether `key` exists and, if its only
+    /// copy is on a node's disk, promotes it into memory (this client's own segment first)
+    /// before answering, so a later get is a memory hit. Best effort: if the promotion fails
+    /// the answer is still `true` and the failure is logged.
     pub async fn exist_prefetch(&self, key: &str) -> Result<bool> {
         let request = ExistPrefetch {
             client: self.id(),

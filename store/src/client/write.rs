@@ -20,7 +20,7 @@ impl Client {
             .await
     }
 
-    /// Stores `value` under `key` whether or not it exists (RFC 000 upsert).
+    /// Stores `value` under `key` whether or not it exists (upsert; see docs/upsert.md).
     pub async fn upsert(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> Result<()> {
         self.operation("upsert", key, self.write(key, value, config, true))
             .await

@@ -1,4 +1,5 @@
-//! A node's disk tier (spec 001): the node's half of offloading, disk reads and disk eviction.
+//! A node's disk tier (docs/ssd-tier.md): the node's half of offloading, disk reads and disk
+//! eviction.
 //! The policy (which objects, when, and what the master records) is the core's `offload`; this
 //! file moves bytes between the segment, the disk and the staging buffer, and talks to the
 //! master in one RPC, the *disk sync*, every `sync_interval`:
@@ -73,7 +74,7 @@ pub enum DiskIo {
     Posix,
 }
 
-/// How copies are laid out on disk (spec 001's backends).
+/// How copies are laid out on disk (the backends of docs/ssd-tier.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DiskBackend {
@@ -393,8 +394,8 @@ impl TierInner {
         }
     }
 
-    /// Phase two's wait: until no read of the copy is in progress (at most 10 s, as in
-    /// spec 001).
+    /// Phase two's wait: until no read of the copy is in progress (at most 10 s; see
+    /// docs/ssd-tier.md).
     async fn wait_for_readers(&self, key: &str, version: u64) {
         let give_up = Instant::now() + Duration::from_secs(10);
         while self.copies().readers_left(key, version) > 0 {

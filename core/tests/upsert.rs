@@ -1,5 +1,5 @@
-//! RFC 000 (hard pin and upsert), walked branch by branch: the UpsertStart flow chart, the three
-//! sequence diagrams, the failure-handling list, and our closing of the torn-read window.
+//! Hard pin and upsert (docs/upsert.md), walked branch by branch: each step of UpsertStart,
+//! cases A, B and C, failures along the way, and our closing of the torn-read window.
 
 mod common;
 
@@ -12,7 +12,7 @@ fn one() -> ReplicateConfig {
     ReplicateConfig::single()
 }
 
-// ---- flow chart: validation ------------------------------------------------------------------
+// ---- UpsertStart: validation -----------------------------------------------------------------
 
 #[test]
 fn upsert_start_validates_params() {
@@ -30,7 +30,7 @@ fn upsert_start_validates_params() {
     assert_eq!(f.m.stats().objects, 0);
 }
 
-// ---- flow chart: Case A --------------------------------------------------------------------
+// ---- UpsertStart: Case A -------------------------------------------------------------------
 
 #[test]
 fn case_a_absent_key_behaves_as_put() {
@@ -71,7 +71,7 @@ fn stale_handles_branch_is_case_a_because_unmount_drops_replicas_eagerly() {
     assert_eq!(g.replicas.len(), 1);
 }
 
-// ---- flow chart: replication task ------------------------------------------------------------
+// ---- UpsertStart: replication task -----------------------------------------------------------
 
 #[test]
 fn replication_task_blocks_upsert() {
@@ -92,12 +92,12 @@ fn replication_task_blocks_upsert() {
     assert!(f.upsert(A, "w", 4096, &one()).is_ok());
 }
 
-// ---- flow chart: preemption ------------------------------------------------------------------
+// ---- UpsertStart: preemption -----------------------------------------------------------------
 
 #[test]
 fn preemption_path_other_client_gets_illegal_client() {
-    // Sequence diagram 3: A is mid-put, B upserts; A's End fails; A's buffers are released
-    // only after the release timeout.
+    // A is mid-put, B upserts; A's End fails; A's buffers are released only after the release
+    // timeout.
     let mut f = Fixture::new(2, MIB);
     let a = f.start(A, "w", 4096, &one()).unwrap();
     let used_by_a = f.used();
@@ -152,7 +152,7 @@ fn preempting_an_in_place_upsert_loses_the_old_value_as_the_rfc_says() {
     assert_eq!(code(f.get("w")), ErrorCode::REPLICA_IS_NOT_READY);
 }
 
-// ---- flow chart: busy ------------------------------------------------------------------------
+// ---- UpsertStart: busy -----------------------------------------------------------------------
 
 #[test]
 fn held_reads_make_upsert_busy() {
@@ -174,7 +174,7 @@ fn held_reads_make_upsert_busy() {
 
 #[test]
 fn case_b_same_size_reuses_buffers_and_refreshes_owner_and_start() {
-    // Sequence diagram 1.
+    // Same size, nobody reading: overwritten in place.
     let mut f = Fixture::new(2, MIB);
     let old = f.put(A, "w", 4096, &ReplicateConfig::replicas(2));
     f.advance(Millis::from_secs(6));
@@ -292,7 +292,7 @@ fn case_b_revoke_loses_the_old_value() {
 
 #[test]
 fn case_c_new_size_reallocates_and_releases_old_after_lease() {
-    // Sequence diagram 2.
+    // A new size while a reader holds the old value.
     let mut f = Fixture::new(2, MIB);
     let old = f.put(A, "w", 4096, &one());
     let read = f.get("w").unwrap(); // a reader holds descriptors and a lease
@@ -323,7 +323,7 @@ fn case_c_without_readers_frees_old_buffers_at_once() {
 
 #[test]
 fn case_c_allocation_failure_keeps_the_old_value() {
-    // The RFC erases first and loses the value; we allocate first.
+    // Allocating before releasing: a failed upsert leaves the old value readable.
     let mut f = Fixture::new(1, 64 * KIB);
     f.put(A, "w", 4096, &one().hard_pinned());
     let e = f.upsert(A, "w", MIB, &one()).unwrap_err();
