@@ -357,26 +357,43 @@ impl SegmentMemory {
     }
 }
 
-/// Makes segment memory reachable for one-sided transfers.
+/// Makes segment memory reachable for one-sided transfers. Each transport writes what differs
+/// (how a segment is exported, and the service it answers through); the rest is the shared
+/// [`DataService`](crate::serve::DataService)'s.
 pub trait DataServer: Send + Sync {
+    /// The service that answers this server's requests: the one it owns, or the one of the
+    /// server it wraps.
+    fn service(&self) -> &crate::serve::DataService;
     /// Exports `memory`; returns the address and key to advertise in the segment's spec.
     fn export(&self, memory: SegmentMemory) -> Result<NodeAddr>;
     /// Stops serving the segment with `key`; later transfers to it fail.
     fn unexport(&self, key: u64);
+
     /// Answers readers' stage requests from `stager` (a node with a disk tier).
-    fn serve_disk(&self, stager: Arc<dyn Stager>) -> Result<()>;
+    fn serve_disk(&self, stager: Arc<dyn Stager>) -> Result<()> {
+        self.service().serve_disk(stager);
+        Ok(())
+    }
     /// Until [`DataServer::serve_disk`], answers readers' stage requests with "starting,
     /// retry shortly" (a node whose disk tier is recovering after a restart).
-    fn disk_starting(&self);
+    fn disk_starting(&self) {
+        self.service().disk_starting();
+    }
     /// Answers clients' requests for RDMA queue pairs through `acceptor` (a node that serves
     /// RDMA).
-    fn serve_rdma(&self, acceptor: Arc<dyn RdmaAcceptor>);
+    fn serve_rdma(&self, acceptor: Arc<dyn RdmaAcceptor>) {
+        self.service().serve_rdma(acceptor);
+    }
     /// Answers clients' requests to map segments from the same host through `acceptor` (a
     /// node that serves shm).
-    fn serve_shm(&self, acceptor: Arc<dyn ShmAcceptor>);
+    fn serve_shm(&self, acceptor: Arc<dyn ShmAcceptor>) {
+        self.service().serve_shm(acceptor);
+    }
 
     /// What this server has served since it started.
-    fn counts(&self) -> crate::serve::DataCounts;
+    fn counts(&self) -> crate::serve::DataCounts {
+        self.service().counts()
+    }
 }
 
 /// The segments a data server exports, by access key: what every transport's data server

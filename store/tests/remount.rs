@@ -9,10 +9,9 @@ use std::time::Duration;
 use mooring::master_service::MasterService;
 use mooring::{Node, NodeConfig};
 use mooring_core::{ClientId, Error, ErrorCode, MasterConfig, Result};
-use mooring_proto::serve::DataCounts;
+use mooring_proto::serve::DataService;
 use mooring_proto::transport::{
-    Answer, BoxFuture, ControlPlane, DataServer, ExportTable, NodeAddr, RdmaAcceptor, RpcHandler,
-    SegmentMemory, ShmAcceptor, Stager,
+    Answer, BoxFuture, ControlPlane, DataServer, NodeAddr, RpcHandler, SegmentMemory,
 };
 use mooring_proto::wire::{Hello, MasterRequest, Reply};
 
@@ -61,38 +60,24 @@ impl ControlPlane for Master {
 
 /// A data server that only keeps the export table, and logs exports and unexports.
 struct Exports {
-    table: ExportTable,
+    service: DataService,
     log: Arc<Log>,
 }
 
 impl DataServer for Exports {
+    fn service(&self) -> &DataService {
+        &self.service
+    }
+
     fn export(&self, memory: SegmentMemory) -> Result<NodeAddr> {
-        let key = self.table.export(memory);
-        self.log.push(format!("export key {key}"));
-        Ok(NodeAddr {
-            endpoint: "node:1".into(),
-            key,
-            rdma_key: None,
-        })
+        let addr = self.service.export(&Arc::from("node:1"), memory);
+        self.log.push(format!("export key {}", addr.key));
+        Ok(addr)
     }
 
     fn unexport(&self, key: u64) {
-        self.table.unexport(key);
+        self.service.unexport(key);
         self.log.push(format!("unexport key {key}"));
-    }
-
-    fn serve_disk(&self, _: Arc<dyn Stager>) -> Result<()> {
-        Ok(())
-    }
-
-    fn disk_starting(&self) {}
-
-    fn serve_rdma(&self, _: Arc<dyn RdmaAcceptor>) {}
-
-    fn serve_shm(&self, _: Arc<dyn ShmAcceptor>) {}
-
-    fn counts(&self) -> DataCounts {
-        DataCounts::default()
     }
 }
 
@@ -107,7 +92,7 @@ async fn the_old_key_stops_working_before_the_memory_is_mounted_again() {
     let control: Arc<dyn ControlPlane> = master.clone();
     control.call(Hello { client: CLIENT }).await.unwrap();
     let exports = Arc::new(Exports {
-        table: ExportTable::new(1),
+        service: DataService::new(1),
         log: log.clone(),
     });
     let config = NodeConfig {
@@ -158,5 +143,5 @@ async fn the_old_key_stops_working_before_the_memory_is_mounted_again() {
     let third_key = again[0].strip_prefix("export key ").unwrap();
     assert_eq!(again[1], format!("mount key {third_key}"));
     assert!(node.is_mounted());
-    assert_eq!(exports.table.keys(), [third_key.parse::<u64>().unwrap()]);
+    assert_eq!(exports.service.keys(), [third_key.parse::<u64>().unwrap()]);
 }

@@ -11,10 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mooring_core::{Checksum, Error, ErrorCode, Result};
-use mooring_proto::serve::DataCounts;
+use mooring_proto::serve::{DataCounts, DataService};
 use mooring_proto::transport::{
-    BoxFuture, DataPlane, DataServer, NodeAddr, RdmaAcceptor, ReadOp, SegmentMemory, ShmAcceptor,
-    Stager, WriteOp,
+    BoxFuture, DataPlane, DataServer, NodeAddr, RdmaAcceptor, ReadOp, SegmentMemory, WriteOp,
 };
 use mooring_proto::wire::{DataReply, DataRequest, QpAddress};
 
@@ -72,6 +71,10 @@ impl<V: Verbs> RdmaDataServer<V> {
 }
 
 impl<V: Verbs> DataServer for RdmaDataServer<V> {
+    fn service(&self) -> &DataService {
+        self.inner.service()
+    }
+
     fn export(&self, memory: SegmentMemory) -> Result<NodeAddr> {
         let keys = self.rdma.export(memory.clone())?;
         let mut addr = match self.inner.export(memory) {
@@ -94,22 +97,7 @@ impl<V: Verbs> DataServer for RdmaDataServer<V> {
         }
     }
 
-    fn serve_disk(&self, stager: Arc<dyn Stager>) -> Result<()> {
-        self.inner.serve_disk(stager)
-    }
-
-    fn disk_starting(&self) {
-        self.inner.disk_starting();
-    }
-
-    fn serve_rdma(&self, acceptor: Arc<dyn RdmaAcceptor>) {
-        self.inner.serve_rdma(acceptor);
-    }
-
-    fn serve_shm(&self, acceptor: Arc<dyn ShmAcceptor>) {
-        self.inner.serve_shm(acceptor);
-    }
-
+    // The wrapped server's counts (a TCP server's include its connections).
     fn counts(&self) -> DataCounts {
         self.inner.counts()
     }

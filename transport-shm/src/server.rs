@@ -11,10 +11,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mooring_core::{Error, ErrorCode, Result};
-use mooring_proto::serve::DataCounts;
-use mooring_proto::transport::{
-    DataServer, NodeAddr, RdmaAcceptor, SegmentMemory, ShmAcceptor, Stager,
-};
+use mooring_proto::serve::{DataCounts, DataService};
+use mooring_proto::transport::{DataServer, NodeAddr, SegmentMemory, ShmAcceptor};
 use mooring_proto::wire::ShmOffer;
 use mooring_transport_tcp::refusals;
 use tracing::{debug, info};
@@ -348,6 +346,10 @@ impl ShmDataServer {
 }
 
 impl DataServer for ShmDataServer {
+    fn service(&self) -> &DataService {
+        self.inner.service()
+    }
+
     fn export(&self, memory: SegmentMemory) -> Result<NodeAddr> {
         let addr = self.inner.export(memory.clone())?;
         self.shm.add(addr.key, memory);
@@ -359,22 +361,7 @@ impl DataServer for ShmDataServer {
         self.inner.unexport(key);
     }
 
-    fn serve_disk(&self, stager: Arc<dyn Stager>) -> Result<()> {
-        self.inner.serve_disk(stager)
-    }
-
-    fn disk_starting(&self) {
-        self.inner.disk_starting();
-    }
-
-    fn serve_rdma(&self, acceptor: Arc<dyn RdmaAcceptor>) {
-        self.inner.serve_rdma(acceptor);
-    }
-
-    fn serve_shm(&self, acceptor: Arc<dyn ShmAcceptor>) {
-        self.inner.serve_shm(acceptor);
-    }
-
+    // The wrapped server's counts (a TCP server's include its connections).
     fn counts(&self) -> DataCounts {
         self.inner.counts()
     }

@@ -10,8 +10,8 @@ use futures_util::future::join_all;
 use mooring_core::{Checksum, Error, ErrorCode, Result};
 use mooring_proto::serve::{DataService, SenderClock, Served};
 use mooring_proto::transport::{
-    BoxFuture, DataPlane, DataServer, LandedPiece, NodeAddr, ReadOp, SegmentMemory, Stager,
-    WriteOp, checksums_of,
+    BoxFuture, DataPlane, DataServer, LandedPiece, NodeAddr, ReadOp, SegmentMemory, WriteOp,
+    checksums_of,
 };
 use mooring_proto::wire::{DataReply, DataRequest, DataResponse, Range};
 use tokio::task::JoinHandle;
@@ -113,33 +113,16 @@ fn sim_clock_us() -> u64 {
 }
 
 impl DataServer for SimDataServer {
+    fn service(&self) -> &DataService {
+        &self.service
+    }
+
     fn export(&self, memory: SegmentMemory) -> Result<NodeAddr> {
         Ok(self.service.export(&self.endpoint, memory))
     }
 
     fn unexport(&self, key: u64) {
         self.service.unexport(key);
-    }
-
-    fn serve_disk(&self, stager: Arc<dyn Stager>) -> Result<()> {
-        self.service.serve_disk(stager);
-        Ok(())
-    }
-
-    fn disk_starting(&self) {
-        self.service.disk_starting();
-    }
-
-    fn serve_rdma(&self, acceptor: Arc<dyn mooring_proto::transport::RdmaAcceptor>) {
-        self.service.serve_rdma(acceptor);
-    }
-
-    fn serve_shm(&self, acceptor: Arc<dyn mooring_proto::transport::ShmAcceptor>) {
-        self.service.serve_shm(acceptor);
-    }
-
-    fn counts(&self) -> mooring_proto::serve::DataCounts {
-        self.service.counts()
     }
 }
 

@@ -18,8 +18,8 @@ use mooring_proto::serve::{DataService, Ranges, Served};
 use mooring_proto::summing::{STEP, Summing};
 use mooring_proto::trace::TraceId;
 use mooring_proto::transport::{
-    BoxFuture, DataPlane, DataServer, LandedPiece, NodeAddr, ReadOp, SegmentMemory, Stager,
-    WriteOp, checksums_of,
+    BoxFuture, DataPlane, DataServer, LandedPiece, NodeAddr, ReadOp, SegmentMemory, WriteOp,
+    checksums_of,
 };
 use mooring_proto::wire::{DataReply, DataRequest, DataResponse};
 use tokio::net::TcpListener;
@@ -285,6 +285,10 @@ async fn receive_write(
 }
 
 impl DataServer for TcpDataServer {
+    fn service(&self) -> &DataService {
+        &self.service
+    }
+
     fn export(&self, memory: SegmentMemory) -> Result<NodeAddr> {
         let addr = self.service.export(&self.endpoint, memory.clone());
         self.local
@@ -302,23 +306,6 @@ impl DataServer for TcpDataServer {
             .write()
             .expect("local segments lock")
             .remove(&(self.endpoint.clone(), key));
-    }
-
-    fn serve_disk(&self, stager: Arc<dyn Stager>) -> Result<()> {
-        self.service.serve_disk(stager);
-        Ok(())
-    }
-
-    fn disk_starting(&self) {
-        self.service.disk_starting();
-    }
-
-    fn serve_rdma(&self, acceptor: Arc<dyn mooring_proto::transport::RdmaAcceptor>) {
-        self.service.serve_rdma(acceptor);
-    }
-
-    fn serve_shm(&self, acceptor: Arc<dyn mooring_proto::transport::ShmAcceptor>) {
-        self.service.serve_shm(acceptor);
     }
 
     fn counts(&self) -> mooring_proto::serve::DataCounts {
