@@ -1,0 +1,138 @@
+//! Recovery: the newest snapshot, then every journal after it, replayed; damage that a
+//! sync mark vouches for stops it (see the module docs of [`super`]).
+
+use super::*;
+
+/// What [`recover`] found.
+pub struct Recovered {
+    /// The master as it was when the last intact record was applied, on that clock.
+    pub master: Master,
+    /// The generation the restarted master continues after.
+    pub generation: u64,
+    /// Journal records replayed.
+    pub replayed: u64,
+}
+
+/// Rebuilds the master kept in `dir` (created if missing): the newest snapshot, then every
+/// journal from its generation on, replayed under the configuration each was written with,
+/// and finally `config` in force. An empty directory gives a fresh master.
+pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
+    dir.prepare().map_err(|e| {
+        io_error(format!(
+            "cannot create the state directory {}: {e}",
+            dir.location()
+        ))
+    })?;
+    let (journals, snapshots) = generations(dir)?;
+    let base = snapshots.last().copied();
+    let mut master: Option<Master> = None;
+    let mut snapshot = match base {
+        Some(g) => Some(dir.read(&snapshot_name(g)).map_err(|e| {
+            io_error(format!(
+                "cannot read snapshot {g} in {}: {e}",
+                dir.location()
+            ))
+        })?),
+        None => None,
+    };
+    let first = base.unwrap_or(0);
+    let to_replay: Vec<u64> = journals.iter().copied().filter(|&g| g >= first).collect();
+    if let Some(gap) = to_replay
+        .iter()
+        .zip(first..)
+        .find(|(g, expected)| **g != *expected)
+    {
+        return Err(io_error(format!(
+            "the state directory {} lacks journal {} (found {}): it cannot be replayed; \
+             restore the missing file or start from an empty directory",
+            dir.location(),
+            gap.1,
+            gap.0
+        )));
+    }
+    let mut replayed = 0;
+    let mut generation = first;
+    for (i, &g) in to_replay.iter().enumerate() {
+        generation = g;
+        let name = journal_name(g);
+        let path = format!("{}/{name}", dir.location());
+        let bytes = dir
+            .read(&name)
+            .map_err(|e| io_error(format!("cannot read {path}: {e}")))?;
+        let decoded = journal::decode(g, &bytes);
+        let last = i + 1 == to_replay.len();
+        if decoded.foreign {
+            let why = decoded.stopped.as_deref().unwrap_or_default();
+            return Err(io_error(format!(
+                "{path} holds bytes this build cannot read ({why}): it was written by another \
+                 version of Mooring; start the version that wrote it, or move the \
+                 directory aside to start empty"
+            )));
+        }
+        if let Some(damage) = decoded.damaged {
+            crate::coverage::hit(crate::coverage::Path::JOURNAL_DAMAGE_REFUSED);
+            let why = decoded.stopped.as_deref().unwrap_or_default();
+            return Err(io_error(format!(
+                "{path} is damaged at byte {} ({why}), but the master had synced it through \
+                 byte {}: the changes after the damage were acknowledged, and starting would \
+                 drop them silently. Restore the file from a backup or a standby's copy; to \
+                 start anyway and lose every change after the damage, cut the file there \
+                 (truncate -s {} {path})",
+                damage.at, damage.synced_to, damage.at
+            )));
+        }
+        if !last && !decoded.ended {
+            let why = decoded
+                .stopped
+                .as_deref()
+                .unwrap_or("before its end record");
+            return Err(io_error(format!(
+                "{path} is damaged ({why}), and later journals follow it: the history cannot \
+                 be replayed past it; move the directory aside to start empty"
+            )));
+        }
+        if let Some(why) = &decoded.stopped {
+            // A torn write, or records left from the file's earlier use: the writer had not
+            // synced past here, so nothing after it was acknowledged.
+            crate::coverage::hit(crate::coverage::Path::JOURNAL_TORN_TAIL);
+            info!("{path} ends at byte {} ({why})", decoded.intact);
+        }
+        for (now, input) in decoded.entries {
+            if let Input::Config(logged) = &input {
+                if master.is_none() {
+                    master = Some(match snapshot.take() {
+                        Some(bytes) => Master::restore_unshifted(logged.clone(), &bytes)?,
+                        None => Master::new(logged.clone())?,
+                    });
+                }
+                continue;
+            }
+            let Some(m) = master.as_mut() else {
+                return Err(io_error(format!(
+                    "{path} does not start with its configuration record"
+                )));
+            };
+            journal::apply(m, now, input);
+            replayed += 1;
+        }
+    }
+    // What replay did was reported when it first happened: its events are not news.
+    if let Some(m) = master.as_mut() {
+        m.drain_events();
+    }
+    let master = match (master, snapshot) {
+        (Some(m), _) => reconfigure(m, config)?,
+        (None, Some(bytes)) => Master::restore_unshifted(config, &bytes)?,
+        (None, None) => Master::new(config)?,
+    };
+    Ok(Recovered {
+        master,
+        generation,
+        replayed,
+    })
+}
+
+/// `master` with `config` in force (a restart may change settings), on the same clock.
+fn reconfigure(master: Master, config: MasterConfig) -> Result<Master> {
+    Master::restore_unshifted(config, &master.snapshot())
+}
