@@ -23,36 +23,16 @@ fn scratch(name: &str) -> PathBuf {
 /// service in `dir`, and more until the journal reaches generation `generation`; returns
 /// the live master's state, as a fingerprint.
 fn run(dir: &Path, puts: usize, snapshot_after: u64, generation: u64) -> String {
-    let service = MasterService::persistent(dir, MasterConfig::default(), snapshot_after)
-        .expect("a fresh directory");
-    let ok = |request: mooring_proto::wire::MasterRequest| service.handle(request).unwrap();
-    ok(Hello { client: CLIENT }.into());
-    ok(MountSegment {
-        client: CLIENT,
-        spec: SegmentSpec {
-            name: "seg".into(),
-            base: 0,
-            size: 1 << 20,
-            endpoint: "node:1".into(),
-            key: 1,
-            rdma_key: None,
-        },
-    }
-    .into());
+    let served = Served::on(Arc::new(PosixStateDir::new(dir)), snapshot_after);
+    served.join();
+    let ok = |request: mooring_proto::wire::MasterRequest| served.service.handle(request).unwrap();
     let reached = || posix(dir).0.last() >= Some(&generation);
     for i in 0.. {
         if i >= puts && reached() {
             break;
         }
         let key = format!("k{i}");
-        let Reply::PutStart(grant) = ok(PutStart {
-            client: CLIENT,
-            key: key.clone(),
-            size: 1000,
-            config: ReplicateConfig::single(),
-            upsert: false,
-        }
-        .into()) else {
+        let Reply::PutStart(grant) = ok(put_start(&key)) else {
             panic!("not a grant");
         };
         ok(PutEnd {
@@ -67,7 +47,7 @@ fn run(dir: &Path, puts: usize, snapshot_after: u64, generation: u64) -> String 
         }
     }
     // Dropping the service drops the journal, which writes what it holds first.
-    service.with_master(|m, _| m.state_fingerprint())
+    served.service.with_master(|m, _| m.state_fingerprint())
 }
 
 fn recovered(dir: &Path) -> Result<String> {
@@ -217,6 +197,70 @@ fn a_flipped_bit_early_in_the_newest_journal_stops_the_master_at_that_offset() {
     let _ = fs::remove_dir_all(&dir);
 }
 
+/// [`CLIENT`]'s start of a 1000-byte put of `key`.
+fn put_start(key: &str) -> mooring_proto::wire::MasterRequest {
+    PutStart {
+        client: CLIENT,
+        key: key.into(),
+        size: 1000,
+        config: ReplicateConfig::single(),
+        upsert: false,
+    }
+    .into()
+}
+
+/// A persistent service and a runtime to wait for its answers on.
+struct Served {
+    service: Arc<MasterService>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Served {
+    /// A service on `dir` (fresh), snapshotting after `snapshot_after` journal bytes.
+    fn on(dir: Arc<dyn StateDir>, snapshot_after: u64) -> Served {
+        Served {
+            service: MasterService::persistent_in(dir, MasterConfig::default(), snapshot_after)
+                .expect("a fresh directory"),
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        }
+    }
+
+    /// Greets the master as [`CLIENT`] and mounts its 1 MiB segment.
+    fn join(&self) {
+        self.answer(Hello { client: CLIENT }.into()).unwrap();
+        self.answer(
+            MountSegment {
+                client: CLIENT,
+                spec: SegmentSpec {
+                    name: "seg".into(),
+                    base: 0,
+                    size: 1 << 20,
+                    endpoint: "node:1".into(),
+                    key: 1,
+                    rdma_key: None,
+                },
+            }
+            .into(),
+        )
+        .unwrap();
+    }
+
+    /// The answer to `request`, once what it acknowledges is durable.
+    fn answer(
+        &self,
+        request: mooring_proto::wire::MasterRequest,
+    ) -> mooring_proto::wire::MasterResponse {
+        use mooring_proto::transport::Answer;
+        match self.service.answer(request) {
+            Answer::Now(response) => response,
+            Answer::WhenDurable(later) => self.runtime.block_on(later),
+        }
+    }
+}
+
 /// A real directory that can be made to refuse writes for want of space, or to fail
 /// its syncs.
 #[derive(Default)]
@@ -227,6 +271,14 @@ struct Fillable {
 }
 
 impl Fillable {
+    /// The real directory at `path`, working until told otherwise.
+    fn at(path: &Path) -> Arc<Fillable> {
+        Arc::new(Fillable {
+            dir: Some(PosixStateDir::new(path)),
+            ..Fillable::default()
+        })
+    }
+
     fn dir(&self) -> &PosixStateDir {
         self.dir.as_ref().expect("a directory")
     }
@@ -298,50 +350,13 @@ fn a_full_directory_refuses_changes_serves_reads_and_recovers_without_a_restart(
     use mooring_proto::transport::Answer;
     use mooring_proto::wire::{Exist, MasterRequest};
     let path = scratch("full");
-    let full = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let dir = Arc::new(Fillable {
-        dir: Some(PosixStateDir::new(&path)),
-        full: full.clone(),
-        ..Fillable::default()
-    });
-    let service = MasterService::persistent_in(dir, MasterConfig::default(), SNAPSHOT_AFTER)
-        .expect("a fresh directory");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let answer = |request: MasterRequest| match service.answer(request) {
-        Answer::Now(response) => response,
-        Answer::WhenDurable(later) => runtime.block_on(later),
-    };
-    let put = |key: &str| -> Answer {
-        service.answer(
-            PutStart {
-                client: CLIENT,
-                key: key.into(),
-                size: 1000,
-                config: ReplicateConfig::single(),
-                upsert: false,
-            }
-            .into(),
-        )
-    };
-    answer(Hello { client: CLIENT }.into()).unwrap();
-    answer(
-        MountSegment {
-            client: CLIENT,
-            spec: SegmentSpec {
-                name: "seg".into(),
-                base: 0,
-                size: 1 << 20,
-                endpoint: "node:1".into(),
-                key: 1,
-                rdma_key: None,
-            },
-        }
-        .into(),
-    )
-    .unwrap();
+    let dir = Fillable::at(&path);
+    let full = dir.full.clone();
+    let served = Served::on(dir, SNAPSHOT_AFTER);
+    let (service, runtime) = (&served.service, &served.runtime);
+    let answer = |request: MasterRequest| served.answer(request);
+    let put = |key: &str| -> Answer { service.answer(put_start(key)) };
+    served.join();
 
     full.store(true, Ordering::SeqCst);
     // The change that meets the full disk waits for it, unanswered.
@@ -398,7 +413,7 @@ fn a_full_directory_refuses_changes_serves_reads_and_recovers_without_a_restart(
         .block_on(later)
         .expect("accepted again, with no restart");
     let live = service.with_master(|m, _| m.state_fingerprint());
-    drop(service);
+    drop(served);
     assert_eq!(recovered(&path).unwrap(), live, "nothing lost or invented");
     let _ = fs::remove_dir_all(&path);
 }
@@ -407,43 +422,12 @@ fn a_full_directory_refuses_changes_serves_reads_and_recovers_without_a_restart(
 /// the next; returns the live state's fingerprint. The service is then abandoned as a
 /// process that dies is: nothing more reaches the disk.
 fn acknowledged_puts(dir: Arc<dyn StateDir>, puts: usize) -> String {
-    use mooring_proto::transport::Answer;
-    let service = MasterService::persistent_in(dir, MasterConfig::default(), 4 << 10)
-        .expect("a fresh directory");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    let answer = |request: mooring_proto::wire::MasterRequest| match service.answer(request) {
-        Answer::Now(response) => response.unwrap(),
-        Answer::WhenDurable(later) => runtime.block_on(later).unwrap(),
-    };
-    answer(Hello { client: CLIENT }.into());
-    answer(
-        MountSegment {
-            client: CLIENT,
-            spec: SegmentSpec {
-                name: "seg".into(),
-                base: 0,
-                size: 1 << 20,
-                endpoint: "node:1".into(),
-                key: 1,
-                rdma_key: None,
-            },
-        }
-        .into(),
-    );
+    let served = Served::on(dir, 4 << 10);
+    let answer = |request: mooring_proto::wire::MasterRequest| served.answer(request).unwrap();
+    served.join();
     for i in 0..puts {
         let key = format!("k{i}");
-        let Reply::PutStart(grant) = answer(
-            PutStart {
-                client: CLIENT,
-                key: key.clone(),
-                size: 1000,
-                config: ReplicateConfig::single(),
-                upsert: false,
-            }
-            .into(),
-        ) else {
+        let Reply::PutStart(grant) = answer(put_start(&key)) else {
             panic!("not a grant");
         };
         answer(
@@ -456,9 +440,9 @@ fn acknowledged_puts(dir: Arc<dyn StateDir>, puts: usize) -> String {
             .into(),
         );
     }
-    let live = service.with_master(|m, _| m.state_fingerprint());
+    let live = served.service.with_master(|m, _| m.state_fingerprint());
     // Dies: no end record, no last write.
-    std::mem::forget(service);
+    std::mem::forget(served);
     live
 }
 
@@ -524,25 +508,12 @@ fn power_losses_and_flipped_bits_never_drop_an_acknowledged_change_silently() {
 
 #[test]
 fn a_failed_sync_stops_acknowledging_changes_for_good() {
-    use mooring_proto::transport::Answer;
     use mooring_proto::wire::{Exist, MasterRequest};
     let path = scratch("sync-fails");
-    let sync_fails = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let dir = Arc::new(Fillable {
-        dir: Some(PosixStateDir::new(&path)),
-        sync_fails: sync_fails.clone(),
-        ..Fillable::default()
-    });
-    let service = MasterService::persistent_in(dir, MasterConfig::default(), SNAPSHOT_AFTER)
-        .expect("a fresh directory");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let answer = |request: MasterRequest| match service.answer(request) {
-        Answer::Now(response) => response,
-        Answer::WhenDurable(later) => runtime.block_on(later),
-    };
+    let dir = Fillable::at(&path);
+    let sync_fails = dir.sync_fails.clone();
+    let served = Served::on(dir, SNAPSHOT_AFTER);
+    let answer = |request: MasterRequest| served.answer(request);
     let remove = |key: &str| answer(Remove { key: key.into() }.into());
     answer(Hello { client: CLIENT }.into()).unwrap();
     sync_fails.store(true, Ordering::SeqCst);
@@ -571,6 +542,6 @@ fn a_failed_sync_stops_acknowledging_changes_for_good() {
         Ok(Reply::Exist(false)),
         "reads go on"
     );
-    drop(service);
+    drop(served);
     let _ = fs::remove_dir_all(&path);
 }
