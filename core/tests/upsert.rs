@@ -142,7 +142,7 @@ fn preemption_path_same_client_gets_object_not_found() {
 }
 
 #[test]
-fn preempting_an_in_place_upsert_loses_the_old_value_as_the_rfc_says() {
+fn preempting_an_in_place_upsert_loses_the_old_value_it_was_overwriting() {
     let mut f = Fixture::new(2, MIB);
     f.put(A, "w", 4096, &one());
     f.advance(Millis::from_secs(6)); // no lease
