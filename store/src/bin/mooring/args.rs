@@ -341,13 +341,17 @@ pub(crate) struct NodeArgs {
 
 #[derive(Args, Clone)]
 pub(crate) struct ClientArgs {
+    /// TOML config file with a [client] section: `master` and `rpc_timeout` (flags and
+    /// MOORING_MASTER override it).
+    #[arg(long)]
+    pub(crate) config: Option<PathBuf>,
     /// The master's address; a group's: every master's (A,B,C), or where etcd finds them
-    /// (etcd://HOST:PORT[/CLUSTER]).
-    #[arg(long, env = "MOORING_MASTER", default_value = DEFAULT_MASTER)]
-    pub(crate) master: String,
-    /// Time allowed for one request.
-    #[arg(long, default_value = "10s")]
-    pub(crate) timeout: String,
+    /// (etcd://HOST:PORT[/CLUSTER]) [default: the config file's, else 127.0.0.1:50051].
+    #[arg(long, env = "MOORING_MASTER")]
+    pub(crate) master: Option<String>,
+    /// Time allowed for one request [default: the config file's rpc_timeout, else 10s].
+    #[arg(long)]
+    pub(crate) timeout: Option<String>,
     /// How to reach nodes: auto (the best each node offers that this client can use: shared
     /// memory on this host, then RDMA, then TCP), tcp, rdma (needs a device) or shm (only
     /// nodes on this host that serve it).
@@ -359,6 +363,29 @@ pub(crate) struct ClientArgs {
     pub(crate) rdma_device: Option<String>,
     #[command(flatten)]
     pub(crate) auth: AuthArgs,
+}
+
+impl ClientArgs {
+    /// The master's address and the time allowed for one request: flags (and
+    /// MOORING_MASTER) first, then the config file's `[client]` section, then the defaults.
+    pub(crate) fn master_and_timeout(&self) -> Result<(String, std::time::Duration), Error> {
+        let file = match &self.config {
+            Some(path) => mooring::config::FileConfig::load(path).map_err(usage_error)?,
+            None => mooring::config::FileConfig::default(),
+        };
+        let master = self
+            .master
+            .clone()
+            .or(file.client.master)
+            .unwrap_or_else(|| DEFAULT_MASTER.into());
+        let timeout = self
+            .timeout
+            .clone()
+            .or(file.client.rpc_timeout)
+            .unwrap_or_else(|| "10s".into());
+        let timeout = mooring::config::parse_duration(&timeout).map_err(usage_error)?;
+        Ok((master, timeout))
+    }
 }
 
 #[derive(Args)]
@@ -536,4 +563,56 @@ pub(crate) enum DebugAction {
         #[arg(long, default_value_t = 4096)]
         size: u64,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{Cli, Command};
+
+    fn get_args(args: &[&str]) -> super::ClientArgs {
+        let mut argv = vec!["mooring", "get"];
+        argv.extend_from_slice(args);
+        argv.push("key");
+        match Cli::try_parse_from(argv).expect("parses").command {
+            Command::Get(get) => get.client,
+            _ => unreachable!("a get"),
+        }
+    }
+
+    #[test]
+    fn a_client_takes_the_config_files_master_and_timeout_unless_flags_say_otherwise() {
+        // MOORING_MASTER, when set, rightly takes precedence over the file.
+        if std::env::var_os("MOORING_MASTER").is_some() {
+            return;
+        }
+        let path = std::env::temp_dir().join(format!("mooring-client-{}.toml", std::process::id()));
+        std::fs::write(
+            &path,
+            "[client]\nmaster = \"10.0.0.9:7000\"\nrpc_timeout = \"3s\"\n",
+        )
+        .unwrap();
+        let config = path.to_str().unwrap();
+        let (master, timeout) = get_args(&["--config", config])
+            .master_and_timeout()
+            .unwrap();
+        assert_eq!((master.as_str(), timeout.as_secs()), ("10.0.0.9:7000", 3));
+        let (master, timeout) =
+            get_args(&["--config", config, "--master", "m:1", "--timeout", "1s"])
+                .master_and_timeout()
+                .unwrap();
+        assert_eq!((master.as_str(), timeout.as_secs()), ("m:1", 1));
+        let (master, timeout) = get_args(&[]).master_and_timeout().unwrap();
+        assert_eq!(
+            (master.as_str(), timeout.as_secs()),
+            ("127.0.0.1:50051", 10)
+        );
+        std::fs::write(&path, "[client]\nrpc_timeout = \"soon\"\n").unwrap();
+        let bad = get_args(&["--config", config])
+            .master_and_timeout()
+            .unwrap_err();
+        assert!(bad.to_string().contains("soon"), "{bad}");
+        std::fs::remove_file(&path).unwrap();
+    }
 }

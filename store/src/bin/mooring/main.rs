@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use mooring::bench::{self, BenchConfig, MasterPlacement};
-use mooring::config::{FileConfig, MasterSection, parse_duration, parse_size};
+use mooring::config::{FileConfig, MasterSection, parse_size};
 use mooring::disk_tier::DiskTierConfig;
 use mooring::master_service::MasterService;
 use mooring::{
@@ -64,8 +64,9 @@ fn usage_error(message: String) -> Error {
 }
 
 async fn connect(args: &ClientArgs) -> Result<Client, Error> {
-    let mut config = ClientConfig::new(args.master.clone());
-    config.rpc_timeout = parse_duration(&args.timeout).map_err(usage_error)?;
+    let (master, rpc_timeout) = args.master_and_timeout()?;
+    let mut config = ClientConfig::new(master);
+    config.rpc_timeout = rpc_timeout;
     config.token = args.auth.token()?;
     config.transport = args.transport;
     config.rdma_devices = mooring::transports::device_names(args.rdma_device.as_deref());
@@ -179,6 +180,7 @@ async fn run_master_group(
     config: mooring_core::MasterConfig,
     token: Option<mooring_proto::auth::ClusterToken>,
 ) -> Result<(), Error> {
+    use mooring::config::parse_duration;
     use mooring::ha::etcd::GroupConfig;
     let endpoints = mooring::ha::etcd_endpoints(group.etcd).map_err(usage_error)?;
     let advertise = match group.advertise {
