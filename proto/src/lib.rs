@@ -15,6 +15,7 @@
 //! | [`summing`] | checksums summed on a helper thread while a transfer moves the next bytes |
 //! | [`serve`] | a node's answer to each data request, shared by every transport's data server |
 //! | [`journal`] | the master's inputs as checksummed records, and their replay |
+//! | [`refusals`] | refusals logged at WARN, at most ten a second, and counted |
 //! | [`trace`] | the id one client operation carries through master and nodes |
 //! | [`disk`] | the file I/O trait the SSD tier's disks implement |
 //! | [`state_dir`] | the files a master keeps (journals, snapshots), as a trait the simulation can break |
@@ -26,6 +27,7 @@ pub mod dispatch;
 pub mod fuzz;
 pub mod handoff;
 pub mod journal;
+pub mod refusals;
 pub mod serve;
 pub mod state_dir;
 pub mod summing;

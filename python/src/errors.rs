@@ -6,7 +6,7 @@
 //! program that fails in a loop does not drown its own output.
 
 use mooring_core::{Error, ErrorCode};
-use mooring_transport_tcp::refusals::LogBudget;
+use mooring_proto::refusals::LogBudget;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;

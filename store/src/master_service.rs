@@ -340,8 +340,8 @@ impl MasterService {
 }
 
 /// Refusals for want of room in the state directory: logged at most ten a second.
-static FULL_REFUSALS: mooring_transport_tcp::refusals::LogBudget =
-    mooring_transport_tcp::refusals::LogBudget::new();
+static FULL_REFUSALS: mooring_proto::refusals::LogBudget =
+    mooring_proto::refusals::LogBudget::new();
 
 /// The metrics pages of `service` (see [`crate::metrics::handler`]), counting the
 /// connections `connections` reports; `in_group` for a master leading a group.

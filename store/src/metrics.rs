@@ -300,7 +300,7 @@ impl MasterMetrics {
         registry.register(
             "refused_peers",
             "Peers refused (failed handshake, connection cap, bad frame)",
-            ConstCounter::new(mooring_transport_tcp::refusals::total()),
+            ConstCounter::new(mooring_proto::refusals::total()),
         );
         let gauges: [(&str, &str, u64); 11] = [
             (
@@ -537,7 +537,7 @@ pub fn node_text(node: &crate::node::Node, disk: Option<(usize, u64)>) -> String
     registry.register(
         "refused_peers",
         "Peers refused (failed handshake, connection cap, bad frame)",
-        ConstCounter::new(mooring_transport_tcp::refusals::total()),
+        ConstCounter::new(mooring_proto::refusals::total()),
     );
     registry.register(
         "connections",

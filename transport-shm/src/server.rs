@@ -11,10 +11,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mooring_core::{Error, ErrorCode, Result};
+use mooring_proto::refusals;
 use mooring_proto::serve::{DataCounts, DataService};
 use mooring_proto::transport::{DataServer, NodeAddr, SegmentMemory, ShmAcceptor};
 use mooring_proto::wire::ShmOffer;
-use mooring_transport_tcp::refusals;
 use tracing::{debug, info};
 
 use crate::handoff::{self, Reply};

@@ -32,7 +32,9 @@ use crate::handshake::ConnectionClock;
 use crate::lanes::{ReadPiece, SplitBuf, WritePiece, chunk_ops, ranges_of, split_lanes};
 use crate::limits::{ConnectionLimits, IDLE_TIMEOUT};
 use crate::peer_clock::PeerClock;
-use crate::{handshake, refusals};
+use mooring_proto::refusals;
+
+use crate::handshake;
 
 /// Segments served from this process, so transfers to them are a `memcpy`. Share one between
 /// the data servers and data planes of one process; never across simulated nodes.

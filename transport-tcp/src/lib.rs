@@ -16,7 +16,6 @@ pub mod handshake;
 mod lanes;
 pub mod limits;
 mod peer_clock;
-pub mod refusals;
 mod rpc;
 mod socket;
 #[cfg(all(target_os = "linux", not(madsim)))]

@@ -25,7 +25,9 @@ use crate::framed::{Framed, PACE_CAP, ReadError};
 use crate::handshake::ConnectionClock;
 use crate::limits::{ConnectionLimits, IDLE_TIMEOUT};
 use crate::peer_clock::PeerClock;
-use crate::{handshake, refusals};
+use mooring_proto::refusals;
+
+use crate::handshake;
 
 /// Most idle connections kept per peer.
 const MAX_IDLE: usize = 64;
