@@ -850,7 +850,7 @@ async fn write(
     if upsert {
         client.upsert(key, value, config).await
     } else {
-        put_outcome(client.put_from(key, value, config).await)
+        put_outcome(client.put(key, value, config).await)
     }
 }
 

@@ -6,17 +6,11 @@ use super::*;
 type PlannedWrite<'a> = (usize, u64, &'a [u8]);
 
 impl Client {
-    /// Stores `value` under `key`. Objects are immutable: an existing key fails with
-    /// `OBJECT_ALREADY_EXISTS` (see [`Client::upsert`]).
+    /// Stores `value` under `key`, read from wherever it lies (a caller's registered buffer
+    /// too: there is no separate `put_from`). Objects are immutable: an existing key fails
+    /// with `OBJECT_ALREADY_EXISTS` (see [`Client::upsert`]).
     pub async fn put(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> Result<()> {
         self.operation("put", key, self.write(key, value, config, false))
-            .await
-    }
-
-    /// [`Client::put`] from a caller buffer (over TCP the same as `put`; RDMA transports use
-    /// registered buffers directly).
-    pub async fn put_from(&self, key: &str, value: &[u8], config: &ReplicateConfig) -> Result<()> {
-        self.operation("put_from", key, self.write(key, value, config, false))
             .await
     }
 
