@@ -44,6 +44,13 @@ impl ClusterToken {
     /// Parses a token file's contents: 64 hex digits, surrounding white space ignored.
     pub fn parse(text: &str) -> Result<ClusterToken, String> {
         let text = text.trim();
+        if !text.is_ascii() {
+            return Err(
+                "a cluster token is hex digits only, and this holds other characters (make one \
+                 with `mooring token new FILE`)"
+                    .into(),
+            );
+        }
         if text.len() != TOKEN_LEN * 2 {
             return Err(format!(
                 "a cluster token is {} hex digits, this is {} characters (make one with `mooring token new FILE`)",

@@ -22,8 +22,31 @@ pub fn generate() -> ClusterToken {
     }
 }
 
-/// Reads the token in `path`.
+/// Reads the token in `path`, which only its owner may read: a token others can read lets
+/// them join the cluster as anyone (as ssh refuses a private key others can read).
 pub fn load(path: &Path) -> Result<ClusterToken> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .map_err(|e| {
+            Error::new(
+                ErrorCode::FILE_READ_FAIL,
+                format!("cluster token file {}: {e}", path.display()),
+            )
+        })?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!(
+                "cluster token file {} can be read by others (mode {:04o}): anyone who reads it \
+                 can join the cluster; make it the owner's alone with `chmod 600 {}`",
+                path.display(),
+                mode & 0o7777,
+                path.display()
+            ),
+        ));
+    }
     let text = std::fs::read_to_string(path).map_err(|e| {
         Error::new(
             ErrorCode::FILE_READ_FAIL,
@@ -84,13 +107,32 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         let token = load(&path).unwrap();
-        assert_eq!(resolve(Some(&path)).unwrap(), Some(token));
+        assert_eq!(resolve(Some(&path)).unwrap(), Some(token.clone()));
         assert!(
             write_new(&path).is_err(),
             "an existing token is not replaced"
         );
         std::fs::write(&path, "not a token").unwrap();
         assert!(load(&path).unwrap_err().to_string().contains("hex digits"));
+        // 64 bytes, but not 64 characters: refused, not a panic.
+        let odd = format!("é{}", "a".repeat(62));
+        std::fs::write(&path, &odd).unwrap();
+        assert!(
+            load(&path)
+                .unwrap_err()
+                .to_string()
+                .contains("hex digits only")
+        );
+        // A token others can read is refused, saying how to fix it.
+        std::fs::write(&path, token.to_file_text()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let open = load(&path).unwrap_err().to_string();
+        assert!(
+            open.contains("0644") && open.contains("chmod 600"),
+            "{open}"
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(load(&path).unwrap(), token);
         assert!(load(&dir.join("missing")).is_err());
         assert_ne!(generate(), generate());
         std::fs::remove_dir_all(&dir).unwrap();
