@@ -106,6 +106,18 @@ pub fn journal(data: &[u8]) {
         .map_or(0, |g| u64::from_le_bytes(g.try_into().expect("8 bytes")));
     let decoded = decode(generation, data);
     assert!(decoded.intact <= data.len());
+    // Damage is reported where decoding stopped, vouched for by a mark past it.
+    if let Some(damage) = decoded.damaged {
+        assert_eq!(
+            damage.at, decoded.intact,
+            "damage is where decoding stopped"
+        );
+        assert!(
+            damage.synced_to > damage.at as u64,
+            "a mark vouches past the damage"
+        );
+        assert!(decoded.stopped.is_some() && !decoded.foreign);
+    }
     let mut again = file_header(generation).to_vec();
     for (now, input) in &decoded.entries {
         record(generation, *now, &payload(input), &mut again);
@@ -118,7 +130,8 @@ pub fn journal(data: &[u8]) {
     );
 }
 
-/// A short journal of every kind of input: the seed of the journal corpus.
+/// A short journal of every kind of input, sync marks among them: the seed of the journal
+/// corpus.
 pub fn sample_journal() -> Vec<u8> {
     use crate::journal::{Input, file_header, payload, record};
     use mooring_core::{ClientId, MasterConfig, Millis, ReplicateConfig};
@@ -137,15 +150,34 @@ pub fn sample_journal() -> Vec<u8> {
             .into(),
         ),
         Input::Request(GetReplicaList { key: "k".into() }.into()),
+        Input::Synced(0),
         Input::Tick,
     ];
     const GENERATION: u64 = 4;
     let mut out = file_header(GENERATION).to_vec();
     for (i, input) in inputs.iter().enumerate() {
-        record(GENERATION, Millis(10 * i as u64), &payload(input), &mut out);
+        // A mark vouches for everything written before it.
+        let input = match input {
+            Input::Synced(_) => Input::Synced(out.len() as u64),
+            other => other.clone(),
+        };
+        record(
+            GENERATION,
+            Millis(10 * i as u64),
+            &payload(&input),
+            &mut out,
+        );
     }
     record(GENERATION, Millis(50), &payload(&Input::End), &mut out);
     out
+}
+
+/// [`sample_journal`] with one bit flipped in a record a mark vouches for: damage, the seed
+/// of the journal corpus's refusal path.
+pub fn sample_damaged_journal() -> Vec<u8> {
+    let mut journal = sample_journal();
+    journal[crate::journal::FILE_HEADER + 20] ^= 0x08;
+    journal
 }
 
 /// Decodes `payload` as a `T` behind a valid header; a decoded message must encode and

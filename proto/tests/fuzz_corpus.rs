@@ -67,11 +67,12 @@ fn the_seed_frames_decode() {
 #[test]
 #[ignore = "writes fuzz/corpus; run by hand after a wire change"]
 fn write_seed_corpora() {
-    let journal = fuzz::sample_journal();
     let dir = corpus_dir("journal");
     std::fs::create_dir_all(&dir).expect("corpus dir");
-    let name = format!("seed-{:08x}", crc32c::crc32c(&journal));
-    std::fs::write(dir.join(name), &journal).expect("corpus file");
+    for journal in [fuzz::sample_journal(), fuzz::sample_damaged_journal()] {
+        let name = format!("seed-{:08x}", crc32c::crc32c(&journal));
+        std::fs::write(dir.join(name), &journal).expect("corpus file");
+    }
     let dir = corpus_dir("shm_handoff");
     std::fs::create_dir_all(&dir).expect("corpus dir");
     for input in fuzz::sample_handoffs() {
@@ -93,4 +94,13 @@ fn write_seed_corpora() {
             std::fs::write(dir.join(name), input).expect("corpus file");
         }
     }
+}
+
+#[test]
+fn the_journal_seeds_reach_both_the_replay_and_the_refusal() {
+    use mooring_proto::journal::decode;
+    let whole = decode(4, &fuzz::sample_journal());
+    assert!(whole.ended && whole.damaged.is_none(), "{whole:?}");
+    let damaged = decode(4, &fuzz::sample_damaged_journal());
+    assert!(damaged.damaged.is_some(), "{damaged:?}");
 }
