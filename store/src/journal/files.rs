@@ -182,8 +182,16 @@ impl JournalFile {
         Ok(())
     }
 
-    /// Makes every appended record durable.
+    /// Makes every appended record durable. A sync that fails for want of space is a failed
+    /// sync like any other (what it covered may be gone), never the full directory the
+    /// writer waits out: only a write that did not land is safe to write again.
     pub(super) fn sync(&self) -> io::Result<()> {
-        self.file.sync()
+        self.file.sync().map_err(|e| {
+            if e.kind() == io::ErrorKind::StorageFull {
+                io::Error::other(format!("sync failed for want of space: {e}"))
+            } else {
+                e
+            }
+        })
     }
 }

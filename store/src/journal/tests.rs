@@ -256,7 +256,12 @@ impl Served {
         use mooring_proto::transport::Answer;
         match self.service.answer(request) {
             Answer::Now(response) => response,
-            Answer::WhenDurable(later) => self.runtime.block_on(later),
+            Answer::WhenDurable(later) => self
+                .runtime
+                .block_on(async {
+                    tokio::time::timeout(std::time::Duration::from_secs(30), later).await
+                })
+                .expect("an answer waiting for the disk came within 30 s"),
         }
     }
 }
@@ -305,7 +310,9 @@ impl StateFile for FillableFile {
     }
     fn sync(&self) -> io::Result<()> {
         if self.sync_fails.load(Ordering::SeqCst) {
-            return Err(io::Error::other("injected EIO on fsync"));
+            // Some file systems answer ENOSPC from fsync: the same loss as EIO, never a full
+            // directory to wait out (the journal would write the covered records twice).
+            return Err(io::Error::from(io::ErrorKind::StorageFull));
         }
         self.file.sync()
     }
