@@ -117,7 +117,7 @@ EXPS = {
  # acknowledged change after the damage is dropped silently. Planted where recovery acts on
  # it, and (separately) where the decoder looks for the sync marks that prove it.
  'journal-damage-ignored': [
-   ('store/src/journal.rs', "        if let Some(damage) = decoded.damaged {", "        if let Some(damage) = decoded.damaged.filter(|_| false) {"),
+   ('store/src/journal/recover.rs', "        if let Some(damage) = decoded.damaged {", "        if let Some(damage) = decoded.damaged.filter(|_| false) {"),
  ],
  'journal-marks-unread': [
    ('proto/src/journal.rs', "                if !foreign {\n                    decoded.damaged = synced_past(generation, bytes, at);\n                }\n", ""),
@@ -125,12 +125,12 @@ EXPS = {
  # A full state directory: the records that met it are dropped instead of held, so the
  # changes waiting on them are acknowledged by the next successful sync without being on disk.
  'journal-full-drops-held': [
-   ('store/src/journal.rs', "        let newer = std::mem::replace(&mut pending.bytes, bytes);\n        pending.bytes.extend_from_slice(&newer);\n", "        drop(bytes);\n"),
+   ('store/src/journal/writer.rs', "        let newer = std::mem::replace(&mut pending.bytes, bytes);\n        pending.bytes.extend_from_slice(&newer);\n", "        drop(bytes);\n"),
  ],
  # The journal takes a failed fsync for a success (PostgreSQL's 'fsyncgate'): the changes it
  # covered are acknowledged though the disk dropped them.
  'journal-fsync-error-ignored': [
-   ('store/src/journal.rs', "    fn sync(&self) -> io::Result<()> {\n        self.file.sync()\n    }", "    fn sync(&self) -> io::Result<()> {\n        let _ = self.file.sync();\n        Ok(())\n    }"),
+   ('store/src/journal/files.rs', "    pub(super) fn sync(&self) -> io::Result<()> {\n        self.file.sync().map_err(|e| {", "    pub(super) fn sync(&self) -> io::Result<()> {\n        let _ = self.file.sync();\n        Ok(()).map_err(|e: io::Error| {"),
  ],
  # A same-host writer copies whatever its window says.
  'shm-no-write-fence': [
