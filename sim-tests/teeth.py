@@ -137,6 +137,29 @@ EXPS = {
    ('transport-shm/src/client.rs', "                    if Instant::now() >= deadline {", "                    if false {"),
  ],
 }
+# The write fence's plants: each breaks one term of the fence's inequality. A slip there shows
+# only under rare timing, so they are judged by the fence's own property test (every
+# interleaving of delays, lost answers, clock offsets and stalls), not by seeds.
+FENCE = 'core/src/client/fence.rs'
+EXPS.update({
+ 'fence-window-too-long': [
+   (FENCE, "Millis(self.client_ttl.as_millis() / 2)", "Millis(self.client_ttl.as_millis() * 7 / 8)"),
+ ],
+ 'fence-release-margin-ignores-late-bytes': [
+   (FENCE, "Millis(self.release_timeout.as_millis() / 10).max(self.late_landing())", "Millis(self.release_timeout.as_millis() / 10)"),
+ ],
+ 'fence-broken-chain-extends-old-writes': [
+   (FENCE, "            self.unbroken_since = if now.since(sent)", "            let _ = if now.since(sent)"),
+ ],
+ 'fence-validity-keeps-round-trip': [
+   (FENCE, "let left = remaining_us.saturating_sub(rtt_us);", "let left = remaining_us;"),
+ ],
+ 'fence-node-trusts-slowest-message': [
+   ('core/src/client/sender_clock.rs', ".map_or(gap, |o| o.saturating_add(drift).min(gap))", ".map_or(gap, |o| o.saturating_add(drift).max(gap))"),
+ ],
+})
+PROPERTY_TESTS = {name: ['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'write_fence']
+                  for name in EXPS if name.startswith('fence-')}
 # Plants in code only some transports run are tried on those (default: the usual mix).
 RUN_ARGS = {
  'shm-mapping-outlives-mount': ['--transport', 'shm'],
@@ -169,6 +192,17 @@ files=set()
 for f,old,new in EXPS[name]:
     p=os.path.join(ROOT,f); s=open(p).read()
     open(p,'w').write(s.replace(old,new)); files.add(f)
+if name in PROPERTY_TESTS:
+    # Caught when the property test fails; restored either way.
+    penv=dict(os.environ, CARGO_TARGET_DIR=os.path.expanduser('~/.cache/mooring-teeth/target-host'))
+    t=time.time()
+    try:
+        r=subprocess.run(PROPERTY_TESTS[name],cwd=ROOT,env=penv,capture_output=True,text=True)
+    finally:
+        subprocess.run(['git','checkout','--']+sorted(files),cwd=ROOT)
+    caught=r.returncode!=0 and 'landed at' in r.stdout+r.stderr
+    print(f"== {name}: {1 if caught else 0}/1 seeds failed; first failing seed {'proptest' if caught else None}; {time.time()-t:.0f}s")
+    sys.exit(0)
 env=dict(os.environ, RUSTFLAGS='--cfg madsim', CARGO_TARGET_DIR=os.path.expanduser('~/.cache/mooring-teeth/target'))
 try:
     b=subprocess.run(['cargo','build','--release','-q','-p','mooring-sim-tests','--bin','mooring-sim'],cwd=ROOT,env=env,capture_output=True,text=True)

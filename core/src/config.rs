@@ -123,6 +123,9 @@ impl MasterConfig {
         if self.client_ttl == Millis::ZERO {
             return bad("client_ttl must be positive".into());
         }
+        crate::client::FenceRule::new(self.client_ttl, self.put_start_release_timeout)
+            .check()
+            .or_else(bad)?;
         if self.max_key_len == 0 || self.max_replicas == 0 {
             return bad("max_key_len and max_replicas must be positive".into());
         }

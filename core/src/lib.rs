@@ -37,6 +37,7 @@
 //! | `snapshot` | versioned, checksummed rkyv snapshot and restore |
 //! | [`log_shipping`], [`leadership`] | standby masters: which records may be acknowledged, who may take over; the leader's lease |
 //! | [`invariants`] | the checkers every test layer calls |
+//! | [`client`] | the client's side: write fence, read plans and verdicts, write plans, membership timing |
 
 #![forbid(unsafe_code)]
 
@@ -45,6 +46,7 @@ pub mod census;
 pub mod checksum;
 mod chunked;
 mod clear;
+pub mod client;
 mod clients;
 pub mod config;
 mod discard;

@@ -17,7 +17,7 @@ use serde::Deserialize;
 /// within about 3 s. Mooncake's (and the core's) default is 10 s. Measured before the change:
 /// no false expiry in 20 minutes of a 3 s TTL with the machine's full test suite running
 /// beside a loaded cluster. Connections bound late writes to a quarter of it (see
-/// `mooring_transport_tcp::bound_late_writes_for`), so the write fence holds.
+/// `mooring_transport_tcp::bound_late_writes`), so the write fence holds.
 pub const DEFAULT_CLIENT_TTL: Millis = Millis(3_000);
 
 /// Parses a byte size: a number with an optional unit (`B`, `KiB`/`K`, `MiB`/`M`, `GiB`/`G`,

@@ -9,13 +9,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mooring_core::{ClientId, ErrorCode, Result, SegmentId, SegmentSpec};
+use mooring_core::client::MountRetry;
+use mooring_core::{ClientId, Millis, Result, SegmentId, SegmentSpec};
 use mooring_proto::transport::{ControlPlane, DataServer, NodeAddr, SegmentMemory};
 use mooring_proto::wire::{MountSegment, UnmountSegment};
-use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::buggify::{self, Site};
+use crate::clock::Clock;
 
 use crate::memory::segment_memory;
 
@@ -76,22 +77,20 @@ impl Node {
                 mount: Mutex::new(None),
             }),
         };
-        let give_up = Instant::now() + buggify::timeout(Site::NODE_MOUNT_PATIENCE, patience);
-        let mut backoff = Duration::from_millis(50);
+        let patience = buggify::timeout(Site::NODE_MOUNT_PATIENCE, patience);
+        let clock = Clock::new();
+        let mut retry = MountRetry::new(Millis(patience.as_millis() as u64), clock.now());
         loop {
             match node.mount().await {
                 Ok(()) => return Ok(node),
-                Err(e)
-                    if matches!(
-                        e.code,
-                        ErrorCode::SEGMENT_ALREADY_EXISTS | ErrorCode::RPC_FAIL
-                    ) && Instant::now() + backoff < give_up =>
-                {
-                    info!(name = %node.name(), "cannot mount yet, retrying in {backoff:?}: {e}");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                }
-                Err(e) => return Err(e),
+                Err(e) => match retry.after(&e, clock.now()) {
+                    Some(wait) => {
+                        let wait = Duration::from_millis(wait.as_millis());
+                        info!(name = %node.name(), "cannot mount yet, retrying in {wait:?}: {e}");
+                        tokio::time::sleep(wait).await;
+                    }
+                    None => return Err(e),
+                },
             }
         }
     }

@@ -1,19 +1,17 @@
 //! A member's standing with the master: it says hello, heartbeats, keeps its segment (if it
 //! contributes one) mounted, and knows how long the master will still consider it alive.
 //!
-//! That last part is a safety rule, not bookkeeping. When the master stops hearing from a
-//! client for `client_ttl` it presumes it dead and may hand the blocks of its unfinished
-//! writes to someone else. A client cut off from the master but not from the nodes must not
-//! keep writing into those blocks, so it stops starting transfers half a TTL after the last
-//! heartbeat the master acknowledged (measured from when that heartbeat was *sent*, which is
-//! no later than when the master saw it). The other half is the margin for bytes already on
-//! the wire (bounded by the transports: TCP's user timeout, RDMA's retry limit).
+//! That last part is a safety rule, not bookkeeping: a member cut off from the master but not
+//! from the nodes must stop writing before the master may give its blocks to someone else.
+//! The rule and its timing are `mooring_core::client::WriteWindow`'s; this module feeds it
+//! the send time of every request the master answers, and `mooring_core::client::Membership`
+//! says how often to heartbeat and when to mount again.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mooring_core::{ClientId, HeartbeatAck, HeartbeatStatus, Millis, Result};
+use mooring_core::client::{FenceRule, Membership, WriteWindow};
+use mooring_core::{ClientId, Millis, Result};
 use mooring_proto::transport::ControlPlane;
 use mooring_proto::wire::{ClusterInfo, Goodbye, Heartbeat, Hello};
 use tokio::task::JoinHandle;
@@ -24,42 +22,47 @@ use crate::clock::Clock;
 use crate::disk_tier::DiskTier;
 use crate::node::Node;
 
-/// When this member last proved to the master that it is alive.
+/// When this member last proved to the master that it is alive, and so how long it may write
+/// (see [`WriteWindow`]).
 #[derive(Debug)]
 pub struct MasterContact {
     clock: Clock,
-    /// Clock reading (ms) when the latest acknowledged heartbeat was sent.
-    last_sent: AtomicU64,
-    /// Half the client TTL, in ms: how long after that this member may still write.
-    write_window: u64,
+    window: Mutex<WriteWindow>,
 }
 
 impl MasterContact {
-    /// Contact as of `clock`'s start (a request acknowledged by the master was sent after
-    /// it), for a master whose client TTL is `client_ttl`.
-    pub fn new(clock: Clock, client_ttl: Millis) -> MasterContact {
+    /// Contact as of `clock`'s start (the hello, sent after it, was answered), under `rule`.
+    pub fn new(clock: Clock, rule: FenceRule) -> MasterContact {
         MasterContact {
             clock,
-            last_sent: AtomicU64::new(0),
-            write_window: client_ttl.as_millis() / 2,
+            window: Mutex::new(WriteWindow::new(rule, Millis::ZERO)),
         }
     }
 
-    /// The clock reading to pass to [`MasterContact::acknowledged`] for a heartbeat sent now.
+    /// The clock reading to pass to [`MasterContact::acknowledged`] for a request sent now,
+    /// and to [`MasterContact::fence`] for a write starting now.
     pub fn now(&self) -> Millis {
         self.clock.now()
     }
 
-    /// The master acknowledged a heartbeat sent at `sent`.
+    /// The master answered a request sent at `sent`.
     pub fn acknowledged(&self, sent: Millis) {
-        self.last_sent
-            .fetch_max(sent.as_millis(), Ordering::Relaxed);
+        let now = self.clock.now();
+        self.window
+            .lock()
+            .expect("write window lock")
+            .acknowledged(sent, now);
     }
 
-    /// How much longer this member may write to nodes (zero: not at all).
-    pub fn write_window(&self) -> Duration {
-        let until = self.last_sent.load(Ordering::Relaxed) + self.write_window;
-        Duration::from_millis(until.saturating_sub(self.clock.now().as_millis()))
+    /// How much longer a write that started at `started` may transfer (zero: not at all).
+    pub fn fence(&self, started: Millis) -> Duration {
+        let now = self.clock.now();
+        let fence = self
+            .window
+            .lock()
+            .expect("write window lock")
+            .fence(started, now);
+        Duration::from_millis(fence.as_millis())
     }
 }
 
@@ -98,10 +101,12 @@ impl Presence {
     ) -> Result<Presence> {
         let clock = Clock::new();
         let info = control.call(Hello { client: id }).await?;
-        mooring_transport_tcp::bound_late_writes_for(Duration::from_millis(
-            info.client_ttl.as_millis(),
+        let rule = FenceRule::new(info.client_ttl, info.put_start_release_timeout);
+        mooring_transport_tcp::bound_late_writes(Duration::from_millis(
+            rule.late_landing().as_millis(),
         ));
-        let contact = Arc::new(MasterContact::new(clock, info.client_ttl));
+        let contact = Arc::new(MasterContact::new(clock, rule));
+        let membership = membership(&info);
         let (node, disk) = match contribution {
             Some(c) => {
                 // Its disk is read before anything is mounted: a disk that cannot be read
@@ -115,9 +120,7 @@ impl Presence {
                     }
                     None => None,
                 };
-                // A restarted node may find its name still held by its previous incarnation
-                // until the master expires it: wait that long, and a little more.
-                let patience = Duration::from_millis(info.client_ttl.as_millis()) * 2;
+                let patience = duration(membership.mount_patience());
                 let node = Node::start(
                     id,
                     &c.config,
@@ -141,7 +144,7 @@ impl Presence {
         let heartbeat = spawn_heartbeat(
             id,
             control.clone(),
-            heartbeat_interval(&info),
+            duration(membership.heartbeat_interval()),
             node.clone(),
             contact.clone(),
         );
@@ -161,9 +164,9 @@ impl Presence {
         &self.control
     }
 
-    /// The lease TTL as a duration.
-    pub fn lease(&self) -> Duration {
-        Duration::from_millis(self.info.lease_ttl.as_millis())
+    /// How long a leaving node keeps serving readers.
+    fn linger(&self) -> Duration {
+        duration(membership(&self.info).linger())
     }
 
     /// Stops heartbeating, unmounts the segment (serving readers for one more lease) and says
@@ -172,7 +175,7 @@ impl Presence {
         self.stop_heartbeat();
         let left = match &self.node {
             Some(node) => {
-                node.shutdown(buggify::timeout(Site::NODE_LINGER, self.lease()))
+                node.shutdown(buggify::timeout(Site::NODE_LINGER, self.linger()))
                     .await
             }
             None => Ok(()),
@@ -199,24 +202,18 @@ impl Drop for Presence {
     }
 }
 
-/// Heartbeat often enough that two lost heartbeats do not expire the member.
-fn heartbeat_interval(info: &ClusterInfo) -> Duration {
-    Duration::from_millis((info.client_ttl.as_millis() / 4).max(10))
+/// A member's timing under the master's settings.
+fn membership(info: &ClusterInfo) -> Membership {
+    Membership::new(info.client_ttl, info.lease_ttl)
 }
 
-/// Whether `node` must mount again: the master re-registered this member, or does not list
-/// the node's segment among this member's (a `Registered` answer may have been lost), or the
-/// node is not mounted at all.
-fn needs_mount(node: &Node, ack: &HeartbeatAck) -> bool {
-    ack.status == HeartbeatStatus::Registered
-        || !node
-            .segment()
-            .is_some_and(|segment| ack.segments.contains(&segment))
+fn duration(ms: Millis) -> Duration {
+    Duration::from_millis(ms.as_millis())
 }
 
 /// Heartbeats every `interval` (each heartbeat given at most one interval to answer, so a
 /// slow master does not silently stretch the period) until aborted. Mounts `node` again
-/// whenever it must (see [`needs_mount`]).
+/// whenever it must (see [`Membership::needs_mount`]).
 fn spawn_heartbeat(
     client: ClientId,
     control: Arc<dyn ControlPlane>,
@@ -249,7 +246,7 @@ fn spawn_heartbeat(
             };
             contact.acknowledged(sent);
             if let Some(node) = &node
-                && needs_mount(node, &ack)
+                && Membership::needs_mount(node.segment(), &ack)
             {
                 match node.remount().await {
                     Ok(()) => {}

@@ -1,12 +1,14 @@
 //! The data plane over the simulated network: one-sided reads and writes of a node's exported
 //! segment, one datagram per request (large transfers split into several).
 
+use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use mooring_core::client::{FenceRule, SenderClockView};
 use mooring_core::{Checksum, Error, ErrorCode, Result};
 use mooring_proto::serve::{DataService, SenderClock, Served};
 use mooring_proto::transport::{
@@ -38,10 +40,15 @@ impl SimDataServer {
     ) -> io::Result<Arc<SimDataServer>> {
         let service = Arc::new(DataService::new(key_seed));
         let serving = service.clone();
+        let senders: Mutex<BTreeMap<SocketAddr, SenderClockView>> = Mutex::default();
         let task = spawn_server(
             net,
             bind,
-            Box::new(move |datagram, from| serve(&serving, datagram, from)),
+            Box::new(move |datagram, from| {
+                let mut senders = senders.lock().unwrap_or_else(|e| e.into_inner());
+                let mut clock = SimSenderClock(senders.entry(from).or_default());
+                serve(&serving, datagram, from, &mut clock)
+            }),
         )
         .await?;
         Ok(Arc::new(SimDataServer {
@@ -70,19 +77,29 @@ impl Drop for SimDataServer {
     }
 }
 
-/// Every simulated node shares madsim's clock, so a write's deadline is checked directly.
-struct SharedClock;
+/// A sender's clock as the node sees it: the same rule as over TCP
+/// ([`SenderClockView`]), with arrival read off the simulated clock. Simulated hosts share one
+/// clock, so the offset the view estimates is the smallest delay seen from that sender.
+struct SimSenderClock<'a>(&'a mut SenderClockView);
 
-impl SenderClock for SharedClock {
-    fn observe(&mut self, _sent_at_us: u64) {}
+impl SenderClock for SimSenderClock<'_> {
+    fn observe(&mut self, sent_at_us: u64) {
+        self.0.observe(sent_at_us, sim_clock_us() as i64);
+    }
 
     fn expired(&mut self, sent_at_us: u64, valid_for_us: u64) -> bool {
-        sim_clock_us() > sent_at_us.saturating_add(valid_for_us)
+        self.0
+            .expired(sent_at_us, valid_for_us, sim_clock_us() as i64)
     }
 }
 
 /// Performs one transfer request; the reply carries read data.
-fn serve(service: &DataService, datagram: &[u8], from: SocketAddr) -> Handled {
+fn serve(
+    service: &DataService,
+    datagram: &[u8],
+    from: SocketAddr,
+    clock: &mut dyn SenderClock,
+) -> Handled {
     let (id, request, bulk) = match decode::<DataRequest>(datagram) {
         Ok(decoded) => decoded,
         Err(e) => {
@@ -92,7 +109,7 @@ fn serve(service: &DataService, datagram: &[u8], from: SocketAddr) -> Handled {
     };
     let reply =
         |response: DataResponse, bulk: &[&[u8]]| Handled::Now(Some(encode(id, &response, bulk)));
-    match service.serve(request, &mut SharedClock) {
+    match service.serve(request, clock) {
         Served::Answer(response) => reply(response, &[]),
         Served::RefuseWrite(e) => reply(Err(e), &[]),
         Served::Write(target) => reply(target.copy_in(bulk).map(|()| DataReply::Done), &[]),
@@ -130,6 +147,9 @@ impl DataServer for SimDataServer {
 pub struct SimDataPlane {
     mux: Arc<Mux>,
     timeout: Duration,
+    /// The shortest round trip seen to each node: a write's announced validity leaves it out
+    /// (see `FenceRule::announced_validity`).
+    round_trips: Mutex<BTreeMap<SocketAddr, Duration>>,
 }
 
 impl SimDataPlane {
@@ -143,6 +163,7 @@ impl SimDataPlane {
         Ok(Arc::new(SimDataPlane {
             mux: Mux::bind(net, ip).await?,
             timeout,
+            round_trips: Mutex::new(BTreeMap::new()),
         }))
     }
 
@@ -164,14 +185,42 @@ impl SimDataPlane {
             .parse()
             .map_err(|e| fail(format!("bad endpoint: {e}")))?;
         let id = self.mux.next_id();
+        let asked = tokio::time::Instant::now();
         let reply = self
             .mux
             .call(to, id, encode(id, &request, bulk), self.timeout)
             .await
             .map_err(|_| fail(format!("no answer within {:?}", self.timeout)))?;
+        let rtt = asked.elapsed();
+        self.lock_round_trips()
+            .entry(to)
+            .and_modify(|seen| *seen = (*seen).min(rtt))
+            .or_insert(rtt);
         let (_, response, data) =
             decode::<DataResponse>(&reply).map_err(|e| fail(format!("bad reply: {e}")))?;
         Ok((response?, data.to_vec()))
+    }
+}
+
+impl SimDataPlane {
+    fn lock_round_trips(&self) -> std::sync::MutexGuard<'_, BTreeMap<SocketAddr, Duration>> {
+        self.round_trips.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The shortest round trip seen to `node`, probing it first if none was: the node learns
+    /// this sender's clock from the probe.
+    async fn round_trip(&self, node: &NodeAddr) -> Result<Duration> {
+        let to: Option<SocketAddr> = node.endpoint.parse().ok();
+        if let Some(rtt) = to.and_then(|to| self.lock_round_trips().get(&to).copied()) {
+            return Ok(rtt);
+        }
+        let probe = DataRequest::Probe {
+            sent_at_us: sim_clock_us(),
+        };
+        self.exchange(node, probe, &[]).await?;
+        Ok(to
+            .and_then(|to| self.lock_round_trips().get(&to).copied())
+            .unwrap_or(self.timeout))
     }
 }
 
@@ -282,8 +331,20 @@ impl DataPlane for SimDataPlane {
     ) -> BoxFuture<'a, Result<Vec<Checksum>>> {
         Box::pin(async move {
             let sums: Vec<Checksum> = ops.iter().map(|op| Checksum::of(op.src)).collect();
+            let rtt = self.round_trip(node).await?;
+            let remaining = valid_for.as_micros().min(u128::from(u64::MAX)) as u64;
+            let Some(valid_for_us) =
+                FenceRule::announced_validity(remaining, rtt.as_micros() as u64)
+            else {
+                return Err(Error::new(
+                    ErrorCode::TRANSFER_FAIL,
+                    format!(
+                        "not writing to {}: the writer's fence leaves less than a round trip",
+                        node.endpoint
+                    ),
+                ));
+            };
             let sent_at_us = sim_clock_us();
-            let valid_for_us = valid_for.as_micros().min(u128::from(u64::MAX)) as u64;
             let split: Vec<(u64, &[u8])> = ops
                 .into_iter()
                 .flat_map(|op| {

@@ -94,25 +94,22 @@ pub struct Framed {
 const SPLICE_SIZES: std::ops::RangeInclusive<usize> = 64 * 1024..=2 << 20;
 
 /// How long sent bytes may stay unacknowledged before the kernel drops the connection, unless
-/// a cluster with a short client TTL asks for less (see [`bound_late_writes_for`]).
-///
-/// This bounds how late a write can land on a node: bytes either arrive within this long of
-/// being sent or never do. Writers stop writing half a client TTL after their last
-/// acknowledged heartbeat and the master waits a whole TTL before reusing a silent writer's
-/// blocks, so this must stay well under half the TTL (default TTL 10 s).
-pub const USER_TIMEOUT: Duration = Duration::from_secs(2);
+/// a cluster asks for less (see [`bound_late_writes`]). This is how TCP keeps the write fence's
+/// late-landing bound: bytes either arrive within this long of being sent or never do. The
+/// bound is the protocol's (`mooring_core::client::fence`), not this transport's.
+pub const USER_TIMEOUT: Duration =
+    Duration::from_millis(mooring_core::client::fence::MAX_LATE_LANDING.as_millis());
 
 /// The user timeout connections opened from now on get, in milliseconds.
 static USER_TIMEOUT_MS: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(USER_TIMEOUT.as_millis() as u64);
 
-/// Makes connections opened from now on give up on unacknowledged bytes within a quarter of
-/// `client_ttl` (never more than [`USER_TIMEOUT`]), so the write fence above holds for a
-/// cluster whose client TTL is short: with a 3 s TTL a write lands within 0.75 s of being
-/// sent or never, well inside the 1.5 s between the writer's own stop and the master's reuse.
-/// Only ever lowers it: a process in two clusters keeps the tighter bound.
-pub fn bound_late_writes_for(client_ttl: Duration) {
-    let ms = (client_ttl.as_millis() / 4).clamp(1, USER_TIMEOUT.as_millis()) as u64;
+/// Makes connections opened from now on give up on unacknowledged bytes within `late_landing`
+/// (the fence's bound for the cluster joined: `FenceRule::late_landing`), never more than
+/// [`USER_TIMEOUT`] nor less than a millisecond. Only ever lowers it: a process in two
+/// clusters keeps the tighter bound.
+pub fn bound_late_writes(late_landing: Duration) {
+    let ms = late_landing.as_millis().clamp(1, USER_TIMEOUT.as_millis()) as u64;
     USER_TIMEOUT_MS.fetch_min(ms, std::sync::atomic::Ordering::Relaxed);
 }
 
@@ -466,12 +463,12 @@ mod tests {
         let before = connect().await;
         assert!(kernel_user_timeout(&before) <= USER_TIMEOUT.as_millis() as u32);
 
-        bound_late_writes_for(Duration::from_secs(3));
+        bound_late_writes(Duration::from_millis(750));
         assert_eq!(user_timeout(), Duration::from_millis(750));
         let after = connect().await;
         assert_eq!(kernel_user_timeout(&after), 750);
 
-        bound_late_writes_for(Duration::from_secs(10));
+        bound_late_writes(Duration::from_millis(2_500));
         assert_eq!(user_timeout(), Duration::from_millis(750), "never raised");
         let later = connect().await;
         assert_eq!(kernel_user_timeout(&later), 750);

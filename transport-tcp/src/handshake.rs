@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use mooring_core::client::FenceRule;
 use tokio::time::Instant;
 
 use mooring_proto::auth::{
@@ -51,13 +52,10 @@ impl ConnectionClock {
     /// clock may lag by), both in microseconds. `None` when nothing would be left.
     pub fn stamp(&self, deadline: Instant) -> Option<(u64, u64)> {
         let now = Instant::now();
-        let valid_for = deadline
-            .saturating_duration_since(now)
-            .saturating_sub(self.rtt);
-        (!valid_for.is_zero()).then(|| {
-            let sent_at = now.saturating_duration_since(self.origin);
-            (sent_at.as_micros() as u64, valid_for.as_micros() as u64)
-        })
+        let remaining = deadline.saturating_duration_since(now).as_micros() as u64;
+        let valid_for = FenceRule::announced_validity(remaining, self.rtt.as_micros() as u64)?;
+        let sent_at = now.saturating_duration_since(self.origin);
+        Some((sent_at.as_micros() as u64, valid_for))
     }
 
     /// Notes a round trip that took `rtt`.

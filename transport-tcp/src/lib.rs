@@ -22,5 +22,5 @@ mod socket;
 mod splice;
 
 pub use data::{DataPlaneConfig, LocalSegments, TcpDataPlane, TcpDataServer};
-pub use framed::{Framed, ReadError, bound_late_writes_for, user_timeout};
+pub use framed::{Framed, ReadError, bound_late_writes, user_timeout};
 pub use rpc::{Discover, TcpControlPlane, spawn_rpc_server, spawn_rpc_server_with_limits};

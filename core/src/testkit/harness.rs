@@ -11,6 +11,7 @@ use super::model::Model;
 use super::ops::Op;
 use super::writes::Finish;
 use super::{CLIENTS, ensure, harness_config};
+use crate::client::{FenceRule, WriteWindow};
 use crate::config::MasterConfig;
 use crate::ids::{ClientId, HoldId, TaskId, WriteId};
 use crate::invariants;
@@ -46,7 +47,9 @@ pub(super) struct PendingRead {
     pub(super) key: String,
     pub(super) version: u64,
     pub(super) replicas: Vec<ReplicaDescriptor>,
-    pub(super) lease_until: Millis,
+    /// When the replica list was asked for, and the lease granted with it.
+    pub(super) asked: Millis,
+    pub(super) lease_ttl: Millis,
 }
 
 /// What a client remembers.
@@ -55,6 +58,17 @@ pub(super) struct ClientSide {
     pub(super) grants: Vec<Grant>,
     pub(super) holds: Vec<HoldId>,
     pub(super) tasks: Vec<ClientTask>,
+    /// Its write fence, fed every answer the master gave it (none before the first): the
+    /// client library's rule, so the model test checks that it keeps writes out of reused
+    /// blocks.
+    pub(super) window: Option<WriteWindow>,
+}
+
+impl ClientSide {
+    /// How much longer a write or task started at `started` may transfer, at `now`.
+    pub(super) fn fence(&self, started: Millis, now: Millis) -> Millis {
+        self.window.map_or(Millis::ZERO, |w| w.fence(started, now))
+    }
 }
 
 /// Runs operations against a master and judges everything it does.
@@ -267,9 +281,30 @@ impl Harness {
                 evict,
             } => self.disk_sync(segment, want, fail, evict),
         }?;
+        self.acknowledge_heard();
         self.model.mark_maybe_queued(self.now);
         invariants::check(&self.master).map_err(|v| v.to_string())?;
         self.check_agreement()
+    }
+
+    /// Every client the master heard this step got its answer now (core calls answer at
+    /// once): its write window learns of it.
+    fn acknowledge_heard(&mut self) {
+        let rule = FenceRule::new(
+            self.config.client_ttl,
+            self.config.put_start_release_timeout,
+        );
+        let now = self.now;
+        for (&client, &heard) in &self.model.clients {
+            if heard != now {
+                continue;
+            }
+            let side = &mut self.clients[super::client_index(client)];
+            match &mut side.window {
+                Some(window) => window.acknowledged(now, now),
+                None => side.window = Some(WriteWindow::new(rule, now)),
+            }
+        }
     }
 
     /// Heals everything and lets time run past every timeout: every write must leave

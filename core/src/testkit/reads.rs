@@ -6,6 +6,8 @@ use super::memory::{self, pattern};
 use super::model::MObject;
 use super::{Harness, ensure, expect_code, key_name};
 use crate::checksum::Checksum;
+use crate::client::ReadPlan;
+use crate::client::read_plan::value_len;
 use crate::error::ErrorCode;
 use crate::ids::SegmentId;
 use crate::object::{Medium, ReplicaDescriptor, ReplicaStatus};
@@ -79,6 +81,10 @@ impl Harness {
         let (replicas, version, size) = self
             .expected_read(key)
             .map_err(|code| format!("read of {key:?} succeeded, expected {code}"))?;
+        let len = value_len(key, list).map_err(|e| format!("the reader refuses the list: {e}"))?;
+        ensure(len as u64 == size, || {
+            format!("{key:?} listed as {len} bytes, the value has {size}")
+        })?;
         let got: Vec<(SegmentId, u64)> =
             list.replicas.iter().map(|r| (r.segment, r.addr)).collect();
         ensure(got == replicas, || {
@@ -131,7 +137,8 @@ impl Harness {
                         key,
                         version,
                         replicas: list.replicas,
-                        lease_until: self.now + list.lease_ttl,
+                        asked: self.now,
+                        lease_ttl: list.lease_ttl,
                     });
                 }
                 Ok(())
@@ -144,8 +151,11 @@ impl Harness {
             return Ok(());
         }
         let read = self.reads.remove(usize::from(read) % self.reads.len());
-        if self.now >= read.lease_until {
-            return Ok(()); // the reader's lease check would discard it
+        let plan = ReadPlan {
+            lease_ttl: read.lease_ttl,
+        };
+        if !plan.inside_lease(read.asked, self.now) {
+            return Ok(()); // the reader discards it (the client library's rule)
         }
         for r in &read.replicas {
             let present = match r.medium {

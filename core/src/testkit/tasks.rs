@@ -11,6 +11,7 @@ use crate::error::ErrorCode;
 use crate::ids::TaskId;
 use crate::object::ReplicaStatus;
 use crate::segments::block_len;
+use crate::time::Millis;
 
 impl Harness {
     pub(super) fn copy(
@@ -133,7 +134,8 @@ impl Harness {
         }
         let index = side.tasks.len() - 1 - usize::from(task) % side.tasks.len();
         let t = side.tasks[index].clone();
-        if self.now >= t.started + self.config.put_start_release_timeout {
+        // A task's copy is a write: it stops at the writer's fence.
+        if side.fence(t.started, self.now) == Millis::ZERO {
             return Ok(());
         }
         if let Some(mt) = self.model.tasks.get(&t.id) {

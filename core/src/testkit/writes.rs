@@ -352,18 +352,18 @@ impl Harness {
         self.next_version
     }
 
-    /// A client (possibly a zombie) writes its grant's value. It stops writing a grant once
-    /// the release timeout has passed since the start (the client library's self-fence).
+    /// A client (possibly a zombie) writes its grant's value, unless its write fence (the
+    /// client library's, `crate::client::WriteWindow`) is closed.
     pub(super) fn transfer(&mut self, client: u8, grant: u8, partial: bool) {
         let side = &mut self.clients[usize::from(client % CLIENTS)];
         if side.grants.is_empty() {
             return;
         }
         let index = side.grants.len() - 1 - usize::from(grant) % side.grants.len();
-        let g = &mut side.grants[index];
-        if self.now >= g.started + self.config.put_start_release_timeout {
+        if side.fence(side.grants[index].started, self.now) == Millis::ZERO {
             return;
         }
+        let g = &mut side.grants[index];
         let len = g.replicas.first().map_or(0, |r| r.len);
         let upto = if partial { len / 2 } else { len };
         let current = self

@@ -28,7 +28,7 @@ impl Client {
         };
         let (exists, grant) = self.call(request).await?;
         if let Some(prefetch) = grant {
-            let started = Instant::now();
+            let started = self.now();
             let mut value = crate::memory::value_buffer(prefetch.source.len)?;
             let source = std::slice::from_ref(&prefetch.source);
             let read = self

@@ -5,17 +5,9 @@
 //! contribute a segment (as Mooncake's clients do), in which case it runs a node in-process and
 //! transfers to its own segment are a `memcpy`.
 //!
-//! Two rules from the protocol are enforced here, on the client side:
-//!
-//! - **Reads finish inside their lease.** A get measures from just before asking for the
-//!   replica list; if the transfer ends later than the lease (minus a margin), the bytes are
-//!   discarded and the get retried (`LEASE_EXPIRED` if it keeps happening). Inside the lease the
-//!   master guarantees the bytes are not overwritten, evicted or removed.
-//! - **A failed write is aborted, not revoked.** A transfer that timed out or lost its
-//!   connection may still land on the node; `PutAbort` frees the key at once but keeps the
-//!   blocks out of reuse for the release timeout. Writes also stop shortly before the release
-//!   timeout after their start, and once the master may have presumed this client dead (the
-//!   writer's self-fence; see [`crate::presence`]).
+//! The rules a client follows (reads finish inside their lease, failed writes are aborted,
+//! writers stop at their fence) are `mooring_core::client`'s pure values: this module reads
+//! the clock, sends the requests and moves the bytes, and asks those values what to do.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,6 +15,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use mooring_core::client::{per_key, segment_gone};
 use mooring_core::{
     Checksum, ClientId, Error, ErrorCode, HeartbeatStatus, KeyListing, Medium, PutGrant,
     ReplicaDescriptor, ReplicaList, ReplicateConfig, Result, SegmentId, SegmentInfo, Stats,
@@ -190,28 +183,5 @@ impl Client {
             }
         }
         Ok(found)
-    }
-}
-
-fn segment_gone(id: SegmentId) -> Error {
-    Error::new(
-        ErrorCode::REPLICA_IS_GONE,
-        format!("{id} is no longer mounted"),
-    )
-}
-
-/// A batch reply's per-key results, checked to be one per key asked: a master that answers
-/// another count is confused or lying, and no result can be matched to its key.
-fn per_key<T>(results: Vec<T>, asked: usize, request: &str) -> Result<Vec<T>> {
-    if results.len() == asked {
-        Ok(results)
-    } else {
-        Err(Error::new(
-            ErrorCode::INTERNAL_ERROR,
-            format!(
-                "the master answered {request} for {asked} keys with {} results",
-                results.len()
-            ),
-        ))
     }
 }

@@ -1,11 +1,13 @@
 //! Reads: get and its batches, inside the lease, from memory replicas or a node's disk.
 
+use mooring_core::Millis;
+use mooring_core::client::read_plan::{
+    self, READ_ATTEMPTS, ReadPlan, ReadVerdict, ReplicaFailures, read_order, value_len,
+};
+
 use super::*;
 use crate::coverage::{self, Path};
 use crate::memory::value_buffer;
-
-/// How many times a get is retried when its lease ran out mid-transfer.
-const LEASE_RETRIES: usize = 3;
 
 impl Client {
     /// The value of `key`.
@@ -29,24 +31,22 @@ impl Client {
     /// ends, and by the master if this client dies (or is taken for dead) first.
     pub async fn get_held(&self, key: &str) -> Result<Vec<u8>> {
         self.operation("get_held", key, async {
-            for _ in 0..LEASE_RETRIES {
+            for _ in 0..READ_ATTEMPTS {
                 let (read, kept) = self.read_held(key).await?;
-                match read {
-                    // A hold the master dropped (it took this client for dead) protected nothing:
-                    // the blocks may have been reused, so damage says nothing about the value.
-                    Err(e) if !kept && e.code == ErrorCode::INVALID_REPLICA => {
+                let (outcome, value) = match read {
+                    Ok(value) => (Ok(()), Some(value)),
+                    Err(e) => (Err(e), None),
+                };
+                match ReadPlan::judge_held(outcome, kept) {
+                    ReadVerdict::Done => return Ok(value.expect("read")),
+                    ReadVerdict::Outlived => {
                         debug!(key, "held read lost its hold; reading again");
                         coverage::hit(Path::HOLD_LAPSED);
                     }
-                    read => return read,
+                    ReadVerdict::AskAgain(e) | ReadVerdict::Fail(e) => return Err(e),
                 }
             }
-            Err(Error::new(
-                ErrorCode::LEASE_EXPIRED,
-                format!(
-                    "reading {key:?} kept losing its hold (the master took this client for dead)"
-                ),
-            ))
+            Err(ReadPlan::exhausted(key, None))
         })
         .await
     }
@@ -54,7 +54,7 @@ impl Client {
     /// One held read: its outcome, and whether the hold was still the master's to release
     /// when it ended.
     async fn read_held(&self, key: &str) -> Result<(Result<Vec<u8>>, bool)> {
-        let asked = Instant::now();
+        let asked = self.now();
         let (hold, list) = self
             .call(AcquireHold {
                 client: self.id(),
@@ -92,8 +92,8 @@ impl Client {
         mut into: Option<&mut [u8]>,
     ) -> Result<(Option<Vec<u8>>, usize)> {
         let mut gone: Option<Error> = None;
-        for _ in 0..LEASE_RETRIES {
-            let asked = Instant::now();
+        for _ in 0..READ_ATTEMPTS {
+            let asked = self.now();
             let list = self
                 .call(GetReplicaList {
                     key: key.to_string(),
@@ -124,42 +124,39 @@ impl Client {
             };
             // Past its lease a read's blocks may have been reused under it: bytes that fail
             // their checksum then say nothing about the replicas, and the read starts over.
-            let outlived = !self.inside_lease(asked, &list);
-            match read {
-                // The only copies listed were gone from their nodes (a node dropped its disk
-                // copy after the master listed it): the value may have moved meanwhile (a
-                // prefetch brought it back to memory), so ask the master again.
-                Err(e) if e.code == ErrorCode::OBJECT_NOT_FOUND => {
+            match ReadPlan::judge(read, self.inside_lease(asked, &list)) {
+                ReadVerdict::Done if caller_buffer => return Ok((None, size)),
+                ReadVerdict::Done => return Ok((Some(owned), size)),
+                ReadVerdict::AskAgain(e) => {
                     debug!(key, "the listed copies were gone; asking again: {e}");
                     coverage::hit(Path::LISTED_COPY_GONE);
                     gone = Some(e);
-                    continue;
                 }
-                Err(e) if !(outlived && e.code == ErrorCode::INVALID_REPLICA) => return Err(e),
-                _ => {}
+                ReadVerdict::Outlived => {
+                    debug!(key, "read outlived its lease; retrying");
+                    coverage::hit(Path::READ_OUTLIVED_LEASE);
+                }
+                ReadVerdict::Fail(e) => return Err(e),
             }
-            if !outlived {
-                return Ok(if caller_buffer {
-                    (None, size)
-                } else {
-                    (Some(owned), size)
-                });
-            }
-            debug!(key, "read outlived its lease; retrying");
-            coverage::hit(Path::READ_OUTLIVED_LEASE);
         }
-        Err(gone.unwrap_or_else(|| {
-            Error::new(
-                ErrorCode::LEASE_EXPIRED,
-                format!("reading {key:?} kept outliving its lease"),
-            )
-        }))
+        Err(ReadPlan::exhausted(key, gone))
+    }
+    /// Whether a read asked for at `asked` under `list`'s lease is still inside it (a
+    /// simulation may shorten the lease the reader trusts).
+    pub(super) fn inside_lease(&self, asked: Millis, list: &ReplicaList) -> bool {
+        let lease = buggify::timeout(
+            Site::CLIENT_READ_LEASE,
+            Duration::from_millis(list.lease_ttl.as_millis()),
+        );
+        ReadPlan {
+            lease_ttl: Millis(lease.as_millis() as u64),
+        }
+        .inside_lease(asked, self.now())
     }
 
-    pub(super) fn inside_lease(&self, asked: Instant, list: &ReplicaList) -> bool {
-        let lease = Duration::from_millis(list.lease_ttl.as_millis());
-        let usable = buggify::timeout(Site::CLIENT_READ_LEASE, lease.saturating_sub(lease / 10));
-        asked.elapsed() < usable
+    /// The client's clock (the one its write fence runs on).
+    pub(super) fn now(&self) -> Millis {
+        self.inner.presence.contact.now()
     }
 
     /// Reads one of `key`'s `replicas` into `buf`, trying the next on failure or when the
@@ -173,12 +170,10 @@ impl Client {
     ) -> Result<()> {
         let ids: Vec<SegmentId> = replicas.iter().map(|r| r.segment).collect();
         let nodes = self.resolve(&ids).await?;
-        // What stopped the replicas tried so far.
-        let mut last: Option<Error> = None;
-        let mut failed = false;
+        let mut failures = ReplicaFailures::default();
         for replica in self.read_order(replicas) {
             let Some(node) = nodes.get(&replica.segment) else {
-                last = Some(segment_gone(replica.segment));
+                failures.record(segment_gone(replica.segment));
                 continue;
             };
             let read = match replica.medium {
@@ -192,32 +187,29 @@ impl Client {
                 }
                 Medium::Disk => self.read_disk(node, key, replica.addr, buf).await,
             };
-            let read = read.and_then(|got| verify(key, replica, checksum, got));
+            let read = read.and_then(|got| read_plan::verify(key, replica, checksum, got));
             match read {
                 Ok(()) => {
                     if replica.medium == Medium::Disk {
                         coverage::hit(Path::READ_FROM_DISK);
                     }
-                    if failed {
+                    if failures.any {
                         coverage::hit(Path::READ_FELL_BACK);
                     }
                     return Ok(());
                 }
                 Err(e) => {
+                    if e.code == ErrorCode::INVALID_REPLICA {
+                        warn!(key, segment = %replica.segment, medium = ?replica.medium, "a replica failed its checksum; reading another");
+                    }
                     debug!(endpoint = %node.endpoint, "replica read failed, trying another: {e}");
-                    failed = true;
-                    // A node without the copy the master listed says little about the object
-                    // (its other replicas exist but failed): report what stopped those.
-                    if e.code != ErrorCode::OBJECT_NOT_FOUND || last.is_none() {
-                        last = Some(e);
-                    } else {
+                    if failures.record(e) {
                         coverage::hit(Path::STALE_COPY_AFTER_FAILURE);
                     }
                 }
             }
         }
-        Err(last
-            .unwrap_or_else(|| Error::new(ErrorCode::REPLICA_IS_NOT_READY, "no readable replica")))
+        Err(failures.into_error())
     }
 
     /// Reads `key`'s disk copy from `node`: the node stages it, this client pulls it from the
@@ -231,7 +223,7 @@ impl Client {
         buf: &mut [u8],
     ) -> Result<Checksum> {
         buggify::hold(Site::CLIENT_BEFORE_STAGE).await;
-        let asked = Instant::now();
+        let asked = self.now();
         let staged = self
             .inner
             .data
@@ -258,9 +250,8 @@ impl Client {
         };
         buggify::hold(Site::CLIENT_BEFORE_STAGED_PULL).await;
         let read = self.inner.data.read(&staging, vec![op]).await;
-        // The node may reuse a slot once its TTL (counted from after the load, so after
-        // `asked`) is up: bytes read later than that may be another value's.
-        let in_time = asked.elapsed() < Duration::from_millis(staged.ttl_ms);
+        // The slot's TTL is counted from after the load, so after `asked`.
+        let in_time = read_plan::staged_in_time(asked, self.now(), Millis(staged.ttl_ms));
         if let Err(e) = self.inner.data.unstage(node, staged.slot).await {
             debug!(endpoint = %node.endpoint, "unstage failed (the node reclaims the slot): {e}");
         }
@@ -274,21 +265,17 @@ impl Client {
         Ok(sum)
     }
 
-    /// Replicas in the order to try them: memory before disk, this node's own segment first,
-    /// otherwise rotating so load spreads over replicas.
+    /// Replicas in the order to try them (see [`read_order`]), rotating per read.
     pub(super) fn read_order<'a>(
         &self,
         replicas: &'a [ReplicaDescriptor],
     ) -> Vec<&'a ReplicaDescriptor> {
-        if replicas.is_empty() {
-            return Vec::new();
-        }
         let local = self.node().and_then(Node::segment);
-        let start = self.inner.next_replica.fetch_add(1, Ordering::Relaxed) % replicas.len();
-        let mut order: Vec<&ReplicaDescriptor> =
-            replicas[start..].iter().chain(&replicas[..start]).collect();
-        order.sort_by_key(|r| (r.medium == Medium::Disk, Some(r.segment) != local));
-        order
+        read_order(
+            replicas,
+            local,
+            self.inner.next_replica.fetch_add(1, Ordering::Relaxed),
+        )
     }
 
     /// The values of many keys: one RPC for the replica lists, transfers in parallel grouped
@@ -299,7 +286,7 @@ impl Client {
             keys.first().copied().unwrap_or_default(),
             async {
                 let mut results: Vec<Result<Vec<u8>>> = vec![Ok(Vec::new()); keys.len()];
-                let asked = Instant::now();
+                let asked = self.now();
                 let mut lists = match self.batch_lists(keys).await {
                     Ok(lists) => lists,
                     Err(e) => return vec![Err(e); keys.len()],
@@ -322,7 +309,9 @@ impl Client {
                 for (i, outcome) in outcomes.into_iter().enumerate() {
                     results[i] = match outcome {
                         Ok(_) => Ok(std::mem::take(&mut buffers[i])),
-                        Err(e) if read_again(&e, &lists[i]) => Box::pin(self.get(keys[i])).await,
+                        Err(e) if ReadPlan::read_again(&e, lists[i].is_ok()) => {
+                            Box::pin(self.get(keys[i])).await
+                        }
                         Err(e) => Err(e),
                     };
                 }
@@ -339,7 +328,7 @@ impl Client {
             items.first().map_or("", |(key, _)| *key),
             async {
                 let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
-                let asked = Instant::now();
+                let asked = self.now();
                 let lists = match self.batch_lists(&keys).await {
                     Ok(lists) => lists,
                     Err(e) => return vec![Err(e); items.len()],
@@ -367,7 +356,7 @@ impl Client {
                 for (i, outcome) in outcomes.into_iter().enumerate() {
                     results.push(match (early[i].take(), outcome) {
                         (Some(e), _) => Err(e),
-                        (None, Err(e)) if read_again(&e, &lists[i]) => {
+                        (None, Err(e)) if ReadPlan::read_again(&e, lists[i].is_ok()) => {
                             let (key, buf) = &mut items[i];
                             Box::pin(self.get_into(key, buf)).await
                         }
@@ -403,7 +392,7 @@ impl Client {
         keys: &[&str],
         lists: &[Result<ReplicaList>],
         dests: &mut [Option<&mut [u8]>],
-        asked: Instant,
+        asked: Millis,
     ) -> Vec<Result<usize>> {
         let ids: Vec<SegmentId> = lists
             .iter()
@@ -513,44 +502,10 @@ impl Client {
             .all(|l| self.inside_lease(asked, l));
         if !lease_ok {
             // As for a single read: past the lease, damage may be reuse.
-            let replaced = |r: &Result<_>| match r {
-                Ok(_) => true,
-                Err(e) => e.code == ErrorCode::INVALID_REPLICA,
-            };
-            for r in results.iter_mut().filter(|r| replaced(r)) {
-                *r = Err(Error::new(
-                    ErrorCode::LEASE_EXPIRED,
-                    "the batch outlived its lease",
-                ));
-            }
+            return results.into_iter().map(ReadPlan::outlived_batch).collect();
         }
         results
     }
-}
-
-/// Whether a batch's read of one key, listed as `listed`, failed in a way a fresh single
-/// read can mend: it outlived its lease, or every copy listed was gone from its node (the
-/// value may have moved since it was listed; see [`Client::get`]).
-fn read_again(error: &Error, listed: &Result<ReplicaList>) -> bool {
-    error.code == ErrorCode::LEASE_EXPIRED
-        || (error.code == ErrorCode::OBJECT_NOT_FOUND && listed.is_ok())
-}
-
-/// Checks the checksum of the bytes read from `replica` of `key` against the value's: a mismatch
-/// means that replica is damaged (`INVALID_REPLICA`; the caller reads another).
-fn verify(key: &str, replica: &ReplicaDescriptor, expected: Checksum, got: Checksum) -> Result<()> {
-    if got == expected {
-        return Ok(());
-    }
-    warn!(key, segment = %replica.segment, medium = ?replica.medium, "a replica failed its checksum; reading another");
-    Err(Error::new(
-        ErrorCode::INVALID_REPLICA,
-        format!(
-            "the copy of {key:?} on {} ({:?}) is damaged: its bytes have {got}, the value has \
-             {expected}; if no copy is intact, remove the key and put it again",
-            replica.segment, replica.medium
-        ),
-    ))
 }
 
 /// The checksum of a one-operation read.
@@ -562,30 +517,4 @@ fn one_sum(sums: &[Checksum]) -> Result<Checksum> {
             format!("a one-operation read reported {} checksums", sums.len()),
         )),
     }
-}
-
-/// The length of the value a replica list describes, checked before anything is allocated or
-/// read for it: a list with no replica, or whose replicas disagree, or whose length this
-/// process cannot address, is a confused or lying master's, and an error.
-fn value_len(key: &str, list: &ReplicaList) -> Result<usize> {
-    let lying = |what: String| {
-        Error::new(
-            ErrorCode::INTERNAL_ERROR,
-            format!("the master described {key:?} {what}"),
-        )
-    };
-    let first = list
-        .replicas
-        .first()
-        .ok_or_else(|| lying("with no replica".into()))?;
-    if let Some(other) = list.replicas.iter().find(|r| r.len != first.len) {
-        return Err(lying(format!(
-            "with replicas of {} and {} bytes",
-            first.len, other.len
-        )));
-    }
-    usize::try_from(first.len)
-        .ok()
-        .filter(|&len| len <= isize::MAX as usize)
-        .ok_or_else(|| lying(format!("as {} bytes", first.len)))
 }

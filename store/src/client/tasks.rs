@@ -8,6 +8,8 @@
 //! targets are freed at once); one that fails while writing is aborted (the targets wait out
 //! the release timeout, since a late write may still land).
 
+use mooring_core::client::membership;
+
 use super::*;
 use crate::memory::value_buffer;
 use mooring_core::{CopyGrant, TaskId, TaskReport};
@@ -125,11 +127,12 @@ impl Client {
     /// second, asked for ten times a second.
     pub fn spawn_repairs(&self, per_second: u32) -> tokio::task::JoinHandle<()> {
         let client = self.clone();
-        let per_tick = per_second.div_ceil(10).max(1);
+        let per_tick = membership::repairs_per_poll(per_second);
+        let poll = Duration::from_millis(membership::REPAIR_POLL.as_millis());
         tokio::spawn(async move {
             let mut repaired = 0u64;
             loop {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(poll).await;
                 match client.repair(per_tick).await {
                     Ok(0) => {}
                     Ok(n) => {
@@ -144,7 +147,7 @@ impl Client {
 
     /// Reads the grant's source, writes its targets and ends the task.
     async fn carry_out(&self, key: &str, grant: CopyGrant) -> Result<()> {
-        let started = Instant::now();
+        let started = self.now();
         let (client, task) = (self.id(), grant.task);
         let read = async {
             let mut value = value_buffer(grant.source.len)?;

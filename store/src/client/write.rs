@@ -1,9 +1,9 @@
 //! Writes: put, upsert and their batches (two-phase: start, transfer, end or abort).
 
-use super::*;
+use mooring_core::Millis;
+use mooring_core::client::write_plan::{self, BusyRetry, Finish, WritePlan};
 
-/// A write planned for one node: (job index, remote address, bytes).
-type PlannedWrite<'a> = (usize, u64, &'a [u8]);
+use super::*;
 
 impl Client {
     /// Stores `value` under `key`, read from wherever it lies (a caller's registered buffer
@@ -27,7 +27,7 @@ impl Client {
         config: &ReplicateConfig,
         upsert: bool,
     ) -> Result<()> {
-        let started = Instant::now();
+        let started = self.inner.presence.contact.now();
         let grant = self
             .start_write(key, value.len() as u64, config, upsert)
             .await?;
@@ -41,9 +41,7 @@ impl Client {
         self.finish_write(key, &grant, result).await
     }
 
-    /// Starts a put or upsert. An upsert refused with `OBJECT_REPLICA_BUSY` (readers hold the
-    /// value and there is no room for a fresh copy yet) is retried with backoff for up to two
-    /// lease TTLs: by then the readers' leases have ended or their blocks can be evicted.
+    /// Starts a put or upsert, retrying a start refused as busy as [`BusyRetry`] says.
     pub(super) async fn start_write(
         &self,
         key: &str,
@@ -51,9 +49,14 @@ impl Client {
         config: &ReplicateConfig,
         upsert: bool,
     ) -> Result<PutGrant> {
-        let lease = Duration::from_millis(self.cluster_info().lease_ttl.as_millis());
-        let give_up = Instant::now() + buggify::timeout(Site::CLIENT_BUSY_RETRY, lease * 2);
-        let mut backoff = Duration::from_millis(5);
+        let lease = self.cluster_info().lease_ttl;
+        let contact = &self.inner.presence.contact;
+        let patience = buggify::timeout(
+            Site::CLIENT_BUSY_RETRY,
+            Duration::from_millis(lease.as_millis() * 2),
+        );
+        let mut retry =
+            BusyRetry::giving_up_after(lease, Millis(patience.as_millis() as u64), contact.now());
         loop {
             let request = PutStart {
                 client: self.id(),
@@ -64,11 +67,10 @@ impl Client {
             };
             match self.call_as_member(request).await {
                 Ok(grant) => return Ok(grant),
-                Err(e) if e.code == ErrorCode::OBJECT_REPLICA_BUSY && Instant::now() < give_up => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(lease / 4).max(Duration::from_millis(1));
-                }
-                Err(e) => return Err(e),
+                Err(e) => match retry.after(&e, contact.now()) {
+                    Some(wait) => tokio::time::sleep(Duration::from_millis(wait.as_millis())).await,
+                    None => return Err(e),
+                },
             }
         }
     }
@@ -83,11 +85,11 @@ impl Client {
     ) -> Result<()> {
         let client = self.id();
         let (key, write) = (key.to_string(), grant.write_id);
-        let checksum = match transfer {
-            Ok(checksum) => checksum,
-            Err(e) => {
+        let checksum = match write_plan::finish(&transfer) {
+            Finish::End(checksum) => checksum,
+            Finish::Abort => {
                 self.abort_write(key, write).await;
-                return Err(e);
+                return transfer.map(|_| ());
             }
         };
         let end = PutEnd {
@@ -97,10 +99,8 @@ impl Client {
             checksum,
         };
         let ended = self.call(end).await;
-        // The master refuses bytes it knows to be wrong (a prefetch that does not match the
-        // value's checksum): take the write back rather than leave it to the discard timeout.
         if let Err(e) = &ended
-            && e.code == ErrorCode::INVALID_WRITE
+            && write_plan::abort_after_refused_end(e)
         {
             self.abort_write(key, write).await;
         }
@@ -160,7 +160,7 @@ impl Client {
         config: &ReplicateConfig,
         upsert: bool,
     ) -> Vec<Result<()>> {
-        let started = Instant::now();
+        let started = self.inner.presence.contact.now();
         let grants = match self
             .call_as_member(BatchPutStart {
                 client: self.id(),
@@ -230,24 +230,17 @@ impl Client {
     }
 
     /// Writes each value to every replica of its grant, grouped per node, all in parallel,
-    /// stopping at the writer's self-fence. One result per job: the checksum of the value,
-    /// summed as it went out (every replica's copy must agree).
+    /// stopping at the writer's fence. One result per job: the checksum of the value, summed
+    /// as it went out (every replica's copy must agree).
     pub(super) async fn write_batch(
         &self,
         jobs: &[(&PutGrant, &[u8])],
-        started: Instant,
+        started: Millis,
     ) -> Vec<Result<Checksum>> {
         let fence = self.write_fence(started);
         if fence.is_zero() {
-            let e = Error::new(
-                ErrorCode::TRANSFER_FAIL,
-                "not writing: the master has not acknowledged this client recently enough to be \
-                 sure it still considers it alive (check the network path to the master)",
-            );
-            return vec![Err(e); jobs.len()];
+            return vec![Err(write_plan::fence_closed()); jobs.len()];
         }
-        let mut per_node: BTreeMap<NodeAddr, Vec<PlannedWrite<'_>>> = BTreeMap::new();
-        let mut results: Vec<Result<Option<Checksum>>> = vec![Ok(None); jobs.len()];
         let ids: Vec<SegmentId> = jobs
             .iter()
             .flat_map(|(g, _)| g.replicas.iter().map(|r| r.segment))
@@ -256,83 +249,34 @@ impl Client {
             Ok(nodes) => nodes,
             Err(e) => return vec![Err(e); jobs.len()],
         };
-        for (job, (grant, value)) in jobs.iter().enumerate() {
-            for replica in &grant.replicas {
-                match nodes.get(&replica.segment) {
-                    Some(node) => {
-                        per_node
-                            .entry(node.clone())
-                            .or_default()
-                            .push((job, replica.addr, value))
-                    }
-                    None => results[job] = Err(segment_gone(replica.segment)),
-                }
-            }
-        }
-        let transfers = per_node.iter().map(|(node, ops)| async move {
-            let write = self.inner.data.write(
-                node,
-                ops.iter()
-                    .map(|&(_, addr, src)| WriteOp { addr, src })
-                    .collect(),
-                fence,
-            );
+        let grants: Vec<&PutGrant> = jobs.iter().map(|(g, _)| *g).collect();
+        let mut plan = WritePlan::new(&grants, |segment| nodes.get(&segment).cloned());
+        let transfers = plan.per_node.iter().map(|(node, ops)| async move {
+            let writes = ops
+                .iter()
+                .map(|&(job, addr)| WriteOp {
+                    addr,
+                    src: jobs[job].1,
+                })
+                .collect();
+            let write = self.inner.data.write(node, writes, fence);
             let outcome = match tokio::time::timeout(fence, write).await {
                 Ok(outcome) => outcome,
-                Err(_) => Err(Error::new(
-                    ErrorCode::TRANSFER_FAIL,
-                    format!("write to {} passed the writer's fence", node.endpoint),
-                )),
+                Err(_) => Err(write_plan::past_fence(&node.endpoint)),
             };
-            (ops, outcome)
+            (ops.clone(), outcome)
         });
-        for (ops, outcome) in join_all(transfers).await {
-            let sums = outcome.and_then(|sums| {
-                if sums.len() == ops.len() {
-                    Ok(sums)
-                } else {
-                    Err(Error::new(
-                        ErrorCode::INTERNAL_ERROR,
-                        format!("{} checksums for {} writes", sums.len(), ops.len()),
-                    ))
-                }
-            });
-            match sums {
-                Ok(sums) => {
-                    for (&(job, _, _), sum) in ops.iter().zip(sums) {
-                        results[job] = match &results[job] {
-                            Ok(Some(seen)) if *seen != sum => Err(Error::new(
-                                ErrorCode::WRITE_FAIL,
-                                "the value changed while it was being written; put it again",
-                            )),
-                            Ok(_) => Ok(Some(sum)),
-                            Err(e) => Err(e.clone()),
-                        };
-                    }
-                }
-                Err(e) => {
-                    for &(job, _, _) in ops {
-                        results[job] = Err(e.clone());
-                    }
-                }
-            }
+        let landed = join_all(transfers).await;
+        for (ops, outcome) in landed {
+            plan.landed(&ops, outcome);
         }
-        results
-            .into_iter()
-            .map(|r| r.map(|sum| sum.unwrap_or(Checksum::EMPTY)))
-            .collect()
+        plan.outcomes()
     }
 
-    /// How long a write that started at `started` may still run (the self-fence): until
-    /// shortly before the master may release its blocks after a timeout, and only while the
-    /// master cannot have presumed this client dead (see [`crate::presence::MasterContact`]).
-    pub(super) fn write_fence(&self, started: Instant) -> Duration {
-        let release =
-            Duration::from_millis(self.cluster_info().put_start_release_timeout.as_millis());
-        let release = buggify::timeout(Site::CLIENT_WRITE_FENCE, release);
-        release
-            .saturating_sub(release / 10)
-            .saturating_sub(started.elapsed())
-            .min(self.inner.presence.contact.write_window())
+    /// How long a write that started at `started` may still run: the writer's fence (see
+    /// `mooring_core::client::fence`).
+    pub(super) fn write_fence(&self, started: Millis) -> Duration {
+        let fence = self.inner.presence.contact.fence(started);
+        buggify::timeout(Site::CLIENT_WRITE_FENCE, fence)
     }
 }
