@@ -143,7 +143,7 @@ EXPS = {
 FENCE = 'core/src/client/fence.rs'
 EXPS.update({
  'fence-window-too-long': [
-   (FENCE, "Millis(self.client_ttl.as_millis() / 2)", "Millis(self.client_ttl.as_millis() * 7 / 8)"),
+   (FENCE, "        self.acknowledged_send + self.rule.write_window()\n", "        self.acknowledged_send + Millis(self.rule.client_ttl.as_millis() * 7 / 8)\n"),
  ],
  'fence-release-margin-ignores-late-bytes': [
    (FENCE, "Millis(self.release_timeout.as_millis() / 10).max(self.late_landing())", "Millis(self.release_timeout.as_millis() / 10)"),
