@@ -1,0 +1,327 @@
+//! Requests to the master and its replies: every RPC a client or node makes, declared once
+//! with its reply type, and the envelope a request travels in.
+
+use rkyv::rancor;
+use rkyv::util::AlignedVec;
+
+use mooring_core::{
+    Checksum, ClientId, CopyGrant, DiskReport, DiskSyncAck, Error, HeartbeatAck, HoldId,
+    KeyListing, PrefetchGrant, PutGrant, ReplicaList, ReplicateConfig, SegmentId, SegmentInfo,
+    SegmentSpec, StatsReport, TaskId, TaskReport, WriteId,
+};
+
+use super::cluster::ClusterInfo;
+use super::frame::{FrameError, FrameKind, WireMessage, wire_message};
+use super::standby::{FollowChunk, StateFile};
+
+pub use messages::*;
+
+/// A request to the master that names its reply: `control.call(GetReplicaList { key })`
+/// returns a [`ReplicaList`], and a reply of another kind is an error, not an arm at every
+/// call site. Every request type travels as its [`MasterRequest`] variant of the same name,
+/// answered by the [`Reply`] variant of that name.
+pub trait Call: Into<MasterRequest> {
+    /// What the master answers this request with.
+    type Reply;
+    /// The request's name, for errors and logs.
+    const NAME: &'static str;
+    /// The reply of this request's kind, or the reply as received if it is another kind.
+    fn from_reply(reply: Reply) -> Result<Self::Reply, Box<Reply>>;
+}
+
+/// Declares each master RPC once: its request type (fields), its reply type, and their
+/// variants in [`MasterRequest`] and [`Reply`].
+macro_rules! master_rpcs {
+    ($(
+        $(#[$meta:meta])*
+        $name:ident { $($field:ident : $fty:ty),* $(,)? } => $reply:ty;
+    )*) => {
+        $(
+            $(#[$meta])*
+            #[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+            #[rkyv(derive(Debug))]
+            pub struct $name { $(pub $field: $fty,)* }
+
+            impl From<$name> for MasterRequest {
+                fn from(request: $name) -> MasterRequest {
+                    MasterRequest::$name(request)
+                }
+            }
+
+            impl Call for $name {
+                type Reply = $reply;
+                const NAME: &'static str = stringify!($name);
+                fn from_reply(reply: Reply) -> Result<$reply, Box<Reply>> {
+                    match reply {
+                        Reply::$name(r) => Ok(r),
+                        other => Err(Box::new(other)),
+                    }
+                }
+            }
+        )*
+
+        /// A request to the master. Every call that names a client counts as its heartbeat.
+        #[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+        #[rkyv(derive(Debug))]
+        pub enum MasterRequest { $($name($name),)* }
+
+        /// What the master answers: the variant named after the request, carrying its reply.
+        #[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+        #[rkyv(derive(Debug))]
+        pub enum Reply { $($name($reply),)* }
+
+        impl MasterRequest {
+            /// The request's name, for errors and logs.
+            pub fn name(&self) -> &'static str {
+                match self { $(MasterRequest::$name(_) => stringify!($name),)* }
+            }
+
+            /// This request archived as its own type (not as the enum of every request,
+            /// whose archive is as large as its largest variant), with its name.
+            pub fn archive_alone(&self) -> (&'static str, AlignedVec) {
+                match self {
+                    $(MasterRequest::$name(request) => (
+                        stringify!($name),
+                        rkyv::to_bytes::<rancor::Error>(request).expect("in-memory serialization"),
+                    ),)*
+                }
+            }
+
+            /// The request named `name` from the bytes [`MasterRequest::archive_alone`]
+            /// gave (aligned to 16); why not, if they are not one.
+            pub fn from_archived_alone(name: &[u8], bytes: &[u8]) -> Result<MasterRequest, String> {
+                $(if name == stringify!($name).as_bytes() {
+                    return rkyv::from_bytes::<$name, rancor::Error>(bytes)
+                        .map(MasterRequest::$name)
+                        .map_err(|e| format!("a {} does not decode: {e}", stringify!($name)));
+                })*
+                Err(format!("no request is named {:?}", String::from_utf8_lossy(name)))
+            }
+        }
+    };
+}
+
+/// The master's RPCs. Each is the master operation of the same name (see
+/// [`Master`](mooring_core::Master)), with its arguments and its result; rkyv's generated
+/// archive types carry no docs, hence the allowance.
+#[allow(missing_docs)]
+mod messages {
+    use super::*;
+
+    master_rpcs! {
+        /// Registers a client; the reply carries the settings it must follow.
+        Hello { client: ClientId } => ClusterInfo;
+        Heartbeat { client: ClientId } => HeartbeatAck;
+        /// The client is done: forget it now rather than after the client TTL.
+        Goodbye { client: ClientId } => ();
+        MountSegment { client: ClientId, spec: SegmentSpec } => SegmentId;
+        UnmountSegment { client: ClientId, name: String } => ();
+        /// The segments with these ids (None for one not mounted).
+        DescribeSegments { ids: Vec<SegmentId> } => Vec<Option<SegmentInfo>>;
+        ListSegments {} => Vec<SegmentInfo>;
+        /// Starts a put, or an upsert if `upsert`.
+        PutStart {
+            client: ClientId,
+            key: String,
+            size: u64,
+            config: ReplicateConfig,
+            upsert: bool,
+        } => PutGrant;
+        /// Ends a put or upsert; `checksum` is the crc32c of the value written.
+        PutEnd {
+            client: ClientId,
+            key: String,
+            write: WriteId,
+            checksum: Checksum,
+        } => ();
+        PutRevoke { client: ClientId, key: String, write: WriteId } => ();
+        PutAbort { client: ClientId, key: String, write: WriteId } => ();
+        BatchPutStart {
+            client: ClientId,
+            items: Vec<(String, u64)>,
+            config: ReplicateConfig,
+            upsert: bool,
+        } => Vec<Result<PutGrant, Error>>;
+        /// Ends many writes: `(key, write, checksum)` each.
+        BatchPutEnd {
+            client: ClientId,
+            items: Vec<(String, WriteId, Checksum)>,
+        } => Vec<Result<(), Error>>;
+        BatchPutRevoke {
+            client: ClientId,
+            items: Vec<(String, WriteId)>,
+        } => Vec<Result<(), Error>>;
+        GetReplicaList { key: String } => ReplicaList;
+        BatchGetReplicaList { keys: Vec<String> } => Vec<Result<ReplicaList, Error>>;
+        Exist { key: String } => bool;
+        BatchExist { keys: Vec<String> } => Vec<Result<bool, Error>>;
+        /// `exist(key, prefetch=true)` (docs/prefetch.md); `preferred` are the caller's own
+        /// segments.
+        ExistPrefetch {
+            client: ClientId,
+            key: String,
+            preferred: Vec<String>,
+        } => (bool, Option<PrefetchGrant>);
+        BatchExistPrefetch {
+            client: ClientId,
+            keys: Vec<String>,
+            preferred: Vec<String>,
+        } => Vec<Result<(bool, Option<PrefetchGrant>), Error>>;
+        DiskSync { client: ClientId, segment: SegmentId, report: DiskReport } => DiskSyncAck;
+        GetSize { key: String } => u64;
+        Remove { key: String } => ();
+        /// Removes every removable object; answers how many.
+        RemoveAll {} => u64;
+        RemoveByRegex { pattern: String } => u64;
+        QueryByRegex { pattern: String } => Vec<(String, ReplicaList)>;
+        /// Keys matching `pattern` with sizes and replica counts; grants no lease.
+        ListKeys { pattern: String } => Vec<KeyListing>;
+        AcquireHold { client: ClientId, key: String } => (HoldId, ReplicaList);
+        ReleaseHold { client: ClientId, hold: HoldId } => ();
+        CopyStart { client: ClientId, key: String, targets: Vec<String> } => CopyGrant;
+        MoveStart {
+            client: ClientId,
+            key: String,
+            source: String,
+            target: String,
+        } => CopyGrant;
+        TaskEnd { client: ClientId, task: TaskId } => ();
+        TaskRevoke { client: ClientId, task: TaskId } => ();
+        /// Gives up a task whose transfers may still land (see `Master::task_abort`).
+        TaskAbort { client: ClientId, task: TaskId } => ();
+        /// Repair copies for a storage node to carry out (see `Master::take_repairs`).
+        TakeRepairs { client: ClientId, max: u32 } => Vec<(String, CopyGrant)>;
+        /// The master's stats and census (boxed: the largest reply by far).
+        GetStats {} => Box<StatsReport>;
+        /// A standby master asks the leader for its state files from `offset` in `at` (the
+        /// standby holds everything before that on disk, which acknowledges it); the leader
+        /// answers at once when it has more, or after a short wait with nothing.
+        Follow { follower: String, at: StateFile, offset: u64 } => FollowChunk;
+        /// Mooncake's BatchQueryIp: the hosts of each client's mounted segments (clients
+        /// with none are left out).
+        BatchQueryIp { clients: Vec<ClientId> } => Vec<(ClientId, Vec<String>)>;
+        /// Mooncake's BatchReplicaClear: clears the caller's own objects among `keys`, whole
+        /// or (with `segment`) their replicas there; answers the keys cleared.
+        BatchReplicaClear {
+            client: ClientId,
+            keys: Vec<String>,
+            segment: Option<String>,
+        } => Vec<String>;
+        /// Mooncake's QueryTask: where a copy or move task stands (see `Master::query_task`).
+        QueryTask { task: TaskId } => TaskReport;
+    }
+}
+
+impl MasterRequest {
+    /// The client the request acts as, if it names one: a server that knows which client a
+    /// connection speaks for refuses requests naming another.
+    pub fn client(&self) -> Option<ClientId> {
+        use MasterRequest as R;
+        match self {
+            R::Hello(Hello { client })
+            | R::Heartbeat(Heartbeat { client })
+            | R::Goodbye(Goodbye { client })
+            | R::MountSegment(MountSegment { client, .. })
+            | R::UnmountSegment(UnmountSegment { client, .. })
+            | R::PutStart(PutStart { client, .. })
+            | R::PutEnd(PutEnd { client, .. })
+            | R::PutRevoke(PutRevoke { client, .. })
+            | R::PutAbort(PutAbort { client, .. })
+            | R::BatchPutStart(BatchPutStart { client, .. })
+            | R::BatchPutEnd(BatchPutEnd { client, .. })
+            | R::BatchPutRevoke(BatchPutRevoke { client, .. })
+            | R::ExistPrefetch(ExistPrefetch { client, .. })
+            | R::BatchExistPrefetch(BatchExistPrefetch { client, .. })
+            | R::DiskSync(DiskSync { client, .. })
+            | R::AcquireHold(AcquireHold { client, .. })
+            | R::ReleaseHold(ReleaseHold { client, .. })
+            | R::CopyStart(CopyStart { client, .. })
+            | R::MoveStart(MoveStart { client, .. })
+            | R::TaskEnd(TaskEnd { client, .. })
+            | R::TaskRevoke(TaskRevoke { client, .. })
+            | R::TaskAbort(TaskAbort { client, .. })
+            | R::TakeRepairs(TakeRepairs { client, .. })
+            | R::BatchReplicaClear(BatchReplicaClear { client, .. }) => Some(*client),
+            R::DescribeSegments(_)
+            | R::ListSegments(_)
+            | R::GetReplicaList(_)
+            | R::BatchGetReplicaList(_)
+            | R::Exist(_)
+            | R::BatchExist(_)
+            | R::GetSize(_)
+            | R::Remove(_)
+            | R::RemoveAll(_)
+            | R::RemoveByRegex(_)
+            | R::QueryByRegex(_)
+            | R::ListKeys(_)
+            | R::GetStats(_)
+            | R::Follow(_)
+            | R::BatchQueryIp(_)
+            | R::QueryTask(_) => None,
+        }
+    }
+
+    /// Whether its answer acknowledges a change a client will rely on, so a master that keeps
+    /// a journal sends it only once the request is on disk. Reads, existence checks, listings
+    /// and heartbeats (a `Hello` is one) need not wait: if one is lost with a crash, so is
+    /// everything after it, a restarted master grants every object a fresh lease
+    /// (`Master::resume`), and a client it does not know registers again with its next
+    /// heartbeat.
+    pub fn needs_durability(&self) -> bool {
+        use MasterRequest as R;
+        !matches!(
+            self,
+            R::Heartbeat(_)
+                | R::Hello(_)
+                | R::DescribeSegments(_)
+                | R::ListSegments(_)
+                | R::GetReplicaList(_)
+                | R::BatchGetReplicaList(_)
+                | R::Exist(_)
+                | R::BatchExist(_)
+                | R::GetSize(_)
+                | R::QueryByRegex(_)
+                | R::ListKeys(_)
+                | R::GetStats(_)
+                | R::Follow(_)
+                | R::BatchQueryIp(_)
+                | R::QueryTask(_)
+        )
+    }
+
+    /// Whether it changes the cluster wholesale (removes many objects, unmounts): logged with
+    /// the peer that asked.
+    pub fn is_admin(&self) -> bool {
+        matches!(
+            self,
+            MasterRequest::RemoveAll(_)
+                | MasterRequest::RemoveByRegex(_)
+                | MasterRequest::UnmountSegment(_)
+        )
+    }
+}
+
+/// A master response: the reply or the error.
+pub type MasterResponse = Result<Reply, Error>;
+
+/// A [`MasterRequest`] as it travels, with when it was sent and how long it may still be
+/// applied. A stream stalled by a partition delivers its bytes when the partition heals,
+/// long after the sender stopped waiting; a master that applied such a request then would
+/// act unseen (a remove the caller gave up on taking the value it wrote since). So the
+/// master refuses a request that arrives past its validity.
+#[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
+pub struct ControlRequest {
+    /// When it was sent: microseconds on the sender's clock for this connection, which
+    /// starts at zero as the client sends its handshake answer.
+    pub sent_at_us: u64,
+    /// How long after `sent_at_us` the master may still apply it: what the sender will still
+    /// wait, less the shortest round trip it has seen on this connection (a bound on how far
+    /// the master's view of the sender's clock may lag).
+    pub valid_for_us: u64,
+    /// The request.
+    pub request: MasterRequest,
+}
+
+wire_message!(ControlRequest, FrameKind::MasterRequest);
+wire_message!(MasterResponse, FrameKind::MasterResponse);

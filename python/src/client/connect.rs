@@ -1,0 +1,114 @@
+//! Connecting: a client alone, or one contributing a segment from an in-process node whose
+//! data server takes the port given or the first free one of a range.
+
+use std::path::Path;
+
+use mooring::transports::TransportChoice;
+use mooring::{Client, ClientConfig};
+use mooring_core::Result;
+
+use super::NativeClient;
+use crate::errors::invalid;
+
+/// Where a port search for the in-process node's data server starts and ends.
+pub(super) type PortRange = (u16, u16);
+
+impl NativeClient {
+    /// Connects, contributing `segment_size` bytes from a data server on `host:port`, the
+    /// port being the one in `hostname` or the first free one of `ports`.
+    pub(super) async fn connect_async(
+        master: String,
+        hostname: String,
+        segment_size: u64,
+        token_file: Option<String>,
+        ports: PortRange,
+        rdma: Option<Vec<String>>,
+    ) -> Result<(Client, String)> {
+        let token = mooring::token::resolve(token_file.as_deref().map(Path::new))?;
+        // Mooncake's `protocol="rdma"`: data over RDMA (failing here without a device), and a
+        // contributed segment served over RDMA too.
+        let base = |config: ClientConfig| {
+            let mut config = ClientConfig {
+                token: token.clone(),
+                ..config
+            };
+            if let Some(devices) = &rdma {
+                config.transport = TransportChoice::Rdma;
+                config.rdma_devices = devices.clone();
+                if let Some(segment) = config.segment.as_mut() {
+                    segment.rdma_devices = Some(devices.clone());
+                }
+            }
+            config
+        };
+        if segment_size == 0 {
+            let client = Client::connect(base(ClientConfig::new(master))).await?;
+            return Ok((client, hostname));
+        }
+        let (host, explicit) = split_port(&hostname)?;
+        let candidates: Vec<u16> = match explicit {
+            Some(port) => vec![port],
+            None => free_ports(host, ports),
+        };
+        let mut last = None;
+        for port in candidates.into_iter().take(20) {
+            let name = format!("{host}:{port}");
+            let mut config =
+                base(ClientConfig::new(master.clone()).contributing(segment_size, &name));
+            if let Some(segment) = config.segment.as_mut() {
+                segment.advertise = Some(name.clone());
+                segment.node.name = Some(name.clone());
+                // Engines on one host (prefill beside decode) map each other's segments.
+                segment.node.shared = true;
+            }
+            match Client::connect(config).await {
+                Ok(client) => return Ok((client, name)),
+                // Another process took the port between the probe and the bind: next one.
+                Err(e) if e.to_string().contains("cannot listen on") && explicit.is_none() => {
+                    last = Some(e)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            invalid(format!(
+                "no free port for the data server on {host} in {}-{}: free one, or give local_hostname as host:port",
+                ports.0, ports.1
+            ))
+        }))
+    }
+}
+
+/// Splits `host[:port]`.
+fn split_port(hostname: &str) -> Result<(&str, Option<u16>)> {
+    if hostname.is_empty() {
+        return Err(invalid(
+            "local_hostname is empty: give this machine's address or name",
+        ));
+    }
+    // An IPv6 address without brackets has colons but no port.
+    match hostname.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') || host.ends_with(']') => {
+            let port = port.parse().map_err(|_| {
+                invalid(format!(
+                    "{hostname:?}: the part after ':' is not a port number"
+                ))
+            })?;
+            Ok((host, Some(port)))
+        }
+        _ => Ok((hostname, None)),
+    }
+}
+
+/// Ports of `range` free on `host` right now, starting at a random one (so processes that
+/// start together spread out).
+fn free_ports(host: &str, range: PortRange) -> Vec<u16> {
+    let (low, high) = (range.0.min(range.1), range.0.max(range.1));
+    let span = u32::from(high - low) + 1;
+    let start = (mooring::random_client_id().0 % u128::from(span)) as u32;
+    (0..span)
+        .map(|i| low + ((start + i) % span) as u16)
+        .filter(|port| std::net::TcpListener::bind((host, *port)).is_ok())
+        .take(20)
+        .collect()
+}

@@ -1,0 +1,447 @@
+//! `NativeClient`: one Mooring client, shared by every Python thread of a store.
+//!
+//! Each method releases the GIL for the whole network call. Single-key calls raise
+//! `MooringError(code, message)`; batch calls answer one int per key (0 or a length on
+//! success, a negative Mooncake code on failure), so one bad key never hides the others.
+
+mod args;
+mod connect;
+mod copying;
+mod mooncake;
+mod zero_copy;
+
+use std::sync::Arc;
+
+use mooring::Client;
+use mooring_core::{Error, Medium, Millis, TaskAction, TaskId, TaskState};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::block_on;
+use crate::errors::{log_failure, raise};
+use crate::handle::BufferHandle;
+use crate::registered::Registered;
+use crate::staging::Staging;
+use crate::values::BufferView;
+use args::{ConfigArgs, TaskTuple, code_of, replicate_config};
+use connect::PortRange;
+use mooncake::{put_outcome, status_name, write};
+
+/// A connected client; see the module docs.
+#[pyclass(module = "mooring._native", frozen)]
+pub struct NativeClient {
+    client: Client,
+    hostname: String,
+    staging: Staging,
+    registered: Arc<Registered>,
+}
+
+#[pymethods]
+impl NativeClient {
+    /// Connects to the master at `master` (see the module docs of `mooring.store`).
+    #[staticmethod]
+    #[pyo3(signature = (master, hostname, segment_size, local_buffer_size, token_file, ports, protocol = "tcp", rdma_devices = ""))]
+    #[allow(clippy::too_many_arguments)]
+    fn connect(
+        py: Python<'_>,
+        master: String,
+        hostname: String,
+        segment_size: u64,
+        local_buffer_size: u64,
+        token_file: Option<String>,
+        ports: PortRange,
+        protocol: &str,
+        rdma_devices: &str,
+    ) -> PyResult<NativeClient> {
+        let rdma =
+            (protocol == "rdma").then(|| mooring::transports::device_names(Some(rdma_devices)));
+        let (client, hostname) = raise(block_on(
+            py,
+            NativeClient::connect_async(master, hostname, segment_size, token_file, ports, rdma),
+        ))?;
+        Ok(NativeClient {
+            client,
+            hostname,
+            staging: Staging::new(local_buffer_size),
+            registered: Arc::new(Registered::default()),
+        })
+    }
+
+    /// `host:port` of the in-process node, or the local hostname given.
+    fn hostname(&self) -> String {
+        self.hostname.clone()
+    }
+
+    /// The name of the segment this client contributes, if any.
+    fn segment_name(&self) -> Option<String> {
+        self.client.segment_name().map(str::to_string)
+    }
+
+    /// Leaves the cluster (unmounting the in-process segment, if any).
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.registered.clear();
+        raise(block_on(py, self.client.close()))
+    }
+
+    /// Raises unless the master answers.
+    fn health_check(&self, py: Python<'_>) -> PyResult<()> {
+        raise(block_on(py, self.client.health_check()))
+    }
+
+    /// Starts copying `key` to the segments `targets` in the background; returns the task id.
+    fn start_copy(&self, py: Python<'_>, key: &str, targets: Vec<String>) -> PyResult<u64> {
+        let targets: Vec<&str> = targets.iter().map(String::as_str).collect();
+        let task = raise(block_on(py, self.client.start_copy(key, &targets)))?;
+        Ok(task.0)
+    }
+
+    /// Starts moving `key`'s replica from segment `source` to `target` in the background;
+    /// returns the task id.
+    fn start_move(&self, py: Python<'_>, key: &str, source: &str, target: &str) -> PyResult<u64> {
+        let task = raise(block_on(py, self.client.start_move(key, source, target)))?;
+        Ok(task.0)
+    }
+
+    /// Where task `task` stands: (key, action name, state name, client id, age of its start in
+    /// ms, age of its last change in ms, failure message).
+    fn query_task(&self, py: Python<'_>, task: u64) -> PyResult<TaskTuple> {
+        let report = raise(block_on(py, self.client.query_task(TaskId(task))))?;
+        let age = |at: Millis| report.now.0.saturating_sub(at.0);
+        Ok((
+            report.key.clone(),
+            match report.action {
+                TaskAction::Copy | TaskAction::Repair => "REPLICA_COPY",
+                TaskAction::Move => "REPLICA_MOVE",
+            },
+            match report.state {
+                TaskState::Running => "PROCESSING",
+                TaskState::Succeeded => "SUCCESS",
+                TaskState::Failed => "FAILED",
+            },
+            report.client.0,
+            age(report.started),
+            age(report.updated),
+            report.message.clone(),
+        ))
+    }
+
+    /// Stores a bytes-like `value` (copying call: staged in the local buffer).
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        config: ConfigArgs,
+        upsert: bool,
+    ) -> PyResult<()> {
+        let view = BufferView::new(value)?;
+        let config = raise(replicate_config(config))?;
+        let bytes = view.bytes();
+        raise(block_on(py, async {
+            let _staged = self.staging.reserve(bytes.len() as u64).await?;
+            write(&self.client, key, bytes, &config, upsert).await
+        }))
+    }
+
+    /// Stores the concatenation of bytes-like `parts` as one value (copying call).
+    fn put_parts(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        parts: Vec<Bound<'_, PyAny>>,
+        config: ConfigArgs,
+        upsert: bool,
+    ) -> PyResult<()> {
+        let views = parts
+            .iter()
+            .map(BufferView::new)
+            .collect::<PyResult<Vec<_>>>()?;
+        let config = raise(replicate_config(config))?;
+        let slices: Vec<&[u8]> = views.iter().map(BufferView::bytes).collect();
+        raise(block_on(py, async {
+            let total: usize = slices.iter().map(|s| s.len()).sum();
+            let _staged = self.staging.reserve(total as u64).await?;
+            let value = slices.concat();
+            write(&self.client, key, &value, &config, upsert).await
+        }))
+    }
+
+    /// Stores many bytes-like values; one code per key.
+    fn put_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: Vec<Bound<'_, PyAny>>,
+        config: ConfigArgs,
+        upsert: bool,
+    ) -> PyResult<Vec<i64>> {
+        let views = values
+            .iter()
+            .map(BufferView::new)
+            .collect::<PyResult<Vec<_>>>()?;
+        let config = raise(replicate_config(config))?;
+        let items: Vec<(&str, &[u8])> = keys
+            .iter()
+            .map(String::as_str)
+            .zip(views.iter().map(BufferView::bytes))
+            .collect();
+        let results = block_on(py, async {
+            let total: usize = items.iter().map(|(_, v)| v.len()).sum();
+            let _staged = match self.staging.reserve(total as u64).await {
+                Ok(permit) => permit,
+                Err(e) => return vec![Err(e); items.len()],
+            };
+            if upsert {
+                self.client.batch_upsert(&items, &config).await
+            } else {
+                let results = self.client.batch_put(&items, &config).await;
+                results.into_iter().map(put_outcome).collect()
+            }
+        });
+        Ok(results
+            .iter()
+            .map(|r| code_of(r, |_| 0, "put_batch"))
+            .collect())
+    }
+
+    /// The value of `key` as bytes (copying call).
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let value = raise(block_on(py, self.read_staged(key)))?;
+        Ok(PyBytes::new(py, &value))
+    }
+
+    /// The values of `keys`: bytes, or a negative code, per key (copying call).
+    fn get_batch(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<Py<PyAny>>> {
+        let results = self.batch_read_staged(py, &keys);
+        results
+            .into_iter()
+            .map(|r| match r {
+                Ok(v) => Ok(PyBytes::new(py, &v).into_any().unbind()),
+                Err(e) => {
+                    log_failure("get_batch", &e);
+                    Ok(e.code.code().into_pyobject(py)?.into_any().unbind())
+                }
+            })
+            .collect()
+    }
+
+    /// The value of `key` in a [`BufferHandle`] (copying call, no second copy).
+    fn get_buffer(&self, py: Python<'_>, key: &str) -> PyResult<BufferHandle> {
+        raise(block_on(py, self.read_staged(key))).map(BufferHandle::new)
+    }
+
+    /// [`NativeClient::get_buffer`] for many keys: a handle, or a negative code, per key.
+    fn batch_get_buffer(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<Py<PyAny>>> {
+        let results = self.batch_read_staged(py, &keys);
+        results
+            .into_iter()
+            .map(|r| match r {
+                Ok(v) => Ok(Py::new(py, BufferHandle::new(v))?.into_any()),
+                Err(e) => {
+                    log_failure("batch_get_buffer", &e);
+                    Ok(e.code.code().into_pyobject(py)?.into_any().unbind())
+                }
+            })
+            .collect()
+    }
+
+    /// The size of `key`'s value.
+    fn get_size(&self, py: Python<'_>, key: &str) -> PyResult<u64> {
+        raise(block_on(py, self.client.get_size(key)))
+    }
+
+    /// Whether `key` has a complete replica.
+    fn exist(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
+        raise(block_on(py, self.client.exist(key)))
+    }
+
+    /// Whether `key` has a complete replica; if its only copy is on a node's disk, it is first
+    /// brought back into memory (a prefetch, docs/prefetch.md; best effort, failures logged).
+    fn exist_prefetch(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
+        raise(block_on(py, self.client.exist_prefetch(key)))
+    }
+
+    /// 1 (present), 0 (absent) or a negative code, per key.
+    fn batch_exist(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        match block_on(py, self.client.batch_exist(&refs)) {
+            Ok(results) => results
+                .iter()
+                .map(|r| code_of(r, |&b| i64::from(b), "batch_is_exist"))
+                .collect(),
+            Err(e) => {
+                log_failure("batch_is_exist", &e);
+                vec![i64::from(e.code.code()); keys.len()]
+            }
+        }
+    }
+
+    /// Removes `key`.
+    fn remove(&self, py: Python<'_>, key: &str) -> PyResult<()> {
+        raise(block_on(py, self.client.remove(key)))
+    }
+
+    /// Removes many keys; one code per key.
+    fn batch_remove(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
+        let results = block_on(py, async {
+            let removals = keys.iter().map(|k| self.client.remove(k));
+            futures_util::future::join_all(removals).await
+        });
+        results
+            .iter()
+            .map(|r| code_of(r, |_| 0, "batch_remove"))
+            .collect()
+    }
+
+    /// Removes every key matching the regular expression; how many went.
+    fn remove_by_regex(&self, py: Python<'_>, pattern: &str) -> PyResult<u64> {
+        raise(block_on(py, self.client.remove_by_regex(pattern)))
+    }
+
+    /// Removes every removable key; how many went.
+    fn remove_all(&self, py: Python<'_>) -> PyResult<u64> {
+        raise(block_on(py, self.client.remove_all()))
+    }
+
+    /// Registers `size` bytes at address `ptr` for the zero-copy calls.
+    fn register_buffer(&self, ptr: usize, size: usize) -> PyResult<()> {
+        raise(self.registered.register(ptr, size))
+    }
+
+    /// Unregisters the buffer at `ptr`.
+    fn unregister_buffer(&self, ptr: usize) -> PyResult<()> {
+        raise(self.registered.unregister(ptr))
+    }
+
+    /// Checks that `size` bytes at `ptr` lie inside one registered buffer, so that Python
+    /// may read them (a tensor's header, before it is stored from there).
+    fn check_registered(&self, ptr: usize, size: usize) -> PyResult<()> {
+        raise(self.registered.check(ptr, size))
+    }
+
+    /// Stores `size` bytes of registered memory at `ptr` (zero-copy).
+    fn put_from(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        ptr: usize,
+        size: usize,
+        config: ConfigArgs,
+        upsert: bool,
+    ) -> PyResult<()> {
+        let region = raise(self.region(ptr, size))?;
+        let config = raise(replicate_config(config))?;
+        raise(block_on(
+            py,
+            write(&self.client, key, region.bytes(), &config, upsert),
+        ))
+    }
+
+    /// Reads `key` into registered memory at `ptr` (at most `size` bytes); its length.
+    fn get_into(&self, py: Python<'_>, key: &str, ptr: usize, size: usize) -> PyResult<u64> {
+        let region = raise(self.region(ptr, size))?;
+        // SAFETY: one region, so nothing overlaps it.
+        let buf = unsafe { region.bytes_mut() };
+        raise(block_on(py, self.client.get_into(key, buf))).map(|n| n as u64)
+    }
+
+    /// Stores each key's value from its registered parts (one part: zero-copy; several:
+    /// gathered first); one code per key.
+    fn batch_put_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ptrs: Vec<Vec<usize>>,
+        sizes: Vec<Vec<usize>>,
+        config: ConfigArgs,
+        upsert: bool,
+    ) -> PyResult<Vec<i64>> {
+        self.put_from_parts(py, keys, ptrs, sizes, config, upsert)
+    }
+
+    /// Reads each key into its registered parts (one part: straight in; several: scattered
+    /// after); the value's length, or a negative code, per key.
+    fn batch_get_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        ptrs: Vec<Vec<usize>>,
+        sizes: Vec<Vec<usize>>,
+    ) -> Vec<i64> {
+        self.get_into_parts(py, keys, ptrs, sizes)
+    }
+
+    /// Mooncake's `get_into_ranges`: for each registered buffer, for each of its keys, copies
+    /// fragments (source offset in the value, size) to offsets in the buffer. Answers, per
+    /// buffer, per key, per fragment, the bytes copied or a negative code; a bad fragment
+    /// fails alone.
+    fn get_into_ranges(
+        &self,
+        py: Python<'_>,
+        ptrs: Vec<usize>,
+        keys: Vec<Vec<String>>,
+        dst_offsets: Vec<Vec<Vec<usize>>>,
+        src_offsets: Vec<Vec<Vec<usize>>>,
+        sizes: Vec<Vec<Vec<usize>>>,
+    ) -> Vec<Vec<Vec<i64>>> {
+        self.get_into_fragments(py, ptrs, keys, dst_offsets, src_offsets, sizes)
+    }
+
+    /// Where each key's complete replicas are: a list of (segment endpoint, address, size,
+    /// on disk, status name) per key, or a negative code.
+    fn replicas(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<Py<PyAny>>> {
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let lists = block_on(py, async {
+            let lists = self.client.batch_replicas(&refs).await?;
+            let mut described = Vec::with_capacity(lists.len());
+            for list in lists {
+                described.push(match list {
+                    Ok(list) => {
+                        let ids: Vec<_> = list.replicas.iter().map(|r| r.segment).collect();
+                        let names = self.client.segment_endpoints(&ids).await?;
+                        Ok(list
+                            .replicas
+                            .iter()
+                            .map(|r| {
+                                (
+                                    names.get(&r.segment).cloned().unwrap_or_default(),
+                                    r.addr,
+                                    r.len,
+                                    r.medium == Medium::Disk,
+                                    status_name(r.status),
+                                )
+                            })
+                            .collect::<Vec<_>>())
+                    }
+                    Err(e) => Err(e),
+                });
+            }
+            Ok::<_, Error>(described)
+        });
+        let lists = raise(lists)?;
+        lists
+            .into_iter()
+            .map(|l| match l {
+                Ok(replicas) => Ok(replicas.into_pyobject(py)?.into_any().unbind()),
+                Err(e) => {
+                    log_failure("get_replica_desc", &e);
+                    Ok(e.code.code().into_pyobject(py)?.into_any().unbind())
+                }
+            })
+            .collect()
+    }
+}
+
+impl Drop for NativeClient {
+    /// A store dropped without `close()` (the program forgot, or exited) still leaves the
+    /// cluster: its segment is unmounted in the background rather than served until the
+    /// master notices the silence.
+    fn drop(&mut self) {
+        let client = self.client.clone();
+        crate::runtime().spawn(async move {
+            if let Err(e) = client.close().await {
+                tracing::debug!("closing a dropped store: {e}");
+            }
+        });
+    }
+}

@@ -1,0 +1,155 @@
+//! Building the cluster: a madsim node for each master, storage node and client, and the
+//! buggify hooks through which the supervisor stalls readers and crashes clients mid-write.
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use madsim::rand::Rng as _;
+use madsim::runtime::Handle;
+use mooring::buggify::Site;
+
+use super::Nodes;
+use crate::members;
+use crate::plan::Member;
+use crate::world::{World, ip};
+
+pub(super) fn start_cluster(world: &Arc<World>) -> Nodes {
+    let handle = Handle::current();
+    let shape = &world.plan.shape;
+    let w = world.clone();
+    let master = if world.plan.master_group {
+        handle
+            .create_node()
+            .name("master0")
+            .ip(ip(Member::Master))
+            .init(move || members::group_master(w.clone(), 0))
+            .build()
+    } else {
+        handle
+            .create_node()
+            .name("master")
+            .ip(ip(Member::Master))
+            .init(move || members::master(w.clone()))
+            .build()
+    };
+    let group = world.plan.master_group.then(|| {
+        let etcd = handle
+            .create_node()
+            .name("etcd")
+            .ip(crate::world::etcd_addr().ip())
+            .init(|| async {
+                let _ = mooring_etcd::SimServer::builder()
+                    .serve(crate::world::etcd_addr())
+                    .await;
+            })
+            .build();
+        let w = world.clone();
+        let standby = handle
+            .create_node()
+            .name("master1")
+            .ip(crate::world::group_master_addr(1).ip())
+            .init(move || members::group_master(w.clone(), 1))
+            .build();
+        (standby, etcd)
+    });
+    let storage = (0..shape.nodes)
+        .map(|i| {
+            let w = world.clone();
+            handle
+                .create_node()
+                .name(format!("node{i}"))
+                .ip(ip(Member::Node(i)))
+                .init(move || members::storage_node(w.clone(), i))
+                .build()
+        })
+        .collect();
+    let clients = (0..shape.clients)
+        .map(|j| {
+            let w = world.clone();
+            handle
+                .create_node()
+                .name(format!("client{j}"))
+                .ip(ip(Member::Client(j)))
+                .init(move || members::client(w.clone(), j))
+                .build()
+        })
+        .collect();
+    Nodes {
+        master,
+        group,
+        storage,
+        clients,
+    }
+}
+
+/// Crash orders are served at the client's write steps: the client parks itself and the
+/// supervisor kills it at its next tick. Slow readers stall at the read-transfer step.
+pub(super) fn install_crash_hook(world: &Arc<World>) {
+    let w = world.clone();
+    let slow_readers = world.plan.slow_readers;
+    let lease = Duration::from_millis(world.plan.master.lease_ttl.as_millis());
+    let slot_ttl = world
+        .plan
+        .disk
+        .as_ref()
+        .map_or(Duration::ZERO, |d| d.slot_ttl);
+    let hook: mooring::buggify::HoldHook = Rc::new(move |site| {
+        let stall = !w.healed.load(Ordering::Relaxed);
+        if site == Site::CLIENT_BEFORE_READ_TRANSFER {
+            // One read in five stalls for up to 80% of its lease (the client still checks
+            // its lease after the transfer and retries a read that outlived it).
+            let mut rng = madsim::rand::thread_rng();
+            return (stall && slow_readers && rng.gen_bool(0.2))
+                .then(|| lease.mul_f64(0.8 * rng.r#gen::<f64>()));
+        }
+        if site == Site::CLIENT_BEFORE_STAGE {
+            // Disk reads with an old replica list: the key may be rewritten (and its new
+            // value written to the same disk) before the node is asked for the old one.
+            let mut rng = madsim::rand::thread_rng();
+            return (stall && slow_readers && rng.gen_bool(0.5))
+                .then(|| lease.mul_f64(0.6 * rng.r#gen::<f64>()));
+        }
+        if site == Site::CLIENT_BEFORE_STAGED_PULL {
+            // Staged slots wait for their readers (inside the slot's TTL: a reader past it
+            // gives up), so a tight staging buffer fills with slots a node must not take back
+            // early.
+            let mut rng = madsim::rand::thread_rng();
+            return (stall && slow_readers && rng.gen_bool(0.8))
+                .then(|| slot_ttl.min(lease).mul_f64(0.7 * rng.r#gen::<f64>()));
+        }
+        if site == Site::CLIENT_HELD_READ_TRANSFER {
+            // A held read is not bounded by its lease: half of them outlast it, so removes,
+            // upserts and eviction meet objects whose only protection is the hold.
+            let mut rng = madsim::rand::thread_rng();
+            return (stall && slow_readers && rng.gen_bool(0.5))
+                .then(|| lease.mul_f64(0.5 + 2.0 * rng.r#gen::<f64>()));
+        }
+        if !matches!(
+            site,
+            Site::CLIENT_BEFORE_PUT_END
+                | Site::CLIENT_BEFORE_BATCH_PUT_END
+                | Site::CLIENT_AFTER_PUT_START
+        ) {
+            return None;
+        }
+        let node = madsim::plugin::node();
+        let mut orders = w.orders();
+        let order = orders.get_mut(&node)?;
+        if order.triggered {
+            return None;
+        }
+        order.triggered = true;
+        Some(Duration::from_secs(3600))
+    });
+    mooring::buggify::set_hold_hook(Some(hook));
+    let client_rot = world.plan.client_rot;
+    let damage: mooring::buggify::DamageHook = Rc::new(move |site, len| {
+        // A failing client's memory damages one prefetch in three.
+        let mut rng = madsim::rand::thread_rng();
+        (client_rot && site == Site::CLIENT_PREFETCH_BUFFER && len > 0 && rng.gen_bool(1.0 / 3.0))
+            .then(|| rng.gen_range(0..len * 8))
+    });
+    mooring::buggify::set_damage_hook(Some(damage));
+}

@@ -1,0 +1,148 @@
+//! `mooring bench`: put/get/exist throughput and latency, measured the way Mooncake Store's
+//! numbers in the cluster issue were: writer and reader in separate processes, the objects in
+//! the writer's own segment (so every read crosses processes over TCP), one thread, one
+//! operation at a time, every value verified.
+//!
+//! The reader (this process) starts the writer as a child (`mooring bench-writer`), tells it
+//! which size to write next over its stdin, and reads its put measurements from its stdout.
+//! Throughput is computed from the time spent inside the store's calls, not the benchmark's
+//! own value checking, which happens between calls.
+
+//!
+//! | module | what it holds |
+//! | --- | --- |
+//! | `report` | each measured [`Phase`], and the [`Report`] of them all |
+//! | `objects` | the keys and values a run writes and verifies |
+//! | `process` | the child processes and their line protocol |
+//! | `reader` | the phases this process measures as the reader |
+//! | `many` | the many-readers phase, and a reader process of it ([`run_reader`]) |
+//! | `writer` | the writer process ([`run_writer`]) |
+
+mod many;
+mod objects;
+mod process;
+mod reader;
+mod report;
+mod writer;
+
+use std::path::PathBuf;
+
+use mooring_core::{Error, ErrorCode, Result};
+
+use crate::client::Client;
+use crate::connect::ClientConfig;
+use crate::transports::TransportChoice;
+use many::{loopback, many_readers};
+use process::{TokenDir, Writer};
+use reader::{exist_phases, read_phases};
+
+pub use many::run_reader;
+pub use report::{Phase, Report};
+pub use writer::run_writer;
+
+/// Where the benchmark's master runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MasterPlacement {
+    /// A running cluster's master at this address.
+    Remote(String),
+    /// A master started as its own process.
+    Process,
+    /// A master inside the writer process (an engine embedding the master).
+    InWriter,
+}
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    /// Where the master runs.
+    pub master: MasterPlacement,
+    /// Value sizes.
+    pub sizes: Vec<u64>,
+    /// Operations per size and phase.
+    pub count: usize,
+    /// Keys per get batch.
+    pub batch: usize,
+    /// Show progress bars on stderr.
+    pub progress: bool,
+    /// How the reader reaches the writer's segment (the writer serves RDMA unless `tcp`).
+    pub transport: TransportChoice,
+    /// Reader processes in the many-readers phase (1: no such phase).
+    pub readers: usize,
+}
+
+pub(super) fn protocol_error(what: impl Into<String>) -> Error {
+    Error::new(ErrorCode::INTERNAL_ERROR, what.into())
+}
+
+/// Runs the benchmark; `exe` is this program (started again as the writer).
+pub async fn run(config: &BenchConfig, exe: PathBuf) -> Result<Report> {
+    if config.sizes.is_empty() || config.count == 0 || config.batch == 0 || config.readers == 0 {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            "need at least one size, a positive count, a positive batch and at least one reader",
+        ));
+    }
+    if config.transport == TransportChoice::Rdma {
+        // Say what is missing before starting any process.
+        mooring_transport_rdma::device::choose(&[], 0)?;
+    }
+    let run = format!("{:016x}", crate::connect::random_client_id().0 as u64);
+    // A cluster the bench starts shares a fresh token; a remote one's comes from the
+    // environment (MOORING_TOKEN_FILE), as for any client.
+    let own_token = match config.master {
+        MasterPlacement::Remote(_) => None,
+        _ => Some(TokenDir::new(&run)?),
+    };
+    let token = own_token.as_ref().map(|t| t.file.as_path());
+    let mut master_process = None;
+    let (mut writer, master) = match &config.master {
+        MasterPlacement::Remote(addr) => {
+            let writer = Writer::spawn(&exe, token, addr, config, &run)?;
+            (writer, addr.clone())
+        }
+        MasterPlacement::Process => {
+            let mut master =
+                Writer::spawn_args(&exe, token, &["master", "--listen", "127.0.0.1:0"])?;
+            let addr = master.expect("mooring master listening on").await?;
+            master_process = Some(master);
+            let writer = Writer::spawn(&exe, token, &addr, config, &run)?;
+            (writer, addr)
+        }
+        MasterPlacement::InWriter => {
+            let mut writer = Writer::spawn(&exe, token, "embedded", config, &run)?;
+            let addr = writer.expect("master").await?;
+            (writer, addr)
+        }
+    };
+    writer.expect("ready").await?;
+    let mut reader_config = ClientConfig::new(master.clone());
+    reader_config.token = token.map(crate::token::load).transpose()?;
+    reader_config.transport = config.transport;
+    let reader = Client::connect(reader_config).await?;
+    let mut report = Report::default();
+    for &size in &config.sizes {
+        writer.send(&format!("put {size}"))?;
+        let put: Phase = serde_json::from_str(&writer.expect("result").await?)
+            .map_err(|e| protocol_error(format!("bad writer result: {e}")))?;
+        report.phases.push(put);
+        report
+            .phases
+            .extend(read_phases(&reader, config, &run, size).await?);
+        if config.readers > 1 {
+            report
+                .phases
+                .push(many_readers(&exe, token, &master, config, &run, size).await?);
+            report.phases.push(loopback(config.readers, size)?);
+        }
+    }
+    report
+        .phases
+        .extend(exist_phases(&reader, config, &run).await?);
+    reader.close().await?;
+    drop(writer);
+    // The master holds nothing worth a graceful stop (it does not read commands).
+    if let Some(mut master) = master_process {
+        let _ = master.child.kill();
+    }
+    Ok(report)
+}

@@ -1,0 +1,161 @@
+//! The store from the shell: `put`, `get`, `cp`, `mv`, `rm` and `ls`, each the whole life of
+//! one client.
+
+use std::io::{Read, Write};
+
+use mooring::{Client, ClientConfig};
+use mooring_core::{Error, ErrorCode, ReplicateConfig};
+
+use super::args::{ClientArgs, CpArgs, GetArgs, LsArgs, MvArgs, PutArgs, RmArgs};
+use super::output_failed;
+
+async fn connect(args: &ClientArgs) -> Result<Client, Error> {
+    let (master, rpc_timeout) = args.master_and_timeout()?;
+    let mut config = ClientConfig::new(master);
+    config.rpc_timeout = rpc_timeout;
+    config.token = args.auth.token()?;
+    config.transport = args.transport;
+    config.rdma_devices = mooring::transports::device_names(args.rdma_device.as_deref());
+    Client::connect(config).await
+}
+
+/// Runs `work` with a client of the master `args` name, then says goodbye whether the work
+/// succeeded or not: a CLI call is a client's whole life, and one that ends without a word
+/// would be noticed only when it expires (one log line on the master per call).
+pub(crate) async fn with_client<T>(
+    args: &ClientArgs,
+    work: impl AsyncFnOnce(&Client) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let client = connect(args).await?;
+    let result = work(&client).await;
+    if let Err(e) = client.close().await {
+        tracing::debug!("closing the client: {e}");
+    }
+    result
+}
+
+pub(crate) async fn run_put(args: PutArgs) -> Result<(), Error> {
+    let value = match (&args.value, &args.file) {
+        (Some(v), _) => v.clone().into_bytes(),
+        (None, Some(path)) if path.as_os_str() == "-" => read_stdin()?,
+        (None, Some(path)) => std::fs::read(path).map_err(|e| {
+            Error::new(
+                ErrorCode::FILE_READ_FAIL,
+                format!("{}: {e}", path.display()),
+            )
+        })?,
+        (None, None) => read_stdin()?,
+    };
+    let mut config = ReplicateConfig::replicas(args.replicas);
+    config.with_hard_pin = args.hard_pin;
+    if args.soft_pin {
+        config = config.soft_pinned(None);
+    } else if args.soft_unpin {
+        config = config.soft_unpinned();
+    }
+    with_client(&args.client, async |client| {
+        if args.upsert {
+            client.upsert(&args.key, &value, &config).await?;
+        } else {
+            client.put(&args.key, &value, &config).await?;
+        }
+        // Replicas go to distinct segments: with fewer segments than asked, fewer are stored.
+        let pattern = format!("^{}$", regex::escape(&args.key));
+        let stored = client.query(&pattern).await?;
+        let replicas = stored.first().map_or(0, |k| k.replicas);
+        if replicas < args.replicas {
+            out!(
+                "stored {} ({} bytes) with {replicas} of the {} replicas asked: only {replicas} \
+                 segments could take a copy",
+                args.key,
+                value.len(),
+                args.replicas
+            );
+        } else {
+            out!(
+                "stored {} ({} bytes, {replicas} replicas)",
+                args.key,
+                value.len()
+            );
+        }
+        Ok(())
+    })
+    .await
+}
+
+fn read_stdin() -> Result<Vec<u8>, Error> {
+    let mut value = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut value)
+        .map_err(|e| Error::new(ErrorCode::FILE_READ_FAIL, format!("stdin: {e}")))?;
+    Ok(value)
+}
+
+pub(crate) async fn run_get(args: GetArgs) -> Result<(), Error> {
+    with_client(&args.client, async |client| {
+        let value = client.get(&args.key).await?;
+        match &args.out {
+            Some(path) => std::fs::write(path, &value).map_err(|e| {
+                Error::new(
+                    ErrorCode::FILE_WRITE_FAIL,
+                    format!("{}: {e}", path.display()),
+                )
+            })?,
+            None => {
+                let mut stdout = std::io::stdout();
+                if let Err(e) = stdout.write_all(&value).and_then(|()| stdout.flush()) {
+                    output_failed(e);
+                }
+            }
+        }
+        Ok(())
+    })
+    .await
+}
+
+pub(crate) async fn run_cp(args: CpArgs) -> Result<(), Error> {
+    with_client(&args.client, async |client| {
+        let targets: Vec<&str> = args.segments.iter().map(String::as_str).collect();
+        client.copy(&args.key, &targets).await?;
+        out!("copied {} to {}", args.key, args.segments.join(", "));
+        Ok(())
+    })
+    .await
+}
+
+pub(crate) async fn run_mv(args: MvArgs) -> Result<(), Error> {
+    with_client(&args.client, async |client| {
+        client.move_replica(&args.key, &args.from, &args.to).await?;
+        out!("moved {} from {} to {}", args.key, args.from, args.to);
+        Ok(())
+    })
+    .await
+}
+
+pub(crate) async fn run_rm(args: RmArgs) -> Result<(), Error> {
+    with_client(&args.client, async |client| {
+        if let Some(key) = &args.key {
+            client.remove(key).await?;
+            out!("removed {key}");
+        } else if let Some(regex) = &args.regex {
+            out!("removed {} objects", client.remove_by_regex(regex).await?);
+        } else {
+            out!("removed {} objects", client.remove_all().await?);
+        }
+        Ok(())
+    })
+    .await
+}
+
+pub(crate) async fn run_ls(args: LsArgs) -> Result<(), Error> {
+    with_client(&args.client, async |client| {
+        let keys = client.query(&args.regex).await?;
+        for k in &keys {
+            let disk = if k.on_disk { " +disk" } else { "" };
+            out!("{:>12}  {}x{disk}  {}", k.size, k.replicas, k.key);
+        }
+        out!("{} keys", keys.len());
+        Ok(())
+    })
+    .await
+}
