@@ -25,10 +25,10 @@ EXPS = {
    ('core/src/master.rs', "            DiscardReason::Preempted { writer } => !clients.is_live(writer),", "            DiscardReason::Preempted { writer } => !clients.is_live(writer) || true,"),
  ],
  'disk-eviction-unreported': [
-   ('store/src/disk_tier/sync.rs', "        let told = if report.evicted.is_empty() {", "        let told = if true {"),
+   ('store/src/node/disk_tier/sync.rs', "        let told = if report.evicted.is_empty() {", "        let told = if true {"),
  ],
  'read-past-lease': [
-   ('store/src/client/read.rs', "            let outlived = !self.inside_lease(asked, &list);", "            let outlived = false;"),
+   ('core/src/client/read_plan.rs', "        now.since(asked) < self.usable_lease()\n", "        now.since(asked) < self.usable_lease() || true\n"),
  ],
  'evict-in-place-pinned': [
    ('core/src/object.rs', "            || self.pinned_in_place()\n            || self.lease_active(now)", "            || self.lease_active(now)"),
@@ -44,10 +44,10 @@ EXPS = {
    ('core/src/master.rs', "        let release_at = object.put_start + release_timeout;", "        let release_at = object.put_start;"),
  ],
  'damaged-past-lease': [
-   ('store/src/client/read.rs', "                Err(e) if !(outlived && e.code == ErrorCode::INVALID_REPLICA) => return Err(e),", "                Err(e) => return Err(e),"),
+   ('core/src/client/read_plan.rs', "            Err(e) if inside_lease || e.code != ErrorCode::INVALID_REPLICA => ReadVerdict::Fail(e),", "            Err(e) if true => ReadVerdict::Fail(e),"),
  ],
  'not-found-from-stale-disk-copy': [
-   ('store/src/client/read.rs', "                    if e.code != ErrorCode::OBJECT_NOT_FOUND || last.is_none() {", "                    if true {"),
+   ('core/src/client/read_plan.rs', "        if error.code != ErrorCode::OBJECT_NOT_FOUND || self.last.is_none() {", "        if true {"),
  ],
  # The read path ignores which write it was asked for. Every layer checks the version (the
  # node's index of copies, each backend's index, the record's header), so one layer alone
@@ -68,7 +68,7 @@ EXPS = {
    ('core/src/eviction.rs', "            let candidate = (object.last_access, slot, bytes);", "            let candidate = (object.lease_expiry, slot, bytes);"),
  ],
  'skip-checksum': [
-   ('store/src/client/read.rs', "    if got == expected {", "    if got == expected || true {"),
+   ('core/src/client/read_plan.rs', "    if got == expected {", "    if got == expected || true {"),
    ('store/src/client/read.rs', "if expected.is_ok_and(|expected| expected != sum) {", "if false && expected.is_ok_and(|expected| expected != sum) {"),
  ],
  'double-free': [
@@ -80,7 +80,7 @@ EXPS = {
                          "            .map(|r| self.segments.describe(r, object.size))"),
  ],
  'accept-bad-checksum': [
-   ('proto/src/wire.rs', "        if actual != header.crc {\n            return Err(FrameError::Checksum {", "        if actual != header.crc && false {\n            return Err(FrameError::Checksum {"),
+   ('proto/src/wire/frame.rs', "        if actual != header.crc {\n            return Err(FrameError::Checksum {", "        if actual != header.crc && false {\n            return Err(FrameError::Checksum {"),
    ('transport-sim/src/datagram.rs', "    if actual != header.crc {", "    if actual != header.crc && false {"),
    ('transport-sim/src/datagram.rs', "    let actual = crc32c::crc32c(bulk);\n", "    let actual = crc32c::crc32c(bulk);\n    let actual = if actual != expected { expected } else { actual };\n"),
  ],
@@ -100,7 +100,6 @@ EXPS = {
  'no-write-deadline': [
    ('proto/src/serve.rs', "                if clock.expired(sent_at_us, valid_for_us) {\n", "                if clock.expired(sent_at_us, valid_for_us) && false {\n"),
    ('transport-tcp/src/data.rs', "} => clock.deadline(*sent_at_us, *valid_for_us),\n", "} => clock.deadline(*sent_at_us, *valid_for_us) + Duration::from_secs(86_400),\n"),
-   ('transport-sim/src/data.rs', "        sim_clock_us() > sent_at_us.saturating_add(valid_for_us)\n", "        sim_clock_us() > sent_at_us.saturating_add(valid_for_us) && false\n"),
  ],
  'no-request-deadline': [
    ('transport-tcp/src/rpc.rs', "        let late = clock.expired(sent.sent_at_us, sent.valid_for_us);\n", "        let late = clock.expired(sent.sent_at_us, sent.valid_for_us) && false;\n"),
@@ -117,7 +116,7 @@ EXPS = {
  # acknowledged change after the damage is dropped silently. Planted where recovery acts on
  # it, and (separately) where the decoder looks for the sync marks that prove it.
  'journal-damage-ignored': [
-   ('store/src/journal/recover.rs', "        if let Some(damage) = decoded.damaged {", "        if let Some(damage) = decoded.damaged.filter(|_| false) {"),
+   ('store/src/master/journal/recover.rs', "        if let Some(damage) = decoded.damaged {", "        if let Some(damage) = decoded.damaged.filter(|_| false) {"),
  ],
  'journal-marks-unread': [
    ('proto/src/journal.rs', "                if !foreign {\n                    decoded.damaged = synced_past(generation, bytes, at);\n                }\n", ""),
@@ -125,12 +124,12 @@ EXPS = {
  # A full state directory: the records that met it are dropped instead of held, so the
  # changes waiting on them are acknowledged by the next successful sync without being on disk.
  'journal-full-drops-held': [
-   ('store/src/journal/writer.rs', "        let newer = std::mem::replace(&mut pending.bytes, bytes);\n        pending.bytes.extend_from_slice(&newer);\n", "        drop(bytes);\n"),
+   ('store/src/master/journal/writer.rs', "        let newer = std::mem::replace(&mut pending.bytes, bytes);\n        pending.bytes.extend_from_slice(&newer);\n", "        drop(bytes);\n"),
  ],
  # The journal takes a failed fsync for a success (PostgreSQL's 'fsyncgate'): the changes it
  # covered are acknowledged though the disk dropped them.
  'journal-fsync-error-ignored': [
-   ('store/src/journal/files.rs', "    pub(super) fn sync(&self) -> io::Result<()> {\n        self.file.sync().map_err(|e| {", "    pub(super) fn sync(&self) -> io::Result<()> {\n        let _ = self.file.sync();\n        Ok(()).map_err(|e: io::Error| {"),
+   ('store/src/master/journal/files.rs', "    pub(super) fn sync(&self) -> io::Result<()> {\n        self.file.sync().map_err(|e| {", "    pub(super) fn sync(&self) -> io::Result<()> {\n        let _ = self.file.sync();\n        Ok(()).map_err(|e: io::Error| {"),
  ],
  # A same-host writer copies whatever its window says.
  'shm-no-write-fence': [

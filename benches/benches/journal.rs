@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use mooring::master_service::MasterService;
+use mooring::master::MasterService;
 use mooring_benches::{bench_dir, bench_runtime};
 use mooring_core::{Checksum, ClientId, MasterConfig, ReplicateConfig, SegmentSpec};
 use mooring_proto::transport::{Answer, RpcHandler};
@@ -138,7 +138,7 @@ fn put_pairs(c: &mut Criterion) {
         ),
         (
             "journal_on",
-            MasterService::persistent(&dir, config, mooring::journal::SNAPSHOT_AFTER)
+            MasterService::persistent(&dir, config, mooring::master::journal::SNAPSHOT_AFTER)
                 .expect("a master with a journal"),
         ),
     ];

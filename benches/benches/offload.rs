@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use mooring::disk_tier::DiskTierConfig;
+use mooring::node::disk_tier::DiskTierConfig;
 use mooring::{EmbeddedCluster, EmbeddedConfig};
 use mooring_benches::{bench_dir, bench_runtime};
 use mooring_core::{MasterConfig, Millis, ReplicateConfig};

@@ -23,7 +23,8 @@ fn batch_reads(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("a runtime");
-    let memory = mooring::memory::segment_memory(SEGMENT, true, false).expect("segment memory");
+    let memory =
+        mooring::node::memory::segment_memory(SEGMENT, true, false).expect("segment memory");
     let base = memory.base();
     let (_server, plane, node) = runtime.block_on(async {
         let segments = Arc::new(LocalSegments::default());

@@ -18,7 +18,7 @@
 //!   managed by the core's offset allocator, the index rebuilt by a recovery scan).
 //!
 //! Every backend implements [`Backend`] against the `Disk` trait, so the simulated disk drives
-//! them too. The node's side of offloading, staging and disk eviction is `mooring::disk_tier`;
+//! them too. The node's side of offloading, staging and disk eviction is `mooring::node::disk_tier`;
 //! the policy is the core's.
 
 mod aligned;

@@ -4,7 +4,7 @@
 //! same grants and the same evictions. A master that appends every request it serves and
 //! every timer tick, in the order it applied them, can therefore be rebuilt by replaying the
 //! records onto the snapshot they follow. This module is the file format and the replay;
-//! files, group commit and snapshots are the store's (`mooring::journal`).
+//! files, group commit and snapshots are the store's (`mooring::master::journal`).
 //!
 //! A journal file starts with a [`FILE_HEADER`]-byte header: [`MAGIC`] (which names the
 //! format) and the file's generation. Records follow: `length u32 | crc32c u32 | now u64 |

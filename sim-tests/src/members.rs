@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use mooring::disk_tier::{DiskDevice, DiskTierConfig};
+use mooring::node::disk_tier::{DiskDevice, DiskTierConfig};
 use mooring::{
     Client, ClientConfig, Contribution, MasterService, NodeConfig, RunningMaster, SegmentConfig,
     StandaloneNode, random_client_id,

@@ -9,10 +9,11 @@ use mooring_proto::auth::ClusterToken;
 use mooring_transport_tcp::LocalSegments;
 
 use crate::client::Client;
-use crate::connect::{ClientConfig, SegmentConfig, StandaloneNode};
-use crate::disk_tier::DiskTierConfig;
-use crate::master_service::RunningMaster;
+use crate::client::connect::{ClientConfig, SegmentConfig};
+use crate::master::RunningMaster;
 use crate::node::NodeConfig;
+use crate::node::disk_tier::DiskTierConfig;
+use crate::node::standalone::StandaloneNode;
 
 /// The shape of an embedded cluster.
 #[derive(Clone, Debug)]

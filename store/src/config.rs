@@ -141,11 +141,11 @@ pub struct NodeSection {
     /// Most bytes kept on disk, e.g. "100GiB".
     pub disk_capacity: Option<String>,
     /// Disk layout: "bucket", "file-per-key" or "offset-file".
-    pub disk_backend: Option<crate::disk_tier::DiskBackend>,
+    pub disk_backend: Option<crate::node::disk_tier::DiskBackend>,
     /// Disk eviction order: "fifo" or "lru".
-    pub disk_eviction: Option<crate::disk_tier::DiskEviction>,
+    pub disk_eviction: Option<crate::node::disk_tier::DiskEviction>,
     /// Disk I/O: "uring" or "posix".
-    pub disk_io: Option<crate::disk_tier::DiskIo>,
+    pub disk_io: Option<crate::node::disk_tier::DiskIo>,
     /// O_DIRECT.
     pub disk_direct: Option<bool>,
     /// Transports served: "tcp", "rdma" or "tcp,rdma".

@@ -1,49 +1,45 @@
 //! # mooring
 //!
 //! The services of Mooring, a distributed KV-cache store for LLM inference, built on the pure
-//! core (`mooring-core`) and a transport (`mooring-transport-tcp`):
+//! core (`mooring-core`) and the transports. A folder per role:
 //!
-//! - [`master_service`]: the master, serving metadata RPCs and running the core's timers;
-//! - [`node`]: a storage node contributing segment memory;
-//! - [`client`]: the client library (put, get, batches, upsert, exist, remove, queries);
-//! - [`presence`]: joining the cluster, heartbeats, and the writer's contact fence;
-//! - [`connect`]: connecting clients and nodes over TCP;
-//! - [`buggify`]: timing faults that exist only in simulation builds;
-//! - [`cluster`]: an embedded cluster (master, nodes, clients in one process);
-//! - [`demo`]: the prefill→decode demonstration behind `mooring demo`;
-//! - [`metrics`], [`http`]: the master's Prometheus and JSON endpoints.
+//! - [`master`]: the master, serving metadata RPCs and running the core's timers, with its
+//!   journal (`master::journal`);
+//! - [`ha`]: standby masters: shipping the journal, following it, taking over through etcd;
+//! - [`node`]: a storage node contributing segment memory ([`Node`]), its disk tier, and the
+//!   standalone node process ([`StandaloneNode`]);
+//! - [`client`]: the client library (put, get, batches, upsert, exist, remove, queries), how a
+//!   member joins and heartbeats (`client::presence`) and connects over TCP
+//!   (`client::connect`); its rules are `mooring_core::client`'s;
+//! - [`ops`]: running and watching a cluster: metrics and the dashboard over HTTP, the
+//!   benchmark, the demo;
+//! - [`cluster`]: an embedded cluster (master, nodes, clients in one process).
 //!
-//! The `mooring` binary (`src/bin/mooring.rs`) wraps these in a CLI.
+//! Shared by all of them: [`config`] (the config file), [`token`] (the cluster token),
+//! [`transports`] (choosing a transport), [`clock`], [`tuning`], and the simulation's
+//! [`buggify`] and [`coverage`], which compile away outside simulation builds.
+//!
+//! The `mooring` binary (`src/bin/mooring/`) wraps these in a CLI.
 
-pub mod bench;
 pub mod buggify;
 pub mod client;
 pub mod clock;
 pub mod cluster;
 pub mod config;
-pub mod connect;
 pub mod coverage;
-pub mod demo;
-pub mod disk_tier;
 pub mod ha;
-pub mod http;
-pub mod journal;
-pub mod latest;
-pub mod master_service;
-pub mod memory;
-pub mod metrics;
+pub mod master;
 pub mod node;
-pub mod preflight;
-pub mod presence;
-pub mod seq_waiters;
+pub mod ops;
 pub mod token;
 pub mod transports;
 pub mod tuning;
 
 pub use client::Client;
+pub use client::connect::{ClientConfig, SegmentConfig, random_client_id};
+pub use client::presence::{Contribution, Presence};
 pub use cluster::{EmbeddedCluster, EmbeddedConfig};
-pub use connect::{ClientConfig, SegmentConfig, StandaloneNode, random_client_id};
-pub use master_service::{MasterService, RunningMaster};
+pub use master::{MasterService, RunningMaster};
+pub use node::standalone::StandaloneNode;
 pub use node::{Node, NodeConfig};
-pub use presence::{Contribution, Presence};
 pub use tuning::{client_spin, server_spin};

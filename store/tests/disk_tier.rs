@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mooring::disk_tier::{DiskBackend, DiskEviction, DiskTierConfig};
+use mooring::node::disk_tier::{DiskBackend, DiskEviction, DiskTierConfig};
 use mooring::{Client, EmbeddedCluster, EmbeddedConfig};
 use mooring_core::{ErrorCode, MasterConfig, Medium, Millis, ReplicateConfig};
 

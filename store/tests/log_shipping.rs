@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use mooring::ha::ship::InSyncRecord;
 use mooring::ha::standby::Copier;
-use mooring::master_service::MasterService;
+use mooring::master::MasterService;
 use mooring_core::{Checksum, ClientId, MasterConfig, ReplicateConfig, Result, SegmentSpec};
 use mooring_proto::transport::{Answer, BoxFuture, ControlPlane, RpcHandler};
 use mooring_proto::wire::{Hello, MasterRequest, MountSegment, PutEnd, PutStart, Reply};
@@ -143,7 +143,7 @@ async fn a_standby_copy_recovers_to_the_leaders_state_and_holds_every_acknowledg
     following.abort();
     let _ = following.await;
     let live = service.with_master(|m, _| m.state_fingerprint());
-    let copy = mooring::journal::recover(
+    let copy = mooring::master::journal::recover(
         &mooring_disk::PosixStateDir::new(&copy_dir),
         MasterConfig::default(),
     )

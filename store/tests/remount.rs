@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mooring::master_service::MasterService;
+use mooring::master::MasterService;
 use mooring::{Node, NodeConfig};
 use mooring_core::{ClientId, Error, ErrorCode, MasterConfig, Result};
 use mooring_proto::serve::DataService;

@@ -1,5 +1,5 @@
 //! The disk tier: the harness plays each segment name's node disk, as the real node adapter
-//! (`store/src/disk_tier/`) does but in memory. Each disk is the core's own node-side policy
+//! (`store/src/node/disk_tier/`) does but in memory. Each disk is the core's own node-side policy
 //! ([`DiskCopies`]) with a small capacity, plus the bytes of every copy (standing in for
 //! files). A disk belongs to a segment *name* and survives unmounts, so a remounted name
 //! recovers what it held.

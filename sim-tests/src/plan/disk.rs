@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use mooring::disk_tier::{DiskBackend, DiskEviction};
+use mooring::node::disk_tier::{DiskBackend, DiskEviction};
 use mooring_core::rng::Rng;
 
 use super::Fault;

@@ -29,7 +29,7 @@ impl Client {
         let (exists, grant) = self.call(request).await?;
         if let Some(prefetch) = grant {
             let started = self.now();
-            let mut value = crate::memory::value_buffer(prefetch.source.len)?;
+            let mut value = crate::node::memory::value_buffer(prefetch.source.len)?;
             let source = std::slice::from_ref(&prefetch.source);
             let read = self
                 .read_replica(key, source, prefetch.checksum, &mut value)

@@ -33,10 +33,12 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info, warn};
 
 use crate::buggify::{self, Site};
+use crate::client::presence::{Contribution, Presence};
 use crate::node::Node;
-use crate::presence::{Contribution, Presence};
 
+pub mod connect;
 mod meta;
+pub mod presence;
 mod read;
 mod tasks;
 mod write;

@@ -7,7 +7,7 @@ use mooring_core::client::read_plan::{
 
 use super::*;
 use crate::coverage::{self, Path};
-use crate::memory::value_buffer;
+use crate::node::memory::value_buffer;
 
 impl Client {
     /// The value of `key`.

@@ -11,7 +11,7 @@
 use mooring_core::client::membership;
 
 use super::*;
-use crate::memory::value_buffer;
+use crate::node::memory::value_buffer;
 use mooring_core::{CopyGrant, TaskId, TaskReport};
 use mooring_proto::wire::{
     CopyStart, MoveStart, QueryTask, TakeRepairs, TaskAbort, TaskEnd, TaskRevoke,

@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 use super::RoleHandler;
 use super::ship::InSyncRecord;
 use super::standby::{self, Copier};
-use crate::master_service::MasterService;
+use crate::master::MasterService;
 
 /// Called with a master's service when it starts leading, before it serves (the simulation
 /// audits it).
@@ -294,7 +294,7 @@ async fn follow(
             Duration::from_secs(5),
             Duration::ZERO,
             config.token.clone(),
-            crate::connect::random_client_id(),
+            crate::client::connect::random_client_id(),
         );
         loop {
             match copier

@@ -13,7 +13,7 @@
 //!   changed only by the leader (guarded by its election key): a standby joins after catching
 //!   up and is dropped, before anything is acknowledged without it, when it falls behind. Only
 //!   a master in that set campaigns, so a new leader holds every acknowledged change; it
-//!   recovers from its copy exactly like a restarted master ([`crate::journal::recover`]).
+//!   recovers from its copy exactly like a restarted master ([`crate::master::journal::recover`]).
 //! - **Everyone else** (clients, nodes, other standbys) is given every master's address
 //!   (`--master A,B,C`), or where etcd is (`--master etcd://HOST:PORT`, [`discovery`]):
 //!   standbys refuse with `UNAVAILABLE_IN_CURRENT_STATUS`, naming the leader, and callers move
@@ -35,7 +35,7 @@ use mooring_proto::wire::{MasterRequest, MasterResponse};
 use mooring_transport_tcp::limits::ConnectionLimits;
 
 use crate::clock::Clock;
-use crate::master_service::MasterService;
+use crate::master::MasterService;
 
 /// Waits until nothing but the caller holds `service` (requests it was serving have been
 /// answered), then drops it, which writes and closes its journal: only then may another
@@ -106,8 +106,7 @@ pub async fn serve(
     token: Option<mooring_proto::auth::ClusterToken>,
 ) -> Result<Serving, Error> {
     let limits = ConnectionLimits::standard();
-    let (addr, task) =
-        crate::master_service::serve_rpc(listen, handler, token, limits.clone()).await?;
+    let (addr, task) = crate::master::serve_rpc(listen, handler, token, limits.clone()).await?;
     tracing::info!(%addr, "master listening (in a group)");
     Ok(Serving { addr, task, limits })
 }
@@ -118,22 +117,22 @@ pub async fn serve(
 pub fn metrics_pages(
     role: Arc<RoleHandler>,
     limits: Arc<ConnectionLimits>,
-) -> crate::http::Handler {
+) -> crate::ops::http::Handler {
     Arc::new(move |path: &str| {
         let connections = limits.clone();
         let connections = Arc::new(move || connections.open());
         match role.serving() {
-            Ok(service) => crate::master_service::metrics_pages(&service, connections, true)(path),
+            Ok(service) => crate::master::metrics_pages(&service, connections, true)(path),
             Err(_) => match path {
-                "/metrics" => crate::http::Response::ok(
+                "/metrics" => crate::ops::http::Response::ok(
                     "text/plain; version=0.0.4; charset=utf-8",
-                    crate::metrics::render_standby(connections()),
+                    crate::ops::metrics::render_standby(connections()),
                 ),
-                "/stats.json" => crate::http::Response::ok(
+                "/stats.json" => crate::ops::http::Response::ok(
                     "application/json",
                     serde_json::json!({ "role": "standby", "leader": role.leader() }).to_string(),
                 ),
-                other => crate::metrics::static_page(other),
+                other => crate::ops::metrics::static_page(other),
             },
         }
     })

@@ -13,9 +13,9 @@ use mooring_proto::wire::{FOLLOW_CHUNK, Follow, FollowChunk, StateFile};
 use tracing::{info, warn};
 
 use crate::clock::Clock;
-use crate::journal::{self, Journal, SyncState};
-use crate::latest::{Follower, Latest};
-use crate::seq_waiters::SeqWaiters;
+use crate::master::journal::{self, Journal, SyncState};
+use crate::master::latest::{Follower, Latest};
+use crate::master::seq_waiters::SeqWaiters;
 
 /// How long a `Follow` waits for something new before answering with nothing.
 const LONG_POLL: Duration = Duration::from_millis(500);

@@ -15,7 +15,7 @@ use tracing::{debug, info};
 use mooring_disk::PosixStateDir;
 use mooring_proto::state_dir::StateDir;
 
-use crate::journal;
+use crate::master::journal;
 
 /// The file that names a state directory's contents: a fresh one each time a standby starts
 /// copying a leader from scratch, so a copy that is not yet complete can never be taken for
@@ -35,7 +35,7 @@ pub fn incarnation(dir: &Path) -> Result<u64> {
 
 fn renew_incarnation(dir: &Path) -> Result<u64> {
     // Random in production, seeded in the simulation.
-    let n = (crate::connect::random_client_id().0 as u64) >> 1;
+    let n = (crate::client::connect::random_client_id().0 as u64) >> 1;
     let path = dir.join(INCARNATION);
     let temporary = dir.join(format!("{INCARNATION}.tmp"));
     (|| {

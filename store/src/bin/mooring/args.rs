@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use mooring::disk_tier::{DiskBackend, DiskEviction, DiskIo};
+use mooring::node::disk_tier::{DiskBackend, DiskEviction, DiskIo};
 use mooring_core::Error;
 use mooring_proto::auth::ClusterToken;
 

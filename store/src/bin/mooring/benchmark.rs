@@ -1,7 +1,7 @@
 //! `mooring bench`: the benchmark's flags turned into its config, and its report printed.
 
-use mooring::bench::{self, BenchConfig, MasterPlacement};
 use mooring::config::parse_size;
+use mooring::ops::bench::{self, BenchConfig, MasterPlacement};
 use mooring_core::{Error, ErrorCode};
 
 use super::args::BenchArgs;

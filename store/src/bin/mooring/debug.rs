@@ -13,7 +13,7 @@ pub(crate) async fn run_debug(args: DebugArgs) -> Result<(), Error> {
     match args.action {
         DebugAction::HangPut { master, key, size } => {
             let client = random_client_id();
-            let control = mooring::connect::control_plane(
+            let control = mooring::client::connect::control_plane(
                 &master,
                 Duration::from_secs(10),
                 mooring::token::resolve(None)?,

@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use mooring::{bench, demo};
+use mooring::ops::{bench, demo};
 use mooring_core::{Error, ErrorCode};
 
 /// Prints a line of the CLI's output. A closed stdout (`mooring stat | head -1`) ends the

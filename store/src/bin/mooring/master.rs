@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use mooring::RunningMaster;
 use mooring::config::{FileConfig, MasterSection, parse_size};
-use mooring::master_service::MasterService;
+use mooring::master::MasterService;
 use mooring_core::Error;
 #[cfg(not(feature = "etcd"))]
 use mooring_core::ErrorCode;
@@ -48,7 +48,7 @@ pub(crate) async fn run_master(args: MasterArgs) -> Result<(), Error> {
     if let Some(etcd) = &args.etcd {
         let snapshot_after = match &settings.snapshot_after {
             Some(size) => parse_size(size).map_err(usage_error)?,
-            None => mooring::journal::SNAPSHOT_AFTER,
+            None => mooring::master::journal::SNAPSHOT_AFTER,
         };
         let group = GroupArgs {
             etcd,
@@ -68,7 +68,7 @@ pub(crate) async fn run_master(args: MasterArgs) -> Result<(), Error> {
         Some(dir) => {
             let snapshot_after = match &settings.snapshot_after {
                 Some(size) => parse_size(size).map_err(usage_error)?,
-                None => mooring::journal::SNAPSHOT_AFTER,
+                None => mooring::master::journal::SNAPSHOT_AFTER,
             };
             MasterService::persistent(dir, config, snapshot_after)?
         }
@@ -131,8 +131,13 @@ async fn run_master_group(
         Some((listen, bearer)) => {
             let pages = mooring::ha::metrics_pages(handler.clone(), serving.limits.clone());
             Some(
-                mooring::http::serve(&listen, pages, bearer, mooring::metrics::PUBLIC_PATHS)
-                    .await?,
+                mooring::ops::http::serve(
+                    &listen,
+                    pages,
+                    bearer,
+                    mooring::ops::metrics::PUBLIC_PATHS,
+                )
+                .await?,
             )
         }
         None => None,

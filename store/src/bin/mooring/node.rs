@@ -5,7 +5,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use mooring::config::{FileConfig, parse_size};
-use mooring::disk_tier::DiskTierConfig;
+use mooring::node::disk_tier::DiskTierConfig;
 use mooring::{Client, ClientConfig, SegmentConfig, StandaloneNode};
 use mooring_core::Error;
 use mooring_transport_tcp::LocalSegments;
@@ -75,9 +75,9 @@ pub(crate) async fn run_node(args: NodeArgs) -> Result<(), Error> {
             }),
     };
     let token = args.serve.token_for(&segment.listen)?;
-    mooring::preflight::check_segment_size(size)?;
+    mooring::node::preflight::check_segment_size(size)?;
     if let Some(disk) = &segment.node.disk {
-        mooring::preflight::check_disk_dir(&disk.dir, disk.capacity)?;
+        mooring::node::preflight::check_disk_dir(&disk.dir, disk.capacity)?;
     }
     let metrics = args.metrics.resolve()?;
     let local = Arc::new(LocalSegments::default());

@@ -11,7 +11,7 @@ pub(crate) async fn run_stat(args: StatArgs) -> Result<(), Error> {
         let report = client.report().await?;
         let segments = client.segments().await?;
         if args.json {
-            out!("{}", mooring::metrics::stats_json(&report, &segments));
+            out!("{}", mooring::ops::metrics::stats_json(&report, &segments));
             return Ok(());
         }
         let (s, c) = (&report.stats, &report.census);

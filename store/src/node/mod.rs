@@ -6,6 +6,11 @@
 //! the old mount can no longer write into it. On clean shutdown it unmounts, then keeps serving
 //! reads for one lease TTL (readers may still hold descriptors), then stops.
 
+pub mod disk_tier;
+pub mod memory;
+pub mod preflight;
+pub mod standalone;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,7 +23,7 @@ use tracing::{info, warn};
 use crate::buggify::{self, Site};
 use crate::clock::Clock;
 
-use crate::memory::segment_memory;
+use crate::node::memory::segment_memory;
 
 /// What a node contributes.
 #[derive(Clone, Debug)]
@@ -33,7 +38,7 @@ pub struct NodeConfig {
     /// on this host map (the node serves shm).
     pub shared: bool,
     /// A disk tier behind the segment (docs/ssd-tier.md), if any.
-    pub disk: Option<crate::disk_tier::DiskTierConfig>,
+    pub disk: Option<crate::node::disk_tier::DiskTierConfig>,
 }
 
 /// A mounted segment and the machinery keeping it mounted.

@@ -9,7 +9,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::{Registry, Unit};
 
 use super::MasterMetrics;
-use crate::journal::JournalCounts;
+use crate::master::journal::JournalCounts;
 
 /// Labels of the census: an object state, or the tier a value (or a read) is in.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use mooring_disk::PosixStateDir;
 
 use super::*;
-use crate::master_service::MasterService;
+use crate::master::MasterService;
 
 const CLIENT: ClientId = ClientId(7);
 

@@ -1,6 +1,10 @@
 //! The master service: the core's `Master` behind a lock, a timer that runs `tick`, and RPC
 //! serving. All policy is in the core; this adds only time, locking and logging.
 
+pub mod journal;
+pub mod latest;
+pub mod seq_waiters;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,10 +13,11 @@ use std::time::Duration;
 use mooring_core::invariants::{self, Violation};
 use mooring_core::{Error, ErrorCode, Event, Master, MasterConfig, Result, Stats};
 use mooring_proto::auth::ClusterToken;
+use mooring_proto::dispatch;
+use mooring_proto::journal::{request_payload, tick_payload};
 use mooring_proto::state_dir::StateDir;
 use mooring_proto::transport::{Answer, RpcHandler};
 use mooring_proto::wire::{BatchPutStart, Follow, MasterRequest, MasterResponse, PutStart, Reply};
-use mooring_proto::{dispatch, journal};
 use mooring_transport_tcp::limits::ConnectionLimits;
 use mooring_transport_tcp::spawn_rpc_server_with_limits;
 use tokio::net::TcpListener;
@@ -21,8 +26,8 @@ use tracing::{debug, info, warn};
 
 use crate::clock::Clock;
 use crate::ha::ship::{InSyncRecord, Shipping, serve_follow};
-use crate::journal::{Journal, Recovered};
-use crate::metrics::MasterMetrics;
+use crate::ops::metrics::MasterMetrics;
+use journal::{Journal, Recovered};
 
 /// How often the timer checks whether `tick` is due. Deadlines in the core are in
 /// milliseconds; this bounds how late a duty (eviction, expiry) runs.
@@ -57,10 +62,10 @@ impl MasterService {
         ))
     }
 
-    /// A service around the master kept in `dir` (see [`crate::journal`]): recovered from its
+    /// A service around the master kept in `dir` (see [`crate::master::journal`]): recovered from its
     /// snapshot and journals, with `config` in force, every object freshly leased, and every
     /// input from now on journaled (a snapshot after `snapshot_after` journal bytes or more:
-    /// see [`crate::journal`]).
+    /// see [`crate::master::journal`]).
     pub fn persistent(
         dir: &std::path::Path,
         config: MasterConfig,
@@ -80,7 +85,7 @@ impl MasterService {
             mut master,
             generation,
             replayed,
-        } = crate::journal::recover(&*dir, config)?;
+        } = journal::recover(&*dir, config)?;
         if replayed > 0 {
             crate::coverage::hit(crate::coverage::Path::MASTER_RECOVERED);
         }
@@ -212,7 +217,7 @@ impl MasterService {
     }
 
     /// What the journal has written, if the master keeps one.
-    pub fn journal_counts(&self) -> Option<crate::journal::JournalCounts> {
+    pub fn journal_counts(&self) -> Option<journal::JournalCounts> {
         self.journal.as_ref().map(Journal::counts)
     }
 
@@ -234,7 +239,7 @@ impl MasterService {
                 service.with_master(|m, now| {
                     if m.next_deadline().is_some_and(|d| d <= now) {
                         if let Some(journal) = &service.journal {
-                            journal.append(now, &journal::tick_payload(), m);
+                            journal.append(now, &tick_payload(), m);
                         }
                         m.tick(now);
                     }
@@ -279,7 +284,7 @@ impl MasterService {
     /// Applies `request` (journaling it first, if the master keeps a journal) and answers;
     /// with the journal record to wait for if the answer acknowledges a change.
     fn serve(&self, request: MasterRequest) -> (MasterResponse, Option<u64>) {
-        // Every request and answer, for replaying a failure (RUST_LOG=mooring::master_service=trace).
+        // Every request and answer, for replaying a failure (RUST_LOG=mooring::master=trace).
         let logged = tracing::enabled!(tracing::Level::TRACE).then(|| format!("{request:?}"));
         // An upsert shields the object it replaces while it makes room for the new value.
         let protected: Vec<String> = match &request {
@@ -311,7 +316,7 @@ impl MasterService {
         }
         let (payload, request) = match &self.journal {
             Some(_) => {
-                let (payload, request) = journal::request_payload(request);
+                let (payload, request) = request_payload(request);
                 (Some(payload), request)
             }
             None => (None, request),
@@ -343,19 +348,19 @@ impl MasterService {
 static FULL_REFUSALS: mooring_proto::refusals::LogBudget =
     mooring_proto::refusals::LogBudget::new();
 
-/// The metrics pages of `service` (see [`crate::metrics::handler`]), counting the
+/// The metrics pages of `service` (see [`crate::ops::metrics::handler`]), counting the
 /// connections `connections` reports; `in_group` for a master leading a group.
 pub fn metrics_pages(
     service: &Arc<MasterService>,
     connections: Arc<dyn Fn() -> usize + Send + Sync>,
     in_group: bool,
-) -> crate::http::Handler {
+) -> crate::ops::http::Handler {
     let read = {
         let service = service.clone();
         Arc::new(move || service.with_master(|m, now| (m.report(now), m.segments())))
     };
     let journaled = service.clone();
-    crate::metrics::handler(
+    crate::ops::metrics::handler(
         service.metrics.clone(),
         read,
         connections,
@@ -484,7 +489,8 @@ impl RunningMaster {
         let limits = self.limits.clone();
         let handler = metrics_pages(&self.service, Arc::new(move || limits.open()), false);
         let (addr, task) =
-            crate::http::serve(listen, handler, bearer, crate::metrics::PUBLIC_PATHS).await?;
+            crate::ops::http::serve(listen, handler, bearer, crate::ops::metrics::PUBLIC_PATHS)
+                .await?;
         self.tasks.push(task);
         Ok(addr)
     }

@@ -39,8 +39,8 @@ use tracing::{info, warn};
 
 use crate::clock::Clock;
 use crate::coverage::{self, Path};
-use crate::memory::segment_memory;
 use crate::node::Node;
+use crate::node::memory::segment_memory;
 
 mod stage;
 mod sync;

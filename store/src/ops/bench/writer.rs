@@ -10,8 +10,8 @@ use super::objects::{key, objects_for, value};
 use super::protocol_error;
 use super::report::Phase;
 use crate::client::Client;
-use crate::connect::ClientConfig;
-use crate::master_service::RunningMaster;
+use crate::client::connect::ClientConfig;
+use crate::master::RunningMaster;
 use crate::transports::TransportChoice;
 
 /// The writer process: contributes a segment large enough for every size's objects, writes

@@ -19,8 +19,8 @@ use tracing::{debug, warn};
 
 use crate::buggify::{self, Site};
 use crate::clock::Clock;
-use crate::disk_tier::DiskTier;
 use crate::node::Node;
+use crate::node::disk_tier::DiskTier;
 
 /// When this member last proved to the master that it is alive, and so how long it may write
 /// (see [`WriteWindow`]).

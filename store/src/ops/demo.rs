@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use mooring_core::{ErrorCode, MasterConfig, Medium, Millis, ReplicateConfig, Result};
 
 use crate::cluster::{EmbeddedCluster, EmbeddedConfig};
-use crate::disk_tier::DiskTierConfig;
+use crate::node::disk_tier::DiskTierConfig;
 
 /// Shape of the demo workload.
 #[derive(Clone, Debug)]

@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use mooring_core::{Error, ErrorCode, Result};
 
 use crate::client::Client;
-use crate::connect::ClientConfig;
+use crate::client::connect::ClientConfig;
 use crate::transports::TransportChoice;
 use many::{loopback, many_readers};
 use process::{TokenDir, Writer};
@@ -86,7 +86,10 @@ pub async fn run(config: &BenchConfig, exe: PathBuf) -> Result<Report> {
         // Say what is missing before starting any process.
         mooring_transport_rdma::device::choose(&[], 0)?;
     }
-    let run = format!("{:016x}", crate::connect::random_client_id().0 as u64);
+    let run = format!(
+        "{:016x}",
+        crate::client::connect::random_client_id().0 as u64
+    );
     // A cluster the bench starts shares a fresh token; a remote one's comes from the
     // environment (MOORING_TOKEN_FILE), as for any client.
     let own_token = match config.master {

@@ -51,8 +51,8 @@ use mooring_proto::journal::{self, Input};
 use mooring_proto::state_dir::{OpenMode, StateDir, StateFile};
 use tracing::{error, info, warn};
 
-use crate::latest::{Follower, Latest};
-use crate::seq_waiters::SeqWaiters;
+use crate::master::latest::{Follower, Latest};
+use crate::master::seq_waiters::SeqWaiters;
 
 /// Journal bytes that start a snapshot, by default. A snapshot also waits until the journal
 /// has grown to twice the last snapshot, so writing snapshots costs at most half as many

@@ -210,7 +210,7 @@ mod tests {
 
     use super::super::{DiskTierConfig, Staging, TierInner};
     use crate::clock::Clock;
-    use crate::memory::MappedMemory;
+    use crate::node::memory::MappedMemory;
 
     /// A disk whose reads, like io_uring's, run on their own (a task that owns the buffer)
     /// and finish only when the test lets them, whether or not anyone still waits.

@@ -5,7 +5,7 @@ use std::time::Duration;
 use mooring_core::{ErrorCode, SegmentInfo, Stats, StatsReport};
 
 use super::MasterMetrics;
-use crate::journal::JournalCounts;
+use crate::master::journal::JournalCounts;
 
 #[test]
 fn exposition_names_follow_prometheus_conventions() {

@@ -1,19 +1,20 @@
-//! Connecting over TCP: clients (optionally contributing a segment) and standalone nodes.
+//! Connecting over TCP: clients, optionally contributing a segment (a standalone node
+//! connects the same way: `crate::node::standalone`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use mooring_core::{ClientId, Result};
 use mooring_proto::auth::ClusterToken;
-use mooring_proto::transport::ControlPlane;
+
 use mooring_transport_tcp::{
     DataPlaneConfig, LocalSegments, TcpControlPlane, TcpDataPlane, TcpDataServer,
 };
 
 use crate::buggify::{self, Site};
 use crate::client::Client;
-use crate::node::{Node, NodeConfig};
-use crate::presence::{Contribution, Presence};
+use crate::client::presence::Contribution;
+use crate::node::NodeConfig;
 
 /// Where and how a contributed segment is served.
 #[derive(Clone, Debug)]
@@ -162,7 +163,7 @@ fn transports(
 }
 
 /// Starts a data server for `segment` and describes the contribution.
-async fn contribution(
+pub(crate) async fn contribution(
     segment: &SegmentConfig,
     token: Option<ClusterToken>,
     local: Arc<LocalSegments>,
@@ -217,90 +218,5 @@ impl Client {
         let data =
             crate::transports::client_data_plane(t.data, config.transport, &config.rdma_devices)?;
         Client::with_transport(id, t.control, data, contribution).await
-    }
-}
-
-/// A standalone storage node: a segment kept mounted by its own heartbeat.
-pub struct StandaloneNode {
-    presence: Presence,
-    node: Node,
-    metrics: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl StandaloneNode {
-    /// Starts serving `segment` to the master at `master` over TCP, proving `token` to the
-    /// master and requiring it of readers and writers.
-    pub async fn start(
-        master: &str,
-        id: Option<ClientId>,
-        segment: &SegmentConfig,
-        local: Arc<LocalSegments>,
-        token: Option<ClusterToken>,
-    ) -> Result<StandaloneNode> {
-        let id = id.unwrap_or_else(random_client_id);
-        let control = control_plane(
-            master,
-            buggify::timeout(Site::NODE_RPC_TIMEOUT, Duration::from_secs(10)),
-            token.clone(),
-            id,
-        )?;
-        let contribution = contribution(segment, token, local).await?;
-        StandaloneNode::with_transport(id, control, contribution).await
-    }
-
-    /// Starts serving `contribution` to the master behind `control`.
-    pub async fn with_transport(
-        id: ClientId,
-        control: Arc<dyn ControlPlane>,
-        contribution: Contribution,
-    ) -> Result<StandaloneNode> {
-        let presence = Presence::join(id, control, Some(contribution)).await?;
-        let node = presence.node.clone().ok_or_else(|| {
-            mooring_core::Error::new(
-                mooring_core::ErrorCode::INTERNAL_ERROR,
-                "joined without the segment it was started to contribute",
-            )
-        })?;
-        Ok(StandaloneNode {
-            presence,
-            node,
-            metrics: None,
-        })
-    }
-
-    /// The segment.
-    pub fn node(&self) -> &Node {
-        &self.node
-    }
-
-    /// Serves the node's metrics over HTTP on `listen` (`/metrics`, Prometheus text),
-    /// requiring `bearer` of every request if given; returns the bound address.
-    pub async fn serve_metrics(
-        &mut self,
-        listen: &str,
-        bearer: Option<String>,
-    ) -> Result<std::net::SocketAddr> {
-        let node = self.node.clone();
-        let disk = self.presence.disk.as_ref().map(|tier| {
-            Arc::new(tier.usage_reader()) as Arc<dyn Fn() -> (usize, u64) + Send + Sync>
-        });
-        let handler: crate::http::Handler = Arc::new(move |path: &str| match path {
-            "/metrics" => crate::http::Response::ok(
-                "text/plain; version=0.0.4; charset=utf-8",
-                crate::metrics::node_text(&node, disk.as_ref().map(|usage| usage())),
-            ),
-            _ => crate::http::Response::error(404, "no such page: try /metrics"),
-        });
-        let (addr, task) = crate::http::serve(listen, handler, bearer, &[]).await?;
-        self.metrics = Some(task);
-        Ok(addr)
-    }
-
-    /// Unmounts cleanly: stops heartbeating, unmounts, serves readers for a lease, stops.
-    pub async fn shutdown(self) -> Result<()> {
-        if let Some(task) = &self.metrics {
-            task.abort();
-        }
-        self.presence.leave().await
     }
 }

@@ -6,8 +6,8 @@ use mooring_core::{SegmentInfo, StatsReport};
 
 use super::MasterMetrics;
 use super::json::stats_value;
-use crate::http::{Handler, Response};
-use crate::journal::JournalCounts;
+use crate::master::journal::JournalCounts;
+use crate::ops::http::{Handler, Response};
 
 /// Paths served without the scrape token: the dashboard page, which holds no figures (it
 /// fetches them with the token it is given).

@@ -13,7 +13,7 @@ use super::process::Writer;
 use super::report::Phase;
 use super::{BenchConfig, protocol_error};
 use crate::client::Client;
-use crate::connect::ClientConfig;
+use crate::client::connect::ClientConfig;
 use crate::transports::TransportChoice;
 
 /// What one reader process of the many-readers phase reports.
