@@ -17,6 +17,7 @@ use mooring_proto::transport::{ControlPlane, DataPlane, DataServer, RpcHandler};
 use mooring_transport_rdma::model::ModelVerbs;
 use mooring_transport_rdma::{RdmaClient, RdmaConfig, RdmaDataPlane, RdmaDataServer, RdmaServer};
 use mooring_transport_shm::{ShmDataPlane, ShmDataServer};
+use mooring_transport_sim::state_dir::SimStateDir;
 use mooring_transport_sim::{SimControlPlane, SimDataPlane, SimDataServer, serve_rpc};
 use mooring_transport_tcp::{DataPlaneConfig, LocalSegments};
 use tracing::{debug, info};
@@ -108,7 +109,7 @@ pub async fn group_master(world: Arc<World>, k: usize) {
         lease_ttl: Duration::from_secs(3),
         lease_margin: Duration::from_millis(1250),
         standby_timeout: Duration::from_secs(1),
-        state_dir: world.master_state_dir().join(k.to_string()),
+        state_dir: Arc::new(SimStateDir::new(world.group_disk(k))),
         master: world.plan.master.clone(),
         snapshot_after: 16 << 10,
         token: Some(cluster_token()),

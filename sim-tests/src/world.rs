@@ -111,6 +111,9 @@ pub struct World {
     /// The lone master's state directory (runs that kill it or fill it): it outlives the
     /// master's incarnations.
     pub master_disk: Arc<SimDisk>,
+    /// A group's masters' state directories (their own journal when leading, the leader's
+    /// copy otherwise), by master: they outlive the masters' incarnations.
+    group_disks: Vec<Arc<SimDisk>>,
     /// A bit flipped in a synced journal record while the master was down: (file, byte,
     /// bit). Its next start must refuse.
     armed_flip: Mutex<Option<(String, u64, u8)>>,
@@ -164,6 +167,9 @@ impl World {
                 disk.set_faults(World::master_disk_faults());
                 Arc::new(disk)
             },
+            group_disks: (0..2u64)
+                .map(|k| Arc::new(SimDisk::new(plan.seed ^ 0x6A0B_D15C ^ k)))
+                .collect(),
             armed_flip: Mutex::default(),
             master_disk_now: Mutex::new(World::master_disk_faults()),
             plan,
@@ -189,10 +195,9 @@ impl World {
             .map_or(Duration::ZERO, |d| d.sync_interval * 2)
     }
 
-    /// Where the master keeps its state in runs that kill it (a real directory: the
-    /// simulator does not simulate files, and the journal writes them inline).
-    pub fn master_state_dir(&self) -> std::path::PathBuf {
-        master_state_dir(self.plan.seed)
+    /// Group master `k`'s state directory's disk.
+    pub fn group_disk(&self, k: usize) -> Arc<SimDisk> {
+        self.group_disks[k].clone()
     }
 
     /// Lets go of the run's large state (node segments, the master, disk images) once the
@@ -204,6 +209,9 @@ impl World {
             disk.clear();
         }
         self.master_disk.clear();
+        for disk in &self.group_disks {
+            disk.clear();
+        }
     }
 
     /// Simulated time since the run started.
@@ -473,10 +481,4 @@ impl World {
     pub fn lease(&self) -> Duration {
         Duration::from_millis(self.plan.master.lease_ttl.as_millis())
     }
-}
-
-/// Where the master of seed `seed`'s run keeps its state (see [`World::master_state_dir`]);
-/// a group's masters keep theirs in subdirectories `0` and `1`.
-pub fn master_state_dir(seed: u64) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("mooring-sim-master-{}-{seed}", std::process::id()))
 }

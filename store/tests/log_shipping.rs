@@ -117,7 +117,11 @@ async fn a_standby_copy_recovers_to_the_leaders_state_and_holds_every_acknowledg
         put(control.as_ref(), &format!("early{i}")).await;
     }
     // The standby starts late: it gets the newest snapshot, then the journals after it.
-    let mut copier = Copier::fresh(&copy_dir, "standby").unwrap();
+    let mut copier = Copier::fresh(
+        Arc::new(mooring_disk::PosixStateDir::new(&copy_dir)),
+        "standby",
+    )
+    .unwrap();
     let name = copier.name().to_string();
     let following = {
         let control = control.clone();
@@ -169,7 +173,11 @@ async fn a_standby_that_stops_is_recorded_out_of_sync_before_anything_is_acknowl
     let (service, recorded) = leader(&leader_dir);
     let control: Arc<dyn ControlPlane> = Arc::new(Direct(service.clone()));
     mount(control.as_ref()).await;
-    let mut copier = Copier::fresh(&copy_dir, "standby").unwrap();
+    let mut copier = Copier::fresh(
+        Arc::new(mooring_disk::PosixStateDir::new(&copy_dir)),
+        "standby",
+    )
+    .unwrap();
     let name = copier.name().to_string();
     // Follow until in sync, then stop following.
     while !recorded.last().contains(&name) {

@@ -30,7 +30,12 @@ pub struct BusyRetry {
 impl BusyRetry {
     /// Retries for a write first tried at `now`, under a lease TTL of `lease_ttl`.
     pub fn new(lease_ttl: Millis, now: Millis) -> BusyRetry {
-        BusyRetry::giving_up_after(lease_ttl, Millis(lease_ttl.as_millis() * 2), now)
+        BusyRetry::giving_up_after(lease_ttl, BusyRetry::patience(lease_ttl), now)
+    }
+
+    /// How long a busy start is retried: two lease TTLs.
+    pub fn patience(lease_ttl: Millis) -> Millis {
+        Millis(lease_ttl.as_millis() * 2)
     }
 
     /// As [`BusyRetry::new`], giving up `patience` after `now` (a simulation shortens it).

@@ -50,12 +50,9 @@ pub fn run(plan: Plan) -> Report {
     let mut runtime = Runtime::with_seed_and_config(plan.seed, madsim::Config::default());
     // A backstop: the run's own limits trip long before this.
     runtime.set_time_limit(Duration::from_secs(3600));
-    // A run starts with no master state (a replay of the seed in this process must not find
-    // the last one's) and leaves none behind.
-    let state = crate::world::master_state_dir(plan.seed);
-    let _ = std::fs::remove_dir_all(&state);
+    // Every master keeps its state on a simulated disk of the run's world, so nothing is
+    // left behind for a replay of the seed to find.
     let report = runtime.block_on(supervise(plan));
-    let _ = std::fs::remove_dir_all(&state);
     mooring::buggify::reset(false);
     report
 }

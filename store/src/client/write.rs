@@ -53,7 +53,7 @@ impl Client {
         let contact = &self.inner.presence.contact;
         let patience = buggify::timeout(
             Site::CLIENT_BUSY_RETRY,
-            Duration::from_millis(lease.as_millis() * 2),
+            Duration::from_millis(BusyRetry::patience(lease).as_millis()),
         );
         let mut retry =
             BusyRetry::giving_up_after(lease, Millis(patience.as_millis() as u64), contact.now());

@@ -1,7 +1,6 @@
 //! A master in a group elected through etcd: its lease, its campaign, following the leader
 //! while it does not lead, and leading while it does (see [`crate::ha`]).
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,6 +10,7 @@ use etcd_client::{
 use mooring_core::leadership::LeaderLease;
 use mooring_core::{Error, ErrorCode, MasterConfig, Millis, Result};
 use mooring_proto::auth::ClusterToken;
+use mooring_proto::state_dir::StateDir;
 use mooring_proto::transport::{BoxFuture, ControlPlane};
 use mooring_transport_tcp::TcpControlPlane;
 use tracing::{debug, info, warn};
@@ -46,7 +46,7 @@ pub struct GroupConfig {
     pub standby_timeout: Duration,
     /// This master's state directory: its own journal when it leads, the copy of the
     /// leader's otherwise.
-    pub state_dir: PathBuf,
+    pub state_dir: Arc<dyn StateDir>,
     /// The master's settings when it leads.
     pub master: MasterConfig,
     /// Journal bytes between snapshots.
@@ -187,7 +187,7 @@ async fn campaign(config: &GroupConfig, client: &Client, lease: i64) -> Result<L
     let keys = Keys::of(&config.cluster);
     let mut kv = client.kv_client();
     loop {
-        let incarnation = standby::incarnation(&config.state_dir)?;
+        let incarnation = standby::incarnation(&*config.state_dir)?;
         let me = format!("{}#{incarnation}", config.advertise);
         match in_sync(&mut kv, &keys).await? {
             Some(members) if !members.contains(&me) => {
@@ -209,7 +209,7 @@ async fn campaign(config: &GroupConfig, client: &Client, lease: i64) -> Result<L
         let me = format!(
             "{}#{}",
             config.advertise,
-            standby::incarnation(&config.state_dir)?
+            standby::incarnation(&*config.state_dir)?
         );
         let members = in_sync(&mut kv, &keys).await?;
         if members.as_ref().is_some_and(|m| !m.contains(&me)) {
@@ -285,7 +285,7 @@ async fn follow(
             info!(leader = %address, "following the leader");
             *copy = Some((
                 key.clone(),
-                Copier::fresh(&config.state_dir, &config.advertise)?,
+                Copier::fresh(config.state_dir.clone(), &config.advertise)?,
             ));
         }
         let (_, copier) = copy.as_mut().expect("set above");
@@ -323,7 +323,7 @@ async fn lead(
     key: LeaderKey,
 ) -> Result<()> {
     let keys = Keys::of(&config.cluster);
-    let incarnation = standby::incarnation(&config.state_dir)?;
+    let incarnation = standby::incarnation(&*config.state_dir)?;
     let me = format!("{}#{incarnation}", config.advertise);
     let record = Arc::new(EtcdInSync {
         kv: client.kv_client(),
@@ -333,8 +333,8 @@ async fn lead(
     });
     record.record(vec![me.clone()]).await?;
     let started = std::time::Instant::now();
-    let service = MasterService::persistent(
-        &config.state_dir,
+    let service = MasterService::persistent_in(
+        config.state_dir.clone(),
         config.master.clone(),
         config.snapshot_after,
     )?;

@@ -3,17 +3,14 @@
 //! (which acknowledges it). A standby that takes over recovers from that copy exactly as a
 //! restarted master recovers from its own directory.
 
-use std::fs::{self, File, OpenOptions};
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::io;
+use std::sync::Arc;
 
 use mooring_core::{Error, ErrorCode, Result};
+use mooring_proto::state_dir::{OpenMode, StateDir, StateFile as OpenFile};
 use mooring_proto::transport::ControlPlane;
 use mooring_proto::wire::{Follow, FollowChunk, StateFile};
 use tracing::{debug, info};
-
-use mooring_disk::PosixStateDir;
-use mooring_proto::state_dir::StateDir;
 
 use crate::master::journal;
 
@@ -23,9 +20,9 @@ use crate::master::journal;
 const INCARNATION: &str = "incarnation";
 
 /// This directory's incarnation, created if it has none.
-pub fn incarnation(dir: &Path) -> Result<u64> {
-    let path = dir.join(INCARNATION);
-    if let Ok(text) = fs::read_to_string(&path)
+pub fn incarnation(dir: &dyn StateDir) -> Result<u64> {
+    if let Ok(bytes) = dir.read(INCARNATION)
+        && let Ok(text) = std::str::from_utf8(&bytes)
         && let Ok(n) = text.trim().parse()
     {
         return Ok(n);
@@ -33,49 +30,44 @@ pub fn incarnation(dir: &Path) -> Result<u64> {
     renew_incarnation(dir)
 }
 
-fn renew_incarnation(dir: &Path) -> Result<u64> {
+fn renew_incarnation(dir: &dyn StateDir) -> Result<u64> {
     // Random in production, seeded in the simulation.
     let n = (crate::client::connect::random_client_id().0 as u64) >> 1;
-    let path = dir.join(INCARNATION);
-    let temporary = dir.join(format!("{INCARNATION}.tmp"));
-    (|| {
-        fs::create_dir_all(dir)?;
-        let file = File::create(&temporary)?;
-        file.write_all_at(n.to_string().as_bytes(), 0)?;
-        file.sync_all()?;
-        fs::rename(&temporary, &path)?;
-        PosixStateDir::new(dir).sync_dir()
-    })()
-    .map_err(|e| failed(format!("cannot write {}: {e}", path.display())))?;
+    dir.prepare()
+        .and_then(|()| dir.write_whole(INCARNATION, &[n.to_string().as_bytes()]))
+        .map_err(|e| failed(dir, INCARNATION, e))?;
     Ok(n)
 }
 
-fn failed(what: String) -> Error {
-    Error::new(ErrorCode::FILE_WRITE_FAIL, what)
+fn failed(dir: &dyn StateDir, name: &str, e: io::Error) -> Error {
+    Error::new(
+        ErrorCode::FILE_WRITE_FAIL,
+        format!("cannot write {name} in {}: {e}", dir.location()),
+    )
 }
 
 /// A standby copying one leader's state files.
 pub struct Copier {
-    dir: PathBuf,
+    dir: Arc<dyn StateDir>,
     advertise: String,
     /// The name the leader knows this copy by: `<advertised address>#<incarnation>`.
     name: String,
     at: StateFile,
     offset: u64,
     /// The file being written: a snapshot goes to a temporary name until complete.
-    file: Option<File>,
+    file: Option<Box<dyn OpenFile>>,
 }
 
 impl Copier {
     /// Starts a copy from scratch in `dir`: deletes its state files and takes a fresh
     /// incarnation (the old copy may have diverged from this leader's history).
-    pub fn fresh(dir: &Path, advertise: &str) -> Result<Copier> {
+    pub fn fresh(dir: Arc<dyn StateDir>, advertise: &str) -> Result<Copier> {
         // A new incarnation first: from here the old one's files are not a copy anyone may
         // lead from.
-        let incarnation = renew_incarnation(dir)?;
-        wipe(dir)?;
+        let incarnation = renew_incarnation(&*dir)?;
+        wipe(&*dir)?;
         Ok(Copier {
-            dir: dir.to_path_buf(),
+            dir,
             advertise: advertise.to_string(),
             name: format!("{advertise}#{incarnation}"),
             at: StateFile::Journal(0),
@@ -111,35 +103,32 @@ impl Copier {
             self.move_to(chunk.file, chunk.offset)?;
         }
         if !chunk.bytes.is_empty() {
-            let path = self.writing_path();
+            let name = self.writing_name();
+            let dir = &*self.dir;
             let written = (|| {
                 if self.file.is_none() {
-                    let file = OpenOptions::new()
-                        .create(true)
-                        .truncate(false)
-                        .write(true)
-                        .open(&path)?;
-                    file.set_len(self.offset)?;
+                    // Nothing is there (a fresh copy is wiped, and each file is begun once).
+                    let file = dir.open(&name, OpenMode::CreateNew)?;
+                    dir.sync_dir()?;
                     self.file = Some(file);
-                    PosixStateDir::new(&self.dir).sync_dir()?;
                 }
                 let file = self.file.as_ref().expect("opened above");
-                file.write_all_at(&chunk.bytes, self.offset)?;
-                file.sync_data()
+                file.write_at(&chunk.bytes, self.offset)?;
+                file.sync()
             })();
-            written.map_err(|e| failed(format!("cannot write {}: {e}", path.display())))?;
+            written.map_err(|e| failed(dir, &name, e))?;
             self.offset += chunk.bytes.len() as u64;
         }
         if chunk.complete
             && let StateFile::Snapshot(g) = self.at
         {
-            let path = self.dir.join(journal::snapshot_name(g));
-            (|| {
-                fs::rename(self.writing_path(), &path)?;
-                PosixStateDir::new(&self.dir).sync_dir()
-            })()
-            .map_err(|e| failed(format!("cannot write {}: {e}", path.display())))?;
-            journal::delete_before(&PosixStateDir::new(&self.dir), g);
+            let name = journal::snapshot_name(g);
+            let dir = &*self.dir;
+            self.file = None;
+            dir.rename(&self.writing_name(), &name)
+                .and_then(|()| dir.sync_dir())
+                .map_err(|e| failed(dir, &name, e))?;
+            journal::delete_before(dir, g);
             info!(
                 generation = g,
                 bytes = self.offset,
@@ -172,9 +161,10 @@ impl Copier {
                     ?file,
                     "the leader sends its snapshot: starting the copy over"
                 );
-                let incarnation = renew_incarnation(&self.dir)?;
+                let incarnation = renew_incarnation(&*self.dir)?;
                 self.name = format!("{}#{incarnation}", self.advertise);
-                wipe(&self.dir)?;
+                self.file = None;
+                wipe(&*self.dir)?;
             }
             _ => {
                 return Err(Error::new(
@@ -192,33 +182,26 @@ impl Copier {
         Ok(())
     }
 
-    fn writing_path(&self) -> PathBuf {
+    fn writing_name(&self) -> String {
         match self.at {
-            StateFile::Snapshot(g) => self
-                .dir
-                .join(journal::snapshot_name(g))
-                .with_extension("snap.tmp"),
-            StateFile::Journal(g) => self.dir.join(journal::journal_name(g)),
+            StateFile::Snapshot(g) => format!("{}.tmp", journal::snapshot_name(g)),
+            StateFile::Journal(g) => journal::journal_name(g),
         }
     }
 }
 
 /// Deletes every state file in `dir` (not the directory or anything else in it).
-fn wipe(dir: &Path) -> Result<()> {
-    fs::create_dir_all(dir).map_err(|e| failed(format!("cannot create {}: {e}", dir.display())))?;
-    let entries =
-        fs::read_dir(dir).map_err(|e| failed(format!("cannot read {}: {e}", dir.display())))?;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
+fn wipe(dir: &dyn StateDir) -> Result<()> {
+    let names = dir
+        .prepare()
+        .and_then(|()| dir.list())
+        .map_err(|e| failed(dir, "the directory", e))?;
+    for name in names {
         let state = (name.starts_with("journal-") && name.ends_with(".log"))
             || (name.starts_with("snapshot-") && name.contains(".snap"));
         if state {
-            fs::remove_file(entry.path())
-                .map_err(|e| failed(format!("cannot delete {}: {e}", entry.path().display())))?;
+            dir.remove(&name).map_err(|e| failed(dir, &name, e))?;
         }
     }
-    PosixStateDir::new(dir)
-        .sync_dir()
-        .map_err(|e| failed(format!("cannot sync {}: {e}", dir.display())))
+    dir.sync_dir().map_err(|e| failed(dir, "the directory", e))
 }

@@ -149,7 +149,7 @@ async fn run_master_group(
         lease_ttl,
         lease_margin: GroupConfig::margin_for(lease_ttl),
         standby_timeout: Duration::from_secs(1),
-        state_dir: group.state_dir,
+        state_dir: Arc::new(mooring_disk::PosixStateDir::new(&group.state_dir)),
         master: config,
         snapshot_after: group.snapshot_after,
         token,
