@@ -8,6 +8,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use mooring_core::Result;
+use mooring_core::client::FenceRule;
 use mooring_proto::transport::{ReadOp, WriteOp};
 use tokio::time::Instant;
 
@@ -144,8 +145,10 @@ impl<V: Verbs> RdmaClient<V> {
         // SAFETY: every `src` is borrowed until this future ends, and the transfer drains
         // before it does; the device only reads it.
         let spans = unsafe { self.spans(&mut temporary, pieces) }?;
-        // Cancel (and drain) with a quarter of the fence to spare.
-        let budget = self.config.timeout.min(valid_for - valid_for / 4);
+        // Cancel (and drain) with a quarter of the fence to spare: no node checks a one-sided
+        // write's arrival.
+        let usable = FenceRule::self_checked_validity(valid_for.as_micros() as u64);
+        let budget = self.config.timeout.min(Duration::from_micros(usable));
         let deadline = Instant::now() + budget;
         self.transfer(peer, Opcode::Write, rkey, &spans, deadline)
             .await

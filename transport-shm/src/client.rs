@@ -7,6 +7,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use mooring_core::client::FenceRule;
 use mooring_core::{Checksum, Error, ErrorCode, Result};
 use mooring_proto::transport::{BoxFuture, DataPlane, NodeAddr, ReadOp, SegmentMemory, WriteOp};
 use mooring_proto::wire::{DataReply, DataRequest, ShmOffer};
@@ -365,11 +366,11 @@ impl DataPlane for ShmDataPlane {
         valid_for: Duration,
     ) -> BoxFuture<'a, Result<Vec<Checksum>>> {
         Box::pin(async move {
-            // A quarter of the window to spare, as RDMA writes keep: a copy that begins just
-            // before the deadline lands after it only if this thread stalls for that long
-            // between the check and the copy (nothing can stop a memcpy once it runs; a copy
-            // that lands late is refused by the reader's checksum, never returned).
-            let deadline = Instant::now() + (valid_for - valid_for / 4);
+            // No node checks a same-host copy's arrival: the writer keeps the fence's spare
+            // quarter itself (nothing can stop a memcpy once it runs; a copy that lands late is
+            // refused by the reader's checksum, never returned).
+            let usable = FenceRule::self_checked_validity(valid_for.as_micros() as u64);
+            let deadline = Instant::now() + Duration::from_micros(usable);
             let Some((memory, base)) = self.mapping(node).await? else {
                 return self.via.write(node, ops, valid_for).await;
             };

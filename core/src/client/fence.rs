@@ -98,6 +98,14 @@ impl FenceRule {
         Ok(())
     }
 
+    /// How long of a transfer's validity `valid_for_us` a writer whose bytes no node checks on
+    /// arrival (a one-sided RDMA write, a same-host copy into a mapped segment) may use: it
+    /// stops issuing with a quarter to spare, so that a copy begun just before its own deadline
+    /// still lands inside the validity unless the writer stalls for that quarter.
+    pub fn self_checked_validity(valid_for_us: u64) -> u64 {
+        valid_for_us - valid_for_us / 4
+    }
+
     /// The validity a writer announces for a transfer it may run for `remaining_us` more
     /// microseconds: less the round trip `rtt_us` by which the node's view of the writer's
     /// clock may lag behind (see [`crate::client::sender_clock`]). `None` when nothing would
@@ -274,5 +282,6 @@ mod tests {
     fn the_announced_validity_leaves_out_the_round_trip() {
         assert_eq!(FenceRule::announced_validity(500, 20), Some(480));
         assert_eq!(FenceRule::announced_validity(20, 20), None);
+        assert_eq!(FenceRule::self_checked_validity(1_000), 750);
     }
 }
