@@ -43,6 +43,9 @@ impl Path {
     /// Every copy a get was listed was gone from its node (a disk copy the node dropped
     /// after the master listed it): the get asked the master again.
     pub const LISTED_COPY_GONE: Path = Path("listed copies gone, asked again");
+    /// A writer's fence was closed before its transfers began: the master had not answered it
+    /// recently enough, or its answers broke off for a TTL since the write started.
+    pub const WRITE_FENCED: Path = Path("write fenced before its transfers");
     /// A master restarted on its state directory and replayed its journal.
     pub const MASTER_RECOVERED: Path = Path("master recovered from its journal");
     /// A master's journal ended in a torn or damaged record no sync mark vouched for: the

@@ -239,6 +239,7 @@ impl Client {
     ) -> Vec<Result<Checksum>> {
         let fence = self.write_fence(started);
         if fence.is_zero() {
+            crate::coverage::hit(crate::coverage::Path::WRITE_FENCED);
             return vec![Err(write_plan::fence_closed()); jobs.len()];
         }
         let ids: Vec<SegmentId> = jobs
