@@ -29,8 +29,14 @@ pub struct ReplicaList {
     pub checksum: Checksum,
 }
 
-/// Longest regular expression accepted, in bytes.
+/// Longest regular expression accepted, in bytes, unless the longest key needs more.
 const MAX_PATTERN_LEN: usize = 4096;
+
+/// The longest pattern accepted when keys may be `max_key_len` bytes: enough for an exact
+/// match of any key (`^…$`, every character escaped), as `mooring put` asks after a write.
+fn pattern_limit(max_key_len: usize) -> usize {
+    MAX_PATTERN_LEN.max(max_key_len.saturating_mul(2).saturating_add(2))
+}
 
 /// One object as a listing shows it.
 #[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
@@ -124,7 +130,7 @@ impl Master {
         now: Millis,
     ) -> Result<Vec<(String, ReplicaList)>> {
         let now = self.advance(now);
-        let regex = compile_pattern(pattern)?;
+        let regex = compile_pattern(pattern, self.config.max_key_len)?;
         let mut matched: Vec<(String, u32)> = self
             .objects
             .iter()
@@ -142,7 +148,7 @@ impl Master {
     /// where it is. Grants no lease and changes nothing: listing must not keep objects from
     /// eviction or removal (an operator's `mooring ls` once made later puts fail).
     pub fn list_by_regex(&self, pattern: &str) -> Result<Vec<KeyListing>> {
-        let regex = compile_pattern(pattern)?;
+        let regex = compile_pattern(pattern, self.config.max_key_len)?;
         let mut listed: Vec<KeyListing> = self
             .objects
             .iter()
@@ -227,14 +233,12 @@ impl Master {
 }
 
 /// Compiles a user's key pattern with limits that keep a hostile one cheap.
-pub(crate) fn compile_pattern(pattern: &str) -> Result<Regex> {
-    if pattern.len() > MAX_PATTERN_LEN {
+pub(crate) fn compile_pattern(pattern: &str, max_key_len: usize) -> Result<Regex> {
+    let limit = pattern_limit(max_key_len);
+    if pattern.len() > limit {
         return Err(Error::new(
             ErrorCode::INVALID_PARAMS,
-            format!(
-                "pattern is {} bytes, the limit is {MAX_PATTERN_LEN}",
-                pattern.len()
-            ),
+            format!("pattern is {} bytes, the limit is {limit}", pattern.len()),
         ));
     }
     RegexBuilder::new(pattern)

@@ -30,7 +30,7 @@ impl Master {
     /// Removes every removable object whose key matches `pattern`; returns how many.
     pub fn remove_by_regex(&mut self, pattern: &str, now: Millis) -> Result<u64> {
         let now = self.advance(now);
-        let regex = compile_pattern(pattern)?;
+        let regex = compile_pattern(pattern, self.config.max_key_len)?;
         Ok(self.remove_matching(now, |key| regex.is_match(key)))
     }
 

@@ -143,6 +143,20 @@ impl ClusterToken {
 
 type HmacSha256 = Hmac<Sha256>;
 
+/// Whether `presented` equals `expected` (a bearer token, say), in time that says nothing
+/// about where they differ or how long either is: both are hashed under a fixed key and the
+/// digests compared in constant time.
+pub fn secrets_match(presented: &[u8], expected: &[u8]) -> bool {
+    let digest = |bytes: &[u8]| {
+        let mut mac = HmacSha256::new_from_slice(b"mooring secret comparison")
+            .expect("HMAC takes keys of any length");
+        mac.update(bytes);
+        mac
+    };
+    let expected = digest(expected).finalize().into_bytes();
+    digest(presented).verify_slice(&expected).is_ok()
+}
+
 /// Bytes of a handshake nonce.
 pub const NONCE_LEN: usize = 32;
 const CLIENT_LABEL: &[u8] = b"mooring-handshake-client-v1";
@@ -282,6 +296,14 @@ fn refusal_or(what: &str, step: &Handshake) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn secrets_match_only_when_equal() {
+        assert!(secrets_match(b"Bearer s3cret", b"Bearer s3cret"));
+        assert!(!secrets_match(b"Bearer s3cre", b"Bearer s3cret"));
+        assert!(!secrets_match(b"Bearer s3cret!", b"Bearer s3cret"));
+        assert!(!secrets_match(b"", b"Bearer s3cret"));
+    }
+
     use super::*;
 
     fn token(b: u8) -> ClusterToken {

@@ -564,3 +564,51 @@ async fn a_damaged_replica_is_never_returned() {
     let err = c.batch_get(&["single"]).await.remove(0).unwrap_err();
     assert_eq!(err.code, ErrorCode::INVALID_REPLICA, "{err}");
 }
+
+/// What a careless or hostile shell user hands the CLI: a key of exactly the longest length
+/// (stored, and said so), keys with control characters (escaped by `ls`, never printed raw),
+/// and an endless input (refused once it passes the largest segment, never read whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_takes_keys_up_to_the_limit_escapes_them_and_bounds_what_it_reads() {
+    let cluster = start_cluster(1, "16MiB");
+    let mooring = |args: &[&str]| {
+        Command::new(BIN)
+            .args(args)
+            .args(["--master", &cluster.addr])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run mooring")
+    };
+    let longest = "k".repeat(4096);
+    let put = mooring(&["put", &longest, "--value", "v"]);
+    let said = String::from_utf8_lossy(&put.stdout);
+    assert!(
+        put.status.success() && said.contains("stored") && said.contains("1 replicas"),
+        "a 4096-byte key: {:?} {said} {}",
+        put.status,
+        String::from_utf8_lossy(&put.stderr)
+    );
+    // Listed without a lease: removable at once.
+    assert!(mooring(&["rm", &longest]).status.success());
+
+    let c = client(&cluster.addr).await;
+    c.put("a\nb\x1b[31mc", b"v", &ReplicateConfig::single())
+        .await
+        .unwrap();
+    let ls = mooring(&["ls"]);
+    let listed = String::from_utf8_lossy(&ls.stdout);
+    assert!(ls.status.success(), "{listed}");
+    assert!(
+        listed.contains("a\\nb\\u{1b}[31mc") && !listed.contains('\x1b'),
+        "control characters printed raw: {listed:?}"
+    );
+
+    let endless = mooring(&["put", "zeros", "/dev/zero"]);
+    let stderr = String::from_utf8_lossy(&endless.stderr);
+    assert!(
+        !endless.status.success() && stderr.contains("larger than the largest segment"),
+        "put of /dev/zero: {:?} {stderr}",
+        endless.status
+    );
+    assert!(!c.exist("zeros").await.unwrap(), "nothing is stored");
+}

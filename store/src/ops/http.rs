@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mooring_core::{Error, ErrorCode, Result};
+use mooring_proto::auth::secrets_match;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -157,7 +158,9 @@ fn route(head: &str, handler: &Handler, bearer: Option<&str>, public: &[&str]) -
             .filter_map(|l| l.split_once(':'))
             .find(|(name, _)| name.trim().eq_ignore_ascii_case("authorization"))
             .map(|(_, value)| value.trim());
-        if presented != Some(&format!("Bearer {token}")[..]) {
+        let expected = format!("Bearer {token}");
+        let matches = presented.is_some_and(|p| secrets_match(p.as_bytes(), expected.as_bytes()));
+        if !matches {
             return Response::error(
                 401,
                 "a bearer token is required (Authorization: Bearer ...)",

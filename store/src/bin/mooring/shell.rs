@@ -35,17 +35,6 @@ pub(crate) async fn with_client<T>(
 }
 
 pub(crate) async fn run_put(args: PutArgs) -> Result<(), Error> {
-    let value = match (&args.value, &args.file) {
-        (Some(v), _) => v.clone().into_bytes(),
-        (None, Some(path)) if path.as_os_str() == "-" => read_stdin()?,
-        (None, Some(path)) => std::fs::read(path).map_err(|e| {
-            Error::new(
-                ErrorCode::FILE_READ_FAIL,
-                format!("{}: {e}", path.display()),
-            )
-        })?,
-        (None, None) => read_stdin()?,
-    };
     let mut config = ReplicateConfig::replicas(args.replicas);
     config.with_hard_pin = args.hard_pin;
     if args.soft_pin {
@@ -54,41 +43,91 @@ pub(crate) async fn run_put(args: PutArgs) -> Result<(), Error> {
         config = config.soft_unpinned();
     }
     with_client(&args.client, async |client| {
+        // A replica lives in one segment: a value larger than the largest cannot be stored,
+        // so no more than that is read (`put k /dev/zero` ends with an error, not out of
+        // memory).
+        let limit = client
+            .segments()
+            .await?
+            .iter()
+            .map(|s| s.size)
+            .max()
+            .unwrap_or(0);
+        let value = read_value(&args, limit)?;
         if args.upsert {
             client.upsert(&args.key, &value, &config).await?;
         } else {
             client.put(&args.key, &value, &config).await?;
         }
         // Replicas go to distinct segments: with fewer segments than asked, fewer are stored.
+        // A listing takes no lease, so the value can be removed right after.
         let pattern = format!("^{}$", regex::escape(&args.key));
         let stored = client.query(&pattern).await?;
         let replicas = stored.first().map_or(0, |k| k.replicas);
+        let key = printable(&args.key);
         if replicas < args.replicas {
             out!(
-                "stored {} ({} bytes) with {replicas} of the {} replicas asked: only {replicas} \
-                 segments could take a copy",
-                args.key,
+                "stored {key} ({} bytes) with {replicas} of the {} replicas asked: only \
+                 {replicas} segments could take a copy",
                 value.len(),
                 args.replicas
             );
         } else {
-            out!(
-                "stored {} ({} bytes, {replicas} replicas)",
-                args.key,
-                value.len()
-            );
+            out!("stored {key} ({} bytes, {replicas} replicas)", value.len());
         }
         Ok(())
     })
     .await
 }
 
-fn read_stdin() -> Result<Vec<u8>, Error> {
+/// The value `put` stores: the argument, or the file's (or stdin's) bytes, refused once they
+/// pass `limit` bytes (the largest segment) without reading further.
+fn read_value(args: &PutArgs, limit: u64) -> Result<Vec<u8>, Error> {
+    let (name, source): (String, Box<dyn Read>) = match (&args.value, &args.file) {
+        (Some(v), _) => (
+            "the value".into(),
+            Box::new(std::io::Cursor::new(v.clone())),
+        ),
+        (None, Some(path)) if path.as_os_str() != "-" => {
+            let file = std::fs::File::open(path).map_err(|e| {
+                Error::new(
+                    ErrorCode::FILE_READ_FAIL,
+                    format!("{}: {e}", path.display()),
+                )
+            })?;
+            (path.display().to_string(), Box::new(file))
+        }
+        _ => ("stdin".into(), Box::new(std::io::stdin())),
+    };
     let mut value = Vec::new();
-    std::io::stdin()
+    source
+        .take(limit.saturating_add(1))
         .read_to_end(&mut value)
-        .map_err(|e| Error::new(ErrorCode::FILE_READ_FAIL, format!("stdin: {e}")))?;
+        .map_err(|e| Error::new(ErrorCode::FILE_READ_FAIL, format!("{name}: {e}")))?;
+    if value.len() as u64 > limit {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!(
+                "{name} is larger than the largest segment ({limit} bytes), which is the most \
+                 one value can be; nothing was stored (mount a larger segment, or split the value)"
+            ),
+        ));
+    }
     Ok(value)
+}
+
+/// `key` with control characters escaped (`\n`, `\u{1b}`), so a listing cannot be garbled or
+/// drive the terminal; every other character as it is.
+fn printable(key: &str) -> String {
+    key.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 pub(crate) async fn run_get(args: GetArgs) -> Result<(), Error> {
@@ -117,7 +156,11 @@ pub(crate) async fn run_cp(args: CpArgs) -> Result<(), Error> {
     with_client(&args.client, async |client| {
         let targets: Vec<&str> = args.segments.iter().map(String::as_str).collect();
         client.copy(&args.key, &targets).await?;
-        out!("copied {} to {}", args.key, args.segments.join(", "));
+        out!(
+            "copied {} to {}",
+            printable(&args.key),
+            args.segments.join(", ")
+        );
         Ok(())
     })
     .await
@@ -126,7 +169,12 @@ pub(crate) async fn run_cp(args: CpArgs) -> Result<(), Error> {
 pub(crate) async fn run_mv(args: MvArgs) -> Result<(), Error> {
     with_client(&args.client, async |client| {
         client.move_replica(&args.key, &args.from, &args.to).await?;
-        out!("moved {} from {} to {}", args.key, args.from, args.to);
+        out!(
+            "moved {} from {} to {}",
+            printable(&args.key),
+            args.from,
+            args.to
+        );
         Ok(())
     })
     .await
@@ -136,7 +184,7 @@ pub(crate) async fn run_rm(args: RmArgs) -> Result<(), Error> {
     with_client(&args.client, async |client| {
         if let Some(key) = &args.key {
             client.remove(key).await?;
-            out!("removed {key}");
+            out!("removed {}", printable(key));
         } else if let Some(regex) = &args.regex {
             out!("removed {} objects", client.remove_by_regex(regex).await?);
         } else {
@@ -152,7 +200,12 @@ pub(crate) async fn run_ls(args: LsArgs) -> Result<(), Error> {
         let keys = client.query(&args.regex).await?;
         for k in &keys {
             let disk = if k.on_disk { " +disk" } else { "" };
-            out!("{:>12}  {}x{disk}  {}", k.size, k.replicas, k.key);
+            out!(
+                "{:>12}  {}x{disk}  {}",
+                k.size,
+                k.replicas,
+                printable(&k.key)
+            );
         }
         out!("{} keys", keys.len());
         Ok(())
