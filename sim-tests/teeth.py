@@ -10,7 +10,23 @@ restores the files with `git checkout`. The planted bugs are never committed.
 Refuses to run if a file it would patch has uncommitted changes. Results of the last run are
 in the simulation issue's closing note.
 """
-import subprocess, sys, os, re, time
+import os
+import re
+import subprocess
+import sys
+import time
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def write(path, text):
+    with open(path, 'w') as f:
+        f.write(text)
+
+
 ROOT=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPS = {
  'lease-evict': [
@@ -157,8 +173,16 @@ EXPS.update({
    ('core/src/client/sender_clock.rs', ".map_or(gap, |o| o.saturating_add(drift).min(gap))", ".map_or(gap, |o| o.saturating_add(drift).max(gap))"),
  ],
 })
-PROPERTY_TESTS = {name: ['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'write_fence']
+# A standby's acknowledged position counts only as far as the leader sent it; the simulation
+# has no lying standby yet, so the log-shipping test judges this one.
+EXPS['standby-claim-trusted'] = [
+   ('core/src/log_shipping.rs', ".map_or(LogPosition::default(), |f| position.min(f.sent));", ".map_or(position, |_| position);"),
+]
+# Each: the test command, and what its output says when it caught the plant.
+PROPERTY_TESTS = {name: (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'write_fence'], 'landed at')
                   for name in EXPS if name.startswith('fence-')}
+PROPERTY_TESTS['standby-claim-trusted'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'log_shipping'],
+                                           'a_claim_beyond_what_the_leader_sent')
 # Plants in code only some transports run are tried on those (default: the usual mix).
 RUN_ARGS = {
  'shm-mapping-outlives-mount': ['--transport', 'shm'],
@@ -170,7 +194,7 @@ if len(sys.argv) > 1 and sys.argv[1] == 'all':
     seeds=sys.argv[2] if len(sys.argv)>2 else '200'
     rows=[]
     for plant in EXPS:
-        r=subprocess.run([sys.executable,os.path.abspath(__file__),plant,seeds],capture_output=True,text=True)
+        r=subprocess.run([sys.executable,os.path.abspath(__file__),plant,seeds],capture_output=True,text=True,check=False)
         print(r.stdout,end='',flush=True)
         m=re.search(r'== (\S+): (\d+)/(\d+) seeds failed; first failing seed (\w+)',r.stdout)
         rows.append((plant,)+(m.groups()[1:] if m else ('?','?','?')))
@@ -180,37 +204,38 @@ if len(sys.argv) > 1 and sys.argv[1] == 'all':
 if len(sys.argv) < 2 or sys.argv[1] not in EXPS:
     print('planted bugs:', ', '.join(EXPS)); sys.exit(0 if len(sys.argv) > 1 and sys.argv[1] == 'list' else 2)
 name=sys.argv[1]; seeds=int(sys.argv[2]) if len(sys.argv)>2 else 200
-dirty=subprocess.run(['git','diff','--quiet','--']+sorted({f for f,_,_ in EXPS[name]}),cwd=ROOT)
+dirty=subprocess.run(['git','diff','--quiet','--']+sorted({f for f,_,_ in EXPS[name]}),cwd=ROOT,check=False)
 if dirty.returncode: print('uncommitted changes in files this would patch; commit or stash first'); sys.exit(2)
 # Every patch must match exactly once before any file is touched, so a stale plant never
 # leaves the tree half patched for the plants after it.
 for f,old,new in EXPS[name]:
-    n=open(os.path.join(ROOT,f)).read().count(old)
+    n=read(os.path.join(ROOT,f)).count(old)
     if n!=1: print(name,'PATCH FAILED',f,'matches',n); sys.exit(1)
 files=set()
 for f,old,new in EXPS[name]:
-    p=os.path.join(ROOT,f); s=open(p).read()
-    open(p,'w').write(s.replace(old,new)); files.add(f)
+    p=os.path.join(ROOT,f)
+    write(p,read(p).replace(old,new)); files.add(f)
 if name in PROPERTY_TESTS:
     # Caught when the property test fails; restored either way.
     penv=dict(os.environ, CARGO_TARGET_DIR=os.path.expanduser('~/.cache/mooring-teeth/target-host'))
     t=time.time()
     try:
-        r=subprocess.run(PROPERTY_TESTS[name],cwd=ROOT,env=penv,capture_output=True,text=True)
+        command,marker=PROPERTY_TESTS[name]
+        r=subprocess.run(command,cwd=ROOT,env=penv,capture_output=True,text=True,check=False)
     finally:
-        subprocess.run(['git','checkout','--']+sorted(files),cwd=ROOT)
-    caught=r.returncode!=0 and 'landed at' in r.stdout+r.stderr
+        subprocess.run(['git','checkout','--']+sorted(files),cwd=ROOT,check=False)
+    caught=r.returncode!=0 and marker in r.stdout+r.stderr
     print(f"== {name}: {1 if caught else 0}/1 seeds failed; first failing seed {'proptest' if caught else None}; {time.time()-t:.0f}s")
     sys.exit(0)
 env=dict(os.environ, RUSTFLAGS='--cfg madsim', CARGO_TARGET_DIR=os.path.expanduser('~/.cache/mooring-teeth/target'))
 try:
-    b=subprocess.run(['cargo','build','--release','-q','-p','mooring-sim-tests','--bin','mooring-sim'],cwd=ROOT,env=env,capture_output=True,text=True)
+    b=subprocess.run(['cargo','build','--release','-q','-p','mooring-sim-tests','--bin','mooring-sim'],cwd=ROOT,env=env,capture_output=True,text=True,check=False)
     if b.returncode: print(name,'BUILD FAILED',b.stderr[-2000:]); sys.exit(1)
 finally:
-    subprocess.run(['git','checkout','--']+sorted(files),cwd=ROOT)
+    subprocess.run(['git','checkout','--']+sorted(files),cwd=ROOT,check=False)
 binp=os.path.join(env['CARGO_TARGET_DIR'],'release/mooring-sim')
 t=time.time()
-r=subprocess.run([binp,'run','--seeds',str(seeds)]+RUN_ARGS.get(name,[]),cwd=ROOT,capture_output=True,text=True)
+r=subprocess.run([binp,'run','--seeds',str(seeds)]+RUN_ARGS.get(name,[]),cwd=ROOT,capture_output=True,text=True,check=False)
 out=r.stdout
 summary=[l for l in out.splitlines() if re.match(r'^\d+ seeds in ',l)][-1]
 failed=re.search(r'failed(?: \[(.*)\])?$',summary)

@@ -51,6 +51,9 @@ pub const NEAR: u64 = 4 << 20;
 #[derive(Clone, Debug)]
 struct Follower {
     position: LogPosition,
+    /// How far the leader has sent it the journal: it cannot hold more than that, so no
+    /// claim (a confused or lying standby's) counts beyond it.
+    sent: LogPosition,
     /// Acknowledgements wait for it, holding since this point: it holds every record
     /// acknowledged without it once it reaches the point.
     waited_from: Option<LogPosition>,
@@ -90,16 +93,34 @@ impl LogShipping {
         self.advance();
     }
 
-    /// Standby `name` holds the leader's journal up to `position`. A standby that comes near
-    /// the newest sync is waited for from then on, and joins the in-sync set once it holds
-    /// what was synced when it came near.
+    /// The leader sent standby `name` its journal up to `end` (a snapshot counts as the
+    /// start of the journal after it).
+    pub fn sent(&mut self, name: &str, end: LogPosition) {
+        let follower = self.followers.entry(name.to_string()).or_insert(Follower {
+            position: LogPosition::default(),
+            sent: end,
+            waited_from: None,
+            in_sync: false,
+        });
+        follower.sent = follower.sent.max(end);
+    }
+
+    /// Standby `name` holds the leader's journal up to `position`, as far as the leader sent
+    /// it (see [`LogShipping::sent`]); a claim beyond that counts only as far as was sent. A
+    /// standby that comes near the newest sync is waited for from then on, and joins the
+    /// in-sync set once it holds what was synced when it came near.
     pub fn acked(&mut self, name: &str, position: LogPosition) -> Membership {
+        let position = self
+            .followers
+            .get(name)
+            .map_or(LogPosition::default(), |f| position.min(f.sent));
         let durable = self.durable.1;
         let near = position >= durable
             || (position.generation == durable.generation
                 && durable.offset - position.offset <= NEAR);
         let follower = self.followers.entry(name.to_string()).or_insert(Follower {
             position,
+            sent: position,
             waited_from: None,
             in_sync: false,
         });

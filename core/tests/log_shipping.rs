@@ -8,6 +8,41 @@ fn at(generation: u64, offset: u64) -> LogPosition {
     LogPosition { generation, offset }
 }
 
+/// Standby `name` was sent the journal up to `position` and says it holds it.
+fn ack(log: &mut LogShipping, name: &str, position: LogPosition) -> Membership {
+    log.sent(name, position);
+    log.acked(name, position)
+}
+
+#[test]
+fn a_claim_beyond_what_the_leader_sent_counts_only_as_far_as_was_sent() {
+    let mut log = LogShipping::new(0, at(1, 100));
+    // A standby (or someone using its name) claims the whole journal, and more, having been
+    // sent nothing: it is not waited for, let alone in sync.
+    assert_eq!(log.acked("b", at(9, u64::MAX)), Membership::Unchanged);
+    assert!(log.in_sync().is_empty());
+    log.synced(5, at(1, 600), Millis(10));
+    assert_eq!(
+        log.replicated(),
+        5,
+        "b holds nothing, and is not waited for"
+    );
+    // Sent the journal to 1/100: its claim counts that far, and it joins.
+    log.sent("b", at(1, 100));
+    assert_eq!(log.acked("b", at(9, u64::MAX)), Membership::Unchanged);
+    log.sent("b", at(1, 600));
+    assert_eq!(
+        log.acked("b", at(9, u64::MAX)),
+        Membership::Join("b".into())
+    );
+    log.synced(7, at(1, 900), Millis(11));
+    assert_eq!(
+        log.replicated(),
+        5,
+        "7 waits for b, which was sent only to 1/600"
+    );
+}
+
 #[test]
 fn without_standbys_a_sync_is_acknowledged_at_once() {
     let mut log = LogShipping::new(0, at(1, 100));
@@ -18,13 +53,13 @@ fn without_standbys_a_sync_is_acknowledged_at_once() {
 #[test]
 fn an_in_sync_standby_holds_acknowledgements_until_it_has_the_bytes() {
     let mut log = LogShipping::new(0, at(1, 100));
-    assert_eq!(log.acked("b", at(1, 100)), Membership::Join("b".into()));
+    assert_eq!(ack(&mut log, "b", at(1, 100)), Membership::Join("b".into()));
     log.synced(5, at(1, 600), Millis(10));
     assert_eq!(log.replicated(), 0, "b does not hold record 5 yet");
     log.synced(9, at(2, 50), Millis(11));
-    assert_eq!(log.acked("b", at(1, 600)), Membership::Unchanged);
+    assert_eq!(ack(&mut log, "b", at(1, 600)), Membership::Unchanged);
     assert_eq!(log.replicated(), 5, "b holds 5, not 9 (next generation)");
-    log.acked("b", at(2, 50));
+    ack(&mut log, "b", at(2, 50));
     assert_eq!(log.replicated(), 9);
 }
 
@@ -34,15 +69,18 @@ fn a_standby_joins_only_once_it_holds_what_was_acknowledged_without_it() {
     log.synced(3, at(1, 10_000), Millis(1));
     assert_eq!(log.replicated(), 3, "no standby yet: acknowledged alone");
     // Near the newest sync: waited for from now on, but not yet eligible.
-    assert_eq!(log.acked("b", at(1, 9_000)), Membership::Unchanged);
+    assert_eq!(ack(&mut log, "b", at(1, 9_000)), Membership::Unchanged);
     log.synced(4, at(1, 12_000), Millis(2));
     assert_eq!(log.replicated(), 3, "4 waits for b");
     assert!(log.in_sync().is_empty());
     // It now holds record 3, the last acknowledged without it.
-    assert_eq!(log.acked("b", at(1, 10_000)), Membership::Join("b".into()));
+    assert_eq!(
+        ack(&mut log, "b", at(1, 10_000)),
+        Membership::Join("b".into())
+    );
     assert_eq!(log.in_sync(), vec!["b".to_string()]);
     assert_eq!(log.replicated(), 3);
-    log.acked("b", at(1, 12_000));
+    ack(&mut log, "b", at(1, 12_000));
     assert_eq!(log.replicated(), 4);
 }
 
@@ -50,7 +88,7 @@ fn a_standby_joins_only_once_it_holds_what_was_acknowledged_without_it() {
 fn a_distant_standby_is_not_waited_for() {
     let mut log = LogShipping::new(0, at(1, 100));
     log.synced(3, at(1, 10 * NEAR), Millis(1));
-    assert_eq!(log.acked("b", at(1, 100)), Membership::Unchanged);
+    assert_eq!(ack(&mut log, "b", at(1, 100)), Membership::Unchanged);
     log.synced(4, at(1, 10 * NEAR + 10), Millis(2));
     assert_eq!(log.replicated(), 4);
     assert!(log.overdue(Millis(5_000), Millis(1_000)).is_empty());
@@ -59,10 +97,10 @@ fn a_distant_standby_is_not_waited_for() {
 #[test]
 fn a_standby_that_holds_back_a_sync_too_long_is_overdue_until_dropped() {
     let mut log = LogShipping::new(0, at(1, 100));
-    log.acked("b", at(1, 100));
-    log.acked("c", at(1, 100));
+    ack(&mut log, "b", at(1, 100));
+    ack(&mut log, "c", at(1, 100));
     log.synced(2, at(1, 200), Millis(1_000));
-    log.acked("c", at(1, 200));
+    ack(&mut log, "c", at(1, 200));
     assert!(log.overdue(Millis(1_500), Millis(1_000)).is_empty());
     assert_eq!(
         log.overdue(Millis(2_000), Millis(1_000)),

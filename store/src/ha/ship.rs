@@ -206,6 +206,25 @@ impl Shipping {
     }
 }
 
+impl Shipping {
+    /// Notes that `chunk` went to standby `name`: what it may acknowledge holding ends there.
+    fn sent(&self, name: &str, chunk: &FollowChunk) {
+        let end = match chunk.file {
+            StateFile::Journal(generation) => LogPosition {
+                generation,
+                offset: chunk.offset + chunk.bytes.len() as u64,
+            },
+            // A whole snapshot of generation g is the start of journal g.
+            StateFile::Snapshot(generation) if chunk.complete => LogPosition {
+                generation,
+                offset: 0,
+            },
+            StateFile::Snapshot(_) => return,
+        };
+        self.with_state(|log| log.sent(name, end));
+    }
+}
+
 fn unavailable(what: String) -> Error {
     Error::new(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS, what)
 }
@@ -234,7 +253,10 @@ pub async fn serve_follow(
             request.at,
             request.offset,
         )? {
-            Some(chunk) => return Ok(chunk),
+            Some(chunk) => {
+                shipping.sent(&request.follower, &chunk);
+                return Ok(chunk);
+            }
             None => {
                 // The standby has everything: wait for the next sync.
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
