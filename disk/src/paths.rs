@@ -1,7 +1,41 @@
 //! Validation of the relative names a [`Disk`](mooring_proto::disk::Disk) addresses files by.
 
+use std::fs;
 use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
+
+/// Makes `dir` (with any missing parents) owner-only (0700), or checks the one that is there:
+/// a symbolic link, something other than a directory, or a directory other users may write
+/// (they could swap its files) is refused with what to do. What lives in it (key names, values,
+/// the master's journal) is for this user alone.
+pub fn owner_only_dir(dir: &Path) -> io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let refuse = |why: String| {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{}: {why}", dir.display()),
+        ))
+    };
+    let meta = fs::symlink_metadata(dir)?;
+    if meta.file_type().is_symlink() {
+        return refuse("is a symbolic link; give the directory it points to".into());
+    }
+    if !meta.is_dir() {
+        return refuse("is not a directory".into());
+    }
+    let mode = meta.mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return refuse(format!(
+            "other users may write it (mode {mode:o}); run `chmod go-w {}` (0700 is best)",
+            dir.display()
+        ));
+    }
+    Ok(())
+}
 
 /// `root` joined with `name`, if `name` is a plain relative name: `/`-separated components,
 /// none empty, `.` or `..`, no NUL bytes. Anything else is `InvalidInput`, so no name can
@@ -28,6 +62,26 @@ pub(crate) fn resolve(root: &Path, name: &str) -> io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_directory_others_may_write_or_a_symlink_is_refused() {
+        let base = std::env::temp_dir().join(format!("mooring-owner-only-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let fresh = base.join("a/b");
+        owner_only_dir(&fresh).unwrap();
+        assert_eq!(fs::metadata(&fresh).unwrap().mode() & 0o777, 0o700);
+        owner_only_dir(&fresh).unwrap();
+        let open = base.join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+        let e = owner_only_dir(&open).unwrap_err().to_string();
+        assert!(e.contains("chmod go-w"), "{e}");
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&fresh, &link).unwrap();
+        let e = owner_only_dir(&link).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn only_plain_relative_names_resolve() {

@@ -6,7 +6,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -42,7 +42,7 @@ impl PosixDisk {
     /// `Unsupported` if the filesystem cannot do direct I/O or does not report its alignment.
     pub fn open(root: impl Into<PathBuf>, mode: IoMode) -> io::Result<PosixDisk> {
         let root = root.into();
-        fs::create_dir_all(&root)?;
+        crate::paths::owner_only_dir(&root)?;
         let (direct, alignment) = match mode {
             IoMode::Buffered => (false, 1),
             IoMode::Direct => (true, dio_alignment(&root)?),
@@ -62,6 +62,8 @@ impl PosixDisk {
 
     fn open_options(&self) -> OpenOptions {
         let mut options = OpenOptions::new();
+        // Values are the users' data: new files are the owner's alone.
+        options.mode(0o600);
         if self.direct {
             options.custom_flags(libc::O_DIRECT);
         }
@@ -282,7 +284,10 @@ fn create_parents(root: &Path, path: &Path) -> io::Result<()> {
     if parent.is_dir() {
         return Ok(());
     }
-    fs::create_dir_all(parent)?;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(parent)?;
     let mut dir = parent;
     while dir != root {
         let up = dir.parent().unwrap_or(root);

@@ -5,7 +5,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use mooring_proto::state_dir::{OpenMode, StateDir, StateFile};
@@ -75,10 +75,7 @@ impl StateDir for PosixStateDir {
     }
 
     fn prepare(&self) -> io::Result<()> {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)
+        crate::paths::owner_only_dir(&self.dir)
     }
 
     fn list(&self) -> io::Result<Vec<String>> {

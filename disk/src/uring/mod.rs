@@ -220,7 +220,7 @@ impl UringDisk {
         let direct = self.direct;
         let file = tokio::task::spawn_blocking(move || {
             let mut options = OpenOptions::new();
-            options.read(true).write(true);
+            options.read(true).write(true).mode(0o600);
             if direct {
                 options.custom_flags(libc::O_DIRECT);
             }
