@@ -141,6 +141,7 @@ impl Client {
         }
         Err(ReadPlan::exhausted(key, gone))
     }
+
     /// Whether a read asked for at `asked` under `list`'s lease is still inside it (a
     /// simulation may shorten the lease the reader trusts).
     pub(super) fn inside_lease(&self, asked: Millis, list: &ReplicaList) -> bool {
