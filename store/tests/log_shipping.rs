@@ -12,7 +12,9 @@ use mooring::ha::standby::Copier;
 use mooring::master::MasterService;
 use mooring_core::{Checksum, ClientId, MasterConfig, ReplicateConfig, Result, SegmentSpec};
 use mooring_proto::transport::{Answer, BoxFuture, ControlPlane, RpcHandler};
-use mooring_proto::wire::{Hello, MasterRequest, MountSegment, PutEnd, PutStart, Reply};
+use mooring_proto::wire::{
+    Follow, Hello, MasterRequest, MountSegment, PutEnd, PutStart, Reply, StateFile,
+};
 
 const CLIENT: ClientId = ClientId(7);
 
@@ -199,4 +201,42 @@ async fn a_standby_that_stops_is_recorded_out_of_sync_before_anything_is_acknowl
     drop(service);
     let _ = std::fs::remove_dir_all(&leader_dir);
     let _ = std::fs::remove_dir_all(&copy_dir);
+}
+
+/// A `Follow` that claims more of the journal than the leader ever sent under that name (a
+/// confused standby, or a token holder posing as one) counts only as far as was sent: the
+/// claimant is never recorded in sync, and acknowledgements never wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_claims_what_it_was_never_sent_is_never_in_sync() {
+    let leader_dir = scratch("leader-forged");
+    let (service, recorded) = leader(&leader_dir);
+    let control: Arc<dyn ControlPlane> = Arc::new(Direct(service.clone()));
+    mount(control.as_ref()).await;
+    for i in 0..20 {
+        put(control.as_ref(), &format!("k{i}")).await;
+    }
+    let forged = Follow {
+        follower: "forger#1".into(),
+        at: StateFile::Journal(u64::MAX),
+        offset: u64::MAX,
+    };
+    // Its answer does not matter (there is no such journal); its claim must not count.
+    let _ = control.call(forged).await;
+    let started = tokio::time::Instant::now();
+    for i in 0..20 {
+        put(control.as_ref(), &format!("after{i}")).await;
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "acknowledgements waited for the claimant"
+    );
+    let records = recorded.0.lock().unwrap().clone();
+    assert!(
+        records
+            .iter()
+            .all(|set| !set.iter().any(|m| m == "forger#1")),
+        "the claimant was recorded in sync: {records:?}"
+    );
+    drop(service);
+    let _ = std::fs::remove_dir_all(&leader_dir);
 }
