@@ -185,8 +185,23 @@ impl Harness {
         }
     }
 
-    /// A dead client's holds are released and its tasks abandoned.
+    /// A dead client's holds are released, its tasks abandoned, and (if it expired rather
+    /// than said goodbye) its discarded writes' blocks free to reuse.
     pub(super) fn release_dead_client(&mut self, client: ClientId) {
+        // Once the master took the writer for dead it may free those blocks for good: if the
+        // client comes back, its write fence keeps the writes it started before from ever
+        // transferring again (`crate::client::WriteWindow`: its answers broke off for a TTL),
+        // so they stay free to reuse even after it is live again. A client that said goodbye
+        // stays live until its silence reaches the TTL, and its blocks wait as before.
+        if !self.model.clients.contains_key(&client) {
+            let now = self.now;
+            for block in self.model.reserved.iter_mut() {
+                if block.writer == Some(client) {
+                    block.writer = None;
+                    block.release_at = block.release_at.min(now);
+                }
+            }
+        }
         let holds: Vec<HoldId> = self
             .model
             .holds
