@@ -87,6 +87,13 @@ impl Master {
             .then(|| self.segments.at(object.disk).id)
     }
 
+    /// Whether an object has `key` (readable or not), and if so whether it carries a hard
+    /// pin: for audits that follow the pin through every operation (only removal clears it).
+    pub fn audit_hard_pin(&self, key: &str) -> Option<bool> {
+        let slot = self.objects.find(key)?;
+        Some(self.objects.at(slot).hard_pinned)
+    }
+
     /// [`Master::get_replica_list`] for many keys.
     pub fn batch_get_replica_list<K: AsRef<str>>(
         &mut self,

@@ -76,6 +76,16 @@ pub const FLOORS: &[(&str, f64)] = &[
     (TASK_FAILED, 0.40),
 ];
 
+/// A block an abandoned write held, reused once its release delay ran out (the master's
+/// audit checks each reuse against the delay it works out for itself).
+pub const REUSED_AFTER_WRITER_DELAY: &str = "block reused after its abandoned writer's delay";
+/// A block an abandoned write held, reused early because its writer was declared dead.
+pub const REUSED_AFTER_WRITER_DEATH: &str = "block reused early: its writer declared dead";
+/// A block of a leased value, reused once its readers' lease and grace were over.
+pub const REUSED_AFTER_READERS: &str = "block reused after its readers' lease and grace";
+/// A hard pin checked on an object whose latest write did not ask for one.
+pub const PIN_KEPT_THROUGH_WRITE: &str = "hard pin kept through a later write";
+
 /// Floors are checked only over at least this many seeds (fewer say little about shares).
 pub const FLOOR_MIN_SEEDS: usize = 100;
 

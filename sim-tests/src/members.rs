@@ -66,14 +66,14 @@ pub async fn master(world: Arc<World>) {
                 RunningMaster::serve(&master_addr().to_string(), service, Some(cluster_token()))
                     .await
                     .expect("the simulated master starts");
-            running.service.audit_eviction_order();
+            running.service.audit();
             running.service.keep_events();
             world.set_master(running.service.clone());
             std::future::pending::<()>().await;
             drop(running);
         }
         Transport::Sim | Transport::Rdma | Transport::Shm => {
-            service.audit_eviction_order();
+            service.audit();
             service.keep_events();
             let _timer = service.spawn_timer();
             let handler: Arc<dyn RpcHandler> = service.clone();
@@ -115,7 +115,7 @@ pub async fn group_master(world: Arc<World>, k: usize) {
         token: Some(cluster_token()),
         on_lead: Some(Arc::new(move |service: &Arc<MasterService>| {
             info!(master = k, "leads the group");
-            service.audit_eviction_order();
+            service.audit();
             service.keep_events();
             w.set_leader(k, service.clone());
         })),

@@ -51,7 +51,7 @@ impl Supervisor {
             ));
         }
         if let Some(master) = self.world.master()
-            && let Err(violation) = master.with_master(|m, _| invariants::check(m))
+            && let Err(violation) = master.inspect(|m| invariants::check(m))
         {
             self.world.history().violation(format!(
                 "master invariant broken at {:?}: {violation}",
@@ -64,6 +64,69 @@ impl Supervisor {
             self.world
                 .history()
                 .violation(format!("master evicted out of order: {violation}"));
+        }
+    }
+
+    /// Checks that the master still holds what the history says it must (see
+    /// [`crate::history::Standing`]): every key with an acknowledged write that nothing may
+    /// have taken still has its object, a hard pin nothing cleared is still on it, and no
+    /// eviction took a hard-pinned object.
+    pub(super) fn check_standing(&mut self) {
+        let Some(master) = self.world.master() else {
+            return;
+        };
+        let now = self.world.now();
+        let mut history = self.world.history();
+        for key in &self.world.keys {
+            let standing = history.standing(key, now);
+            if standing == Default::default() {
+                continue;
+            }
+            let held = master.inspect(|m| m.audit_hard_pin(key));
+            if standing.hard_pinned_by.is_some() && standing.must_exist != standing.hard_pinned_by {
+                *self
+                    .coverage
+                    .entry(coverage::PIN_KEPT_THROUGH_WRITE)
+                    .or_default() += 1;
+            }
+            let problem = match (standing, held) {
+                (
+                    crate::history::Standing {
+                        evicted_while_pinned: Some(at),
+                        hard_pinned_by: Some(v),
+                        ..
+                    },
+                    _,
+                ) => Some(format!(
+                    "was evicted at {at:?} though version {v} hard-pinned it"
+                )),
+                (
+                    crate::history::Standing {
+                        must_exist: Some(v),
+                        ..
+                    },
+                    None,
+                ) => Some(format!(
+                    "is gone from the master, though version {v} was acknowledged and nothing \
+                     (a remove, an unfinished upsert, an eviction, a loss with a node, a \
+                     discard) may have taken it since"
+                )),
+                (
+                    crate::history::Standing {
+                        hard_pinned_by: Some(v),
+                        ..
+                    },
+                    Some(false),
+                ) => Some(format!(
+                    "lost its hard pin, though version {v} asked for one and nothing removed \
+                     the object since"
+                )),
+                _ => None,
+            };
+            if let Some(problem) = problem {
+                history.violation(format!("at {now:?} {key:?} {problem}"));
+                return;
+            }
         }
     }
 
@@ -86,8 +149,7 @@ impl Supervisor {
             if self.world.history().was_rotted(key) {
                 continue;
             }
-            let Some((replicas, checksum)) =
-                master.with_master(|m, _| m.audit_memory_replicas(key))
+            let Some((replicas, checksum)) = master.inspect(|m| m.audit_memory_replicas(key))
             else {
                 continue;
             };

@@ -166,6 +166,8 @@ async fn final_sweep(world: &Arc<World>, master: &Arc<mooring::MasterService>) {
                 + w.disk_settle().max(w.lease())
                 + release
                 + Duration::from_millis(100);
+            // Everything may go from here on (the master's standing is checked to the end).
+            w.history().remove_invoked(".*", w.now());
             loop {
                 removed += client
                     .remove_all()

@@ -36,7 +36,8 @@ pub use report::Report;
 /// How often the supervisor applies faults and checks the master's invariants.
 const TICK: Duration = Duration::from_millis(20);
 /// Every this many ticks the supervisor scrubs every memory replica (see
-/// [`Supervisor::scrub`]).
+/// [`Supervisor::scrub`]) and checks what the master must still hold
+/// ([`Supervisor::check_standing`]).
 const SCRUB_EVERY: u64 = 5;
 /// A crash-mid-write order that finds no write within this long crashes the client anyway.
 const CRASH_ORDER_PATIENCE: Duration = Duration::from_secs(2);
@@ -131,6 +132,7 @@ async fn supervise(plan: Plan) -> Report {
         ticks += 1;
         if ticks.is_multiple_of(SCRUB_EVERY) {
             sup.scrub();
+            sup.check_standing();
         }
         if world.all_finished() || world.history().failed() {
             break;
@@ -143,6 +145,24 @@ async fn supervise(plan: Plan) -> Report {
         }
     }
     let workload_stats = world.master().map(|m| m.stats());
+    if let Some(master) = world.master() {
+        let reuse = master.audit_reuse_counts();
+        for (path, n) in [
+            (
+                coverage::REUSED_AFTER_WRITER_DELAY,
+                reuse.after_writer_delay,
+            ),
+            (
+                coverage::REUSED_AFTER_WRITER_DEATH,
+                reuse.after_writer_death,
+            ),
+            (coverage::REUSED_AFTER_READERS, reuse.after_readers),
+        ] {
+            if n > 0 {
+                *sup.coverage.entry(path).or_default() += n;
+            }
+        }
+    }
     if let Some(s) = &workload_stats {
         for (path, n) in coverage::of_upserts(&s.upserts) {
             if n > 0 {
@@ -157,6 +177,7 @@ async fn supervise(plan: Plan) -> Report {
         liveness::liveness(&world, &mut sup).await;
     }
     sup.record_gone();
+    sup.check_standing();
 
     let mut history = world.history();
     history.settle();

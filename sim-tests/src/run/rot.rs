@@ -91,7 +91,7 @@ impl Supervisor {
             let here = world.node(record.node).and_then(|n| n.segment());
             let key = &record.key;
             let (memory, disk) =
-                master.with_master(|m, _| (m.audit_memory_replicas(key), m.audit_disk_copy(key)));
+                master.inspect(|m| (m.audit_memory_replicas(key), m.audit_disk_copy(key)));
             match memory {
                 Some((memory, current)) if current == record.checksum => {
                     let only_copy = memory.is_empty()
@@ -133,11 +133,11 @@ impl Supervisor {
             return None;
         }
         let checksum = mooring_core::Checksum::of(&crate::value::encode(key, version, size));
-        let (memory, current) = master.with_master(|m, _| m.audit_memory_replicas(key))?;
+        let (memory, current) = master.inspect(|m| m.audit_memory_replicas(key))?;
         if current != checksum {
             return None;
         }
-        let listed_here = master.with_master(|m, _| m.audit_disk_copy(key)) == Some(here);
+        let listed_here = master.inspect(|m| m.audit_disk_copy(key)) == Some(here);
         let record = DamagedRecord {
             node,
             file: name.to_string(),
@@ -180,7 +180,7 @@ impl Supervisor {
         let here = self.world.node(node).and_then(|n| n.segment());
         let no_disk_copy_elsewhere = self.world.master().is_some_and(|master| {
             master
-                .with_master(|m, _| m.audit_disk_copy(&key))
+                .inspect(|m| m.audit_disk_copy(&key))
                 .is_none_or(|segment| Some(segment) == here)
         });
         if own_record_here && no_disk_copy_elsewhere {
@@ -212,7 +212,7 @@ impl Supervisor {
             .find_map(|key| {
                 // Behind the master's back, changing nothing: a lease granted here would be
                 // an input its journal never saw.
-                let (replicas, _) = master.with_master(|m, _| m.audit_memory_replicas(key))?;
+                let (replicas, _) = master.inspect(|m| m.audit_memory_replicas(key))?;
                 let elsewhere = replicas.iter().filter(|r| r.segment != segment).count();
                 let replica = replicas
                     .into_iter()

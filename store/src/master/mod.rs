@@ -6,11 +6,10 @@ pub mod latest;
 pub mod seq_waiters;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mooring_core::invariants::{self, Violation};
+use mooring_core::invariants::{Auditor, ReuseCounts, Violation};
 use mooring_core::{Error, ErrorCode, Event, Master, MasterConfig, Result, Stats};
 use mooring_proto::auth::ClusterToken;
 use mooring_proto::dispatch;
@@ -37,11 +36,9 @@ const TICK_RESOLUTION: Duration = Duration::from_millis(10);
 pub struct MasterService {
     master: Mutex<Master>,
     clock: Clock,
-    /// Whether every call that evicts is checked for LRU order (a full scan each; tests and
-    /// the simulation turn it on).
-    audit: AtomicBool,
-    /// The first eviction-order violation the audit found.
-    audit_failure: Mutex<Option<Violation>>,
+    /// Checks every call's decisions as it is made (full scans; tests and the simulation turn
+    /// it on): eviction order, timeouts, block reuse.
+    audit: Mutex<Option<Auditor>>,
     /// Every event with when it happened, while someone keeps them ([`MasterService::keep_events`]).
     kept_events: Mutex<Option<Vec<(tokio::time::Instant, Event)>>>,
     /// RPC counts and latencies, for the metrics endpoint.
@@ -107,8 +104,7 @@ impl MasterService {
         Arc::new(MasterService {
             master: Mutex::new(master),
             clock,
-            audit: AtomicBool::new(false),
-            audit_failure: Mutex::new(None),
+            audit: Mutex::new(None),
             kept_events: Mutex::new(None),
             metrics: MasterMetrics::default(),
             journal,
@@ -116,10 +112,15 @@ impl MasterService {
         })
     }
 
-    /// Checks from now on, after every call that evicts, that nothing evictable is left that
-    /// ranks before what went ([`invariants::check_eviction_order`]).
-    pub fn audit_eviction_order(&self) {
-        self.audit.store(true, Ordering::Relaxed);
+    /// Checks from now on, after every call, the decisions it made ([`Auditor`]): nothing
+    /// evictable is left that ranks before what went, leases and pins stay within their TTLs,
+    /// no released block is reused before its due time, and each turn of the timer leaves
+    /// nothing overdue.
+    pub fn audit(&self) {
+        self.audit
+            .lock()
+            .expect("audit lock")
+            .get_or_insert_with(Auditor::new);
     }
 
     /// Keeps every event the master emits from now on, for [`MasterService::take_events`]
@@ -141,9 +142,38 @@ impl MasterService {
             .unwrap_or_default()
     }
 
-    /// The first eviction-order violation the audit found, if any.
+    /// The first violation the audit found, if any.
     pub fn audit_failure(&self) -> Option<Violation> {
-        self.audit_failure.lock().expect("audit lock").clone()
+        self.audit
+            .lock()
+            .expect("audit lock")
+            .as_ref()
+            .and_then(|a| a.first_violation().cloned())
+    }
+
+    /// What the audit's block-reuse ledger has checked (zeros when not auditing).
+    pub fn audit_reuse_counts(&self) -> ReuseCounts {
+        self.audit
+            .lock()
+            .expect("audit lock")
+            .as_ref()
+            .map(Auditor::reuse_counts)
+            .unwrap_or_default()
+    }
+
+    /// Runs the audit's after-timer check on `master` (see [`Auditor::after_timer`]).
+    fn audit_timer(&self, master: &Master) {
+        if let Some(auditor) = self.audit.lock().expect("audit lock").as_mut()
+            && let Err(violation) = auditor.after_timer(master)
+        {
+            warn!("{violation}");
+        }
+    }
+
+    /// Runs `f` on the master without changing it: for audits and reports, which the audit
+    /// and the event log need not see.
+    pub fn inspect<T>(&self, f: impl FnOnce(&Master) -> T) -> T {
+        f(&self.master.lock().expect("master lock"))
     }
 
     /// Runs `f` on the master at the current time, then logs what it did on its own.
@@ -161,14 +191,10 @@ impl MasterService {
         let mut master = self.master.lock().expect("master lock");
         let result = f(&mut master, self.clock.now());
         let events = master.drain_events();
-        if self.audit.load(Ordering::Relaxed)
-            && let Err(violation) = invariants::check_eviction_order(&master, &events, protected)
+        if let Some(auditor) = self.audit.lock().expect("audit lock").as_mut()
+            && let Err(violation) = auditor.after_call(&master, &events, protected)
         {
             warn!("{violation}");
-            self.audit_failure
-                .lock()
-                .expect("audit lock")
-                .get_or_insert(violation);
         }
         drop(master);
         if let Some(kept) = self.kept_events.lock().expect("kept events lock").as_mut() {
@@ -223,7 +249,7 @@ impl MasterService {
 
     /// Gauges and counters.
     pub fn stats(&self) -> Stats {
-        self.with_master(|m, _| m.stats())
+        self.inspect(Master::stats)
     }
 
     /// Runs `tick` whenever it is due, until the task is aborted.
@@ -243,6 +269,7 @@ impl MasterService {
                         }
                         m.tick(now);
                     }
+                    service.audit_timer(m);
                 });
             }
         })

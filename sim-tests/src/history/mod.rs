@@ -34,6 +34,10 @@ use tracing::debug;
 
 use crate::value::{Judged, judge};
 
+mod standing;
+
+pub use standing::Standing;
+
 /// Simulated time since the run started.
 pub type At = Duration;
 
@@ -73,6 +77,8 @@ struct Write {
     size: usize,
     invoked: At,
     outcome: Outcome,
+    /// When its outcome became known (none while pending).
+    ended: Option<At>,
     upsert: bool,
     hard_pinned: bool,
 }
@@ -195,11 +201,18 @@ impl Tally {
 #[derive(Default)]
 pub struct History {
     writes: BTreeMap<u64, Write>,
+    /// Each key's writes, by version.
+    writes_by_key: BTreeMap<String, Vec<u64>>,
     reads: Vec<Read>,
     removes: Vec<Remove>,
     absences: Vec<Absence>,
     remove_attempts: Vec<RemoveAttempt>,
+    /// The remove attempts of one key each, by key, and those by a wider pattern.
+    removes_by_key: BTreeMap<String, Vec<usize>>,
+    pattern_removes: Vec<usize>,
     gone: Vec<Gone>,
+    /// Each key's entries in `gone`.
+    gone_by_key: BTreeMap<String, Vec<usize>>,
     violations: Vec<String>,
     /// Keys whose bytes a memory fault damaged in some replica.
     rotted: std::collections::BTreeSet<String>,
@@ -228,10 +241,15 @@ impl History {
                 size,
                 invoked: at,
                 outcome: Outcome::Pending,
+                ended: None,
                 upsert,
                 hard_pinned,
             },
         );
+        self.writes_by_key
+            .entry(key.to_string())
+            .or_default()
+            .push(version);
         version
     }
 
@@ -239,6 +257,7 @@ impl History {
     pub fn write_completed(&mut self, version: u64, at: At, result: Result<(), ErrorCode>) {
         debug!(version, ?result, "write completed");
         if let Some(w) = self.writes.get_mut(&version) {
+            w.ended = Some(at);
             w.outcome = match result {
                 Ok(()) => Outcome::Acked(at),
                 Err(ErrorCode::RPC_FAIL) => Outcome::Unknown,
@@ -294,6 +313,19 @@ impl History {
     /// Records the start of a remove of every key matching `pattern` (a key's own remove
     /// passes the key, escaped); returns a handle for [`History::remove_ended`].
     pub fn remove_invoked(&mut self, pattern: &str, at: At) -> usize {
+        let handle = self.remove_attempts.len();
+        let exact = pattern
+            .strip_prefix('^')
+            .and_then(|p| p.strip_suffix('$'))
+            .filter(|p| regex::escape(p) == *p);
+        match exact {
+            Some(key) => self
+                .removes_by_key
+                .entry(key.to_string())
+                .or_default()
+                .push(handle),
+            None => self.pattern_removes.push(handle),
+        }
         let pattern = regex::Regex::new(pattern).expect("the workload's patterns are valid");
         self.remove_attempts.push(RemoveAttempt {
             pattern,
@@ -301,7 +333,7 @@ impl History {
             ended: None,
             refused: false,
         });
-        self.remove_attempts.len() - 1
+        handle
     }
 
     /// Records when the remove `handle` ended, whatever its outcome.
@@ -326,6 +358,10 @@ impl History {
     /// Records that the master let `key`'s object go on its own at `at`.
     pub fn gone(&mut self, key: &str, at: At, why: GoneWhy) {
         debug!(key, ?at, ?why, "object gone");
+        self.gone_by_key
+            .entry(key.to_string())
+            .or_default()
+            .push(self.gone.len());
         self.gone.push(Gone {
             key: key.to_string(),
             at,

@@ -9,7 +9,19 @@
 //! [`check_eviction_order`] judges one decision over time that a driver can check without a
 //! model: right after a call that evicted, nothing left evictable ranks before what went.
 //!
+//! [`Auditor`] checks each call as it is made, for drivers that audit (tests, the simulation):
+//! eviction order, the timeouts of the configuration as state invariants (`deadlines`), and
+//! when released blocks are reused (`reuse`).
+//!
 //! The checker never panics, whatever the state: it also vets restored snapshots.
+
+mod audit;
+mod deadlines;
+mod reuse;
+
+pub use audit::Auditor;
+pub use deadlines::{check_bounds, check_timer_done};
+pub use reuse::{ReuseCounts, ReuseLedger};
 
 use std::collections::BTreeMap;
 use std::fmt;
