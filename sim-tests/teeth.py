@@ -28,6 +28,8 @@ def write(path, text):
 
 
 ROOT=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Build directories (two checkouts running plants at once each need their own).
+TARGET=os.environ.get('MOORING_TEETH_TARGET', os.path.expanduser('~/.cache/mooring-teeth'))
 EXPS = {
  'lease-evict': [
    ('core/src/object.rs', "            || self.lease_active(now)\n", ""),
@@ -178,6 +180,46 @@ EXPS.update({
 EXPS['standby-claim-trusted'] = [
    ('core/src/log_shipping.rs', ".map_or(LogPosition::default(), |f| position.min(f.sent));", ".map_or(position, |_| position);"),
 ]
+# Issue 46's classes, each planted more than once, in different files, and none the slip the
+# issue itself describes. Pins must survive every write until the object is removed (the
+# simulation checks the master's pins against the history every 100 ms):
+EXPS.update({
+ 'upsert-drops-hard-pin': [
+   ('core/src/soft_pin.rs', "            hard: before.hard || config.with_hard_pin,", "            hard: config.with_hard_pin,"),
+ ],
+ 'preempting-upsert-forgets-pins': [
+   ('core/src/upsert.rs', "            let grant = self.create_object(client, key, size, config, before, now)?;", "            let grant = self.create_object(client, key, size, config, Pins::default(), now)?;"),
+ ],
+})
+# Timing promises, checked where they are made (the master's audit after every call and every
+# turn of its timer), not only where a reader would meet their effect:
+EXPS.update({
+ 'zombie-blocks-wait-discard-timeout': [
+   ('core/src/master.rs', "        let release_timeout = self.config.put_start_release_timeout;", "        let release_timeout = self.config.put_start_discard_timeout;"),
+ ],
+ 'in-place-overwrite-without-grace': [
+   ('core/src/upsert.rs', "        if now < object.readers_done_at(self.config.lease_grace) {", "        if object.lease_active(now) {"),
+ ],
+ 'eviction-frees-without-grace': [
+   ('core/src/eviction.rs', "        let grace = self.config.lease_grace;\n        let kept_on_disk", "        let grace = crate::time::Millis::ZERO;\n        let kept_on_disk"),
+ ],
+ 'write-deadline-from-release-timeout': [
+   ('core/src/zombies.rs', "        let deadline = object.put_start + self.config.put_start_discard_timeout;", "        let deadline = object.put_start + self.config.put_start_release_timeout;"),
+ ],
+ 'client-expiry-waits-for-the-latest': [
+   ('core/src/clients.rs', "            .min()\n            .map(|at| at + ttl)", "            .max()\n            .map(|at| at + ttl)"),
+ ],
+})
+# Values never vanish unexplained (the simulation checks every acknowledged value the history
+# says must stand against the master's state):
+EXPS.update({
+ 'window-eviction-drops-disk-backed-object': [
+   ('core/src/eviction.rs', "        let (key, size, replicas, done) = if kept_on_disk {", "        let (key, size, replicas, done) = if kept_on_disk && !contiguous {"),
+ ],
+ 'disk-only-object-dropped-unreported': [
+   ('core/src/offload.rs', "            self.counters.evicted_objects += 1;\n            self.events.push(Event::Evicted {\n", "            self.counters.evicted_objects += 1;\n            let _ = (Event::Evicted {\n"),
+ ],
+})
 # Each: the test command, and what its output says when it caught the plant.
 PROPERTY_TESTS = {name: (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'write_fence'], 'landed at')
                   for name in EXPS if name.startswith('fence-')}
@@ -217,7 +259,7 @@ for f,old,new in EXPS[name]:
     write(p,read(p).replace(old,new)); files.add(f)
 if name in PROPERTY_TESTS:
     # Caught when the property test fails; restored either way.
-    penv=dict(os.environ, CARGO_TARGET_DIR=os.path.expanduser('~/.cache/mooring-teeth/target-host'))
+    penv=dict(os.environ, CARGO_TARGET_DIR=os.path.join(TARGET,'target-host'))
     t=time.time()
     try:
         command,marker=PROPERTY_TESTS[name]
@@ -227,7 +269,7 @@ if name in PROPERTY_TESTS:
     caught=r.returncode!=0 and marker in r.stdout+r.stderr
     print(f"== {name}: {1 if caught else 0}/1 seeds failed; first failing seed {'proptest' if caught else None}; {time.time()-t:.0f}s")
     sys.exit(0)
-env=dict(os.environ, RUSTFLAGS='--cfg madsim', CARGO_TARGET_DIR=os.path.expanduser('~/.cache/mooring-teeth/target'))
+env=dict(os.environ, RUSTFLAGS='--cfg madsim', CARGO_TARGET_DIR=os.path.join(TARGET,'target'))
 try:
     b=subprocess.run(['cargo','build','--release','-q','-p','mooring-sim-tests','--bin','mooring-sim'],cwd=ROOT,env=env,capture_output=True,text=True,check=False)
     if b.returncode: print(name,'BUILD FAILED',b.stderr[-2000:]); sys.exit(1)
