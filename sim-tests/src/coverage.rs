@@ -74,6 +74,13 @@ pub const FLOORS: &[(&str, f64)] = &[
     // QueryTask: 100% and 62% of CI's 200 seeds.
     (TASK_SUCCEEDED, 0.90),
     (TASK_FAILED, 0.40),
+    // The master's audit checked blocks reused after each kind of promise, and the history's
+    // standing checked a hard pin through a later write: 85%, 24%, 96% and 99% of CI's 200
+    // seeds on 2026-11-27.
+    (REUSED_AFTER_WRITER_DELAY, 0.55),
+    (REUSED_AFTER_WRITER_DEATH, 0.15),
+    (REUSED_AFTER_READERS, 0.65),
+    (PIN_KEPT_THROUGH_WRITE, 0.65),
 ];
 
 /// A block an abandoned write held, reused once its release delay ran out (the master's

@@ -51,7 +51,7 @@ impl Supervisor {
             ));
         }
         if let Some(master) = self.world.master()
-            && let Err(violation) = master.inspect(|m| invariants::check(m))
+            && let Err(violation) = master.inspect(invariants::check)
         {
             self.world.history().violation(format!(
                 "master invariant broken at {:?}: {violation}",
