@@ -220,6 +220,17 @@ EXPS.update({
    ('core/src/offload.rs', "            self.counters.evicted_objects += 1;\n            self.events.push(Event::Evicted {\n", "            self.counters.evicted_objects += 1;\n            let _ = (Event::Evicted {\n"),
  ],
 })
+# The disk tier's promises to readers: a copy stays readable until the master has been told it
+# goes (the oracle excuses a missing copy before the master's event only where a fault damaged
+# disk bytes):
+EXPS.update({
+ 'disk-victims-leave-before-master-told': [
+   ('store/src/node/disk_tier/sync.rs', "        let told = if report.evicted.is_empty() {", "        let _early = self.tier.copies().take_writes(&report.evicted);\n        let told = if report.evicted.is_empty() {"),
+ ],
+ 'disk-leaving-takes-newer-copy': [
+   ('core/src/disk_copies.rs', "            if self.entries.get(key).is_some_and(|c| c.version == write.0) {", "            if self.entries.contains_key(key) {"),
+ ],
+})
 # Each: the test command, and what its output says when it caught the plant.
 PROPERTY_TESTS = {name: (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'write_fence'], 'landed at')
                   for name in EXPS if name.startswith('fence-')}
