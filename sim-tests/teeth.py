@@ -187,8 +187,8 @@ EXPS.update({
  'upsert-drops-hard-pin': [
    ('core/src/soft_pin.rs', "            hard: before.hard || config.with_hard_pin,", "            hard: config.with_hard_pin,"),
  ],
- 'preempting-upsert-forgets-pins': [
-   ('core/src/upsert.rs', "            let grant = self.create_object(client, key, size, config, before, now)?;", "            let grant = self.create_object(client, key, size, config, Pins::default(), now)?;"),
+ 'upsert-in-place-resets-pins': [
+   ('core/src/upsert.rs', "        let pins = self.pins_after(config, self.objects.at(slot).pins(), now);", "        let pins = self.pins_after(config, Pins::default(), now);"),
  ],
 })
 # Timing promises, checked where they are made (the master's audit after every call and every

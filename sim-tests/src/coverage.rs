@@ -93,6 +93,24 @@ pub const REUSED_AFTER_READERS: &str = "block reused after its readers' lease an
 /// A hard pin checked on an object whose latest write did not ask for one.
 pub const PIN_KEPT_THROUGH_WRITE: &str = "hard pin kept through a later write";
 
+/// A node remounted its segment under traffic, per transport (each data path must refuse
+/// transfers for the old mount).
+const REMOUNTED: [(Transport, &str); 4] = [
+    (Transport::Tcp, "segment remounted under traffic (tcp)"),
+    (Transport::Sim, "segment remounted under traffic (sim)"),
+    (Transport::Rdma, "segment remounted under traffic (rdma)"),
+    (Transport::Shm, "segment remounted under traffic (shm)"),
+];
+
+/// The coverage path of a remount under traffic over `transport`.
+pub fn remounted(transport: Transport) -> &'static str {
+    REMOUNTED
+        .iter()
+        .find(|(t, _)| *t == transport)
+        .map(|(_, path)| *path)
+        .expect("every transport is listed")
+}
+
 /// Floors are checked only over at least this many seeds (fewer say little about shares).
 pub const FLOOR_MIN_SEEDS: usize = 100;
 
@@ -104,7 +122,10 @@ fn reachable(path: &str, transport: Transport) -> bool {
         STANDBY_TOOK_OVER => transport == Transport::Tcp,
         // RDMA runs start no copy or move tasks (see the workload).
         TASK_SUCCEEDED | TASK_FAILED => transport != Transport::Rdma,
-        _ => true,
+        _ => REMOUNTED
+            .iter()
+            .find(|(_, p)| *p == path)
+            .is_none_or(|(t, _)| *t == transport),
     }
 }
 

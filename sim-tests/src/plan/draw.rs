@@ -114,6 +114,15 @@ impl Plan {
                 let pick = rot.next_u64();
                 faults.push((at, Fault::RotMemory { node, pick }));
             }
+            // Its own stream too: in half the runs with faults, nodes remount under traffic.
+            let mut remount = Rng::seeded(seed ^ 0x2E30_0A7E);
+            if chance(&mut remount, 0.5) {
+                for _ in 0..1 + remount.below(3) {
+                    let at = between(&mut remount, ms(300), horizon);
+                    let node = remount.below(shape.nodes);
+                    faults.push((at, Fault::Remount { node }));
+                }
+            }
             // Its own stream too: in some runs with disks, a value damaged in every copy.
             let mut everywhere = Rng::seeded(seed ^ 0x0E7E_2C09);
             if disk.is_some() && chance(&mut everywhere, 0.5) {

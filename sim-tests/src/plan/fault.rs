@@ -110,6 +110,14 @@ pub enum Fault {
         /// How long the link lags.
         lasts: Duration,
     },
+    /// A storage node remounts its segment under a fresh key while the workload runs (as
+    /// when the master forgot it): the master drops the old mount's objects and hands its
+    /// ranges out again, so a write or read granted for the old mount, still on its way,
+    /// must be refused on every transport rather than land in or read the new values.
+    Remount {
+        /// Which node.
+        node: usize,
+    },
     /// A process without the cluster token knocks on every port (wrong-token handshakes,
     /// garbage, frames announced and never finished, silent connections); TCP runs only.
     Stranger {
@@ -175,9 +183,10 @@ impl Fault {
             | Fault::MasterDiskFull { lasts }
             | Fault::MasterSyncFails { lasts }
             | Fault::Lag { lasts, .. } => *lasts,
-            Fault::RotDisk { .. } | Fault::RotMemory { .. } | Fault::RotEveryCopy { .. } => {
-                Duration::ZERO
-            }
+            Fault::RotDisk { .. }
+            | Fault::RotMemory { .. }
+            | Fault::RotEveryCopy { .. }
+            | Fault::Remount { .. } => Duration::ZERO,
         }
     }
 }
@@ -280,6 +289,9 @@ impl fmt::Display for Fault {
                     f,
                     "flip a bit of every copy of a value on node{node}, memory and disk ({pick:#x})"
                 )
+            }
+            Fault::Remount { node } => {
+                write!(f, "node{node} remounts its segment under a fresh key")
             }
             Fault::Stranger { lasts } => {
                 write!(

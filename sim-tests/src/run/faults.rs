@@ -10,6 +10,7 @@ use madsim::task::NodeId;
 use mooring_transport_sim::NetFaults;
 
 use super::{CRASH_ORDER_PATIENCE, Supervisor};
+use crate::coverage;
 use crate::plan::{Fault, JournalFault, Member, Transport};
 use crate::stranger::{self, stranger_ip};
 use crate::world::{CrashOrder, World, ip};
@@ -180,6 +181,18 @@ impl Supervisor {
                 self.heals.push((until, Heal::DiskQuiet(node)));
             }
             Fault::RotMemory { node, pick } => self.rot_memory(node, pick),
+            Fault::Remount { node } => {
+                // From the node's own process, as its heartbeat loop would.
+                if let Some(storage) = self.world.node(node) {
+                    self.nodes.storage[node].spawn(async move {
+                        if let Err(e) = storage.remount().await {
+                            tracing::info!("remount failed: {e}");
+                        }
+                    });
+                    let path = coverage::remounted(self.world.plan.transport);
+                    *self.coverage.entry(path).or_default() += 1;
+                }
+            }
             Fault::RotEveryCopy { node, pick } => self.rot_every_copy(node, pick),
             Fault::RotDisk { node, pick } => self.rot_disk(node, pick),
         }
