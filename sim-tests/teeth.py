@@ -231,6 +231,16 @@ EXPS.update({
    ('core/src/disk_copies.rs', "            if self.entries.get(key).is_some_and(|c| c.version == write.0) {", "            if self.entries.contains_key(key) {"),
  ],
 })
+# Every data path refuses a transfer for a mount that was replaced (nodes remount under
+# traffic in half the seeds with faults):
+EXPS.update({
+ 'unexport-keeps-key': [
+   ('proto/src/transport/export.rs', "            .remove(&key)?;", "            .get(&key)\n            .cloned()?;"),
+ ],
+ 'rdma-unexport-keeps-registration': [
+   ('transport-rdma/src/server.rs', "            self.verbs.deregister(lkey);\n", ""),
+ ],
+})
 # Each: the test command, and what its output says when it caught the plant.
 PROPERTY_TESTS = {name: (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'write_fence'], 'landed at')
                   for name in EXPS if name.startswith('fence-')}
@@ -241,6 +251,7 @@ RUN_ARGS = {
  'shm-mapping-outlives-mount': ['--transport', 'shm'],
  'shm-no-write-fence': ['--transport', 'shm'],
  'tcp-write-outlives-export': ['--transport', 'tcp'],
+ 'rdma-unexport-keeps-registration': ['--transport', 'rdma'],
 }
 if len(sys.argv) > 1 and sys.argv[1] == 'all':
     # Every plant in turn, then one line each: seeds caught and seeds to detection.
