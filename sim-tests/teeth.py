@@ -238,7 +238,7 @@ EXPS.update({
    ('proto/src/transport/export.rs', "            .remove(&key)?;", "            .get(&key)\n            .cloned()?;"),
  ],
  'rdma-unexport-keeps-registration': [
-   ('transport-rdma/src/server.rs', "            self.verbs.deregister(lkey);\n", ""),
+   ('transport-rdma/src/server.rs', "            self.verbs.deregister(lkey);\n            // Only now may the memory go.\n", "            // Only now may the memory go.\n"),
  ],
 })
 # Each: the test command, and what its output says when it caught the plant.
