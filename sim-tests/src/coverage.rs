@@ -81,6 +81,12 @@ pub const FLOORS: &[(&str, f64)] = &[
     (REUSED_AFTER_WRITER_DEATH, 0.15),
     (REUSED_AFTER_READERS, 0.65),
     (PIN_KEPT_THROUGH_WRITE, 0.65),
+    // Half the seeds with faults remount nodes under traffic: 44% and 50% of the sim and TCP
+    // seeds among 100 default seeds. Each share is of the seeds over that transport.
+    (REMOUNTED[0].1, 0.25),
+    (REMOUNTED[1].1, 0.25),
+    (REMOUNTED[2].1, 0.25),
+    (REMOUNTED[3].1, 0.25),
 ];
 
 /// A block an abandoned write held, reused once its release delay ran out (the master's
