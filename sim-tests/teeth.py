@@ -216,6 +216,10 @@ EXPS.update({
  'window-eviction-drops-disk-backed-object': [
    ('core/src/eviction.rs', "        let (key, size, replicas, done) = if kept_on_disk {", "        let (key, size, replicas, done) = if kept_on_disk && !contiguous {"),
  ],
+ # The slip the issue describes: a move that ends with no target still drops its source.
+ 'move-finishes-without-target': [
+   ('core/src/replication.rs', "                if let TaskKind::Move { source } = task.kind\n                    && !targets.is_empty()\n", "                if let TaskKind::Move { source } = task.kind\n"),
+ ],
  'disk-only-object-dropped-unreported': [
    ('core/src/offload.rs', "            self.counters.evicted_objects += 1;\n            self.events.push(Event::Evicted {\n", "            self.counters.evicted_objects += 1;\n            let _ = (Event::Evicted {\n"),
  ],
