@@ -173,6 +173,7 @@ async fn start_node(world: &World, i: usize, name: &str) -> Result<StandaloneNod
         size: world.plan.shape.node_bytes,
         prefault: false,
         shared: world.plan.transport == Transport::Shm,
+        shm_group: None,
         disk,
     };
     let member = Member::Node(i);
@@ -253,6 +254,7 @@ pub async fn connect(world: &World, at: IpAddr, segment: Option<String>) -> Resu
         size: world.plan.shape.client_bytes,
         prefault: false,
         shared: world.plan.transport == Transport::Shm,
+        shm_group: None,
         disk: None,
     });
     match world.plan.transport {
