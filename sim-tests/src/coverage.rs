@@ -83,8 +83,11 @@ pub const FLOOR_MIN_SEEDS: usize = 100;
 /// a set that can, and a set with none of them is not held to it.
 fn reachable(path: &str, transport: Transport) -> bool {
     match path {
-        // Groups of masters run over TCP alone.
-        STANDBY_TOOK_OVER => transport == Transport::Tcp,
+        // Groups of masters run over TCP and transport-sim.
+        STANDBY_TOOK_OVER | FAILOVER_VERIFIED => {
+            matches!(transport, Transport::Tcp | Transport::Sim)
+        }
+        LEADER_KILLED_SIM => transport == Transport::Sim,
         // RDMA runs start no copy or move tasks (see the workload).
         TASK_SUCCEEDED | TASK_FAILED => transport != Transport::Rdma,
         _ => true,
@@ -92,6 +95,12 @@ fn reachable(path: &str, transport: Transport) -> bool {
 }
 
 const STANDBY_TOOK_OVER: &str = "standby took over from its copy";
+
+/// A sim-transport seed's group lost its leader to a kill (see `run::faults`).
+pub const LEADER_KILLED_SIM: &str = "standby group lost its leader to a kill (sim transport)";
+/// A master that took over was judged against the changes acknowledged before, with at
+/// least one key the history had something to say about (see [`crate::takeover`]).
+pub const FAILOVER_VERIFIED: &str = "failover verified against acknowledged changes";
 
 const EVICTED: &str = "evicted from memory";
 const EVICTED_TO_DISK: &str = "evicted to its disk copy";

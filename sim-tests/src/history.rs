@@ -34,6 +34,10 @@ use tracing::debug;
 
 use crate::value::{Judged, judge};
 
+mod failover;
+
+pub use failover::Expected;
+
 /// Simulated time since the run started.
 pub type At = Duration;
 

@@ -147,6 +147,15 @@ impl Supervisor {
                     (Some((standby, _)), Some(1)) => standby.id(),
                     _ => self.nodes.master.id(),
                 };
+                if self.nodes.group.is_some()
+                    && self.world.leader().is_some()
+                    && self.world.plan.transport == Transport::Sim
+                {
+                    *self
+                        .coverage
+                        .entry(crate::coverage::LEADER_KILLED_SIM)
+                        .or_default() += 1;
+                }
                 self.handle.kill(id);
                 match journal {
                     JournalFault::Kill => {}

@@ -126,6 +126,7 @@ async fn supervise(plan: Plan) -> Report {
         sup.serve_crash_orders(now);
         sup.heal_due(now);
         sup.record_gone();
+        sup.judge_takeovers();
         sup.watch_rotted();
         sup.check_invariants();
         ticks += 1;
@@ -157,6 +158,7 @@ async fn supervise(plan: Plan) -> Report {
         liveness::liveness(&world, &mut sup).await;
     }
     sup.record_gone();
+    sup.judge_takeovers();
 
     let mut history = world.history();
     history.settle();
