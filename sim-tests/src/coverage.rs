@@ -65,7 +65,8 @@ pub const FLOORS: &[(&str, f64)] = &[
     // A fifth of the seeds with faults fail the master's syncs for a while: 11% of CI's 200.
     ("journal sync failed, master stopped changes", 0.07),
     // Half the TCP seeds that kill the master run a group instead (a sixth of TCP seeds);
-    // 19% of 400 TCP seeds took over. Counted over TCP seeds alone ([`reachable`]).
+    // 19% of 400 TCP seeds took over. Counted over TCP and transport-sim seeds
+    // ([`reachable`]), 30% of the latter running groups: 23% of CI's 200 seeds took over.
     (STANDBY_TOOK_OVER, 0.08),
     // A writer cut off from the master (or whose answers broke off for a TTL) refuses to
     // write: 20% of CI's 200 seeds on 2026-11-27.
@@ -74,6 +75,11 @@ pub const FLOORS: &[(&str, f64)] = &[
     // QueryTask: 100% and 62% of CI's 200 seeds.
     (TASK_SUCCEEDED, 0.90),
     (TASK_FAILED, 0.40),
+    // 30% of the transport-sim seeds run a group whose leader is killed: 28 of CI's 100
+    // sim seeds lost a leader to a kill, and 46 of its 200 seeds judged a takeover against
+    // the acknowledged changes (2026-11-27).
+    (LEADER_KILLED_SIM, 0.18),
+    (FAILOVER_VERIFIED, 0.15),
 ];
 
 /// Floors are checked only over at least this many seeds (fewer say little about shares).
@@ -325,7 +331,7 @@ mod tests {
             if tcp && i < 6 {
                 run.insert(STANDBY_TOOK_OVER, 1);
             }
-            mixed.add(&run, if tcp { Transport::Tcp } else { Transport::Sim });
+            mixed.add(&run, if tcp { Transport::Tcp } else { Transport::Shm });
         }
         let short = mixed.short_of_floors();
         assert_eq!(short.len(), 1, "3 of 50 TCP seeds is 6%: {short:?}");
