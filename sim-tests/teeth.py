@@ -7,7 +7,8 @@ restores the files with `git checkout`. The planted bugs are never committed.
     sim-tests/teeth.py all [SEEDS]       every plant, then a table (also: scripts/sim.sh teeth)
     sim-tests/teeth.py list
 
-Refuses to run if a file it would patch has uncommitted changes. Results of the last run are
+Refuses to run if a file it would patch has uncommitted changes. Builds under
+~/.cache/mooring-teeth, or MOORING_TEETH_DIR. Results of the last run are
 in the simulation issue's closing note.
 """
 import os
@@ -28,6 +29,8 @@ def write(path, text):
 
 
 ROOT=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Where the plants are built (MOORING_TEETH_DIR: one per checkout, when several run at once).
+TEETH_DIR=os.environ.get('MOORING_TEETH_DIR', os.path.expanduser('~/.cache/mooring-teeth'))
 EXPS = {
  'lease-evict': [
    ('core/src/object.rs', "            || self.lease_active(now)\n", ""),
@@ -189,6 +192,20 @@ RUN_ARGS = {
  'shm-no-write-fence': ['--transport', 'shm'],
  'tcp-write-outlives-export': ['--transport', 'tcp'],
 }
+# Leadership and durability in a group of masters (standby groups run in TCP and transport-sim
+# seeds; a split cuts the leader off from its standby, etcd or both).
+# The leader drops an overdue standby from the in-sync set it records, but a slip records the
+# old set: etcd still lists the standby while the leader acknowledges without it, so if the
+# leader dies the standby may take over lacking acknowledged changes.
+EXPS['overdue-standby-still-recorded'] = [
+   ('store/src/ha/ship.rs', "        if self.record_members(&overdue).await {", "        if self.record_members(&[]).await {"),
+]
+# The lease margin read as a grace period after the lease instead of a margin before it: a
+# leader cut off from etcd grants until its lease's TTL, while etcd may have expired it and
+# elected the standby up to a second sooner.
+EXPS['lease-margin-as-grace'] = [
+   ('core/src/leadership.rs', "        now < self.valid_until\n", "        now < self.valid_until + self.margin\n"),
+]
 if len(sys.argv) > 1 and sys.argv[1] == 'all':
     # Every plant in turn, then one line each: seeds caught and seeds to detection.
     seeds=sys.argv[2] if len(sys.argv)>2 else '200'
@@ -217,7 +234,7 @@ for f,old,new in EXPS[name]:
     write(p,read(p).replace(old,new)); files.add(f)
 if name in PROPERTY_TESTS:
     # Caught when the property test fails; restored either way.
-    penv=dict(os.environ, CARGO_TARGET_DIR=os.path.expanduser('~/.cache/mooring-teeth/target-host'))
+    penv=dict(os.environ, CARGO_TARGET_DIR=os.path.join(TEETH_DIR,'target-host'))
     t=time.time()
     try:
         command,marker=PROPERTY_TESTS[name]
@@ -227,7 +244,7 @@ if name in PROPERTY_TESTS:
     caught=r.returncode!=0 and marker in r.stdout+r.stderr
     print(f"== {name}: {1 if caught else 0}/1 seeds failed; first failing seed {'proptest' if caught else None}; {time.time()-t:.0f}s")
     sys.exit(0)
-env=dict(os.environ, RUSTFLAGS='--cfg madsim', CARGO_TARGET_DIR=os.path.expanduser('~/.cache/mooring-teeth/target'))
+env=dict(os.environ, RUSTFLAGS='--cfg madsim', CARGO_TARGET_DIR=os.path.join(TEETH_DIR,'target'))
 try:
     b=subprocess.run(['cargo','build','--release','-q','-p','mooring-sim-tests','--bin','mooring-sim'],cwd=ROOT,env=env,capture_output=True,text=True,check=False)
     if b.returncode: print(name,'BUILD FAILED',b.stderr[-2000:]); sys.exit(1)
