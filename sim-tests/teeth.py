@@ -7,7 +7,8 @@ restores the files with `git checkout`. The planted bugs are never committed.
     sim-tests/teeth.py all [SEEDS]       every plant, then a table (also: scripts/sim.sh teeth)
     sim-tests/teeth.py list
 
-Refuses to run if a file it would patch has uncommitted changes. Results of the last run are
+Refuses to run if a file it would patch has uncommitted changes. Builds under
+~/.cache/mooring-teeth, or MOORING_TEETH_TARGET. Results of the last run are
 in the simulation issue's closing note.
 """
 import os
@@ -264,6 +265,20 @@ RUN_ARGS = {
  'tcp-write-outlives-export': ['--transport', 'tcp'],
  'rdma-unexport-keeps-registration': ['--transport', 'rdma'],
 }
+# Leadership and durability in a group of masters (standby groups run in TCP and transport-sim
+# seeds; a split cuts the leader off from its standby, etcd or both).
+# The leader drops an overdue standby from the in-sync set it records, but a slip records the
+# old set: etcd still lists the standby while the leader acknowledges without it, so if the
+# leader dies the standby may take over lacking acknowledged changes.
+EXPS['overdue-standby-still-recorded'] = [
+   ('store/src/ha/ship.rs', "        if self.record_members(&overdue).await {", "        if self.record_members(&[]).await {"),
+]
+# The lease's margin forgotten: a leader cut off from etcd grants until its lease's full TTL
+# after its last confirmed renewal, while etcd may expire the lease, and elect the standby, up
+# to a second sooner (madsim's etcd expires on whole-second ticks).
+EXPS['lease-without-margin'] = [
+   ('core/src/leadership.rs', "        let until = (sent + self.ttl).since(self.margin);", "        let until = sent + self.ttl;"),
+]
 if len(sys.argv) > 1 and sys.argv[1] == 'all':
     # Every plant in turn, then one line each: seeds caught and seeds to detection.
     seeds=sys.argv[2] if len(sys.argv)>2 else '200'

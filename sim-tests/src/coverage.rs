@@ -65,7 +65,8 @@ pub const FLOORS: &[(&str, f64)] = &[
     // A fifth of the seeds with faults fail the master's syncs for a while: 11% of CI's 200.
     ("journal sync failed, master stopped changes", 0.07),
     // Half the TCP seeds that kill the master run a group instead (a sixth of TCP seeds);
-    // 19% of 400 TCP seeds took over. Counted over TCP seeds alone ([`reachable`]).
+    // 19% of 400 TCP seeds took over. Counted over TCP and transport-sim seeds
+    // ([`reachable`]), 30% of the latter running groups: 23% of CI's 200 seeds took over.
     (STANDBY_TOOK_OVER, 0.08),
     // A writer cut off from the master (or whose answers broke off for a TTL) refuses to
     // write: 20% of CI's 200 seeds on 2026-11-27.
@@ -87,6 +88,11 @@ pub const FLOORS: &[(&str, f64)] = &[
     (REMOUNTED[1].1, 0.25),
     (REMOUNTED[2].1, 0.25),
     (REMOUNTED[3].1, 0.25),
+    // 30% of the transport-sim seeds run a group whose leader is killed: 28 of CI's 100
+    // sim seeds lost a leader to a kill, and 46 of its 200 seeds judged a takeover against
+    // the acknowledged changes (2026-11-27).
+    (LEADER_KILLED_SIM, 0.18),
+    (FAILOVER_VERIFIED, 0.15),
 ];
 
 /// A block an abandoned write held, reused once its release delay ran out (the master's
@@ -124,8 +130,11 @@ pub const FLOOR_MIN_SEEDS: usize = 100;
 /// a set that can, and a set with none of them is not held to it.
 fn reachable(path: &str, transport: Transport) -> bool {
     match path {
-        // Groups of masters run over TCP alone.
-        STANDBY_TOOK_OVER => transport == Transport::Tcp,
+        // Groups of masters run over TCP and transport-sim.
+        STANDBY_TOOK_OVER | FAILOVER_VERIFIED => {
+            matches!(transport, Transport::Tcp | Transport::Sim)
+        }
+        LEADER_KILLED_SIM => transport == Transport::Sim,
         // RDMA runs start no copy or move tasks (see the workload).
         TASK_SUCCEEDED | TASK_FAILED => transport != Transport::Rdma,
         _ => REMOUNTED
@@ -136,6 +145,12 @@ fn reachable(path: &str, transport: Transport) -> bool {
 }
 
 const STANDBY_TOOK_OVER: &str = "standby took over from its copy";
+
+/// A sim-transport seed's group lost its leader to a kill (see `run::faults`).
+pub const LEADER_KILLED_SIM: &str = "standby group lost its leader to a kill (sim transport)";
+/// A master that took over was judged against the changes acknowledged before, with at
+/// least one key the history had something to say about (see [`crate::takeover`]).
+pub const FAILOVER_VERIFIED: &str = "failover verified against acknowledged changes";
 
 const EVICTED: &str = "evicted from memory";
 const EVICTED_TO_DISK: &str = "evicted to its disk copy";
@@ -360,7 +375,7 @@ mod tests {
             if tcp && i < 6 {
                 run.insert(STANDBY_TOOK_OVER, 1);
             }
-            mixed.add(&run, if tcp { Transport::Tcp } else { Transport::Sim });
+            mixed.add(&run, if tcp { Transport::Tcp } else { Transport::Shm });
         }
         let short = mixed.short_of_floors();
         assert_eq!(short.len(), 1, "3 of 50 TCP seeds is 6%: {short:?}");

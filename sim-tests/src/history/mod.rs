@@ -34,8 +34,10 @@ use tracing::debug;
 
 use crate::value::{Judged, judge};
 
+mod failover;
 mod standing;
 
+pub use failover::Expected;
 pub use standing::Standing;
 
 /// Simulated time since the run started.

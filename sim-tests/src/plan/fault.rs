@@ -146,6 +146,18 @@ pub enum Fault {
         /// How long syncs fail.
         lasts: Duration,
     },
+    /// A group's leader loses touch with its standby (both ways) if `standby`, and with etcd
+    /// if `etcd`, for `lasts`; clients and nodes still reach it. Cut from etcd, it must stop
+    /// granting before a standby can be elected; cut from its standby, it may go on
+    /// acknowledging without it only once the standby is recorded out of sync.
+    SplitLeader {
+        /// Whether the standby is cut off.
+        standby: bool,
+        /// Whether etcd is cut off.
+        etcd: bool,
+        /// How long the split lasts.
+        lasts: Duration,
+    },
 }
 
 /// What a master's death does to its state directory (runs whose master keeps its state on
@@ -182,6 +194,7 @@ impl Fault {
             | Fault::Stranger { lasts }
             | Fault::MasterDiskFull { lasts }
             | Fault::MasterSyncFails { lasts }
+            | Fault::SplitLeader { lasts, .. }
             | Fault::Lag { lasts, .. } => *lasts,
             Fault::RotDisk { .. }
             | Fault::RotMemory { .. }
@@ -222,6 +235,19 @@ impl fmt::Display for Fault {
             Fault::MasterDiskFull { lasts } => {
                 write!(f, "fill the master's state directory for {lasts:?}")
             }
+            Fault::SplitLeader {
+                standby,
+                etcd,
+                lasts,
+            } => write!(
+                f,
+                "cut the leading master off from {} for {lasts:?}",
+                match (standby, etcd) {
+                    (true, true) => "its standby and etcd",
+                    (true, false) => "its standby",
+                    _ => "etcd",
+                }
+            ),
             Fault::MasterSyncFails { lasts } => {
                 write!(
                     f,
