@@ -87,9 +87,10 @@ struct Write {
 
 /// How long before the master hears of it a node's damaged disk copy may already be missed
 /// by readers: a disk sync period, stretched by faults between node and master. Only damage
-/// earns it (a node drops a copy it finds damaged at once, and tells the master at its next
-/// sync); a copy the node evicts stays readable until the master has been told, so its
-/// absence must follow the master's event.
+/// earns it (a node drops a copy it finds damaged at once, and the master hears of it at the
+/// node's next sync, or with the node's segment if that goes first); a copy the node evicts
+/// stays readable until the master has been told, so its absence must follow the master's
+/// event.
 pub const DISK_REPORT_SLACK: Duration = Duration::from_secs(10);
 
 /// A read that failed: it found no value, or found every replica it tried damaged.
@@ -546,7 +547,11 @@ impl History {
             .any(|r| !r.refused && r.pattern.is_match(&a.key) && overlaps(r.invoked, r.ended));
         let taken = self.gone.iter().any(|g| {
             let reported_by = match g.why {
-                GoneWhy::DiskDropped if self.disk_rot_since.is_some_and(|t| t <= a.completed) => {
+                // The master hears of a damaged copy at the node's next sync, or with its
+                // segment if that goes first (a remount, the node's death).
+                GoneWhy::DiskDropped | GoneWhy::Lost
+                    if self.disk_rot_since.is_some_and(|t| t <= a.completed) =>
+                {
                     a.completed + DISK_REPORT_SLACK
                 }
                 _ => a.completed,
