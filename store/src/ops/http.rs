@@ -3,8 +3,13 @@
 //! It answers `GET` requests with whatever the handler returns and closes each connection
 //! after one answer. Scrapers are strangers as far as this server knows: a request head is
 //! read for at most [`READ_TIMEOUT`] and [`MAX_HEAD`] bytes, at most [`MAX_CONNECTIONS`] are
-//! served at once, and when a bearer token is configured, a request without it gets 401
+//! answered at once, and when a bearer token is configured, a request without it gets 401
 //! (except for the public paths: pages that carry no figures of their own).
+//!
+//! Waiting for a request head costs the server a socket and nothing else: up to
+//! [`MAX_WAITING`] connections may wait, and when a new one arrives past that, the one that
+//! has waited longest is closed. Idle sockets held open by someone else therefore never keep
+//! a scraper out (its request arrives with its connection, so it is never the oldest waiting).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,7 +19,7 @@ use mooring_core::{Error, ErrorCode, Result};
 use mooring_proto::auth::secrets_match;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, info};
 
@@ -22,8 +27,10 @@ use tracing::{debug, info};
 pub const MAX_HEAD: usize = 8 * 1024;
 /// How long a client may take to send its request head.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections served at once; more wait in the listen queue.
+/// Requests answered at once; more wait for a turn.
 pub const MAX_CONNECTIONS: usize = 32;
+/// Connections waiting for their request head; past this the longest waiting is closed.
+pub const MAX_WAITING: usize = 256;
 
 /// An answer: status, content type, body.
 pub struct Response {
@@ -77,45 +84,98 @@ pub async fn serve(
         .map_err(|e| Error::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
     info!(%addr, "metrics listening");
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let waiting = Arc::new(Waiting::default());
     let bearer: Option<Arc<str>> = bearer.map(Into::into);
     let task = tokio::spawn(async move {
         loop {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
             let (stream, peer) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(e) => {
                     debug!("metrics accept failed: {e}");
+                    // Out of descriptors, typically: retrying at once would spin.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 }
             };
+            let (ticket, dismissed) = waiting.join();
             let handler = handler.clone();
             let bearer = bearer.clone();
+            let slots = slots.clone();
+            let waiting = waiting.clone();
             tokio::spawn(async move {
-                if let Err(e) = answer(stream, &handler, bearer.as_deref(), public).await {
+                let outcome = answer(
+                    stream,
+                    dismissed,
+                    &slots,
+                    &handler,
+                    bearer.as_deref(),
+                    public,
+                );
+                if let Err(e) = outcome.await {
                     debug!(%peer, "metrics request failed: {e}");
                 }
-                drop(permit);
+                waiting.leave(ticket);
             });
         }
     });
     Ok((addr, task))
 }
 
+/// The connections waiting for their request head, oldest first, each with the means to
+/// dismiss it.
+#[derive(Default)]
+struct Waiting {
+    queue: std::sync::Mutex<(u64, std::collections::VecDeque<(u64, oneshot::Sender<()>)>)>,
+}
+
+impl Waiting {
+    /// Enters a new connection, dismissing the longest waiting past [`MAX_WAITING`]; returns
+    /// its ticket and what tells it it was dismissed.
+    fn join(&self) -> (u64, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let (next, waiting) = &mut *queue;
+        *next += 1;
+        let ticket = *next;
+        while waiting.len() >= MAX_WAITING {
+            if let Some((_, dismiss)) = waiting.pop_front() {
+                let _ = dismiss.send(());
+            }
+        }
+        waiting.push_back((ticket, tx));
+        (ticket, rx)
+    }
+
+    /// The connection with `ticket` stopped waiting (its head arrived, or it went).
+    fn leave(&self, ticket: u64) {
+        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        queue.1.retain(|(t, _)| *t != ticket);
+    }
+}
+
 async fn answer(
     mut stream: TcpStream,
+    dismissed: oneshot::Receiver<()>,
+    slots: &Semaphore,
     handler: &Handler,
     bearer: Option<&str>,
     public: &[&str],
 ) -> std::io::Result<()> {
-    let head = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await {
+    let head = tokio::select! {
+        head = tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)) => head,
+        // Dismissed for a newer connection: it has waited longest and sent nothing whole.
+        _ = dismissed => return Ok(()),
+    };
+    let head = match head {
         Ok(Ok(Some(head))) => head,
         Ok(Ok(None)) => {
             return write(&mut stream, &Response::error(431, "request head too large")).await;
         }
         Ok(Err(e)) => return Err(e),
         Err(_) => return write(&mut stream, &Response::error(408, "request timed out")).await,
+    };
+    let Ok(_turn) = slots.acquire().await else {
+        return Ok(());
     };
     let response = route(&head, handler, bearer, public);
     write(&mut stream, &response).await
@@ -201,6 +261,48 @@ mod tests {
             "/metrics" => Response::ok("text/plain", "up 1\n"),
             _ => Response::error(404, "no such page"),
         })
+    }
+
+    /// Sends one GET and returns the status line.
+    async fn scrape(addr: SocketAddr) -> std::io::Result<String> {
+        let mut stream = TcpStream::connect(addr).await?;
+        stream.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        Ok(answer.lines().next().unwrap_or_default().to_string())
+    }
+
+    #[tokio::test]
+    async fn idle_sockets_never_keep_a_scraper_out() {
+        let (addr, server) = serve("127.0.0.1:0", echo(), None, &[]).await.unwrap();
+        // Twice as many idle sockets as may wait (and far more than may be answered at once),
+        // all opened before the scrape.
+        let mut idle = Vec::new();
+        for _ in 0..2 * MAX_WAITING {
+            idle.push(TcpStream::connect(addr).await.unwrap());
+        }
+        // Well inside the head timeout, which is how long a scraper waited behind idle
+        // sockets before.
+        let status = tokio::time::timeout(READ_TIMEOUT / 2, scrape(addr))
+            .await
+            .expect("the scrape is answered while the idle sockets stay open")
+            .unwrap();
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        // The oldest idle sockets were closed to make room; the newest still wait.
+        let mut closed = 0;
+        for stream in &mut idle {
+            let mut byte = [0u8; 1];
+            if let Ok(Ok(0)) =
+                tokio::time::timeout(Duration::from_millis(1), stream.read(&mut byte)).await
+            {
+                closed += 1;
+            }
+        }
+        assert!(
+            closed >= MAX_WAITING,
+            "only {closed} idle sockets were closed"
+        );
+        server.abort();
     }
 
     #[test]
