@@ -125,8 +125,11 @@ pub async fn serve(
 /// dismiss it.
 #[derive(Default)]
 struct Waiting {
-    queue: std::sync::Mutex<(u64, std::collections::VecDeque<(u64, oneshot::Sender<()>)>)>,
+    queue: std::sync::Mutex<WaitQueue>,
 }
+
+/// The last ticket handed out, and each waiting connection's ticket and dismissal.
+type WaitQueue = (u64, std::collections::VecDeque<(u64, oneshot::Sender<()>)>);
 
 impl Waiting {
     /// Enters a new connection, dismissing the longest waiting past [`MAX_WAITING`]; returns
