@@ -119,7 +119,7 @@ impl TcpDataServer {
                     }
                 };
                 let Some(server) = weak.upgrade() else { return };
-                let handshaking = match server.limits.admit() {
+                let mut handshaking = match server.limits.admit() {
                     Ok(handshaking) => handshaking,
                     Err(why) => {
                         refusals::refused(&peer.to_string(), &format!("data server: {why}"));
@@ -130,7 +130,10 @@ impl TcpDataServer {
                     let peer = peer.to_string();
                     let mut conn =
                         Framed::new(stream, server.spin).follow_pace(server.spin * PACE_CAP);
-                    let identity = handshake::server(&mut conn, server.token.as_ref()).await;
+                    let identity = tokio::select! {
+                        identity = handshake::server(&mut conn, server.token.as_ref()) => identity,
+                        () = handshaking.dismissed() => Err(crate::limits::DISMISSED.to_string()),
+                    };
                     // An open connection must not keep the server (its listener, its port)
                     // alive once its owner drops it: it holds the server only per request.
                     let serving = Arc::downgrade(&server);

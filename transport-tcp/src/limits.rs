@@ -3,14 +3,22 @@
 //! take the whole cap from everyone else. Identities, not addresses: co-located engines and
 //! striped transfers share one address. A connection is counted from accept to close by the
 //! guards this hands out.
+//!
+//! The handshake room never turns a newcomer away: when it is full, the connection that has
+//! waited longest is dismissed to make room. An honest peer finishes its handshake within a
+//! round trip, so it is never the one waiting longest; a stranger holding sockets open
+//! without finishing only pushes its own out. Members already admitted are never touched.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::sync::oneshot;
+
 /// Most connections a server keeps open.
 pub const MAX_CONNECTIONS: usize = 4096;
-/// Most connections still in their handshake: strangers wait in a small room.
+/// Most connections still in their handshake: strangers wait in a small room, the longest
+/// waiting dismissed when a newcomer needs its place.
 pub const MAX_UNAUTHENTICATED: usize = 256;
 /// Most connections one identity keeps open (client pools keep at most 64 control and 32 data
 /// connections per peer, so an honest client stays far below it).
@@ -31,7 +39,11 @@ pub struct ConnectionLimits {
 #[derive(Debug, Default)]
 struct Counts {
     open: usize,
+    /// Connections in their handshake, dismissed or not.
     pending: usize,
+    /// Those not dismissed, oldest first: their tickets and dismissals.
+    waiting: VecDeque<(u64, oneshot::Sender<()>)>,
+    next_ticket: u64,
     by_identity: HashMap<u128, usize>,
 }
 
@@ -61,22 +73,28 @@ impl ConnectionLimits {
         self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Admits a connection just accepted, to its handshake; the reason if a cap is reached.
+    /// Admits a connection just accepted, to its handshake (dismissing the connection that
+    /// has waited longest if the room is full); the reason if the total cap is reached.
     pub fn admit(self: &Arc<Self>) -> Result<Handshaking, String> {
         let mut counts = self.counts();
         if counts.open >= self.total {
             return Err(format!("{} connections already open", self.total));
         }
-        if counts.pending >= self.unauthenticated {
-            return Err(format!(
-                "{} connections already in their handshake",
-                self.unauthenticated
-            ));
+        while counts.waiting.len() >= self.unauthenticated {
+            if let Some((_, dismiss)) = counts.waiting.pop_front() {
+                let _ = dismiss.send(());
+            }
         }
+        counts.next_ticket += 1;
+        let ticket = counts.next_ticket;
+        let (dismiss, dismissed) = oneshot::channel();
+        counts.waiting.push_back((ticket, dismiss));
         counts.open += 1;
         counts.pending += 1;
         Ok(Handshaking {
             limits: Arc::clone(self),
+            ticket,
+            dismissed,
         })
     }
 }
@@ -85,9 +103,24 @@ impl ConnectionLimits {
 #[derive(Debug)]
 pub struct Handshaking {
     limits: Arc<ConnectionLimits>,
+    ticket: u64,
+    dismissed: oneshot::Receiver<()>,
 }
 
+/// Why a dismissed connection was closed.
+pub const DISMISSED: &str =
+    "dismissed: the handshake room was full and this connection had waited longest";
+
 impl Handshaking {
+    /// Resolves when the connection is dismissed to make room for a newer one (run the
+    /// handshake beside it and drop the connection if this comes first).
+    pub async fn dismissed(&mut self) {
+        if (&mut self.dismissed).await.is_err() {
+            // Its place was given up another way: never dismissed.
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// The handshake proved `identity`: the connection now counts against its share.
     pub fn authenticated(self, identity: u128) -> Result<Admitted, String> {
         let limits = Arc::clone(&self.limits);
@@ -112,6 +145,8 @@ impl Handshaking {
 impl Drop for Handshaking {
     fn drop(&mut self) {
         let mut counts = self.limits.counts();
+        let ticket = self.ticket;
+        counts.waiting.retain(|(t, _)| *t != ticket);
         counts.pending -= 1;
         counts.open -= 1;
     }
@@ -155,20 +190,26 @@ mod tests {
     }
 
     #[test]
-    fn strangers_wait_in_a_small_room_and_the_total_holds() {
+    fn a_full_room_dismisses_whoever_waited_longest_and_the_total_holds() {
         let limits = ConnectionLimits::new(4, 2, 4);
-        let h1 = limits.admit().unwrap();
-        let _h2 = limits.admit().unwrap();
-        assert!(limits.admit().unwrap_err().contains("handshake"));
-        let _in = h1.authenticated(7).unwrap();
+        let mut h1 = limits.admit().unwrap();
+        let mut h2 = limits.admit().unwrap();
+        // The room is full: a newcomer gets in, and the oldest is told to go.
         let h3 = limits.admit().unwrap();
-        assert!(limits.admit().unwrap_err().contains("handshake")); // two pending again
+        assert!(h1.dismissed.try_recv().is_ok(), "the oldest is dismissed");
+        assert!(h2.dismissed.try_recv().is_err(), "the others wait on");
+        drop(h1);
+        let _in = h2.authenticated(7).unwrap();
         let counts = limits.counts();
-        assert_eq!((counts.open, counts.pending), (3, 2));
+        assert_eq!(
+            (counts.open, counts.pending, counts.waiting.len()),
+            (2, 1, 1)
+        );
         drop(counts);
         drop(h3);
         let _in3 = limits.admit().unwrap().authenticated(7).unwrap();
         let _h4 = limits.admit().unwrap();
+        let _h5 = limits.admit().unwrap();
         assert!(
             limits
                 .admit()

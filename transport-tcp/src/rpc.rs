@@ -407,7 +407,7 @@ pub fn spawn_rpc_server_with_limits(
                     continue;
                 }
             };
-            let handshaking = match limits.admit() {
+            let mut handshaking = match limits.admit() {
                 Ok(handshaking) => handshaking,
                 Err(why) => {
                     refusals::refused(&peer.to_string(), &format!("master: {why}"));
@@ -418,7 +418,10 @@ pub fn spawn_rpc_server_with_limits(
             tokio::spawn(async move {
                 let peer = peer.to_string();
                 let mut conn = Framed::new(stream, spin).follow_pace(spin * PACE_CAP);
-                let client = handshake::server(&mut conn, token.as_ref()).await;
+                let client = tokio::select! {
+                    client = handshake::server(&mut conn, token.as_ref()) => client,
+                    () = handshaking.dismissed() => Err(crate::limits::DISMISSED.to_string()),
+                };
                 match client
                     .and_then(|(id, answered)| Ok((id, answered, handshaking.authenticated(id)?)))
                 {

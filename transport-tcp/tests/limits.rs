@@ -73,3 +73,35 @@ async fn one_identity_holds_at_most_its_share() {
     let (_again, served) = connect(&addr, &token, 1).await;
     assert!(served, "identity 1 was refused after closing a connection");
 }
+
+#[tokio::test]
+async fn strangers_holding_the_handshake_room_never_keep_a_member_out() {
+    let token = ClusterToken::from_bytes([9; 32]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let room = 8;
+    let limits = ConnectionLimits::new(1024, room, 64);
+    let _server = spawn_rpc_server_with_limits(
+        listener,
+        Arc::new(Refuser),
+        Duration::ZERO,
+        Some(token.clone()),
+        limits,
+    );
+    // Far more silent sockets than the handshake room holds, all opened first.
+    let mut strangers = Vec::new();
+    for _ in 0..20 * room {
+        strangers.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    // A member arriving now is let in (the longest waiting stranger goes), well inside the
+    // handshake deadline the strangers would otherwise hold their places for.
+    for identity in 1..=3 {
+        let (_member, served) = tokio::time::timeout(
+            handshake::HANDSHAKE_DEADLINE / 2,
+            connect(&addr, &token, identity),
+        )
+        .await
+        .expect("a member's handshake finishes while strangers hold the room");
+        assert!(served, "member {identity} was not served");
+    }
+}
