@@ -220,6 +220,29 @@ EXPS.update({
    ('core/src/offload.rs', "            self.counters.evicted_objects += 1;\n            self.events.push(Event::Evicted {\n", "            self.counters.evicted_objects += 1;\n            let _ = (Event::Evicted {\n"),
  ],
 })
+# Each disk backend's recovery (issue 46, class 4): the simulation's recovery oracle checks what
+# a backend reported, and what it left on the disk, against the disk's own bytes, at every
+# restart; the plan kills nodes partway through disk writes, most after a flip in a record.
+EXPS.update({
+ 'bucket-recovery-checks-header-only': [
+   ('disk/src/bucket/recover.rs', "        Ok(check_record(&buf[..n], &entry.key, entry.version, data)\n", "        Ok(record::announced_len(&buf[..n])\n"),
+ ],
+ 'bucket-recovery-keeps-data-without-meta': [
+   ('disk/src/bucket/recover.rs', "                let why = \"no meta: an unfinished bucket write\".to_string();\n                self.drop_file(&mut found, &data, why).await?;\n", ""),
+ ],
+ 'file-per-key-recovery-drops-on-read-error': [
+   ('disk/src/file_per_key.rs', "                Err(e) if e.kind() == io::ErrorKind::InvalidData => {\n", "                Err(e) => {\n"),
+ ],
+ 'file-per-key-recovery-keeps-unfinished-write': [
+   ('disk/src/file_per_key.rs', "                self.drop_file(&mut found, name, \"an unfinished write\".into())\n                    .await?;\n", ""),
+ ],
+ 'offset-file-recovery-keeps-damaged': [
+   ('disk/src/offset_file.rs', "            invalid.push(offset);\n", ""),
+ ],
+ 'offset-file-recovery-keeps-older-version': [
+   ('disk/src/offset_file.rs', "                Some(held) if (held.version, held.offset) > (record.version, record.offset) => {", "                Some(held) if (held.version, held.offset) < (record.version, record.offset) => {"),
+ ],
+})
 # Each: the test command, and what its output says when it caught the plant.
 PROPERTY_TESTS = {name: (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'write_fence'], 'landed at')
                   for name in EXPS if name.startswith('fence-')}

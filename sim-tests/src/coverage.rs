@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 
 use mooring_core::{DiscardCause, Event, UpsertCounts};
 
+use mooring::node::disk_tier::DiskBackend;
+
 use crate::history::History;
 use crate::plan::Transport;
 
@@ -81,7 +83,38 @@ pub const FLOORS: &[(&str, f64)] = &[
     (REUSED_AFTER_WRITER_DEATH, 0.15),
     (REUSED_AFTER_READERS, 0.65),
     (PIN_KEPT_THROUGH_WRITE, 0.65),
+    // Each disk backend's recovery, counted over the seeds that run that backend
+    // ([`reachable`]): nodes killed partway through a disk write, most after a bit flip in
+    // a record (the plan's disk crashes).
+    (RECOVERY_DROPPED_BUCKET, 0.20),
+    (RECOVERY_DROPPED_FILE_PER_KEY, 0.20),
+    (RECOVERY_DROPPED_OFFSET_FILE, 0.20),
+    (RECOVERY_CHECKED_BUCKET, 0.20),
+    (RECOVERY_CHECKED_FILE_PER_KEY, 0.20),
+    (RECOVERY_CHECKED_OFFSET_FILE, 0.20),
 ];
+
+/// Recovery by each backend (see `mooring::coverage`).
+const RECOVERY_DROPPED_BUCKET: &str = "recovery dropped records (bucket)";
+const RECOVERY_DROPPED_FILE_PER_KEY: &str = "recovery dropped records (file per key)";
+const RECOVERY_DROPPED_OFFSET_FILE: &str = "recovery dropped records (offset file)";
+const RECOVERY_CHECKED_BUCKET: &str = "recovery checked records (bucket)";
+const RECOVERY_CHECKED_FILE_PER_KEY: &str = "recovery checked records (file per key)";
+const RECOVERY_CHECKED_OFFSET_FILE: &str = "recovery checked records (offset file)";
+
+/// The disk backend whose seeds alone can reach `path`, if one.
+fn backend_of(path: &str) -> Option<DiskBackend> {
+    match path {
+        RECOVERY_DROPPED_BUCKET | RECOVERY_CHECKED_BUCKET => Some(DiskBackend::Bucket),
+        RECOVERY_DROPPED_FILE_PER_KEY | RECOVERY_CHECKED_FILE_PER_KEY => {
+            Some(DiskBackend::FilePerKey)
+        }
+        RECOVERY_DROPPED_OFFSET_FILE | RECOVERY_CHECKED_OFFSET_FILE => {
+            Some(DiskBackend::OffsetFile)
+        }
+        _ => None,
+    }
+}
 
 /// A block an abandoned write held, reused once its release delay ran out (the master's
 /// audit checks each reuse against the delay it works out for itself).
@@ -98,7 +131,10 @@ pub const FLOOR_MIN_SEEDS: usize = 100;
 
 /// Whether seeds over `transport` can reach `path` at all. A floor is a share of the seeds in
 /// a set that can, and a set with none of them is not held to it.
-fn reachable(path: &str, transport: Transport) -> bool {
+fn reachable(path: &str, transport: Transport, backend: Option<DiskBackend>) -> bool {
+    if let Some(only) = backend_of(path) {
+        return backend == Some(only);
+    }
     match path {
         // Groups of masters run over TCP alone.
         STANDBY_TOOK_OVER => transport == Transport::Tcp,
@@ -199,8 +235,8 @@ pub fn of_run(
 /// Coverage summed over a seed set.
 #[derive(Default)]
 pub struct Totals {
-    /// The transport of each seed.
-    seeds: Vec<Transport>,
+    /// The transport and disk backend of each seed.
+    seeds: Vec<(Transport, Option<DiskBackend>)>,
     /// Path -> (seeds that reached it, times in all).
     paths: BTreeMap<&'static str, (usize, u64)>,
 }
@@ -208,7 +244,17 @@ pub struct Totals {
 impl Totals {
     /// Adds the coverage of one run over `transport`.
     pub fn add(&mut self, coverage: &BTreeMap<&'static str, u64>, transport: Transport) {
-        self.seeds.push(transport);
+        self.add_with_disk(coverage, transport, None);
+    }
+
+    /// Adds the coverage of one run over `transport` whose nodes' disks use `backend`.
+    pub fn add_with_disk(
+        &mut self,
+        coverage: &BTreeMap<&'static str, u64>,
+        transport: Transport,
+        backend: Option<DiskBackend>,
+    ) {
+        self.seeds.push((transport, backend));
         for (&path, &n) in coverage {
             let entry = self.paths.entry(path).or_default();
             entry.0 += usize::from(n > 0);
@@ -235,9 +281,19 @@ impl Totals {
                 .iter()
                 .find(|(p, _)| *p == name)
                 .map_or(String::new(), |(_, f)| format!("  floor {:.0}%", f * 100.0));
+            // A share of the seeds that can reach the path (see [`reachable`]).
+            let able = self
+                .seeds
+                .iter()
+                .filter(|&&(t, b)| reachable(name, t, b))
+                .count();
+            let of_able = match able == self.seeds.len() {
+                true => String::new(),
+                false => format!(" of {able} able"),
+            };
             out.push_str(&format!(
-                "  {name:<36} {seeds:>5} ({:>3.0}%) {times:>8}{floor}\n",
-                100.0 * seeds as f64 / self.seeds.len().max(1) as f64
+                "  {name:<36} {seeds:>5} ({:>3.0}%) {times:>8}{floor}{of_able}\n",
+                100.0 * seeds as f64 / able.max(1) as f64
             ));
         }
         out
@@ -256,7 +312,7 @@ impl Totals {
                 let out_of = self
                     .seeds
                     .iter()
-                    .filter(|&&t| reachable(path, t))
+                    .filter(|&&(t, b)| reachable(path, t, b))
                     .count();
                 if out_of == 0 {
                     return None;

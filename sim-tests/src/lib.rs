@@ -22,6 +22,8 @@ pub mod value;
 #[cfg(madsim)]
 mod members;
 #[cfg(madsim)]
+mod recovery;
+#[cfg(madsim)]
 pub mod run;
 #[cfg(madsim)]
 pub mod runner;
