@@ -184,7 +184,8 @@ fn check(
             }
         }
         DiskBackend::OffsetFile => {
-            let in_layout = |file: &str, at: u64| file == DATA_FILE && at % LAYOUT_ALIGNMENT == 0;
+            let in_layout =
+                |file: &str, at: u64| file == DATA_FILE && at.is_multiple_of(LAYOUT_ALIGNMENT);
             let mut newest: BTreeMap<&str, u64> = BTreeMap::new();
             for r in before.intact.iter().filter(|r| in_layout(&r.file, r.at)) {
                 let v = newest.entry(&r.key).or_insert(r.version);

@@ -557,6 +557,39 @@ mod tests {
     }
 
     #[test]
+    fn a_crash_point_stops_the_disk_before_its_change_until_the_crash() {
+        block_on(async {
+            let disk = SimDisk::new(1);
+            disk.set_faults(DiskFaults {
+                lost_on_crash: 1.0,
+                ..DiskFaults::default()
+            });
+            disk.create("a").await.unwrap();
+            // The write is the first change, the sync the second: it stops before the sync.
+            disk.stop_before(2);
+            write_copy(&disk, "a", 0, b"unsynced").await.unwrap();
+            assert!(!disk.stopped());
+            let sync = tokio::time::timeout(Duration::from_millis(50), disk.sync("a")).await;
+            assert!(sync.is_err(), "the sync went through its crash point");
+            assert!(disk.stopped());
+            // Reads wait too: the machine is dying.
+            let mut buf = [0u8; 8];
+            let read = tokio::time::timeout(
+                Duration::from_millis(50),
+                read_copy(&disk, "a", 0, &mut buf),
+            );
+            assert!(read.await.is_err());
+            disk.crash();
+            assert!(!disk.stopped());
+            assert_eq!(read_all(&disk, "a").await, b"");
+            // Disarmed, changes go through.
+            disk.stop_before(1);
+            disk.disarm();
+            disk.sync("a").await.unwrap();
+        });
+    }
+
+    #[test]
     fn synced_writes_survive_a_crash_and_unsynced_ones_may_not() {
         block_on(async {
             let disk = SimDisk::new(1);
