@@ -7,7 +7,8 @@ restores the files with `git checkout`. The planted bugs are never committed.
     sim-tests/teeth.py all [SEEDS]       every plant, then a table (also: scripts/sim.sh teeth)
     sim-tests/teeth.py list
 
-Refuses to run if a file it would patch has uncommitted changes. Results of the last run are
+Refuses to run if a file it would patch has uncommitted changes. Builds under
+~/.cache/mooring-teeth, or MOORING_TEETH_TARGET. Results of the last run are
 in the simulation issue's closing note.
 """
 import os
@@ -187,8 +188,8 @@ EXPS.update({
  'upsert-drops-hard-pin': [
    ('core/src/soft_pin.rs', "            hard: before.hard || config.with_hard_pin,", "            hard: config.with_hard_pin,"),
  ],
- 'preempting-upsert-forgets-pins': [
-   ('core/src/upsert.rs', "            let grant = self.create_object(client, key, size, config, before, now)?;", "            let grant = self.create_object(client, key, size, config, Pins::default(), now)?;"),
+ 'upsert-in-place-resets-pins': [
+   ('core/src/upsert.rs', "        let pins = self.pins_after(config, self.objects.at(slot).pins(), now);", "        let pins = self.pins_after(config, Pins::default(), now);"),
  ],
 })
 # Timing promises, checked where they are made (the master's audit after every call and every
@@ -216,10 +217,45 @@ EXPS.update({
  'window-eviction-drops-disk-backed-object': [
    ('core/src/eviction.rs', "        let (key, size, replicas, done) = if kept_on_disk {", "        let (key, size, replicas, done) = if kept_on_disk && !contiguous {"),
  ],
+ # The slip the issue describes: a move that ends with no target still drops its source.
+ 'move-finishes-without-target': [
+   ('core/src/replication.rs', "                if let TaskKind::Move { source } = task.kind\n                    && !targets.is_empty()\n", "                if let TaskKind::Move { source } = task.kind\n"),
+ ],
  'disk-only-object-dropped-unreported': [
    ('core/src/offload.rs', "            self.counters.evicted_objects += 1;\n            self.events.push(Event::Evicted {\n", "            self.counters.evicted_objects += 1;\n            let _ = (Event::Evicted {\n"),
  ],
 })
+# The disk tier's promises to readers: a copy stays readable until the master has been told it
+# goes (the oracle excuses a missing copy before the master's event only where a fault damaged
+# disk bytes):
+EXPS.update({
+ 'disk-victims-leave-before-master-told': [
+   ('store/src/node/disk_tier/sync.rs', "        let told = if report.evicted.is_empty() {", "        let _early = self.tier.copies().take_writes(&report.evicted);\n        let told = if report.evicted.is_empty() {"),
+ ],
+ 'disk-leaving-takes-newer-copy': [
+   ('core/src/disk_copies.rs', "            if self.entries.get(key).is_some_and(|c| c.version == write.0) {", "            if self.entries.contains_key(key) {"),
+ ],
+})
+# Every data path refuses a transfer for a mount that was replaced (nodes remount under
+# traffic in half the seeds with faults):
+EXPS.update({
+ 'unexport-keeps-key': [
+   ('proto/src/transport/export.rs', "            .remove(&key)?;", "            .get(&key)\n            .cloned()?;"),
+ ],
+ 'rdma-unexport-keeps-registration': [
+   ('transport-rdma/src/server.rs', "            self.verbs.deregister(lkey);\n            // Only now may the memory go.\n", "            // Only now may the memory go.\n"),
+ ],
+})
+# Another local user may not use a node's shared-memory socket (issue 41); real processes judge
+# it: a process running as `nobody` floods the socket (needs root).
+EXPS['shm-any-local-user'] = [
+   ('transport-shm/src/server.rs', "            Ok(peer) if state.allowed.admits(peer) => peer.uid,", "            Ok(peer) if true || state.allowed.admits(peer) => peer.uid,"),
+]
+# The client's protocol values (issue 40), judged by seeds: a job's failure on one node is
+# forgotten when another node's transfers for it succeed, and the write ends as complete.
+EXPS['write-plan-last-node-wins'] = [
+   ('core/src/client/write_plan.rs', "                        Err(e) => Err(e.clone()),\n", "                        Err(_) => Ok(Some(sum)),\n"),
+]
 # Each disk backend's recovery (issue 46, class 4): the simulation's recovery oracle checks what
 # a backend reported, and what it left on the disk, against the disk's own bytes, at every
 # restart; the plan kills nodes partway through disk writes, most after a flip in a record.
@@ -246,6 +282,8 @@ EXPS.update({
 # Each: the test command, and what its output says when it caught the plant.
 PROPERTY_TESTS = {name: (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'write_fence'], 'landed at')
                   for name in EXPS if name.startswith('fence-')}
+PROPERTY_TESTS['shm-any-local-user'] = (['cargo', 'test', '-q', '-p', 'mooring-transport-shm', '--test', 'local_users'],
+                                        'the node served uid')
 PROPERTY_TESTS['standby-claim-trusted'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'log_shipping'],
                                            'a_claim_beyond_what_the_leader_sent')
 # Plants in code only some transports run are tried on those (default: the usual mix).
@@ -253,7 +291,22 @@ RUN_ARGS = {
  'shm-mapping-outlives-mount': ['--transport', 'shm'],
  'shm-no-write-fence': ['--transport', 'shm'],
  'tcp-write-outlives-export': ['--transport', 'tcp'],
+ 'rdma-unexport-keeps-registration': ['--transport', 'rdma'],
 }
+# Leadership and durability in a group of masters (standby groups run in TCP and transport-sim
+# seeds; a split cuts the leader off from its standby, etcd or both).
+# The leader drops an overdue standby from the in-sync set it records, but a slip records the
+# old set: etcd still lists the standby while the leader acknowledges without it, so if the
+# leader dies the standby may take over lacking acknowledged changes.
+EXPS['overdue-standby-still-recorded'] = [
+   ('store/src/ha/ship.rs', "        if self.record_members(&overdue).await {", "        if self.record_members(&[]).await {"),
+]
+# The lease's margin forgotten: a leader cut off from etcd grants until its lease's full TTL
+# after its last confirmed renewal, while etcd may expire the lease, and elect the standby, up
+# to a second sooner (madsim's etcd expires on whole-second ticks).
+EXPS['lease-without-margin'] = [
+   ('core/src/leadership.rs', "        let until = (sent + self.ttl).since(self.margin);", "        let until = sent + self.ttl;"),
+]
 if len(sys.argv) > 1 and sys.argv[1] == 'all':
     # Every plant in turn, then one line each: seeds caught and seeds to detection.
     seeds=sys.argv[2] if len(sys.argv)>2 else '200'

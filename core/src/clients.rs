@@ -95,6 +95,14 @@ impl Clients {
         }
     }
 
+    /// When each live client was last heard from (for audits, which work deadlines out for
+    /// themselves).
+    pub(crate) fn last_heard(&self) -> impl Iterator<Item = (ClientId, Millis)> + '_ {
+        self.last_seen
+            .iter()
+            .map(|(&client, seen)| (client, seen.at))
+    }
+
     /// When the next client expires, if any is live.
     pub(crate) fn next_expiry(&self, ttl: Millis) -> Option<Millis> {
         self.last_seen

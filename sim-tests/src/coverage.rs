@@ -69,7 +69,8 @@ pub const FLOORS: &[(&str, f64)] = &[
     // A fifth of the seeds with faults fail the master's syncs for a while: 11% of CI's 200.
     ("journal sync failed, master stopped changes", 0.07),
     // Half the TCP seeds that kill the master run a group instead (a sixth of TCP seeds);
-    // 19% of 400 TCP seeds took over. Counted over TCP seeds alone ([`reachable`]).
+    // 19% of 400 TCP seeds took over. Counted over TCP and transport-sim seeds
+    // ([`reachable`]), 30% of the latter running groups: 23% of CI's 200 seeds took over.
     (STANDBY_TOOK_OVER, 0.08),
     // A writer cut off from the master (or whose answers broke off for a TTL) refuses to
     // write: 20% of CI's 200 seeds on 2026-11-27.
@@ -85,6 +86,17 @@ pub const FLOORS: &[(&str, f64)] = &[
     (REUSED_AFTER_WRITER_DEATH, 0.15),
     (REUSED_AFTER_READERS, 0.65),
     (PIN_KEPT_THROUGH_WRITE, 0.65),
+    // Half the seeds with faults remount nodes under traffic: 44% and 50% of the sim and TCP
+    // seeds among 100 default seeds. Each share is of the seeds over that transport.
+    (REMOUNTED[0].1, 0.25),
+    (REMOUNTED[1].1, 0.25),
+    (REMOUNTED[2].1, 0.25),
+    (REMOUNTED[3].1, 0.25),
+    // 30% of the transport-sim seeds run a group whose leader is killed: 28 of CI's 100
+    // sim seeds lost a leader to a kill, and 46 of its 200 seeds judged a takeover against
+    // the acknowledged changes (2026-11-27).
+    (LEADER_KILLED_SIM, 0.18),
+    (FAILOVER_VERIFIED, 0.15),
     // Each disk backend's recovery, counted over the seeds that run that backend
     // ([`reachable`]): nodes killed partway through a disk write, most after a bit flip in
     // a record (the plan's disk crashes). Of CI's 200 seeds, recovery dropped records in 83%
@@ -130,6 +142,24 @@ pub const REUSED_AFTER_READERS: &str = "block reused after its readers' lease an
 /// A hard pin checked on an object whose latest write did not ask for one.
 pub const PIN_KEPT_THROUGH_WRITE: &str = "hard pin kept through a later write";
 
+/// A node remounted its segment under traffic, per transport (each data path must refuse
+/// transfers for the old mount).
+const REMOUNTED: [(Transport, &str); 4] = [
+    (Transport::Tcp, "segment remounted under traffic (tcp)"),
+    (Transport::Sim, "segment remounted under traffic (sim)"),
+    (Transport::Rdma, "segment remounted under traffic (rdma)"),
+    (Transport::Shm, "segment remounted under traffic (shm)"),
+];
+
+/// The coverage path of a remount under traffic over `transport`.
+pub fn remounted(transport: Transport) -> &'static str {
+    REMOUNTED
+        .iter()
+        .find(|(t, _)| *t == transport)
+        .map(|(_, path)| *path)
+        .expect("every transport is listed")
+}
+
 /// Floors are checked only over at least this many seeds (fewer say little about shares).
 pub const FLOOR_MIN_SEEDS: usize = 100;
 
@@ -140,15 +170,27 @@ fn reachable(path: &str, transport: Transport, backend: Option<DiskBackend>) -> 
         return backend == Some(only);
     }
     match path {
-        // Groups of masters run over TCP alone.
-        STANDBY_TOOK_OVER => transport == Transport::Tcp,
+        // Groups of masters run over TCP and transport-sim.
+        STANDBY_TOOK_OVER | FAILOVER_VERIFIED => {
+            matches!(transport, Transport::Tcp | Transport::Sim)
+        }
+        LEADER_KILLED_SIM => transport == Transport::Sim,
         // RDMA runs start no copy or move tasks (see the workload).
         TASK_SUCCEEDED | TASK_FAILED => transport != Transport::Rdma,
-        _ => true,
+        _ => REMOUNTED
+            .iter()
+            .find(|(_, p)| *p == path)
+            .is_none_or(|(t, _)| *t == transport),
     }
 }
 
 const STANDBY_TOOK_OVER: &str = "standby took over from its copy";
+
+/// A sim-transport seed's group lost its leader to a kill (see `run::faults`).
+pub const LEADER_KILLED_SIM: &str = "standby group lost its leader to a kill (sim transport)";
+/// A master that took over was judged against the changes acknowledged before, with at
+/// least one key the history had something to say about (see [`crate::takeover`]).
+pub const FAILOVER_VERIFIED: &str = "failover verified against acknowledged changes";
 
 const EVICTED: &str = "evicted from memory";
 const EVICTED_TO_DISK: &str = "evicted to its disk copy";
@@ -393,7 +435,7 @@ mod tests {
             if tcp && i < 6 {
                 run.insert(STANDBY_TOOK_OVER, 1);
             }
-            mixed.add(&run, if tcp { Transport::Tcp } else { Transport::Sim });
+            mixed.add(&run, if tcp { Transport::Tcp } else { Transport::Shm });
         }
         let short = mixed.short_of_floors();
         assert_eq!(short.len(), 1, "3 of 50 TCP seeds is 6%: {short:?}");

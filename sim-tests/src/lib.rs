@@ -16,9 +16,13 @@
 
 pub mod coverage;
 pub mod history;
+pub mod leaders;
 pub mod plan;
+pub mod takeover;
 pub mod value;
 
+#[cfg(madsim)]
+mod group;
 #[cfg(madsim)]
 mod members;
 #[cfg(madsim)]

@@ -17,7 +17,6 @@ use mooring_proto::transport::{ControlPlane, DataPlane, DataServer, RpcHandler};
 use mooring_transport_rdma::model::ModelVerbs;
 use mooring_transport_rdma::{RdmaClient, RdmaConfig, RdmaDataPlane, RdmaDataServer, RdmaServer};
 use mooring_transport_shm::{ShmDataPlane, ShmDataServer};
-use mooring_transport_sim::state_dir::SimStateDir;
 use mooring_transport_sim::{SimControlPlane, SimDataPlane, SimDataServer, serve_rpc};
 use mooring_transport_tcp::{DataPlaneConfig, LocalSegments};
 use tracing::{debug, info};
@@ -30,11 +29,11 @@ use crate::world::{DATA_PORT, World, ip, master_addr};
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The simulated cluster's token: every TCP connection opens with the real handshake.
-fn cluster_token() -> ClusterToken {
+pub(crate) fn cluster_token() -> ClusterToken {
     ClusterToken::from_bytes([0x5A; 32])
 }
 
-fn io_error(what: &str, e: std::io::Error) -> mooring_core::Error {
+pub(crate) fn io_error(what: &str, e: std::io::Error) -> mooring_core::Error {
     mooring_core::Error::new(
         mooring_core::ErrorCode::INTERNAL_ERROR,
         format!("{what}: {e}"),
@@ -83,45 +82,6 @@ pub async fn master(world: Arc<World>) {
             world.set_master(service);
             std::future::pending::<()>().await;
         }
-    }
-}
-
-/// Master `k` of a group: serves through its role handler and takes part in the group on
-/// the simulated etcd (following, campaigning, leading) until killed. Each start is a new
-/// process with the directory the last incarnation left.
-pub async fn group_master(world: Arc<World>, k: usize) {
-    use mooring::ha::RoleHandler;
-    use mooring::ha::etcd::GroupConfig;
-    let handler = Arc::new(RoleHandler::default());
-    world.set_group_handler(k, handler.clone());
-    let addr = crate::world::group_master_addr(k).to_string();
-    let _serving = mooring::ha::serve(&addr, handler.clone(), Some(cluster_token()))
-        .await
-        .expect("the simulated master binds");
-    let w = world.clone();
-    let config = GroupConfig {
-        endpoints: vec![crate::world::etcd_addr().to_string()],
-        cluster: "sim".into(),
-        advertise: addr,
-        // madsim's etcd expires leases on whole-second ticks, so up to a second sooner than
-        // their TTL: the leaders must stop that much earlier (the supervisor checks that no
-        // two masters ever grant at once).
-        lease_ttl: Duration::from_secs(3),
-        lease_margin: Duration::from_millis(1250),
-        standby_timeout: Duration::from_secs(1),
-        state_dir: Arc::new(SimStateDir::new(world.group_disk(k))),
-        master: world.plan.master.clone(),
-        snapshot_after: 16 << 10,
-        token: Some(cluster_token()),
-        on_lead: Some(Arc::new(move |service: &Arc<MasterService>| {
-            info!(master = k, "leads the group");
-            service.audit();
-            service.keep_events();
-            w.set_leader(k, service.clone());
-        })),
-    };
-    if let Err(e) = mooring::ha::etcd::run(config, handler).await {
-        info!(master = k, "left the group: {e}");
     }
 }
 
@@ -174,6 +134,7 @@ async fn start_node(world: &Arc<World>, i: usize, name: &str) -> Result<Standalo
         size: world.plan.shape.node_bytes,
         prefault: false,
         shared: world.plan.transport == Transport::Shm,
+        shm_group: None,
         disk,
     };
     let member = Member::Node(i);
@@ -211,7 +172,7 @@ async fn sim_member(
 ) -> Result<(Arc<dyn ControlPlane>, Option<Contribution>)> {
     let net = world.net.clone();
     let control: Arc<dyn ControlPlane> =
-        SimControlPlane::new(net.clone(), at, master_addr(), CALL_TIMEOUT)
+        SimControlPlane::group(net.clone(), at, world.master_addrs(), CALL_TIMEOUT)
             .await
             .map_err(|e| io_error("binding a control endpoint", e))?;
     let contribution = match segment {
@@ -254,6 +215,7 @@ pub async fn connect(world: &World, at: IpAddr, segment: Option<String>) -> Resu
         size: world.plan.shape.client_bytes,
         prefault: false,
         shared: world.plan.transport == Transport::Shm,
+        shm_group: None,
         disk: None,
     });
     match world.plan.transport {

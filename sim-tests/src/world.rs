@@ -15,7 +15,9 @@ use mooring_transport_sim::state_dir::SimStateDir;
 use tokio::time::Instant;
 
 use crate::history::History;
+use crate::leaders::Terms;
 use crate::plan::{Member, Plan};
+use crate::takeover::Takeover;
 
 /// Port of the master's RPC service.
 pub const MASTER_PORT: u16 = 5000;
@@ -108,6 +110,10 @@ pub struct World {
     pub healed: AtomicBool,
     /// A group's masters (their current incarnations), and which one leads.
     group: Mutex<Group>,
+    /// A group's leadership terms: when each master began leading and last answered as one.
+    terms: Mutex<Terms>,
+    /// What masters held as they took over, not yet judged.
+    takeovers: Mutex<Vec<Takeover>>,
     /// The lone master's state directory (runs that kill it or fill it): it outlives the
     /// master's incarnations.
     pub master_disk: Arc<SimDisk>,
@@ -162,6 +168,8 @@ impl World {
             reading: Mutex::default(),
             healed: AtomicBool::new(false),
             group: Mutex::default(),
+            terms: Mutex::default(),
+            takeovers: Mutex::default(),
             master_disk: {
                 let disk = SimDisk::new(plan.seed ^ 0x5A7E_D15C);
                 disk.set_faults(World::master_disk_faults());
@@ -263,6 +271,16 @@ impl World {
         events
     }
 
+    /// Where members reach the master over datagrams: every group master's address, or the
+    /// one master's.
+    pub fn master_addrs(&self) -> Vec<SocketAddr> {
+        if self.plan.master_group {
+            vec![group_master_addr(0), group_master_addr(1)]
+        } else {
+            vec![master_addr()]
+        }
+    }
+
     /// Where members reach the master: every group master's address, or the one master's.
     pub fn master_target(&self) -> String {
         if self.plan.master_group {
@@ -277,10 +295,42 @@ impl World {
         self.lock_group().0.insert(k, handler);
     }
 
-    /// Group master `k` leads, with `service`.
+    /// Group master `k` leads, with `service` (recovered, about to serve): its term begins,
+    /// and what it holds is kept to be judged against what was acknowledged before.
     pub fn set_leader(&self, k: usize, service: Arc<MasterService>) {
+        let now = self.now();
+        let mut terms = self.terms.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(overlap) = terms.began(k, now) {
+            self.history().violation(overlap);
+        }
+        if let Some(after) = terms.previous().map(|t| t.master) {
+            let takeover = service.with_master(|m, _| Takeover::of(k, after, now, &self.keys, m));
+            self.takeovers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(takeover);
+        }
+        drop(terms);
         self.lock_group().1 = Some(k);
         self.set_master(service);
+    }
+
+    /// Group master `k` answers a request as leader now.
+    pub fn answered_as_leader(&self, k: usize) {
+        let now = self.now();
+        let overlap = self
+            .terms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .answered(k, now);
+        if let Some(overlap) = overlap {
+            self.history().violation(overlap);
+        }
+    }
+
+    /// The takeovers not yet judged.
+    pub fn take_takeovers(&self) -> Vec<Takeover> {
+        std::mem::take(&mut *self.takeovers.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The group master that last started leading.

@@ -74,6 +74,7 @@ impl EmbeddedCluster {
                     size: config.node_size,
                     prefault: config.prefault,
                     shared: false,
+                    shm_group: None,
                     disk: config.disk.as_ref().map(|disk| DiskTierConfig {
                         dir: disk.dir.join(format!("node-{i}")),
                         ..disk.clone()

@@ -150,6 +150,8 @@ pub struct NodeSection {
     pub disk_direct: Option<bool>,
     /// Transports served: "tcp", "rdma" or "tcp,rdma".
     pub transports: Option<String>,
+    /// A group whose members' processes may also map the shared memory (name or gid).
+    pub shm_group: Option<String>,
     /// RDMA devices, comma-separated.
     pub rdma_device: Option<String>,
 }

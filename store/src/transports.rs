@@ -99,20 +99,54 @@ pub fn parse_served(list: &str) -> Result<Vec<Transport>> {
 }
 
 /// `server`, offering its exports in shared memory to clients on this host too (the node
-/// must then back its segments with shared memory: see `NodeConfig::shared`).
-pub fn serve_shm(server: Arc<dyn DataServer>) -> Result<Arc<dyn DataServer>> {
+/// must then back its segments with shared memory: see `NodeConfig::shared`): to processes
+/// of this user, and of `group`'s members if given.
+pub fn serve_shm(server: Arc<dyn DataServer>, group: Option<u32>) -> Result<Arc<dyn DataServer>> {
     #[cfg(not(madsim))]
     {
-        let shm = mooring_transport_shm::ShmServer::start()?;
+        let allowed = mooring_transport_shm::AllowedPeers::owner_only();
+        let allowed = match group {
+            Some(gid) => allowed.with_group(gid),
+            None => allowed,
+        };
+        let shm = mooring_transport_shm::ShmServer::start_allowing(allowed)?;
         Ok(Arc::new(mooring_transport_shm::ShmDataServer::new(
             server, shm,
         )))
     }
     #[cfg(madsim)]
     {
-        let _ = server;
+        let _ = (server, group);
         Err(no_shm_in_simulation())
     }
+}
+
+/// The id of group `name` (a number is taken as it is), from `/etc/group`.
+pub fn group_id(name: &str) -> Result<u32> {
+    if let Ok(gid) = name.parse() {
+        return Ok(gid);
+    }
+    let groups = std::fs::read_to_string("/etc/group").map_err(|e| {
+        Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!("cannot read /etc/group to find group {name:?} ({e}): give its number"),
+        )
+    })?;
+    groups
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(':');
+            let group = fields.next()?;
+            let gid = fields.nth(1)?.parse().ok()?;
+            (group == name).then_some(gid)
+        })
+        .next()
+        .ok_or_else(|| {
+            Error::new(
+                ErrorCode::INVALID_PARAMS,
+                format!("no group named {name:?} in /etc/group: give its name or number"),
+            )
+        })
 }
 
 #[cfg(madsim)]

@@ -53,6 +53,7 @@ fn node_0(disk: DiskTierConfig) -> mooring::SegmentConfig {
             size: 4 << 20,
             prefault: false,
             shared: false,
+            shm_group: None,
             disk: Some(disk),
         },
         listen: "127.0.0.1:0".into(),

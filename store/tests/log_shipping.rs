@@ -240,3 +240,51 @@ async fn a_follower_that_claims_what_it_was_never_sent_is_never_in_sync() {
     drop(service);
     let _ = std::fs::remove_dir_all(&leader_dir);
 }
+
+/// A control plane to a master that refuses as a standby (one elected that stepped back).
+struct Refusing;
+
+impl ControlPlane for Refusing {
+    fn send(&self, _request: MasterRequest) -> BoxFuture<'_, Result<Reply>> {
+        Box::pin(async {
+            Err(mooring_core::Error::new(
+                mooring_core::ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS,
+                mooring_proto::wire::STANDBY_REFUSAL,
+            ))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_started_afresh_keeps_the_old_one_until_the_new_leader_answers() {
+    let (leader_dir, copy_dir) = (scratch("leader-late"), scratch("copy-late"));
+    let (service, _recorded) = leader(&leader_dir);
+    let control: Arc<dyn ControlPlane> = Arc::new(Direct(service.clone()));
+    mount(control.as_ref()).await;
+    put(control.as_ref(), "before").await;
+    let dir = Arc::new(mooring_disk::PosixStateDir::new(&copy_dir));
+    let mut copier = Copier::fresh(dir.clone(), "standby").unwrap();
+    for _ in 0..3 {
+        copier.step(control.as_ref()).await.unwrap();
+    }
+    let incarnation = mooring::ha::standby::incarnation(&*dir).unwrap();
+    let files = std::fs::read_dir(&copy_dir).unwrap().count();
+    // A master elected and stepping back is taken for the leader: following it begins a new
+    // copy, but it never answers, so the copy (and the incarnation the in-sync set names)
+    // stays.
+    let mut elsewhere = Copier::fresh(dir.clone(), "standby").unwrap();
+    assert!(elsewhere.step(&Refusing).await.is_err());
+    assert_eq!(
+        mooring::ha::standby::incarnation(&*dir).unwrap(),
+        incarnation
+    );
+    assert_eq!(std::fs::read_dir(&copy_dir).unwrap().count(), files);
+    // The real leader's first answer starts the new copy under its new incarnation.
+    elsewhere.step(control.as_ref()).await.unwrap();
+    let renewed = mooring::ha::standby::incarnation(&*dir).unwrap();
+    assert_ne!(renewed, incarnation);
+    assert!(elsewhere.name().ends_with(&format!("#{renewed}")));
+    drop(service);
+    let _ = std::fs::remove_dir_all(&leader_dir);
+    let _ = std::fs::remove_dir_all(&copy_dir);
+}

@@ -73,6 +73,7 @@ impl Cluster {
                 size: NODE_SIZE,
                 prefault: false,
                 shared: false,
+                shm_group: None,
                 disk: None,
             },
             server,

@@ -100,6 +100,7 @@ async fn the_old_key_stops_working_before_the_memory_is_mounted_again() {
         size: 1 << 20,
         prefault: false,
         shared: false,
+        shm_group: None,
         disk: None,
     };
     let node = Node::start(

@@ -19,9 +19,11 @@ mod client;
 pub mod handoff;
 mod host;
 mod memory;
+mod peers;
 mod server;
 
 pub use client::{Handoff, ShmDataPlane};
 pub use host::host_id;
 pub use memory::SharedMemory;
+pub use peers::{AllowedPeers, PeerCred, peer_cred};
 pub use server::{ShmDataServer, ShmServer, TICKET_TTL, socket_address};

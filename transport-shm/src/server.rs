@@ -19,6 +19,7 @@ use tracing::{debug, info};
 
 use crate::handoff::{self, Reply};
 use crate::memory::{clear_export_key, set_export_key, shared};
+use crate::peers::{AllowedPeers, SlotsPerUser, peer_cred};
 
 /// How long a ticket may wait to be redeemed.
 pub const TICKET_TTL: Duration = Duration::from_secs(10);
@@ -27,6 +28,8 @@ const MAX_TICKETS: usize = 1024;
 /// Clients served at once; more are refused at once (each is served in well under a
 /// millisecond, so this only bites a flood).
 const MAX_HANDOFFS: usize = 8;
+/// Clients of one user served at once: one allowed user's flood leaves the others room.
+const MAX_HANDOFFS_PER_USER: usize = MAX_HANDOFFS / 2;
 /// How long a client may take to send its ticket or receive its reply.
 const HANDOFF_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -65,13 +68,28 @@ pub struct ShmServer {
     listener: Option<JoinHandle<()>>,
 }
 
-#[derive(Default)]
 struct State {
     /// Segments in shared memory, by their data-server key.
     exports: Mutex<HashMap<u64, SegmentMemory>>,
     tickets: Mutex<Tickets>,
     stopping: AtomicBool,
     handoffs: AtomicUsize,
+    /// Who may connect.
+    allowed: AllowedPeers,
+    handoffs_per_user: SlotsPerUser,
+}
+
+impl State {
+    fn new(allowed: AllowedPeers) -> State {
+        State {
+            exports: Mutex::default(),
+            tickets: Mutex::default(),
+            stopping: AtomicBool::new(false),
+            handoffs: AtomicUsize::new(0),
+            allowed,
+            handoffs_per_user: SlotsPerUser::new(MAX_HANDOFFS_PER_USER),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -118,8 +136,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl ShmServer {
-    /// Listens on a fresh abstract Unix socket.
+    /// Listens on a fresh abstract Unix socket, serving processes of this user only.
     pub fn start() -> Result<Arc<ShmServer>> {
+        ShmServer::start_allowing(AllowedPeers::owner_only())
+    }
+
+    /// Listens on a fresh abstract Unix socket, serving the users `allowed` names (the
+    /// socket has no file permissions: every other local user is refused by the
+    /// credentials the kernel reports for it).
+    pub fn start_allowing(allowed: AllowedPeers) -> Result<Arc<ShmServer>> {
         let host = crate::host_id()?;
         let socket = random();
         let (address, name) = socket_address(&socket)?;
@@ -129,7 +154,8 @@ impl ShmServer {
                 format!("cannot listen on the shared-memory socket {name}: {e}"),
             )
         })?;
-        let state = Arc::new(State::default());
+        info!(socket = %name, "shared-memory socket serves {}", allowed.describe());
+        let state = Arc::new(State::new(allowed));
         let serving = state.clone();
         let thread = std::thread::Builder::new()
             .name("mooring-shm".into())
@@ -155,7 +181,7 @@ impl ShmServer {
     /// client of a cluster in one process and one thread.
     pub fn unlistened(host: [u8; 16]) -> Arc<ShmServer> {
         Arc::new(ShmServer {
-            state: Arc::new(State::default()),
+            state: Arc::new(State::new(AllowedPeers::owner_only())),
             host,
             socket: random(),
             listener: None,
@@ -252,8 +278,36 @@ fn accept_loop(listener: UnixListener, state: Arc<State>) {
                 continue;
             }
         };
+        // Who it is comes first: a user not allowed never holds a slot.
+        let uid = match peer_cred(&stream) {
+            Ok(peer) if state.allowed.admits(peer) => peer.uid,
+            Ok(peer) => {
+                refusals::refused(
+                    "shm socket",
+                    &format!(
+                        "a process of uid {} (pid {}) is not allowed: the socket serves {}",
+                        peer.uid,
+                        peer.pid,
+                        state.allowed.describe()
+                    ),
+                );
+                continue;
+            }
+            Err(e) => {
+                refusals::refused("shm socket", &format!("cannot tell who connected: {e}"));
+                continue;
+            }
+        };
+        if !state.handoffs_per_user.take(uid) {
+            refusals::refused(
+                "shm socket",
+                &format!("too many clients of uid {uid} at once on the shared-memory socket"),
+            );
+            continue;
+        }
         if state.handoffs.fetch_add(1, Ordering::SeqCst) >= MAX_HANDOFFS {
             state.handoffs.fetch_sub(1, Ordering::SeqCst);
+            state.handoffs_per_user.give_back(uid);
             refusals::refused(
                 "shm socket",
                 "too many clients at once on the shared-memory socket",
@@ -266,9 +320,11 @@ fn accept_loop(listener: UnixListener, state: Arc<State>) {
             .spawn(move || {
                 hand_off(&stream, &serving);
                 serving.handoffs.fetch_sub(1, Ordering::SeqCst);
+                serving.handoffs_per_user.give_back(uid);
             });
         if spawned.is_err() {
             state.handoffs.fetch_sub(1, Ordering::SeqCst);
+            state.handoffs_per_user.give_back(uid);
         }
     }
 }

@@ -58,15 +58,14 @@ pub fn check_timer_done(master: &Master) -> Result<(), Violation> {
         ));
     }
     let ttl = master.config.client_ttl;
-    if let Some(expiry) = master.clients.next_expiry(ttl)
-        && expiry <= now
+    if let Some((client, heard)) = master
+        .clients
+        .last_heard()
+        .find(|&(_, heard)| heard + ttl <= now)
     {
         return Err(violation(
             "client-ttl",
-            format!(
-                "a client silent since {} is still live at {now} (TTL {ttl})",
-                expiry - ttl
-            ),
+            format!("client {client} silent since {heard} is still live at {now} (TTL {ttl})"),
         ));
     }
     if let Some(release) = master.discarded.next_release()

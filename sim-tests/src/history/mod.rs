@@ -34,8 +34,10 @@ use tracing::debug;
 
 use crate::value::{Judged, judge};
 
+mod failover;
 mod standing;
 
+pub use failover::Expected;
 pub use standing::Standing;
 
 /// Simulated time since the run started.
@@ -83,8 +85,12 @@ struct Write {
     hard_pinned: bool,
 }
 
-/// How long before the master hears of it a node's dropped disk copy may already be missed
-/// by readers: a disk sync period, stretched by faults between node and master.
+/// How long before the master hears of it a node's damaged disk copy may already be missed
+/// by readers: a disk sync period, stretched by faults between node and master. Only damage
+/// earns it (a node drops a copy it finds damaged at once, and the master hears of it at the
+/// node's next sync, or with the node's segment if that goes first); a copy the node evicts
+/// stays readable until the master has been told, so its absence must follow the master's
+/// event.
 pub const DISK_REPORT_SLACK: Duration = Duration::from_secs(10);
 
 /// A read that failed: it found no value, or found every replica it tried damaged.
@@ -124,8 +130,9 @@ struct RemoveAttempt {
 pub enum GoneWhy {
     /// Evicted from memory with no disk copy to read from.
     Evicted,
-    /// A node dropped its disk copy (evicted from the disk, or found damaged). The master
-    /// hears of it at the node's next disk sync, so readers may find the copy missing up to
+    /// A node dropped its disk copy (evicted from the disk, or found damaged). A damaged
+    /// copy is dropped before the master hears of it at the node's next sync, so once a
+    /// fault has damaged disk bytes, readers may find the copy missing up to
     /// [`DISK_REPORT_SLACK`] before the event.
     DiskDropped,
     /// Its last replica went with a node's segment.
@@ -216,6 +223,8 @@ pub struct History {
     violations: Vec<String>,
     /// Keys whose bytes a memory fault damaged in some replica.
     rotted: std::collections::BTreeSet<String>,
+    /// When a fault first damaged bytes on a node's disk.
+    disk_rot_since: Option<At>,
     /// Reads refused because every replica they tried was damaged (`INVALID_REPLICA`).
     damaged: Vec<Absence>,
     /// Outcomes of every operation.
@@ -389,6 +398,12 @@ impl History {
         self.rotted.insert(key.to_string());
     }
 
+    /// A fault damaged bytes on a node's disk at `at` (which key's copy it hit, if any, the
+    /// node finds out only when it reads them).
+    pub fn note_disk_rot(&mut self, at: At) {
+        self.disk_rot_since.get_or_insert(at);
+    }
+
     /// Records a read of `key` refused because the replicas it tried were damaged. Only a
     /// fault that damaged this key's bytes in memory explains that (a slip that lets a block
     /// be overwritten under its value would otherwise pass as an error). Disk rot does not:
@@ -532,7 +547,13 @@ impl History {
             .any(|r| !r.refused && r.pattern.is_match(&a.key) && overlaps(r.invoked, r.ended));
         let taken = self.gone.iter().any(|g| {
             let reported_by = match g.why {
-                GoneWhy::DiskDropped => a.completed + DISK_REPORT_SLACK,
+                // The master hears of a damaged copy at the node's next sync, or with its
+                // segment if that goes first (a remount, the node's death).
+                GoneWhy::DiskDropped | GoneWhy::Lost
+                    if self.disk_rot_since.is_some_and(|t| t <= a.completed) =>
+                {
+                    a.completed + DISK_REPORT_SLACK
+                }
                 _ => a.completed,
             };
             g.key == a.key
@@ -718,15 +739,34 @@ mod tests {
         h.read_absent("get_size", "k", ms(10), ms(11));
         assert_eq!(h.judge().len(), 1, "{:?}", h.judge());
 
-        // A node's dropped disk copy may be missed before the master hears of it, not long
-        // before.
+        // A node's damaged disk copy may be missed before the master hears of it, not long
+        // before; without damage on disk, not before at all.
+        for rot in [false, true] {
+            let mut h = History::default();
+            if rot {
+                h.note_disk_rot(ms(1));
+            }
+            let v = h.write_invoked("k", 64, ms(0), false, false);
+            h.write_completed(v, ms(3), Ok(()));
+            h.read_absent("get", "k", ms(10), ms(11));
+            h.gone("k", ms(11) + DISK_REPORT_SLACK, GoneWhy::DiskDropped);
+            assert_eq!(h.judge().len(), usize::from(!rot), "{:?}", h.judge());
+            let mut h = History::default();
+            let v = h.write_invoked("k", 64, ms(0), false, false);
+            h.write_completed(v, ms(3), Ok(()));
+            h.read_absent("get", "k", ms(4), ms(5));
+            h.gone("k", ms(5), GoneWhy::DiskDropped);
+            assert!(h.judge().is_empty(), "{:?}", h.judge());
+            h.read_absent("get", "k", ms(6), ms(7));
+            h.gone("k", ms(8) + DISK_REPORT_SLACK, GoneWhy::DiskDropped);
+            assert!(
+                h.judge().is_empty(),
+                "an earlier event explains it: {:?}",
+                h.judge()
+            );
+        }
         let mut h = History::default();
-        let v = h.write_invoked("k", 64, ms(0), false, false);
-        h.write_completed(v, ms(3), Ok(()));
-        h.read_absent("get", "k", ms(10), ms(11));
-        h.gone("k", ms(11) + DISK_REPORT_SLACK, GoneWhy::DiskDropped);
-        assert!(h.judge().is_empty(), "{:?}", h.judge());
-        let mut h = History::default();
+        h.note_disk_rot(ms(0));
         let v = h.write_invoked("k", 64, ms(0), false, false);
         h.write_completed(v, ms(3), Ok(()));
         h.read_absent("get", "k", ms(4), ms(5));

@@ -115,6 +115,15 @@ impl Plan {
                 let pick = rot.next_u64();
                 faults.push((at, Fault::RotMemory { node, pick }));
             }
+            // Its own stream too: in half the runs with faults, nodes remount under traffic.
+            let mut remount = Rng::seeded(seed ^ 0x2E30_0A7E);
+            if chance(&mut remount, 0.5) {
+                for _ in 0..1 + remount.below(3) {
+                    let at = between(&mut remount, ms(300), horizon);
+                    let node = remount.below(shape.nodes);
+                    faults.push((at, Fault::Remount { node }));
+                }
+            }
             // Its own stream too: in some runs with disks, a value damaged in every copy.
             let mut everywhere = Rng::seeded(seed ^ 0x0E7E_2C09);
             if disk.is_some() && chance(&mut everywhere, 0.5) {
@@ -143,10 +152,58 @@ impl Plan {
         let mut master_state = faults
             .iter()
             .any(|(_, f)| matches!(f, Fault::KillMaster { .. }));
+        // Its own stream: 30% of the transport-sim runs with faults run a group, whose
+        // leader is killed (a kill is added where the plan had none), so the default seed set
+        // takes over over datagrams.
+        let mut standby = Rng::seeded(seed ^ 0x5EB7_6A0C);
+        let sim_group = shape.faults && transport == Transport::Sim && chance(&mut standby, 0.3);
+        if sim_group && !master_state {
+            let at = between(&mut standby, ms(300), ms(12_000));
+            let down_for = between(&mut standby, ms(100), ms(3000));
+            faults.push((
+                at,
+                Fault::KillMaster {
+                    down_for,
+                    journal: JournalFault::Kill,
+                },
+            ));
+            faults.sort_by_key(|(at, _)| *at);
+            master_state = true;
+        }
         // Its own stream: half the TCP runs that kill the master run a group instead.
-        let master_group = master_state
-            && transport == Transport::Tcp
-            && chance(&mut Rng::seeded(seed ^ 0x6A0C_E7CD), 0.5);
+        let master_group = sim_group
+            || (master_state
+                && transport == Transport::Tcp
+                && chance(&mut Rng::seeded(seed ^ 0x6A0C_E7CD), 0.5));
+        // Its own stream: in half the groups the leader is cut off for a while from its
+        // standby, etcd, or both; half the splits from the standby alone end with the
+        // leader's death (what it acknowledged without the standby must not be lost to a
+        // standby still counted in sync).
+        let mut split = Rng::seeded(seed ^ 0x5B11_7EAD);
+        if master_group && chance(&mut split, 0.5) {
+            let at = between(&mut split, ms(300), ms(12_000));
+            let lasts = between(&mut split, ms(1000), ms(6000));
+            let (standby, etcd) = [(true, false), (false, true), (true, true)][split.below(3)];
+            faults.push((
+                at,
+                Fault::SplitLeader {
+                    standby,
+                    etcd,
+                    lasts,
+                },
+            ));
+            if !etcd && chance(&mut split, 0.5) {
+                let down_for = between(&mut split, ms(100), ms(3000));
+                faults.push((
+                    at + lasts.mul_f64(0.75),
+                    Fault::KillMaster {
+                        down_for,
+                        journal: JournalFault::Kill,
+                    },
+                ));
+            }
+            faults.sort_by_key(|(at, _)| *at);
+        }
         // Its own stream: a lone master's state directory is the simulated disk, and its
         // deaths do to it what deaths do to disks; in some runs with faults it fills up.
         if !master_group {

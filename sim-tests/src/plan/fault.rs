@@ -133,6 +133,14 @@ pub enum Fault {
         /// How long the link lags.
         lasts: Duration,
     },
+    /// A storage node remounts its segment under a fresh key while the workload runs (as
+    /// when the master forgot it): the master drops the old mount's objects and hands its
+    /// ranges out again, so a write or read granted for the old mount, still on its way,
+    /// must be refused on every transport rather than land in or read the new values.
+    Remount {
+        /// Which node.
+        node: usize,
+    },
     /// A process without the cluster token knocks on every port (wrong-token handshakes,
     /// garbage, frames announced and never finished, silent connections); TCP runs only.
     Stranger {
@@ -159,6 +167,18 @@ pub enum Fault {
     /// for good (fail-stop); when the disk works again it is restarted on what it kept.
     MasterSyncFails {
         /// How long syncs fail.
+        lasts: Duration,
+    },
+    /// A group's leader loses touch with its standby (both ways) if `standby`, and with etcd
+    /// if `etcd`, for `lasts`; clients and nodes still reach it. Cut from etcd, it must stop
+    /// granting before a standby can be elected; cut from its standby, it may go on
+    /// acknowledging without it only once the standby is recorded out of sync.
+    SplitLeader {
+        /// Whether the standby is cut off.
+        standby: bool,
+        /// Whether etcd is cut off.
+        etcd: bool,
+        /// How long the split lasts.
         lasts: Duration,
     },
 }
@@ -198,11 +218,13 @@ impl Fault {
             | Fault::Stranger { lasts }
             | Fault::MasterDiskFull { lasts }
             | Fault::MasterSyncFails { lasts }
+            | Fault::SplitLeader { lasts, .. }
             | Fault::Lag { lasts, .. } => *lasts,
             Fault::RotDisk { .. }
             | Fault::RotRecord { .. }
             | Fault::RotMemory { .. }
-            | Fault::RotEveryCopy { .. } => Duration::ZERO,
+            | Fault::RotEveryCopy { .. }
+            | Fault::Remount { .. } => Duration::ZERO,
         }
     }
 }
@@ -259,6 +281,19 @@ impl fmt::Display for Fault {
             Fault::MasterDiskFull { lasts } => {
                 write!(f, "fill the master's state directory for {lasts:?}")
             }
+            Fault::SplitLeader {
+                standby,
+                etcd,
+                lasts,
+            } => write!(
+                f,
+                "cut the leading master off from {} for {lasts:?}",
+                match (standby, etcd) {
+                    (true, true) => "its standby and etcd",
+                    (true, false) => "its standby",
+                    _ => "etcd",
+                }
+            ),
             Fault::MasterSyncFails { lasts } => {
                 write!(
                     f,
@@ -326,6 +361,9 @@ impl fmt::Display for Fault {
                     f,
                     "flip a bit of every copy of a value on node{node}, memory and disk ({pick:#x})"
                 )
+            }
+            Fault::Remount { node } => {
+                write!(f, "node{node} remounts its segment under a fresh key")
             }
             Fault::Stranger { lasts } => {
                 write!(

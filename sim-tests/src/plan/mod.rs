@@ -143,9 +143,9 @@ pub struct Plan {
     pub disk: Option<DiskPlan>,
     /// Whether the master keeps its state on disk (`--state-dir`): in runs that kill it.
     pub master_state: bool,
-    /// Whether two masters run as a group on a simulated etcd (TCP runs that kill the
-    /// master): the kill takes the leader, and the standby must take over with every
-    /// acknowledged change.
+    /// Whether two masters run as a group on a simulated etcd (half the TCP runs that kill
+    /// the master, 30% of the transport-sim runs): a kill takes the leader, and the
+    /// standby must take over with every acknowledged change.
     pub master_group: bool,
     /// The software HCA's fault rates (RDMA runs): remote access errors, queue pairs dying
     /// mid-batch, stalled completions.
@@ -259,5 +259,31 @@ mod tests {
         assert_ne!(a, c);
         assert!(a.contains("seed 7 on sim"));
         assert!(c.contains("seed 8 on tcp"));
+    }
+}
+
+#[cfg(test)]
+mod group_share {
+    use super::*;
+
+    #[test]
+    fn a_fifth_of_the_default_seeds_run_a_group_whose_leader_is_killed() {
+        // The CI's 200 seeds: even ones over TCP, odd ones over transport-sim.
+        let groups = |transport| {
+            (0..200)
+                .filter(|&seed| {
+                    let plan = Plan::generate(seed, transport, Shape::default());
+                    plan.master_group
+                        && plan
+                            .faults
+                            .iter()
+                            .any(|(_, f)| matches!(f, Fault::KillMaster { .. }))
+                })
+                .count()
+        };
+        let default = groups(None);
+        assert!(default >= 40, "{default} of 200");
+        let sim = groups(Some(Transport::Sim));
+        assert!(sim >= 50, "{sim} of 200 transport-sim seeds");
     }
 }

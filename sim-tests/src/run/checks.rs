@@ -42,6 +42,24 @@ impl Supervisor {
         }
     }
 
+    /// Judges what each master that took over since the last tick held as it did, against
+    /// the changes acknowledged before (the history has every event the old leader reported
+    /// by now: [`Supervisor::record_gone`] runs first).
+    pub(super) fn judge_takeovers(&mut self) {
+        for takeover in self.world.take_takeovers() {
+            let (judged, found) = takeover.judge(&self.world.history());
+            if judged > 0 {
+                *self
+                    .coverage
+                    .entry(coverage::FAILOVER_VERIFIED)
+                    .or_default() += 1;
+            }
+            for violation in found {
+                self.world.history().violation(violation);
+            }
+        }
+    }
+
     pub(super) fn check_invariants(&self) {
         let granting = self.world.granting();
         if granting.len() > 1 {

@@ -24,7 +24,7 @@ pub(super) fn start_cluster(world: &Arc<World>) -> Nodes {
             .create_node()
             .name("master0")
             .ip(ip(Member::Master))
-            .init(move || members::group_master(w.clone(), 0))
+            .init(move || crate::group::group_master(w.clone(), 0))
             .build()
     } else {
         handle
@@ -50,7 +50,7 @@ pub(super) fn start_cluster(world: &Arc<World>) -> Nodes {
             .create_node()
             .name("master1")
             .ip(crate::world::group_master_addr(1).ip())
-            .init(move || members::group_master(w.clone(), 1))
+            .init(move || crate::group::group_master(w.clone(), 1))
             .build();
         (standby, etcd)
     });

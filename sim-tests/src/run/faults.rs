@@ -10,6 +10,7 @@ use madsim::task::NodeId;
 use mooring_transport_sim::NetFaults;
 
 use super::{CRASH_ORDER_PATIENCE, Supervisor};
+use crate::coverage;
 use crate::plan::{Fault, JournalFault, Member, Transport};
 use crate::stranger::{self, stranger_ip};
 use crate::world::{CrashOrder, World, ip};
@@ -32,6 +33,8 @@ pub(super) enum Heal {
     MasterDiskRoom,
     /// The master's state directory's syncs work again.
     MasterSyncsWork,
+    /// A split leader is back in touch (see [`Supervisor::split_leader`]).
+    Rejoin(NodeId, Option<NodeId>, Option<NodeId>),
 }
 
 impl Supervisor {
@@ -150,6 +153,15 @@ impl Supervisor {
                     (Some((standby, _)), Some(1)) => standby.id(),
                     _ => self.nodes.master.id(),
                 };
+                if self.nodes.group.is_some()
+                    && self.world.leader().is_some()
+                    && self.world.plan.transport == Transport::Sim
+                {
+                    *self
+                        .coverage
+                        .entry(crate::coverage::LEADER_KILLED_SIM)
+                        .or_default() += 1;
+                }
                 self.handle.kill(id);
                 match journal {
                     JournalFault::Kill => {}
@@ -161,6 +173,11 @@ impl Supervisor {
             Fault::MasterDiskFull { .. } => {
                 self.world.master_disk_full(true);
                 self.heals.push((until, Heal::MasterDiskRoom));
+            }
+            Fault::SplitLeader { standby, etcd, .. } => {
+                if let Some(heal) = self.split_leader(standby, etcd) {
+                    self.heals.push((until, heal));
+                }
             }
             Fault::MasterSyncFails { .. } => {
                 self.world.master_syncs_fail(true);
@@ -183,6 +200,18 @@ impl Supervisor {
                 self.heals.push((until, Heal::DiskQuiet(node)));
             }
             Fault::RotMemory { node, pick } => self.rot_memory(node, pick),
+            Fault::Remount { node } => {
+                // From the node's own process, as its heartbeat loop would.
+                if let Some(storage) = self.world.node(node) {
+                    self.nodes.storage[node].spawn(async move {
+                        if let Err(e) = storage.remount().await {
+                            tracing::info!("remount failed: {e}");
+                        }
+                    });
+                    let path = coverage::remounted(self.world.plan.transport);
+                    *self.coverage.entry(path).or_default() += 1;
+                }
+            }
             Fault::RotEveryCopy { node, pick } => self.rot_every_copy(node, pick),
             Fault::RotDisk { node, pick } => self.rot_disk(node, pick),
             Fault::RotRecord { node, pick } => self.rot_record(node, pick),
@@ -220,6 +249,7 @@ impl Supervisor {
                 self.world.disks[node].set_faults(World::disk_faults(&self.world.plan, rate))
             }
             Heal::MasterDiskRoom => self.world.master_disk_full(false),
+            Heal::Rejoin(leader, standby, etcd) => self.cut(leader, standby, etcd, false),
             Heal::MasterSyncsWork => {
                 // The disk works again, and the master whose journal stopped is restarted
                 // on it (as an operator restarts it after the alarm).
@@ -280,5 +310,54 @@ impl Supervisor {
             self.heal(heal);
         }
         self.world.net.heal();
+    }
+}
+
+impl Supervisor {
+    /// Cuts the group's leader off from its standby (if `standby`) and etcd (if `etcd`):
+    /// what heals it. Nothing in a run without a group or before anyone leads.
+    fn split_leader(&mut self, standby: bool, etcd: bool) -> Option<Heal> {
+        let (second, etcd_node) = self.nodes.group.as_ref()?;
+        let (first, second) = (self.nodes.master.id(), second.id());
+        let (leader, other) = match self.world.leader()? {
+            0 => (first, second),
+            _ => (second, first),
+        };
+        let standby = standby.then_some(other);
+        let etcd = etcd.then(|| etcd_node.id());
+        self.cut(leader, standby, etcd, true);
+        Some(Heal::Rejoin(leader, standby, etcd))
+    }
+
+    /// Cuts (or restores) the links between master `a` and master `b`, and between `a` and
+    /// `etcd`.
+    fn cut(&self, a: NodeId, b: Option<NodeId>, etcd: Option<NodeId>, cut: bool) {
+        let net = NetSim::current();
+        let pairs: Vec<(NodeId, NodeId)> = b.into_iter().chain(etcd).map(|x| (a, x)).collect();
+        for (x, y) in pairs {
+            for (from, to) in [(x, y), (y, x)] {
+                if cut {
+                    net.clog_link(from, to);
+                } else {
+                    net.unclog_link(from, to);
+                }
+            }
+        }
+        // Over datagrams the masters follow each other on the simulated network.
+        if let Some(b) = b
+            && self.world.plan.transport.datagrams()
+        {
+            let ip = |id: NodeId| {
+                let k = usize::from(id != self.nodes.master.id());
+                crate::world::group_master_addr(k).ip()
+            };
+            for (from, to) in [(a, b), (b, a)] {
+                if cut {
+                    self.world.net.block(ip(from), ip(to));
+                } else {
+                    self.world.net.unblock(ip(from), ip(to));
+                }
+            }
+        }
     }
 }

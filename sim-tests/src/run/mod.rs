@@ -133,6 +133,7 @@ async fn supervise(plan: Plan) -> Report {
         sup.serve_disk_kills(now);
         sup.heal_due(now);
         sup.record_gone();
+        sup.judge_takeovers();
         sup.watch_rotted();
         sup.check_invariants();
         ticks += 1;
@@ -184,6 +185,7 @@ async fn supervise(plan: Plan) -> Report {
     }
     sup.record_gone();
     sup.check_standing();
+    sup.judge_takeovers();
 
     let mut history = world.history();
     history.settle();

@@ -94,6 +94,7 @@ impl Supervisor {
         tracing::info!(%name, at, "flipping a bit");
         // The file exists: it was just listed.
         let _ = disk.flip_bit(name, at, bit);
+        self.world.history().note_disk_rot(self.world.now());
         match hit {
             Some((record, true)) if !record.intact_twin_on(disk) => {
                 tracing::info!(key = %record.key, "the only copy of the value is damaged");
@@ -206,6 +207,7 @@ impl Supervisor {
             tracing::info!(%key, %name, at, "flipping a bit of a record on disk");
             // The file exists: it was just searched.
             let _ = disk.flip_bit(&name, at, (pick >> 24) as u8);
+            self.world.history().note_disk_rot(self.world.now());
         }
         let here = self.world.node(node).and_then(|n| n.segment());
         let no_disk_copy_elsewhere = self.world.master().is_some_and(|master| {

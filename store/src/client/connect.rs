@@ -79,6 +79,7 @@ impl ClientConfig {
                 size,
                 prefault: true,
                 shared: false,
+                shm_group: None,
                 disk: None,
             },
             listen: listen.into(),
@@ -185,7 +186,7 @@ pub(crate) async fn contribution(
         None => server,
     };
     let server = match segment.node.shared {
-        true => crate::transports::serve_shm(server)?,
+        true => crate::transports::serve_shm(server, segment.node.shm_group)?,
         false => server,
     };
     Ok(Contribution {

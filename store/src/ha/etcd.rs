@@ -24,6 +24,11 @@ use crate::master::MasterService;
 /// audits it).
 pub type OnLead = Arc<dyn Fn(&Arc<MasterService>) + Send + Sync>;
 
+/// Opens a control plane to the leader at an address it advertised, for following it. Left
+/// unset, a standby follows over TCP; the simulation's datagram worlds give their own.
+pub type DialLeader =
+    Arc<dyn Fn(String) -> BoxFuture<'static, Result<Arc<dyn ControlPlane>>> + Send + Sync>;
+
 /// How a master takes part in a group.
 #[derive(Clone)]
 pub struct GroupConfig {
@@ -55,6 +60,8 @@ pub struct GroupConfig {
     pub token: Option<ClusterToken>,
     /// Called when this master starts leading.
     pub on_lead: Option<OnLead>,
+    /// How to reach the leader to follow it (TCP when unset).
+    pub dial: Option<DialLeader>,
 }
 
 impl GroupConfig {
@@ -289,13 +296,23 @@ async fn follow(
             ));
         }
         let (_, copier) = copy.as_mut().expect("set above");
-        let control = TcpControlPlane::new(
-            address.clone(),
-            Duration::from_secs(5),
-            Duration::ZERO,
-            config.token.clone(),
-            crate::client::connect::random_client_id(),
-        );
+        let control: Arc<dyn ControlPlane> = match &config.dial {
+            Some(dial) => match dial(address.clone()).await {
+                Ok(control) => control,
+                Err(e) => {
+                    debug!(leader = %address, "cannot reach the leader: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            None => TcpControlPlane::new(
+                address.clone(),
+                Duration::from_secs(5),
+                Duration::ZERO,
+                config.token.clone(),
+                crate::client::connect::random_client_id(),
+            ),
+        };
         loop {
             match copier
                 .step(control.as_ref() as &(dyn ControlPlane + 'static))

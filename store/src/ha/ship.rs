@@ -120,15 +120,22 @@ impl Shipping {
         self.replicated.set(Err(why));
     }
 
-    /// Resolves once record `seq` is on the leader's disk and every in-sync standby's.
+    /// Resolves once record `seq` is on the leader's disk and every in-sync standby's. If it
+    /// cannot, the change was applied and is on this leader's disk, so whether it survives
+    /// depends on who leads next: the caller is told its outcome is unknown (`RPC_FAIL`, as
+    /// for a lost reply), never that it failed.
     pub fn replicated(&self, seq: u64) -> BoxFuture<'static, Result<()>> {
         let replicated = self.waiters.wait(seq);
         Box::pin(async move {
             replicated.await.map_err(|why| {
-                unavailable(format!(
-                    "the leader cannot acknowledge changes any more ({why}); retry: a new leader \
-                     takes over"
-                ))
+                Error::new(
+                    ErrorCode::RPC_FAIL,
+                    format!(
+                        "the leader applied the change but cannot acknowledge changes any more \
+                         ({why}): it survives only if the next leader holds it; read the key to \
+                         know"
+                    ),
+                )
             })
         })
     }

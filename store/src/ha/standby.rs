@@ -31,12 +31,20 @@ pub fn incarnation(dir: &dyn StateDir) -> Result<u64> {
 }
 
 fn renew_incarnation(dir: &dyn StateDir) -> Result<u64> {
-    // Random in production, seeded in the simulation.
-    let n = (crate::client::connect::random_client_id().0 as u64) >> 1;
+    let n = new_incarnation();
+    write_incarnation(dir, n)?;
+    Ok(n)
+}
+
+/// A fresh incarnation number: random in production, seeded in the simulation.
+fn new_incarnation() -> u64 {
+    (crate::client::connect::random_client_id().0 as u64) >> 1
+}
+
+fn write_incarnation(dir: &dyn StateDir, n: u64) -> Result<()> {
     dir.prepare()
         .and_then(|()| dir.write_whole(INCARNATION, &[n.to_string().as_bytes()]))
-        .map_err(|e| failed(dir, INCARNATION, e))?;
-    Ok(n)
+        .map_err(|e| failed(dir, INCARNATION, e))
 }
 
 fn failed(dir: &dyn StateDir, name: &str, e: io::Error) -> Error {
@@ -56,16 +64,19 @@ pub struct Copier {
     offset: u64,
     /// The file being written: a snapshot goes to a temporary name until complete.
     file: Option<Box<dyn OpenFile>>,
+    /// The incarnation this copy will have, until the leader's first answer makes it the
+    /// directory's (then `None`).
+    pending: Option<u64>,
 }
 
 impl Copier {
-    /// Starts a copy from scratch in `dir`: deletes its state files and takes a fresh
-    /// incarnation (the old copy may have diverged from this leader's history).
+    /// Starts a copy from scratch in `dir` under a fresh incarnation (the old copy may have
+    /// diverged from this leader's history): its state files are deleted when the leader
+    /// first answers. Until then the old copy, and its place in the in-sync set, stay: a
+    /// master that is elected but steps back without ever leading (it found itself out of
+    /// sync) must not cost the group the copy that may take over.
     pub fn fresh(dir: Arc<dyn StateDir>, advertise: &str) -> Result<Copier> {
-        // A new incarnation first: from here the old one's files are not a copy anyone may
-        // lead from.
-        let incarnation = renew_incarnation(&*dir)?;
-        wipe(&*dir)?;
+        let incarnation = new_incarnation();
         Ok(Copier {
             dir,
             advertise: advertise.to_string(),
@@ -73,6 +84,7 @@ impl Copier {
             at: StateFile::Journal(0),
             offset: 0,
             file: None,
+            pending: Some(incarnation),
         })
     }
 
@@ -99,6 +111,13 @@ impl Copier {
     }
 
     fn write(&mut self, chunk: FollowChunk) -> Result<()> {
+        if let Some(incarnation) = self.pending {
+            // The new incarnation first: from here the old one's files are not a copy anyone
+            // may lead from.
+            write_incarnation(&*self.dir, incarnation)?;
+            wipe(&*self.dir)?;
+            self.pending = None;
+        }
         if (chunk.file, chunk.offset) != (self.at, self.offset) {
             self.move_to(chunk.file, chunk.offset)?;
         }

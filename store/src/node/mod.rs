@@ -37,6 +37,9 @@ pub struct NodeConfig {
     /// Back the segment (and the disk tier's staging buffer) with shared memory that clients
     /// on this host map (the node serves shm).
     pub shared: bool,
+    /// Besides this process's own user, the group whose members' processes may map the
+    /// shared memory (by gid); every other local user is refused at the socket.
+    pub shm_group: Option<u32>,
     /// A disk tier behind the segment (docs/ssd-tier.md), if any.
     pub disk: Option<crate::node::disk_tier::DiskTierConfig>,
 }

@@ -331,6 +331,11 @@ pub(crate) struct NodeArgs {
     /// --size and a build with `--features rdma`.
     #[arg(long, value_name = "LIST")]
     pub(crate) transports: Option<String>,
+    /// With shm: also serve the shared memory to processes of this group's members (a name
+    /// or a gid). By default only processes running as this node's own user may map it;
+    /// other local users are refused at its socket by the credentials the kernel reports.
+    #[arg(long, value_name = "GROUP")]
+    pub(crate) shm_group: Option<String>,
     /// RDMA devices to use, comma-separated (the first that exists) [default: the first
     /// device found].
     #[arg(long, value_name = "NAME[,NAME]")]

@@ -154,6 +154,7 @@ async fn run_master_group(
         snapshot_after: group.snapshot_after,
         token,
         on_lead: None,
+        dial: None,
     };
     // The address stays the line's last word: scripts read it.
     out!(

@@ -33,12 +33,18 @@ pub(crate) async fn run_node(args: NodeArgs) -> Result<(), Error> {
             .as_deref()
             .unwrap_or(mooring::transports::DEFAULT_SERVED),
     )?;
+    let shm_group = args
+        .shm_group
+        .or(f.shm_group)
+        .map(|group| mooring::transports::group_id(&group))
+        .transpose()?;
     let segment = SegmentConfig {
         node: mooring::NodeConfig {
             name: args.name.or(f.name),
             size,
             prefault: !args.no_prefault && f.prefault.unwrap_or(true),
             shared: served.contains(&mooring::transports::Transport::Shm),
+            shm_group,
             disk: match args.disk_dir.or(f.disk_dir) {
                 Some(dir) => {
                     let mut disk = DiskTierConfig::new(dir);
