@@ -275,10 +275,11 @@ EXPS.update({
  'offset-file-recovery-keeps-damaged': [
    ('disk/src/offset_file.rs', "            invalid.push(offset);\n", ""),
  ],
- 'offset-file-recovery-keeps-older-version': [
-   ('disk/src/offset_file.rs', "                Some(held) if (held.version, held.offset) > (record.version, record.offset) => {", "                Some(held) if (held.version, held.offset) < (record.version, record.offset) => {"),
- ],
 })
+# Not planted: the offset file keeping the older of two intact versions of a key. Both are on
+# disk only after a crash between a put that replaces a key's record and the old record's
+# zeroing, and a node carries out the master's tombstones before it offloads, so the old record
+# is gone first: 0 of 200 seeds caught it.
 # Each: the test command, and what its output says when it caught the plant.
 PROPERTY_TESTS = {name: (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'write_fence'], 'landed at')
                   for name in EXPS if name.startswith('fence-')}
