@@ -26,6 +26,8 @@ mod group;
 #[cfg(madsim)]
 mod members;
 #[cfg(madsim)]
+mod recovery;
+#[cfg(madsim)]
 pub mod run;
 #[cfg(madsim)]
 pub mod runner;

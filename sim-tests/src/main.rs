@@ -160,7 +160,11 @@ mod sim {
                 let total = plans.len();
                 run_many(plans, jobs, |report| {
                     done += 1;
-                    totals.add(&report.coverage, report.plan.transport);
+                    totals.add_with_disk(
+                        &report.coverage,
+                        report.plan.transport,
+                        report.plan.disk.as_ref().map(|d| d.backend),
+                    );
                     if !report.passed() {
                         failed.push(report.plan.seed);
                         println!("{report}");

@@ -114,7 +114,7 @@ pub async fn storage_node(world: Arc<World>, i: usize) {
     }
 }
 
-async fn start_node(world: &World, i: usize, name: &str) -> Result<StandaloneNode> {
+async fn start_node(world: &Arc<World>, i: usize, name: &str) -> Result<StandaloneNode> {
     let id = random_client_id();
     let disk = world.plan.disk.as_ref().map(|d| DiskTierConfig {
         device: Some(DiskDevice(world.disks[i].clone())),
@@ -126,6 +126,7 @@ async fn start_node(world: &World, i: usize, name: &str) -> Result<StandaloneNod
         slot_ttl: d.slot_ttl,
         sync_interval: d.sync_interval,
         batch: 8,
+        watch: Some(crate::recovery::watch(Arc::downgrade(world), i)),
         ..DiskTierConfig::new(name)
     });
     let config = NodeConfig {

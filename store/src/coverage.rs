@@ -64,6 +64,19 @@ impl Path {
     pub const REPAIR_FAILED: Path = Path("repair copy failed and was queued again");
     /// A node's recovery scan dropped records it could not trust.
     pub const RECOVERY_DROPPED: Path = Path("recovery dropped records");
+    /// As [`Path::RECOVERY_DROPPED`], by the bucket backend.
+    pub const RECOVERY_DROPPED_BUCKET: Path = Path("recovery dropped records (bucket)");
+    /// As [`Path::RECOVERY_DROPPED`], by the file-per-key backend.
+    pub const RECOVERY_DROPPED_FILE_PER_KEY: Path = Path("recovery dropped records (file per key)");
+    /// As [`Path::RECOVERY_DROPPED`], by the offset-file backend.
+    pub const RECOVERY_DROPPED_OFFSET_FILE: Path = Path("recovery dropped records (offset file)");
+    /// A node's recovery scan found records on its disk (kept or dropped), by the bucket
+    /// backend: a restart on a disk in use.
+    pub const RECOVERY_CHECKED_BUCKET: Path = Path("recovery checked records (bucket)");
+    /// As [`Path::RECOVERY_CHECKED_BUCKET`], by the file-per-key backend.
+    pub const RECOVERY_CHECKED_FILE_PER_KEY: Path = Path("recovery checked records (file per key)");
+    /// As [`Path::RECOVERY_CHECKED_BUCKET`], by the offset-file backend.
+    pub const RECOVERY_CHECKED_OFFSET_FILE: Path = Path("recovery checked records (offset file)");
     /// A standby master took over from its copy of the leader's state.
     pub const STANDBY_TOOK_OVER: Path = Path("standby took over from its copy");
     /// A standby fell behind and was recorded out of sync by the leader.

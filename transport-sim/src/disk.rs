@@ -54,6 +54,8 @@ pub struct DiskStats {
     pub crashes: u64,
     /// Writes refused for want of space (see [`DiskFaults::capacity`]).
     pub full: u64,
+    /// Bits flipped by [`SimDisk::flip_bit`] (a checker can tell its disk changed under it).
+    pub flips: u64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -81,6 +83,10 @@ pub(crate) struct State {
     faults: DiskFaults,
     rng: Rng,
     stats: DiskStats,
+    /// A crash point: changes left before the disk stops (see [`SimDisk::stop_before`]).
+    stop_in: Option<u32>,
+    /// Whether the disk has stopped at its crash point.
+    stopped: bool,
 }
 
 impl State {
@@ -246,6 +252,8 @@ impl SimDisk {
                 faults: DiskFaults::default(),
                 rng: Rng::seeded(seed),
                 stats: DiskStats::default(),
+                stop_in: None,
+                stopped: false,
             }),
             alignment: alignment.max(1),
         }
@@ -271,6 +279,9 @@ impl SimDisk {
     pub fn crash(&self) {
         let mut state = self.lock();
         state.stats.crashes += 1;
+        // The machine is gone: nothing waits at a crash point any more.
+        state.stop_in = None;
+        state.stopped = false;
         let names: Vec<String> = state.files.keys().cloned().collect();
         for name in names {
             let file = state.files.get_mut(&name).expect("listed");
@@ -295,9 +306,58 @@ impl SimDisk {
         }
     }
 
+    /// Arms a crash point: the `changes`-th change from now (a create, write, sync, rename
+    /// or removal; at least the first) and every operation after it wait, undone, until
+    /// [`SimDisk::crash`] or [`SimDisk::disarm`]. A test kills its process once
+    /// [`SimDisk::stopped`] says so: a crash caught mid-write, with that write's earlier steps
+    /// done and unsynced.
+    pub fn stop_before(&self, changes: u32) {
+        let mut state = self.lock();
+        state.stop_in = Some(changes.max(1));
+        state.stopped = false;
+    }
+
+    /// Whether the disk waits at its crash point.
+    pub fn stopped(&self) -> bool {
+        self.lock().stopped
+    }
+
+    /// Lifts a crash point, armed or reached: waiting operations go on.
+    pub fn disarm(&self) {
+        let mut state = self.lock();
+        state.stop_in = None;
+        state.stopped = false;
+    }
+
+    /// Waits while the disk is stopped at its crash point; a change (`changes`) counts down
+    /// towards it first.
+    async fn crash_point(&self, changes: bool) {
+        loop {
+            {
+                let mut state = self.lock();
+                if changes && !state.stopped {
+                    match state.stop_in {
+                        Some(1) => {
+                            state.stop_in = None;
+                            state.stopped = true;
+                        }
+                        Some(n) => state.stop_in = Some(n - 1),
+                        None => {}
+                    }
+                }
+                if !state.stopped {
+                    return;
+                }
+            }
+            // Polled: a stopped disk waits only until its process is killed.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     /// Flips one bit of `name` at byte `offset`, durably (a test's bit rot).
     pub fn flip_bit(&self, name: &str, offset: u64, bit: u8) -> io::Result<()> {
         let mut state = self.lock();
+        state.stats.flips += 1;
         let file = state.file(name)?;
         for image in [&mut file.visible, &mut file.durable] {
             if let Some(byte) = image.get_mut(offset as usize) {
@@ -383,12 +443,14 @@ impl SimDisk {
 
     async fn write_bytes(&self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
         self.check_aligned(offset, data.len())?;
+        self.crash_point(true).await;
         self.delay().await;
         self.lock().write(name, offset, data)
     }
 
     async fn read_bytes(&self, name: &str, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         self.check_aligned(offset, buf.len())?;
+        self.crash_point(false).await;
         self.delay().await;
         self.lock().read(name, offset, buf)
     }
@@ -408,6 +470,7 @@ impl Disk for SimDisk {
 
     fn create<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>> {
         Box::pin(async move {
+            self.crash_point(true).await;
             self.delay().await;
             self.lock().create(name);
             Ok(())
@@ -442,6 +505,7 @@ impl Disk for SimDisk {
 
     fn sync<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>> {
         Box::pin(async move {
+            self.crash_point(true).await;
             self.delay().await;
             self.lock().sync(name)
         })
@@ -453,6 +517,7 @@ impl Disk for SimDisk {
 
     fn remove<'a>(&'a self, name: &'a str) -> BoxFuture<'a, io::Result<()>> {
         Box::pin(async move {
+            self.crash_point(true).await;
             self.delay().await;
             self.lock().remove(name)
         })
@@ -460,6 +525,7 @@ impl Disk for SimDisk {
 
     fn rename<'a>(&'a self, from: &'a str, to: &'a str) -> BoxFuture<'a, io::Result<()>> {
         Box::pin(async move {
+            self.crash_point(true).await;
             self.delay().await;
             self.lock().rename(from, to)
         })
@@ -488,6 +554,39 @@ mod tests {
         let mut buf = vec![0; len];
         assert_eq!(read_copy(disk, name, 0, &mut buf).await.unwrap(), len);
         buf
+    }
+
+    #[test]
+    fn a_crash_point_stops_the_disk_before_its_change_until_the_crash() {
+        block_on(async {
+            let disk = SimDisk::new(1);
+            disk.set_faults(DiskFaults {
+                lost_on_crash: 1.0,
+                ..DiskFaults::default()
+            });
+            disk.create("a").await.unwrap();
+            // The write is the first change, the sync the second: it stops before the sync.
+            disk.stop_before(2);
+            write_copy(&disk, "a", 0, b"unsynced").await.unwrap();
+            assert!(!disk.stopped());
+            let sync = tokio::time::timeout(Duration::from_millis(50), disk.sync("a")).await;
+            assert!(sync.is_err(), "the sync went through its crash point");
+            assert!(disk.stopped());
+            // Reads wait too: the machine is dying.
+            let mut buf = [0u8; 8];
+            let read = tokio::time::timeout(
+                Duration::from_millis(50),
+                read_copy(&disk, "a", 0, &mut buf),
+            );
+            assert!(read.await.is_err());
+            disk.crash();
+            assert!(!disk.stopped());
+            assert_eq!(read_all(&disk, "a").await, b"");
+            // Disarmed, changes go through.
+            disk.stop_before(1);
+            disk.disarm();
+            disk.sync("a").await.unwrap();
+        });
     }
 
     #[test]

@@ -101,4 +101,41 @@ impl DiskPlan {
             })
             .collect()
     }
+
+    /// Crashes that recovery must clean up after, for a run with `nodes` storage nodes over
+    /// `horizon`, from a stream of their own (so every earlier choice of a seed is
+    /// unchanged): one to three nodes killed partway through a disk write (restarting, now
+    /// and then, on a disk that fails some operations), most after a bit flip in a record on
+    /// the same disk. Random kills rarely land inside a write (microseconds of every sync
+    /// interval), so recovery would seldom find anything to drop.
+    pub(super) fn crashes(seed: u64, nodes: usize, horizon: Duration) -> Vec<(Duration, Fault)> {
+        let mut rng = Rng::seeded(seed ^ 0xD15C_C4A5);
+        let ms = |n: u64| Duration::from_millis(n);
+        let mut faults = Vec::new();
+        for _ in 0..1 + rng.below(3) {
+            let at = between(&mut rng, ms(1000), horizon);
+            let node = rng.below(nodes);
+            if chance(&mut rng, 0.7) {
+                let before = between(&mut rng, ms(0), ms(800));
+                let pick = rng.next_u64();
+                faults.push((at - before, Fault::RotRecord { node, pick }));
+            }
+            let change = 1 + rng.below(8) as u32;
+            let down_for = between(&mut rng, ms(50), ms(2000));
+            let failing = chance(&mut rng, 0.3).then(|| {
+                let rate = (5 + rng.below(40)) as f64 / 100.0;
+                (rate, between(&mut rng, ms(100), ms(1500)))
+            });
+            faults.push((
+                at,
+                Fault::KillNodeMidDiskWrite {
+                    node,
+                    change,
+                    down_for,
+                    failing,
+                },
+            ));
+        }
+        faults
+    }
 }

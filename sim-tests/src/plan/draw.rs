@@ -64,6 +64,7 @@ impl Plan {
             }
             if disk.is_some() {
                 faults.extend(DiskPlan::faults(seed, shape.nodes, horizon));
+                faults.extend(DiskPlan::crashes(seed, shape.nodes, horizon));
             }
             // Drawn from its own stream, so adding it left every other choice of a seed
             // unchanged. Over TCP only: the datagram transport has no connections to attack.

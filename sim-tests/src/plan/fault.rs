@@ -80,6 +80,29 @@ pub enum Fault {
         /// Picks the file and the bit.
         pick: u64,
     },
+    /// Kill a storage node the moment its disk is partway through a write: at the `change`-th
+    /// change it makes to its disk from now (a create, write, sync, rename or removal), its
+    /// earlier steps done and unsynced, so the crash tears or loses them. It restarts on the
+    /// same disk after `down_for`; if `failing` says so, its disk fails that share of
+    /// operations for that long from the restart (recovery meets I/O errors).
+    KillNodeMidDiskWrite {
+        /// Which node.
+        node: usize,
+        /// Which change, counted from the fault's time, the crash comes before.
+        change: u32,
+        /// How long it stays down.
+        down_for: Duration,
+        /// The share of disk operations that fail from the restart, and for how long.
+        failing: Option<(f64, Duration)>,
+    },
+    /// Flip one bit inside a record (header, key or value) on a storage node's disk, chosen
+    /// by `pick`: damage its next recovery must find.
+    RotRecord {
+        /// Which node.
+        node: usize,
+        /// Picks the record and the bit.
+        pick: u64,
+    },
     /// Flip one bit of a value held in a storage node's memory (a bad DIMM, a stray write),
     /// chosen by `pick`: readers must detect it by its checksum and never return it.
     RotMemory {
@@ -184,6 +207,7 @@ impl Fault {
     pub fn lasts(&self) -> Duration {
         match self {
             Fault::KillNode { down_for, .. }
+            | Fault::KillNodeMidDiskWrite { down_for, .. }
             | Fault::CrashClient { down_for, .. }
             | Fault::KillMaster { down_for, .. } => *down_for,
             Fault::Partition { lasts, .. }
@@ -197,6 +221,7 @@ impl Fault {
             | Fault::SplitLeader { lasts, .. }
             | Fault::Lag { lasts, .. } => *lasts,
             Fault::RotDisk { .. }
+            | Fault::RotRecord { .. }
             | Fault::RotMemory { .. }
             | Fault::RotEveryCopy { .. }
             | Fault::Remount { .. } => Duration::ZERO,
@@ -209,6 +234,27 @@ impl fmt::Display for Fault {
         match self {
             Fault::KillNode { node, down_for } => {
                 write!(f, "kill node{node}, restart after {down_for:?}")
+            }
+            Fault::KillNodeMidDiskWrite {
+                node,
+                change,
+                down_for,
+                failing,
+            } => {
+                write!(
+                    f,
+                    "kill node{node} before its disk's change {change} from now, restart after {down_for:?}"
+                )?;
+                match failing {
+                    Some((rate, lasts)) => write!(
+                        f,
+                        " on a disk failing {rate:.2} of operations for {lasts:?}"
+                    ),
+                    None => Ok(()),
+                }
+            }
+            Fault::RotRecord { node, pick } => {
+                write!(f, "flip a bit of a record on node{node}'s disk ({pick:#x})")
             }
             Fault::KillMaster {
                 down_for,

@@ -26,6 +26,9 @@ pub(super) enum Heal {
     Quiet,
     Resume(NodeId),
     DiskQuiet(usize),
+    /// A node's disk starts failing this share of operations (as a node restarts on it);
+    /// a later `DiskQuiet` ends it.
+    DiskFailing(usize, f64),
     /// The master's state directory has room again.
     MasterDiskRoom,
     /// The master's state directory's syncs work again.
@@ -211,6 +214,13 @@ impl Supervisor {
             }
             Fault::RotEveryCopy { node, pick } => self.rot_every_copy(node, pick),
             Fault::RotDisk { node, pick } => self.rot_disk(node, pick),
+            Fault::RotRecord { node, pick } => self.rot_record(node, pick),
+            Fault::KillNodeMidDiskWrite {
+                node,
+                change,
+                down_for,
+                failing,
+            } => self.arm_disk_kill(now, node, change, down_for, failing),
         }
     }
 
@@ -234,6 +244,9 @@ impl Supervisor {
             Heal::Stop(id) => self.handle.kill(id),
             Heal::DiskQuiet(node) => {
                 self.world.disks[node].set_faults(World::disk_faults(&self.world.plan, 0.0))
+            }
+            Heal::DiskFailing(node, rate) => {
+                self.world.disks[node].set_faults(World::disk_faults(&self.world.plan, rate))
             }
             Heal::MasterDiskRoom => self.world.master_disk_full(false),
             Heal::Rejoin(leader, standby, etcd) => self.cut(leader, standby, etcd, false),
@@ -291,6 +304,7 @@ impl Supervisor {
             self.handle.kill(id);
             self.heals.push((now, Heal::Restart(id)));
         }
+        self.kill_waiting_on_disks(now);
         let heals = std::mem::take(&mut self.heals);
         for (_, heal) in &heals {
             self.heal(heal);

@@ -6,12 +6,14 @@
 //! | `cluster` | starting the cluster's madsim nodes, and the buggify hooks |
 //! | `faults` | applying each fault of the plan, and healing it |
 //! | `rot` | bit rot in memory and on disk, and when it destroys a value |
+//! | `disk_crash` | node kills caught partway through a disk write |
 //! | `checks` | the checks each tick: objects gone, invariants, the scrub |
 //! | `liveness` | the checks once everything has healed, and the final sweep |
 //! | `report` | what a run found ([`Report`]) |
 
 mod checks;
 mod cluster;
+mod disk_crash;
 mod faults;
 mod liveness;
 mod report;
@@ -98,6 +100,8 @@ struct Supervisor {
     /// record is the value's only copy (the value is then destroyed) or is no longer the
     /// value's ([`Supervisor::watch_rotted`]).
     rotted: Vec<DamagedRecord>,
+    /// Node kills waiting for their disks to reach a crash point.
+    disk_kills: Vec<disk_crash::DiskKill>,
 }
 
 async fn supervise(plan: Plan) -> Report {
@@ -112,6 +116,7 @@ async fn supervise(plan: Plan) -> Report {
         armed: BTreeMap::new(),
         coverage: BTreeMap::new(),
         rotted: Vec::new(),
+        disk_kills: Vec::new(),
     };
 
     // Safety phase: the workload under faults, invariants checked every tick.
@@ -125,6 +130,7 @@ async fn supervise(plan: Plan) -> Report {
             sup.apply(now, &fault);
         }
         sup.serve_crash_orders(now);
+        sup.serve_disk_kills(now);
         sup.heal_due(now);
         sup.record_gone();
         sup.judge_takeovers();

@@ -59,11 +59,41 @@ impl Supervisor {
         }
         let (name, len) = nonempty[(pick % nonempty.len() as u64) as usize];
         let at = (pick >> 16) % len;
+        self.flip_disk_bit(node, name, at, (pick >> 8) as u8);
+    }
+
+    /// Flips one bit inside a record on node `node`'s disk (its header, key or value), the
+    /// record and the bit chosen by `pick`; as [`Supervisor::rot_disk`] otherwise. Records
+    /// are few among a disk's bytes (an offset file is mostly free space), so a flip aimed
+    /// anywhere seldom gives recovery a damaged record to find.
+    pub(super) fn rot_record(&mut self, node: usize, pick: u64) {
+        let disk = &self.world.disks[node];
+        let starts = disk.find(&mooring_disk::record::MAGIC);
+        if starts.is_empty() {
+            return;
+        }
+        let (name, start) = &starts[(pick % starts.len() as u64) as usize];
+        let Some(contents) = disk.contents(name) else {
+            return;
+        };
+        let from = *start as usize;
+        // A header too damaged to say its length: its own bytes.
+        let len = mooring_disk::record::announced_len(&contents[from..])
+            .map_or(mooring_disk::record::HEADER_LEN as u64, |len| len)
+            .min((contents.len() - from) as u64);
+        let at = start + (pick >> 16) % len.max(1);
+        self.flip_disk_bit(node, name, at, (pick >> 8) as u8);
+    }
+
+    /// Flips bit `bit` of byte `at` of file `name` on node `node`'s disk, and tells the
+    /// history if that destroyed a value (now, or once its other copies go).
+    fn flip_disk_bit(&mut self, node: usize, name: &str, at: u64, bit: u8) {
+        let disk = &self.world.disks[node];
         // Looked up first: the search reads the value's header, which the flip may hit.
         let hit = self.current_value_at(node, name, at);
         tracing::info!(%name, at, "flipping a bit");
         // The file exists: it was just listed.
-        let _ = disk.flip_bit(name, at, (pick >> 8) as u8);
+        let _ = disk.flip_bit(name, at, bit);
         self.world.history().note_disk_rot(self.world.now());
         match hit {
             Some((record, true)) if !record.intact_twin_on(disk) => {

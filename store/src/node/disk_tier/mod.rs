@@ -38,12 +38,14 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::clock::Clock;
-use crate::coverage::{self, Path};
 use crate::node::Node;
 use crate::node::memory::segment_memory;
 
 mod stage;
 mod sync;
+mod watch;
+
+pub use watch::{RecoveryStage, RecoveryWatch};
 
 /// Which copies disk eviction takes first (the core's [`DiskEvictionOrder`], as a flag).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
@@ -127,6 +129,8 @@ pub struct DiskTierConfig {
     pub sync_interval: Duration,
     /// Most offload orders taken per sync.
     pub batch: u32,
+    /// Told before and after each recovery scan (simulations check what it reported).
+    pub watch: Option<RecoveryWatch>,
 }
 
 impl DiskTierConfig {
@@ -146,6 +150,7 @@ impl DiskTierConfig {
             slot_ttl: Duration::from_secs(5),
             sync_interval: Duration::from_millis(100),
             batch: 32,
+            watch: None,
         }
     }
 }
@@ -277,18 +282,22 @@ impl DiskTier {
     pub async fn open(config: DiskTierConfig, shared: bool) -> Result<OpenedDisk> {
         let memory = segment_memory(config.staging as usize, true, shared)?;
         let store = open_backend(open_disk(&config, &memory)?, &config)?;
+        if let Some(watch) = &config.watch {
+            (watch.0)(RecoveryStage::Scanning);
+        }
         let recovered = store
             .recover()
             .await
             .map_err(|e| io_error(ErrorCode::FILE_READ_FAIL, "disk recovery scan failed", e))?;
+        if let Some(watch) = &config.watch {
+            (watch.0)(RecoveryStage::Recovered(&recovered));
+        }
+        watch::hit_paths(config.backend, &recovered);
         let mut copies = DiskCopies::new();
         for held in recovered.objects {
             copies.insert(held.key, held.version, held.len, held.checksum, held.unit);
         }
         let (objects, bytes) = copies.usage();
-        if !recovered.dropped.is_empty() {
-            coverage::hit(Path::RECOVERY_DROPPED);
-        }
         info!(
             dir = %config.dir.display(),
             backend = store.name(),
