@@ -549,6 +549,17 @@ mod tests {
             .block_on(f)
     }
 
+    /// A disk that loses every unsynced write at a crash, with an empty file `a`.
+    async fn losing_disk() -> SimDisk {
+        let disk = SimDisk::new(1);
+        disk.set_faults(DiskFaults {
+            lost_on_crash: 1.0,
+            ..DiskFaults::default()
+        });
+        disk.create("a").await.unwrap();
+        disk
+    }
+
     async fn read_all(disk: &SimDisk, name: &str) -> Vec<u8> {
         let len = disk.len(name).await.unwrap() as usize;
         let mut buf = vec![0; len];
@@ -559,12 +570,7 @@ mod tests {
     #[test]
     fn a_crash_point_stops_the_disk_before_its_change_until_the_crash() {
         block_on(async {
-            let disk = SimDisk::new(1);
-            disk.set_faults(DiskFaults {
-                lost_on_crash: 1.0,
-                ..DiskFaults::default()
-            });
-            disk.create("a").await.unwrap();
+            let disk = losing_disk().await;
             // The write is the first change, the sync the second: it stops before the sync.
             disk.stop_before(2);
             write_copy(&disk, "a", 0, b"unsynced").await.unwrap();
@@ -592,12 +598,7 @@ mod tests {
     #[test]
     fn synced_writes_survive_a_crash_and_unsynced_ones_may_not() {
         block_on(async {
-            let disk = SimDisk::new(1);
-            disk.set_faults(DiskFaults {
-                lost_on_crash: 1.0,
-                ..DiskFaults::default()
-            });
-            disk.create("a").await.unwrap();
+            let disk = losing_disk().await;
             write_copy(&disk, "a", 0, b"durable").await.unwrap();
             disk.sync("a").await.unwrap();
             write_copy(&disk, "a", 7, b" and not").await.unwrap();

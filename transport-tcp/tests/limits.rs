@@ -43,19 +43,25 @@ async fn connect(addr: &str, token: &ClusterToken, identity: u128) -> (Framed, b
     (conn, served)
 }
 
-#[tokio::test]
-async fn one_identity_holds_at_most_its_share() {
+/// A master server with `limits` on a free loopback port, and its token.
+async fn serve(limits: Arc<ConnectionLimits>) -> (String, ClusterToken) {
     let token = ClusterToken::from_bytes([9; 32]);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let limits = ConnectionLimits::new(16, 4, 2);
-    let _server = spawn_rpc_server_with_limits(
+    // The server runs until the test's runtime ends.
+    drop(spawn_rpc_server_with_limits(
         listener,
         Arc::new(Refuser),
         Duration::ZERO,
         Some(token.clone()),
         limits,
-    );
+    ));
+    (addr, token)
+}
+
+#[tokio::test]
+async fn one_identity_holds_at_most_its_share() {
+    let (addr, token) = serve(ConnectionLimits::new(16, 4, 2)).await;
     let (first, served) = connect(&addr, &token, 1).await;
     assert!(served);
     let (_second, served) = connect(&addr, &token, 1).await;
@@ -76,18 +82,8 @@ async fn one_identity_holds_at_most_its_share() {
 
 #[tokio::test]
 async fn strangers_holding_the_handshake_room_never_keep_a_member_out() {
-    let token = ClusterToken::from_bytes([9; 32]);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
     let room = 8;
-    let limits = ConnectionLimits::new(1024, room, 64);
-    let _server = spawn_rpc_server_with_limits(
-        listener,
-        Arc::new(Refuser),
-        Duration::ZERO,
-        Some(token.clone()),
-        limits,
-    );
+    let (addr, token) = serve(ConnectionLimits::new(1024, room, 64)).await;
     // Far more silent sockets than the handshake room holds, all opened first.
     let mut strangers = Vec::new();
     for _ in 0..20 * room {
