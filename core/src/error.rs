@@ -73,8 +73,9 @@ error_codes! {
     WRITE_FAIL = -500, "writing the value to its replicas failed; retry the put";
     /// An argument was out of range or inconsistent.
     INVALID_PARAMS = -600, "an argument is out of range or inconsistent";
-    /// The operation came from a client other than the one that owns the write.
-    ILLEGAL_CLIENT = -601, "another client owns this write (yours was preempted, or you are finishing someone else's)";
+    /// The operation came from a client other than the one that owns the write (or id, or
+    /// segment), or from a member whose credential lacks the role it needs.
+    ILLEGAL_CLIENT = -601, "this client may not do that: another client owns what it names (a write it was preempted from, another's id or segment), or its credential lacks the role";
     /// A write was invalid.
     INVALID_WRITE = -700, "the write is not valid in the object's current state";
     /// A read was invalid.

@@ -63,6 +63,43 @@ pub fn handshake(payload: &[u8]) {
     payload_roundtrip::<Handshake>(payload);
 }
 
+/// Arbitrary bytes as a member's credential claims (the text a stranger's handshake carries
+/// to the master), a token file and a revocation list: refused with a reason or accepted, and
+/// accepted claims keep their one spelling.
+pub fn credential(data: &[u8]) {
+    use crate::auth::{Claims, Credential, Revocations};
+    if let Ok(claims) = Claims::decode(data) {
+        assert_eq!(claims.encode().as_bytes(), data, "claims have one spelling");
+        assert_eq!(Claims::decode(claims.encode().as_bytes()), Ok(claims));
+    }
+    let text = String::from_utf8_lossy(data);
+    if let Ok(credential) = Credential::parse(&text) {
+        let again = Credential::parse(&credential.to_file_text()).expect("a written file parses");
+        assert_eq!(again, credential, "a credential changed through its file");
+    }
+    let _ = Revocations::parse(&text);
+}
+
+/// Seeds of the credential corpus: claims, a member's file, the secret's, a revocation list.
+pub fn sample_credentials() -> Vec<Vec<u8>> {
+    use crate::auth::{Claims, Credential, Roles};
+    let secret = Credential::from_secret([5; 32]);
+    let claims = Claims {
+        name: "node-1".into(),
+        tenant: "team-a".into(),
+        roles: Roles::NODE.union(Roles::CLIENT),
+        serial: 0x1234_5678_9abc_def0,
+        expires: 1_900_000_000,
+    };
+    let member = secret.issue(claims.clone()).expect("the secret issues");
+    vec![
+        claims.encode().into_bytes(),
+        member.to_file_text().into_bytes(),
+        secret.to_file_text().into_bytes(),
+        b"serial 123456789abcdef0\nname team-a/node-1 # gone\n".to_vec(),
+    ]
+}
+
 /// Arbitrary bytes as either message of the same-host handoff (a node reads requests from any
 /// local process; a client reads replies from whatever answers on the socket): refused
 /// cleanly, or decoded to a value that survives encoding again.
@@ -399,6 +436,13 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
         Handshake::Answer {
             nonce: [8; 32],
             client: 3,
+            proof: [9; 32],
+        },
+        Handshake::MemberAnswer {
+            nonce: [8; 32],
+            client: 7 << 64,
+            claims: b"v1 name=n1 tenant=default roles=node serial=0000000000000009 expires=0"
+                .to_vec(),
             proof: [9; 32],
         },
         Handshake::Welcome { proof: [10; 32] },

@@ -13,7 +13,7 @@ use mooring_proto::wire::{FrameKind, HEADER_LEN};
 type Entry = fn(&[u8]);
 
 /// Each wire target with its entry point.
-const TARGETS: [(&str, Entry); 8] = [
+const TARGETS: [(&str, Entry); 9] = [
     ("wire_frame", fuzz::frame),
     ("master_request", fuzz::master_request),
     ("master_response", fuzz::master_response),
@@ -22,6 +22,7 @@ const TARGETS: [(&str, Entry); 8] = [
     ("handshake", fuzz::handshake),
     ("journal", fuzz::journal),
     ("shm_handoff", fuzz::shm_handoff),
+    ("credential", fuzz::credential),
 ];
 
 /// Every corpus input and its single-bit flips, plus random bytes, through every target.
@@ -76,6 +77,12 @@ fn write_seed_corpora() {
     let dir = corpus_dir("shm_handoff");
     std::fs::create_dir_all(&dir).expect("corpus dir");
     for input in fuzz::sample_handoffs() {
+        let name = format!("seed-{:08x}", crc32c::crc32c(&input));
+        std::fs::write(dir.join(name), &input).expect("corpus file");
+    }
+    let dir = corpus_dir("credential");
+    std::fs::create_dir_all(&dir).expect("corpus dir");
+    for input in fuzz::sample_credentials() {
         let name = format!("seed-{:08x}", crc32c::crc32c(&input));
         std::fs::write(dir.join(name), &input).expect("corpus file");
     }

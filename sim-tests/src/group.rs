@@ -36,7 +36,8 @@ pub async fn group_master(world: Arc<World>, k: usize) {
     let _serving = match world.plan.transport {
         Transport::Tcp => {
             let limits = ConnectionLimits::standard();
-            mooring::master::serve_rpc(&addr.to_string(), watched, Some(cluster_token()), limits)
+            let gate = mooring::master::control_gate(Some(cluster_token())).expect("the secret");
+            mooring::master::serve_rpc(&addr.to_string(), watched, gate, limits)
                 .await
                 .map(|(_, task)| task)
         }

@@ -12,7 +12,7 @@ use mooring::{
     StandaloneNode, random_client_id,
 };
 use mooring_core::{ClientId, Result};
-use mooring_proto::auth::ClusterToken;
+use mooring_proto::auth::Credential;
 use mooring_proto::transport::{ControlPlane, DataPlane, DataServer, RpcHandler};
 use mooring_transport_rdma::model::ModelVerbs;
 use mooring_transport_rdma::{RdmaClient, RdmaConfig, RdmaDataPlane, RdmaDataServer, RdmaServer};
@@ -29,8 +29,8 @@ use crate::world::{DATA_PORT, World, ip, master_addr};
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The simulated cluster's token: every TCP connection opens with the real handshake.
-pub(crate) fn cluster_token() -> ClusterToken {
-    ClusterToken::from_bytes([0x5A; 32])
+pub(crate) fn cluster_token() -> Credential {
+    Credential::from_secret([0x5A; 32])
 }
 
 pub(crate) fn io_error(what: &str, e: std::io::Error) -> mooring_core::Error {

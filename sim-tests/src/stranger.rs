@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use madsim::rand::Rng as _;
-use mooring_proto::auth::{ClusterToken, Handshake, NONCE_LEN, answer_challenge};
+use mooring_proto::auth::{Credential, Handshake, NONCE_LEN, Plane, answer_challenge};
 use mooring_transport_tcp::Framed;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -30,20 +30,24 @@ pub fn stranger_ip() -> IpAddr {
 /// master or one of the `nodes` data servers; attempts that stall run beside the next ones.
 pub async fn knock(world: Arc<World>) {
     let nodes = world.plan.shape.nodes;
-    let wrong = ClusterToken::from_bytes([0xBA; 32]);
+    let wrong = Credential::from_secret([0xBA; 32]);
     loop {
         let (target, kind) = {
             let mut rng = madsim::rand::thread_rng();
             let target = match rng.gen_range(0..=nodes) {
-                0 => master_addr(),
-                i => SocketAddr::new(ip(Member::Node(i - 1)), DATA_PORT),
+                0 => (master_addr(), Plane::Control),
+                i => (
+                    SocketAddr::new(ip(Member::Node(i - 1)), DATA_PORT),
+                    Plane::Data,
+                ),
             };
             (target, rng.gen_range(0..4u8))
         };
+        let (target, plane) = target;
         let (wrong, world) = (wrong.clone(), world.clone());
         tokio::spawn(async move {
             if let Ok(stream) = TcpStream::connect(target).await {
-                let outcome = attempt(stream, kind, &wrong).await;
+                let outcome = attempt(stream, kind, &wrong, plane).await;
                 debug!(%target, kind, "stranger attempt: {outcome:?}");
                 if outcome.as_ref().is_err_and(|e| e == ADMITTED) {
                     world.history().violation(format!(
@@ -57,7 +61,12 @@ pub async fn knock(world: Arc<World>) {
 }
 
 /// One attempt; what it got is only logged (the servers must refuse them all).
-async fn attempt(mut stream: TcpStream, kind: u8, wrong: &ClusterToken) -> Result<(), String> {
+async fn attempt(
+    mut stream: TcpStream,
+    kind: u8,
+    wrong: &Credential,
+    plane: Plane,
+) -> Result<(), String> {
     match kind {
         // A handshake with another cluster's token: the server must refuse it.
         0 => {
@@ -66,7 +75,7 @@ async fn attempt(mut stream: TcpStream, kind: u8, wrong: &ClusterToken) -> Resul
                 .read_message::<Handshake>()
                 .await
                 .map_err(|e| format!("{e:?}"))?;
-            let answer = answer_challenge(Some(wrong), &challenge, &[0x11; NONCE_LEN], 0)?;
+            let answer = answer_challenge(Some(wrong), plane, &challenge, &[0x11; NONCE_LEN], 0)?;
             conn.write_message(0, &answer, &[])
                 .await
                 .map_err(|e| e.to_string())?;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use mooring_core::{MasterConfig, Result};
-use mooring_proto::auth::ClusterToken;
+use mooring_proto::auth::Credential;
 use mooring_transport_tcp::LocalSegments;
 
 use crate::client::Client;
@@ -32,7 +32,7 @@ pub struct EmbeddedConfig {
     pub disk: Option<DiskTierConfig>,
     /// The cluster token every member proves (by default a fresh one: an embedded cluster
     /// is closed to strangers like any other).
-    pub token: Option<ClusterToken>,
+    pub token: Option<Credential>,
 }
 
 impl Default for EmbeddedConfig {
@@ -104,7 +104,7 @@ impl EmbeddedCluster {
     }
 
     /// The cluster token its members prove.
-    pub fn token(&self) -> Option<&ClusterToken> {
+    pub fn token(&self) -> Option<&Credential> {
         self.config.token.as_ref()
     }
 

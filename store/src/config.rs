@@ -49,9 +49,10 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 /// The units [`parse_duration`] accepts, for error messages.
-const DURATION_UNITS: &str = "us, ms, s, m or h (e.g. 50us, 500ms, 5s, 10m)";
+const DURATION_UNITS: &str = "us, ms, s, m, h or d (e.g. 50us, 500ms, 5s, 10m, 30d)";
 
-/// Parses a duration: a whole number and a unit (`us` or `µs`, `ms`, `s`, `m` or `min`, `h`).
+/// Parses a duration: a whole number and a unit (`us` or `µs`, `ms`, `s`, `m` or `min`, `h`,
+/// `d`).
 /// The one duration parser of every flag, file and environment variable. A bare `0` is zero
 /// (where the docs say zero turns something off); any other number without a unit is refused,
 /// because one reader's seconds are another's microseconds.
@@ -72,6 +73,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "s" => Some(Duration::from_secs(n)),
         "m" | "min" => n.checked_mul(60).map(Duration::from_secs),
         "h" => n.checked_mul(3600).map(Duration::from_secs),
+        "d" => n.checked_mul(86_400).map(Duration::from_secs),
         other => {
             return Err(format!(
                 "unknown duration unit {other:?} in {text:?}: use {DURATION_UNITS}"
@@ -285,6 +287,7 @@ mod tests {
     #[test]
     fn durations() {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("30d"), Ok(Duration::from_secs(30 * 86_400)));
         assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
         assert_eq!(parse_duration("20us"), Ok(Duration::from_micros(20)));
         assert_eq!(parse_duration(" 20 µs "), Ok(Duration::from_micros(20)));

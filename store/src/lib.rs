@@ -36,7 +36,7 @@ pub mod transports;
 pub mod tuning;
 
 pub use client::Client;
-pub use client::connect::{ClientConfig, SegmentConfig, random_client_id};
+pub use client::connect::{ClientConfig, SegmentConfig, client_id_for, random_client_id};
 pub use client::presence::{Contribution, Presence};
 pub use cluster::{EmbeddedCluster, EmbeddedConfig};
 pub use master::{MasterService, RunningMaster};

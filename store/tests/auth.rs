@@ -183,7 +183,7 @@ fn without_a_token_servers_stay_on_loopback_unless_told_insecure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_member_can_act_as_another() {
     use mooring_core::{ClientId, ErrorCode};
-    use mooring_proto::auth::ClusterToken;
+    use mooring_proto::auth::Credential;
     use mooring_proto::transport::ControlPlane;
     use mooring_proto::wire::{ListSegments, UnmountSegment};
     use mooring_transport_tcp::TcpControlPlane;
@@ -191,7 +191,7 @@ async fn no_member_can_act_as_another() {
     let dir = scratch("impostor");
     let token_file = dir.join("token");
     new_token(&token_file);
-    let token = ClusterToken::parse(&std::fs::read_to_string(&token_file).unwrap()).unwrap();
+    let token = Credential::parse(&std::fs::read_to_string(&token_file).unwrap()).unwrap();
     let token_file = token_file.to_str().unwrap();
     let (addr, _cluster) = token_cluster(token_file);
     // A member holding the token, speaking for itself...

@@ -327,7 +327,8 @@ async fn an_offload_order_outside_the_segment_is_refused_not_allocated() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let master = listener.local_addr().unwrap().to_string();
     let _server =
-        mooring_transport_tcp::spawn_rpc_server(listener, handler.clone(), Duration::ZERO, None);
+        mooring_transport_tcp::spawn_rpc_server(listener, handler.clone(), Duration::ZERO, None)
+            .unwrap();
     let segment = node_0(tier(dir.0.join("node-0"), DiskBackend::FilePerKey));
     let local = Arc::new(mooring_transport_tcp::LocalSegments::default());
     let node = mooring::StandaloneNode::start(&master, None, &segment, local, None)

@@ -69,7 +69,7 @@ impl RpcHandler for Liar {
 async fn lies_become_errors_not_aborts() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let _server = spawn_rpc_server(listener, Arc::new(Liar), Duration::ZERO, None);
+    let _server = spawn_rpc_server(listener, Arc::new(Liar), Duration::ZERO, None).unwrap();
     let client = Client::connect(ClientConfig::new(&addr)).await.unwrap();
     for key in ["huge", "disagree", "empty"] {
         let err = client.get(key).await.unwrap_err();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use mooring::{Client, Contribution, NodeConfig, RunningMaster, StandaloneNode, random_client_id};
 use mooring_core::{ErrorCode, MasterConfig, ReplicateConfig};
-use mooring_proto::auth::ClusterToken;
+use mooring_proto::auth::Credential;
 use mooring_proto::transport::DataServer;
 use mooring_transport_rdma::model::{Fabric, ModelVerbs};
 use mooring_transport_rdma::{RdmaClient, RdmaConfig, RdmaDataPlane, RdmaDataServer, RdmaServer};
@@ -20,7 +20,7 @@ const NODE_SIZE: u64 = 32 << 20;
 
 struct Cluster {
     master: RunningMaster,
-    token: Option<ClusterToken>,
+    token: Option<Credential>,
     fabric: Fabric,
     nodes: Vec<(StandaloneNode, Option<u16>)>,
 }

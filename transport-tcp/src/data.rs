@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use mooring_core::{Checksum, Error, ErrorCode, Result};
-use mooring_proto::auth::ClusterToken;
+use mooring_proto::auth::{Credential, Gate, Plane};
 use mooring_proto::serve::{DataService, Ranges, Served};
 use mooring_proto::summing::{STEP, Summing};
 use mooring_proto::trace::TraceId;
@@ -60,7 +60,8 @@ pub struct TcpDataServer {
     local: Arc<LocalSegments>,
     accept: Mutex<Option<JoinHandle<()>>>,
     spin: Duration,
-    token: Option<ClusterToken>,
+    /// Checks that each connection's peer holds this cluster's data-plane key.
+    gate: Gate,
     /// Connections open now, capped in total, in their handshake and per identity.
     limits: Arc<ConnectionLimits>,
 }
@@ -87,7 +88,7 @@ impl TcpDataServer {
         local: Arc<LocalSegments>,
         key_seed: u64,
         spin: Duration,
-        token: Option<ClusterToken>,
+        token: Option<Credential>,
     ) -> Result<Arc<TcpDataServer>> {
         let listener = TcpListener::bind(bind).await.map_err(|e| {
             Error::new(
@@ -104,7 +105,8 @@ impl TcpDataServer {
             local,
             accept: Mutex::new(None),
             spin,
-            token,
+            gate: Gate::new(token, Plane::Data)
+                .map_err(|e| Error::new(ErrorCode::INVALID_PARAMS, e))?,
             limits: ConnectionLimits::standard(),
         });
         let weak = Arc::downgrade(&server);
@@ -131,14 +133,14 @@ impl TcpDataServer {
                     let mut conn =
                         Framed::new(stream, server.spin).follow_pace(server.spin * PACE_CAP);
                     let identity = tokio::select! {
-                        identity = handshake::server(&mut conn, server.token.as_ref()) => identity,
+                        identity = handshake::server(&mut conn, &server.gate) => identity,
                         () = handshaking.dismissed() => Err(crate::limits::DISMISSED.to_string()),
                     };
                     // An open connection must not keep the server (its listener, its port)
                     // alive once its owner drops it: it holds the server only per request.
                     let serving = Arc::downgrade(&server);
                     drop(server);
-                    match identity.and_then(|(id, _)| handshaking.authenticated(id)) {
+                    match identity.and_then(|(peer, _)| handshaking.authenticated(peer.client)) {
                         Ok(_admitted) => {
                             TcpDataServer::serve_connection(&serving, conn, &peer).await
                         }
@@ -339,7 +341,7 @@ pub struct DataPlaneConfig {
     /// Largest transfer one request carries; bigger transfers are pipelined as several.
     pub request_bulk: u64,
     /// The cluster token every connection proves (see [`crate::handshake`]).
-    pub token: Option<ClusterToken>,
+    pub token: Option<Credential>,
     /// The identity every connection names in its handshake (the client id; 0: none):
     /// servers cap connections per identity.
     pub identity: u128,
@@ -450,6 +452,7 @@ impl TcpDataPlane {
         handshake::client(
             &mut framed,
             self.config.token.as_ref(),
+            Plane::Data,
             self.config.identity,
         )
         .await

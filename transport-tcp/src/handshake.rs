@@ -1,5 +1,6 @@
 //! The handshake that opens every TCP connection (see `mooring_proto::auth`): the server
-//! challenges, the client proves it holds the cluster token, the server proves it back. A
+//! challenges, the client proves its credential (to a master: the secret or its member
+//! credential; to a node: the data-plane key), the server proves it back. A
 //! peer that fails gets one clear refusal frame and the connection closes; it never reaches a
 //! request handler.
 
@@ -9,7 +10,8 @@ use mooring_core::client::FenceRule;
 use tokio::time::Instant;
 
 use mooring_proto::auth::{
-    ClusterToken, Handshake, NONCE_LEN, answer_challenge, check_welcome, judge_answer,
+    Credential, Gate, Handshake, NONCE_LEN, Peer, Plane, answer_challenge, check_welcome,
+    judge_answer,
 };
 
 use crate::framed::{Framed, ReadError};
@@ -64,11 +66,12 @@ impl ConnectionClock {
     }
 }
 
-/// The client's side, speaking for client id `client` (0: none): answers
-/// the server's challenge and checks its welcome.
+/// The client's side on `plane`, speaking for client id `client` (0: none): answers the
+/// server's challenge and checks its welcome.
 pub async fn client(
     conn: &mut Framed,
-    token: Option<&ClusterToken>,
+    token: Option<&Credential>,
+    plane: Plane,
     client: u128,
 ) -> Result<ConnectionClock, String> {
     let exchange = async {
@@ -77,7 +80,7 @@ pub async fn client(
             .await
             .map_err(unreadable)?;
         let own = nonce();
-        let answer = answer_challenge(token, &challenge, &own, client)?;
+        let answer = answer_challenge(token, plane, &challenge, &own, client)?;
         let origin = Instant::now();
         conn.write_message(0, &answer, &[])
             .await
@@ -87,7 +90,7 @@ pub async fn client(
             .await
             .map_err(unreadable)?;
         let rtt = origin.elapsed();
-        check_welcome(token, &own, &challenge, &last)?;
+        check_welcome(token, plane, &own, &challenge, &last)?;
         Ok(ConnectionClock { origin, rtt })
     };
     match tokio::time::timeout(HANDSHAKE_DEADLINE, exchange).await {
@@ -98,18 +101,15 @@ pub async fn client(
     }
 }
 
-/// The server's side: challenges, judges the answer, and welcomes or refuses (then the caller
-/// closes). Returns the client id the peer proved it speaks for (0: none) and when its answer
-/// arrived (its send time zero; see [`ConnectionClock`]). Bounded by [`HANDSHAKE_DEADLINE`].
-pub async fn server(
-    conn: &mut Framed,
-    token: Option<&ClusterToken>,
-) -> Result<(u128, Instant), String> {
+/// The server's side behind `gate`: challenges, judges the answer, and welcomes or refuses
+/// (then the caller closes). Returns who the peer proved it is and when its answer arrived
+/// (its send time zero; see [`ConnectionClock`]). Bounded by [`HANDSHAKE_DEADLINE`].
+pub async fn server(conn: &mut Framed, gate: &Gate) -> Result<(Peer, Instant), String> {
     let exchange = async {
         let own = nonce();
         let challenge = Handshake::Challenge {
             nonce: own,
-            token_required: token.is_some(),
+            token_required: gate.credential().is_some(),
         };
         conn.write_message(0, &challenge, &[])
             .await
@@ -119,11 +119,11 @@ pub async fn server(
             .await
             .map_err(unreadable)?;
         let answered = Instant::now();
-        match judge_answer(token, &own, &answer) {
-            Ok((welcome, client)) => conn
+        match judge_answer(gate, &own, &answer, unix_now()) {
+            Ok((welcome, peer)) => conn
                 .write_message(0, &welcome, &[])
                 .await
-                .map(|()| (client, answered))
+                .map(|()| (peer, answered))
                 .map_err(|e| format!("welcome send failed: {e}")),
             Err(reason) => {
                 let refusal = Handshake::Refused {
@@ -140,6 +140,13 @@ pub async fn server(
             "no handshake within {HANDSHAKE_DEADLINE:?}; closing"
         )),
     }
+}
+
+/// Seconds since the Unix epoch, by the wall clock credentials' expiry is written in.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn unreadable(e: ReadError) -> String {

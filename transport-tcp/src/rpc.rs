@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use mooring_core::{ClientId, Error, ErrorCode, Result};
-use mooring_proto::auth::ClusterToken;
+use mooring_proto::auth::{Credential, Gate, Peer, Plane, Roles};
 use mooring_proto::serve::SenderClock;
 use mooring_proto::trace::TraceId;
 use mooring_proto::transport::{Answer, BoxFuture, ControlPlane, RpcHandler};
@@ -56,7 +56,7 @@ pub struct TcpControlPlane {
     idle: std::sync::Mutex<Vec<(ControlConn, Instant)>>,
     timeout: Duration,
     spin: Duration,
-    token: Option<ClusterToken>,
+    token: Option<Credential>,
     client: ClientId,
 }
 
@@ -72,7 +72,7 @@ impl TcpControlPlane {
         addr: impl Into<String>,
         timeout: Duration,
         spin: Duration,
-        token: Option<ClusterToken>,
+        token: Option<Credential>,
         client: ClientId,
     ) -> Arc<TcpControlPlane> {
         let addr = addr.into();
@@ -93,7 +93,7 @@ impl TcpControlPlane {
         discover: Discover,
         timeout: Duration,
         spin: Duration,
-        token: Option<ClusterToken>,
+        token: Option<Credential>,
         client: ClientId,
     ) -> Arc<TcpControlPlane> {
         let r#where = r#where.into();
@@ -107,7 +107,7 @@ impl TcpControlPlane {
         discover: Option<Discover>,
         timeout: Duration,
         spin: Duration,
-        token: Option<ClusterToken>,
+        token: Option<Credential>,
         client: ClientId,
     ) -> Arc<TcpControlPlane> {
         Arc::new(TcpControlPlane {
@@ -173,9 +173,14 @@ impl TcpControlPlane {
                 format!("cannot connect to the master at {addr}: {e}"),
             )
         })?;
-        let clock = handshake::client(&mut conn, self.token.as_ref(), self.client.0)
-            .await
-            .map_err(|e| Error::new(ErrorCode::RPC_FAIL, format!("master at {addr}: {e}")))?;
+        let clock = handshake::client(
+            &mut conn,
+            self.token.as_ref(),
+            Plane::Control,
+            self.client.0,
+        )
+        .await
+        .map_err(|e| Error::new(ErrorCode::RPC_FAIL, format!("master at {addr}: {e}")))?;
         Ok(ControlConn {
             framed: conn,
             clock,
@@ -377,24 +382,35 @@ impl ControlPlane for TcpControlPlane {
     }
 }
 
-/// Serves `handler` on every connection `listener` accepts whose peer proves it holds `token`,
-/// until the task is aborted. Each connection busy-polls for up to `spin` for its next request
-/// before parking (a client making back-to-back calls is answered without an epoll wake-up).
+/// Serves `handler` on every connection `listener` accepts whose peer proves it holds `token`
+/// or a member credential issued from it, until the task is aborted. Each connection
+/// busy-polls for up to `spin` for its next request before parking (a client making
+/// back-to-back calls is answered without an epoll wake-up). Fails when `token` is a member's
+/// credential: only the cluster token verifies others.
 pub fn spawn_rpc_server(
     listener: TcpListener,
     handler: Arc<dyn RpcHandler>,
     spin: Duration,
-    token: Option<ClusterToken>,
-) -> JoinHandle<()> {
-    spawn_rpc_server_with_limits(listener, handler, spin, token, ConnectionLimits::standard())
+    token: Option<Credential>,
+) -> Result<JoinHandle<()>> {
+    let gate =
+        Gate::new(token, Plane::Control).map_err(|e| Error::new(ErrorCode::INVALID_PARAMS, e))?;
+    Ok(spawn_rpc_server_with_limits(
+        listener,
+        handler,
+        spin,
+        Arc::new(gate),
+        ConnectionLimits::standard(),
+    ))
 }
 
-/// [`spawn_rpc_server`] with the connection caps `limits`.
+/// [`spawn_rpc_server`] behind `gate` (whose revocation list may change while it serves),
+/// with the connection caps `limits`.
 pub fn spawn_rpc_server_with_limits(
     listener: TcpListener,
     handler: Arc<dyn RpcHandler>,
     spin: Duration,
-    token: Option<ClusterToken>,
+    gate: Arc<Gate>,
     limits: Arc<ConnectionLimits>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -414,110 +430,135 @@ pub fn spawn_rpc_server_with_limits(
                     continue;
                 }
             };
-            let (handler, token) = (handler.clone(), token.clone());
+            let (handler, gate) = (handler.clone(), gate.clone());
             tokio::spawn(async move {
-                let peer = peer.to_string();
+                let address = peer.to_string();
                 let mut conn = Framed::new(stream, spin).follow_pace(spin * PACE_CAP);
-                let client = tokio::select! {
-                    client = handshake::server(&mut conn, token.as_ref()) => client,
+                let proven = tokio::select! {
+                    proven = handshake::server(&mut conn, &gate) => proven,
                     () = handshaking.dismissed() => Err(crate::limits::DISMISSED.to_string()),
                 };
-                match client
-                    .and_then(|(id, answered)| Ok((id, answered, handshaking.authenticated(id)?)))
-                {
-                    Ok((client, answered, _admitted)) => {
+                match proven.and_then(|(member, answered)| {
+                    let admitted = handshaking.authenticated(member.client)?;
+                    Ok((member, answered, admitted))
+                }) {
+                    Ok((member, answered, _admitted)) => {
                         let clock = PeerClock::from_handshake(answered);
-                        serve_connection(conn, &*handler, &peer, ClientId(client), clock).await
+                        let connection = Connection {
+                            handler: &*handler,
+                            gate: &gate,
+                            address: &address,
+                            member,
+                        };
+                        connection.serve(conn, clock).await
                     }
-                    Err(e) => refusals::refused(&peer, &e),
+                    Err(e) => refusals::refused(&address, &e),
                 }
             });
         }
     })
 }
 
-/// Serves one connection that speaks for client `bound`: a request naming another client is
-/// refused (no peer may act as another's id: end its writes, unmount its segments), and so is
-/// one that arrives after its sender stopped waiting (`clock` turns its validity into a
-/// deadline here).
-async fn serve_connection(
-    mut conn: Framed,
-    handler: &dyn RpcHandler,
-    peer: &str,
-    bound: ClientId,
-    mut clock: PeerClock,
-) {
-    loop {
-        let next = tokio::time::timeout(IDLE_TIMEOUT, conn.read_message::<ControlRequest>());
-        let Ok(next) = next.await else {
-            debug!(
-                peer,
-                "closing a control connection idle for {IDLE_TIMEOUT:?}"
-            );
-            return;
-        };
-        let (id, sent) = match next {
-            Ok(message) => message,
-            Err(ReadError::Closed) => return,
-            Err(ReadError::Io(e)) => {
-                debug!(peer, "connection ended: {e}");
-                return;
-            }
-            Err(ReadError::Frame(e)) => {
-                refusals::refused(peer, &format!("closing the connection: {e}"));
-                return;
-            }
-        };
-        // The request's id is its operation's trace id: the handler's lines carry it.
-        let span = tracing::debug_span!("request", trace = %TraceId(id));
-        let late = clock.expired(sent.sent_at_us, sent.valid_for_us);
-        let request = sent.request;
-        let response = span.in_scope(|| match request.client() {
-            _ if late => {
-                refusals::refused(
+/// One authenticated control connection: the member it proved to be, behind which gate.
+struct Connection<'a> {
+    handler: &'a dyn RpcHandler,
+    gate: &'a Gate,
+    address: &'a str,
+    member: Peer,
+}
+
+impl Connection<'_> {
+    /// Serves requests until the peer leaves. Each is refused if it arrives after its sender
+    /// stopped waiting (`clock` turns its validity into a deadline here), once the member's
+    /// credential has expired or been revoked (then the connection closes), or if the member
+    /// may not make it (`MasterRequest::refusal_for`: another client's id, a role it lacks).
+    async fn serve(&self, mut conn: Framed, mut clock: PeerClock) {
+        let peer = self.address;
+        loop {
+            let next = tokio::time::timeout(IDLE_TIMEOUT, conn.read_message::<ControlRequest>());
+            let Ok(next) = next.await else {
+                debug!(
                     peer,
-                    &format!(
-                        "{} arrived after its sender stopped waiting (delayed in the network); \
-                         not applied",
-                        request.name()
-                    ),
+                    "closing a control connection idle for {IDLE_TIMEOUT:?}"
                 );
-                Answer::Now(Err(Error::new(
-                    ErrorCode::RPC_FAIL,
-                    format!(
-                        "the {} reached the master after its sender's deadline, so it was not \
-                         applied; send it again",
-                        request.name()
-                    ),
-                )))
-            }
-            Some(named) if named != bound => {
-                refusals::refused(
-                    peer,
-                    &format!(
-                        "{} names {named:?} on a connection of {bound:?}",
-                        request.name()
-                    ),
-                );
-                Answer::Now(Err(Error::new(
-                    ErrorCode::ILLEGAL_CLIENT,
-                    format!("this connection speaks for {bound:?}; it cannot act as {named:?}"),
-                )))
-            }
-            _ => {
-                if request.is_admin() {
-                    info!(peer, client = ?bound, request = request.name(), "admin request");
+                return;
+            };
+            let (id, sent) = match next {
+                Ok(message) => message,
+                Err(ReadError::Closed) => return,
+                Err(ReadError::Io(e)) => {
+                    debug!(peer, "connection ended: {e}");
+                    return;
                 }
-                handler.answer(request)
+                Err(ReadError::Frame(e)) => {
+                    refusals::refused(peer, &format!("closing the connection: {e}"));
+                    return;
+                }
+            };
+            // The request's id is its operation's trace id: the handler's lines carry it.
+            let span = tracing::debug_span!("request", trace = %TraceId(id));
+            let late = clock.expired(sent.sent_at_us, sent.valid_for_us);
+            let lapsed = self
+                .gate
+                .still_valid(&self.member, handshake::unix_now())
+                .err();
+            let request = sent.request;
+            let response = span.in_scope(|| self.answer(request, late, lapsed.as_deref()));
+            let response = match response {
+                Answer::Now(response) => response,
+                Answer::WhenDurable(durable) => durable.await,
+            };
+            if let Err(e) = conn.write_message(id, &response, &[]).await {
+                debug!(peer, "reply failed: {e}");
+                return;
             }
-        });
-        let response = match response {
-            Answer::Now(response) => response,
-            Answer::WhenDurable(durable) => durable.await,
-        };
-        if let Err(e) = conn.write_message(id, &response, &[]).await {
-            debug!(peer, "reply failed: {e}");
-            return;
+            if lapsed.is_some() {
+                return;
+            }
+        }
+    }
+
+    fn answer(&self, request: MasterRequest, late: bool, lapsed: Option<&str>) -> Answer {
+        let peer = self.address;
+        if late {
+            refusals::refused(
+                peer,
+                &format!(
+                    "{} arrived after its sender stopped waiting (delayed in the network); \
+                     not applied",
+                    request.name()
+                ),
+            );
+            return Answer::Now(Err(Error::new(
+                ErrorCode::RPC_FAIL,
+                format!(
+                    "the {} reached the master after its sender's deadline, so it was not \
+                     applied; send it again",
+                    request.name()
+                ),
+            )));
+        }
+        if let Some(why) = lapsed {
+            refusals::refused(peer, why);
+            return Answer::Now(Err(Error::new(ErrorCode::ILLEGAL_CLIENT, why)));
+        }
+        if let Some(refusal) = request.refusal_for(&self.member) {
+            refusals::refused(peer, &format!("{}: {refusal}", request.name()));
+            return Answer::Now(Err(refusal));
+        }
+        if request.is_admin() {
+            info!(peer, member = %self.member.name, request = request.name(), "admin request");
+        }
+        let sees_owners = self
+            .member
+            .roles
+            .intersects(Roles::NODE.union(Roles::ADMIN));
+        match self.handler.answer(request) {
+            Answer::Now(Ok(mut reply)) if !sees_owners => {
+                reply.hide_owners(ClientId(self.member.client));
+                Answer::Now(Ok(reply))
+            }
+            answer => answer,
         }
     }
 }

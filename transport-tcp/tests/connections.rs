@@ -36,7 +36,9 @@ async fn a_write_under_way_stops_landing_when_its_segment_is_unexported() {
     let mut conn = Framed::connect(&node.endpoint, Duration::ZERO)
         .await
         .unwrap();
-    let clock = handshake::client(&mut conn, None, 0x77).await.unwrap();
+    let clock = handshake::client(&mut conn, None, mooring_proto::auth::Plane::Control, 0x77)
+        .await
+        .unwrap();
     let write = DataRequest::Write {
         key: node.key,
         ranges: vec![Range {
@@ -88,7 +90,9 @@ async fn a_dropped_server_frees_its_port_while_a_client_stays_connected() {
     let endpoint = server.endpoint().to_string();
     // A client with an idle pooled connection, as every reader keeps one.
     let mut conn = Framed::connect(&endpoint, Duration::ZERO).await.unwrap();
-    handshake::client(&mut conn, None, 0x78).await.unwrap();
+    handshake::client(&mut conn, None, mooring_proto::auth::Plane::Control, 0x78)
+        .await
+        .unwrap();
     drop(server);
     let mut bound = None;
     for _ in 0..200 {

@@ -45,7 +45,9 @@ fn serve(handler: Arc<dyn RpcHandler>) -> String {
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap().to_string()).unwrap();
-            let _ = spawn_rpc_server(listener, handler, Duration::ZERO, None).await;
+            let _ = spawn_rpc_server(listener, handler, Duration::ZERO, None)
+                .unwrap()
+                .await;
         });
     });
     rx.recv().unwrap()

@@ -25,7 +25,7 @@ async fn server() -> (String, Arc<Counter>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let counter = Arc::new(Counter::default());
-    spawn_rpc_server(listener, counter.clone(), Duration::ZERO, None);
+    spawn_rpc_server(listener, counter.clone(), Duration::ZERO, None).unwrap();
     (addr, counter)
 }
 
@@ -47,7 +47,9 @@ async fn send(conn: &mut Framed, sent_at: Duration, valid_for: Duration) -> Mast
 async fn a_request_past_its_validity_is_refused_and_not_applied() {
     let (addr, counter) = server().await;
     let mut conn = Framed::connect(&addr, Duration::ZERO).await.unwrap();
-    let clock = handshake::client(&mut conn, None, 1).await.unwrap();
+    let clock = handshake::client(&mut conn, None, mooring_proto::auth::Plane::Control, 1)
+        .await
+        .unwrap();
 
     // Sent now, valid for a second: applied.
     let response = send(&mut conn, clock.origin.elapsed(), Duration::from_secs(1)).await;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mooring_core::{Error, ErrorCode};
-use mooring_proto::auth::ClusterToken;
+use mooring_proto::auth::{Credential, Gate, Plane};
 use mooring_proto::transport::RpcHandler;
 use mooring_proto::wire::{ControlRequest, GetStats, MasterRequest, MasterResponse};
 use mooring_transport_tcp::limits::ConnectionLimits;
@@ -25,9 +25,9 @@ impl RpcHandler for Refuser {
 
 /// A connection that finished the handshake as `identity`, and whether a request on it is
 /// answered.
-async fn connect(addr: &str, token: &ClusterToken, identity: u128) -> (Framed, bool) {
+async fn connect(addr: &str, token: &Credential, identity: u128) -> (Framed, bool) {
     let mut conn = Framed::connect(addr, Duration::ZERO).await.unwrap();
-    handshake::client(&mut conn, Some(token), identity)
+    handshake::client(&mut conn, Some(token), Plane::Control, identity)
         .await
         .unwrap();
     let request = ControlRequest {
@@ -44,8 +44,8 @@ async fn connect(addr: &str, token: &ClusterToken, identity: u128) -> (Framed, b
 }
 
 /// A master server with `limits` on a free loopback port, and its token.
-async fn serve(limits: Arc<ConnectionLimits>) -> (String, ClusterToken) {
-    let token = ClusterToken::from_bytes([9; 32]);
+async fn serve(limits: Arc<ConnectionLimits>) -> (String, Credential) {
+    let token = Credential::from_secret([9; 32]);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     // The server runs until the test's runtime ends.
@@ -53,7 +53,7 @@ async fn serve(limits: Arc<ConnectionLimits>) -> (String, ClusterToken) {
         listener,
         Arc::new(Refuser),
         Duration::ZERO,
-        Some(token.clone()),
+        Arc::new(Gate::new(Some(token.clone()), Plane::Control).unwrap()),
         limits,
     ));
     (addr, token)

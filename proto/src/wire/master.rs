@@ -5,7 +5,7 @@ use rkyv::rancor;
 use rkyv::util::AlignedVec;
 
 use mooring_core::{
-    Checksum, ClientId, CopyGrant, DiskReport, DiskSyncAck, Error, HeartbeatAck, HoldId,
+    Checksum, ClientId, CopyGrant, DiskReport, DiskSyncAck, Error, ErrorCode, HeartbeatAck, HoldId,
     KeyListing, PrefetchGrant, PutGrant, ReplicaList, ReplicateConfig, SegmentId, SegmentInfo,
     SegmentSpec, StatsReport, TaskId, TaskReport, WriteId,
 };
@@ -13,6 +13,7 @@ use mooring_core::{
 use super::cluster::ClusterInfo;
 use super::frame::{FrameError, FrameKind, WireMessage, wire_message};
 use super::standby::{FollowChunk, StateFile};
+use crate::auth::{Peer, Roles};
 
 pub use messages::*;
 
@@ -289,6 +290,85 @@ impl MasterRequest {
         )
     }
 
+    /// Why `peer` may not make this request, if it may not: it names a client other than the
+    /// one the connection speaks for (no peer acts as another's id: ends its writes, unmounts
+    /// its segments, says its goodbye), or it needs a role the peer's credential lacks.
+    pub fn refusal_for(&self, peer: &Peer) -> Option<Error> {
+        let bound = ClientId(peer.client);
+        if let Some(named) = self.client().filter(|named| *named != bound) {
+            return Some(Error::new(
+                ErrorCode::ILLEGAL_CLIENT,
+                format!("this connection speaks for {bound:?}; it cannot act as {named:?}"),
+            ));
+        }
+        let needed = self.roles_needed();
+        match peer.roles.intersects(needed) {
+            true => None,
+            false => Some(Error::new(
+                ErrorCode::ILLEGAL_CLIENT,
+                format!(
+                    "{}/{} holds the roles {}, and {} needs {}; issue it a credential with that \
+                     role (`mooring token issue --role ...`)",
+                    peer.tenant,
+                    peer.name,
+                    peer.roles,
+                    self.name(),
+                    match needed {
+                        Roles::ALL => "any".to_string(),
+                        needed => format!("one of {needed}"),
+                    }
+                ),
+            )),
+        }
+    }
+
+    /// The roles of which a peer needs one to make this request. Reads of the cluster's shape
+    /// and a client's own presence need none; what a member does as a node, a client or a
+    /// standby needs that role; removing everything needs an admin.
+    pub fn roles_needed(&self) -> Roles {
+        use MasterRequest as R;
+        match self {
+            R::Hello(_)
+            | R::Heartbeat(_)
+            | R::Goodbye(_)
+            | R::DescribeSegments(_)
+            | R::ListSegments(_)
+            | R::GetStats(_)
+            | R::BatchQueryIp(_)
+            | R::QueryTask(_) => Roles::ALL,
+            R::MountSegment(_) | R::UnmountSegment(_) | R::DiskSync(_) | R::TakeRepairs(_) => {
+                Roles::NODE
+            }
+            // Nodes run repair copies, clients their own copies and moves.
+            R::TaskEnd(_) | R::TaskRevoke(_) | R::TaskAbort(_) => Roles::NODE.union(Roles::CLIENT),
+            R::Follow(_) => Roles::STANDBY,
+            R::RemoveAll(_) => Roles::ADMIN,
+            R::PutStart(_)
+            | R::PutEnd(_)
+            | R::PutRevoke(_)
+            | R::PutAbort(_)
+            | R::BatchPutStart(_)
+            | R::BatchPutEnd(_)
+            | R::BatchPutRevoke(_)
+            | R::ExistPrefetch(_)
+            | R::BatchExistPrefetch(_)
+            | R::AcquireHold(_)
+            | R::ReleaseHold(_)
+            | R::CopyStart(_)
+            | R::MoveStart(_)
+            | R::BatchReplicaClear(_)
+            | R::GetReplicaList(_)
+            | R::BatchGetReplicaList(_)
+            | R::Exist(_)
+            | R::BatchExist(_)
+            | R::GetSize(_)
+            | R::Remove(_)
+            | R::RemoveByRegex(_)
+            | R::QueryByRegex(_)
+            | R::ListKeys(_) => Roles::CLIENT,
+        }
+    }
+
     /// Whether it changes the cluster wholesale (removes many objects, unmounts): logged with
     /// the peer that asked.
     pub fn is_admin(&self) -> bool {
@@ -325,3 +405,20 @@ pub struct ControlRequest {
 
 wire_message!(ControlRequest, FrameKind::MasterRequest);
 wire_message!(MasterResponse, FrameKind::MasterResponse);
+
+impl Reply {
+    /// Blanks the owners of segments `viewer` does not own, for a peer that is neither a node
+    /// nor an admin: a client needs a segment's address and key to read, never who mounted it.
+    pub fn hide_owners(&mut self, viewer: ClientId) {
+        let hide = |info: &mut SegmentInfo| {
+            if info.owner != viewer {
+                info.owner = ClientId(0);
+            }
+        };
+        match self {
+            Reply::ListSegments(list) => list.iter_mut().for_each(hide),
+            Reply::DescribeSegments(list) => list.iter_mut().flatten().for_each(hide),
+            _ => {}
+        }
+    }
+}

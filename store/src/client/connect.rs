@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mooring_core::{ClientId, Result};
-use mooring_proto::auth::ClusterToken;
+use mooring_proto::auth::Credential;
 
 use mooring_transport_tcp::{
     DataPlaneConfig, LocalSegments, TcpControlPlane, TcpDataPlane, TcpDataServer,
@@ -44,7 +44,7 @@ pub struct ClientConfig {
     /// Memory this client contributes, if any.
     pub segment: Option<SegmentConfig>,
     /// The cluster token; when `None`, the file `MOORING_TOKEN_FILE` names, if set.
-    pub token: Option<ClusterToken>,
+    pub token: Option<Credential>,
     /// How to reach nodes (`auto`: RDMA where a node serves it and this process has a
     /// device, else TCP).
     pub transport: crate::transports::TransportChoice,
@@ -107,6 +107,13 @@ pub fn random_client_id() -> ClientId {
     }
 }
 
+/// A fresh client id for a holder of `token`: a member credential's ids carry its tag in the
+/// high half, and the master refuses any other id from it.
+pub fn client_id_for(token: Option<&Credential>) -> ClientId {
+    let random = random_client_id();
+    token.map_or(random, |token| ClientId(token.client_id(random.0)))
+}
+
 /// The TCP transports of one process member, sharing its local-segment registry.
 struct Transports {
     control: Arc<TcpControlPlane>,
@@ -120,7 +127,7 @@ struct Transports {
 pub fn control_plane(
     master: &str,
     timeout: Duration,
-    token: Option<ClusterToken>,
+    token: Option<Credential>,
     id: ClientId,
 ) -> Result<Arc<TcpControlPlane>> {
     let spin = crate::tuning::client_spin();
@@ -141,7 +148,7 @@ pub fn control_plane(
 fn transports(
     config: &ClientConfig,
     id: ClientId,
-    token: Option<ClusterToken>,
+    token: Option<Credential>,
     local: Arc<LocalSegments>,
 ) -> Result<Transports> {
     Ok(Transports {
@@ -166,7 +173,7 @@ fn transports(
 /// Starts a data server for `segment` and describes the contribution.
 pub(crate) async fn contribution(
     segment: &SegmentConfig,
-    token: Option<ClusterToken>,
+    token: Option<Credential>,
     local: Arc<LocalSegments>,
 ) -> Result<Contribution> {
     // Data-plane keys derive from a fresh random seed, not from anything a peer can see.
@@ -206,11 +213,11 @@ impl Client {
     /// [`Client::connect`] sharing `local` with other members of this process, so transfers
     /// to their segments are a `memcpy`.
     pub async fn connect_with(config: ClientConfig, local: Arc<LocalSegments>) -> Result<Client> {
-        let id = config.id.unwrap_or_else(random_client_id);
         let token = match &config.token {
             Some(token) => Some(token.clone()),
             None => crate::token::resolve(None)?,
         };
+        let id = config.id.unwrap_or_else(|| client_id_for(token.as_ref()));
         let t = transports(&config, id, token.clone(), local)?;
         let contribution = match &config.segment {
             Some(segment) => Some(contribution(segment, token, t.local).await?),

@@ -9,7 +9,7 @@ use etcd_client::{
 };
 use mooring_core::leadership::LeaderLease;
 use mooring_core::{Error, ErrorCode, MasterConfig, Millis, Result};
-use mooring_proto::auth::ClusterToken;
+use mooring_proto::auth::Credential;
 use mooring_proto::state_dir::StateDir;
 use mooring_proto::transport::{BoxFuture, ControlPlane};
 use mooring_transport_tcp::TcpControlPlane;
@@ -57,7 +57,7 @@ pub struct GroupConfig {
     /// Journal bytes between snapshots.
     pub snapshot_after: u64,
     /// The cluster token, for following the leader.
-    pub token: Option<ClusterToken>,
+    pub token: Option<Credential>,
     /// Called when this master starts leading.
     pub on_lead: Option<OnLead>,
     /// How to reach the leader to follow it (TCP when unset).

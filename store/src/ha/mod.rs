@@ -97,18 +97,28 @@ pub struct Serving {
     pub task: tokio::task::JoinHandle<()>,
     /// Its connection limits (and count of open connections).
     pub limits: Arc<ConnectionLimits>,
+    /// Who may connect (its revocation list can change while it runs).
+    pub gate: Arc<mooring_proto::auth::Gate>,
 }
 
-/// Binds `listen` and serves `handler` to peers that prove they hold `token`.
+/// Binds `listen` and serves `handler` to peers that prove they hold `token` or a member
+/// credential issued from it.
 pub async fn serve(
     listen: &str,
     handler: Arc<RoleHandler>,
-    token: Option<mooring_proto::auth::ClusterToken>,
+    token: Option<mooring_proto::auth::Credential>,
 ) -> Result<Serving, Error> {
     let limits = ConnectionLimits::standard();
-    let (addr, task) = crate::master::serve_rpc(listen, handler, token, limits.clone()).await?;
+    let gate = crate::master::control_gate(token)?;
+    let (addr, task) =
+        crate::master::serve_rpc(listen, handler, gate.clone(), limits.clone()).await?;
     tracing::info!(%addr, "master listening (in a group)");
-    Ok(Serving { addr, task, limits })
+    Ok(Serving {
+        addr,
+        task,
+        limits,
+        gate,
+    })
 }
 
 /// The metrics pages of a master in a group: the leader's figures while it leads (with

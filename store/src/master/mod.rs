@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use mooring_core::invariants::{Auditor, ReuseCounts, Violation};
 use mooring_core::{Error, ErrorCode, Event, Master, MasterConfig, Result, Stats};
-use mooring_proto::auth::ClusterToken;
+use mooring_proto::auth::{Credential, Gate, Plane};
 use mooring_proto::dispatch;
 use mooring_proto::journal::{request_payload, tick_payload};
 use mooring_proto::state_dir::StateDir;
@@ -440,12 +440,19 @@ fn log_events(events: Vec<Event>) {
     }
 }
 
-/// Binds `listen` and serves `handler` to peers that prove they hold `token`, within
-/// `limits`; returns the bound address and the serving task.
+/// The gate a master's RPC port keeps: it must hold the cluster token itself (or none).
+pub fn control_gate(token: Option<Credential>) -> Result<Arc<Gate>> {
+    Gate::new(token, Plane::Control)
+        .map(Arc::new)
+        .map_err(|e| Error::new(ErrorCode::INVALID_PARAMS, e))
+}
+
+/// Binds `listen` and serves `handler` to peers that pass `gate`, within `limits`; returns the
+/// bound address and the serving task.
 pub async fn serve_rpc(
     listen: &str,
     handler: Arc<dyn RpcHandler>,
-    token: Option<ClusterToken>,
+    gate: Arc<Gate>,
     limits: Arc<ConnectionLimits>,
 ) -> Result<(SocketAddr, JoinHandle<()>)> {
     let listener = TcpListener::bind(listen).await.map_err(|e| {
@@ -461,7 +468,7 @@ pub async fn serve_rpc(
         listener,
         handler,
         crate::tuning::server_spin(),
-        token,
+        gate,
         limits,
     );
     Ok((addr, server))
@@ -475,6 +482,8 @@ pub struct RunningMaster {
     pub addr: SocketAddr,
     /// Its RPC connections, counted against their caps.
     limits: Arc<ConnectionLimits>,
+    /// Who may connect (its revocation list can change while it runs).
+    pub gate: Arc<Gate>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -483,7 +492,7 @@ impl RunningMaster {
     pub async fn start(
         listen: &str,
         config: MasterConfig,
-        token: Option<ClusterToken>,
+        token: Option<Credential>,
     ) -> Result<RunningMaster> {
         RunningMaster::serve(listen, MasterService::new(config)?, token).await
     }
@@ -492,16 +501,19 @@ impl RunningMaster {
     pub async fn serve(
         listen: &str,
         service: Arc<MasterService>,
-        token: Option<ClusterToken>,
+        token: Option<Credential>,
     ) -> Result<RunningMaster> {
         let limits = ConnectionLimits::standard();
-        let (addr, server) = serve_rpc(listen, service.clone(), token, limits.clone()).await?;
+        let gate = control_gate(token)?;
+        let (addr, server) =
+            serve_rpc(listen, service.clone(), gate.clone(), limits.clone()).await?;
         let tasks = vec![server, service.spawn_timer()];
         info!(%addr, "master listening");
         Ok(RunningMaster {
             service,
             addr,
             limits,
+            gate,
             tasks,
         })
     }

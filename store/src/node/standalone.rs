@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mooring_core::{ClientId, Result};
-use mooring_proto::auth::ClusterToken;
+use mooring_proto::auth::Credential;
 use mooring_proto::transport::ControlPlane;
 use mooring_transport_tcp::LocalSegments;
 
 use crate::buggify::{self, Site};
-use crate::client::connect::{SegmentConfig, contribution, control_plane, random_client_id};
+use crate::client::connect::{SegmentConfig, client_id_for, contribution, control_plane};
 use crate::client::presence::{Contribution, Presence};
 use crate::node::Node;
 
@@ -29,9 +29,9 @@ impl StandaloneNode {
         id: Option<ClientId>,
         segment: &SegmentConfig,
         local: Arc<LocalSegments>,
-        token: Option<ClusterToken>,
+        token: Option<Credential>,
     ) -> Result<StandaloneNode> {
-        let id = id.unwrap_or_else(random_client_id);
+        let id = id.unwrap_or_else(|| client_id_for(token.as_ref()));
         let control = control_plane(
             master,
             buggify::timeout(Site::NODE_RPC_TIMEOUT, Duration::from_secs(10)),

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use mooring::node::disk_tier::{DiskBackend, DiskEviction, DiskIo};
 use mooring_core::Error;
-use mooring_proto::auth::ClusterToken;
+use mooring_proto::auth::Credential;
 
 use super::{DEFAULT_MASTER, usage_error};
 
@@ -60,7 +60,7 @@ pub(crate) enum Command {
     /// A reader process of `mooring bench --readers N` (started by it).
     #[command(hide = true)]
     BenchReader(BenchReaderArgs),
-    /// Cluster tokens: every member of a cluster proves it holds the same one.
+    /// Cluster tokens and member credentials: who may join the cluster, and as what.
     #[command(subcommand)]
     Token(TokenCommand),
     /// Fault-injection helpers for tests.
@@ -77,19 +77,50 @@ pub(crate) enum TokenCommand {
         /// Where to write the token.
         file: PathBuf,
     },
+    /// Issue a member credential from the cluster token: the member proves its name, tenant
+    /// and roles to the master with it, and cannot act as anyone else. Give masters and
+    /// standbys the cluster token itself, and every other member its own credential (as its
+    /// --token-file). Written readable by its owner only; never replaces a file.
+    Issue {
+        /// The cluster token file (`mooring token new`).
+        #[arg(long, env = "MOORING_TOKEN_FILE", value_name = "FILE")]
+        token_file: PathBuf,
+        /// The member's name, unique in its tenant (letters, digits, '.', '_', '-').
+        #[arg(long)]
+        name: String,
+        /// What it may do, comma-separated: node (mounts segments, serves data), client (puts,
+        /// gets, removes), standby (follows the leader's log), admin (remove_all). A process
+        /// that contributes memory and reads and writes, like `mooring.store` with a segment,
+        /// needs node,client.
+        #[arg(long, value_name = "ROLES")]
+        role: String,
+        /// The tenant it acts in.
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        /// How long it is valid (e.g. 30d, 12h); without it, until revoked.
+        #[arg(long, value_name = "DURATION")]
+        expires: Option<String>,
+        /// Where to write the credential.
+        file: PathBuf,
+    },
+    /// Show what a token file holds: the cluster token, or a credential's claims (never a key).
+    Show {
+        /// The token or credential file.
+        file: PathBuf,
+    },
 }
 
 /// How a process proves it belongs to the cluster.
 #[derive(Args, Clone)]
 pub(crate) struct AuthArgs {
-    /// The cluster token file every member shares (make one with `mooring token new FILE`).
-    /// Without one, this process only meets peers without one.
+    /// The cluster token file (`mooring token new FILE`), or this member's credential
+    /// (`mooring token issue`). Without one, this process only meets peers without one.
     #[arg(long, env = "MOORING_TOKEN_FILE", value_name = "FILE")]
     pub(crate) token_file: Option<PathBuf>,
 }
 
 impl AuthArgs {
-    pub(crate) fn token(&self) -> Result<Option<ClusterToken>, Error> {
+    pub(crate) fn token(&self) -> Result<Option<Credential>, Error> {
         mooring::token::resolve(self.token_file.as_deref())
     }
 }
@@ -107,7 +138,7 @@ pub(crate) struct ServeArgs {
 
 impl ServeArgs {
     /// The token, after checking that `listen` is safe without one.
-    pub(crate) fn token_for(&self, listen: &str) -> Result<Option<ClusterToken>, Error> {
+    pub(crate) fn token_for(&self, listen: &str) -> Result<Option<Credential>, Error> {
         let token = self.auth.token()?;
         if token.is_none() && !is_loopback(listen) {
             if !self.insecure {
@@ -198,6 +229,11 @@ pub(crate) struct MasterArgs {
     /// snapshot's size); each snapshot lets the older journal go [default: 64MiB].
     #[arg(long, value_name = "SIZE", requires = "state_dir")]
     pub(crate) snapshot_after: Option<String>,
+    /// Refuse the member credentials FILE names: lines `serial HEX` (one credential, as
+    /// `mooring token show` prints it) or `name [TENANT/]NAME` (all of a member's). Re-read
+    /// when it changes; a revoked member's open connections close at their next request.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) revoked_file: Option<PathBuf>,
     /// Run as one of a group of masters elected through etcd at these client URLs (comma- or
     /// semicolon-separated; Mooncake's `etcd://host:port;host:port` works too). One leads; the
     /// others keep a synced copy of its state in their --state-dir (required) and take over

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use mooring::random_client_id;
+use mooring::client_id_for;
 use mooring_core::{Error, ReplicateConfig};
 
 use super::args::{DebugAction, DebugArgs};
@@ -12,11 +12,12 @@ use super::args::{DebugAction, DebugArgs};
 pub(crate) async fn run_debug(args: DebugArgs) -> Result<(), Error> {
     match args.action {
         DebugAction::HangPut { master, key, size } => {
-            let client = random_client_id();
+            let token = mooring::token::resolve(None)?;
+            let client = client_id_for(token.as_ref());
             let control = mooring::client::connect::control_plane(
                 &master,
                 Duration::from_secs(10),
-                mooring::token::resolve(None)?,
+                token,
                 client,
             )?;
             let control: &dyn mooring_proto::transport::ControlPlane = &*control;

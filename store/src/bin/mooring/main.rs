@@ -146,6 +146,60 @@ fn main() -> ExitCode {
                 );
                 Ok(())
             }
+            Command::Token(TokenCommand::Issue {
+                token_file,
+                name,
+                role,
+                tenant,
+                expires,
+                file,
+            }) => {
+                let roles = mooring_proto::auth::Roles::parse(&role).map_err(usage_error)?;
+                let valid_for = expires
+                    .as_deref()
+                    .map(mooring::config::parse_duration)
+                    .transpose()
+                    .map_err(usage_error)?
+                    .map(|d| d.as_secs());
+                let claims =
+                    mooring::token::issue(&token_file, &name, &tenant, roles, valid_for, &file)?;
+                out!(
+                    "wrote a credential for {}/{} (roles {}, serial {:016x}{}) to {} (mode 0600); \
+                     give it to that member only, as its --token-file",
+                    claims.tenant,
+                    claims.name,
+                    claims.roles,
+                    claims.serial,
+                    match claims.expires {
+                        0 => String::new(),
+                        at => format!(", expires at unix time {at}"),
+                    },
+                    file.display()
+                );
+                Ok(())
+            }
+            Command::Token(TokenCommand::Show { file }) => {
+                let held = mooring::token::load(&file)?;
+                match held.claims() {
+                    None => out!(
+                        "{}: the cluster token (every role; for masters and standbys)",
+                        file.display()
+                    ),
+                    Some(claims) => out!(
+                        "{}: member {}/{}, roles {}, serial {:016x}, {}",
+                        file.display(),
+                        claims.tenant,
+                        claims.name,
+                        claims.roles,
+                        claims.serial,
+                        match claims.expires {
+                            0 => "never expires".to_string(),
+                            at => format!("expires at unix time {at}"),
+                        }
+                    ),
+                }
+                Ok(())
+            }
             Command::BenchWriter(args) => {
                 bench::run_writer(
                     &args.master,

@@ -61,6 +61,7 @@ pub(crate) async fn run_master(args: MasterArgs) -> Result<(), Error> {
                 .expect("clap requires --state-dir"),
             snapshot_after,
             metrics: args.metrics.resolve()?,
+            revoked_file: args.revoked_file.clone(),
         };
         return run_master_group(group, &listen, config, token).await;
     }
@@ -75,6 +76,7 @@ pub(crate) async fn run_master(args: MasterArgs) -> Result<(), Error> {
         None => MasterService::new(config)?,
     };
     let mut master = RunningMaster::serve(&listen, service, token).await?;
+    let _revocations = watch_revocations(&args.revoked_file, &master.gate)?;
     if let Some((listen, bearer)) = args.metrics.resolve()? {
         // Its bound address is logged: stdout's one line is the master's address, which
         // scripts read (and it is printed once everything serves).
@@ -98,6 +100,24 @@ struct GroupArgs<'a> {
     snapshot_after: u64,
     /// Where to serve metrics (`--metrics-listen`), and the bearer token they need.
     metrics: Option<(String, Option<String>)>,
+    /// The revocation list (`--revoked-file`).
+    revoked_file: Option<std::path::PathBuf>,
+}
+
+/// Keeps `gate`'s revocation list in step with `file`, if one is given.
+fn watch_revocations(
+    file: &Option<std::path::PathBuf>,
+    gate: &std::sync::Arc<mooring_proto::auth::Gate>,
+) -> Result<Option<tokio::task::JoinHandle<()>>, Error> {
+    file.as_ref()
+        .map(|path| {
+            mooring::token::watch_revocations(
+                gate.clone(),
+                path.clone(),
+                std::time::Duration::from_secs(2),
+            )
+        })
+        .transpose()
 }
 
 /// `mooring master --etcd`: serves as one of a group of masters (see `mooring::ha`).
@@ -106,7 +126,7 @@ async fn run_master_group(
     group: GroupArgs<'_>,
     listen: &str,
     config: mooring_core::MasterConfig,
-    token: Option<mooring_proto::auth::ClusterToken>,
+    token: Option<mooring_proto::auth::Credential>,
 ) -> Result<(), Error> {
     use mooring::config::parse_duration;
     use mooring::ha::etcd::GroupConfig;
@@ -126,6 +146,7 @@ async fn run_master_group(
     }
     let handler = Arc::new(mooring::ha::RoleHandler::default());
     let serving = mooring::ha::serve(listen, handler.clone(), token.clone()).await?;
+    let _revocations = watch_revocations(&group.revoked_file, &serving.gate)?;
     let addr = serving.addr;
     let _metrics = match group.metrics {
         Some((listen, bearer)) => {
@@ -173,7 +194,7 @@ async fn run_master_group(
     _group: GroupArgs<'_>,
     _listen: &str,
     _config: mooring_core::MasterConfig,
-    _token: Option<mooring_proto::auth::ClusterToken>,
+    _token: Option<mooring_proto::auth::Credential>,
 ) -> Result<(), Error> {
     Err(Error::new(
         ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
