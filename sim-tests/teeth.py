@@ -114,7 +114,35 @@ EXPS = {
    ('disk/src/record.rs', "    if record_crc(&bytes[..CRC_AT], key, checksum, value.len()) != stored {", "    if record_crc(&bytes[..CRC_AT], key, checksum, value.len()) != stored && false {"),
  ],
  'accept-any-token': [
-   ('proto/src/auth.rs', "        Some(token) if token.check_client(server_nonce, nonce, *client, proof) => Ok((", "        Some(token) if token.check_client(server_nonce, nonce, *client, proof) || true => Ok(("),
+   ('proto/src/auth/mod.rs', "            let key = *key_for(held, plane);\n            if client_mac(&key, server_nonce, nonce, *client)\n                .verify_slice(proof)\n                .is_err()\n", "            let key = *key_for(held, plane);\n            if client_mac(&key, server_nonce, nonce, *client)\n                .verify_slice(proof)\n                .is_err()\n                && false\n"),
+ ],
+ # Identity and roles (the insider: a valid node credential and a valid client credential of
+ # its own). The handshake forgets that a member's ids carry its tag, so it can claim a
+ # node's id it saw in ListSegments.
+ 'member-id-tag-unchecked': [
+   ('proto/src/auth/mod.rs', "            if *client != 0 && (*client >> 64) as u64 != parsed.id_tag() {", "            if *client != 0 && (*client >> 64) as u64 != parsed.id_tag() && false {"),
+ ],
+ # The master's request check forgets the connection's client: a member may name another's
+ # id in a request (its goodbye, say).
+ 'request-names-any-client': [
+   ('proto/src/wire/master.rs', "        if let Some(named) = self.client().filter(|named| *named != bound) {", "        if let Some(named) = self.client().filter(|named| *named != bound && false) {"),
+ ],
+ # The role check passes any member.
+ 'roles-unchecked': [
+   ('proto/src/wire/master.rs', "        match peer.roles.intersects(needed) {", "        match peer.roles.intersects(needed) || peer.roles != Roles::NONE {"),
+ ],
+ # The server skips the member's check for the wholesale requests it logs (remove_all), as
+ # if logging them were the control.
+ 'admin-requests-unchecked': [
+   ('transport-tcp/src/rpc.rs', "        if let Some(refusal) = request.refusal_for(&self.member) {", "        if let Some(refusal) = request.refusal_for(&self.member).filter(|_| !request.is_admin()) {"),
+ ],
+ # A member's key no longer depends on its claims: any member can raise its own roles.
+ 'member-key-ignores-claims': [
+   ('proto/src/auth/credential.rs', "            Holder::Secret(secret) => Some(keyed(secret, MEMBER_KEY_LABEL, claims)),", "            Holder::Secret(secret) => Some(keyed(secret, MEMBER_KEY_LABEL, &claims[..0])),"),
+ ],
+ # Expiry is never checked (judged by the real-process role tests).
+ 'credential-expiry-ignored': [
+   ('proto/src/auth/peer.rs', "        if expires != 0 && now_unix >= expires {", "        if expires != 0 && now_unix >= expires && false {"),
  ],
  'no-write-deadline': [
    ('proto/src/serve.rs', "                if clock.expired(sent_at_us, valid_for_us) {\n", "                if clock.expired(sent_at_us, valid_for_us) && false {\n"),
@@ -285,6 +313,8 @@ PROPERTY_TESTS = {name: (['cargo', 'test', '-q', '--release', '-p', 'mooring-cor
                   for name in EXPS if name.startswith('fence-')}
 PROPERTY_TESTS['shm-any-local-user'] = (['cargo', 'test', '-q', '-p', 'mooring-transport-shm', '--test', 'local_users'],
                                         'the node served uid')
+PROPERTY_TESTS['credential-expiry-ignored'] = (['cargo', 'test', '-q', '-p', 'mooring', '--test', 'roles'],
+                                               'expired_revoked_and_foreign_credentials_are_refused')
 PROPERTY_TESTS['standby-claim-trusted'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'log_shipping'],
                                            'a_claim_beyond_what_the_leader_sent')
 # Plants in code only some transports run are tried on those (default: the usual mix).
@@ -292,6 +322,12 @@ RUN_ARGS = {
  'shm-mapping-outlives-mount': ['--transport', 'shm'],
  'shm-no-write-fence': ['--transport', 'shm'],
  'tcp-write-outlives-export': ['--transport', 'tcp'],
+ 'accept-any-token': ['--transport', 'tcp'],
+ 'member-id-tag-unchecked': ['--transport', 'tcp'],
+ 'request-names-any-client': ['--transport', 'tcp'],
+ 'roles-unchecked': ['--transport', 'tcp'],
+ 'admin-requests-unchecked': ['--transport', 'tcp'],
+ 'member-key-ignores-claims': ['--transport', 'tcp'],
  'rdma-unexport-keeps-registration': ['--transport', 'rdma'],
 }
 # Leadership and durability in a group of masters (standby groups run in TCP and transport-sim

@@ -78,6 +78,9 @@ pub const FLOORS: &[(&str, f64)] = &[
     // Copy and move tasks started beside the workload (not in RDMA runs) and followed with
     // QueryTask: 100% and 62% of CI's 200 seeds.
     (TASK_SUCCEEDED, 0.90),
+    // Half the TCP seeds with faults add the stranger, and with it the insider (counted over
+    // TCP seeds, [`reachable`]).
+    (INSIDER_REFUSED, 0.15),
     (TASK_FAILED, 0.40),
     // The master's audit checked blocks reused after each kind of promise, and the history's
     // standing checked a hard pin through a later write: 85%, 24%, 96% and 99% of CI's 200
@@ -175,6 +178,8 @@ fn reachable(path: &str, transport: Transport, backend: Option<DiskBackend>) -> 
             matches!(transport, Transport::Tcp | Transport::Sim)
         }
         LEADER_KILLED_SIM => transport == Transport::Sim,
+        // The insider knocks in TCP seeds with a stranger.
+        INSIDER_REFUSED => transport == Transport::Tcp,
         // RDMA runs start no copy or move tasks (see the workload).
         TASK_SUCCEEDED | TASK_FAILED => transport != Transport::Rdma,
         _ => REMOUNTED
@@ -185,6 +190,7 @@ fn reachable(path: &str, transport: Transport, backend: Option<DiskBackend>) -> 
 }
 
 const STANDBY_TOOK_OVER: &str = "standby took over from its copy";
+const INSIDER_REFUSED: &str = "insider refused at the master";
 
 /// A sim-transport seed's group lost its leader to a kill (see `run::faults`).
 pub const LEADER_KILLED_SIM: &str = "standby group lost its leader to a kill (sim transport)";

@@ -12,7 +12,7 @@ use mooring::{
     StandaloneNode, random_client_id,
 };
 use mooring_core::{ClientId, Result};
-use mooring_proto::auth::Credential;
+use mooring_proto::auth::{Claims, Credential, DEFAULT_TENANT, Roles};
 use mooring_proto::transport::{ControlPlane, DataPlane, DataServer, RpcHandler};
 use mooring_transport_rdma::model::ModelVerbs;
 use mooring_transport_rdma::{RdmaClient, RdmaConfig, RdmaDataPlane, RdmaDataServer, RdmaServer};
@@ -28,9 +28,38 @@ use crate::world::{DATA_PORT, World, ip, master_addr};
 /// How long any one RPC or transfer may take before the caller gives up.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The simulated cluster's token: every TCP connection opens with the real handshake.
+/// The simulated cluster's token: every TCP connection opens with the real handshake. Only
+/// masters hold it; every other member holds a credential issued from it
+/// ([`credential_for`]).
 pub(crate) fn cluster_token() -> Credential {
     Credential::from_secret([0x5A; 32])
+}
+
+/// The credential the member at `at` holds over TCP, named after its address: a node's
+/// (and its repair agent's) `node,client`; the final checker's `client,admin` (it removes
+/// everything); another client's `client`, and `node` too when it contributes memory. So
+/// every honest call of a TCP seed passes the master's role checks, and a check that refuses
+/// honest work fails the seed.
+pub(crate) fn credential_for(at: IpAddr, contributes: bool) -> Credential {
+    let octets = match at {
+        IpAddr::V4(v4) => v4.octets(),
+        IpAddr::V6(_) => unreachable!("the simulation's addresses are IPv4"),
+    };
+    let roles = match octets[2] {
+        1 => Roles::NODE.union(Roles::CLIENT),
+        3 => Roles::CLIENT.union(Roles::ADMIN),
+        _ if contributes => Roles::NODE.union(Roles::CLIENT),
+        _ => Roles::CLIENT,
+    };
+    cluster_token()
+        .issue(Claims {
+            name: format!("m{}-{}-{}", octets[1], octets[2], octets[3]),
+            tenant: DEFAULT_TENANT.into(),
+            roles,
+            serial: u64::from(u32::from_be_bytes(octets)),
+            expires: 0,
+        })
+        .expect("the cluster token issues")
 }
 
 pub(crate) fn io_error(what: &str, e: std::io::Error) -> mooring_core::Error {
@@ -115,7 +144,8 @@ pub async fn storage_node(world: Arc<World>, i: usize) {
 }
 
 async fn start_node(world: &Arc<World>, i: usize, name: &str) -> Result<StandaloneNode> {
-    let id = random_client_id();
+    let credential = credential_for(ip(Member::Node(i)), true);
+    let id = ClientId(credential.client_id(random_client_id().0));
     let disk = world.plan.disk.as_ref().map(|d| DiskTierConfig {
         device: Some(DiskDevice(world.disks[i].clone())),
         backend: d.backend,
@@ -151,7 +181,7 @@ async fn start_node(world: &Arc<World>, i: usize, name: &str) -> Result<Standalo
                 Some(id),
                 &segment,
                 Arc::new(LocalSegments::default()),
-                Some(cluster_token()),
+                Some(credential),
             )
             .await
         }
@@ -209,7 +239,8 @@ async fn sim_member(
 
 /// Connects a client at address `at`, contributing a segment named `segment` if given.
 pub async fn connect(world: &World, at: IpAddr, segment: Option<String>) -> Result<Client> {
-    let id = random_client_id();
+    let credential = credential_for(at, segment.is_some());
+    let id = ClientId(credential.client_id(random_client_id().0));
     let segment = segment.map(|name| NodeConfig {
         name: Some(name),
         size: world.plan.shape.client_bytes,
@@ -223,7 +254,7 @@ pub async fn connect(world: &World, at: IpAddr, segment: Option<String>) -> Resu
             let mut config = ClientConfig::new(world.master_target());
             config.id = Some(id);
             config.rpc_timeout = CALL_TIMEOUT;
-            config.token = Some(cluster_token());
+            config.token = Some(credential);
             config.data = DataPlaneConfig {
                 timeout: CALL_TIMEOUT,
                 spin: Duration::ZERO,

@@ -79,6 +79,9 @@ impl Path {
     pub const RECOVERY_CHECKED_OFFSET_FILE: Path = Path("recovery checked records (offset file)");
     /// A standby master took over from its copy of the leader's state.
     pub const STANDBY_TOOK_OVER: Path = Path("standby took over from its copy");
+    /// A member holding a valid credential tried to act as another member or beyond its
+    /// roles, and the master refused it (the simulation's insider).
+    pub const INSIDER_REFUSED: Path = Path("insider refused at the master");
     /// A standby fell behind and was recorded out of sync by the leader.
     pub const STANDBY_DROPPED: Path = Path("standby fell behind and was dropped");
 
