@@ -54,6 +54,11 @@ pub struct MasterConfig {
     /// also take its least recently used memory-only objects, so eviction later finds copies
     /// to drop rather than values. Above 1 turns it off. Default 0.6.
     pub offload_ahead_watermark: f64,
+    /// The most one member (the processes of one credential) may hold in unfinished puts, as
+    /// a fraction of the pool's capacity; past it, its puts are refused with
+    /// `NO_AVAILABLE_HANDLE` until it finishes some (see `quota`). Default 0.75: a lone
+    /// writer's batch may still fill most of a small pool.
+    pub unfinished_put_share: f64,
 }
 
 impl Default for MasterConfig {
@@ -75,6 +80,7 @@ impl Default for MasterConfig {
             offload_on_evict: true,
             offload_write_through: false,
             offload_ahead_watermark: 0.6,
+            unfinished_put_share: 0.75,
         }
     }
 }
@@ -87,6 +93,12 @@ impl MasterConfig {
             return bad(format!(
                 "eviction_high_watermark must be in (0, 1], got {}",
                 self.eviction_high_watermark
+            ));
+        }
+        if !(self.unfinished_put_share > 0.0 && self.unfinished_put_share <= 1.0) {
+            return bad(format!(
+                "unfinished_put_share must be in (0, 1], got {}",
+                self.unfinished_put_share
             ));
         }
         if !(self.eviction_ratio > 0.0 && self.eviction_ratio <= 1.0) {

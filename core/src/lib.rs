@@ -67,6 +67,7 @@ mod objects;
 mod offload;
 mod placement;
 mod put;
+pub mod quota;
 mod reads;
 mod remove;
 mod repair;

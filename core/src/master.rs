@@ -21,6 +21,7 @@ use crate::ids::{SegmentId, WriteId};
 use crate::object::{Object, Replica};
 use crate::objects::ObjectTable;
 use crate::offload::Disks;
+use crate::quota::Unfinished;
 use crate::replication::Tasks;
 use crate::rng::Rng;
 use crate::segments::{SegmentInfo, Segments};
@@ -158,6 +159,8 @@ pub struct Master {
     pub(crate) disks: Disks,
     pub(crate) counters: Counters,
     pub(crate) events: EventQueue,
+    /// Unfinished puts per member (derived from `objects`; see `quota`).
+    pub(crate) unfinished: Unfinished,
 }
 
 impl Master {
@@ -177,6 +180,7 @@ impl Master {
             disks: Disks::default(),
             counters: Counters::default(),
             events: EventQueue::default(),
+            unfinished: Unfinished::default(),
             config,
         })
     }
@@ -352,7 +356,7 @@ impl Master {
     pub(crate) fn remove_object(&mut self, slot: u32) -> Object {
         let object = self.objects.remove(slot);
         if object.writing {
-            self.counters.writing_objects -= 1;
+            self.write_ended(slot);
         }
         if object.has_disk_replica() {
             self.counters.disk_replicas -= 1;
@@ -378,7 +382,7 @@ impl Master {
         object.replicas = kept.into_iter().collect();
         let write = object.write_id;
         let removed = object.replicas.is_empty() && !object.has_disk_replica();
-        self.counters.writing_objects -= 1;
+        self.write_ended(slot);
         self.counters.discarded_writes += 1;
         for replica in &processing {
             self.release_block(replica, release_at, reason);

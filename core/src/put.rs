@@ -42,6 +42,7 @@ impl Master {
         let now = self.advance(now);
         self.touch(client, now);
         self.check_put(key, size, config)?;
+        self.check_unfinished_share(client, size)?;
         if let Some(slot) = self.objects.find(key) {
             if !self.write_expired(slot, now) {
                 return Err(if self.objects.at(slot).writing {
@@ -120,7 +121,7 @@ impl Master {
         // A completed write counts as an access for LRU purposes; it grants no reader lease.
         object.touch(now);
         object.refresh_soft_pin(now);
-        self.counters.writing_objects -= 1;
+        self.write_ended(slot);
         if self.config.offload_write_through {
             self.queue_offload(slot);
         }
@@ -172,7 +173,7 @@ impl Master {
             .collect();
         object.replicas.retain(|r| r.is_complete());
         let empty = object.replicas.is_empty() && !object.has_disk_replica();
-        self.counters.writing_objects -= 1;
+        self.write_ended(slot);
         for replica in &processing {
             let freed = self.segments.free(replica.segment, replica.alloc);
             debug_assert!(freed);

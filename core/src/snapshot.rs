@@ -21,6 +21,7 @@ use crate::invariants;
 use crate::master::{Counters, Master};
 use crate::objects::{ObjectTable, TableParts};
 use crate::offload::Disks;
+use crate::quota::Unfinished;
 use crate::replication::Tasks;
 use crate::rng::Rng;
 use crate::segments::Segments;
@@ -228,7 +229,7 @@ impl Master {
         state.discarded.rebase(shift);
         state.tasks.rebase(shift);
         state.counters.last_eviction_pass = shift(state.counters.last_eviction_pass);
-        let master = Master {
+        let mut master = Master {
             objects: ObjectTable::from_parts(config.seed, state.objects),
             now: to,
             rng: state.rng,
@@ -241,8 +242,10 @@ impl Master {
             disks: state.disks,
             counters: state.counters,
             events: EventQueue::default(),
+            unfinished: Unfinished::default(),
             config,
         };
+        master.unfinished = Unfinished::rebuild(&master);
         invariants::check(&master).map_err(|v| bad(&format!("is inconsistent: {v}")))?;
         Ok(master)
     }

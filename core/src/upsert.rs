@@ -66,6 +66,7 @@ impl Master {
         let now = self.advance(now);
         self.touch(client, now);
         self.check_put(key, size, config)?;
+        self.check_unfinished_share(client, size)?;
         let Some(slot) = self.objects.find(key) else {
             let grant = self.create_object(client, key, size, config, Pins::default(), now)?;
             self.counters.upserts.created += 1;

@@ -71,7 +71,9 @@ impl Master {
         let object = self.objects.at(slot);
         let deadline = object.put_start + self.config.put_start_discard_timeout;
         let write = object.write_id;
+        let (writer, size) = (object.writer, object.size);
         self.writes.push(deadline, slot, write);
+        self.unfinished.start(slot, writer, size);
         self.counters.writing_objects += 1;
         let live = self.counters.writing_objects as usize;
         if self.writes.len() > 2 * live + 1024 {
@@ -82,6 +84,13 @@ impl Master {
                     .is_some_and(|o| o.writing && o.write_id == write)
             });
         }
+    }
+
+    /// The write on `slot` ended, however it ended: it no longer counts as in progress, nor
+    /// against its member's share.
+    pub(crate) fn write_ended(&mut self, slot: u32) {
+        self.counters.writing_objects -= 1;
+        self.unfinished.end(slot);
     }
 
     /// Whether the write in progress on `slot` has outlived the discard timeout.

@@ -84,6 +84,8 @@ fn a_discarded_writers_block_reused_before_its_delay_is_named() {
     let config = |release: u64| MasterConfig {
         put_start_discard_timeout: Millis(30_000),
         put_start_release_timeout: Millis(release),
+        // One put fills the pool here.
+        unfinished_put_share: 1.0,
         ..MasterConfig::default()
     };
     // `promised` keeps a zombie's blocks for ten minutes, `breaking` for thirty seconds.

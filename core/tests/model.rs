@@ -133,6 +133,7 @@ fn random_interaction_reaches_every_path() {
     }
     let required = [
         "create",
+        "start-over-share",
         "preempt",
         "start-refused",
         "start-no-room-or-busy",

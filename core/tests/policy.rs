@@ -515,6 +515,35 @@ fn tick_discards_zombies_and_releases_their_space_after_the_release_timeout() {
 }
 
 #[test]
+fn one_member_cannot_hold_the_pool_in_unfinished_puts() {
+    let config = MasterConfig {
+        unfinished_put_share: 0.5,
+        ..MasterConfig::default()
+    };
+    let mut f = Fixture::with_config(config, 2, 64 * KIB);
+    // Two processes of one member (the same high half) share its half of the pool.
+    let (a1, a2) = (ClientId(7 << 64 | 1), ClientId(7 << 64 | 2));
+    f.start(a1, "a/1", 40 * KIB, &one()).unwrap();
+    let e = f.start(a2, "a/2", 40 * KIB, &one()).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NO_AVAILABLE_HANDLE, "{e}");
+    assert!(e.to_string().contains("unfinished_put_share"), "{e}");
+    f.start(a2, "a/3", 24 * KIB, &one()).unwrap();
+    // Another member still writes.
+    let b = ClientId(8 << 64 | 1);
+    let g = f.start(b, "b/1", 20 * KIB, &one()).unwrap();
+    f.end(b, "b/1", g.write_id).unwrap();
+    // Finishing (or abandoning) a put gives its bytes back to the member's share.
+    let g = f.m.get_replica_list("a/1", f.now);
+    assert!(g.is_err(), "a/1 is still being written");
+    f.tick_after(Millis::from_secs(31)); // a1's and a2's writes are discarded
+    let g = f.start(a1, "a/4", 60 * KIB, &one());
+    assert!(
+        !matches!(&g, Err(e) if e.to_string().contains("unfinished_put_share")),
+        "{g:?}"
+    );
+}
+
+#[test]
 fn discarded_space_of_a_dead_writer_is_reclaimed_early_under_pressure() {
     let mut f = Fixture::new(1, 64 * KIB);
     f.start(A, "zombie", 60 * KIB, &one()).unwrap();

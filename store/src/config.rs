@@ -120,6 +120,8 @@ pub struct MasterSection {
     /// Segment usage fraction past which nodes with a disk copy out their least recently
     /// used objects ahead of eviction (above 1: never).
     pub offload_ahead_watermark: Option<f64>,
+    /// The most one member may hold in unfinished puts, as a fraction of the pool.
+    pub unfinished_put_share: Option<f64>,
 }
 
 /// The `[node]` section of a config file.
@@ -220,6 +222,7 @@ impl MasterSection {
             offload_ahead_watermark: flags
                 .offload_ahead_watermark
                 .or(self.offload_ahead_watermark),
+            unfinished_put_share: flags.unfinished_put_share.or(self.unfinished_put_share),
         }
     }
 
@@ -262,6 +265,9 @@ impl MasterSection {
         }
         if let Some(v) = self.offload_ahead_watermark {
             c.offload_ahead_watermark = v;
+        }
+        if let Some(v) = self.unfinished_put_share {
+            c.unfinished_put_share = v;
         }
         c.validate().map_err(|e| e.to_string())?;
         Ok(c)

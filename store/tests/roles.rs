@@ -63,6 +63,10 @@ struct Cluster {
 
 impl Cluster {
     fn start(name: &str, extra: &[&str]) -> Cluster {
+        Cluster::start_sized(name, extra, "8MiB")
+    }
+
+    fn start_sized(name: &str, extra: &[&str], node_size: &str) -> Cluster {
         let dir = scratch(name);
         let secret_file = dir.join("token");
         assert!(
@@ -88,7 +92,7 @@ impl Cluster {
             "--master",
             &addr,
             "--size",
-            "8MiB",
+            node_size,
             "--no-prefault",
             "--listen",
             "127.0.0.1:0",
@@ -376,6 +380,51 @@ async fn expired_revoked_and_foreign_credentials_are_refused() {
         .await
         .unwrap();
     let _ = std::fs::remove_dir_all(&scratch_dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_member_cannot_hold_the_pool_hostage() {
+    let cluster = Cluster::start_sized("hostage", &[], "64MiB");
+    let _ = cluster.node_segment().await;
+    let hog = cluster.member("hog", Roles::CLIENT, 0);
+    let start = |client: ClientId, key: &str, size: u64| PutStart {
+        client,
+        key: key.into(),
+        size,
+        config: ReplicateConfig::single(),
+        upsert: false,
+    };
+    // One open put of nearly the whole pool: refused, past the member's share (0.75).
+    let first = ClientId(hog.client_id(1));
+    let control = cluster.control(&hog, Some(first));
+    let err = control
+        .call(start(first, "hog/1", 62 << 20))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, ErrorCode::NO_AVAILABLE_HANDLE, "{err}");
+    assert!(err.to_string().contains("unfinished_put_share"), "{err}");
+    // Within its share it may hold a put open; a second process of the same member shares
+    // that share.
+    control.call(start(first, "hog/2", 40 << 20)).await.unwrap();
+    let second = ClientId(hog.client_id(2));
+    let err = cluster
+        .control(&hog, Some(second))
+        .call(start(second, "hog/3", 16 << 20))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("unfinished_put_share"), "{err}");
+    // Honest members keep writing beside it.
+    let honest = cluster
+        .client(&cluster.member("honest", Roles::CLIENT, 0))
+        .await;
+    for i in 0..2 {
+        let value = vec![i as u8; 8 << 20];
+        honest
+            .put(&format!("honest/{i}"), &value, &ReplicateConfig::single())
+            .await
+            .unwrap();
+        assert_eq!(honest.get(&format!("honest/{i}")).await.unwrap(), value);
+    }
 }
 
 #[test]

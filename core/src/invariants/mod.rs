@@ -337,6 +337,13 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
             ),
         ));
     }
+    if master.unfinished != crate::quota::Unfinished::rebuild(master) {
+        return Err(violation(
+            "unfinished-share",
+            "the unfinished puts counted against members differ from the writes in progress"
+                .to_string(),
+        ));
+    }
     if writing != master.counters.writing_objects {
         return Err(violation(
             "object-shape",

@@ -100,6 +100,8 @@ pub fn harness_config(seed: u64) -> MasterConfig {
         offload_on_evict: true,
         offload_write_through: false,
         offload_ahead_watermark: 0.3,
+        // Low enough that a client's unfinished puts reach it now and then.
+        unfinished_put_share: 0.5,
     }
 }
 

@@ -16,6 +16,7 @@ use crate::error::ErrorCode;
 use crate::events::{DiscardCause, Event};
 use crate::ids::{ClientId, SegmentId};
 use crate::object::ReplicaStatus;
+use crate::segments::ALLOC_ALIGN;
 use crate::segments::block_len;
 use crate::soft_pin::SoftPinAction;
 use crate::time::Millis;
@@ -81,7 +82,29 @@ impl Harness {
             CopyOnWrite,
             Reallocate,
         }
+        // A member's unfinished puts may hold at most its share of the pool (see `quota`):
+        // checked before anything else about the key.
+        let member = crate::quota::member_of(id);
+        let held: u64 = self
+            .model
+            .objects
+            .values()
+            .filter(|o| {
+                o.writing
+                    .is_some_and(|w| crate::quota::member_of(w.client) == member)
+            })
+            .map(|o| o.size)
+            .sum();
+        let pool: u64 = self
+            .model
+            .segments
+            .values()
+            .map(|s| s.capacity / ALLOC_ALIGN * ALLOC_ALIGN)
+            .sum();
+        let over_share =
+            held + size > (pool as f64 * self.config.unfinished_put_share) as u64 && size <= pool;
         let path = match &existing {
+            _ if over_share => Path::Fail(ErrorCode::NO_AVAILABLE_HANDLE),
             None => Path::New {
                 preempt: false,
                 hard: config.with_hard_pin,
@@ -163,6 +186,7 @@ impl Harness {
             SoftPinAction::Disable => (Millis::ZERO, Millis::ZERO),
         };
         let label = match &path {
+            Path::Fail(ErrorCode::NO_AVAILABLE_HANDLE) => "start-over-share",
             Path::Fail(_) => "start-refused",
             Path::New { preempt: true, .. } => "preempt",
             Path::New { .. } => "create",

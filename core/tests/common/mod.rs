@@ -28,8 +28,14 @@ pub struct Fixture {
 
 impl Fixture {
     /// A master with `segments` segments of `size` bytes each, named seg0.., owned by NODE.
+    /// One writer may fill the whole pool here: these tests fill small pools on purpose, and
+    /// the share of unfinished puts has tests of its own.
     pub fn new(segments: usize, size: u64) -> Fixture {
-        Fixture::with_config(MasterConfig::default(), segments, size)
+        let config = MasterConfig {
+            unfinished_put_share: 1.0,
+            ..MasterConfig::default()
+        };
+        Fixture::with_config(config, segments, size)
     }
 
     pub fn with_config(config: MasterConfig, segments: usize, size: u64) -> Fixture {

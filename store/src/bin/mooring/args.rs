@@ -219,6 +219,11 @@ pub(crate) struct MasterArgs {
     /// turns it off [default: 0.6].
     #[arg(long, value_name = "FRACTION")]
     pub(crate) offload_ahead: Option<f64>,
+    /// The most one member (every process of one credential) may hold in unfinished puts, as
+    /// a fraction of the pool; past it its puts are refused (-200, back off) until it finishes
+    /// some, so one writer cannot keep the pool from the others [default: 0.75].
+    #[arg(long, value_name = "FRACTION")]
+    pub(crate) unfinished_put_share: Option<f64>,
     /// Keep the master's state in DIR (created if missing): a journal of every change,
     /// synced before the change is acknowledged, and periodic snapshots. A master restarted
     /// with the same DIR knows every object it acknowledged; its nodes reconnect and their
