@@ -78,6 +78,7 @@ mod snapshot;
 pub mod soft_pin;
 pub mod staging;
 pub mod task_reports;
+pub mod tenant;
 pub mod time;
 mod upsert;
 mod zombies;

@@ -13,6 +13,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::ids::SegmentId;
 use crate::master::Master;
 use crate::object::ReplicaDescriptor;
+use crate::tenant::{local_key, tenant_of};
 use crate::time::Millis;
 
 /// The readable replicas of an object and how long the reader may use them.
@@ -130,19 +131,21 @@ impl Master {
         Ok(self.objects.at(slot).size)
     }
 
-    /// Every readable object whose key matches `pattern`, sorted by key, each with a lease.
+    /// Every readable object of `tenant` whose key (as the tenant named it) matches `pattern`,
+    /// sorted by key, each with a lease; keys as the tenant named them.
     pub fn query_by_regex(
         &mut self,
+        tenant: &str,
         pattern: &str,
         now: Millis,
     ) -> Result<Vec<(String, ReplicaList)>> {
         let now = self.advance(now);
-        let regex = compile_pattern(pattern, self.config.max_key_len)?;
+        let matches = tenant_pattern(tenant, pattern, self.config.max_key_len)?;
         let mut matched: Vec<(String, u32)> = self
             .objects
             .iter()
-            .filter(|(_, o)| o.is_readable() && regex.is_match(&o.key))
-            .map(|(slot, o)| (o.key.to_string(), slot))
+            .filter(|(_, o)| o.is_readable() && matches(&o.key))
+            .map(|(slot, o)| (local_key(&o.key).to_string(), slot))
             .collect();
         matched.sort_unstable();
         Ok(matched
@@ -151,17 +154,18 @@ impl Master {
             .collect())
     }
 
-    /// Every readable object whose key matches `pattern`, sorted by key, with its size and
-    /// where it is. Grants no lease and changes nothing: listing must not keep objects from
-    /// eviction or removal (an operator's `mooring ls` once made later puts fail).
-    pub fn list_by_regex(&self, pattern: &str) -> Result<Vec<KeyListing>> {
-        let regex = compile_pattern(pattern, self.config.max_key_len)?;
+    /// Every readable object of `tenant` whose key matches `pattern` (both as the tenant named
+    /// them), sorted by key, with its size and where it is. Grants no lease and changes
+    /// nothing: listing must not keep objects from eviction or removal (an operator's `mooring
+    /// ls` once made later puts fail).
+    pub fn list_by_regex(&self, tenant: &str, pattern: &str) -> Result<Vec<KeyListing>> {
+        let matches = tenant_pattern(tenant, pattern, self.config.max_key_len)?;
         let mut listed: Vec<KeyListing> = self
             .objects
             .iter()
-            .filter(|(_, o)| o.is_readable() && regex.is_match(&o.key))
+            .filter(|(_, o)| o.is_readable() && matches(&o.key))
             .map(|(_, o)| KeyListing {
-                key: o.key.to_string(),
+                key: local_key(&o.key).to_string(),
                 size: o.size,
                 replicas: o.replicas.iter().filter(|r| r.is_complete()).count() as u32,
                 on_disk: o.has_disk_replica(),
@@ -186,7 +190,7 @@ impl Master {
                 ),
             ));
         }
-        Ok(())
+        crate::tenant::check_stored(key)
     }
 
     /// The slot of `key` if it can be read now.
@@ -240,6 +244,17 @@ impl Master {
 }
 
 /// Compiles a user's key pattern with limits that keep a hostile one cheap.
+/// Whether a stored key belongs to `tenant` and, as the tenant named it, matches `pattern`.
+pub(crate) fn tenant_pattern(
+    tenant: &str,
+    pattern: &str,
+    max_key_len: usize,
+) -> Result<impl Fn(&str) -> bool + use<>> {
+    let regex = compile_pattern(pattern, max_key_len)?;
+    let tenant = tenant.to_string();
+    Ok(move |stored: &str| tenant_of(stored) == tenant && regex.is_match(local_key(stored)))
+}
+
 pub(crate) fn compile_pattern(pattern: &str, max_key_len: usize) -> Result<Regex> {
     let limit = pattern_limit(max_key_len);
     if pattern.len() > limit {

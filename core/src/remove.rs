@@ -7,7 +7,8 @@
 
 use crate::error::{ErrorCode, Result};
 use crate::master::Master;
-use crate::reads::compile_pattern;
+use crate::reads::tenant_pattern;
+use crate::tenant::tenant_of;
 use crate::time::Millis;
 
 impl Master {
@@ -21,17 +22,18 @@ impl Master {
         Ok(())
     }
 
-    /// Removes every object that [`Master::remove`] would; returns how many.
-    pub fn remove_all(&mut self, now: Millis) -> u64 {
+    /// Removes every object of `tenant` that [`Master::remove`] would; returns how many.
+    pub fn remove_all(&mut self, tenant: &str, now: Millis) -> u64 {
         let now = self.advance(now);
-        self.remove_matching(now, |_| true)
+        self.remove_matching(now, |key| tenant_of(key) == tenant)
     }
 
-    /// Removes every removable object whose key matches `pattern`; returns how many.
-    pub fn remove_by_regex(&mut self, pattern: &str, now: Millis) -> Result<u64> {
+    /// Removes every removable object of `tenant` whose key (as the tenant named it) matches
+    /// `pattern`; returns how many.
+    pub fn remove_by_regex(&mut self, tenant: &str, pattern: &str, now: Millis) -> Result<u64> {
         let now = self.advance(now);
-        let regex = compile_pattern(pattern, self.config.max_key_len)?;
-        Ok(self.remove_matching(now, |key| regex.is_match(key)))
+        let matches = tenant_pattern(tenant, pattern, self.config.max_key_len)?;
+        Ok(self.remove_matching(now, matches))
     }
 
     fn remove_matching(&mut self, now: Millis, matches: impl Fn(&str) -> bool) -> u64 {

@@ -184,7 +184,9 @@ fn listing_grants_no_lease() {
     f.put(A, "a/1", 4 * KIB, &one());
     f.put(A, "a/2", 4 * KIB, &one());
     f.put(A, "b", 4 * KIB, &one());
-    let listed = f.m.list_by_regex("^a/").unwrap();
+    let listed =
+        f.m.list_by_regex(mooring_core::tenant::DEFAULT_TENANT, "^a/")
+            .unwrap();
     let keys: Vec<&str> = listed.iter().map(|k| k.key.as_str()).collect();
     assert_eq!(keys, ["a/1", "a/2"]);
     assert!(
@@ -193,7 +195,10 @@ fn listing_grants_no_lease() {
             .all(|k| k.size == 4 * KIB && k.replicas == 1 && !k.on_disk)
     );
     f.remove("a/1").expect("a listed object is not leased");
-    assert_eq!(code(f.m.list_by_regex("(")), ErrorCode::INVALID_PARAMS);
+    assert_eq!(
+        code(f.m.list_by_regex(mooring_core::tenant::DEFAULT_TENANT, "(")),
+        ErrorCode::INVALID_PARAMS
+    );
 }
 
 #[test]
@@ -205,18 +210,25 @@ fn exist_grants_a_lease_and_remove_all_and_regex_skip_leased() {
     f.advance(Millis(10));
     assert!(f.m.exist("a1", f.now).unwrap());
     f.get("b1").unwrap();
-    assert_eq!(f.m.remove_by_regex("^a", f.now).unwrap(), 1);
-    assert_eq!(f.m.remove_all(f.now), 1);
+    assert_eq!(
+        f.m.remove_by_regex(mooring_core::tenant::DEFAULT_TENANT, "^a", f.now)
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        f.m.remove_all(mooring_core::tenant::DEFAULT_TENANT, f.now),
+        1
+    );
     f.check();
     let left: Vec<String> =
-        f.m.query_by_regex(".*", f.now)
+        f.m.query_by_regex(mooring_core::tenant::DEFAULT_TENANT, ".*", f.now)
             .unwrap()
             .into_iter()
             .map(|(k, _)| k)
             .collect();
     assert_eq!(left, ["a1", "b1"]);
     assert_eq!(
-        code(f.m.query_by_regex("(", f.now)),
+        code(f.m.query_by_regex(mooring_core::tenant::DEFAULT_TENANT, "(", f.now)),
         ErrorCode::INVALID_PARAMS
     );
 }
@@ -1001,10 +1013,18 @@ fn writes_complete_status_and_processing_never_served() {
             .iter()
             .all(|r| r.status == ReplicaStatus::Processing)
     );
-    assert!(f.m.query_by_regex("k", f.now).unwrap().is_empty());
+    assert!(
+        f.m.query_by_regex(mooring_core::tenant::DEFAULT_TENANT, "k", f.now)
+            .unwrap()
+            .is_empty()
+    );
     f.end(A, "k", g.write_id).unwrap();
     assert_eq!(
-        f.m.query_by_regex("k", f.now).unwrap()[0].1.replicas.len(),
+        f.m.query_by_regex(mooring_core::tenant::DEFAULT_TENANT, "k", f.now)
+            .unwrap()[0]
+            .1
+            .replicas
+            .len(),
         2
     );
     let discarded: Vec<_> = f.m.drain_events();

@@ -109,14 +109,16 @@ pub fn handle(master: &mut Master, request: MasterRequest, now: Millis) -> Resul
         }) => Reply::DiskSync(m.disk_sync(client, segment, report, now)?),
         R::GetSize(GetSize { key }) => Reply::GetSize(m.get_size(&key)?),
         R::Remove(Remove { key }) => Reply::Remove(m.remove(&key, now)?),
-        R::RemoveAll(RemoveAll {}) => Reply::RemoveAll(m.remove_all(now)),
-        R::RemoveByRegex(RemoveByRegex { pattern }) => {
-            Reply::RemoveByRegex(m.remove_by_regex(&pattern, now)?)
+        R::RemoveAll(RemoveAll { tenant }) => Reply::RemoveAll(m.remove_all(&tenant, now)),
+        R::RemoveByRegex(RemoveByRegex { tenant, pattern }) => {
+            Reply::RemoveByRegex(m.remove_by_regex(&tenant, &pattern, now)?)
         }
-        R::QueryByRegex(QueryByRegex { pattern }) => {
-            Reply::QueryByRegex(m.query_by_regex(&pattern, now)?)
+        R::QueryByRegex(QueryByRegex { tenant, pattern }) => {
+            Reply::QueryByRegex(m.query_by_regex(&tenant, &pattern, now)?)
         }
-        R::ListKeys(ListKeys { pattern }) => Reply::ListKeys(m.list_by_regex(&pattern)?),
+        R::ListKeys(ListKeys { tenant, pattern }) => {
+            Reply::ListKeys(m.list_by_regex(&tenant, &pattern)?)
+        }
         R::AcquireHold(AcquireHold { client, key }) => {
             Reply::AcquireHold(m.acquire_hold(client, &key, now)?)
         }

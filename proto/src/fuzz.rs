@@ -277,6 +277,7 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
         .into(),
         GetReplicaList { key: "k".into() }.into(),
         ListKeys {
+            tenant: "team-a".into(),
             pattern: "^kv/".into(),
         }
         .into(),

@@ -121,7 +121,7 @@ def test_setup_refusals_return_codes(master):
     ) == int(ErrorCode.UNAVAILABLE_IN_CURRENT_STATUS)
     # Mooncake's options Mooring does not carry out are refused, not silently dropped.
     for option in (
-        {"tenant_id": "team-a"},
+        {"tenant_id": "no spaces"},
         {"enable_ssd_offload": True},
         {"enable_client_http_server": True},
     ):

@@ -20,7 +20,8 @@ use mooring_proto::auth::{
 };
 use mooring_proto::transport::ControlPlane;
 use mooring_proto::wire::{
-    Follow, Goodbye, Heartbeat, ListSegments, MountSegment, RemoveAll, StateFile, UnmountSegment,
+    Follow, Goodbye, Heartbeat, ListKeys, ListSegments, MountSegment, Remove, RemoveAll, StateFile,
+    UnmountSegment,
 };
 use mooring_transport_tcp::{Framed, TcpControlPlane};
 use tokio::io::AsyncWriteExt;
@@ -81,12 +82,13 @@ pub async fn knock(world: Arc<World>) {
     }
 }
 
-/// The insider's credential with `roles`: valid, issued from the cluster's own token.
-fn insider_credential(roles: Roles) -> Credential {
+/// The insider's credential with `roles` in `tenant`: valid, issued from the cluster's own
+/// token.
+fn insider_credential(roles: Roles, tenant: &str) -> Credential {
     crate::members::cluster_token()
         .issue(Claims {
             name: format!("insider-{roles}").replace(',', "-"),
-            tenant: DEFAULT_TENANT.into(),
+            tenant: tenant.into(),
             roles,
             serial: 0x1d,
             expires: 0,
@@ -128,11 +130,11 @@ async fn insider(world: &World, kind: u8) -> Result<(), String> {
             id,
         )
     };
-    let node = insider_credential(Roles::NODE);
+    let node = insider_credential(Roles::NODE, DEFAULT_TENANT);
     let own = ClientId(node.client_id(madsim::rand::random()));
     let as_node = control(&node, own);
     if kind == 6 {
-        let client = insider_credential(Roles::CLIENT);
+        let client = insider_credential(Roles::CLIENT, DEFAULT_TENANT);
         let own = ClientId(client.client_id(madsim::rand::random()));
         let as_client = control(&client, own);
         let spec = SegmentSpec {
@@ -147,10 +149,35 @@ async fn insider(world: &World, kind: u8) -> Result<(), String> {
             "mount as a client",
             as_client.call(MountSegment { client: own, spec }).await,
         )?;
-        got_past("remove_all as a client", as_client.call(RemoveAll {}).await)?;
+        got_past(
+            "remove_all as a client",
+            as_client
+                .call(RemoveAll {
+                    tenant: DEFAULT_TENANT.into(),
+                })
+                .await,
+        )?;
         if forged_claims_welcomed(&client).await {
             return Err("an insider's claims, raised to every role, were welcomed".into());
         }
+        // A client of another tenant reaches for the workload's keys, below the library.
+        let outsider = insider_credential(Roles::CLIENT, "elsewhere");
+        let own = ClientId(outsider.client_id(madsim::rand::random()));
+        let as_outsider = control(&outsider, own);
+        let victim = world.keys[madsim::rand::random::<usize>() % world.keys.len()].clone();
+        got_past(
+            "remove of another tenant's key",
+            as_outsider.call(Remove { key: victim }).await,
+        )?;
+        got_past(
+            "listing of another tenant",
+            as_outsider
+                .call(ListKeys {
+                    tenant: DEFAULT_TENANT.into(),
+                    pattern: ".*".into(),
+                })
+                .await,
+        )?;
         return got_past(
             "follow as a client",
             as_client

@@ -15,7 +15,8 @@ use mooring_core::{ClientId, ErrorCode, ReplicateConfig, SegmentSpec};
 use mooring_proto::auth::{Claims, Credential, Roles};
 use mooring_proto::transport::ControlPlane;
 use mooring_proto::wire::{
-    Follow, Goodbye, Hello, ListSegments, MountSegment, PutStart, RemoveAll, StateFile,
+    Follow, GetReplicaList, Goodbye, Hello, ListKeys, ListSegments, MasterRequest, MountSegment,
+    PutStart, Remove, RemoveAll, StateFile,
 };
 use mooring_transport_tcp::TcpControlPlane;
 
@@ -260,7 +261,12 @@ async fn each_role_does_only_its_own_work() {
         "a client follows",
     );
     refused(
-        control.call(RemoveAll {}).await.map(drop),
+        control
+            .call(RemoveAll {
+                tenant: "default".into(),
+            })
+            .await
+            .map(drop),
         "a client removes all",
     );
     let listed = control.call(ListSegments {}).await.unwrap();
@@ -302,13 +308,20 @@ async fn each_role_does_only_its_own_work() {
         "{answer}"
     );
     refused(
-        control.call(RemoveAll {}).await.map(drop),
+        control
+            .call(RemoveAll {
+                tenant: "default".into(),
+            })
+            .await
+            .map(drop),
         "a standby removes all",
     );
     let admin = cluster.member("ops", Roles::ADMIN, 0);
     cluster
         .control(&admin, None)
-        .call(RemoveAll {})
+        .call(RemoveAll {
+            tenant: "default".into(),
+        })
         .await
         .unwrap();
 }
@@ -425,6 +438,76 @@ async fn one_member_cannot_hold_the_pool_hostage() {
             .unwrap();
         assert_eq!(honest.get(&format!("honest/{i}")).await.unwrap(), value);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_never_meet() {
+    let cluster = Cluster::start("tenants", &[]);
+    let _ = cluster.node_segment().await;
+    let in_tenant = |name: &str, tenant: &str| {
+        cluster
+            .secret
+            .issue(Claims {
+                name: name.into(),
+                tenant: tenant.into(),
+                roles: Roles::CLIENT.union(Roles::ADMIN),
+                serial: tenant.len() as u64,
+                expires: 0,
+            })
+            .unwrap()
+    };
+    let (a, b) = (in_tenant("app", "team-a"), in_tenant("app", "team-b"));
+    let (ca, cb) = (cluster.client(&a).await, cluster.client(&b).await);
+    assert_eq!((ca.tenant(), cb.tenant()), ("team-a", "team-b"));
+    let single = ReplicateConfig::single();
+    ca.put("k", b"a's", &single).await.unwrap();
+    // b neither reads, lists nor removes a's key; its own `k` is another object.
+    assert_eq!(
+        cb.get("k").await.unwrap_err().code,
+        ErrorCode::OBJECT_NOT_FOUND
+    );
+    assert!(cb.query(".*").await.unwrap().is_empty());
+    cb.put("k", b"b's", &single).await.unwrap();
+    assert_eq!(cb.remove_all().await.unwrap(), 1);
+    assert_eq!(ca.get("k").await.unwrap(), b"a's");
+    let listed = ca.query(".*").await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        listed[0].key, "k",
+        "keys are listed as the tenant named them"
+    );
+    // A client of the default tenant (the cluster token) does not see them either.
+    let admin = cluster.client(&cluster.secret).await;
+    assert!(admin.query(".*").await.unwrap().is_empty());
+    // Below the library, b names a's stored key or a's tenant: refused by the master.
+    let raw = cluster.control(&b, None);
+    for request in [
+        MasterRequest::from(GetReplicaList {
+            key: "team-a\u{1f}k".into(),
+        }),
+        MasterRequest::from(Remove {
+            key: "team-a\u{1f}k".into(),
+        }),
+        MasterRequest::from(ListKeys {
+            tenant: "team-a".into(),
+            pattern: ".*".into(),
+        }),
+        MasterRequest::from(RemoveAll {
+            tenant: "team-a".into(),
+        }),
+    ] {
+        let name = request.name();
+        let err = raw.send(request).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::ILLEGAL_CLIENT, "{name}: {err}");
+        assert!(err.to_string().contains("reaches into tenant"), "{err}");
+    }
+    assert_eq!(ca.get("k").await.unwrap(), b"a's");
+    // A credential cannot be used for another tenant.
+    let mut config = ClientConfig::new(cluster.addr.clone());
+    config.token = Some(a.clone());
+    config.tenant = Some("team-b".into());
+    let err = Client::connect(config).await.err().expect("refused");
+    assert!(err.to_string().contains("belongs to tenant"), "{err}");
 }
 
 #[test]

@@ -78,7 +78,11 @@ fn rpc_round_trips_and_faults_behave() {
             )
             .await
             .unwrap();
-            let call = || control.send(MasterRequest::from(RemoveAll {}));
+            let call = || {
+                control.send(MasterRequest::from(RemoveAll {
+                    tenant: "default".into(),
+                }))
+            };
             assert!(matches!(call().await, Ok(Reply::RemoveAll(1))));
 
             net.set_faults(NetFaults {

@@ -57,11 +57,17 @@ impl Harness {
             ),
             6 => (
                 ErrorCode::INVALID_PARAMS,
-                format!("{:?}", m.query_by_regex("(unclosed", now)),
+                format!(
+                    "{:?}",
+                    m.query_by_regex(crate::tenant::DEFAULT_TENANT, "(unclosed", now)
+                ),
             ),
             7 => (
                 ErrorCode::INVALID_PARAMS,
-                format!("{:?}", m.remove_by_regex("[z-a]", now)),
+                format!(
+                    "{:?}",
+                    m.remove_by_regex(crate::tenant::DEFAULT_TENANT, "[z-a]", now)
+                ),
             ),
             8 => (
                 ErrorCode::INVALID_PARAMS,

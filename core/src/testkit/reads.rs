@@ -204,7 +204,11 @@ impl Harness {
         let prefix = format!("k{}", prefix % 10);
         let got = self
             .master
-            .query_by_regex(&format!("^{prefix}"), self.now)
+            .query_by_regex(
+                crate::tenant::DEFAULT_TENANT,
+                &format!("^{prefix}"),
+                self.now,
+            )
             .map_err(|e| format!("query failed: {e}"))?;
         self.no_events("query")?;
         let expected: Vec<String> = self

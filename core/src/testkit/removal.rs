@@ -63,9 +63,11 @@ impl Harness {
         let got = match &prefix {
             Some(p) => self
                 .master
-                .remove_by_regex(&format!("^{p}"), self.now)
+                .remove_by_regex(crate::tenant::DEFAULT_TENANT, &format!("^{p}"), self.now)
                 .map_err(|e| format!("remove_by_regex failed: {e}"))?,
-            None => self.master.remove_all(self.now),
+            None => self
+                .master
+                .remove_all(crate::tenant::DEFAULT_TENANT, self.now),
         };
         self.no_events("remove_all")?;
         let victims: Vec<String> = self

@@ -8,7 +8,7 @@ use mooring_core::{Error, ErrorCode};
 /// First bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"MOOR";
 /// The wire format version this build speaks.
-pub const WIRE_VERSION: u8 = 14;
+pub const WIRE_VERSION: u8 = 15;
 /// Length of the frame header.
 pub const HEADER_LEN: usize = 24;
 /// Largest frame payload accepted (a batch of many keys fits; bulk data travels outside).

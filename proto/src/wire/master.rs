@@ -14,6 +14,7 @@ use super::cluster::ClusterInfo;
 use super::frame::{FrameError, FrameKind, WireMessage, wire_message};
 use super::standby::{FollowChunk, StateFile};
 use crate::auth::{Peer, Roles};
+use mooring_core::tenant::{local_key, stored_key, tenant_of};
 
 pub use messages::*;
 
@@ -171,12 +172,15 @@ mod messages {
         DiskSync { client: ClientId, segment: SegmentId, report: DiskReport } => DiskSyncAck;
         GetSize { key: String } => u64;
         Remove { key: String } => ();
-        /// Removes every removable object; answers how many.
-        RemoveAll {} => u64;
-        RemoveByRegex { pattern: String } => u64;
-        QueryByRegex { pattern: String } => Vec<(String, ReplicaList)>;
-        /// Keys matching `pattern` with sizes and replica counts; grants no lease.
-        ListKeys { pattern: String } => Vec<KeyListing>;
+        /// Removes every removable object of `tenant`; answers how many.
+        RemoveAll { tenant: String } => u64;
+        /// Removes `tenant`'s removable objects whose keys (as the tenant named them) match.
+        RemoveByRegex { tenant: String, pattern: String } => u64;
+        /// `tenant`'s readable objects whose keys match, with leases; keys as the tenant
+        /// named them.
+        QueryByRegex { tenant: String, pattern: String } => Vec<(String, ReplicaList)>;
+        /// `tenant`'s keys matching `pattern` with sizes and replica counts; grants no lease.
+        ListKeys { tenant: String, pattern: String } => Vec<KeyListing>;
         AcquireHold { client: ClientId, key: String } => (HoldId, ReplicaList);
         ReleaseHold { client: ClientId, hold: HoldId } => ();
         CopyStart { client: ClientId, key: String, targets: Vec<String> } => CopyGrant;
@@ -290,15 +294,122 @@ impl MasterRequest {
         )
     }
 
+    /// The tenant a listing, regex query or wholesale removal is scoped to.
+    pub fn tenant(&self) -> Option<&str> {
+        use MasterRequest as R;
+        match self {
+            R::RemoveAll(RemoveAll { tenant })
+            | R::RemoveByRegex(RemoveByRegex { tenant, .. })
+            | R::QueryByRegex(QueryByRegex { tenant, .. })
+            | R::ListKeys(ListKeys { tenant, .. }) => Some(tenant),
+            _ => None,
+        }
+    }
+
+    /// Scopes a client's request to `tenant`: each key it names becomes the key the master
+    /// stores for the tenant, and a listing, regex query or wholesale removal is the tenant's.
+    /// A key holding the tenant separator is refused (`INVALID_KEY`).
+    pub fn scope_to(&mut self, tenant: &str) -> Result<(), Error> {
+        use MasterRequest as R;
+        let scope = |key: &mut String| -> Result<(), Error> {
+            *key = stored_key(tenant, key)?;
+            Ok(())
+        };
+        match self {
+            R::RemoveAll(RemoveAll { tenant: t })
+            | R::RemoveByRegex(RemoveByRegex { tenant: t, .. })
+            | R::QueryByRegex(QueryByRegex { tenant: t, .. })
+            | R::ListKeys(ListKeys { tenant: t, .. }) => *t = tenant.to_string(),
+            R::PutStart(PutStart { key, .. })
+            | R::PutEnd(PutEnd { key, .. })
+            | R::PutRevoke(PutRevoke { key, .. })
+            | R::PutAbort(PutAbort { key, .. })
+            | R::GetReplicaList(GetReplicaList { key })
+            | R::Exist(Exist { key })
+            | R::ExistPrefetch(ExistPrefetch { key, .. })
+            | R::GetSize(GetSize { key })
+            | R::Remove(Remove { key })
+            | R::AcquireHold(AcquireHold { key, .. })
+            | R::CopyStart(CopyStart { key, .. })
+            | R::MoveStart(MoveStart { key, .. }) => scope(key)?,
+            R::BatchPutStart(BatchPutStart { items, .. }) => {
+                items.iter_mut().try_for_each(|(key, _)| scope(key))?
+            }
+            R::BatchPutEnd(BatchPutEnd { items, .. }) => {
+                items.iter_mut().try_for_each(|(key, _, _)| scope(key))?
+            }
+            R::BatchPutRevoke(BatchPutRevoke { items, .. }) => {
+                items.iter_mut().try_for_each(|(key, _)| scope(key))?
+            }
+            R::BatchGetReplicaList(BatchGetReplicaList { keys })
+            | R::BatchExist(BatchExist { keys })
+            | R::BatchExistPrefetch(BatchExistPrefetch { keys, .. })
+            | R::BatchReplicaClear(BatchReplicaClear { keys, .. }) => {
+                keys.iter_mut().try_for_each(scope)?
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The object keys a client's request names (as the master stores them). A node's disk
+    /// report names keys of every tenant and is not among them.
+    pub fn keys(&self) -> Vec<&str> {
+        use MasterRequest as R;
+        match self {
+            R::PutStart(PutStart { key, .. })
+            | R::PutEnd(PutEnd { key, .. })
+            | R::PutRevoke(PutRevoke { key, .. })
+            | R::PutAbort(PutAbort { key, .. })
+            | R::GetReplicaList(GetReplicaList { key })
+            | R::Exist(Exist { key })
+            | R::ExistPrefetch(ExistPrefetch { key, .. })
+            | R::GetSize(GetSize { key })
+            | R::Remove(Remove { key })
+            | R::AcquireHold(AcquireHold { key, .. })
+            | R::CopyStart(CopyStart { key, .. })
+            | R::MoveStart(MoveStart { key, .. }) => vec![key],
+            R::BatchPutStart(BatchPutStart { items, .. }) => {
+                items.iter().map(|(k, _)| k.as_str()).collect()
+            }
+            R::BatchPutEnd(BatchPutEnd { items, .. }) => {
+                items.iter().map(|(k, _, _)| k.as_str()).collect()
+            }
+            R::BatchPutRevoke(BatchPutRevoke { items, .. }) => {
+                items.iter().map(|(k, _)| k.as_str()).collect()
+            }
+            R::BatchGetReplicaList(BatchGetReplicaList { keys })
+            | R::BatchExist(BatchExist { keys })
+            | R::BatchExistPrefetch(BatchExistPrefetch { keys, .. })
+            | R::BatchReplicaClear(BatchReplicaClear { keys, .. }) => {
+                keys.iter().map(String::as_str).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// Why `peer` may not make this request, if it may not: it names a client other than the
     /// one the connection speaks for (no peer acts as another's id: ends its writes, unmounts
-    /// its segments, says its goodbye), or it needs a role the peer's credential lacks.
+    /// its segments, says its goodbye), it needs a role the peer's credential lacks, or it
+    /// reaches outside the credential's tenant (a key, a listing, a removal).
     pub fn refusal_for(&self, peer: &Peer) -> Option<Error> {
         let bound = ClientId(peer.client);
         if let Some(named) = self.client().filter(|named| *named != bound) {
             return Some(Error::new(
                 ErrorCode::ILLEGAL_CLIENT,
                 format!("this connection speaks for {bound:?}; it cannot act as {named:?}"),
+            ));
+        }
+        if let Some(outside) = self.outside_tenant(peer) {
+            return Some(Error::new(
+                ErrorCode::ILLEGAL_CLIENT,
+                format!(
+                    "{}/{} acts in tenant {:?}, and this {} reaches into tenant {outside:?}",
+                    peer.tenant,
+                    peer.name,
+                    peer.tenant,
+                    self.name()
+                ),
             ));
         }
         let needed = self.roles_needed();
@@ -320,6 +431,15 @@ impl MasterRequest {
                 ),
             )),
         }
+    }
+
+    /// The tenant outside `peer`'s own this request reaches, if it does. Only member
+    /// credentials are bound to a tenant; the cluster token's holders act in any.
+    fn outside_tenant<'a>(&'a self, peer: &Peer) -> Option<&'a str> {
+        peer.credential?;
+        let scoped = self.tenant().into_iter();
+        let keyed = self.keys().into_iter().map(tenant_of);
+        scoped.chain(keyed).find(|tenant| *tenant != peer.tenant)
     }
 
     /// The roles of which a peer needs one to make this request. Reads of the cluster's shape
@@ -407,6 +527,16 @@ wire_message!(ControlRequest, FrameKind::MasterRequest);
 wire_message!(MasterResponse, FrameKind::MasterResponse);
 
 impl Reply {
+    /// Keys in a reply to a scoped request, as the tenant named them (see
+    /// [`MasterRequest::scope_to`]).
+    pub fn unscope(&mut self) {
+        if let Reply::BatchReplicaClear(keys) = self {
+            for key in keys.iter_mut() {
+                *key = local_key(key).to_string();
+            }
+        }
+    }
+
     /// Blanks the owners of segments `viewer` does not own, for a peer that is neither a node
     /// nor an admin: a client needs a segment's address and key to read, never who mounted it.
     pub fn hide_owners(&mut self, viewer: ClientId) {

@@ -291,13 +291,8 @@ def _flag(value: Any) -> bool:
     return bool(value)
 
 
-def _unsupported(ssd_offload: bool, tenant_id: str, client_http_server: bool) -> str:
+def _unsupported(ssd_offload: bool, client_http_server: bool) -> str:
     """Why Mooncake setup options Mooring does not carry out cannot be taken, or ""."""
-    if tenant_id not in ("", "default"):
-        return (
-            f"tenant_id {tenant_id!r}: Mooring has no tenants (every store of a cluster shares "
-            "its keys); run a master per tenant, or leave tenant_id at 'default'"
-        )
     if ssd_offload:
         return (
             "enable_ssd_offload: Mooring's SSD tier runs on its storage nodes; start them with "
@@ -361,15 +356,20 @@ class MooncakeDistributedStore(TensorCalls):
         option, else the file ``MOORING_TOKEN_FILE`` names; with neither, only a cluster
         running without a token on loopback accepts the store.
 
+        ``tenant_id`` names the tenant whose keys the store reads and writes (its own
+        namespace: keys, listings and ``remove_all`` see only that tenant's objects). With a
+        member credential it must be the credential's tenant (``"default"`` or ``""`` take the
+        credential's); the cluster token may act in any.
+
         Mooncake's other options are refused with -600 unless left at their defaults, rather
-        than silently ignored: Mooring has no tenants (``tenant_id``: run a cluster per
-        tenant), keeps its SSD tier on the nodes (``enable_ssd_offload``: start ``mooring node
-        --disk-dir``), and serves metrics from the master and nodes
-        (``enable_client_http_server``: ``--metrics-listen``). ``engine`` is ignored.
+        than silently ignored: Mooring keeps its SSD tier on the nodes
+        (``enable_ssd_offload``: start ``mooring node --disk-dir``), and serves metrics from
+        the master and nodes (``enable_client_http_server``: ``--metrics-listen``).
+        ``engine`` is ignored.
         """
         if isinstance(local_hostname, Mapping):
             return self._setup_from_dict(dict(local_hostname))
-        refused = _unsupported(enable_ssd_offload, tenant_id, enable_client_http_server)
+        refused = _unsupported(enable_ssd_offload, enable_client_http_server)
         if refused:
             return self._refuse("setup", ErrorCode.INVALID_PARAMS, refused)
         try:
@@ -385,12 +385,12 @@ class MooncakeDistributedStore(TensorCalls):
             str(rdma_devices or ""),
             str(master_server_addr),
             token_file,
+            str(tenant_id or ""),
         )
 
     def _setup_from_dict(self, config: dict) -> int:
         refused = _unsupported(
             _flag(config.get("enable_ssd_offload", False)),
-            str(config.get("tenant_id", "default")),
             _flag(config.get("enable_client_http_server", False)),
         )
         if refused:
@@ -422,6 +422,7 @@ class MooncakeDistributedStore(TensorCalls):
             str(config.get("rdma_devices", "") or ""),
             str(config.get("master_server_addr", _DEFAULT_MASTER)),
             config.get("token_file"),
+            str(config.get("tenant_id", "") or ""),
         )
 
     def _setup(
@@ -433,6 +434,7 @@ class MooncakeDistributedStore(TensorCalls):
         rdma_devices: str,
         master: str,
         token_file: str | None,
+        tenant: str = "",
     ) -> int:
         protocol = protocol.lower()
         if protocol not in ("tcp", "rdma"):
@@ -463,6 +465,8 @@ class MooncakeDistributedStore(TensorCalls):
                     _port_range(),
                     protocol,
                     rdma_devices,
+                    # Mooncake's default tenant name means "the credential's own".
+                    tenant if tenant not in ("", "default") else None,
                 )
             except MooringError as e:
                 code, message = e.args

@@ -23,6 +23,7 @@ impl NativeClient {
         token_file: Option<String>,
         ports: PortRange,
         rdma: Option<Vec<String>>,
+        tenant: Option<String>,
     ) -> Result<(Client, String)> {
         let token = mooring::token::resolve(token_file.as_deref().map(Path::new))?;
         // Mooncake's `protocol="rdma"`: data over RDMA (failing here without a device), and a
@@ -30,6 +31,7 @@ impl NativeClient {
         let base = |config: ClientConfig| {
             let mut config = ClientConfig {
                 token: token.clone(),
+                tenant: tenant.clone(),
                 ..config
             };
             if let Some(devices) = &rdma {

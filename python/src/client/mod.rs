@@ -40,7 +40,7 @@ pub struct NativeClient {
 impl NativeClient {
     /// Connects to the master at `master` (see the module docs of `mooring.store`).
     #[staticmethod]
-    #[pyo3(signature = (master, hostname, segment_size, local_buffer_size, token_file, ports, protocol = "tcp", rdma_devices = ""))]
+    #[pyo3(signature = (master, hostname, segment_size, local_buffer_size, token_file, ports, protocol = "tcp", rdma_devices = "", tenant = None))]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
@@ -52,12 +52,21 @@ impl NativeClient {
         ports: PortRange,
         protocol: &str,
         rdma_devices: &str,
+        tenant: Option<String>,
     ) -> PyResult<NativeClient> {
         let rdma =
             (protocol == "rdma").then(|| mooring::transports::device_names(Some(rdma_devices)));
         let (client, hostname) = raise(block_on(
             py,
-            NativeClient::connect_async(master, hostname, segment_size, token_file, ports, rdma),
+            NativeClient::connect_async(
+                master,
+                hostname,
+                segment_size,
+                token_file,
+                ports,
+                rdma,
+                tenant,
+            ),
         ))?;
         Ok(NativeClient {
             client,

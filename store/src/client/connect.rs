@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mooring_core::{ClientId, Result};
+use mooring_core::{ClientId, Error, ErrorCode, Result};
 use mooring_proto::auth::Credential;
 
 use mooring_transport_tcp::{
@@ -50,6 +50,9 @@ pub struct ClientConfig {
     pub transport: crate::transports::TransportChoice,
     /// RDMA devices to try, in order (empty: any device).
     pub rdma_devices: Vec<String>,
+    /// The tenant whose keys the client reads and writes (`None`: its credential's, or the
+    /// default tenant). A member credential of another tenant is refused.
+    pub tenant: Option<String>,
 }
 
 impl ClientConfig {
@@ -68,6 +71,7 @@ impl ClientConfig {
             token: None,
             transport: crate::transports::TransportChoice::Auto,
             rdma_devices: Vec::new(),
+            tenant: None,
         }
     }
 
@@ -218,6 +222,7 @@ impl Client {
             None => crate::token::resolve(None)?,
         };
         let id = config.id.unwrap_or_else(|| client_id_for(token.as_ref()));
+        let tenant = tenant_for(config.tenant.as_deref(), token.as_ref())?;
         let t = transports(&config, id, token.clone(), local)?;
         let contribution = match &config.segment {
             Some(segment) => Some(contribution(segment, token, t.local).await?),
@@ -225,6 +230,27 @@ impl Client {
         };
         let data =
             crate::transports::client_data_plane(t.data, config.transport, &config.rdma_devices)?;
-        Client::with_transport(id, t.control, data, contribution).await
+        Client::in_tenant(&tenant, id, t.control, data, contribution).await
+    }
+}
+
+/// The tenant a client acts in: the one asked for, which a member credential must belong to;
+/// else the credential's; else the default tenant.
+pub fn tenant_for(asked: Option<&str>, token: Option<&Credential>) -> Result<String> {
+    let held = token
+        .and_then(Credential::claims)
+        .map(|c| c.tenant.as_str());
+    match (asked, held) {
+        (Some(asked), Some(held)) if asked != held => Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!(
+                "this process's credential belongs to tenant {held:?}, not {asked:?}: issue it a \
+                 credential for {asked:?} (`mooring token issue --tenant {asked}`) or leave the \
+                 tenant unset"
+            ),
+        )),
+        (Some(asked), _) => Ok(asked.to_string()),
+        (None, Some(held)) => Ok(held.to_string()),
+        (None, None) => Ok(mooring_core::tenant::DEFAULT_TENANT.to_string()),
     }
 }

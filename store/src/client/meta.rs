@@ -78,14 +78,18 @@ impl Client {
         .await
     }
 
-    /// Removes every object nobody is using; returns how many.
+    /// Removes every object of this client's tenant nobody is using; returns how many.
     pub async fn remove_all(&self) -> Result<u64> {
-        self.call(RemoveAll {}).await
+        self.call(RemoveAll {
+            tenant: String::new(),
+        })
+        .await
     }
 
     /// Removes every unused object whose key matches `pattern`; returns how many.
     pub async fn remove_by_regex(&self, pattern: &str) -> Result<u64> {
         self.call(RemoveByRegex {
+            tenant: String::new(),
             pattern: pattern.to_string(),
         })
         .await
@@ -94,6 +98,7 @@ impl Client {
     /// The readable objects whose keys match `pattern`, with their replicas.
     pub async fn query_by_regex(&self, pattern: &str) -> Result<Vec<(String, ReplicaList)>> {
         self.call(QueryByRegex {
+            tenant: String::new(),
             pattern: pattern.to_string(),
         })
         .await
@@ -103,6 +108,7 @@ impl Client {
     /// never keeps objects from eviction or removal.
     pub async fn query(&self, pattern: &str) -> Result<Vec<KeyListing>> {
         self.call(ListKeys {
+            tenant: String::new(),
             pattern: pattern.to_string(),
         })
         .await

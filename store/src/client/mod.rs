@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use mooring_core::client::{per_key, segment_gone};
+use mooring_core::tenant::{DEFAULT_TENANT, SEPARATOR, stored_key, valid_tenant};
 use mooring_core::{
     Checksum, ClientId, Error, ErrorCode, HeartbeatStatus, KeyListing, Medium, PutGrant,
     ReplicaDescriptor, ReplicaList, ReplicateConfig, Result, SegmentId, SegmentInfo, Stats,
@@ -26,8 +27,8 @@ use mooring_proto::transport::{ControlPlane, DataPlane, NodeAddr, ReadOp, WriteO
 use mooring_proto::wire::{
     AcquireHold, BatchExist, BatchGetReplicaList, BatchPutEnd, BatchPutStart, Call, ClusterInfo,
     DescribeSegments, Exist, ExistPrefetch, GetReplicaList, GetSize, GetStats, Heartbeat, ListKeys,
-    ListSegments, PutAbort, PutEnd, PutStart, QueryByRegex, ReleaseHold, Remove, RemoveAll,
-    RemoveByRegex,
+    ListSegments, MasterRequest, PutAbort, PutEnd, PutStart, QueryByRegex, ReleaseHold, Remove,
+    RemoveAll, RemoveByRegex,
 };
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info, warn};
@@ -51,29 +52,65 @@ pub struct Client {
 
 struct Inner {
     presence: Presence,
+    /// The tenant whose keys this client reads and writes (see `mooring_core::tenant`).
+    tenant: String,
     data: Arc<dyn DataPlane>,
     segments: RwLock<BTreeMap<SegmentId, NodeAddr>>,
     next_replica: AtomicUsize,
 }
 
 impl Client {
-    /// A client over the given transports, contributing `contribution` (kept mounted by the
-    /// client's heartbeat) if given.
+    /// A client of the default tenant over the given transports, contributing
+    /// `contribution` (kept mounted by the client's heartbeat) if given.
     pub async fn with_transport(
         id: ClientId,
         control: Arc<dyn ControlPlane>,
         data: Arc<dyn DataPlane>,
         contribution: Option<Contribution>,
     ) -> Result<Client> {
+        Client::in_tenant(DEFAULT_TENANT, id, control, data, contribution).await
+    }
+
+    /// [`Client::with_transport`] reading and writing `tenant`'s keys.
+    pub async fn in_tenant(
+        tenant: &str,
+        id: ClientId,
+        control: Arc<dyn ControlPlane>,
+        data: Arc<dyn DataPlane>,
+        contribution: Option<Contribution>,
+    ) -> Result<Client> {
+        if !valid_tenant(tenant) {
+            return Err(Error::new(
+                ErrorCode::INVALID_PARAMS,
+                format!(
+                    "{tenant:?} cannot name a tenant: 1 to 64 letters, digits, '.', '_' or '-'"
+                ),
+            ));
+        }
         let presence = Presence::join(id, control, contribution).await?;
         Ok(Client {
             inner: Arc::new(Inner {
                 presence,
+                tenant: tenant.to_string(),
                 data,
                 segments: RwLock::new(BTreeMap::new()),
                 next_replica: AtomicUsize::new(0),
             }),
         })
+    }
+
+    /// The tenant whose keys this client reads and writes.
+    pub fn tenant(&self) -> &str {
+        &self.inner.tenant
+    }
+
+    /// The key the master stores for this tenant's `key`; a key the master gave (a repair's)
+    /// is stored already.
+    fn stored_key(&self, key: &str) -> Result<String> {
+        match key.contains(SEPARATOR) {
+            true => Ok(key.to_string()),
+            false => stored_key(&self.inner.tenant, key),
+        }
     }
 
     /// This client's id.
@@ -119,8 +156,22 @@ impl Client {
         outcome
     }
 
+    /// Sends `request` scoped to this client's tenant (its keys as the master stores them)
+    /// and returns its reply, keys as the tenant named them.
     async fn call<C: Call>(&self, request: C) -> Result<C::Reply> {
-        self.inner.presence.control().call(request).await
+        let mut request: MasterRequest = request.into();
+        request.scope_to(&self.inner.tenant)?;
+        let mut reply = self.inner.presence.control().send(request).await?;
+        reply.unscope();
+        C::from_reply(reply).map_err(|other| {
+            Error::new(
+                ErrorCode::INTERNAL_ERROR,
+                format!(
+                    "the master answered {} with a reply to another request: {other:?}",
+                    C::NAME
+                ),
+            )
+        })
     }
 
     /// [`Client::call`] for a request that names this client, which the master counts as its

@@ -225,10 +225,11 @@ impl Client {
     ) -> Result<Checksum> {
         buggify::hold(Site::CLIENT_BEFORE_STAGE).await;
         let asked = self.now();
+        let stored = self.stored_key(key)?;
         let staged = self
             .inner
             .data
-            .stage(node, key, write, buf.len() as u64)
+            .stage(node, &stored, write, buf.len() as u64)
             .await?;
         if staged.len != buf.len() as u64 {
             return Err(Error::new(

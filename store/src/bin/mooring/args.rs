@@ -407,6 +407,10 @@ pub(crate) struct ClientArgs {
     /// device found].
     #[arg(long, value_name = "NAME[,NAME]")]
     pub(crate) rdma_device: Option<String>,
+    /// The tenant whose keys to read and write [default: the credential's, else the default
+    /// tenant]. A member credential acts only in its own tenant.
+    #[arg(long, env = "MOORING_TENANT")]
+    pub(crate) tenant: Option<String>,
     #[command(flatten)]
     pub(crate) auth: AuthArgs,
 }

@@ -16,6 +16,7 @@ async fn connect(args: &ClientArgs) -> Result<Client, Error> {
     config.token = args.auth.token()?;
     config.transport = args.transport;
     config.rdma_devices = mooring::transports::device_names(args.rdma_device.as_deref());
+    config.tenant = args.tenant.clone();
     Client::connect(config).await
 }
 
