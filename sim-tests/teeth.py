@@ -152,6 +152,23 @@ EXPS = {
  'unfinished-share-per-process': [
    ('core/src/quota.rs', "    match client.0 >> 64 {\n        0 => client.0,", "    match client.0 >> 64 {\n        _ => client.0,"),
  ],
+ # Tenants: listings and regex removals that forget the tenant (judged by the real-process
+ # tenant test); a member's keys no longer checked against its tenant (the insider's remove
+ # of the workload's keys from another tenant); a put that skips its tenant's quota (the
+ # core's policy test); a removed object that keeps counting against its tenant (the
+ # invariant checker, through the reference model).
+ 'tenant-scope-ignored': [
+   ('core/src/reads.rs', "    Ok(move |stored: &str| tenant_of(stored) == tenant && regex.is_match(local_key(stored)))", "    Ok(move |stored: &str| !tenant.is_empty() && regex.is_match(local_key(stored)))"),
+ ],
+ 'tenant-keys-unchecked': [
+   ('proto/src/wire/master.rs', "        let keyed = self.keys().into_iter().map(tenant_of);", "        let keyed = self.keys().into_iter().map(tenant_of).filter(|_| false);"),
+ ],
+ 'tenant-quota-unchecked': [
+   ('core/src/put.rs', "        self.check_tenant_quota(key, size, existing.map(|s| self.objects.at(s).size))?;\n", ""),
+ ],
+ 'tenant-usage-kept-after-remove': [
+   ('core/src/objects.rs', "        debug_assert!(indexed, \"live slot missing from the key index\");\n        self.tenants.take(&object.key, object.size);\n", "        debug_assert!(indexed, \"live slot missing from the key index\");\n"),
+ ],
  # Expiry is never checked (judged by the real-process role tests).
  'credential-expiry-ignored': [
    ('proto/src/auth/peer.rs', "        if expires != 0 && now_unix >= expires {", "        if expires != 0 && now_unix >= expires && false {"),
@@ -332,6 +349,12 @@ for plant in ('unfinished-share-unchecked', 'unfinished-bytes-kept'):
                              'random_interaction')
 PROPERTY_TESTS['unfinished-share-per-process'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'policy'],
                                                   'one_member_cannot_hold_the_pool_in_unfinished_puts')
+PROPERTY_TESTS['tenant-scope-ignored'] = (['cargo', 'test', '-q', '-p', 'mooring', '--test', 'roles'],
+                                          'tenants_never_meet')
+PROPERTY_TESTS['tenant-quota-unchecked'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'policy'],
+                                            'a_tenant_is_held_to_its_quota')
+PROPERTY_TESTS['tenant-usage-kept-after-remove'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'model'],
+                                                    'random_interaction')
 PROPERTY_TESTS['standby-claim-trusted'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'log_shipping'],
                                            'a_claim_beyond_what_the_leader_sent')
 # Plants in code only some transports run are tried on those (default: the usual mix).
@@ -345,6 +368,7 @@ RUN_ARGS = {
  'roles-unchecked': ['--transport', 'tcp'],
  'admin-requests-unchecked': ['--transport', 'tcp'],
  'member-key-ignores-claims': ['--transport', 'tcp'],
+ 'tenant-keys-unchecked': ['--transport', 'tcp'],
  'rdma-unexport-keeps-registration': ['--transport', 'rdma'],
 }
 # Leadership and durability in a group of masters (standby groups run in TCP and transport-sim

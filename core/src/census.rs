@@ -42,6 +42,8 @@ pub struct StatsReport {
     pub stats: Stats,
     /// Objects by state, counted for this report.
     pub census: Census,
+    /// Per tenant that stores anything: its name, objects and value bytes.
+    pub tenants: Vec<(String, u64, u64)>,
 }
 
 impl Master {
@@ -50,6 +52,12 @@ impl Master {
         StatsReport {
             stats: self.stats(),
             census: self.census(now),
+            tenants: self
+                .objects
+                .tenants()
+                .iter()
+                .map(|(tenant, usage)| (tenant.to_string(), usage.objects, usage.bytes))
+                .collect(),
         }
     }
 

@@ -59,6 +59,9 @@ pub struct MasterConfig {
     /// `NO_AVAILABLE_HANDLE` until it finishes some (see `quota`). Default 0.75: a lone
     /// writer's batch may still fill most of a small pool.
     pub unfinished_put_share: f64,
+    /// Limits per tenant (objects, value bytes, bytes in unfinished puts); a tenant without
+    /// one is limited only by the pool. Default none.
+    pub tenant_quotas: Vec<crate::tenant::TenantQuota>,
 }
 
 impl Default for MasterConfig {
@@ -81,6 +84,7 @@ impl Default for MasterConfig {
             offload_write_through: false,
             offload_ahead_watermark: 0.6,
             unfinished_put_share: 0.75,
+            tenant_quotas: Vec::new(),
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::checksum::Checksum;
 use crate::chunked::ChunkedVec;
 use crate::key_index::KeyIndex;
 use crate::object::Object;
+use crate::tenant::TenantUsage;
 
 /// The table as a snapshot stores it: the slab with its checksum column, and the free list.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
@@ -35,6 +36,8 @@ pub(crate) struct ObjectTable {
     index: KeyIndex,
     hasher: FixedState,
     len: usize,
+    /// Objects and value bytes per tenant (see `crate::tenant`), for quotas and metrics.
+    tenants: TenantUsage,
 }
 
 impl ObjectTable {
@@ -46,6 +49,7 @@ impl ObjectTable {
             index: KeyIndex::new(),
             hasher: FixedState::with_seed(seed),
             len: 0,
+            tenants: TenantUsage::default(),
         }
     }
 
@@ -65,6 +69,7 @@ impl ObjectTable {
                 table
                     .index
                     .insert(table.hasher.hash_one(&*object.key), slot as u32);
+                table.tenants.add(&object.key, object.size);
             }
         }
         table.len = table.index.len();
@@ -90,6 +95,7 @@ impl ObjectTable {
     pub(crate) fn insert(&mut self, object: Object) -> u32 {
         debug_assert!(self.find(&object.key).is_none());
         let hash = self.hasher.hash_one(&*object.key);
+        self.tenants.add(&object.key, object.size);
         let slot = match self.free_slots.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = Some(object);
@@ -116,6 +122,7 @@ impl ObjectTable {
         let hash = self.hasher.hash_one(&*object.key);
         let indexed = self.index.remove(hash, slot);
         debug_assert!(indexed, "live slot missing from the key index");
+        self.tenants.take(&object.key, object.size);
         self.free_slots.push(slot);
         self.len -= 1;
         object
@@ -132,6 +139,19 @@ impl ObjectTable {
     /// The object in a slot known to be live.
     pub(crate) fn at(&self, slot: u32) -> &Object {
         self.slots[slot as usize].as_ref().expect("live slot")
+    }
+
+    /// Gives the object in `slot` a value of `size` bytes (an upsert of another size).
+    pub(crate) fn set_size(&mut self, slot: u32, size: u64) {
+        let object = self.slots[slot as usize].as_mut().expect("live slot");
+        self.tenants.take(&object.key, object.size);
+        self.tenants.add(&object.key, size);
+        object.size = size;
+    }
+
+    /// Objects and value bytes per tenant.
+    pub(crate) fn tenants(&self) -> &TenantUsage {
+        &self.tenants
     }
 
     /// The object in a slot known to be live.

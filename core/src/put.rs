@@ -43,7 +43,9 @@ impl Master {
         self.touch(client, now);
         self.check_put(key, size, config)?;
         self.check_unfinished_share(client, size)?;
-        if let Some(slot) = self.objects.find(key) {
+        let existing = self.objects.find(key);
+        self.check_tenant_quota(key, size, existing.map(|s| self.objects.at(s).size))?;
+        if let Some(slot) = existing {
             if !self.write_expired(slot, now) {
                 return Err(if self.objects.at(slot).writing {
                     Error::new(

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::ClientId;
 use crate::master::Master;
+use crate::tenant::tenant_of;
 
 /// The member a client id belongs to.
 pub fn member_of(client: ClientId) -> u128 {
@@ -31,32 +32,37 @@ pub fn member_of(client: ClientId) -> u128 {
 pub(crate) struct Unfinished {
     by_slot: BTreeMap<u32, (u128, u64)>,
     by_member: BTreeMap<u128, u64>,
+    /// The same bytes by tenant: only tenants with a quota on them are asked, and few writes
+    /// are in progress at once, so this is a map of the writes' keys' tenants.
+    by_tenant: BTreeMap<String, u64>,
+    tenant_of_slot: BTreeMap<u32, String>,
 }
 
 impl Unfinished {
-    /// The write on `slot` by `writer` of `size` bytes started.
-    pub(crate) fn start(&mut self, slot: u32, writer: ClientId, size: u64) {
+    /// The write on `slot` (of `key`) by `writer` of `size` bytes started.
+    pub(crate) fn start(&mut self, slot: u32, key: &str, writer: ClientId, size: u64) {
+        self.end(slot);
         let member = member_of(writer);
-        if let Some((old, bytes)) = self.by_slot.insert(slot, (member, size)) {
-            self.take(old, bytes);
-        }
+        self.by_slot.insert(slot, (member, size));
         *self.by_member.entry(member).or_default() += size;
+        let tenant = tenant_of(key).to_string();
+        *self.by_tenant.entry(tenant.clone()).or_default() += size;
+        self.tenant_of_slot.insert(slot, tenant);
     }
 
     /// The write on `slot` ended (completed, aborted, discarded, or its object removed).
     pub(crate) fn end(&mut self, slot: u32) {
         if let Some((member, bytes)) = self.by_slot.remove(&slot) {
-            self.take(member, bytes);
+            take(&mut self.by_member, &member, bytes);
+            if let Some(tenant) = self.tenant_of_slot.remove(&slot) {
+                take(&mut self.by_tenant, &tenant, bytes);
+            }
         }
     }
 
-    fn take(&mut self, member: u128, bytes: u64) {
-        if let Some(held) = self.by_member.get_mut(&member) {
-            *held -= bytes;
-            if *held == 0 {
-                self.by_member.remove(&member);
-            }
-        }
+    /// Bytes of unfinished puts of `tenant`'s keys.
+    pub(crate) fn held_in(&self, tenant: &str) -> u64 {
+        self.by_tenant.get(tenant).copied().unwrap_or(0)
     }
 
     /// Bytes of unfinished puts `client`'s member holds.
@@ -68,13 +74,58 @@ impl Unfinished {
     pub(crate) fn rebuild(master: &Master) -> Unfinished {
         let mut table = Unfinished::default();
         for (slot, object) in master.objects.iter().filter(|(_, o)| o.writing) {
-            table.start(slot, object.writer, object.size);
+            table.start(slot, &object.key, object.writer, object.size);
         }
         table
     }
 }
 
+/// Takes `bytes` from `key`'s count, forgetting a count that reaches zero.
+fn take<K: Ord + std::borrow::Borrow<Q>, Q: Ord + ?Sized>(
+    map: &mut BTreeMap<K, u64>,
+    key: &Q,
+    bytes: u64,
+) {
+    if let Some(held) = map.get_mut(key) {
+        *held -= bytes;
+        if *held == 0 {
+            map.remove(key);
+        }
+    }
+}
+
 impl Master {
+    /// Refuses a put of `key` (`size` bytes) that would take its tenant past its quota, if it
+    /// has one. `replaced` is the size of the value of `key` the put replaces, if any.
+    pub(crate) fn check_tenant_quota(
+        &self,
+        key: &str,
+        size: u64,
+        replaced: Option<u64>,
+    ) -> Result<()> {
+        let tenant = tenant_of(key);
+        let Some(quota) = self
+            .config
+            .tenant_quotas
+            .iter()
+            .find(|q| q.tenant == tenant)
+        else {
+            return Ok(());
+        };
+        let usage = self.objects.tenants().of(tenant);
+        let unfinished = self.unfinished.held_in(tenant);
+        match quota.refusal(
+            usage,
+            unfinished,
+            size,
+            replaced.unwrap_or(0),
+            replaced.is_none(),
+        ) {
+            Some(refusal) => Err(refusal),
+            None => Ok(()),
+        }
+    }
+
     /// Refuses a put of `size` bytes by `client` that would take its member past its share of
     /// the pool in unfinished puts.
     pub(crate) fn check_unfinished_share(&self, client: ClientId, size: u64) -> Result<()> {

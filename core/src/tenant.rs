@@ -7,6 +7,8 @@
 //! separator: clients scope their keys with [`stored_key`], and the master refuses a member's
 //! key outside its own tenant (see the proto crate's `auth`).
 
+use std::collections::BTreeMap;
+
 use crate::error::{Error, ErrorCode, Result};
 
 /// The byte between a tenant's name and a key (ASCII unit separator).
@@ -63,6 +65,158 @@ pub fn check_stored(stored: &str) -> Result<()> {
             ErrorCode::INVALID_KEY,
             "a key may not contain the byte 0x1f (unit separator): it separates tenants from keys",
         )),
+    }
+}
+
+/// What one tenant stores: its objects and their value bytes (each value once, however many
+/// replicas it has).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Objects, being written or readable.
+    pub objects: u64,
+    /// Their values' bytes.
+    pub bytes: u64,
+}
+
+/// [`Usage`] per tenant, kept by the object table as objects come and go.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenantUsage(BTreeMap<String, Usage>);
+
+impl TenantUsage {
+    pub(crate) fn add(&mut self, stored: &str, bytes: u64) {
+        let tenant = tenant_of(stored);
+        let usage = match self.0.get_mut(tenant) {
+            Some(usage) => usage,
+            None => self.0.entry(tenant.to_string()).or_default(),
+        };
+        usage.objects += 1;
+        usage.bytes += bytes;
+    }
+
+    pub(crate) fn take(&mut self, stored: &str, bytes: u64) {
+        let tenant = tenant_of(stored);
+        if let Some(usage) = self.0.get_mut(tenant) {
+            usage.objects -= 1;
+            usage.bytes -= bytes;
+            if usage.objects == 0 {
+                self.0.remove(tenant);
+            }
+        }
+    }
+
+    /// `tenant`'s usage.
+    pub fn of(&self, tenant: &str) -> Usage {
+        self.0.get(tenant).copied().unwrap_or_default()
+    }
+
+    /// Every tenant that stores anything, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, Usage)> {
+        self.0
+            .iter()
+            .map(|(tenant, usage)| (tenant.as_str(), *usage))
+    }
+}
+
+/// Limits on what one tenant may store, set in the master's configuration. A limit of 0 is no
+/// limit.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+#[rkyv(derive(Debug))]
+pub struct TenantQuota {
+    /// The tenant.
+    pub tenant: String,
+    /// Most objects.
+    pub objects: u64,
+    /// Most value bytes (each value counted once, however many replicas).
+    pub bytes: u64,
+    /// Most value bytes in unfinished puts, over all of the tenant's members.
+    pub unfinished: u64,
+}
+
+impl TenantQuota {
+    /// Why a new value of `size` bytes (`new_object`: not replacing one of the key) would
+    /// take `tenant`, now at `usage` with `unfinished` bytes in unfinished puts, past this
+    /// quota; `None` if it would not.
+    pub fn refusal(
+        &self,
+        usage: Usage,
+        unfinished: u64,
+        size: u64,
+        replaced: u64,
+        new_object: bool,
+    ) -> Option<Error> {
+        let over = |what: &str, held: u64, adding: u64, limit: u64| {
+            (limit != 0 && held.saturating_add(adding) > limit).then(|| {
+                Error::new(
+                    ErrorCode::NO_AVAILABLE_HANDLE,
+                    format!(
+                        "tenant {:?} holds {held} {what}, and this put would pass its quota of \
+                         {limit}; remove some of its objects, or raise its quota",
+                        self.tenant
+                    ),
+                )
+            })
+        };
+        over(
+            "objects",
+            usage.objects,
+            u64::from(new_object),
+            self.objects,
+        )
+        .or_else(|| {
+            over(
+                "bytes of values",
+                usage.bytes.saturating_sub(replaced),
+                size,
+                self.bytes,
+            )
+        })
+        .or_else(|| {
+            over(
+                "bytes in unfinished puts",
+                unfinished,
+                size,
+                self.unfinished,
+            )
+        })
+    }
+
+    /// Parses `TENANT:objects=N,bytes=N,unfinished=N` (sizes as bytes; any may be left out).
+    pub fn parse(
+        text: &str,
+        size: impl Fn(&str) -> std::result::Result<u64, String>,
+    ) -> std::result::Result<TenantQuota, String> {
+        let (tenant, limits) = text.split_once(':').ok_or_else(|| {
+            format!("{text:?}: write TENANT:objects=N,bytes=SIZE,unfinished=SIZE")
+        })?;
+        if !valid_tenant(tenant) {
+            return Err(format!("{tenant:?} cannot name a tenant"));
+        }
+        let mut quota = TenantQuota {
+            tenant: tenant.to_string(),
+            ..TenantQuota::default()
+        };
+        for limit in limits.split(',').map(str::trim).filter(|l| !l.is_empty()) {
+            let (what, value) = limit.split_once('=').ok_or_else(|| {
+                format!("{limit:?}: write objects=N, bytes=SIZE or unfinished=SIZE")
+            })?;
+            match what {
+                "objects" => {
+                    quota.objects = value
+                        .parse()
+                        .map_err(|_| format!("objects={value:?} is not a whole number"))?
+                }
+                "bytes" => quota.bytes = size(value)?,
+                "unfinished" => quota.unfinished = size(value)?,
+                other => {
+                    return Err(format!(
+                        "unknown quota {other:?}: objects, bytes or unfinished"
+                    ));
+                }
+            }
+        }
+        Ok(quota)
     }
 }
 

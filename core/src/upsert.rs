@@ -67,7 +67,9 @@ impl Master {
         self.touch(client, now);
         self.check_put(key, size, config)?;
         self.check_unfinished_share(client, size)?;
-        let Some(slot) = self.objects.find(key) else {
+        let existing = self.objects.find(key);
+        self.check_tenant_quota(key, size, existing.map(|s| self.objects.at(s).size))?;
+        let Some(slot) = existing else {
             let grant = self.create_object(client, key, size, config, Pins::default(), now)?;
             self.counters.upserts.created += 1;
             return Ok(grant);
@@ -227,10 +229,10 @@ impl Master {
     ) -> Result<PutGrant> {
         let count = config.replica_num as usize;
         let fresh = self.place_protected(slot, size, count, config, now)?;
+        self.objects.set_size(slot, size);
         let object = self.objects.at_mut(slot);
         let readers_done = object.readers_done_at(self.config.lease_grace);
         let old = std::mem::replace(&mut object.replicas, fresh);
-        object.size = size;
         self.release_read_blocks(&old, readers_done);
         self.upsert_in_place(slot, client, config, now);
         Ok(self.grant(slot))

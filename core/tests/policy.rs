@@ -556,6 +556,55 @@ fn one_member_cannot_hold_the_pool_in_unfinished_puts() {
 }
 
 #[test]
+fn a_tenant_is_held_to_its_quota_and_others_are_not() {
+    use mooring_core::tenant::{TenantQuota, stored_key};
+    let config = MasterConfig {
+        unfinished_put_share: 1.0,
+        tenant_quotas: vec![TenantQuota {
+            tenant: "small".into(),
+            objects: 3,
+            bytes: 12 * KIB,
+            unfinished: 8 * KIB,
+        }],
+        ..MasterConfig::default()
+    };
+    let mut f = Fixture::with_config(config, 2, 64 * KIB);
+    let key = |k: &str| stored_key("small", k).unwrap();
+    // Unfinished puts: 8 KiB at most at once.
+    let g = f.start(A, &key("a"), 6 * KIB, &one()).unwrap();
+    let e = f.start(B, &key("b"), 4 * KIB, &one()).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NO_AVAILABLE_HANDLE);
+    assert!(e.to_string().contains("unfinished puts"), "{e}");
+    f.end(A, &key("a"), g.write_id).unwrap();
+    f.put(B, &key("b"), 4 * KIB, &one());
+    // Value bytes: 12 KiB (6 + 4 held; 4 more would pass it).
+    let e = f.start(A, &key("c"), 4 * KIB, &one()).unwrap_err();
+    assert!(e.to_string().contains("bytes of values"), "{e}");
+    f.put(A, &key("c"), 2 * KIB, &one());
+    // Objects: 3.
+    let e = f.start(A, &key("d"), 1, &one()).unwrap_err();
+    assert!(e.to_string().contains("objects"), "{e}");
+    // An upsert of a held key replaces its bytes rather than adding to them.
+    let g =
+        f.m.upsert_start(A, &key("c"), 2 * KIB, &one(), f.now)
+            .unwrap();
+    f.end(A, &key("c"), g.write_id).unwrap();
+    // Another tenant, and the default tenant, are not limited by it.
+    f.put(A, &stored_key("big", "x").unwrap(), 20 * KIB, &one());
+    f.put(A, "plain", 20 * KIB, &one());
+    // Removing gives the room back.
+    f.m.remove(&key("b"), f.now).unwrap();
+    f.put(A, &key("d"), 4 * KIB, &one());
+    let report = f.m.report(f.now);
+    let small = report
+        .tenants
+        .iter()
+        .find(|(t, _, _)| t == "small")
+        .unwrap();
+    assert_eq!((small.1, small.2), (3, 12 * KIB));
+}
+
+#[test]
 fn discarded_space_of_a_dead_writer_is_reclaimed_early_under_pressure() {
     let mut f = Fixture::new(1, 64 * KIB);
     f.start(A, "zombie", 60 * KIB, &one()).unwrap();

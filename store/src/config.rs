@@ -122,6 +122,8 @@ pub struct MasterSection {
     pub offload_ahead_watermark: Option<f64>,
     /// The most one member may hold in unfinished puts, as a fraction of the pool.
     pub unfinished_put_share: Option<f64>,
+    /// Limits per tenant: `TENANT:objects=N,bytes=SIZE,unfinished=SIZE` each.
+    pub tenant_quotas: Option<Vec<String>>,
 }
 
 /// The `[node]` section of a config file.
@@ -223,6 +225,7 @@ impl MasterSection {
                 .offload_ahead_watermark
                 .or(self.offload_ahead_watermark),
             unfinished_put_share: flags.unfinished_put_share.or(self.unfinished_put_share),
+            tenant_quotas: flags.tenant_quotas.or(self.tenant_quotas),
         }
     }
 
@@ -268,6 +271,12 @@ impl MasterSection {
         }
         if let Some(v) = self.unfinished_put_share {
             c.unfinished_put_share = v;
+        }
+        for quota in self.tenant_quotas.iter().flatten() {
+            let quota = mooring_core::tenant::TenantQuota::parse(quota, parse_size)
+                .map_err(|e| format!("tenant quota: {e}"))?;
+            c.tenant_quotas.retain(|q| q.tenant != quota.tenant);
+            c.tenant_quotas.push(quota);
         }
         c.validate().map_err(|e| e.to_string())?;
         Ok(c)

@@ -337,6 +337,20 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
             ),
         ));
     }
+    let mut usage = crate::tenant::TenantUsage::default();
+    for (_, object) in master.objects.iter() {
+        usage.add(&object.key, object.size);
+    }
+    if &usage != master.objects.tenants() {
+        return Err(violation(
+            "tenant-usage",
+            format!(
+                "objects and bytes per tenant are {:?}, the table counts {:?}",
+                usage.iter().collect::<Vec<_>>(),
+                master.objects.tenants().iter().collect::<Vec<_>>()
+            ),
+        ));
+    }
     if master.unfinished != crate::quota::Unfinished::rebuild(master) {
         return Err(violation(
             "unfinished-share",

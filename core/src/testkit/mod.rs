@@ -102,6 +102,7 @@ pub fn harness_config(seed: u64) -> MasterConfig {
         offload_ahead_watermark: 0.3,
         // Low enough that a client's unfinished puts reach it now and then.
         unfinished_put_share: 0.5,
+        tenant_quotas: Vec::new(),
     }
 }
 

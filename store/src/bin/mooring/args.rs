@@ -224,6 +224,11 @@ pub(crate) struct MasterArgs {
     /// some, so one writer cannot keep the pool from the others [default: 0.75].
     #[arg(long, value_name = "FRACTION")]
     pub(crate) unfinished_put_share: Option<f64>,
+    /// Limit one tenant: TENANT:objects=N,bytes=SIZE,unfinished=SIZE (any may be left out;
+    /// bytes count each value once). Past a limit its puts are refused (-200). Repeat for each
+    /// tenant; replaces the config file's list.
+    #[arg(long, value_name = "TENANT:LIMITS")]
+    pub(crate) tenant_quota: Vec<String>,
     /// Keep the master's state in DIR (created if missing): a journal of every change,
     /// synced before the change is acknowledged, and periodic snapshots. A master restarted
     /// with the same DIR knows every object it acknowledged; its nodes reconnect and their

@@ -37,6 +37,7 @@ pub(crate) async fn run_master(args: MasterArgs) -> Result<(), Error> {
         offload_write_through: args.offload_write_through.then_some(true),
         offload_ahead_watermark: args.offload_ahead,
         unfinished_put_share: args.unfinished_put_share,
+        tenant_quotas: (!args.tenant_quota.is_empty()).then_some(args.tenant_quota),
     };
     let settings = file.master.overlay(flags);
     let config = settings.master_config().map_err(usage_error)?;

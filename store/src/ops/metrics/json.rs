@@ -57,6 +57,13 @@ pub(super) fn stats_value(report: &StatsReport, segments: &[SegmentInfo]) -> ser
             "memory_bytes": census.memory_bytes,
             "disk_bytes": census.disk_bytes,
         },
+        "tenants": report
+            .tenants
+            .iter()
+            .map(|(tenant, objects, bytes)| {
+                serde_json::json!({"tenant": tenant, "objects": objects, "value_bytes": bytes})
+            })
+            .collect::<Vec<_>>(),
         "segment_list": segments,
     })
 }

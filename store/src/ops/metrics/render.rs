@@ -23,6 +23,12 @@ struct TierLabel {
     tier: &'static str,
 }
 
+/// Labels of a tenant's gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantLabel {
+    tenant: String,
+}
+
 /// Labels of a segment's gauges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SegmentLabel {
@@ -55,6 +61,7 @@ impl MasterMetrics {
         register_gauges(&mut registry, stats);
         register_counters(&mut registry, stats);
         register_segments(&mut registry, segments);
+        register_tenants(&mut registry, &report.tenants);
         self.register_rpcs(&mut registry);
         exposition(&registry)
     }
@@ -342,6 +349,26 @@ fn register_segments(registry: &mut Registry, segments: &[SegmentInfo]) {
         "A segment's allocated memory",
         Unit::Bytes,
         used,
+    );
+}
+
+/// Each tenant's objects and value bytes.
+fn register_tenants(registry: &mut Registry, tenants: &[(String, u64, u64)]) {
+    let objects = Family::<TenantLabel, Gauge>::default();
+    let bytes = Family::<TenantLabel, Gauge>::default();
+    for (tenant, count, size) in tenants {
+        let label = TenantLabel {
+            tenant: tenant.clone(),
+        };
+        objects.get_or_create(&label).set(*count as i64);
+        bytes.get_or_create(&label).set(*size as i64);
+    }
+    registry.register("tenant_objects", "A tenant's objects", objects);
+    registry.register_with_unit(
+        "tenant_values",
+        "A tenant's value bytes (each value once, however many replicas)",
+        Unit::Bytes,
+        bytes,
     );
 }
 

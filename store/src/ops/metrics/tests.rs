@@ -34,6 +34,7 @@ fn exposition_names_follow_prometheus_conventions() {
             memory_bytes: 4000,
             ..mooring_core::Census::default()
         },
+        tenants: vec![("team-a".into(), 2, 8192)],
     };
     let segment = SegmentInfo {
         id: mooring_core::SegmentId(1),
@@ -71,6 +72,8 @@ fn exposition_names_follow_prometheus_conventions() {
         "mooring_journal_syncs_total 4",
         "mooring_journal_slow_syncs_total 1",
         "mooring_journal_reused_files_total 2",
+        "mooring_tenant_objects{tenant=\"team-a\"} 2",
+        "mooring_tenant_values_bytes{tenant=\"team-a\"} 8192",
     ] {
         assert!(text.contains(line), "{line:?} missing from\n{text}");
     }
