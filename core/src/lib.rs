@@ -32,6 +32,7 @@
 //! | `zombies`, `discard` | timed-out writes; delayed release of discarded blocks |
 //! | `membership`, `clients` | heartbeats, mounts, client expiry |
 //! | `replication` | copy and move tasks |
+//! | [`tenant`], [`quota`] | tenants' key namespaces, usage and quotas; each member's share of unfinished puts |
 //! | [`task_reports`] | what became of a task (QueryTask), the newest ended ones kept |
 //! | `repair` | replicas lost with a segment, restored by copy tasks nodes carry out |
 //! | `snapshot` | versioned, checksummed rkyv snapshot and restore |

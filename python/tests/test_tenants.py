@@ -13,12 +13,12 @@ from mooring.store import ErrorCode, MooncakeDistributedStore
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A master holding the cluster token, and a credential per tenant (node,client: each
-    store contributes memory)."""
+    store contributes memory; team-b's may also remove everything of its own)."""
     dir = tmp_path_factory.mktemp("tenants")
     token = dir / "cluster.token"
     subprocess.run([mooring_binary(), "token", "new", str(token)], check=True)
     credentials = {}
-    for tenant in ("team-a", "team-b"):
+    for tenant, roles in (("team-a", "node,client"), ("team-b", "node,client,admin")):
         path = dir / f"{tenant}.cred"
         subprocess.run(
             [
@@ -32,7 +32,7 @@ def cluster(tmp_path_factory):
                 "--tenant",
                 tenant,
                 "--role",
-                "node,client",
+                roles,
                 str(path),
             ],
             check=True,
@@ -78,9 +78,14 @@ def test_two_tenants_never_meet(cluster):
         # Regex queries and removals see only the tenant's own keys.
         assert b.remove_by_regex("^a-") == 0
         assert a.batch_is_exist([f"a-{i}" for i in range(3)]) == [1, 1, 1]
-        assert b.remove_all() >= 1
+        # remove_all needs the admin role, and removes only the tenant's own keys (not the
+        # ones a read still leases: b's "shared-name").
+        assert b.put("b-only", b"v") == 0
+        assert a.remove_all() == ErrorCode.ILLEGAL_CLIENT
+        assert b.remove_all() == 1
+        assert b.is_exist("b-only") == 0
         assert a.get("shared-name") == b"from a"
-        assert b.get("shared-name") == b""
+        assert a.batch_is_exist([f"a-{i}" for i in range(3)]) == [1, 1, 1]
         # No key may name another tenant's namespace.
         assert a.put("team-b\x1fshared-name", b"x") == ErrorCode.INVALID_KEY
     finally:
