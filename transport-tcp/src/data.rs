@@ -121,7 +121,7 @@ impl TcpDataServer {
                     }
                 };
                 let Some(server) = weak.upgrade() else { return };
-                let mut handshaking = match server.limits.admit() {
+                let mut handshaking = match server.limits.admit(peer.ip()) {
                     Ok(handshaking) => handshaking,
                     Err(why) => {
                         refusals::refused(&peer.to_string(), &format!("data server: {why}"));

@@ -4,12 +4,15 @@
 //! striped transfers share one address. A connection is counted from accept to close by the
 //! guards this hands out.
 //!
-//! The handshake room never turns a newcomer away: when it is full, the connection that has
-//! waited longest is dismissed to make room. An honest peer finishes its handshake within a
-//! round trip, so it is never the one waiting longest; a stranger holding sockets open
-//! without finishing only pushes its own out. Members already admitted are never touched.
+//! The handshake room never turns a newcomer away: when it is full, a connection is dismissed
+//! to make room: the one that has waited longest among those of the source address holding
+//! the most places. An honest peer finishes its handshake within a round trip, so it is never
+//! the one waiting longest; a stranger holding sockets open without finishing pushes out only
+//! its own, and a flood from a few addresses cannot crowd out a slow peer elsewhere. Members
+//! already admitted are never touched.
 
 use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -41,8 +44,8 @@ struct Counts {
     open: usize,
     /// Connections in their handshake, dismissed or not.
     pending: usize,
-    /// Those not dismissed, oldest first: their tickets and dismissals.
-    waiting: VecDeque<(u64, oneshot::Sender<()>)>,
+    /// Those not dismissed, oldest first: their tickets, sources and dismissals.
+    waiting: VecDeque<(u64, IpAddr, oneshot::Sender<()>)>,
     next_ticket: u64,
     by_identity: HashMap<u128, usize>,
 }
@@ -73,22 +76,35 @@ impl ConnectionLimits {
         self.counts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Admits a connection just accepted, to its handshake (dismissing the connection that
-    /// has waited longest if the room is full); the reason if the total cap is reached.
-    pub fn admit(self: &Arc<Self>) -> Result<Handshaking, String> {
+    /// Admits a connection from `source` just accepted, to its handshake (if the room is
+    /// full, dismissing the longest waiting of the source that holds the most places); the
+    /// reason if the total cap is reached.
+    pub fn admit(self: &Arc<Self>, source: IpAddr) -> Result<Handshaking, String> {
         let mut counts = self.counts();
         if counts.open >= self.total {
             return Err(format!("{} connections already open", self.total));
         }
-        while counts.waiting.len() >= self.unauthenticated {
-            if let Some((_, dismiss)) = counts.waiting.pop_front() {
+        while counts.waiting.len() >= self.unauthenticated.max(1) {
+            let mut held: HashMap<IpAddr, usize> = HashMap::new();
+            for (_, from, _) in &counts.waiting {
+                *held.entry(*from).or_default() += 1;
+            }
+            // The source holding the most places; of equals, the one whose oldest waited
+            // longest (the first met).
+            let most = held.values().copied().max().unwrap_or(0);
+            let at = counts
+                .waiting
+                .iter()
+                .position(|(_, from, _)| held[from] == most)
+                .expect("a source holds the most");
+            if let Some((_, _, dismiss)) = counts.waiting.remove(at) {
                 let _ = dismiss.send(());
             }
         }
         counts.next_ticket += 1;
         let ticket = counts.next_ticket;
         let (dismiss, dismissed) = oneshot::channel();
-        counts.waiting.push_back((ticket, dismiss));
+        counts.waiting.push_back((ticket, source, dismiss));
         counts.open += 1;
         counts.pending += 1;
         Ok(Handshaking {
@@ -108,8 +124,8 @@ pub struct Handshaking {
 }
 
 /// Why a dismissed connection was closed.
-pub const DISMISSED: &str =
-    "dismissed: the handshake room was full and this connection had waited longest";
+pub const DISMISSED: &str = "dismissed: the handshake room was full, and this connection's \
+     address held the most places and it had waited longest of them";
 
 impl Handshaking {
     /// Resolves when the connection is dismissed to make room for a newer one (run the
@@ -146,7 +162,7 @@ impl Drop for Handshaking {
     fn drop(&mut self) {
         let mut counts = self.limits.counts();
         let ticket = self.ticket;
-        counts.waiting.retain(|(t, _)| *t != ticket);
+        counts.waiting.retain(|(t, _, _)| *t != ticket);
         counts.pending -= 1;
         counts.open -= 1;
     }
@@ -176,26 +192,28 @@ impl Drop for Admitted {
 mod tests {
     use super::*;
 
+    const HERE: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
     #[test]
     fn one_identity_cannot_take_the_whole_cap() {
         let limits = ConnectionLimits::new(6, 3, 2);
-        let a1 = limits.admit().unwrap().authenticated(1).unwrap();
-        let _a2 = limits.admit().unwrap().authenticated(1).unwrap();
-        let refused = limits.admit().unwrap().authenticated(1).unwrap_err();
+        let a1 = limits.admit(HERE).unwrap().authenticated(1).unwrap();
+        let _a2 = limits.admit(HERE).unwrap().authenticated(1).unwrap();
+        let refused = limits.admit(HERE).unwrap().authenticated(1).unwrap_err();
         assert!(refused.contains("already holds 2"), "{refused}");
         // Another identity still gets in, and a closed connection frees its share.
-        let _b = limits.admit().unwrap().authenticated(2).unwrap();
+        let _b = limits.admit(HERE).unwrap().authenticated(2).unwrap();
         drop(a1);
-        let _a3 = limits.admit().unwrap().authenticated(1).unwrap();
+        let _a3 = limits.admit(HERE).unwrap().authenticated(1).unwrap();
     }
 
     #[test]
     fn a_full_room_dismisses_whoever_waited_longest_and_the_total_holds() {
         let limits = ConnectionLimits::new(4, 2, 4);
-        let mut h1 = limits.admit().unwrap();
-        let mut h2 = limits.admit().unwrap();
+        let mut h1 = limits.admit(HERE).unwrap();
+        let mut h2 = limits.admit(HERE).unwrap();
         // The room is full: a newcomer gets in, and the oldest is told to go.
-        let h3 = limits.admit().unwrap();
+        let h3 = limits.admit(HERE).unwrap();
         assert!(h1.dismissed.try_recv().is_ok(), "the oldest is dismissed");
         assert!(h2.dismissed.try_recv().is_err(), "the others wait on");
         drop(h1);
@@ -207,14 +225,38 @@ mod tests {
         );
         drop(counts);
         drop(h3);
-        let _in3 = limits.admit().unwrap().authenticated(7).unwrap();
-        let _h4 = limits.admit().unwrap();
-        let _h5 = limits.admit().unwrap();
+        let _in3 = limits.admit(HERE).unwrap().authenticated(7).unwrap();
+        let _h4 = limits.admit(HERE).unwrap();
+        let _h5 = limits.admit(HERE).unwrap();
         assert!(
             limits
-                .admit()
+                .admit(HERE)
                 .unwrap_err()
                 .contains("4 connections already open")
         );
+    }
+
+    #[test]
+    fn a_flood_from_one_address_pushes_out_only_its_own() {
+        let limits = ConnectionLimits::new(64, 4, 4);
+        let elsewhere = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));
+        let flood = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 9));
+        // A slow honest peer arrived first, then the flood.
+        let mut slow = limits.admit(elsewhere).unwrap();
+        let mut flooding: Vec<Handshaking> = (0..3).map(|_| limits.admit(flood).unwrap()).collect();
+        for _ in 0..20 {
+            flooding.push(limits.admit(flood).unwrap());
+        }
+        assert!(
+            slow.dismissed.try_recv().is_err(),
+            "the slow peer keeps its place though it waited longest"
+        );
+        let dismissed = flooding
+            .iter_mut()
+            .map(|h| h.dismissed.try_recv().is_ok())
+            .filter(|&gone| gone)
+            .count();
+        assert_eq!(dismissed, 20, "the flood pushed out only its own");
+        assert!(slow.authenticated(1).is_ok());
     }
 }

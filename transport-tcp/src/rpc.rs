@@ -423,7 +423,7 @@ pub fn spawn_rpc_server_with_limits(
                     continue;
                 }
             };
-            let mut handshaking = match limits.admit() {
+            let mut handshaking = match limits.admit(peer.ip()) {
                 Ok(handshaking) => handshaking,
                 Err(why) => {
                     refusals::refused(&peer.to_string(), &format!("master: {why}"));
