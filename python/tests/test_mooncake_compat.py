@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,9 @@ def test_pip_install_of_mooring_alone_provides_no_mooncake():
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     target = tmp_path_factory.mktemp("compat")
+    # Built from a copy: setuptools leaves its build directories beside the sources.
+    source = tmp_path_factory.mktemp("compat-source") / "mooncake-compat"
+    shutil.copytree(COMPAT, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run(
         [
             sys.executable,
@@ -32,7 +36,7 @@ def installed(tmp_path_factory):
             "--no-deps",
             "--target",
             str(target),
-            str(COMPAT),
+            str(source),
         ],
         check=True,
     )
