@@ -1,13 +1,13 @@
 //! Authentication as users meet it: real `mooring` processes on loopback sharing a token file,
 //! and strangers without it (no token, a wrong token) refused with a clear message.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 mod common;
 
-use common::{BIN, Proc};
+use common::{BIN, Proc, run_without_token as run, scratch};
 
 /// Starts `mooring args...` with no token in its environment (only what `args` give) and
 /// returns it with its first stdout line.
@@ -15,23 +15,6 @@ fn start(args: &[&str]) -> (Proc, String) {
     let proc = Proc::start_without_token(args);
     let line = proc.line.clone();
     (proc, line)
-}
-
-/// Runs `mooring args...` to completion with no token in its environment.
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env_remove("MOORING_TOKEN_FILE")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run mooring")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mooring-auth-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// A master and one node holding the token in `token_file`: the master's address, and the
@@ -73,7 +56,7 @@ fn new_token(path: &Path) {
 #[test]
 fn only_members_holding_the_token_get_in() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = scratch("members");
+    let dir = scratch("auth-members");
     let (token, wrong) = (dir.join("token"), dir.join("wrong"));
     new_token(&token);
     new_token(&wrong);
@@ -159,7 +142,7 @@ fn without_a_token_servers_stay_on_loopback_unless_told_insecure() {
     let (_open, line) = start(&["master", "--listen", "0.0.0.0:0", "--insecure"]);
     assert!(line.contains("listening on 0.0.0.0:"), "{line}");
     // A client with a token refuses a master without one: it cannot prove it is the cluster.
-    let dir = scratch("insecure");
+    let dir = scratch("auth-insecure");
     let token = dir.join("token");
     new_token(&token);
     let addr = line
@@ -188,7 +171,7 @@ async fn no_member_can_act_as_another() {
     use mooring_proto::wire::{ListSegments, UnmountSegment};
     use mooring_transport_tcp::TcpControlPlane;
 
-    let dir = scratch("impostor");
+    let dir = scratch("auth-impostor");
     let token_file = dir.join("token");
     new_token(&token_file);
     let token = Credential::parse(&std::fs::read_to_string(&token_file).unwrap()).unwrap();

@@ -3,13 +3,13 @@
 //! on loopback. Each role boundary is tried from the side that must be refused.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+
 use std::sync::Arc;
 use std::time::Duration;
 
 mod common;
 
-use common::{BIN, Proc};
+use common::{Proc, run_without_token as run, scratch};
 use mooring::{Client, ClientConfig};
 use mooring_core::{ClientId, ErrorCode, ReplicateConfig, SegmentSpec};
 use mooring_proto::auth::{Claims, Credential, Roles};
@@ -19,22 +19,6 @@ use mooring_proto::wire::{
     PutStart, Remove, RemoveAll, StateFile,
 };
 use mooring_transport_tcp::TcpControlPlane;
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env_remove("MOORING_TOKEN_FILE")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run mooring")
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("mooring-roles-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// `mooring token issue` for `name` with `roles`, through the CLI.
 fn issue(secret: &Path, name: &str, roles: &str, file: &Path) -> Credential {
@@ -328,7 +312,7 @@ async fn each_role_does_only_its_own_work() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_revoked_and_foreign_credentials_are_refused() {
-    let scratch_dir = scratch("revoked-list");
+    let scratch_dir = scratch("roles-revoked-list");
     let list = scratch_dir.join("revoked");
     std::fs::write(&list, "# nobody yet\n").unwrap();
     let cluster = Cluster::start("revoked", &["--revoked-file", list.to_str().unwrap()]);
@@ -512,7 +496,7 @@ async fn tenants_never_meet() {
 
 #[test]
 fn credentials_are_issued_shown_and_kept_from_masters() {
-    let dir = scratch("cli");
+    let dir = scratch("roles-cli");
     let secret = dir.join("token");
     assert!(
         run(&["token", "new", secret.to_str().unwrap()])

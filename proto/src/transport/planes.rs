@@ -60,17 +60,22 @@ impl dyn ControlPlane {
     /// Sends `request` and returns the reply it names; a reply of another kind (a confused or
     /// lying master) is an `INTERNAL_ERROR`.
     pub async fn call<C: Call>(&self, request: C) -> Result<C::Reply> {
-        let reply = self.send(request.into()).await?;
-        C::from_reply(reply).map_err(|other| {
-            Error::new(
-                ErrorCode::INTERNAL_ERROR,
-                format!(
-                    "the master answered {} with a reply to another request: {other:?}",
-                    C::NAME
-                ),
-            )
-        })
+        reply_to::<C>(self.send(request.into()).await?)
     }
+}
+
+/// `reply` as the answer to a `C`, or an `INTERNAL_ERROR` if it answers another request (a
+/// confused or lying master).
+pub fn reply_to<C: Call>(reply: Reply) -> Result<C::Reply> {
+    C::from_reply(reply).map_err(|other| {
+        Error::new(
+            ErrorCode::INTERNAL_ERROR,
+            format!(
+                "the master answered {} with a reply to another request: {other:?}",
+                C::NAME
+            ),
+        )
+    })
 }
 
 /// The master's side of the control plane: answers requests as they arrive. Every control

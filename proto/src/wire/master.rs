@@ -103,6 +103,45 @@ macro_rules! master_rpcs {
     };
 }
 
+/// Calls `$each` on every object key `$request` names (as `&String`, or `&mut String` when
+/// `$request` is borrowed mutably): the one list of which requests name keys, and where.
+macro_rules! each_key {
+    ($request:expr, $each:expr) => {{
+        use MasterRequest as R;
+        let mut each = $each;
+        match $request {
+            R::PutStart(PutStart { key, .. })
+            | R::PutEnd(PutEnd { key, .. })
+            | R::PutRevoke(PutRevoke { key, .. })
+            | R::PutAbort(PutAbort { key, .. })
+            | R::GetReplicaList(GetReplicaList { key })
+            | R::Exist(Exist { key })
+            | R::ExistPrefetch(ExistPrefetch { key, .. })
+            | R::GetSize(GetSize { key })
+            | R::Remove(Remove { key })
+            | R::AcquireHold(AcquireHold { key, .. })
+            | R::CopyStart(CopyStart { key, .. })
+            | R::MoveStart(MoveStart { key, .. }) => each(key),
+            R::BatchPutStart(BatchPutStart { items, .. }) => {
+                items.into_iter().for_each(|(key, _)| each(key))
+            }
+            R::BatchPutEnd(BatchPutEnd { items, .. }) => {
+                items.into_iter().for_each(|(key, _, _)| each(key))
+            }
+            R::BatchPutRevoke(BatchPutRevoke { items, .. }) => {
+                items.into_iter().for_each(|(key, _)| each(key))
+            }
+            R::BatchGetReplicaList(BatchGetReplicaList { keys })
+            | R::BatchExist(BatchExist { keys })
+            | R::BatchExistPrefetch(BatchExistPrefetch { keys, .. })
+            | R::BatchReplicaClear(BatchReplicaClear { keys, .. }) => {
+                keys.into_iter().for_each(|key| each(key))
+            }
+            _ => {}
+        }
+    }};
+}
+
 /// The master's RPCs. Each is the master operation of the same name (see
 /// [`Master`](mooring_core::Master)), with its arguments and its result; rkyv's generated
 /// archive types carry no docs, hence the allowance.
@@ -311,81 +350,27 @@ impl MasterRequest {
     /// A key holding the tenant separator is refused (`INVALID_KEY`).
     pub fn scope_to(&mut self, tenant: &str) -> Result<(), Error> {
         use MasterRequest as R;
-        let scope = |key: &mut String| -> Result<(), Error> {
-            *key = stored_key(tenant, key)?;
-            Ok(())
-        };
-        match self {
-            R::RemoveAll(RemoveAll { tenant: t })
-            | R::RemoveByRegex(RemoveByRegex { tenant: t, .. })
-            | R::QueryByRegex(QueryByRegex { tenant: t, .. })
-            | R::ListKeys(ListKeys { tenant: t, .. }) => *t = tenant.to_string(),
-            R::PutStart(PutStart { key, .. })
-            | R::PutEnd(PutEnd { key, .. })
-            | R::PutRevoke(PutRevoke { key, .. })
-            | R::PutAbort(PutAbort { key, .. })
-            | R::GetReplicaList(GetReplicaList { key })
-            | R::Exist(Exist { key })
-            | R::ExistPrefetch(ExistPrefetch { key, .. })
-            | R::GetSize(GetSize { key })
-            | R::Remove(Remove { key })
-            | R::AcquireHold(AcquireHold { key, .. })
-            | R::CopyStart(CopyStart { key, .. })
-            | R::MoveStart(MoveStart { key, .. }) => scope(key)?,
-            R::BatchPutStart(BatchPutStart { items, .. }) => {
-                items.iter_mut().try_for_each(|(key, _)| scope(key))?
-            }
-            R::BatchPutEnd(BatchPutEnd { items, .. }) => {
-                items.iter_mut().try_for_each(|(key, _, _)| scope(key))?
-            }
-            R::BatchPutRevoke(BatchPutRevoke { items, .. }) => {
-                items.iter_mut().try_for_each(|(key, _)| scope(key))?
-            }
-            R::BatchGetReplicaList(BatchGetReplicaList { keys })
-            | R::BatchExist(BatchExist { keys })
-            | R::BatchExistPrefetch(BatchExistPrefetch { keys, .. })
-            | R::BatchReplicaClear(BatchReplicaClear { keys, .. }) => {
-                keys.iter_mut().try_for_each(scope)?
-            }
-            _ => {}
+        if let R::RemoveAll(RemoveAll { tenant: scope })
+        | R::RemoveByRegex(RemoveByRegex { tenant: scope, .. })
+        | R::QueryByRegex(QueryByRegex { tenant: scope, .. })
+        | R::ListKeys(ListKeys { tenant: scope, .. }) = self
+        {
+            *scope = tenant.to_string();
         }
-        Ok(())
+        let mut refused = None;
+        each_key!(self, |key: &mut String| match stored_key(tenant, key) {
+            Ok(stored) => *key = stored,
+            Err(e) => refused = refused.take().or(Some(e)),
+        });
+        refused.map_or(Ok(()), Err)
     }
 
     /// The object keys a client's request names (as the master stores them). A node's disk
     /// report names keys of every tenant and is not among them.
-    pub fn keys(&self) -> Vec<&str> {
-        use MasterRequest as R;
-        match self {
-            R::PutStart(PutStart { key, .. })
-            | R::PutEnd(PutEnd { key, .. })
-            | R::PutRevoke(PutRevoke { key, .. })
-            | R::PutAbort(PutAbort { key, .. })
-            | R::GetReplicaList(GetReplicaList { key })
-            | R::Exist(Exist { key })
-            | R::ExistPrefetch(ExistPrefetch { key, .. })
-            | R::GetSize(GetSize { key })
-            | R::Remove(Remove { key })
-            | R::AcquireHold(AcquireHold { key, .. })
-            | R::CopyStart(CopyStart { key, .. })
-            | R::MoveStart(MoveStart { key, .. }) => vec![key],
-            R::BatchPutStart(BatchPutStart { items, .. }) => {
-                items.iter().map(|(k, _)| k.as_str()).collect()
-            }
-            R::BatchPutEnd(BatchPutEnd { items, .. }) => {
-                items.iter().map(|(k, _, _)| k.as_str()).collect()
-            }
-            R::BatchPutRevoke(BatchPutRevoke { items, .. }) => {
-                items.iter().map(|(k, _)| k.as_str()).collect()
-            }
-            R::BatchGetReplicaList(BatchGetReplicaList { keys })
-            | R::BatchExist(BatchExist { keys })
-            | R::BatchExistPrefetch(BatchExistPrefetch { keys, .. })
-            | R::BatchReplicaClear(BatchReplicaClear { keys, .. }) => {
-                keys.iter().map(String::as_str).collect()
-            }
-            _ => Vec::new(),
-        }
+    pub fn keys<'a>(&'a self) -> Vec<&'a str> {
+        let mut keys = Vec::new();
+        each_key!(self, |key: &'a String| keys.push(key.as_str()));
+        keys
     }
 
     /// Why `peer` may not make this request, if it may not: it names a client other than the

@@ -163,15 +163,7 @@ impl Client {
         request.scope_to(&self.inner.tenant)?;
         let mut reply = self.inner.presence.control().send(request).await?;
         reply.unscope();
-        C::from_reply(reply).map_err(|other| {
-            Error::new(
-                ErrorCode::INTERNAL_ERROR,
-                format!(
-                    "the master answered {} with a reply to another request: {other:?}",
-                    C::NAME
-                ),
-            )
-        })
+        mooring_proto::transport::reply_to::<C>(reply)
     }
 
     /// [`Client::call`] for a request that names this client, which the master counts as its

@@ -8,6 +8,24 @@ use std::process::{Child, Command, Stdio};
 /// The `mooring` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_mooring");
 
+/// Runs `mooring args...` to completion with no token in its environment.
+pub fn run_without_token(args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("MOORING_TOKEN_FILE")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run mooring")
+}
+
+/// An empty scratch directory for `test`, unique to this test process.
+pub fn scratch(test: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("mooring-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// A loopback port free a moment ago (for a listener a test names in advance).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
