@@ -8,6 +8,7 @@
 //! | [`sender_clock`] | a node's view of a writer's clock: when a write arrived too late to apply |
 //! | [`read_plan`] | which replica to read, whether a read stayed inside its lease, what a failed read means |
 //! | [`write_plan`] | busy retries, grouping a batch per node, ending or aborting a write |
+//! | [`staging_waves`] | cutting a batch that touches device memory into waves that fit a staging slab |
 //! | [`membership`] | heartbeat period, when a node mounts again, how long it waits for its name |
 //!
 //! The client library (`mooring`'s `client` and `presence` modules) drives these values: it
@@ -18,12 +19,14 @@ pub mod fence;
 pub mod membership;
 pub mod read_plan;
 pub mod sender_clock;
+pub mod staging_waves;
 pub mod write_plan;
 
 pub use fence::{FenceRule, WriteWindow};
 pub use membership::{Membership, MountRetry};
 pub use read_plan::{ReadPlan, ReadVerdict};
 pub use sender_clock::SenderClockView;
+pub use staging_waves::{StagingWaves, Wave};
 pub use write_plan::{BusyRetry, Finish, WritePlan};
 
 use crate::error::{Error, ErrorCode, Result};
