@@ -191,10 +191,11 @@ async fn a_failed_copy_fails_its_wave_only_and_nothing_of_it_is_stored() {
     let failed: Vec<usize> = (0..9).filter(|&i| put[i].is_err()).collect();
     assert_eq!(failed, vec![2, 3]);
     assert_eq!(put[2].as_ref().unwrap_err().code, ErrorCode::TRANSFER_FAIL);
-    let stored = store.values.lock().unwrap();
-    assert!(!stored.contains_key(&2) && !stored.contains_key(&3));
-    assert_eq!(stored.len(), 7);
-    drop(stored);
+    {
+        let stored = store.values.lock().unwrap();
+        assert!(!stored.contains_key(&2) && !stored.contains_key(&3));
+        assert_eq!(stored.len(), 7);
+    }
     // A failed copy onto the device fails the get of its wave, and only those.
     let targets = values(&model, 9, 400 << 10, 1);
     model.fail_copy(0);
