@@ -244,6 +244,10 @@ impl DeviceMemory for CudaDevice {
         format!("cuda device {}", self.ordinal)
     }
 
+    fn cuda_ordinal(&self) -> Option<i32> {
+        Some(self.ordinal)
+    }
+
     fn owns(&self, addr: usize, len: usize) -> bool {
         let Some(driver) = Driver::loaded() else {
             return false;

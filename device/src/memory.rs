@@ -34,6 +34,11 @@ pub trait DeviceMemory: Send + Sync + fmt::Debug {
     /// What to call it in logs and in `stat` ("cuda device 0", "software model").
     fn describe(&self) -> String;
 
+    /// The CUDA device ordinal, for a GPU (so that callers can view its memory as tensors).
+    fn cuda_ordinal(&self) -> Option<i32> {
+        None
+    }
+
     /// Whether `len` bytes at `addr` are this device's memory.
     fn owns(&self, addr: usize, len: usize) -> bool;
 

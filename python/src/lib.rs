@@ -7,7 +7,8 @@
 //! | --- | --- |
 //! | `client` | [`client::NativeClient`]: one Mooring client (and, optionally, its in-process node) |
 //! | `values` | reading Python buffers and registered memory as byte slices |
-//! | `registered` | the memory regions a program registered, which raw pointers must lie in |
+//! | `registered` | the memory regions a program registered, which raw pointers must lie in, and which device holds them |
+//! | `device_model` | [`device_model::DeviceModel`]: the software GPU that tests stage through |
 //! | `staging` | the local buffer that copying calls stage their bytes in |
 //! | `handle` | [`handle::BufferHandle`]: a value read into memory the caller can view |
 //! | `sizes` | sizes written the way Mooncake reads them ("16MB") |
@@ -22,6 +23,7 @@ use std::sync::OnceLock;
 use pyo3::prelude::*;
 
 mod client;
+mod device_model;
 mod errors;
 mod handle;
 mod registered;
@@ -84,6 +86,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MooringError", m.py().get_type::<errors::MooringError>())?;
     m.add_class::<client::NativeClient>()?;
     m.add_class::<handle::BufferHandle>()?;
+    m.add_class::<device_model::DeviceModel>()?;
     m.add_function(wrap_pyfunction!(sizes::parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(errors::error_codes, m)?)?;
     m.add_function(wrap_pyfunction!(errors::log_failure_py, m)?)?;

@@ -7,13 +7,16 @@
 //! program registered. Either way the program must not change or free the memory while a
 //! call that uses it runs (Mooncake's rule too).
 
+use std::sync::Arc;
+
 use mooring_core::Result;
+use mooring_device::StagingPool;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::prelude::*;
 
 use crate::errors::invalid;
-use crate::registered::Registered;
+use crate::registered::{Placed, Registered};
 
 /// A read-only view of a Python buffer object's bytes.
 pub(crate) struct BufferView {
@@ -55,18 +58,25 @@ impl BufferView {
     }
 }
 
-/// A range of registered memory, checked to lie inside one registered region.
-#[derive(Clone, Copy, Debug)]
+/// A range of registered memory, checked to lie inside one registered region, which stays
+/// registered while the range (or a clone) lives.
+#[derive(Clone)]
 pub(crate) struct Region {
     start: usize,
     len: usize,
+    placed: Placed,
 }
 
 impl Region {
     /// `len` bytes at `start`, if they lie inside a region registered in `registered`.
     pub(crate) fn checked(registered: &Registered, start: usize, len: usize) -> Result<Region> {
-        registered.check(start, len)?;
-        Ok(Region { start, len })
+        let placed = registered.check(start, len)?;
+        Ok(Region { start, len, placed })
+    }
+
+    /// The region's first byte's address.
+    pub(crate) fn start(&self) -> usize {
+        self.start
     }
 
     /// The region's length.
@@ -74,8 +84,18 @@ impl Region {
         self.len
     }
 
+    /// The staging pool of the device whose memory this is; `None` for host memory, the
+    /// only memory [`Region::bytes`] and [`Region::bytes_mut`] may be called on.
+    pub(crate) fn device(&self) -> Option<&Arc<StagingPool>> {
+        self.placed.device.as_ref()
+    }
+
     /// The bytes, to write from.
     pub(crate) fn bytes(&self) -> &[u8] {
+        assert!(
+            self.device().is_none(),
+            "device memory is never read by the CPU"
+        );
         if self.len == 0 {
             return &[];
         }
@@ -91,7 +111,11 @@ impl Region {
     ///
     /// No other live slice may overlap this region while the returned one lives; callers
     /// check with [`disjoint`], and drop the slice before the call that made it returns.
-    pub(crate) unsafe fn bytes_mut<'a>(self) -> &'a mut [u8] {
+    pub(crate) unsafe fn bytes_mut<'a>(&self) -> &'a mut [u8] {
+        assert!(
+            self.device().is_none(),
+            "device memory is never written by the CPU"
+        );
         if self.len == 0 {
             return &mut [];
         }

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import IntEnum
 from typing import Any, TypeVar
 
-from . import _native, devices
+from . import _native
 from ._native import BufferHandle, MooringError, parse_size
 from .codes import ErrorCode
 from .tensor_calls import TensorCalls
@@ -314,6 +314,15 @@ def _port_range() -> tuple[int, int]:
     return low, high
 
 
+def _device_staging_size() -> int:
+    """The pinned host memory each device's staging pool may use
+    (``MOORING_DEVICE_STAGING_SIZE``, 64 MiB by default); a value larger than a quarter of it
+    cannot be stored from or read into device memory."""
+    return _size(
+        os.environ.get("MOORING_DEVICE_STAGING_SIZE", "64MB"), "MOORING_DEVICE_STAGING_SIZE"
+    )
+
+
 class MooncakeDistributedStore(TensorCalls):
     """A client of a Mooring cluster with Mooncake's ``MooncakeDistributedStore`` API.
 
@@ -467,11 +476,14 @@ class MooncakeDistributedStore(TensorCalls):
                     rdma_devices,
                     # Mooncake's default tenant name means "the credential's own".
                     tenant if tenant not in ("", "default") else None,
+                    device_staging_size=_device_staging_size(),
                 )
             except MooringError as e:
                 code, message = e.args
                 _native.log_failure("setup", code, message)
                 return code
+            except ValueError as e:
+                return self._refuse("setup", ErrorCode.INVALID_PARAMS, str(e))
         return 0
 
     def close(self) -> int:
@@ -799,21 +811,30 @@ class MooncakeDistributedStore(TensorCalls):
 
     def register_buffer(self, buffer_ptr: int, size: int) -> int:
         """Registers ``size`` bytes at ``buffer_ptr`` for the zero-copy calls (``put_from``,
-        ``get_into`` and their batches); 0 or a negative code. Keep the memory allocated
-        until ``unregister_buffer``. GPU memory is refused with -600: Mooring moves registered
-        bytes with the CPU (register pinned host memory, and copy to and from the device)."""
-        if devices.is_device_memory(buffer_ptr):
-            return self._refuse(
-                "register_buffer",
-                ErrorCode.INVALID_PARAMS,
-                f"{buffer_ptr:#x} is GPU memory, which Mooring cannot move yet: register pinned "
-                "host memory and copy to and from the device",
-            )
+        ``get_into``, their batches, ``get_into_ranges`` and the tensor calls); 0 or a
+        negative code. Keep the memory allocated until ``unregister_buffer``.
+
+        GPU memory (CUDA, from torch or any other library) is accepted: its bytes move
+        through a pool of pinned host memory (``MOORING_DEVICE_STAGING_SIZE``, 64 MiB by
+        default), one wave's copy to or from the GPU overlapping the next wave's transfer,
+        and are checksummed on the host side. :meth:`stat` says which path is in use."""
         return self._run("register_buffer", lambda c: c.register_buffer(buffer_ptr, size) or 0, int)
 
     def unregister_buffer(self, buffer_ptr: int) -> int:
-        """Unregisters the buffer registered at ``buffer_ptr``; 0 or a negative code."""
+        """Unregisters the buffer registered at ``buffer_ptr``; 0 or a negative code. Calls
+        still moving bytes to or from it finish first, so once this returns the memory may
+        be freed."""
         return self._run("unregister_buffer", lambda c: c.unregister_buffer(buffer_ptr) or 0, int)
+
+    def stat(self) -> dict[str, Any]:
+        """How this client moves registered device (GPU) memory (a Mooring addition):
+        ``devices`` lists, per device with registered memory, its name, the ``path``
+        ("staging through pinned host memory"), the bytes registered and the staging slabs;
+        ``device_bytes_put`` and ``device_bytes_got`` count the bytes moved so far. Empty
+        before ``setup``."""
+        if self._client is None:
+            return {}
+        return self._client.device_stat()
 
     # ---- metadata ----------------------------------------------------------------------------
 

@@ -405,22 +405,33 @@ class TensorCalls:
     def _check_tensor_at(self, call: str, key: str, ptr: int, size: int) -> int:
         """0 if the ``size`` bytes at ``ptr`` are registered and hold a stored tensor, else
         the code (logged)."""
-        code = self._run(call, lambda c: c.check_registered(ptr, size) or 0, int)
-        if code != 0:
-            return code
+        header = self._header_at(call, ptr, size)
+        if isinstance(header, int):
+            return header
         try:
-            tensors.check_at(ptr, size)
+            tensors.check_header(header[0], size)
         except ValueError as e:
             return self._refuse(call, ErrorCode.INVALID_PARAMS, f"{key}: {e}")
         return 0
 
+    def _header_at(self, call: str, ptr: int, size: int) -> Any:
+        """``(header bytes, device)`` of the registered ``size`` bytes at ``ptr`` (the device
+        is ``None`` for host memory, else its name and CUDA ordinal), or the code. The header
+        is copied out, so device memory is read through the device."""
+
+        def read(c: Any) -> Any:
+            device = c.check_registered(ptr, size)
+            return c.read_registered(ptr, min(size, tensors.HEADER_SIZE)), device
+
+        return self._run(call, read, int)
+
     def _tensor_at(self, call: str, key: str, ptr: int, size: int) -> Any:
         """The tensor stored in registered memory at ``ptr`` (a view), or the code."""
-        code = self._run(call, lambda c: c.check_registered(ptr, size) or 0, int)
-        if code != 0:
-            return code
+        header = self._header_at(call, ptr, size)
+        if isinstance(header, int):
+            return header
         try:
-            return tensors.view_at(ptr, size)
+            return tensors.view_at(ptr, size, *header)
         except ValueError as e:
             return self._refuse(call, ErrorCode.INVALID_PARAMS, f"{key}: {e}")
 
@@ -429,11 +440,8 @@ class TensorCalls:
         or ``None`` if the read failed (already logged) or the bytes are not a tensor."""
         if length < 0:
             return None
-        try:
-            return tensors.view_at(ptr, length)
-        except ValueError as e:
-            self._refuse(call, ErrorCode.INVALID_PARAMS, f"{key}: {e}")
-            return None
+        viewed = self._tensor_at(call, key, ptr, length)
+        return None if isinstance(viewed, int) else viewed
 
     def _decoded(self, call: str, key: str, handle: Any) -> Any:
         if handle is None:

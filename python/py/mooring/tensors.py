@@ -166,26 +166,49 @@ def decode(buffer: Any) -> Any:
     return out
 
 
-def view_at(address: int, length: int) -> Any:
-    """The tensor stored in the ``length`` bytes at ``address`` (memory the caller checked is
-    registered), as a view of that memory: no copy, valid while the memory is.
+def view_at(address: int, length: int, header: bytes, device: tuple[str, int] | None) -> Any:
+    """The tensor stored in the ``length`` bytes at ``address`` (registered memory whose
+    first bytes are ``header``; on ``device``, a name and CUDA ordinal, or in host memory for
+    ``None``), as a view of that memory: no copy, valid while the memory is.
 
-    Raises ``ValueError`` saying what is wrong if the bytes are not a stored tensor."""
-    memory = memoryview((ctypes.c_uint8 * length).from_address(address)).cast("B")
-    dtype_code, shape, offset, nbytes = _parse(memory)
+    Raises ``ValueError`` saying what is wrong if the bytes are not a stored tensor, or are
+    in memory no tensor can view (the software device model's)."""
+    dtype_code, shape, offset, nbytes = _parse(memoryview(header).cast("B"), length)
     torch, dtype = _torch_dtype(dtype_code)
+    if device is None:
+        if not nbytes:
+            return torch.empty(shape, dtype=dtype)
+        memory = memoryview((ctypes.c_uint8 * length).from_address(address)).cast("B")
+        flat = torch.frombuffer(memory, dtype=torch.uint8, count=nbytes, offset=offset)
+        return flat.view(dtype).view(shape)
+    name, ordinal = device
+    if ordinal < 0:
+        raise ValueError(f"memory of the {name} cannot be viewed as a tensor")
+    where = f"cuda:{ordinal}"
     if not nbytes:
-        return torch.empty(shape, dtype=dtype)
-    flat = torch.frombuffer(memory, dtype=torch.uint8, count=nbytes, offset=offset)
+        return torch.empty(shape, dtype=dtype, device=where)
+    flat = torch.as_tensor(_DeviceBytes(address + offset, nbytes), device=where)
     return flat.view(dtype).view(shape)
 
 
-def check_at(address: int, length: int) -> None:
-    """Checks, as Mooncake does before storing them, that the ``length`` bytes at ``address``
-    (memory the caller checked is registered) hold a tensor header and the bytes it
-    describes. Raises ``ValueError`` saying what is wrong."""
-    header = memoryview((ctypes.c_uint8 * min(length, HEADER_SIZE)).from_address(address))
-    _parse(header.cast("B"), length)
+class _DeviceBytes:
+    """``nbytes`` bytes of CUDA memory at ``address``, described by CUDA's array interface so
+    that torch views them without a copy."""
+
+    def __init__(self, address: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,),
+            "typestr": "|u1",
+            "data": (address, False),
+            "version": 3,
+        }
+
+
+def check_header(header: bytes, length: int) -> None:
+    """Checks, as Mooncake does before storing them, that a registered value of ``length``
+    bytes starting with ``header`` holds a tensor header and the bytes it describes. Raises
+    ``ValueError`` saying what is wrong."""
+    _parse(memoryview(header).cast("B"), length)
 
 
 def _torch_dtype(dtype_code: int) -> tuple[Any, Any]:

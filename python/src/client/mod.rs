@@ -7,15 +7,18 @@
 mod args;
 mod connect;
 mod copying;
+mod device;
 mod mooncake;
 mod zero_copy;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use mooring::Client;
 use mooring_core::{Error, Medium, Millis, TaskAction, TaskId, TaskState};
+use mooring_device::pipeline::copy_to_host;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::block_on;
 use crate::errors::{log_failure, raise};
@@ -34,13 +37,16 @@ pub struct NativeClient {
     hostname: String,
     staging: Staging,
     registered: Arc<Registered>,
+    /// Bytes stored from and read into device memory, for `device_stat`.
+    device_bytes_put: AtomicU64,
+    device_bytes_got: AtomicU64,
 }
 
 #[pymethods]
 impl NativeClient {
     /// Connects to the master at `master` (see the module docs of `mooring.store`).
     #[staticmethod]
-    #[pyo3(signature = (master, hostname, segment_size, local_buffer_size, token_file, ports, protocol = "tcp", rdma_devices = "", tenant = None))]
+    #[pyo3(signature = (master, hostname, segment_size, local_buffer_size, token_file, ports, protocol = "tcp", rdma_devices = "", tenant = None, device_staging_size = 64 << 20))]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
@@ -53,6 +59,7 @@ impl NativeClient {
         protocol: &str,
         rdma_devices: &str,
         tenant: Option<String>,
+        device_staging_size: usize,
     ) -> PyResult<NativeClient> {
         let rdma =
             (protocol == "rdma").then(|| mooring::transports::device_names(Some(rdma_devices)));
@@ -72,7 +79,9 @@ impl NativeClient {
             client,
             hostname,
             staging: Staging::new(local_buffer_size),
-            registered: Arc::new(Registered::default()),
+            registered: Arc::new(Registered::new(device_staging_size)),
+            device_bytes_put: AtomicU64::new(0),
+            device_bytes_got: AtomicU64::new(0),
         })
     }
 
@@ -312,23 +321,74 @@ impl NativeClient {
         raise(block_on(py, self.client.remove_all()))
     }
 
-    /// Registers `size` bytes at address `ptr` for the zero-copy calls.
+    /// Registers `size` bytes at address `ptr` for the zero-copy calls. Device (GPU) memory
+    /// is recognised here and staged through pinned host memory from then on.
     fn register_buffer(&self, ptr: usize, size: usize) -> PyResult<()> {
         raise(self.registered.register(ptr, size))
     }
 
-    /// Unregisters the buffer at `ptr`.
-    fn unregister_buffer(&self, ptr: usize) -> PyResult<()> {
-        raise(self.registered.unregister(ptr))
+    /// Unregisters the buffer at `ptr`, waiting (without the GIL) for the calls using it.
+    fn unregister_buffer(&self, py: Python<'_>, ptr: usize) -> PyResult<()> {
+        raise(py.detach(|| self.registered.unregister(ptr)))
     }
 
-    /// Checks that `size` bytes at `ptr` lie inside one registered buffer, so that Python
-    /// may read them (a tensor's header, before it is stored from there).
-    fn check_registered(&self, ptr: usize, size: usize) -> PyResult<()> {
-        raise(self.registered.check(ptr, size))
+    /// Checks that `size` bytes at `ptr` lie inside one registered buffer; what memory it is:
+    /// `None` for host memory (Python may read it: a tensor's header, before it is stored
+    /// from there), else the device's name and its CUDA ordinal (-1 for another device).
+    fn check_registered(&self, ptr: usize, size: usize) -> PyResult<Option<(String, i32)>> {
+        let region = raise(self.region(ptr, size))?;
+        Ok(region.device().map(|pool| {
+            let device = pool.device();
+            (device.describe(), device.cuda_ordinal().unwrap_or(-1))
+        }))
     }
 
-    /// Stores `size` bytes of registered memory at `ptr` (zero-copy).
+    /// `size` bytes of registered memory at `ptr`, copied out (through the device's copy
+    /// engine for device memory): for the few bytes Python must inspect, such as a tensor's
+    /// header.
+    fn read_registered<'py>(
+        &self,
+        py: Python<'py>,
+        ptr: usize,
+        size: usize,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let region = raise(self.region(ptr, size))?;
+        let bytes = match region.device() {
+            None => region.bytes().to_vec(),
+            Some(pool) => {
+                let mut bytes = vec![0u8; size];
+                raise(py.detach(|| copy_to_host(pool, &mut [(ptr, &mut bytes[..])])))?;
+                bytes
+            }
+        };
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// How device memory moves for this client: `devices` (per device with registered
+    /// memory: its name, the path, registered bytes, the staging slabs' size and count) and
+    /// the bytes moved so far.
+    fn device_stat<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let devices = PyList::empty(py);
+        for (name, registered, slab, slabs) in self.registered.devices() {
+            let device = PyDict::new(py);
+            device.set_item("device", name)?;
+            device.set_item("path", "staging through pinned host memory")?;
+            device.set_item("registered_bytes", registered)?;
+            device.set_item("staging_slab_bytes", slab)?;
+            device.set_item("staging_slabs", slabs)?;
+            devices.append(device)?;
+        }
+        let stat = PyDict::new(py);
+        stat.set_item("devices", devices)?;
+        let put = self.device_bytes_put.load(Ordering::Relaxed);
+        stat.set_item("device_bytes_put", put)?;
+        let got = self.device_bytes_got.load(Ordering::Relaxed);
+        stat.set_item("device_bytes_got", got)?;
+        Ok(stat)
+    }
+
+    /// Stores `size` bytes of registered memory at `ptr` (zero-copy from host memory; staged
+    /// from device memory).
     fn put_from(
         &self,
         py: Python<'_>,
@@ -340,6 +400,13 @@ impl NativeClient {
     ) -> PyResult<()> {
         let region = raise(self.region(ptr, size))?;
         let config = raise(replicate_config(config))?;
+        if region.device().is_some() {
+            let mut groups = Vec::new();
+            device::add_to_group(&mut groups, 0, &[region]);
+            let keys = [key.to_string()];
+            let mut results = block_on(py, self.put_from_devices(&keys, &groups, &config, upsert));
+            return raise(results.pop().expect("one key").1);
+        }
         raise(block_on(
             py,
             write(&self.client, key, region.bytes(), &config, upsert),
@@ -349,6 +416,13 @@ impl NativeClient {
     /// Reads `key` into registered memory at `ptr` (at most `size` bytes); its length.
     fn get_into(&self, py: Python<'_>, key: &str, ptr: usize, size: usize) -> PyResult<u64> {
         let region = raise(self.region(ptr, size))?;
+        if region.device().is_some() {
+            let mut groups = Vec::new();
+            device::add_to_group(&mut groups, 0, &[region]);
+            let keys = [key.to_string()];
+            let mut results = block_on(py, self.get_into_devices(&keys, &groups));
+            return raise(results.pop().expect("one key").1).map(|n| n as u64);
+        }
         // SAFETY: one region, so nothing overlaps it.
         let buf = unsafe { region.bytes_mut() };
         raise(block_on(py, self.client.get_into(key, buf))).map(|n| n as u64)

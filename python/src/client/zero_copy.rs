@@ -2,10 +2,12 @@
 //! by part or fragment by fragment, each region checked to lie inside a registered buffer.
 
 use mooring_core::{Error, ErrorCode, Result};
+use mooring_device::pipeline::copy_to_device;
 use pyo3::prelude::*;
 
 use super::NativeClient;
 use super::args::{ConfigArgs, code_of, replicate_config};
+use super::device::{DeviceGroup, Placement, add_to_group, placement};
 use super::mooncake::put_outcome;
 use crate::block_on;
 use crate::errors::{invalid, log_failure, raise};
@@ -47,14 +49,24 @@ impl NativeClient {
         let mut gathered: Vec<Vec<u8>> = Vec::new();
         let mut sources: Vec<Option<Region>> = Vec::with_capacity(keys.len());
         let mut gathered_at: Vec<Option<usize>> = Vec::with_capacity(keys.len());
+        let mut on_devices: Vec<DeviceGroup> = Vec::new();
         for i in 0..keys.len() {
-            match self.part_regions(&ptrs[i], &sizes[i]) {
-                Ok(regions) if regions.len() == 1 => {
-                    sources.push(Some(regions[0]));
+            let regions = self
+                .part_regions(&ptrs[i], &sizes[i])
+                .and_then(|r| placement(&r).map(|p| (r, p)));
+            match regions {
+                Ok((regions, Placement::Device)) => {
+                    add_to_group(&mut on_devices, i, &regions);
+                    sources.push(None);
                     gathered_at.push(None);
                     early.push(None);
                 }
-                Ok(regions) => {
+                Ok((regions, Placement::Host)) if regions.len() == 1 => {
+                    sources.push(Some(regions[0].clone()));
+                    gathered_at.push(None);
+                    early.push(None);
+                }
+                Ok((regions, Placement::Host)) => {
                     gathered_at.push(Some(gathered.len()));
                     gathered.push(regions.iter().flat_map(|r| r.bytes()).copied().collect());
                     sources.push(None);
@@ -80,17 +92,21 @@ impl NativeClient {
                 items.len() - 1
             }));
         }
-        let results = block_on(py, async {
-            if items.is_empty() {
+        let (results, from_devices) = block_on(py, async {
+            let results = if items.is_empty() {
                 Vec::new()
             } else if upsert {
                 self.client.batch_upsert(&items, &config).await
             } else {
                 let results = self.client.batch_put_from(&items, &config).await;
                 results.into_iter().map(put_outcome).collect()
-            }
+            };
+            let from_devices = self
+                .put_from_devices(&keys, &on_devices, &config, upsert)
+                .await;
+            (results, from_devices)
         });
-        Ok((0..keys.len())
+        let mut codes: Vec<i64> = (0..keys.len())
             .map(|i| match (&early[i], slot_of[i]) {
                 (Some(e), _) => {
                     log_failure("batch_put_from", e);
@@ -99,7 +115,11 @@ impl NativeClient {
                 (None, Some(slot)) => code_of(&results[slot], |_| 0, "batch_put_from"),
                 (None, None) => i64::from(ErrorCode::INTERNAL_ERROR.code()),
             })
-            .collect())
+            .collect();
+        for (i, result) in from_devices {
+            codes[i] = code_of(&result, |_| 0, "batch_put_from");
+        }
+        Ok(codes)
     }
 
     /// The body of [`NativeClient::batch_get_into`].
@@ -111,13 +131,17 @@ impl NativeClient {
         sizes: Vec<Vec<usize>>,
     ) -> Vec<i64> {
         let mut regions: Vec<Result<Vec<Region>>> = (0..keys.len())
-            .map(|i| self.part_regions(&ptrs[i], &sizes[i]))
+            .map(|i| {
+                let parts = self.part_regions(&ptrs[i], &sizes[i])?;
+                placement(&parts)?;
+                Ok(parts)
+            })
             .collect();
         let all: Vec<Region> = regions
             .iter()
             .filter_map(|r| r.as_ref().ok())
             .flatten()
-            .copied()
+            .cloned()
             .collect();
         if let Err(e) = disjoint(&all) {
             for r in regions.iter_mut() {
@@ -126,11 +150,24 @@ impl NativeClient {
                 }
             }
         }
+        let mut into_devices: Vec<DeviceGroup> = Vec::new();
+        let mut on_device = vec![false; keys.len()];
+        for (i, r) in regions.iter().enumerate() {
+            if let Ok(parts) = r
+                && parts.first().is_some_and(|p| p.device().is_some())
+            {
+                add_to_group(&mut into_devices, i, parts);
+                on_device[i] = true;
+            }
+        }
         let mut scratch: Vec<Vec<u8>> = Vec::new();
         let mut items: Vec<(&str, &mut [u8])> = Vec::new();
         let mut slot_of: Vec<Option<usize>> = vec![None; keys.len()];
         let mut scratch_of: Vec<Option<usize>> = vec![None; keys.len()];
         for (i, r) in regions.iter().enumerate() {
+            if on_device[i] {
+                continue;
+            }
             if let Ok(parts) = r
                 && parts.len() > 1
             {
@@ -142,6 +179,9 @@ impl NativeClient {
             scratch.iter_mut().map(|s| Some(&mut s[..])).collect();
         for (i, r) in regions.iter().enumerate() {
             let Ok(parts) = r else { continue };
+            if on_device[i] {
+                continue;
+            }
             let buf: &mut [u8] = match scratch_of[i] {
                 Some(s) => scratch_slices[s]
                     .take()
@@ -152,15 +192,16 @@ impl NativeClient {
             slot_of[i] = Some(items.len());
             items.push((&keys[i], buf));
         }
-        let results = block_on(py, async {
-            if items.is_empty() {
+        let (results, into_devices) = block_on(py, async {
+            let results = if items.is_empty() {
                 Vec::new()
             } else {
                 self.client.batch_get_into(&mut items).await
-            }
+            };
+            (results, self.get_into_devices(&keys, &into_devices).await)
         });
         drop(items);
-        (0..keys.len())
+        let mut codes: Vec<i64> = (0..keys.len())
             .map(|i| match (&regions[i], slot_of[i]) {
                 (Err(e), _) => {
                     log_failure("batch_get_into", e);
@@ -183,7 +224,11 @@ impl NativeClient {
                 },
                 (Ok(_), None) => i64::from(ErrorCode::INTERNAL_ERROR.code()),
             })
-            .collect()
+            .collect();
+        for (i, result) in into_devices {
+            codes[i] = code_of(&result, |&n| n as i64, "batch_get_into");
+        }
+        codes
     }
 
     /// The body of [`NativeClient::get_into_ranges`].
@@ -264,9 +309,14 @@ impl NativeClient {
                             )));
                         }
                         let region = self.region(ptr + dst, len)?;
+                        let fragment = &value[src..src + len];
+                        if let Some(pool) = region.device() {
+                            copy_to_device(pool, &[(region.start(), fragment)])?;
+                            return Ok(len as i64);
+                        }
                         // SAFETY: a fragment's copy is the only live slice of its bytes.
                         let dest = unsafe { region.bytes_mut() };
-                        dest.copy_from_slice(&value[src..src + len]);
+                        dest.copy_from_slice(fragment);
                         Ok(len as i64)
                     })();
                     per_fragment.push(code_of(&copied, |&n| n, "get_into_ranges"));

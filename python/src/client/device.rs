@@ -1,0 +1,176 @@
+//! The zero-copy calls on device (GPU) memory: values staged through the device's pinned
+//! slabs by `mooring_device`'s pipeline, which calls back into the client's batch put and
+//! get for each wave.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use mooring::Client;
+use mooring_core::{ReplicateConfig, Result};
+use mooring_device::{GetInto, Part, PutFrom, StagingPool};
+
+use super::NativeClient;
+use super::mooncake::put_outcome;
+use crate::errors::invalid;
+use crate::values::Region;
+
+/// Keys whose values lie in one device's memory, by their index in the caller's batch.
+pub(super) struct DeviceGroup {
+    pub(super) pool: Arc<StagingPool>,
+    pub(super) members: Vec<(usize, Vec<Part>)>,
+    /// The members' regions, kept so that they stay registered until the group is done.
+    _regions: Vec<Region>,
+}
+
+/// Where a key's registered parts lie.
+pub(super) enum Placement {
+    /// Host memory: the CPU reads and writes it.
+    Host,
+    /// One device's memory, staged through its pool.
+    Device,
+}
+
+/// Where `parts` lie: all in host memory, or all in one device's memory; a key split across
+/// both (or across devices) is refused.
+pub(super) fn placement(parts: &[Region]) -> Result<Placement> {
+    let first = parts.first().and_then(Region::device);
+    let same = parts.iter().all(|r| match (r.device(), first) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        _ => false,
+    });
+    if !same {
+        return Err(invalid(
+            "a value's parts lie partly in device memory and partly elsewhere (or on two devices): give each value's parts in one device's memory, or all in host memory",
+        ));
+    }
+    Ok(match first {
+        Some(_) => Placement::Device,
+        None => Placement::Host,
+    })
+}
+
+/// Adds key `index` with device `parts` to its device's group.
+pub(super) fn add_to_group(groups: &mut Vec<DeviceGroup>, index: usize, regions: &[Region]) {
+    let Some(pool) = regions.first().and_then(Region::device) else {
+        return;
+    };
+    let parts: Vec<Part> = regions
+        .iter()
+        .map(|r| Part {
+            addr: r.start(),
+            len: r.len(),
+        })
+        .collect();
+    let held = regions.iter().cloned();
+    match groups.iter_mut().find(|g| Arc::ptr_eq(&g.pool, pool)) {
+        Some(group) => {
+            group.members.push((index, parts));
+            group._regions.extend(held);
+        }
+        None => groups.push(DeviceGroup {
+            pool: Arc::clone(pool),
+            members: vec![(index, parts)],
+            _regions: held.collect(),
+        }),
+    }
+}
+
+/// The client's batch put, for the pipeline's waves.
+struct ClientPut<'a> {
+    client: &'a Client,
+    keys: Vec<&'a str>,
+    config: &'a ReplicateConfig,
+    upsert: bool,
+}
+
+impl PutFrom for ClientPut<'_> {
+    async fn put(&self, items: &[(usize, &[u8])]) -> Vec<Result<()>> {
+        let batch: Vec<(&str, &[u8])> = items.iter().map(|&(i, b)| (self.keys[i], b)).collect();
+        if self.upsert {
+            self.client.batch_upsert(&batch, self.config).await
+        } else {
+            let results = self.client.batch_put_from(&batch, self.config).await;
+            results.into_iter().map(put_outcome).collect()
+        }
+    }
+}
+
+/// The client's batch get into buffers, for the pipeline's waves.
+struct ClientGet<'a> {
+    client: &'a Client,
+    keys: Vec<&'a str>,
+}
+
+impl GetInto for ClientGet<'_> {
+    async fn get(&mut self, items: &mut [(usize, &mut [u8])]) -> Vec<Result<usize>> {
+        let mut batch: Vec<(&str, &mut [u8])> = items
+            .iter_mut()
+            .map(|(i, b)| (self.keys[*i], &mut **b))
+            .collect();
+        self.client.batch_get_into(&mut batch).await
+    }
+}
+
+impl NativeClient {
+    /// Stores each group's keys (`keys[index]`) from device memory; `(index, result)` per
+    /// member.
+    pub(super) async fn put_from_devices(
+        &self,
+        keys: &[String],
+        groups: &[DeviceGroup],
+        config: &ReplicateConfig,
+        upsert: bool,
+    ) -> Vec<(usize, Result<()>)> {
+        let mut results = Vec::new();
+        for group in groups {
+            let sink = ClientPut {
+                client: &self.client,
+                keys: group
+                    .members
+                    .iter()
+                    .map(|(i, _)| keys[*i].as_str())
+                    .collect(),
+                config,
+                upsert,
+            };
+            let items: Vec<Vec<Part>> = group.members.iter().map(|(_, p)| p.clone()).collect();
+            let outcomes = mooring_device::put_from(&group.pool, &items, &sink).await;
+            let moved = items
+                .iter()
+                .zip(&outcomes)
+                .filter(|(_, o)| o.is_ok())
+                .map(|(parts, _)| parts.iter().map(|p| p.len as u64).sum::<u64>())
+                .sum();
+            self.device_bytes_put.fetch_add(moved, Ordering::Relaxed);
+            results.extend(group.members.iter().map(|(i, _)| *i).zip(outcomes));
+        }
+        results
+    }
+
+    /// Reads each group's keys (`keys[index]`) into device memory; `(index, length or
+    /// error)` per member.
+    pub(super) async fn get_into_devices(
+        &self,
+        keys: &[String],
+        groups: &[DeviceGroup],
+    ) -> Vec<(usize, Result<usize>)> {
+        let mut results = Vec::new();
+        for group in groups {
+            let mut source = ClientGet {
+                client: &self.client,
+                keys: group
+                    .members
+                    .iter()
+                    .map(|(i, _)| keys[*i].as_str())
+                    .collect(),
+            };
+            let items: Vec<Vec<Part>> = group.members.iter().map(|(_, p)| p.clone()).collect();
+            let outcomes = mooring_device::get_into(&group.pool, &items, &mut source).await;
+            let moved = outcomes.iter().flatten().map(|&n| n as u64).sum();
+            self.device_bytes_got.fetch_add(moved, Ordering::Relaxed);
+            results.extend(group.members.iter().map(|(i, _)| *i).zip(outcomes));
+        }
+        results
+    }
+}
