@@ -11,6 +11,13 @@ store's calls counts. The Rust figures come from ``mooring bench
 ``mooring.store`` with registered buffers (``put_from``, ``get_into``, ``batch_get_into``)
 and, for small values, the copying ``get``. Every value read is checked.
 
+With ``--device cuda`` (or ``--device model``, the software device model, anywhere) it
+measures device rows instead: the same batch calls from and into registered host memory and
+registered device memory, on one store in one run, and the device path's share of the host
+path's throughput (the staging pipeline's target is 80% at 1-4 MiB):
+
+    python python/bench.py --device cuda --sizes 1MiB,4MiB --count 256
+
 Needs the ``mooring`` binary ($MOORING_BIN, $CARGO_TARGET_DIR/release/mooring,
 ./target/release/mooring, or PATH) and the package (``pip install ./python``).
 """
@@ -363,6 +370,115 @@ def rust_phases(master: str, sizes: list[int], count: int, batch: int) -> list[d
     return json.loads(out.stdout)["phases"]
 
 
+# ---- device rows -------------------------------------------------------------------------------
+
+
+class DeviceBuffer:
+    """``nbytes`` of device memory: a CUDA tensor, or the software model's memory."""
+
+    def __init__(self, kind: str, nbytes: int) -> None:
+        self.kind = kind
+        if kind == "cuda":
+            import torch
+
+            self.torch = torch
+            self.tensor = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+            self.addr = self.tensor.data_ptr()
+        else:
+            from mooring import _native
+
+            self.model = _native.DeviceModel()
+            self.addr = self.model.alloc(nbytes)
+
+    def fill(self, host: np.ndarray) -> None:
+        if self.kind == "cuda":
+            self.tensor.copy_(self.torch.from_numpy(host))
+            self.torch.cuda.synchronize()
+        else:
+            self.model.write(self.addr, host.tobytes())
+
+    def read(self, offset: int, size: int) -> bytes:
+        if self.kind == "cuda":
+            self.torch.cuda.synchronize()
+            return bytes(self.tensor[offset : offset + size].cpu().numpy())
+        return self.model.read(self.addr + offset, size)
+
+
+def device_rows(master: str, kind: str, sizes: list[int], count: int, batch: int, rounds: int):
+    """Batch puts and gets of the same values from host and from device memory, alternating
+    round by round; per size and call, the best round of each."""
+    # Room for every value of every round from both memories, so nothing is evicted.
+    footprint = sum(objects_for(s, count) * s for s in sizes) * 2 * rounds
+    node = subprocess.Popen(
+        [mooring_binary(), "node", "--master", master, "--listen", "127.0.0.1:0"]
+        + ["--size", str(footprint + footprint // 4 + (256 << 20))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    if "serving" not in node.stdout.readline():
+        node.kill()
+        sys.exit("the node did not start")
+    store = MooncakeDistributedStore()
+    setup(store, master, 0, 64 << 20)
+    run = uuid.uuid4().hex[:8]
+    best: dict[tuple[str, str, int], float] = {}
+    try:
+        for size in sizes:
+            n = objects_for(size, count) // batch * batch
+            values = np.concatenate([value(size, i) for i in range(n)])
+            host_src, host_dst = page_aligned(n * size), page_aligned(n * size)
+            host_src[:] = values
+            dev_src, dev_dst = DeviceBuffer(kind, n * size), DeviceBuffer(kind, n * size)
+            dev_src.fill(values)
+            memories = {
+                "host": (host_src.ctypes.data, host_dst.ctypes.data),
+                "device": (dev_src.addr, dev_dst.addr),
+            }
+            for src, dst in memories.values():
+                for addr in (src, dst):
+                    assert store.register_buffer(addr, n * size) == 0
+            for r in range(rounds):
+                for memory, (src, dst) in memories.items():
+                    keys = [f"devbench/{run}/{memory}/{size}/{r}/{i}" for i in range(n)]
+                    for call in ("batch_put_from", "batch_get_into"):
+                        started = time.perf_counter()
+                        for b in range(0, n, batch):
+                            ptrs = [
+                                (src if call == "batch_put_from" else dst) + i * size
+                                for i in range(b, b + batch)
+                            ]
+                            codes = getattr(store, call)(keys[b : b + batch], ptrs, [size] * batch)
+                            want = 0 if call == "batch_put_from" else size
+                            if codes != [want] * batch:
+                                sys.exit(f"{call} of {size}-byte values, {memory} memory: {codes}")
+                        rate = n * size / (time.perf_counter() - started)
+                        best[(call, memory, size)] = max(best.get((call, memory, size), 0), rate)
+            # Every value read into device memory is checked.
+            for i in (0, n // 2, n - 1):
+                assert dev_dst.read(i * size, size) == value(size, i).tobytes(), i
+            for src, dst in memories.values():
+                for addr in (src, dst):
+                    store.unregister_buffer(addr)
+    finally:
+        store.close()
+        node.kill()
+    rows = []
+    for size in sizes:
+        for call in ("batch_put_from", "batch_get_into"):
+            host, device = best[(call, "host", size)], best[(call, "device", size)]
+            rows.append(
+                {
+                    "call": call,
+                    "size": size,
+                    "host_gbps": host / 1e9,
+                    "device_gbps": device / 1e9,
+                    "device_share": device / host,
+                }
+            )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--master", help="a running master (default: start one for the run)")
@@ -376,6 +492,12 @@ def main() -> None:
         help="rounds of Rust then Python; each phase reports its best round",
     )
     parser.add_argument("--json", action="store_true", help="print the phases as JSON")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "model"),
+        help="device rows instead: host vs device memory (cuda: a GPU through torch; model: "
+        "the software device model)",
+    )
     parser.add_argument("--writer", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -397,6 +519,22 @@ def main() -> None:
             stderr=subprocess.DEVNULL,
         )
         time.sleep(0.5)
+    if args.device:
+        try:
+            rows = device_rows(master, args.device, sizes, args.count, args.batch, args.rounds)
+        finally:
+            if master_process is not None:
+                master_process.kill()
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return
+        print(f"{'call':<16} {'size':>8} {'host GB/s':>10} {'device GB/s':>12} {'device/host':>12}")
+        for r in rows:
+            print(
+                f"{r['call']:<16} {r['size']:>8} {r['host_gbps']:>10.3f} "
+                f"{r['device_gbps']:>12.3f} {r['device_share']:>12.2f}"
+            )
+        return
     rust: list[dict] = []
     python: list[dict] = []
     try:

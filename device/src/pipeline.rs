@@ -28,20 +28,46 @@ pub struct Part {
     pub len: usize,
 }
 
-/// Where staged values go: the client's batch put. Each item is `(index in the batch, the
-/// value's bytes)`; the answer has one result per item, in order.
+/// Where staged values go: the client's batch write, begun once for the whole batch, fed wave
+/// by wave, ended once.
 pub trait PutFrom {
-    /// Stores the items.
-    fn put(&self, items: &[(usize, &[u8])]) -> impl Future<Output = Vec<Result<()>>> + Send;
+    /// A begun batch.
+    type Batch: Send;
+
+    /// Begins the batch: `(index in the batch, size)` for each value that will be sent.
+    fn begin(&self, items: &[(usize, u64)]) -> impl Future<Output = Self::Batch> + Send;
+
+    /// Sends a wave: `(index in the batch, the value's bytes)` per item; one result per item,
+    /// in order.
+    fn send(
+        &self,
+        batch: &mut Self::Batch,
+        items: &[(usize, &[u8])],
+    ) -> impl Future<Output = Vec<Result<()>>> + Send;
+
+    /// Ends the batch, told how each begun value's bytes went (`(index, outcome)`); the
+    /// final result per begun value, in the same order.
+    fn end(
+        &self,
+        batch: Self::Batch,
+        sent: Vec<(usize, Result<()>)>,
+    ) -> impl Future<Output = Vec<Result<()>>> + Send;
 }
 
-/// Where values come from: the client's batch get into buffers. Each item is `(index in the
-/// batch, where to read it)`; the answer has one result per item, in order: the value's
-/// length.
+/// Where values come from: the client's batch read, begun once for the whole batch (where the
+/// values are, under one lease) and read wave by wave.
 pub trait GetInto {
-    /// Reads the items.
+    /// A begun batch.
+    type Batch: Send + Sync;
+
+    /// Begins the batch for the items at these indexes.
+    fn begin(&self, items: &[usize]) -> impl Future<Output = Self::Batch> + Send;
+
+    /// Reads a wave: `(index in the batch, where to read it)` per item; one result per item,
+    /// in order: the value's length.
     fn get(
-        &mut self,
+        &self,
+        batch: &Self::Batch,
         items: &mut [(usize, &mut [u8])],
     ) -> impl Future<Output = Vec<Result<usize>>> + Send;
 }
@@ -95,25 +121,34 @@ struct Staged<'p> {
 
 /// Stores each item (a value in device memory, as parts) through `sink`, staging it in
 /// `pool`; one result per item.
-pub async fn put_from(
+pub async fn put_from<S: PutFrom>(
     pool: &StagingPool,
     items: &[Vec<Part>],
-    sink: &impl PutFrom,
+    sink: &S,
 ) -> Vec<Result<()>> {
     let sizes = sizes(items);
-    let plan = StagingWaves::plan(&sizes, pool.slab_bytes() as u64);
+    let plan = StagingWaves::plan(&sizes, pool.slab_bytes() as u64, pool.wave_bytes() as u64);
     let mut results: Vec<Result<()>> = vec![Ok(()); items.len()];
     for &i in &plan.too_large {
         results[i] = Err(too_large(sizes[i], pool));
     }
-    let send = async |staged: Staged<'_>, results: &mut Vec<Result<()>>| {
+    let begun: Vec<(usize, u64)> = plan
+        .waves
+        .iter()
+        .flat_map(|w| w.items.iter().map(|&(i, _)| (i, sizes[i])))
+        .collect();
+    if begun.is_empty() {
+        return results;
+    }
+    let mut batch = sink.begin(&begun).await;
+    let send = async |staged: Staged<'_>, batch: &mut S::Batch, results: &mut Vec<Result<()>>| {
         let buffer = staged.slab.buffer();
         let values: Vec<(usize, &[u8])> = staged
             .items
             .iter()
             .map(|&(i, at, len)| (i, buffer.bytes(at..at + len)))
             .collect();
-        let outcomes = sink.put(&values).await;
+        let outcomes = sink.send(batch, &values).await;
         for (&(i, _, _), outcome) in staged.items.iter().zip(outcomes) {
             results[i] = outcome;
         }
@@ -121,8 +156,8 @@ pub async fn put_from(
     let mut staged: Option<Staged<'_>> = None;
     for wave in &plan.waves {
         let slab = {
-            let results = &mut results;
-            next_slab(pool, &mut staged, async |s| send(s, results).await).await
+            let (results, batch) = (&mut results, &mut batch);
+            next_slab(pool, &mut staged, async |s| send(s, batch, results).await).await
         };
         let slab = match slab {
             Ok(slab) => slab,
@@ -151,7 +186,7 @@ pub async fn put_from(
         // Started before the previous wave is sent, so the two overlap.
         let copying = pool.device().copy(Direction::ToHost, &parts);
         if let Some(previous) = staged.take() {
-            send(previous, &mut results).await;
+            send(previous, &mut batch, &mut results).await;
         }
         match copying.and_then(|mut copy| copy.wait()) {
             Ok(()) => {
@@ -168,7 +203,15 @@ pub async fn put_from(
         }
     }
     if let Some(previous) = staged.take() {
-        send(previous, &mut results).await;
+        send(previous, &mut batch, &mut results).await;
+    }
+    let sent: Vec<(usize, Result<()>)> = begun
+        .iter()
+        .map(|&(i, _)| (i, results[i].clone()))
+        .collect();
+    let ended = sink.end(batch, sent).await;
+    for (&(i, _), outcome) in begun.iter().zip(ended) {
+        results[i] = outcome;
     }
     results
 }
@@ -192,17 +235,26 @@ fn delivered(wave: Delivering<'_>, results: &mut [Result<usize>]) {
 /// Reads each item (a destination in device memory, as parts) from `source`, receiving it
 /// into `pool`'s slabs and copying it onto the device; one result per item: the value's
 /// length.
-pub async fn get_into(
+pub async fn get_into<G: GetInto>(
     pool: &StagingPool,
     items: &[Vec<Part>],
-    source: &mut impl GetInto,
+    source: &G,
 ) -> Vec<Result<usize>> {
     let sizes = sizes(items);
-    let plan = StagingWaves::plan(&sizes, pool.slab_bytes() as u64);
+    let plan = StagingWaves::plan(&sizes, pool.slab_bytes() as u64, pool.wave_bytes() as u64);
     let mut results: Vec<Result<usize>> = vec![Ok(0); items.len()];
     for &i in &plan.too_large {
         results[i] = Err(too_large(sizes[i], pool));
     }
+    let begun: Vec<usize> = plan
+        .waves
+        .iter()
+        .flat_map(|w| w.items.iter().map(|&(i, _)| i))
+        .collect();
+    if begun.is_empty() {
+        return results;
+    }
+    let batch = source.begin(&begun).await;
     let mut delivering: Option<Delivering<'_>> = None;
     for wave in &plan.waves {
         let slab = {
@@ -230,7 +282,7 @@ pub async fn get_into(
                 rest = after;
                 consumed = offset as usize + sizes[i] as usize;
             }
-            source.get(&mut slices).await
+            source.get(&batch, &mut slices).await
         };
         // The previous wave's copy onto the device ran while this one was received.
         if let Some(previous) = delivering.take() {

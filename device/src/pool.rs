@@ -19,18 +19,25 @@ pub const SLABS: usize = 4;
 /// The smallest slab: below this, per-wave costs dominate.
 const MIN_SLAB: usize = 1 << 20;
 
+/// A wave's worth of bytes by default: the first wave's copy, which nothing overlaps, stays
+/// short (about 100 µs over PCIe), while each wave's fixed costs (a copy to start and wait
+/// for, a transfer request per node) stay small beside its bytes.
+pub const WAVE_BYTES: usize = 2 << 20;
+
 /// Slabs of pinned host memory for one device.
 #[derive(Debug)]
 pub struct StagingPool {
     device: Arc<dyn DeviceMemory>,
     slab_bytes: usize,
+    wave_bytes: usize,
     free: Mutex<Vec<HostBuffer>>,
     permits: Semaphore,
 }
 
 impl StagingPool {
-    /// A pool of `total` bytes (cut into [`SLABS`] slabs) for `device`.
-    pub fn new(device: Arc<dyn DeviceMemory>, total: usize) -> StagingPool {
+    /// A pool of `total` bytes (cut into [`SLABS`] slabs) for `device`, whose batches move in
+    /// waves of `wave_bytes` (see [`WAVE_BYTES`]).
+    pub fn new(device: Arc<dyn DeviceMemory>, total: usize, wave_bytes: usize) -> StagingPool {
         let slab_bytes = (total / SLABS).max(MIN_SLAB);
         info!(
             "device memory on {} moves through {} MiB of pinned host memory ({SLABS} slabs of {} MiB); GPUDirect RDMA is not used",
@@ -41,6 +48,7 @@ impl StagingPool {
         StagingPool {
             device,
             slab_bytes,
+            wave_bytes: wave_bytes.max(1),
             free: Mutex::default(),
             permits: Semaphore::new(SLABS),
         }
@@ -54,6 +62,11 @@ impl StagingPool {
     /// How many bytes one slab holds: the largest value that can be staged.
     pub fn slab_bytes(&self) -> usize {
         self.slab_bytes
+    }
+
+    /// How many bytes a wave holds before the next begins.
+    pub fn wave_bytes(&self) -> usize {
+        self.wave_bytes
     }
 
     /// A slab, waiting while every slab is in use.

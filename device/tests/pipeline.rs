@@ -20,24 +20,46 @@ struct Store {
     refuse: Option<usize>,
     model: Option<Arc<ModelDevice>>,
     hang: bool,
+    /// Batches begun: one per call, however many waves it takes.
+    begins: Mutex<u64>,
 }
 
 impl PutFrom for Store {
-    async fn put(&self, items: &[(usize, &[u8])]) -> Vec<Result<()>> {
+    /// The values sent and not yet ended.
+    type Batch = HashMap<usize, Vec<u8>>;
+
+    async fn begin(&self, _items: &[(usize, u64)]) -> Self::Batch {
+        *self.begins.lock().unwrap() += 1;
+        HashMap::new()
+    }
+
+    async fn send(&self, batch: &mut Self::Batch, items: &[(usize, &[u8])]) -> Vec<Result<()>> {
         if let Some(model) = &self.model {
             self.started_at_put.lock().unwrap().push(model.started());
         }
         if self.hang {
             std::future::pending::<()>().await;
         }
-        let mut values = self.values.lock().unwrap();
         items
             .iter()
             .map(|&(i, bytes)| {
                 if self.refuse == Some(i) {
                     return Err(Error::new(ErrorCode::NO_AVAILABLE_HANDLE, "full"));
                 }
-                values.insert(i, bytes.to_vec());
+                batch.insert(i, bytes.to_vec());
+                Ok(())
+            })
+            .collect()
+    }
+
+    /// Only values whose bytes all went out become visible, as the master's End does.
+    async fn end(&self, mut batch: Self::Batch, sent: Vec<(usize, Result<()>)>) -> Vec<Result<()>> {
+        let mut values = self.values.lock().unwrap();
+        sent.into_iter()
+            .map(|(i, outcome)| {
+                let bytes = batch.remove(&i);
+                outcome?;
+                values.insert(i, bytes.expect("sent before it ended"));
                 Ok(())
             })
             .collect()
@@ -51,7 +73,13 @@ struct Reader<'a> {
 }
 
 impl GetInto for Reader<'_> {
-    async fn get(&mut self, items: &mut [(usize, &mut [u8])]) -> Vec<Result<usize>> {
+    type Batch = ();
+
+    async fn begin(&self, _items: &[usize]) {
+        *self.store.begins.lock().unwrap() += 1;
+    }
+
+    async fn get(&self, _batch: &(), items: &mut [(usize, &mut [u8])]) -> Vec<Result<usize>> {
         let values = self.store.values.lock().unwrap();
         items
             .iter_mut()
@@ -98,9 +126,9 @@ fn model() -> Arc<ModelDevice> {
     Arc::new(ModelDevice::new().expect("the model reserves its address space"))
 }
 
-/// A pool whose slabs are 1 MiB, the smallest.
+/// A pool whose slabs are 1 MiB, the smallest, and whose waves fill a slab.
 fn pool(model: &Arc<ModelDevice>) -> StagingPool {
-    StagingPool::new(model.clone(), SLABS << 20)
+    StagingPool::new(model.clone(), SLABS << 20, 1 << 20)
 }
 
 #[tokio::test]
@@ -132,11 +160,13 @@ async fn values_round_trip_through_the_slabs_in_many_waves() {
             ]
         })
         .collect();
-    let mut reader = Reader {
+    let reader = Reader {
         store: &store,
         keys: (0..24).rev().collect(),
     };
-    let got = get_into(&pool, &targets, &mut reader).await;
+    let got = get_into(&pool, &targets, &reader).await;
+    // Eight waves each way, one batch begun each way.
+    assert_eq!(*store.begins.lock().unwrap(), 2);
     for (i, outcome) in got.iter().enumerate() {
         assert_eq!(outcome.as_ref().ok(), Some(&(300 << 10)), "item {i}");
         let bytes = model.read(targets[i][0].addr, 300 << 10).unwrap();
@@ -199,11 +229,11 @@ async fn a_failed_copy_fails_its_wave_only_and_nothing_of_it_is_stored() {
     // A failed copy onto the device fails the get of its wave, and only those.
     let targets = values(&model, 9, 400 << 10, 1);
     model.fail_copy(0);
-    let mut reader = Reader {
+    let reader = Reader {
         store: &store,
         keys: (0..9).collect(),
     };
-    let got = get_into(&pool, &targets, &mut reader).await;
+    let got = get_into(&pool, &targets, &reader).await;
     let codes: Vec<Option<ErrorCode>> = got
         .iter()
         .map(|r| r.as_ref().err().map(|e| e.code))
@@ -325,7 +355,7 @@ async fn a_short_value_fills_only_its_length_and_a_failed_put_is_reported() {
     );
     let target = model.alloc(4000).unwrap();
     model.write(target, &[7u8; 4000]).unwrap();
-    let mut reader = Reader {
+    let reader = Reader {
         store: &store,
         keys: vec![2],
     };
@@ -335,7 +365,7 @@ async fn a_short_value_fills_only_its_length_and_a_failed_put_is_reported() {
             addr: target,
             len: 4000,
         }]],
-        &mut reader,
+        &reader,
     )
     .await;
     assert_eq!(got[0].as_ref().ok(), Some(&1000));

@@ -34,6 +34,7 @@ pub(crate) struct Registered {
     regions: RwLock<BTreeMap<usize, Entry>>,
     pools: Mutex<Vec<Arc<StagingPool>>>,
     staging_bytes: usize,
+    wave_bytes: usize,
 }
 
 /// A registered range's place: its region's start, its device's pool, and a token that
@@ -46,12 +47,14 @@ pub(crate) struct Placed {
 }
 
 impl Registered {
-    /// No regions yet; a device's pool will stage through `staging_bytes` of pinned memory.
-    pub(crate) fn new(staging_bytes: usize) -> Registered {
+    /// No regions yet; a device's pool will stage through `staging_bytes` of pinned memory,
+    /// in waves of `wave_bytes`.
+    pub(crate) fn new(staging_bytes: usize, wave_bytes: usize) -> Registered {
         Registered {
             regions: RwLock::default(),
             pools: Mutex::default(),
             staging_bytes,
+            wave_bytes,
         }
     }
 
@@ -111,7 +114,11 @@ impl Registered {
         if let Some(pool) = pools.iter().find(same) {
             return Arc::clone(pool);
         }
-        let pool = Arc::new(StagingPool::new(device, self.staging_bytes));
+        let pool = Arc::new(StagingPool::new(
+            device,
+            self.staging_bytes,
+            self.wave_bytes,
+        ));
         pools.push(Arc::clone(&pool));
         pool
     }

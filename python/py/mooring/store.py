@@ -314,13 +314,13 @@ def _port_range() -> tuple[int, int]:
     return low, high
 
 
-def _device_staging_size() -> int:
-    """The pinned host memory each device's staging pool may use
-    (``MOORING_DEVICE_STAGING_SIZE``, 64 MiB by default); a value larger than a quarter of it
-    cannot be stored from or read into device memory."""
-    return _size(
-        os.environ.get("MOORING_DEVICE_STAGING_SIZE", "64MB"), "MOORING_DEVICE_STAGING_SIZE"
-    )
+def _device_size(variable: str, default: str) -> int:
+    """A size setting of the device staging path, from the environment:
+    ``MOORING_DEVICE_STAGING_SIZE`` (64 MiB by default) is the pinned host memory each device's
+    staging pool may use, and a value larger than a quarter of it cannot be stored from or
+    read into device memory; ``MOORING_DEVICE_WAVE_SIZE`` (2 MiB) is how many bytes a batch
+    stages before the next wave's device copy starts."""
+    return _size(os.environ.get(variable, default), variable)
 
 
 class MooncakeDistributedStore(TensorCalls):
@@ -476,7 +476,8 @@ class MooncakeDistributedStore(TensorCalls):
                     rdma_devices,
                     # Mooncake's default tenant name means "the credential's own".
                     tenant if tenant not in ("", "default") else None,
-                    device_staging_size=_device_staging_size(),
+                    device_staging_size=_device_size("MOORING_DEVICE_STAGING_SIZE", "64MB"),
+                    device_wave_size=_device_size("MOORING_DEVICE_WAVE_SIZE", "2MB"),
                 )
             except MooringError as e:
                 code, message = e.args

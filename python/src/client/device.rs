@@ -5,8 +5,11 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use std::collections::HashMap;
+
 use mooring::Client;
-use mooring_core::{ReplicateConfig, Result};
+use mooring::client::{StartedReads, StartedWrite};
+use mooring_core::{Checksum, Error, ErrorCode, ReplicateConfig, Result};
 use mooring_device::{GetInto, Part, PutFrom, StagingPool};
 
 use super::NativeClient;
@@ -76,7 +79,7 @@ pub(super) fn add_to_group(groups: &mut Vec<DeviceGroup>, index: usize, regions:
     }
 }
 
-/// The client's batch put, for the pipeline's waves.
+/// The client's batch write, for the pipeline: begun once, fed wave by wave, ended once.
 struct ClientPut<'a> {
     client: &'a Client,
     keys: Vec<&'a str>,
@@ -84,31 +87,100 @@ struct ClientPut<'a> {
     upsert: bool,
 }
 
+/// A begun batch write, and where each batch index sits in it.
+struct BegunWrite {
+    write: StartedWrite,
+    position: HashMap<usize, usize>,
+    checksums: HashMap<usize, Result<Checksum>>,
+}
+
 impl PutFrom for ClientPut<'_> {
-    async fn put(&self, items: &[(usize, &[u8])]) -> Vec<Result<()>> {
-        let batch: Vec<(&str, &[u8])> = items.iter().map(|&(i, b)| (self.keys[i], b)).collect();
+    type Batch = BegunWrite;
+
+    async fn begin(&self, items: &[(usize, u64)]) -> BegunWrite {
+        let sizes: Vec<(&str, u64)> = items.iter().map(|&(i, n)| (self.keys[i], n)).collect();
+        BegunWrite {
+            write: self
+                .client
+                .start_batch_write(&sizes, self.config, self.upsert)
+                .await,
+            position: items
+                .iter()
+                .enumerate()
+                .map(|(p, &(i, _))| (i, p))
+                .collect(),
+            checksums: HashMap::new(),
+        }
+    }
+
+    async fn send(&self, batch: &mut BegunWrite, items: &[(usize, &[u8])]) -> Vec<Result<()>> {
+        let wave: Vec<(usize, &[u8])> = items
+            .iter()
+            .map(|&(i, bytes)| (batch.position[&i], bytes))
+            .collect();
+        let landed = self.client.write_wave(&batch.write, &wave).await;
+        items
+            .iter()
+            .zip(landed)
+            .map(|(&(i, _), outcome)| {
+                let result = outcome.as_ref().map(|_| ()).map_err(Clone::clone);
+                batch.checksums.insert(i, outcome);
+                result
+            })
+            .collect()
+    }
+
+    async fn end(&self, mut batch: BegunWrite, sent: Vec<(usize, Result<()>)>) -> Vec<Result<()>> {
+        let transfers: Vec<Result<Checksum>> = sent
+            .into_iter()
+            .map(|(i, outcome)| {
+                outcome?;
+                batch.checksums.remove(&i).unwrap_or_else(|| {
+                    Err(Error::new(
+                        ErrorCode::INTERNAL_ERROR,
+                        "a value was ended without being sent",
+                    ))
+                })
+            })
+            .collect();
+        let ended = self.client.end_batch_write(batch.write, transfers).await;
         if self.upsert {
-            self.client.batch_upsert(&batch, self.config).await
+            ended
         } else {
-            let results = self.client.batch_put_from(&batch, self.config).await;
-            results.into_iter().map(put_outcome).collect()
+            ended.into_iter().map(put_outcome).collect()
         }
     }
 }
 
-/// The client's batch get into buffers, for the pipeline's waves.
+/// The client's batch read, for the pipeline: begun once, read wave by wave.
 struct ClientGet<'a> {
     client: &'a Client,
     keys: Vec<&'a str>,
 }
 
+/// A begun batch read, and where each batch index sits in it.
+struct BegunRead {
+    reads: StartedReads,
+    position: HashMap<usize, usize>,
+}
+
 impl GetInto for ClientGet<'_> {
-    async fn get(&mut self, items: &mut [(usize, &mut [u8])]) -> Vec<Result<usize>> {
-        let mut batch: Vec<(&str, &mut [u8])> = items
+    type Batch = BegunRead;
+
+    async fn begin(&self, items: &[usize]) -> BegunRead {
+        let keys: Vec<&str> = items.iter().map(|&i| self.keys[i]).collect();
+        BegunRead {
+            reads: self.client.start_batch_read(&keys).await,
+            position: items.iter().enumerate().map(|(p, &i)| (i, p)).collect(),
+        }
+    }
+
+    async fn get(&self, batch: &BegunRead, items: &mut [(usize, &mut [u8])]) -> Vec<Result<usize>> {
+        let mut wave: Vec<(usize, &mut [u8])> = items
             .iter_mut()
-            .map(|(i, b)| (self.keys[*i], &mut **b))
+            .map(|(i, b)| (batch.position[i], &mut **b))
             .collect();
-        self.client.batch_get_into(&mut batch).await
+        self.client.read_wave(&batch.reads, &mut wave).await
     }
 }
 
@@ -157,7 +229,7 @@ impl NativeClient {
     ) -> Vec<(usize, Result<usize>)> {
         let mut results = Vec::new();
         for group in groups {
-            let mut source = ClientGet {
+            let source = ClientGet {
                 client: &self.client,
                 keys: group
                     .members
@@ -166,7 +238,7 @@ impl NativeClient {
                     .collect(),
             };
             let items: Vec<Vec<Part>> = group.members.iter().map(|(_, p)| p.clone()).collect();
-            let outcomes = mooring_device::get_into(&group.pool, &items, &mut source).await;
+            let outcomes = mooring_device::get_into(&group.pool, &items, &source).await;
             let moved = outcomes.iter().flatten().map(|&n| n as u64).sum();
             self.device_bytes_got.fetch_add(moved, Ordering::Relaxed);
             results.extend(group.members.iter().map(|(i, _)| *i).zip(outcomes));

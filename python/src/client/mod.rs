@@ -46,7 +46,7 @@ pub struct NativeClient {
 impl NativeClient {
     /// Connects to the master at `master` (see the module docs of `mooring.store`).
     #[staticmethod]
-    #[pyo3(signature = (master, hostname, segment_size, local_buffer_size, token_file, ports, protocol = "tcp", rdma_devices = "", tenant = None, device_staging_size = 64 << 20))]
+    #[pyo3(signature = (master, hostname, segment_size, local_buffer_size, token_file, ports, protocol = "tcp", rdma_devices = "", tenant = None, device_staging_size = 64 << 20, device_wave_size = mooring_device::pool::WAVE_BYTES))]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
@@ -60,6 +60,7 @@ impl NativeClient {
         rdma_devices: &str,
         tenant: Option<String>,
         device_staging_size: usize,
+        device_wave_size: usize,
     ) -> PyResult<NativeClient> {
         let rdma =
             (protocol == "rdma").then(|| mooring::transports::device_names(Some(rdma_devices)));
@@ -79,7 +80,7 @@ impl NativeClient {
             client,
             hostname,
             staging: Staging::new(local_buffer_size),
-            registered: Arc::new(Registered::new(device_staging_size)),
+            registered: Arc::new(Registered::new(device_staging_size, device_wave_size)),
             device_bytes_put: AtomicU64::new(0),
             device_bytes_got: AtomicU64::new(0),
         })

@@ -44,6 +44,9 @@ mod read;
 mod tasks;
 mod write;
 
+pub use read::StartedReads;
+pub use write::StartedWrite;
+
 /// A handle to the store.
 #[derive(Clone)]
 pub struct Client {

@@ -330,45 +330,90 @@ impl Client {
             items.first().map_or("", |(key, _)| *key),
             async {
                 let keys: Vec<&str> = items.iter().map(|(k, _)| *k).collect();
-                let asked = self.now();
-                let lists = match self.batch_lists(&keys).await {
-                    Ok(lists) => lists,
-                    Err(e) => return vec![Err(e); items.len()],
-                };
-                let mut dests: Vec<Option<&mut [u8]>> = Vec::with_capacity(items.len());
-                let mut early: Vec<Option<Error>> = vec![None; items.len()];
-                for (i, (key, buf)) in items.iter_mut().enumerate() {
-                    let size = match &lists[i] {
-                        Ok(list) => list.replicas[0].len as usize,
-                        Err(_) => 0,
-                    };
-                    if buf.len() < size {
-                        early[i] = Some(Error::new(
-                            ErrorCode::BUFFER_OVERFLOW,
-                            format!("{key:?} is {size} bytes, the buffer {}", buf.len()),
-                        ));
-                        dests.push(None);
-                    } else {
-                        dests.push(Some(&mut buf[..size]));
-                    }
-                }
-                let outcomes = self.batch_read(&keys, &lists, &mut dests, asked).await;
-                drop(dests);
-                let mut results = Vec::with_capacity(items.len());
-                for (i, outcome) in outcomes.into_iter().enumerate() {
-                    results.push(match (early[i].take(), outcome) {
-                        (Some(e), _) => Err(e),
-                        (None, Err(e)) if ReadPlan::read_again(&e, lists[i].is_ok()) => {
-                            let (key, buf) = &mut items[i];
-                            Box::pin(self.get_into(key, buf)).await
-                        }
-                        (None, outcome) => outcome,
-                    });
-                }
-                results
+                let reads = self.start_batch_read(&keys).await;
+                let mut wave: Vec<(usize, &mut [u8])> = items
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(i, (_, buf))| (i, &mut **buf))
+                    .collect();
+                self.read_wave(&reads, &mut wave).await
             },
         )
         .await
+    }
+
+    /// Starts reading many keys with one request (where their replicas are, under one read
+    /// lease); the bytes then come in one or more [`Client::read_wave`]s. Values delivered a
+    /// wave at a time (into device memory) are read this way, so a batch costs one request
+    /// however many waves carry it.
+    pub async fn start_batch_read(&self, keys: &[&str]) -> StartedReads {
+        let asked = self.now();
+        StartedReads {
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            lists: self.batch_lists(keys).await,
+            asked,
+        }
+    }
+
+    /// Reads some of a started batch's keys, each given as `(index in the batch, buffer)`;
+    /// one result per item: the value's length. A read that outlived the batch's lease, or
+    /// whose replica went away, is read again on its own.
+    pub async fn read_wave(
+        &self,
+        reads: &StartedReads,
+        wave: &mut [(usize, &mut [u8])],
+    ) -> Vec<Result<usize>> {
+        let all = match &reads.lists {
+            Ok(lists) => lists,
+            Err(e) => return vec![Err(e.clone()); wave.len()],
+        };
+        let keys: Vec<&str> = wave
+            .iter()
+            .map(|(i, _)| reads.keys.get(*i).map_or("", String::as_str))
+            .collect();
+        let lists: Vec<Result<ReplicaList>> = wave
+            .iter()
+            .map(|(i, _)| {
+                all.get(*i).cloned().unwrap_or_else(|| {
+                    Err(Error::new(
+                        ErrorCode::INVALID_PARAMS,
+                        format!("item {i} is not in the batch"),
+                    ))
+                })
+            })
+            .collect();
+        let mut dests: Vec<Option<&mut [u8]>> = Vec::with_capacity(wave.len());
+        let mut early: Vec<Option<Error>> = vec![None; wave.len()];
+        for (w, (_, buf)) in wave.iter_mut().enumerate() {
+            let size = match &lists[w] {
+                Ok(list) => list.replicas[0].len as usize,
+                Err(_) => 0,
+            };
+            if buf.len() < size {
+                early[w] = Some(Error::new(
+                    ErrorCode::BUFFER_OVERFLOW,
+                    format!("{:?} is {size} bytes, the buffer {}", keys[w], buf.len()),
+                ));
+                dests.push(None);
+            } else {
+                dests.push(Some(&mut buf[..size]));
+            }
+        }
+        let outcomes = self
+            .batch_read(&keys, &lists, &mut dests, reads.asked)
+            .await;
+        drop(dests);
+        let mut results = Vec::with_capacity(wave.len());
+        for (w, outcome) in outcomes.into_iter().enumerate() {
+            results.push(match (early[w].take(), outcome) {
+                (Some(e), _) => Err(e),
+                (None, Err(e)) if ReadPlan::read_again(&e, lists[w].is_ok()) => {
+                    Box::pin(self.get_into(keys[w], wave[w].1)).await
+                }
+                (None, outcome) => outcome,
+            });
+        }
+        results
     }
 
     pub(super) async fn batch_lists(&self, keys: &[&str]) -> Result<Vec<Result<ReplicaList>>> {
@@ -519,4 +564,14 @@ fn one_sum(sums: &[Checksum]) -> Result<Checksum> {
             format!("a one-operation read reported {} checksums", sums.len()),
         )),
     }
+}
+
+/// Reads of many keys begun with one request: where each key's replicas are (or why not),
+/// and when that was asked, from which the read lease runs. See
+/// [`Client::start_batch_read`].
+#[derive(Debug)]
+pub struct StartedReads {
+    keys: Vec<String>,
+    lists: Result<Vec<Result<ReplicaList>>>,
+    asked: Millis,
 }

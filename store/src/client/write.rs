@@ -160,14 +160,28 @@ impl Client {
         config: &ReplicateConfig,
         upsert: bool,
     ) -> Vec<Result<()>> {
+        let sizes: Vec<(&str, u64)> = items.iter().map(|(k, v)| (*k, v.len() as u64)).collect();
+        let write = self.start_batch_write(&sizes, config, upsert).await;
+        let wave: Vec<(usize, &[u8])> = items.iter().map(|(_, v)| *v).enumerate().collect();
+        let transfers = self.write_wave(&write, &wave).await;
+        self.end_batch_write(write, transfers).await
+    }
+
+    /// Starts a batch of writes with one request; their bytes then go out in one or more
+    /// [`Client::write_wave`]s and [`Client::end_batch_write`] ends them. Values staged a wave
+    /// at a time (from device memory) are written this way, so a batch costs one start and
+    /// one end however many waves carry it.
+    pub async fn start_batch_write(
+        &self,
+        items: &[(&str, u64)],
+        config: &ReplicateConfig,
+        upsert: bool,
+    ) -> StartedWrite {
         let started = self.inner.presence.contact.now();
         let grants = match self
             .call_as_member(BatchPutStart {
                 client: self.id(),
-                items: items
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.len() as u64))
-                    .collect(),
+                items: items.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
                 config: config.clone(),
                 upsert,
             })
@@ -175,24 +189,79 @@ impl Client {
             .and_then(|grants| per_key(grants, items.len(), "BatchPutStart"))
         {
             Ok(grants) => grants,
-            Err(e) => return vec![Err(e); items.len()],
+            Err(e) => vec![Err(e); items.len()],
         };
-        let started_ok: Vec<(usize, &PutGrant)> = grants
-            .iter()
-            .enumerate()
-            .filter_map(|(i, g)| g.as_ref().ok().map(|g| (i, g)))
-            .collect();
-        let jobs: Vec<(&PutGrant, &[u8])> =
-            started_ok.iter().map(|&(i, g)| (g, items[i].1)).collect();
-        let transfers = self.write_batch(&jobs, started).await;
+        StartedWrite {
+            keys: items.iter().map(|(k, _)| k.to_string()).collect(),
+            sizes: items.iter().map(|(_, v)| *v).collect(),
+            grants,
+            started,
+        }
+    }
+
+    /// Writes some of a started batch's values, each given as `(index in the batch, bytes)`,
+    /// all in parallel, stopping at the fence that runs from the batch's start. One result per
+    /// item: its checksum, or why it did not land (a key the master refused fails with the
+    /// refusal).
+    pub async fn write_wave(
+        &self,
+        write: &StartedWrite,
+        wave: &[(usize, &[u8])],
+    ) -> Vec<Result<Checksum>> {
+        let mut results: Vec<Option<Result<Checksum>>> = Vec::with_capacity(wave.len());
+        let mut jobs: Vec<(&PutGrant, &[u8])> = Vec::new();
+        for &(i, bytes) in wave {
+            let outcome = match (write.grants.get(i), write.sizes.get(i)) {
+                (Some(Ok(grant)), Some(&size)) if size == bytes.len() as u64 => {
+                    jobs.push((grant, bytes));
+                    None
+                }
+                (Some(Ok(_)), Some(&size)) => Some(Err(Error::new(
+                    ErrorCode::INVALID_PARAMS,
+                    format!(
+                        "{} bytes given for a {size}-byte write of {:?}",
+                        bytes.len(),
+                        write.keys[i]
+                    ),
+                ))),
+                (Some(Err(e)), _) => Some(Err(e.clone())),
+                _ => Some(Err(Error::new(
+                    ErrorCode::INVALID_PARAMS,
+                    format!("item {i} is not in the batch"),
+                ))),
+            };
+            results.push(outcome);
+        }
+        let landed = if jobs.is_empty() {
+            Vec::new()
+        } else {
+            self.write_batch(&jobs, write.started).await
+        };
+        let mut transfers = landed.into_iter();
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| transfers.next().expect("one per job")))
+            .collect()
+    }
+
+    /// Ends a started batch: End (in one request) for each value whose transfer landed, with
+    /// its checksum; Abort for each granted value whose transfer failed or never ran. One
+    /// result per key of the batch.
+    pub async fn end_batch_write(
+        &self,
+        write: StartedWrite,
+        transfers: Vec<Result<Checksum>>,
+    ) -> Vec<Result<()>> {
         buggify::hold(Site::CLIENT_BEFORE_BATCH_PUT_END).await;
+        let StartedWrite { keys, grants, .. } = write;
         let mut results: Vec<Result<()>> = grants
             .iter()
             .map(|g| g.as_ref().map(|_| ()).map_err(Clone::clone))
             .collect();
         let (mut ends, mut aborts) = (Vec::new(), Vec::new());
-        for (&(i, grant), transfer) in started_ok.iter().zip(transfers) {
-            let (key, write) = (items[i].0.to_string(), grant.write_id);
+        for (i, (grant, transfer)) in grants.iter().zip(transfers).enumerate() {
+            let Ok(grant) = grant else { continue };
+            let (key, write) = (keys[i].clone(), grant.write_id);
             match transfer {
                 Ok(checksum) => ends.push((i, (key, write, checksum))),
                 Err(e) => {
@@ -201,11 +270,9 @@ impl Client {
                 }
             }
         }
-        if !aborts.is_empty() {
-            for (key, write) in aborts {
-                let client = self.id();
-                let _ = self.call(PutAbort { client, key, write }).await;
-            }
+        for (key, write) in aborts {
+            let client = self.id();
+            let _ = self.call(PutAbort { client, key, write }).await;
         }
         if !ends.is_empty() {
             let request = BatchPutEnd {
@@ -279,5 +346,27 @@ impl Client {
     pub(super) fn write_fence(&self, started: Millis) -> Duration {
         let fence = self.inner.presence.contact.fence(started);
         buggify::timeout(Site::CLIENT_WRITE_FENCE, fence)
+    }
+}
+
+/// A batch of writes the master answered: a grant or a refusal per key, and when the batch
+/// started (its transfers' fence runs from then). See [`Client::start_batch_write`].
+#[derive(Debug)]
+pub struct StartedWrite {
+    keys: Vec<String>,
+    sizes: Vec<u64>,
+    grants: Vec<Result<PutGrant>>,
+    started: Millis,
+}
+
+impl StartedWrite {
+    /// How many keys the batch has.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether the batch has no keys.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
     }
 }
