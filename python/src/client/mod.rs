@@ -8,6 +8,7 @@ mod args;
 mod connect;
 mod copying;
 mod mooncake;
+pub(crate) mod replicas;
 mod zero_copy;
 
 use std::sync::Arc;
