@@ -90,5 +90,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sizes::parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(errors::error_codes, m)?)?;
     m.add_function(wrap_pyfunction!(errors::log_failure_py, m)?)?;
+    m.add_function(wrap_pyfunction!(client::replicas::clear_replicas, m)?)?;
     Ok(())
 }

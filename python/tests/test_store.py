@@ -391,7 +391,7 @@ def test_is_exist_with_prefetch_brings_a_disk_only_value_back_into_memory(tmp_pa
 
         def on_disk_only(k):
             replicas = store.get_replica_desc(k)
-            return bool(replicas) and all(r.is_disk_replica() for r in replicas)
+            return bool(replicas) and all(r.is_local_disk_replica() for r in replicas)
 
         deadline = time.monotonic() + 20
         while not on_disk_only(f"{key}/0") and time.monotonic() < deadline:

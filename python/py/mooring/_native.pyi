@@ -85,6 +85,10 @@ class NativeClient:
     ) -> list[list[list[int]]]: ...
     def replicas(self, keys: list[str]) -> list[list[tuple[str, int, int, bool, str]] | int]: ...
 
+def clear_replicas(client: NativeClient, keys: list[str], segment: str | None = None) -> list[str]:
+    """Clears ``client``'s own unleased objects among ``keys`` (whole, or only their replica on
+    ``segment``); the keys cleared."""
+
 def parse_size(value: int | str) -> int:
     """Bytes in ``value``: an int, or a Mooncake size string ("16MB" is 16 MiB)."""
 

@@ -34,9 +34,14 @@ from .tensor_calls import TensorCalls
 
 __all__ = [
     "BufferHandle",
+    "Descriptor",
+    "DiskDescriptor",
     "ErrorCode",
+    "LocalDiskDescriptor",
+    "MemoryDescriptor",
     "MooncakeDistributedStore",
     "MooringError",
+    "ObjectDataType",
     "QueryTaskResponse",
     "ReplicaDescriptor",
     "ReplicaStatus",
@@ -78,6 +83,28 @@ class ReplicaStatus(IntEnum):
     FAILED = 5
 
 
+class ObjectDataType(IntEnum):
+    """Mooncake's label for what an object holds (``ReplicateConfig.data_type``)."""
+
+    UNKNOWN = 0
+    KVCACHE = 1
+    TENSOR = 2
+    WEIGHT = 3
+    SAMPLE = 4
+    ACTIVATION = 5
+    GRADIENT = 6
+    OPTIMIZER_STATE = 7
+    METADATA = 8
+    GENERAL = 9
+
+
+def _count(value: Any, name: str) -> int:
+    """A replica count as Mooncake's ``size_t`` fields take it."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _U64_MAX:
+        raise TypeError(f"{name} must be an int from 0 to 2**64-1, got {value!r}")
+    return value
+
+
 class ReplicateConfig:
     """How a put or upsert wants its object stored.
 
@@ -88,14 +115,32 @@ class ReplicateConfig:
             master's default. A TTL with another action makes the call fail with -600.
         with_hard_pin: never evict the object (until it is removed).
         preferred_segment: a segment to place the first replica on (``get_hostname()`` of a
-            store that contributes memory).
+            store that contributes memory, or a ``mooring node``'s name).
         preferred_segments: segments to try first, in order.
         prefer_alloc_in_same_node: prefer this process's own segment, if it contributes one.
+        data_type: an :class:`ObjectDataType` label. Accepted and not recorded: Mooring
+            places, keeps and evicts every object alike whatever it holds.
+
+    Newer Mooncake's fields for tiers and features Mooring does not have may be set, and keep
+    their Mooncake defaults unless set; a put or upsert given anything else answers -600
+    (``INVALID_PARAMS``) and logs what to do instead:
+
+        nof_replica_num, preferred_nof_segments: replicas on NVMe-over-Fabrics targets
+            (default 0 and ``[]``). Memory replicas are ``replica_num``; a node's SSD tier
+            (``mooring node --disk-dir``) keeps disk copies by itself.
+        dfs_replica_num: replicas on a distributed file system (default 0).
+        group_ids: per-key routing groups (default ``None``; a list of ``""``, no group for
+            any key, is the same). Mooring places, leases and evicts each key on its own.
     """
 
     __slots__ = (
         "_soft_pin_ttl_ms",
+        "data_type",
+        "dfs_replica_num",
+        "group_ids",
+        "nof_replica_num",
         "prefer_alloc_in_same_node",
+        "preferred_nof_segments",
         "preferred_segment",
         "preferred_segments",
         "replica_num",
@@ -111,6 +156,11 @@ class ReplicateConfig:
         self.preferred_segment: str = ""
         self.preferred_segments: list[str] = []
         self.prefer_alloc_in_same_node: bool = False
+        self.nof_replica_num: int = 0
+        self.dfs_replica_num: int = 0
+        self.preferred_nof_segments: list[str] = []
+        self.data_type: ObjectDataType = ObjectDataType.UNKNOWN
+        self.group_ids: list[str] | None = None
 
     @property
     def soft_pin_ttl_ms(self) -> int | None:
@@ -136,7 +186,35 @@ class ReplicateConfig:
     def with_soft_pin(self, value: bool) -> None:
         self.soft_pin_action = SoftPinAction.ENABLE if value else SoftPinAction.PRESERVE
 
+    def _refusal(self) -> str:
+        """Why a write cannot honour this config, or "" (see the class docs)."""
+        if _count(self.nof_replica_num, "nof_replica_num") or list(self.preferred_nof_segments):
+            return (
+                "ReplicateConfig.nof_replica_num/preferred_nof_segments: Mooring has no "
+                "NVMe-over-Fabrics tier; leave them at 0 and [] (replica_num sets memory "
+                "replicas; nodes started with --disk-dir keep disk copies themselves)"
+            )
+        if _count(self.dfs_replica_num, "dfs_replica_num"):
+            return (
+                "ReplicateConfig.dfs_replica_num: Mooring has no distributed-file-system "
+                "tier; leave it at 0 (nodes started with --disk-dir keep disk copies themselves)"
+            )
+        if self.group_ids is not None and any(self.group_ids):
+            return (
+                "ReplicateConfig.group_ids: Mooring has no key groups (each key is placed, "
+                "leased and evicted on its own); leave group_ids None (in SGLang, leave "
+                "enable_group_semantics off)"
+            )
+        try:
+            ObjectDataType(self.data_type)
+        except ValueError:
+            return f"ReplicateConfig.data_type {self.data_type!r} is not an ObjectDataType"
+        return ""
+
     def _native(self, own_segment: str | None) -> tuple:
+        refusal = self._refusal()
+        if refusal:
+            raise MooringError(int(ErrorCode.INVALID_PARAMS), refusal)
         preferred = list(self.preferred_segments)
         if self.preferred_segment:
             preferred.insert(0, self.preferred_segment)
@@ -164,7 +242,10 @@ class ReplicateConfig:
             f"ReplicateConfig(replica_num={self.replica_num}, "
             f"soft_pin_action={SoftPinAction(self.soft_pin_action).name}, soft_pin_ttl={ttl}, "
             f"with_hard_pin={bool(self.with_hard_pin)}, preferred_segments={segments}, "
-            f"prefer_alloc_in_same_node={bool(self.prefer_alloc_in_same_node)})"
+            f"prefer_alloc_in_same_node={bool(self.prefer_alloc_in_same_node)}, "
+            f"nof_replica_num={self.nof_replica_num}, dfs_replica_num={self.dfs_replica_num}, "
+            f"preferred_nof_segments={list(self.preferred_nof_segments)}, "
+            f"data_type={self.data_type!r}, group_ids={self.group_ids!r})"
         )
 
     __repr__ = __str__
@@ -173,8 +254,72 @@ class ReplicateConfig:
 _DEFAULT_CONFIG = ReplicateConfig()
 
 
+class Descriptor:
+    """Where a memory replica's bytes are (Mooncake's ``AllocatedBuffer.Descriptor``)."""
+
+    __slots__ = ("buffer_address", "size", "transport_endpoint")
+
+    def __init__(self, size: int = 0, buffer_address: int = 0, transport_endpoint: str = ""):
+        #: The value's size in bytes.
+        self.size = size
+        #: The address of its first byte in the segment.
+        self.buffer_address = buffer_address
+        #: The data server holding it (the segment's name).
+        self.transport_endpoint = transport_endpoint
+
+    def __repr__(self) -> str:
+        return (
+            f"<Descriptor size={self.size} buffer_address={self.buffer_address} "
+            f"transport_endpoint={self.transport_endpoint}>"
+        )
+
+
+class MemoryDescriptor:
+    """A memory replica, as ``ReplicaDescriptor.get_memory_descriptor()`` describes it."""
+
+    __slots__ = ("buffer_descriptor",)
+
+    def __init__(self, buffer_descriptor: Descriptor) -> None:
+        #: A :class:`Descriptor`.
+        self.buffer_descriptor = buffer_descriptor
+
+    def __repr__(self) -> str:
+        return f"MemoryDescriptor({self.buffer_descriptor!r})"
+
+
+class DiskDescriptor:
+    """Mooncake's file replica (a path on a shared file system). Mooring never has one: its
+    disk replicas are local-disk replicas (:class:`LocalDiskDescriptor`). The class exists
+    for programs that name it."""
+
+    __slots__ = ("file_path", "object_size")
+
+    def __init__(self, file_path: str = "", object_size: int = 0) -> None:
+        self.file_path = file_path
+        self.object_size = object_size
+
+
+class LocalDiskDescriptor:
+    """A replica on the SSD of the node owning a segment (Mooncake's LOCAL_DISK replica)."""
+
+    __slots__ = ("object_size", "transport_endpoint")
+
+    def __init__(self, object_size: int, transport_endpoint: str) -> None:
+        #: The value's size in bytes.
+        self.object_size = object_size
+        #: The data server of the node holding it (its segment's name).
+        self.transport_endpoint = transport_endpoint
+
+    def __repr__(self) -> str:
+        return (
+            f"LocalDiskDescriptor(object_size={self.object_size}, "
+            f"transport_endpoint={self.transport_endpoint})"
+        )
+
+
 class ReplicaDescriptor:
-    """Where one complete replica of a value lives."""
+    """Where one complete replica of a value lives: in a segment's memory, or on the SSD of
+    the node that owns the segment (what Mooncake calls a LOCAL_DISK replica)."""
 
     __slots__ = ("_on_disk", "buffer_address", "size", "status", "transport_endpoint")
 
@@ -194,11 +339,48 @@ class ReplicaDescriptor:
         return not self._on_disk
 
     def is_disk_replica(self) -> bool:
-        """Whether the replica is on a node's disk."""
+        """Whether the replica is a file on a shared file system (Mooncake's DISK replica):
+        never, in Mooring. A copy on a node's SSD is a local-disk replica
+        (:meth:`is_local_disk_replica`), as it is in Mooncake."""
+        return False
+
+    def is_local_disk_replica(self) -> bool:
+        """Whether the replica is on the SSD of the node that owns the segment."""
         return self._on_disk
 
+    def get_memory_descriptor(self) -> MemoryDescriptor:
+        """Where a memory replica's bytes are; RuntimeError for a replica on disk (as
+        Mooncake raises)."""
+        if self._on_disk:
+            raise RuntimeError(
+                f"the replica on {self.transport_endpoint} is on the node's disk, not in "
+                "memory: check is_memory_replica() first (get_local_disk_descriptor() "
+                "describes this one)"
+            )
+        return MemoryDescriptor(Descriptor(self.size, self.buffer_address, self.transport_endpoint))
+
+    def get_disk_descriptor(self) -> DiskDescriptor:
+        """Mooncake's file replica: always RuntimeError in Mooring, which keeps disk copies
+        on its nodes' SSDs (:meth:`get_local_disk_descriptor`), never as shared files."""
+        where = "on the node's disk" if self._on_disk else "in memory"
+        raise RuntimeError(
+            f"the replica on {self.transport_endpoint} is {where}; Mooring has no file "
+            "(DISK) replicas: check is_disk_replica() first, and use is_local_disk_replica() "
+            "and get_local_disk_descriptor() for copies on a node's SSD"
+        )
+
+    def get_local_disk_descriptor(self) -> LocalDiskDescriptor:
+        """The node and size of a replica on a node's SSD; RuntimeError for a memory
+        replica."""
+        if not self._on_disk:
+            raise RuntimeError(
+                f"the replica on {self.transport_endpoint} is in memory, not on a node's "
+                "disk: check is_local_disk_replica() first"
+            )
+        return LocalDiskDescriptor(self.size, self.transport_endpoint)
+
     def __repr__(self) -> str:
-        medium = "disk" if self._on_disk else "memory"
+        medium = "local disk" if self._on_disk else "memory"
         return (
             f"ReplicaDescriptor({medium} on {self.transport_endpoint}, "
             f"address={self.buffer_address:#x}, size={self.size}, status={self.status.name})"
@@ -542,6 +724,8 @@ class MooncakeDistributedStore(TensorCalls):
             return failed(code)
 
     def _config(self, config: ReplicateConfig | None) -> tuple:
+        """``config`` as the native calls take it; raises ``MooringError`` (-600) for one a
+        write cannot honour, so call it inside :meth:`_run`, which answers the code."""
         config = config or _DEFAULT_CONFIG
         client = self._client
         # Asked only when wanted: it is a call into the extension on every put.
@@ -576,21 +760,22 @@ class MooncakeDistributedStore(TensorCalls):
         return self._write("upsert", key, value, config, True)
 
     def _write(self, call: str, key: str, value: Any, config, upsert: bool) -> int:
-        native = self._config(config)
-        return self._run(call, lambda c: c.put(key, value, native, upsert) or 0, int)
+        return self._run(call, lambda c: c.put(key, value, self._config(config), upsert) or 0, int)
 
     def put_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
         """Stores the concatenation of bytes-like ``parts`` as one value; 0 or a code."""
-        native = self._config(config)
         return self._run(
-            "put_parts", lambda c: c.put_parts(key, list(parts), native, False) or 0, int
+            "put_parts",
+            lambda c: c.put_parts(key, list(parts), self._config(config), False) or 0,
+            int,
         )
 
     def upsert_parts(self, key: str, *parts: Any, config: ReplicateConfig | None = None) -> int:
         """``put_parts`` that replaces an existing value."""
-        native = self._config(config)
         return self._run(
-            "upsert_parts", lambda c: c.put_parts(key, list(parts), native, True) or 0, int
+            "upsert_parts",
+            lambda c: c.put_parts(key, list(parts), self._config(config), True) or 0,
+            int,
         )
 
     def put_batch(
@@ -611,10 +796,9 @@ class MooncakeDistributedStore(TensorCalls):
             return refused[0] if refused else 0
         if not keys:
             return 0
-        native = self._config(config)
         codes = self._run(
             call,
-            lambda c: c.put_batch(list(keys), list(values), native, upsert),
+            lambda c: c.put_batch(list(keys), list(values), self._config(config), upsert),
             lambda code: [code],
         )
         return next((code for code in codes if code != 0), 0)
@@ -624,18 +808,20 @@ class MooncakeDistributedStore(TensorCalls):
     ) -> int:
         """Stores ``size`` bytes at ``buffer_ptr``, inside a registered buffer, without a
         copy; 0 or a negative code."""
-        native = self._config(config)
         return self._run(
-            "put_from", lambda c: c.put_from(key, buffer_ptr, size, native, False) or 0, int
+            "put_from",
+            lambda c: c.put_from(key, buffer_ptr, size, self._config(config), False) or 0,
+            int,
         )
 
     def upsert_from(
         self, key: str, buffer_ptr: int, size: int, config: ReplicateConfig | None = None
     ) -> int:
         """``put_from`` that replaces an existing value."""
-        native = self._config(config)
         return self._run(
-            "upsert_from", lambda c: c.put_from(key, buffer_ptr, size, native, True) or 0, int
+            "upsert_from",
+            lambda c: c.put_from(key, buffer_ptr, size, self._config(config), True) or 0,
+            int,
         )
 
     def batch_put_from(
@@ -690,10 +876,9 @@ class MooncakeDistributedStore(TensorCalls):
     def _put_parts_from(self, call, keys, ptrs, sizes, config, upsert) -> list[int]:
         if not keys:
             return []
-        native = self._config(config)
         return self._run(
             call,
-            lambda c: c.batch_put_from(list(keys), ptrs, sizes, native, upsert),
+            lambda c: c.batch_put_from(list(keys), ptrs, sizes, self._config(config), upsert),
             lambda code: [code] * len(keys),
         )
 
@@ -924,7 +1109,10 @@ class MooncakeDistributedStore(TensorCalls):
         return self.batch_get_replica_desc([key]).get(key, [])
 
     def batch_get_replica_desc(self, keys: Iterable[str]) -> dict[str, list[ReplicaDescriptor]]:
-        """``get_replica_desc`` for many keys: keys that cannot be read are left out."""
+        """``get_replica_desc`` for many keys: keys that cannot be read are left out. Each
+        :class:`ReplicaDescriptor` tells memory from disk (``is_memory_replica``,
+        ``is_local_disk_replica``) and describes itself (``get_memory_descriptor``,
+        ``get_local_disk_descriptor``). As in Mooncake, asking grants the keys a read lease."""
         keys = list(keys)
         if not keys:
             return {}
@@ -936,3 +1124,21 @@ class MooncakeDistributedStore(TensorCalls):
             for key, replicas in zip(keys, results)
             if isinstance(replicas, list)
         }
+
+    def batch_replica_clear(self, keys: Sequence[str], segment_name: str = "") -> list[str]:
+        """Clears replicas of objects this store wrote, as Mooncake's ``batch_replica_clear``:
+        with no ``segment_name``, each object whole; with one, only its replica on that
+        segment (an object whose only replica that was goes whole). Objects another store
+        wrote, and those leased (read, probed or described within the master's lease TTL),
+        pinned by a reader, being written or being copied, are skipped. Answers the keys
+        cleared; ``[]`` on failure (the log says why)."""
+        keys = list(keys)
+        if not all(isinstance(k, str) for k in keys):
+            self._refuse("batch_replica_clear", ErrorCode.INVALID_PARAMS, "keys must be strings")
+            return []
+        segment = str(segment_name or "") or None
+        return self._run(
+            "batch_replica_clear",
+            lambda c: _native.clear_replicas(c, keys, segment),
+            lambda code: [],
+        )

@@ -9,6 +9,7 @@ mod connect;
 mod copying;
 mod device;
 mod mooncake;
+pub(crate) mod replicas;
 mod zero_copy;
 
 use std::sync::Arc;

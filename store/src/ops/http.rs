@@ -242,6 +242,7 @@ async fn write(stream: &mut TcpStream, response: &Response) -> std::io::Result<(
         405 => "Method Not Allowed",
         408 => "Request Timeout",
         431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
         _ => "Error",
     };
     let head = format!(

@@ -11,7 +11,7 @@
 //! | `render` | the Prometheus exposition, section by section |
 //! | `node` | a storage node's exposition ([`node_text`]) |
 //! | `json` | the figures as JSON ([`stats_json`]) |
-//! | `pages` | the HTTP pages: [`handler`], [`static_page`], the dashboard |
+//! | `pages` | the HTTP pages: [`handler`], [`static_page`], the dashboard, Mooncake's segment list |
 
 mod json;
 mod node;
@@ -35,7 +35,7 @@ use rpc::{
 
 pub use json::stats_json;
 pub use node::node_text;
-pub use pages::{PUBLIC_PATHS, handler, static_page};
+pub use pages::{PUBLIC_PATHS, handler, segment_list, static_page};
 pub use render::render_standby;
 
 /// What the master records as it serves.

@@ -1,4 +1,5 @@
-//! The metrics pages a master serves over HTTP: `/metrics`, `/stats.json` and the dashboard.
+//! The metrics pages a master serves over HTTP: `/metrics`, `/stats.json`, the dashboard, and
+//! Mooncake's `/get_all_segments` (the list SGLang's `check_server` polls before `setup`).
 
 use std::sync::Arc;
 
@@ -16,8 +17,11 @@ pub const PUBLIC_PATHS: &[&str] = &["/", "/index.html"];
 /// The dashboard: one self-contained page (no CDN, works offline) that polls /stats.json.
 const DASHBOARD: &str = include_str!("../dashboard.html");
 
-/// The HTTP handler serving `/metrics` and `/stats.json` from `read` (which gives the current
-/// stats and segments) and `metrics`.
+/// The content type of Mooncake's plain-text admin pages.
+const MOONCAKE_TEXT: &str = "text/plain; version=0.0.4";
+
+/// The HTTP handler serving `/metrics`, `/stats.json` and `/get_all_segments` from `read`
+/// (which gives the current stats and segments) and `metrics`.
 pub fn handler(
     metrics: MasterMetrics,
     read: Arc<dyn Fn() -> (StatsReport, Vec<SegmentInfo>) + Send + Sync>,
@@ -42,14 +46,31 @@ pub fn handler(
             }
             Response::ok("application/json", document.to_string())
         }
+        "/get_all_segments" => {
+            let (_, segments) = read();
+            Response::ok(MOONCAKE_TEXT, segment_list(&segments))
+        }
         other => static_page(other),
     })
 }
 
-/// The pages that hold no figures: the dashboard, and "no such page".
+/// Mooncake's `/get_all_segments` body: each mounted segment's name on a line of its own
+/// (nothing at all while none is mounted, which is how SGLang's `check_server` tells that the
+/// cluster has no memory yet).
+pub fn segment_list(segments: &[SegmentInfo]) -> String {
+    segments.iter().map(|s| format!("{}\n", s.name)).collect()
+}
+
+/// The pages that hold no figures: the dashboard, "no such page", and, on a master standing
+/// by (the only one that reaches here with it), `/get_all_segments`, which only the leader
+/// can answer.
 pub fn static_page(path: &str) -> Response {
     match path {
         "/" | "/index.html" => Response::ok("text/html; charset=utf-8", DASHBOARD),
+        "/get_all_segments" => Response::error(
+            503,
+            "this master is standing by: ask the group's leader (its address is in /stats.json)",
+        ),
         _ => Response::error(404, "no such page: try /metrics or /stats.json"),
     }
 }

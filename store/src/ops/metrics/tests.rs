@@ -81,3 +81,57 @@ fn exposition_names_follow_prometheus_conventions() {
     assert!(!text.contains(&format!("{}", 0xdead_beef_1234u64)));
     assert!(!text.contains("10.0.0.9"));
 }
+
+/// Mooncake's `/get_all_segments`, which SGLang's `check_server` polls until it is not empty:
+/// nothing while no segment is mounted, then one name a line; a standby refuses it.
+#[test]
+fn get_all_segments_lists_the_mounted_segments_one_a_line() {
+    use std::sync::{Arc, Mutex};
+
+    let segment = |id: u64, name: &str| SegmentInfo {
+        id: mooring_core::SegmentId(id),
+        name: name.into(),
+        owner: mooring_core::ClientId(u128::from(id)),
+        base: 0,
+        size: 1 << 20,
+        used: 0,
+        endpoint: format!("10.0.0.{id}:12345"),
+        key: 7,
+        rdma_key: None,
+    };
+    let mounted: Arc<Mutex<Vec<SegmentInfo>>> = Arc::default();
+    let read = {
+        let mounted = mounted.clone();
+        Arc::new(move || (StatsReport::default(), mounted.lock().unwrap().clone()))
+    };
+    let pages = super::handler(
+        MasterMetrics::default(),
+        read,
+        Arc::new(|| 0),
+        Arc::new(|| None),
+        false,
+    );
+
+    let empty = pages("/get_all_segments");
+    assert_eq!(empty.status, 200);
+    assert_eq!(empty.content_type, "text/plain; version=0.0.4");
+    assert!(
+        empty.body.is_empty(),
+        "{:?}",
+        String::from_utf8_lossy(&empty.body)
+    );
+
+    mounted
+        .lock()
+        .unwrap()
+        .extend([segment(1, "node-a"), segment(2, "127.0.0.1:12301")]);
+    let listed = pages("/get_all_segments");
+    assert_eq!(listed.status, 200);
+    assert_eq!(
+        String::from_utf8(listed.body).unwrap(),
+        "node-a\n127.0.0.1:12301\n"
+    );
+
+    assert_eq!(super::static_page("/get_all_segments").status, 503);
+    assert_eq!(super::static_page("/nothing").status, 404);
+}
