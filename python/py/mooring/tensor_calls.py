@@ -343,8 +343,11 @@ class TensorCalls:
 
     def _put_encoded(self, call: str, key: str, encoded, config, upsert: bool) -> int:
         header, data, keep = encoded
-        native = self._config(config)
-        code = self._run(call, lambda c: c.put_parts(key, [header, data], native, upsert) or 0, int)
+        code = self._run(
+            call,
+            lambda c: c.put_parts(key, [header, data], self._config(config), upsert) or 0,
+            int,
+        )
         del keep  # the tensor's host copy, whose memory `data` views, lived through the put
         return code
 
