@@ -26,6 +26,7 @@ class ModelGpu:
 
     def __init__(self) -> None:
         self.model = _native.DeviceModel()
+        self.registrations: list[tuple[MooncakeDistributedStore, int]] = []
 
     def alloc(self, size: int) -> int:
         return self.model.alloc(size)
@@ -47,6 +48,7 @@ class CudaGpu:
 
         self.torch = torch
         self.tensors: dict[int, object] = {}
+        self.registrations: list[tuple[MooncakeDistributedStore, int]] = []
 
     def alloc(self, size: int) -> int:
         tensor = self.torch.zeros(size, dtype=self.torch.uint8, device="cuda")
@@ -79,6 +81,13 @@ def _cuda_reason() -> str | None:
     return None
 
 
+def _release(device) -> None:
+    """Unregisters what a test registered: torch reuses freed device memory for the next
+    test's tensors, which must not land inside a region still registered."""
+    for store, addr in device.registrations:
+        store.unregister_buffer(addr)
+
+
 @pytest.fixture(params=["model", "cuda"])
 def gpu(request):
     if request.param == "model":
@@ -86,12 +95,15 @@ def gpu(request):
         yield device
         device.model.set_lost(False)
         device.model.set_delay_ms(0)
+        _release(device)
         return
     reason = _cuda_reason()
     if reason is not None:
         print(f"SKIPPED: the GPU run of this test: {reason}")
         pytest.skip(f"the GPU run: {reason}")
-    yield CudaGpu()
+    device = CudaGpu()
+    yield device
+    _release(device)
 
 
 @pytest.fixture
@@ -100,6 +112,7 @@ def model():
     yield device
     device.model.set_lost(False)
     device.model.set_delay_ms(0)
+    _release(device)
 
 
 @pytest.fixture
@@ -118,6 +131,7 @@ def pattern(seed: int, size: int) -> bytes:
 def registered(store: MooncakeDistributedStore, gpu, size: int) -> int:
     addr = gpu.alloc(size)
     assert store.register_buffer(addr, size) == 0
+    gpu.registrations.append((store, addr))
     return addr
 
 
