@@ -90,6 +90,11 @@ impl Default for MasterConfig {
 }
 
 impl MasterConfig {
+    /// The write fence these settings give writers (see [`crate::client::fence`]).
+    pub fn fence_rule(&self) -> crate::client::FenceRule {
+        crate::client::FenceRule::new(self.client_ttl, self.put_start_release_timeout)
+    }
+
     /// Checks that the knobs make sense together.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::new(ErrorCode::INVALID_PARAMS, what));
@@ -139,9 +144,7 @@ impl MasterConfig {
         if self.client_ttl == Millis::ZERO {
             return bad("client_ttl must be positive".into());
         }
-        crate::client::FenceRule::new(self.client_ttl, self.put_start_release_timeout)
-            .check()
-            .or_else(bad)?;
+        self.fence_rule().check().or_else(bad)?;
         if self.max_key_len == 0 || self.max_replicas == 0 {
             return bad("max_key_len and max_replicas must be positive".into());
         }

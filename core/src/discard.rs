@@ -2,8 +2,9 @@
 //! yet, because someone may still touch it.
 //!
 //! Two kinds of someone. A preempted or timed-out writer may still be writing into its blocks;
-//! they wait until `put_start + put_start_release_timeout` (Mooncake's zombie rule), or, under
-//! memory pressure, until the writer is known dead. A reader holding a lease on replaced
+//! they wait until the write fence says its last byte has landed (a write window and the
+//! late-landing bound after its start: seconds, where Mooncake's zombie rule waits
+//! `put_start_release_timeout`), or, under memory pressure, until the writer is known dead. A reader holding a lease on replaced
 //! contents (upsert to a new size or a copy-on-write upsert) may still be reading; those blocks
 //! wait until the lease ends plus a grace for clock drift.
 

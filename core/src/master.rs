@@ -365,15 +365,17 @@ impl Master {
     }
 
     /// Abandons the put or upsert in progress on `slot`: its PROCESSING replicas go to the
-    /// discarded list until `put_start + put_start_release_timeout`, and the object goes away
-    /// if no complete replica (in memory or on disk) is left. Returns whether the object was removed.
+    /// discarded list until its writer's last byte can have landed (the write fence's bound,
+    /// a write window and the late-landing bound after the write started, well before
+    /// `put_start_release_timeout`), and the object goes away if no complete replica (in
+    /// memory or on disk) is left. Returns whether the object was removed.
     pub(crate) fn discard_write(&mut self, slot: u32, cause: DiscardCause) -> bool {
-        let release_timeout = self.config.put_start_release_timeout;
+        let fence = self.config.fence_rule();
         let object = self.objects.at_mut(slot);
         debug_assert!(object.writing);
         object.writing = false;
         object.set_prefetch(false);
-        let release_at = object.put_start + release_timeout;
+        let release_at = fence.writes_land_by(object.put_start);
         let reason = DiscardReason::Preempted {
             writer: object.writer,
         };

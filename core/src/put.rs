@@ -198,7 +198,8 @@ impl Master {
     /// Abandons a put (or upsert) whose transfers may still be landing: a transfer timed out
     /// or its connection broke, so the node may yet apply bytes already sent. The key is freed
     /// at once (its value, for an in-place upsert, is lost as with revoke), but the blocks are
-    /// reused only after `put_start_release_timeout`, like a zombie's. Use this instead of
+    /// reused only once the write fence says the writer's last byte has landed, like a
+    /// zombie's. Use this instead of
     /// [`Master::put_revoke`] whenever a transfer's outcome is unknown.
     pub fn put_abort(
         &mut self,

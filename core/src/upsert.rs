@@ -5,8 +5,8 @@
 //! 1. Validate (`INVALID_PARAMS`). A missing key is **Case A**: a plain put.
 //! 2. A copy/move on the key: `OBJECT_HAS_REPLICATION_TASK`.
 //! 3. A put or upsert in progress is **preempted**: its PROCESSING replicas go to the
-//!    discarded list until `put_start + put_start_release_timeout` (its writer may still be
-//!    writing), and its End will fail. If nothing complete is left, continue as Case A.
+//!    discarded list until the write fence says its writer's last byte has landed (it may
+//!    still be writing), and its End will fail. If nothing complete is left, continue as Case A.
 //! 4. Held reads (replica refcount): `OBJECT_REPLICA_BUSY`.
 //! 5. Same size, **Case B**: the same buffers go back to PROCESSING and are returned for
 //!    overwriting in place; client, write id and start time are refreshed; the soft pin is

@@ -3,8 +3,9 @@
 //! A client can die (or be cut off) between PutStart and PutEnd. Its write keeps the key in
 //! PROCESSING, unreadable and unwritable. After `put_start_discard_timeout` a new PutStart may
 //! preempt it, and `tick` discards it anyway, so every key leaves PROCESSING within the discard
-//! timeout. The blocks it held wait in the discarded list until `put_start_release_timeout`
-//! after its start, because the zombie may still be writing into them.
+//! timeout. The blocks it held wait in the discarded list until the write fence says its last
+//! byte has landed (`FenceRule::writes_land_by`), because the zombie may still be writing
+//! into them.
 //!
 //! Deadlines are kept in a queue in start order. Because `now` never goes backwards, start
 //! order is deadline order, so `tick` only looks at the front. Finished writes leave their

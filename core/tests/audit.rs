@@ -82,33 +82,42 @@ fn an_in_place_overwrite_inside_the_grace_is_named() {
 #[test]
 fn a_discarded_writers_block_reused_before_its_delay_is_named() {
     let config = |release: u64| MasterConfig {
-        put_start_discard_timeout: Millis(30_000),
+        put_start_discard_timeout: Millis(2_000),
         put_start_release_timeout: Millis(release),
         // One put fills the pool here.
         unfinished_put_share: 1.0,
         ..MasterConfig::default()
     };
-    // `promised` keeps a zombie's blocks for ten minutes, `breaking` for thirty seconds.
+    // `promised` keeps a zombie's blocks until its last byte can have landed (the write fence:
+    // a 5 s window plus 2 s late landing after the start); `breaking`, with a release timeout
+    // of 3 s, frees them at 3 s.
     let mut promised = Fixture::with_config(config(600_000), 1, 8 * KIB);
-    let mut breaking = Fixture::with_config(config(30_000), 1, 8 * KIB);
+    let mut breaking = Fixture::with_config(config(3_000), 1, 8 * KIB);
     for f in [&mut promised, &mut breaking] {
         f.start(A, "k", 8 * KIB, &one()).unwrap();
     }
     let mut ledger = ReuseLedger::default();
     ledger.observe(&promised.m, &[]).unwrap();
-    // A keeps heartbeating (alive) but never ends: the write is discarded. The ledger learns
-    // the delay from `promised`; `breaking` frees the block thirty seconds after the start.
+    // A keeps heartbeating (alive) but never ends: the write is discarded at 2 s. The ledger
+    // learns the delay from `promised`'s configuration; `breaking` frees the block at 3 s.
     for f in [&mut promised, &mut breaking] {
-        f.tick_after(Millis(30_000));
+        f.tick_after(Millis(2_000));
     }
     let discarded = promised.m.drain_events();
     ledger.observe(&promised.m, &discarded).unwrap();
-    breaking.tick_after(Millis(10));
+    breaking.tick_after(Millis(1_010));
     breaking.start(B, "other", 8 * KIB, &one()).unwrap();
     let v = ledger
         .observe(&breaking.m, &[])
         .expect_err("reused before the release delay");
     assert!(v.detail.contains("abandoned writer"), "{v}");
+    // `promised` frees it once the fence says the last byte landed, not ten minutes later.
+    promised.tick_after(Millis(4_990));
+    assert!(promised.start(B, "other", 8 * KIB, &one()).is_err());
+    promised.tick_after(Millis(20));
+    promised.start(B, "other", 8 * KIB, &one()).unwrap();
+    let events = promised.m.drain_events();
+    ledger.observe(&promised.m, &events).unwrap();
 }
 
 #[test]

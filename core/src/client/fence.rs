@@ -8,7 +8,10 @@
 //!
 //! - it starts transfers only within the **write window**, half a TTL after the send time of
 //!   the newest request the master acknowledged (a send time is no later than when the master
-//!   heard it);
+//!   heard it), and never later than half a TTL after it asked for the write: so the master,
+//!   which heard that request no earlier than it was sent, knows without asking when the
+//!   writer's last byte can land, and frees the blocks of a write it abandoned then, not a
+//!   release timeout later ([`FenceRule::writes_land_by`]);
 //! - it stops a write the **release margin** before the release timeout, counted from before
 //!   it asked for the write;
 //! - bytes already sent land within the **late-landing bound** or never: a node refuses a
@@ -19,6 +22,7 @@
 //!
 //! ```text
 //! t ≤ acknowledged_send + write_window + late_landing  <  acknowledged_send + client_ttl
+//! t ≤ started + write_window + late_landing            <  started + client_ttl
 //! t ≤ started + release_timeout − release_margin + late_landing  ≤  started + release_timeout
 //! ```
 //!
@@ -72,6 +76,16 @@ impl FenceRule {
     /// flight).
     pub fn release_margin(&self) -> Millis {
         Millis(self.release_timeout.as_millis() / 10).max(self.late_landing())
+    }
+
+    /// When the last byte of a write the master granted at `started` (by its own clock, which
+    /// read no earlier than the writer's send) can have landed: the writer transfers at most a
+    /// write window after it asked, and before the release margin, and its bytes land within
+    /// the late-landing bound or never. A write abandoned by the master may have its blocks
+    /// reused from then on, even while its writer lives.
+    pub fn writes_land_by(&self, started: Millis) -> Millis {
+        let window = self.write_window() + self.late_landing();
+        started + window.min(self.release_timeout)
     }
 
     /// Whether the fence holds for these settings: a write landing as late as the transports
@@ -175,7 +189,9 @@ impl WriteWindow {
     }
 
     /// How much longer a write that started (asked the master for its blocks) at `started`
-    /// may transfer, at `now`: zero when it must not transfer at all.
+    /// may transfer, at `now`: zero when it must not transfer at all. Never past a write
+    /// window from `started`, however recently the master answered: the master frees an
+    /// abandoned write's blocks by that bound ([`FenceRule::writes_land_by`]).
     pub fn fence(&self, started: Millis, now: Millis) -> Millis {
         if started < self.unbroken_since {
             return Millis::ZERO;
@@ -183,7 +199,8 @@ impl WriteWindow {
         let release = (started + self.rule.release_timeout)
             .as_millis()
             .saturating_sub(self.rule.release_margin().as_millis());
-        let until = release.min(self.closes_at().as_millis());
+        let own_window = (started + self.rule.write_window()).as_millis();
+        let until = release.min(self.closes_at().as_millis()).min(own_window);
         Millis(until.saturating_sub(now.as_millis()))
     }
 }
@@ -249,15 +266,48 @@ mod tests {
     }
 
     #[test]
-    fn a_long_write_stops_before_its_release_timeout() {
+    fn a_write_stops_a_window_after_it_asked_however_often_the_master_answers() {
         let r = FenceRule::new(Millis::from_secs(10), Millis::from_secs(20));
         let mut w = WriteWindow::new(r, Millis::ZERO);
-        // Kept acknowledged all along: only the release timeout limits the write.
+        // Kept acknowledged all along: the member may start new writes, but the write that
+        // asked at 0 stops at its own window, where the master counts its last byte from.
         for sent in (1..=17).map(|s| Millis(s * 1_000)) {
             w.acknowledged(sent, sent + Millis(5));
         }
-        assert_eq!(w.fence(Millis::ZERO, Millis(17_000)), Millis(1_000));
-        assert_eq!(w.fence(Millis::ZERO, Millis(18_000)), Millis::ZERO);
+        assert_eq!(w.fence(Millis::ZERO, Millis(4_000)), Millis(1_000));
+        assert_eq!(w.fence(Millis::ZERO, Millis(5_000)), Millis::ZERO);
+        assert_eq!(w.fence(Millis(16_000), Millis(17_000)), Millis(4_000));
+        assert_eq!(r.writes_land_by(Millis::ZERO), Millis(7_000));
+    }
+
+    #[test]
+    fn a_short_release_timeout_stops_a_write_before_its_window() {
+        let r = FenceRule::new(Millis::from_secs(10), Millis::from_secs(3));
+        let w = WriteWindow::new(r, Millis::ZERO);
+        // The release margin is the late-landing bound (2 s): the write stops at 1 s.
+        assert_eq!(w.fence(Millis::ZERO, Millis(500)), Millis(500));
+        assert_eq!(w.fence(Millis::ZERO, Millis(1_000)), Millis::ZERO);
+        assert_eq!(r.writes_land_by(Millis::ZERO), Millis(3_000));
+    }
+
+    #[test]
+    fn the_last_byte_lands_before_the_master_may_reuse_the_blocks() {
+        // For any settings the fence accepts, a byte sent at the fence's end and landing as
+        // late as the transports allow lands by `writes_land_by`.
+        for ttl in [3, 10, 100, 1_000, 10_000, 60_000] {
+            for release in [3, 50, 1_000, 20_000, 600_000] {
+                let r = FenceRule::new(Millis(ttl), Millis(release));
+                if r.check().is_err() {
+                    continue;
+                }
+                let w = WriteWindow::new(r, Millis::ZERO);
+                let last_send = w.fence(Millis::ZERO, Millis::ZERO);
+                assert!(last_send + r.late_landing() <= r.writes_land_by(Millis::ZERO));
+                assert!(
+                    r.writes_land_by(Millis::ZERO) < Millis(ttl).max(Millis(release)) + Millis(1)
+                );
+            }
+        }
     }
 
     #[test]

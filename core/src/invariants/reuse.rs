@@ -3,8 +3,9 @@
 //! Two kinds of someone may still touch a block after its object lets go of it:
 //!
 //! - the writer of a write the master abandoned (timed out, preempted, aborted): it may still
-//!   be writing, so the block waits until the write's start plus `put_start_release_timeout`,
-//!   or until the master has declared the writer dead;
+//!   be writing, so the block waits until the write fence says its last byte has landed (a
+//!   write window and the late-landing bound after the write started, at most
+//!   `put_start_release_timeout`), or until the master has declared the writer dead;
 //! - readers of a complete value: they may read until their lease ends, so the block waits
 //!   until the object's last lease plus `lease_grace`.
 //!
@@ -299,7 +300,7 @@ fn claim_for(master: &Master, was: &Holding, events: &[Event]) -> Claim {
     if abandoned {
         Claim {
             len: was.len,
-            free_from: was.started + master.config.put_start_release_timeout,
+            free_from: master.config.fence_rule().writes_land_by(was.started),
             writer: Some(was.writer),
             writer_dead: false,
             write: was.write,

@@ -249,7 +249,7 @@ impl Harness {
                     if empty {
                         self.model.objects.remove(&*key);
                     }
-                    let release_at = w.start + self.config.put_start_release_timeout;
+                    let release_at = self.config.fence_rule().writes_land_by(w.start);
                     self.model
                         .reserve_for_writer(&processing, size, release_at, w.client);
                 }

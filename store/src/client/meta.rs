@@ -26,9 +26,10 @@ impl Client {
                 .into_iter()
                 .collect(),
         };
+        // The write fence runs from the request that granted the promotion's write.
+        let started = self.now();
         let (exists, grant) = self.call(request).await?;
         if let Some(prefetch) = grant {
-            let started = self.now();
             let mut value = crate::node::memory::value_buffer(prefetch.source.len)?;
             let source = std::slice::from_ref(&prefetch.source);
             let read = self

@@ -27,8 +27,7 @@ impl Client {
         config: &ReplicateConfig,
         upsert: bool,
     ) -> Result<()> {
-        let started = self.inner.presence.contact.now();
-        let grant = self
+        let (grant, started) = self
             .start_write(key, value.len() as u64, config, upsert)
             .await?;
         buggify::hold(Site::CLIENT_AFTER_PUT_START).await;
@@ -41,14 +40,15 @@ impl Client {
         self.finish_write(key, &grant, result).await
     }
 
-    /// Starts a put or upsert, retrying a start refused as busy as [`BusyRetry`] says.
+    /// Starts a put or upsert, retrying a start refused as busy as [`BusyRetry`] says; the
+    /// grant, and when the granted request was sent (where its write fence starts).
     pub(super) async fn start_write(
         &self,
         key: &str,
         size: u64,
         config: &ReplicateConfig,
         upsert: bool,
-    ) -> Result<PutGrant> {
+    ) -> Result<(PutGrant, Millis)> {
         let lease = self.cluster_info().lease_ttl;
         let contact = &self.inner.presence.contact;
         let patience = buggify::timeout(
@@ -65,8 +65,9 @@ impl Client {
                 config: config.clone(),
                 upsert,
             };
+            let sent = contact.now();
             match self.call_as_member(request).await {
-                Ok(grant) => return Ok(grant),
+                Ok(grant) => return Ok((grant, sent)),
                 Err(e) => match retry.after(&e, contact.now()) {
                     Some(wait) => tokio::time::sleep(Duration::from_millis(wait.as_millis())).await,
                     None => return Err(e),
