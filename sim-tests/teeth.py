@@ -152,6 +152,20 @@ EXPS = {
  'unfinished-share-per-process': [
    ('core/src/quota.rs', "    match client.0 >> 64 {\n        0 => client.0,", "    match client.0 >> 64 {\n        _ => client.0,"),
  ],
+ # The write fence's early release of an abandoned write's blocks (a window and the
+ # late-landing bound after its start): the rule that forgets the late-landing bound; the
+ # master's discard that counts from the window alone (both judged by the reuse ledger, which
+ # works the bound out for itself); a writer whose fence follows its newest heartbeat rather
+ # than its own request, and so writes into blocks the master has freed.
+ 'fence-release-without-late-landing': [
+   ('core/src/client/fence.rs', "        let window = self.write_window() + self.late_landing();", "        let window = self.write_window();"),
+ ],
+ 'discard-release-from-window-only': [
+   ('core/src/master.rs', "        let release_at = fence.writes_land_by(object.put_start);", "        let release_at = object.put_start + fence.write_window();"),
+ ],
+ 'write-window-follows-heartbeats': [
+   ('core/src/client/fence.rs', "        let until = release.min(self.closes_at().as_millis()).min(own_window);", "        let until = release.min(self.closes_at().as_millis()).min(own_window.max(u64::MAX));"),
+ ],
  # Tenants: listings and regex removals that forget the tenant (judged by the real-process
  # tenant test); a member's keys no longer checked against its tenant (the insider's remove
  # of the workload's keys from another tenant); a put that skips its tenant's quota (the

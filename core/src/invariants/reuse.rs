@@ -290,6 +290,15 @@ fn holdings(master: &Master, held: &mut Vec<Holding>) {
     held.sort_unstable_by_key(|h| h.place);
 }
 
+/// When the last byte of a write started at `started` can have landed, worked out here from
+/// the fence's parts rather than asked of the rule the master uses
+/// (`FenceRule::writes_land_by`), so a slip there is a reuse here.
+fn last_landing(master: &Master, started: Millis) -> Millis {
+    let rule = master.config.fence_rule();
+    let window_then_late = rule.write_window() + rule.late_landing();
+    started + window_then_late.min(master.config.put_start_release_timeout)
+}
+
 /// The claim on a block its object let go of in the call that reported `events`.
 fn claim_for(master: &Master, was: &Holding, events: &[Event]) -> Claim {
     let abandoned = !was.complete
@@ -300,7 +309,7 @@ fn claim_for(master: &Master, was: &Holding, events: &[Event]) -> Claim {
     if abandoned {
         Claim {
             len: was.len,
-            free_from: master.config.fence_rule().writes_land_by(was.started),
+            free_from: last_landing(master, was.started),
             writer: Some(was.writer),
             writer_dead: false,
             write: was.write,
