@@ -375,7 +375,7 @@ impl Master {
         debug_assert!(object.writing);
         object.writing = false;
         object.set_prefetch(false);
-        let release_at = fence.writes_land_by(object.put_start);
+        let release_at = fence.writes_land_by(object.put_start, object.size);
         let reason = DiscardReason::Preempted {
             writer: object.writer,
         };

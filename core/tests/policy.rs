@@ -521,14 +521,16 @@ fn tick_discards_zombies_and_frees_their_space_once_their_fence_has_passed() {
     );
     f.tick_after(Millis::from_secs(2));
     assert_eq!(code(f.get("k")), ErrorCode::OBJECT_NOT_FOUND);
-    // A lives and may still be writing: its bytes can land until a write window (5 s) plus
-    // the late-landing bound (2 s) after the start, not the ten-minute release timeout.
+    // A lives and may still be writing: its bytes can land until a write window (5 s, and a
+    // millisecond to move 4 KiB at the slowest rate allowed) plus the late-landing bound
+    // (2 s) after the start, not the ten-minute release timeout; the block is free a
+    // millisecond after that.
     assert_eq!(
         f.used(),
         4096,
         "space held while the writer may still write"
     );
-    f.tick_after(Millis::from_secs(5) - Millis(1));
+    f.tick_after(Millis::from_secs(5) + Millis(1));
     assert_eq!(f.used(), 4096);
     f.tick_after(Millis(1));
     assert_eq!(f.used(), 0);
@@ -639,7 +641,7 @@ fn discarded_space_of_a_live_writer_waits_for_its_fence() {
         code(f.start(B, "k", 60 * KIB, &one())),
         ErrorCode::NO_AVAILABLE_HANDLE
     );
-    f.tick_after(Millis::from_secs(5));
+    f.tick_after(Millis::from_secs(5) + Millis(2));
     f.start(B, "k", 60 * KIB, &one()).unwrap();
 }
 

@@ -65,6 +65,8 @@ struct Scenario {
     skew_us: i64,
     anchor_there_us: u64,
     anchor_back_us: u64,
+    /// The value's size: a write may move for longer the larger it is.
+    size: u64,
 }
 
 /// The transports' bound on how late sent bytes land, for a client TTL of `ttl`.
@@ -90,10 +92,11 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
                 prop_oneof![Just(0), -1_000_000_000..1_000_000_000i64],
                 prop_oneof![3 => Just(0), 6 => 0..ttl * 50, 1 => 0..ttl * 1_000],
                 prop_oneof![3 => Just(0), 6 => 0..ttl * 50, 1 => 0..ttl * 1_000],
+                prop_oneof![Just(0u64), 0..1u64 << 20, 0..4u64 << 30],
             )
         })
         .prop_map(
-            |(ttl, release, requests, start, stall, to_node, landing, skew, there, back)| {
+            |(ttl, release, requests, start, stall, to_node, landing, skew, there, back, size)| {
                 Scenario {
                     start: start.index(requests.len()),
                     ttl,
@@ -105,6 +108,7 @@ fn scenarios() -> impl Strategy<Value = Scenario> {
                     skew_us: skew,
                     anchor_there_us: there,
                     anchor_back_us: back,
+                    size,
                 }
             },
         )
@@ -143,7 +147,7 @@ fn run(s: &Scenario) -> Option<(u64, u64)> {
     for &(at, sent) in answers.iter().filter(|(at, _)| *at <= transfer_at) {
         window.acknowledged(Millis(sent), Millis(at));
     }
-    let fence = window.fence(Millis(started), Millis(transfer_at));
+    let fence = window.fence(Millis(started), s.size, Millis(transfer_at));
     // The connection's clock: send time zero is when the writer's first message went out, at
     // real time 0; the node noted its arrival; the writer saw the round trip.
     let rtt_us = s.anchor_there_us + s.anchor_back_us;
@@ -167,7 +171,12 @@ fn run(s: &Scenario) -> Option<(u64, u64)> {
             _ => Some(at + s.ttl),
         })
         .expect("the last hearing expires");
-    Some((landed, expiry.min(master_start + s.release)))
+    // A write the master abandoned while its writer lives: its blocks are reused once the
+    // fence says the last byte has landed.
+    let abandoned = FenceRule::new(Millis(s.ttl), Millis(s.release))
+        .writes_land_by(Millis(master_start), s.size)
+        .as_millis();
+    Some((landed, expiry.min(master_start + s.release).min(abandoned)))
 }
 
 proptest! {
@@ -209,8 +218,11 @@ fn prompt_writers_write() {
         skew_us: 123_456,
         anchor_there_us: 100,
         anchor_back_us: 100,
+        size: 0,
     };
     let (landed, reuse) = run(&s).expect("written");
     assert_eq!(landed, 3_002 + 10 + 1 + 5);
-    assert_eq!(reuse, 3_001 + 10_000);
+    // If the master abandons the write, its blocks are reused once the fence has passed: a
+    // 5 s window, the 2 s late-landing bound and a millisecond after the master heard the start.
+    assert_eq!(reuse, 3_001 + 7_001);
 }

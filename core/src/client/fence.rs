@@ -39,6 +39,13 @@ use crate::time::Millis;
 /// TCP's user timeout is set to this, or to a quarter TTL if that is shorter.
 pub const MAX_LATE_LANDING: Millis = Millis(2_000);
 
+/// The slowest a write is allowed to move its value, in bytes a second: a write of `size`
+/// bytes may transfer for a write window plus `size` at this rate after it asked for its
+/// blocks (4 MiB: 62 ms more; 1 GiB: 16 s more). Writer and master both derive the bound from
+/// the size, so a large value is not cut off by a window sized for pages, and the master
+/// still knows when the last byte of any write can land.
+pub const SLOWEST_WRITE_RATE: u64 = 64 << 20;
+
 /// The protocol settings the fence is derived from (what the master tells each member in
 /// its cluster info).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,14 +85,23 @@ impl FenceRule {
         Millis(self.release_timeout.as_millis() / 10).max(self.late_landing())
     }
 
-    /// When the last byte of a write the master granted at `started` (by its own clock, which
-    /// read no earlier than the writer's send) can have landed: the writer transfers at most a
-    /// write window after it asked, and before the release margin, and its bytes land within
+    /// When the last byte of a write of `size` bytes the master granted at `started` (by its
+    /// own clock, which read no earlier than the writer's send) can have landed: the writer
+    /// transfers at most its own window ([`FenceRule::own_window`]) after it asked, and
+    /// before the release margin, and its bytes land within
     /// the late-landing bound or never. A write abandoned by the master may have its blocks
     /// reused from then on, even while its writer lives.
-    pub fn writes_land_by(&self, started: Millis) -> Millis {
-        let window = self.write_window() + self.late_landing();
+    pub fn writes_land_by(&self, started: Millis, size: u64) -> Millis {
+        // A millisecond past the last instant a byte may land, so that "by" is strict.
+        let window = self.own_window(size) + self.late_landing() + Millis(1);
         started + window.min(self.release_timeout)
+    }
+
+    /// How long after asking for its blocks a write of `size` bytes may transfer: a write
+    /// window, plus the value's bytes at [`SLOWEST_WRITE_RATE`].
+    pub fn own_window(&self, size: u64) -> Millis {
+        let moving = size.saturating_mul(1_000).div_ceil(SLOWEST_WRITE_RATE);
+        self.write_window() + Millis(moving)
     }
 
     /// Whether the fence holds for these settings: a write landing as late as the transports
@@ -188,18 +204,18 @@ impl WriteWindow {
         self.acknowledged_send + self.rule.write_window()
     }
 
-    /// How much longer a write that started (asked the master for its blocks) at `started`
-    /// may transfer, at `now`: zero when it must not transfer at all. Never past a write
-    /// window from `started`, however recently the master answered: the master frees an
-    /// abandoned write's blocks by that bound ([`FenceRule::writes_land_by`]).
-    pub fn fence(&self, started: Millis, now: Millis) -> Millis {
+    /// How much longer a write of `size` bytes that started (asked the master for its blocks)
+    /// at `started` may transfer, at `now`: zero when it must not transfer at all. Never past
+    /// its own window from `started`, however recently the master answered: the master frees
+    /// an abandoned write's blocks by that bound ([`FenceRule::writes_land_by`]).
+    pub fn fence(&self, started: Millis, size: u64, now: Millis) -> Millis {
         if started < self.unbroken_since {
             return Millis::ZERO;
         }
         let release = (started + self.rule.release_timeout)
             .as_millis()
             .saturating_sub(self.rule.release_margin().as_millis());
-        let own_window = (started + self.rule.write_window()).as_millis();
+        let own_window = (started + self.rule.own_window(size)).as_millis();
         let until = release.min(self.closes_at().as_millis()).min(own_window);
         Millis(until.saturating_sub(now.as_millis()))
     }
@@ -257,12 +273,12 @@ mod tests {
     #[test]
     fn the_window_follows_the_newest_acknowledged_send() {
         let mut w = WriteWindow::new(rule(), Millis(100));
-        assert_eq!(w.fence(Millis(100), Millis(100)), Millis(5_000));
+        assert_eq!(w.fence(Millis(100), 0, Millis(100)), Millis(5_000));
         w.acknowledged(Millis(3_000), Millis(3_010));
         w.acknowledged(Millis(2_000), Millis(3_020)); // a late answer to an older request
         assert_eq!(w.closes_at(), Millis(8_000));
-        assert_eq!(w.fence(Millis(7_000), Millis(7_500)), Millis(500));
-        assert_eq!(w.fence(Millis(7_000), Millis(9_000)), Millis::ZERO);
+        assert_eq!(w.fence(Millis(7_000), 0, Millis(7_500)), Millis(500));
+        assert_eq!(w.fence(Millis(7_000), 0, Millis(9_000)), Millis::ZERO);
     }
 
     #[test]
@@ -274,10 +290,16 @@ mod tests {
         for sent in (1..=17).map(|s| Millis(s * 1_000)) {
             w.acknowledged(sent, sent + Millis(5));
         }
-        assert_eq!(w.fence(Millis::ZERO, Millis(4_000)), Millis(1_000));
-        assert_eq!(w.fence(Millis::ZERO, Millis(5_000)), Millis::ZERO);
-        assert_eq!(w.fence(Millis(16_000), Millis(17_000)), Millis(4_000));
-        assert_eq!(r.writes_land_by(Millis::ZERO), Millis(7_000));
+        assert_eq!(w.fence(Millis::ZERO, 0, Millis(4_000)), Millis(1_000));
+        assert_eq!(w.fence(Millis::ZERO, 0, Millis(5_000)), Millis::ZERO);
+        assert_eq!(w.fence(Millis(16_000), 0, Millis(17_000)), Millis(4_000));
+        assert_eq!(r.writes_land_by(Millis::ZERO, 0), Millis(7_001));
+        // A 64 MiB value may move for a second longer, and its blocks wait as much longer.
+        assert_eq!(
+            w.fence(Millis::ZERO, 64 << 20, Millis(5_000)),
+            Millis(1_000)
+        );
+        assert_eq!(r.writes_land_by(Millis::ZERO, 64 << 20), Millis(8_001));
     }
 
     #[test]
@@ -285,9 +307,9 @@ mod tests {
         let r = FenceRule::new(Millis::from_secs(10), Millis::from_secs(3));
         let w = WriteWindow::new(r, Millis::ZERO);
         // The release margin is the late-landing bound (2 s): the write stops at 1 s.
-        assert_eq!(w.fence(Millis::ZERO, Millis(500)), Millis(500));
-        assert_eq!(w.fence(Millis::ZERO, Millis(1_000)), Millis::ZERO);
-        assert_eq!(r.writes_land_by(Millis::ZERO), Millis(3_000));
+        assert_eq!(w.fence(Millis::ZERO, 0, Millis(500)), Millis(500));
+        assert_eq!(w.fence(Millis::ZERO, 0, Millis(1_000)), Millis::ZERO);
+        assert_eq!(r.writes_land_by(Millis::ZERO, 0), Millis(3_000));
     }
 
     #[test]
@@ -301,10 +323,13 @@ mod tests {
                     continue;
                 }
                 let w = WriteWindow::new(r, Millis::ZERO);
-                let last_send = w.fence(Millis::ZERO, Millis::ZERO);
-                assert!(last_send + r.late_landing() <= r.writes_land_by(Millis::ZERO));
+                for size in [0, 4096, 64 << 20, 1 << 30] {
+                    let last_send = w.fence(Millis::ZERO, size, Millis::ZERO);
+                    assert!(last_send + r.late_landing() <= r.writes_land_by(Millis::ZERO, size));
+                }
                 assert!(
-                    r.writes_land_by(Millis::ZERO) < Millis(ttl).max(Millis(release)) + Millis(1)
+                    r.writes_land_by(Millis::ZERO, 0)
+                        < Millis(ttl).max(Millis(release)) + Millis(1)
                 );
             }
         }
@@ -318,14 +343,14 @@ mod tests {
         // A heartbeat sent at 9 s is answered at 11.5 s, a TTL after the last answered send:
         // the master may have forgotten the member in between.
         w.acknowledged(Millis(9_000), Millis(11_500));
-        assert_eq!(w.fence(Millis(1_000), Millis(11_600)), Millis::ZERO);
+        assert_eq!(w.fence(Millis(1_000), 0, Millis(11_600)), Millis::ZERO);
         // Its round trip was shorter than a TTL: writes started since it was sent may write.
-        assert_eq!(w.fence(Millis(9_000), Millis(11_600)), Millis(2_400));
+        assert_eq!(w.fence(Millis(9_000), 0, Millis(11_600)), Millis(2_400));
         // An answer that itself took a TTL starts the chain only when it arrives.
         w.acknowledged(Millis(20_000), Millis(30_000));
-        assert_eq!(w.fence(Millis(25_000), Millis(30_000)), Millis::ZERO);
+        assert_eq!(w.fence(Millis(25_000), 0, Millis(30_000)), Millis::ZERO);
         w.acknowledged(Millis(30_001), Millis(30_002)); // a TTL after 20 s: a chain of its own
-        assert_eq!(w.fence(Millis(30_001), Millis(30_002)), Millis(4_999));
+        assert_eq!(w.fence(Millis(30_001), 0, Millis(30_002)), Millis(4_999));
     }
 
     #[test]

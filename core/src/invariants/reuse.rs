@@ -22,6 +22,7 @@
 use std::collections::BTreeMap;
 
 use super::{Violation, violation};
+use crate::client::fence::SLOWEST_WRITE_RATE;
 use crate::events::Event;
 use crate::ids::{ClientId, SegmentId, TaskId, WriteId};
 use crate::master::Master;
@@ -293,9 +294,12 @@ fn holdings(master: &Master, held: &mut Vec<Holding>) {
 /// When the last byte of a write started at `started` can have landed, worked out here from
 /// the fence's parts rather than asked of the rule the master uses
 /// (`FenceRule::writes_land_by`), so a slip there is a reuse here.
-fn last_landing(master: &Master, started: Millis) -> Millis {
+/// The block's length stands in for the value's size: never shorter, so never an earlier
+/// bound than the master's.
+fn last_landing(master: &Master, started: Millis, len: u64) -> Millis {
     let rule = master.config.fence_rule();
-    let window_then_late = rule.write_window() + rule.late_landing();
+    let moving = Millis(len.saturating_mul(1_000).div_ceil(SLOWEST_WRITE_RATE));
+    let window_then_late = rule.write_window() + moving + rule.late_landing() + Millis(1);
     started + window_then_late.min(master.config.put_start_release_timeout)
 }
 
@@ -309,7 +313,7 @@ fn claim_for(master: &Master, was: &Holding, events: &[Event]) -> Claim {
     if abandoned {
         Claim {
             len: was.len,
-            free_from: last_landing(master, was.started),
+            free_from: last_landing(master, was.started, was.len),
             writer: Some(was.writer),
             writer_dead: false,
             write: was.write,

@@ -249,7 +249,7 @@ impl Harness {
                     if empty {
                         self.model.objects.remove(&*key);
                     }
-                    let release_at = self.config.fence_rule().writes_land_by(w.start);
+                    let release_at = self.config.fence_rule().writes_land_by(w.start, size);
                     self.model
                         .reserve_for_writer(&processing, size, release_at, w.client);
                 }

@@ -65,9 +65,11 @@ pub(super) struct ClientSide {
 }
 
 impl ClientSide {
-    /// How much longer a write or task started at `started` may transfer, at `now`.
-    pub(super) fn fence(&self, started: Millis, now: Millis) -> Millis {
-        self.window.map_or(Millis::ZERO, |w| w.fence(started, now))
+    /// How much longer a write or task of `size` bytes started at `started` may transfer, at
+    /// `now`.
+    pub(super) fn fence(&self, started: Millis, size: u64, now: Millis) -> Millis {
+        self.window
+            .map_or(Millis::ZERO, |w| w.fence(started, size, now))
     }
 }
 

@@ -135,7 +135,7 @@ impl Harness {
         let index = side.tasks.len() - 1 - usize::from(task) % side.tasks.len();
         let t = side.tasks[index].clone();
         // A task's copy is a write: it stops at the writer's fence.
-        if side.fence(t.started, self.now) == Millis::ZERO {
+        if side.fence(t.started, t.source.len, self.now) == Millis::ZERO {
             return Ok(());
         }
         if let Some(mt) = self.model.tasks.get(&t.id) {

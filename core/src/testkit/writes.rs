@@ -384,7 +384,8 @@ impl Harness {
             return;
         }
         let index = side.grants.len() - 1 - usize::from(grant) % side.grants.len();
-        if side.fence(side.grants[index].started, self.now) == Millis::ZERO {
+        let size = side.grants[index].replicas.first().map_or(0, |r| r.len);
+        if side.fence(side.grants[index].started, size, self.now) == Millis::ZERO {
             return;
         }
         let g = &mut side.grants[index];

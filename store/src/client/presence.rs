@@ -54,14 +54,15 @@ impl MasterContact {
             .acknowledged(sent, now);
     }
 
-    /// How much longer a write that started at `started` may transfer (zero: not at all).
-    pub fn fence(&self, started: Millis) -> Duration {
+    /// How much longer a write of `size` bytes that started at `started` may transfer (zero:
+    /// not at all).
+    pub fn fence(&self, started: Millis, size: u64) -> Duration {
         let now = self.clock.now();
         let fence = self
             .window
             .lock()
             .expect("write window lock")
-            .fence(started, now);
+            .fence(started, size, now);
         Duration::from_millis(fence.as_millis())
     }
 }

@@ -305,7 +305,10 @@ impl Client {
         jobs: &[(&PutGrant, &[u8])],
         started: Millis,
     ) -> Vec<Result<Checksum>> {
-        let fence = self.write_fence(started);
+        // Each value's blocks are freed by its own bound if the master abandons it; the batch
+        // moves together, so it keeps to the smallest value's.
+        let smallest = jobs.iter().map(|(_, v)| v.len() as u64).min().unwrap_or(0);
+        let fence = self.write_fence(started, smallest);
         if fence.is_zero() {
             crate::coverage::hit(crate::coverage::Path::WRITE_FENCED);
             return vec![Err(write_plan::fence_closed()); jobs.len()];
@@ -342,10 +345,10 @@ impl Client {
         plan.outcomes()
     }
 
-    /// How long a write that started at `started` may still run: the writer's fence (see
-    /// `mooring_core::client::fence`).
-    pub(super) fn write_fence(&self, started: Millis) -> Duration {
-        let fence = self.inner.presence.contact.fence(started);
+    /// How long a write of `size` bytes that started at `started` may still run: the writer's
+    /// fence (see `mooring_core::client::fence`).
+    pub(super) fn write_fence(&self, started: Millis, size: u64) -> Duration {
+        let fence = self.inner.presence.contact.fence(started, size);
         buggify::timeout(Site::CLIENT_WRITE_FENCE, fence)
     }
 }
