@@ -386,11 +386,18 @@ class Engine:
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(tmp_path, request):
     """A master and one node holding the pool (8 MiB); engines contribute no memory, as
-    vLLM's ``standalone-store`` mode has it."""
-    master = Master("--lease-ttl", "200ms")
-    node = Node(master, "--size", "8MiB", "--no-prefault")
+    vLLM's ``standalone-store`` mode has it. Parametrized ``"disk"``: a 4 MiB node with an SSD
+    tier behind it, every value written through to it."""
+    if getattr(request, "param", "memory") == "disk":
+        master = Master("--lease-ttl", "200ms", "--offload-write-through")
+        disk = tmp_path / "disk"
+        disk.mkdir()
+        node = Node(master, "--size", "4MiB", "--no-prefault", "--disk-dir", str(disk))
+    else:
+        master = Master("--lease-ttl", "200ms")
+        node = Node(master, "--size", "8MiB", "--no-prefault")
     yield master, node
     node.stop()
     master.stop()
@@ -616,5 +623,95 @@ def test_a_missing_or_damaged_block_is_reported_and_recomputed(engines, cluster,
     assert b.invalid_block_ids == set(hurt)
     assert min(b.computed["r1"]) == 2 * BLOCK
     assert set(b.computed["r1"]) == set(range(2 * BLOCK, len(tokens)))
+    for i in range(4):
+        assert b.block_bytes("r1", i) == a.block_bytes("r1", i), i
+
+
+# ---- MooringConnector only -------------------------------------------------------------------
+
+BLOCK_BYTES = LAYERS * 2 * BLOCK * KV_HEADS * HEAD_DIM * 4
+
+
+@pytest.mark.parametrize("engines", ["MooringConnector"], indirect=True)
+def test_mooring_connector_counts_per_request_and_deduplicates_puts(engines):
+    _, make = engines
+    a = make()
+    b = make()
+    tokens = prompt(7, 4 * BLOCK + 3)
+    a.add("r1", tokens)
+    a.run()
+    b.add("r1", tokens)
+    b.run()
+    saved = merged(a.stats)["r1"]
+    assert saved["saved_blocks"] == 4 and saved["saved_bytes"] == 4 * BLOCK_BYTES, saved
+    assert saved["deduplicated_blocks"] == 0, saved
+    loaded = merged(b.stats)["r1"]
+    assert loaded["lookup_blocks"] == 4 and loaded["hit_blocks"] == 4, loaded
+    assert loaded["loaded_blocks"] == 4 and loaded["loaded_bytes"] == 4 * BLOCK_BYTES, loaded
+    assert loaded["load_failed_blocks"] == 0, loaded
+    # B's forward pass filled the same four prompt blocks (by loading them): its save found
+    # them in the store and put none.
+    assert loaded["deduplicated_blocks"] == 4 and loaded["saved_blocks"] == 0, loaded
+    # vLLM's stats logger sums a step's stats with reduce().
+    total = b.stats[0]
+    for step in b.stats[1:]:
+        total = total.aggregate(step)
+    reduced = total.reduce()
+    assert reduced["loaded_blocks"] == 4 and reduced["requests"] == 1, reduced
+
+
+@pytest.mark.parametrize("cluster", ["disk"], indirect=True)
+@pytest.mark.parametrize("engines", ["MooringConnector"], indirect=True)
+def test_mooring_connector_lookup_prefetches_disk_held_blocks_into_memory(engines, cluster):
+    _, make = engines
+    master, _ = cluster
+    a = make()
+    b = make()
+    tokens = prompt(8, 4 * BLOCK + 3)
+    request = a.add("r1", tokens)
+    a.run()
+    holder = connect(master, segment=0, local="1MB")
+    try:
+        keys = [block_key(master, request, i) for i in range(4)]
+
+        def on_disk_only(key: str) -> bool:
+            replicas = holder.get_replica_desc(key)
+            return bool(replicas) and all(r.is_local_disk_replica() for r in replicas)
+
+        # Other values push the blocks out of the node's memory; write-through left each a
+        # copy on the node's SSD. (A put finding memory full of values still waiting for
+        # their disk copy is refused with -200 until the node copied them.) Probing a key
+        # leases it, and a leased value is not evicted: probe only after a round of puts
+        # and once the leases (200 ms) ran out.
+        deadline = time.monotonic() + 30
+        filler = 0
+        while True:
+            for _ in range(20):
+                while (code := holder.put(f"filler/{filler}", bytes(256 << 10))) == -200:
+                    assert time.monotonic() < deadline, "the node never copied values to disk"
+                    time.sleep(0.02)
+                assert code == 0, code
+                filler += 1
+            time.sleep(0.3)
+            if all(on_disk_only(k) for k in keys):
+                break
+            assert time.monotonic() < deadline, [holder.get_replica_desc(k) for k in keys]
+            time.sleep(0.3)
+
+        in_memory_after_lookup = []
+
+        def after_lookup(output) -> None:
+            # B's scheduler has looked the prompt up (with prefetch), and its worker has not
+            # read anything yet.
+            in_memory_after_lookup.extend(
+                any(r.is_memory_replica() for r in holder.get_replica_desc(k)) for k in keys
+            )
+
+        b.add("r1", tokens)
+        b.run(between=after_lookup)
+    finally:
+        holder.close()
+    assert in_memory_after_lookup == [True] * 4
+    assert b.computed["r1"] == list(range(4 * BLOCK, len(tokens)))
     for i in range(4):
         assert b.block_bytes("r1", i) == a.block_bytes("r1", i), i
