@@ -41,7 +41,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -421,7 +423,10 @@ def engines(cluster, model_config, tmp_path, monkeypatch, request):
     path.write_text(json.dumps(config))
     monkeypatch.setenv("MOONCAKE_CONFIG_PATH", str(path))
     monkeypatch.setenv("MOORING_MASTER", master.address)
-    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(tmp_path))
+    # vLLM's lookup socket (built-in connector) is an IPC path, which must stay under the
+    # 107 bytes a Unix socket's name may have: a short directory, not pytest's tmp_path.
+    rpc_dir = tempfile.mkdtemp(prefix="vllm-rpc-")
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", rpc_dir)
     if connector == "MooncakeStoreConnector" and not torch.cuda.is_available():
         monkeypatch.setattr(torch.cuda, "Event", HostEvent)
     made = []
@@ -436,6 +441,7 @@ def engines(cluster, model_config, tmp_path, monkeypatch, request):
     yield connector, make
     for engine in made:
         engine.close()
+    shutil.rmtree(rpc_dir, ignore_errors=True)
 
 
 def prompt(seed: int, length: int) -> list[int]:
