@@ -35,6 +35,21 @@ fi
 # 10 GB the first time), run on machines without a GPU.
 "$VENV/bin/pip" install --quiet torch safetensors "sglang==0.5.23"
 
+# vLLM 0.33.0, for its KV connectors' tests (python/tests/test_vllm.py): vLLM's own
+# MooncakeStoreConnector through the mooncake.store name, and ours. vLLM pins torch 2.14.0
+# and an openai newer than SGLang's pin, so it goes into a directory of its own with
+# --no-deps: the venv's torch, numpy and transformers serve it (its connector path loads no
+# compiled vLLM extension), and only the pure-Python packages that path imports and the venv
+# lacks come with it (pinned). About 340 MB downloaded, 830 MB installed, once.
+VLLM_SITE="$(dirname "$VENV")/$(basename "$VENV")-vllm"
+if ! PYTHONPATH="$VLLM_SITE" "$VENV/bin/python" -c '
+import importlib.metadata as m, sys
+sys.exit(m.version("vllm") != "0.33.0" or m.version("openai") != "3.57.0")' 2>/dev/null; then
+    rm -rf "$VLLM_SITE"
+    "$VENV/bin/pip" install --quiet --no-deps --target "$VLLM_SITE" "vllm==0.33.0" \
+        "cbor2==6.3.0" "cachetools==8.0.2" "py-cpuinfo==9.0.0" "openai==3.57.0"
+fi
+
 # The master the tests start.
 cargo build --release --locked -p mooring --bin mooring
 
@@ -43,5 +58,21 @@ cargo build --release --locked -p mooring --bin mooring
 "$VENV/bin/ruff" check python
 "$VENV/bin/ruff" format --check python
 
+# The opt-in mooncake.store name, for vLLM's built-in connector: installed as a user would,
+# from a copy (setuptools leaves build directories beside the sources), afresh every run.
+COMPAT_SITE="$(dirname "$VENV")/$(basename "$VENV")-mooncake-compat"
+compat_src=$(mktemp -d)
+trap 'rm -rf "$compat_src"' EXIT
+cp -r python/mooncake-compat "$compat_src/"
+rm -rf "$COMPAT_SITE"
+"$VENV/bin/pip" install --quiet --no-deps --target "$COMPAT_SITE" "$compat_src/mooncake-compat"
+
 cd python
-"$VENV/bin/python" -m pytest -q -rs "$@"
+"$VENV/bin/python" -m pytest -q -rs --ignore=tests/test_vllm.py "$@"
+# vLLM's tests, with vLLM's directory first on the path (in a process of their own, so the
+# SGLang tests above keep the venv's openai). Exit code 5: "$@" selected none of them.
+rc=0
+PYTHONPATH="$VLLM_SITE:$COMPAT_SITE" "$VENV/bin/python" -m pytest -q -rs tests/test_vllm.py "$@" || rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
+    exit "$rc"
+fi
