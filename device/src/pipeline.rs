@@ -12,7 +12,7 @@
 
 use std::future::Future;
 
-use mooring_core::client::StagingWaves;
+use mooring_core::client::{StagingWaves, Wave};
 use mooring_core::{Error, ErrorCode, Result};
 
 use crate::memory::{CopyPart, Direction, PendingCopy};
@@ -91,6 +91,29 @@ fn sizes(items: &[Vec<Part>]) -> Vec<u64> {
         .collect()
 }
 
+/// Each item's size, the batch's waves, and a result per item: `ok` for now, or the refusal
+/// of an item too large for a slab.
+fn planned<T: Clone>(
+    pool: &StagingPool,
+    items: &[Vec<Part>],
+    ok: T,
+) -> (Vec<u64>, StagingWaves, Vec<Result<T>>) {
+    let sizes = sizes(items);
+    let plan = StagingWaves::plan(&sizes, pool.slab_bytes() as u64, pool.wave_bytes() as u64);
+    let mut results = vec![Ok(ok); items.len()];
+    for &i in &plan.too_large {
+        results[i] = Err(too_large(sizes[i], pool));
+    }
+    (sizes, plan, results)
+}
+
+/// Fails every item of `wave` with `error`.
+fn fail_wave<T>(results: &mut [Result<T>], wave: &Wave, error: &Error) {
+    for &(i, _) in &wave.items {
+        results[i] = Err(error.clone());
+    }
+}
+
 /// A slab for the next wave; with a previous wave still holding one and none free, `finish`
 /// releases the previous wave first.
 async fn next_slab<'p, P, F, Fut>(
@@ -126,12 +149,7 @@ pub async fn put_from<S: PutFrom>(
     items: &[Vec<Part>],
     sink: &S,
 ) -> Vec<Result<()>> {
-    let sizes = sizes(items);
-    let plan = StagingWaves::plan(&sizes, pool.slab_bytes() as u64, pool.wave_bytes() as u64);
-    let mut results: Vec<Result<()>> = vec![Ok(()); items.len()];
-    for &i in &plan.too_large {
-        results[i] = Err(too_large(sizes[i], pool));
-    }
+    let (sizes, plan, mut results) = planned(pool, items, ());
     let begun: Vec<(usize, u64)> = plan
         .waves
         .iter()
@@ -162,9 +180,7 @@ pub async fn put_from<S: PutFrom>(
         let slab = match slab {
             Ok(slab) => slab,
             Err(e) => {
-                for &(i, _) in &wave.items {
-                    results[i] = Err(e.clone());
-                }
+                fail_wave(&mut results, wave, &e);
                 continue;
             }
         };
@@ -240,12 +256,7 @@ pub async fn get_into<G: GetInto>(
     items: &[Vec<Part>],
     source: &G,
 ) -> Vec<Result<usize>> {
-    let sizes = sizes(items);
-    let plan = StagingWaves::plan(&sizes, pool.slab_bytes() as u64, pool.wave_bytes() as u64);
-    let mut results: Vec<Result<usize>> = vec![Ok(0); items.len()];
-    for &i in &plan.too_large {
-        results[i] = Err(too_large(sizes[i], pool));
-    }
+    let (sizes, plan, mut results) = planned(pool, items, 0);
     let begun: Vec<usize> = plan
         .waves
         .iter()
@@ -264,9 +275,7 @@ pub async fn get_into<G: GetInto>(
         let mut slab = match slab {
             Ok(slab) => slab,
             Err(e) => {
-                for &(i, _) in &wave.items {
-                    results[i] = Err(e.clone());
-                }
+                fail_wave(&mut results, wave, &e);
                 continue;
             }
         };

@@ -160,8 +160,10 @@ pub fn abort_after_refused_end(error: &Error) -> bool {
 pub fn fence_closed() -> Error {
     Error::new(
         ErrorCode::TRANSFER_FAIL,
-        "not writing: the master has not acknowledged this client recently enough to be sure \
-         it still considers it alive (check the network path to the master)",
+        "not writing: the write's fence has closed, because the master has not acknowledged \
+         this client recently enough to be sure it still considers it alive, or the write's \
+         own window (half the client TTL, plus its value at 64 MiB/s) passed before it began \
+         (check the network path to the master, or raise the master's --client-ttl)",
     )
 }
 
@@ -169,7 +171,11 @@ pub fn fence_closed() -> Error {
 pub fn past_fence(endpoint: &str) -> Error {
     Error::new(
         ErrorCode::TRANSFER_FAIL,
-        format!("write to {endpoint} passed the writer's fence"),
+        format!(
+            "write to {endpoint} passed the writer's fence: it ran past its window (half the \
+             client TTL, plus its value at 64 MiB/s) or the master stopped answering; check \
+             the network, or raise the master's --client-ttl"
+        ),
     )
 }
 

@@ -1040,11 +1040,16 @@ class MooncakeDistributedStore(TensorCalls):
         return self._run("is_exist", lambda c: int(c.exist(key)), int)
 
     def batch_is_exist(self, keys: Sequence[str], prefetch: bool = False) -> list[int]:
-        """``is_exist`` for many keys (in one request, or one per key with ``prefetch``)."""
+        """``is_exist`` for many keys: in one request, or with ``prefetch`` one request per key,
+        32 keys at a time."""
         if not keys:
             return []
         if prefetch:
-            return [self.is_exist(key, prefetch=True) for key in keys]
+            return self._run(
+                "batch_is_exist",
+                lambda c: c.batch_exist_prefetch(list(keys)),
+                lambda code: [code] * len(keys),
+            )
         return self._run(
             "batch_is_exist", lambda c: c.batch_exist(list(keys)), lambda code: [code] * len(keys)
         )

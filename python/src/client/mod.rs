@@ -15,6 +15,7 @@ mod zero_copy;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures_util::StreamExt;
 use mooring::Client;
 use mooring_core::{Error, Medium, Millis, TaskAction, TaskId, TaskState};
 use mooring_device::pipeline::copy_to_host;
@@ -30,6 +31,11 @@ use crate::values::BufferView;
 use args::{ConfigArgs, TaskTuple, code_of, replicate_config};
 use connect::PortRange;
 use mooncake::{put_outcome, status_name, write};
+
+/// How many keys of a prefetching `batch_is_exist` are probed at once: each probe is a
+/// request to the master, and a promotion from a node's disk for a key found only there, so a
+/// lookup of many blocks costs about one round trip per this many keys instead of one per key.
+const PREFETCHES_AT_ONCE: usize = 32;
 
 /// A connected client; see the module docs.
 #[pyclass(module = "mooring._native", frozen)]
@@ -294,6 +300,22 @@ impl NativeClient {
                 vec![i64::from(e.code.code()); keys.len()]
             }
         }
+    }
+
+    /// [`NativeClient::exist_prefetch`] for many keys, [`PREFETCHES_AT_ONCE`] at a time: 1, 0
+    /// or a negative code per key.
+    fn batch_exist_prefetch(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
+        let probes: Vec<_> = keys.iter().map(|k| self.client.exist_prefetch(k)).collect();
+        let results = block_on(py, async {
+            futures_util::stream::iter(probes)
+                .buffered(PREFETCHES_AT_ONCE)
+                .collect::<Vec<_>>()
+                .await
+        });
+        results
+            .iter()
+            .map(|r| code_of(r, |&b| i64::from(b), "batch_is_exist"))
+            .collect()
     }
 
     /// Removes `key`.
