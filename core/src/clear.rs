@@ -82,7 +82,11 @@ impl Master {
                     .copied()
                     .collect();
                 object.replicas.retain(|r| r.segment != on);
+                let gone = !object.is_readable();
                 self.release_read_blocks(&dropped, done);
+                if gone {
+                    self.value_removed(slot);
+                }
             }
             cleared.push(key.clone());
         }

@@ -199,6 +199,7 @@ impl Master {
             object.leased = false;
             (object.key.clone(), object.size, replicas, done)
         } else {
+            self.value_removed(slot);
             let object = self.remove_object(slot);
             let done = object.readers_done_at(grace);
             (object.key, object.size, object.replicas, done)

@@ -58,6 +58,7 @@ mod eviction;
 mod holds;
 pub mod ids;
 pub mod invariants;
+pub mod key_events;
 mod key_index;
 pub mod leadership;
 pub mod log_shipping;

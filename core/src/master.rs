@@ -18,6 +18,7 @@ use crate::error::Result;
 use crate::events::{DiscardCause, Event, EventQueue};
 use crate::holds::Holds;
 use crate::ids::{SegmentId, WriteId};
+use crate::key_events::KeyChanges;
 use crate::object::{Object, Replica};
 use crate::objects::ObjectTable;
 use crate::offload::Disks;
@@ -159,6 +160,8 @@ pub struct Master {
     pub(crate) disks: Disks,
     pub(crate) counters: Counters,
     pub(crate) events: EventQueue,
+    /// Keys' values coming and going, for KV events (see `key_events`).
+    pub(crate) key_changes: KeyChanges,
     /// Unfinished puts per member (derived from `objects`; see `quota`).
     pub(crate) unfinished: Unfinished,
 }
@@ -180,6 +183,7 @@ impl Master {
             disks: Disks::default(),
             counters: Counters::default(),
             events: EventQueue::default(),
+            key_changes: KeyChanges::default(),
             unfinished: Unfinished::default(),
             config,
         })

@@ -203,6 +203,10 @@ impl Master {
                 self.disk_copy_departed(&name, &key, write, lost);
             }
             let object = self.objects.at_mut(object_slot);
+            if readable_before && !object.is_readable() {
+                self.value_removed(object_slot);
+            }
+            let object = self.objects.at_mut(object_slot);
             if !lost && readable_before && !object.is_readable() {
                 // Kept for the write in progress, which alone can bring the value back.
                 self.events.push(Event::ReadableCopyLost {

@@ -442,6 +442,10 @@ impl Master {
         self.clear_disk_copy(slot);
         // The disk chose to drop it: offloading it again would evict another copy.
         self.objects.at_mut(slot).offload = OffloadMark::Failed;
+        if !self.objects.at(slot).is_readable() {
+            // Its disk copy was readable: the value is gone unless a prefetch brings it back.
+            self.value_removed(slot);
+        }
         let object = self.objects.at(slot);
         // As when a segment goes (see `membership`): copy targets alone are not a value, and
         // the copy feeding them is gone.
@@ -530,6 +534,7 @@ impl Master {
                 // write must not make those holds count against the new object.
                 self.detach_holds(slot, write);
                 self.set_disk_copy(slot, seg);
+                self.value_stored(slot);
                 // Write ids stay unique: later writes get higher ones.
                 self.counters.next_write = self.counters.next_write.max(write.0);
             }
@@ -542,7 +547,12 @@ impl Master {
                     && object.disk == NO_DISK
                     && intact
                 {
+                    let was_readable = object.is_readable();
                     self.set_disk_copy(slot, seg);
+                    if !was_readable {
+                        // A prefetch had lost its only readable copy: the value is back.
+                        self.value_stored(slot);
+                    }
                 } else if !(object.write_id == write && object.disk == seg) {
                     self.tombstone(name, key, write);
                 }

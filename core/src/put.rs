@@ -113,6 +113,8 @@ impl Master {
                 ),
             ));
         }
+        // A prefetch brings back a value readers already had, unless its only copy went.
+        let new_value = !object.prefetch() || !object.is_readable();
         self.objects.set_checksum(slot, checksum);
         let object = self.objects.at_mut(slot);
         object.writing = false;
@@ -124,6 +126,9 @@ impl Master {
         object.touch(now);
         object.refresh_soft_pin(now);
         self.write_ended(slot);
+        if new_value {
+            self.value_stored(slot);
+        }
         if self.config.offload_write_through {
             self.queue_offload(slot);
         }

@@ -74,6 +74,9 @@ impl Master {
     /// Removes the object in `slot`; its blocks are reused once its last lease (plus grace)
     /// is over.
     pub(crate) fn remove_now(&mut self, slot: u32) {
+        if self.objects.at(slot).is_readable() {
+            self.value_removed(slot);
+        }
         self.retire_disk_copy(slot);
         let object = self.remove_object(slot);
         let done = object.readers_done_at(self.config.lease_grace);

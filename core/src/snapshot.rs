@@ -242,6 +242,7 @@ impl Master {
             disks: state.disks,
             counters: state.counters,
             events: EventQueue::default(),
+            key_changes: Default::default(),
             unfinished: Unfinished::default(),
             config,
         };

@@ -47,6 +47,7 @@ use crate::config::ReplicateConfig;
 use crate::error::{Error, ErrorCode, Result};
 use crate::events::DiscardCause;
 use crate::ids::{ClientId, WriteId};
+use crate::key_events::KeyChange;
 use crate::master::Master;
 use crate::object::{Replica, ReplicaStatus};
 use crate::put::PutGrant;
@@ -86,6 +87,8 @@ impl Master {
             return Ok(grant);
         }
         let object = self.objects.at(slot);
+        // Readers lose the old value as the new one is written, whichever case follows.
+        let value_gone = object.is_readable().then(|| KeyChange::removed(object));
         if object.holds > 0 {
             return Err(Error::new(
                 ErrorCode::OBJECT_REPLICA_BUSY,
@@ -93,19 +96,23 @@ impl Master {
             ));
         }
         // A new size, or a value only on disk: fresh memory.
-        if object.size != size || object.replicas.is_empty() {
+        let grant = if object.size != size || object.replicas.is_empty() {
             let grant = self.upsert_reallocate(slot, client, size, config, now)?;
             self.counters.upserts.resized += 1;
-            return Ok(grant);
-        }
-        if now < object.readers_done_at(self.config.lease_grace) {
+            grant
+        } else if now < object.readers_done_at(self.config.lease_grace) {
             let grant = self.upsert_copy_on_write(slot, client, config, now)?;
             self.counters.upserts.copied += 1;
-            return Ok(grant);
+            grant
+        } else {
+            self.upsert_in_place(slot, client, config, now);
+            self.counters.upserts.in_place += 1;
+            self.grant(slot)
+        };
+        if let Some(change) = value_gone {
+            self.report_key_change(change);
         }
-        self.upsert_in_place(slot, client, config, now);
-        self.counters.upserts.in_place += 1;
-        Ok(self.grant(slot))
+        Ok(grant)
     }
 
     /// [`Master::upsert_start`] for many keys with one config.

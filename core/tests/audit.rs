@@ -25,7 +25,8 @@ fn with_grace(grace: u64) -> Fixture {
 fn audited<T>(f: &mut Fixture, auditor: &mut Auditor, call: impl FnOnce(&mut Fixture) -> T) -> T {
     let out = call(f);
     let events = f.m.drain_events();
-    if let Err(v) = auditor.after_call(&f.m, &events, &[]) {
+    let key_changes = f.m.drain_key_changes();
+    if let Err(v) = auditor.after_call(&f.m, &events, &key_changes, &[]) {
         panic!("{v}");
     }
     out

@@ -124,6 +124,8 @@ pub struct MasterSection {
     pub unfinished_put_share: Option<f64>,
     /// Limits per tenant: `TENANT:objects=N,bytes=SIZE,unfinished=SIZE` each.
     pub tenant_quotas: Option<Vec<String>>,
+    /// KV events kept for subscribers at `/kv_events` (0 or unset: off).
+    pub kv_events: Option<usize>,
 }
 
 /// The `[node]` section of a config file.
@@ -226,6 +228,7 @@ impl MasterSection {
                 .or(self.offload_ahead_watermark),
             unfinished_put_share: flags.unfinished_put_share.or(self.unfinished_put_share),
             tenant_quotas: flags.tenant_quotas.or(self.tenant_quotas),
+            kv_events: flags.kv_events.or(self.kv_events),
         }
     }
 

@@ -2,18 +2,22 @@
 //! do): the at-rest invariants' cheaper neighbours that need to see each step, not only the
 //! state at rest.
 
+use super::announced::KeyEventLedger;
 use super::deadlines::{check_bounds, check_timer_done};
 use super::reuse::{ReuseCounts, ReuseLedger};
 use super::{Violation, check_eviction_order};
 use crate::events::Event;
+use crate::key_events::KeyChanges;
 use crate::master::Master;
 
 /// Checks each call's decisions as it is made: eviction order, the bounds on leases and pins,
-/// when blocks are reused, and that the timer leaves nothing overdue. Keeps the first
+/// when blocks are reused, that the KV events tell the readable keys, and that the timer
+/// leaves nothing overdue. Keeps the first
 /// violation found.
 #[derive(Default)]
 pub struct Auditor {
     reuse: ReuseLedger,
+    announced: KeyEventLedger,
     first: Option<Violation>,
 }
 
@@ -23,17 +27,19 @@ impl Auditor {
         Auditor::default()
     }
 
-    /// Checks the master right after a call that reported `events`; `protected` are the keys
-    /// the call shielded from its own eviction.
+    /// Checks the master right after a call that reported `events` and `key_changes`;
+    /// `protected` are the keys the call shielded from its own eviction.
     pub fn after_call(
         &mut self,
         master: &Master,
         events: &[Event],
+        key_changes: &KeyChanges,
         protected: &[&str],
     ) -> Result<(), Violation> {
         let found = check_eviction_order(master, events, protected)
             .and_then(|()| check_bounds(master))
-            .and(self.reuse.observe(master, events));
+            .and(self.reuse.observe(master, events))
+            .and(self.announced.observe(master, key_changes));
         self.keep(found)
     }
 

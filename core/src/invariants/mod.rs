@@ -10,15 +10,18 @@
 //! model: right after a call that evicted, nothing left evictable ranks before what went.
 //!
 //! [`Auditor`] checks each call as it is made, for drivers that audit (tests, the simulation):
-//! eviction order, the timeouts of the configuration as state invariants (`deadlines`), and
-//! when released blocks are reused (`reuse`).
+//! eviction order, the timeouts of the configuration as state invariants (`deadlines`), when
+//! released blocks are reused (`reuse`), and that the KV events tell the readable keys
+//! (`announced`).
 //!
 //! The checker never panics, whatever the state: it also vets restored snapshots.
 
+mod announced;
 mod audit;
 mod deadlines;
 mod reuse;
 
+pub use announced::KeyEventLedger;
 pub use audit::Auditor;
 pub use deadlines::{check_bounds, check_timer_done};
 pub use reuse::{ReuseCounts, ReuseLedger};

@@ -91,6 +91,8 @@ pub struct Harness {
     pub(super) disks: std::collections::BTreeMap<String, NodeDisk>,
     /// The last steps, with the events they produced, for failure reports.
     trace: std::collections::VecDeque<String>,
+    /// What the KV events have said: checked against the readable keys after every step.
+    announced: invariants::KeyEventLedger,
 }
 
 impl Harness {
@@ -111,6 +113,7 @@ impl Harness {
             coverage: Default::default(),
             disks: Default::default(),
             trace: Default::default(),
+            announced: Default::default(),
         };
         for (client, segment) in [(0, 0), (1, 1), (2, 2)] {
             harness
@@ -286,6 +289,10 @@ impl Harness {
         self.acknowledge_heard();
         self.model.mark_maybe_queued(self.now);
         invariants::check(&self.master).map_err(|v| v.to_string())?;
+        let changes = self.master.drain_key_changes();
+        self.announced
+            .observe(&self.master, &changes)
+            .map_err(|v| v.to_string())?;
         self.check_agreement()
     }
 

@@ -128,12 +128,12 @@ pub fn metrics_pages(
     role: Arc<RoleHandler>,
     limits: Arc<ConnectionLimits>,
 ) -> crate::ops::http::Handler {
-    Arc::new(move |path: &str| {
+    Arc::new(move |request| {
         let connections = limits.clone();
         let connections = Arc::new(move || connections.open());
         match role.serving() {
-            Ok(service) => crate::master::metrics_pages(&service, connections, true)(path),
-            Err(_) => match path {
+            Ok(service) => crate::master::metrics_pages(&service, connections, true)(request),
+            Err(_) => match request.path {
                 "/metrics" => crate::ops::http::Response::ok(
                     "text/plain; version=0.0.4; charset=utf-8",
                     crate::ops::metrics::render_standby(connections()),

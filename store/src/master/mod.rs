@@ -2,6 +2,7 @@
 //! serving. All policy is in the core; this adds only time, locking and logging.
 
 pub mod journal;
+pub mod kv_events;
 pub mod latest;
 pub mod seq_waiters;
 
@@ -27,6 +28,7 @@ use crate::clock::Clock;
 use crate::ha::ship::{InSyncRecord, Shipping, serve_follow};
 use crate::ops::metrics::MasterMetrics;
 use journal::{Journal, Recovered};
+use kv_events::KvEventFeed;
 
 /// How often the timer checks whether `tick` is due. Deadlines in the core are in
 /// milliseconds; this bounds how late a duty (eviction, expiry) runs.
@@ -47,6 +49,8 @@ pub struct MasterService {
     journal: Option<Journal>,
     /// Standbys the journal is shipped to, once this master leads a group.
     shipping: std::sync::OnceLock<Arc<Shipping>>,
+    /// The KV-event feed, once asked for ([`MasterService::publish_kv_events`]).
+    kv_events: std::sync::OnceLock<KvEventFeed>,
 }
 
 impl MasterService {
@@ -100,7 +104,10 @@ impl MasterService {
         Ok(MasterService::around(master, clock, Some(journal)))
     }
 
-    fn around(master: Master, clock: Clock, journal: Option<Journal>) -> Arc<MasterService> {
+    fn around(mut master: Master, clock: Clock, journal: Option<Journal>) -> Arc<MasterService> {
+        // What recovery replayed is not news: subscribers of a new master start afresh (a
+        // new epoch) from the keys they list.
+        master.drain_key_changes();
         Arc::new(MasterService {
             master: Mutex::new(master),
             clock,
@@ -109,7 +116,28 @@ impl MasterService {
             metrics: MasterMetrics::default(),
             journal,
             shipping: std::sync::OnceLock::new(),
+            kv_events: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Keeps the latest `kept` key changes from now on and serves them at `/kv_events` on
+    /// the metrics address ([`kv_events`]). Asking again changes nothing.
+    pub fn publish_kv_events(&self, kept: usize) {
+        self.kv_events.get_or_init(|| KvEventFeed::new(kept));
+    }
+
+    /// The answer to a `/kv_events` request.
+    fn kv_events_page(
+        &self,
+        request: &crate::ops::http::Request<'_>,
+    ) -> crate::ops::http::Response {
+        match self.kv_events.get() {
+            Some(feed) => feed.page(request),
+            None => crate::ops::http::Response::error(
+                404,
+                "KV events are off: start the master with --kv-events (see mooring master --help)",
+            ),
+        }
     }
 
     /// Checks from now on, after every call, the decisions it made ([`Auditor`]): nothing
@@ -191,12 +219,16 @@ impl MasterService {
         let mut master = self.master.lock().expect("master lock");
         let result = f(&mut master, self.clock.now());
         let events = master.drain_events();
+        let key_changes = master.drain_key_changes();
         if let Some(auditor) = self.audit.lock().expect("audit lock").as_mut()
-            && let Err(violation) = auditor.after_call(&master, &events, protected)
+            && let Err(violation) = auditor.after_call(&master, &events, &key_changes, protected)
         {
             warn!("{violation}");
         }
         drop(master);
+        if let Some(feed) = self.kv_events.get() {
+            feed.record(key_changes);
+        }
         if let Some(kept) = self.kept_events.lock().expect("kept events lock").as_mut() {
             let now = tokio::time::Instant::now();
             kept.extend(events.iter().map(|e| (now, e.clone())));
@@ -387,13 +419,18 @@ pub fn metrics_pages(
         Arc::new(move || service.with_master(|m, now| (m.report(now), m.segments())))
     };
     let journaled = service.clone();
-    crate::ops::metrics::handler(
+    let pages = crate::ops::metrics::handler(
         service.metrics.clone(),
         read,
         connections,
         Arc::new(move || journaled.journal_counts()),
         in_group,
-    )
+    );
+    let feed = service.clone();
+    Arc::new(move |request| match request.path {
+        "/kv_events" => feed.kv_events_page(request),
+        _ => pages(request),
+    })
 }
 
 fn log_events(events: Vec<Event>) {

@@ -78,7 +78,7 @@ impl StandaloneNode {
         let disk = self.presence.disk.as_ref().map(|tier| {
             Arc::new(tier.usage_reader()) as Arc<dyn Fn() -> (usize, u64) + Send + Sync>
         });
-        let handler: crate::ops::http::Handler = Arc::new(move |path: &str| match path {
+        let handler: crate::ops::http::Handler = Arc::new(move |request| match request.path {
             "/metrics" => crate::ops::http::Response::ok(
                 "text/plain; version=0.0.4; charset=utf-8",
                 crate::ops::metrics::node_text(&node, disk.as_ref().map(|usage| usage())),

@@ -62,8 +62,36 @@ impl Response {
     }
 }
 
-/// Answers a request for a path (the query string removed).
-pub type Handler = Arc<dyn Fn(&str) -> Response + Send + Sync>;
+/// A request as handlers see it: its path and its query string.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// The path, without the query.
+    pub path: &'a str,
+    /// What followed the `?`, still encoded ("" if nothing did).
+    pub query: &'a str,
+}
+
+impl Request<'_> {
+    /// The decoded value of query parameter `name` (its first occurrence), if given. `+`
+    /// stands for a space, as forms send it; a value that is not UTF-8 once decoded is
+    /// taken as not given.
+    pub fn param(&self, name: &str) -> Option<String> {
+        self.query
+            .split('&')
+            .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
+            .find(|(key, _)| *key == name)
+            .and_then(|(_, value)| {
+                let value = value.replace('+', " ");
+                percent_encoding::percent_decode_str(&value)
+                    .decode_utf8()
+                    .ok()
+                    .map(|v| v.into_owned())
+            })
+    }
+}
+
+/// Answers a request.
+pub type Handler = Arc<dyn Fn(&Request<'_>) -> Response + Send + Sync>;
 
 /// Binds `listen` and serves `handler` there until the returned task is aborted; a bearer
 /// token, if given, is required of every request but those for the `public` paths.
@@ -215,7 +243,7 @@ fn route(head: &str, handler: &Handler, bearer: Option<&str>, public: &[&str]) -
     if method != "GET" {
         return Response::error(405, "only GET is served here");
     }
-    let path = target.split('?').next().unwrap_or("/");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
     if let Some(token) = bearer.filter(|_| !public.contains(&path)) {
         let presented = lines
             .filter_map(|l| l.split_once(':'))
@@ -230,7 +258,7 @@ fn route(head: &str, handler: &Handler, bearer: Option<&str>, public: &[&str]) -
             );
         }
     }
-    handler(path)
+    handler(&Request { path, query })
 }
 
 async fn write(stream: &mut TcpStream, response: &Response) -> std::io::Result<()> {
@@ -261,8 +289,12 @@ mod tests {
     use super::*;
 
     fn echo() -> Handler {
-        Arc::new(|path: &str| match path {
+        Arc::new(|request: &Request| match request.path {
             "/metrics" => Response::ok("text/plain", "up 1\n"),
+            "/echo" => Response::ok(
+                "text/plain",
+                format!("{:?} {:?}", request.param("a"), request.param("b")),
+            ),
             _ => Response::error(404, "no such page"),
         })
     }
@@ -329,6 +361,15 @@ mod tests {
             405
         );
         assert_eq!(route("garbage\r\n\r\n", &h, None, &["/"]).status, 400);
+        let echoed = route(
+            "GET /echo?b=x%2Fy+z&a=1&a=2&c HTTP/1.1\r\n\r\n",
+            &h,
+            None,
+            &["/"],
+        );
+        assert_eq!(echoed.body, b"Some(\"1\") Some(\"x/y z\")");
+        let bad = route("GET /echo?a=%FF HTTP/1.1\r\n\r\n", &h, None, &["/"]);
+        assert_eq!(bad.body, b"None None");
         assert_eq!(route("", &h, None, &["/"]).status, 400);
         // A public page needs no token (this handler has none there: 404, not 401).
         assert_eq!(

@@ -229,6 +229,11 @@ pub(crate) struct MasterArgs {
     /// tenant; replaces the config file's list.
     #[arg(long, value_name = "TENANT:LIMITS")]
     pub(crate) tenant_quota: Vec<String>,
+    /// Publish KV events for cache-aware routers: keep the latest N key changes (a value
+    /// stored, a value removed) and serve them at /kv_events on the metrics address, behind
+    /// its bearer token (so it needs --metrics-listen). Off by default: the feed names keys.
+    #[arg(long, value_name = "N", requires = "metrics_listen")]
+    pub(crate) kv_events: Option<usize>,
     /// Keep the master's state in DIR (created if missing): a journal of every change,
     /// synced before the change is acknowledged, and periodic snapshots. A master restarted
     /// with the same DIR knows every object it acknowledged; its nodes reconnect and their

@@ -38,6 +38,7 @@ pub(crate) async fn run_master(args: MasterArgs) -> Result<(), Error> {
         offload_ahead_watermark: args.offload_ahead,
         unfinished_put_share: args.unfinished_put_share,
         tenant_quotas: (!args.tenant_quota.is_empty()).then_some(args.tenant_quota),
+        kv_events: args.kv_events,
     };
     let settings = file.master.overlay(flags);
     let config = settings.master_config().map_err(usage_error)?;
@@ -64,6 +65,7 @@ pub(crate) async fn run_master(args: MasterArgs) -> Result<(), Error> {
             snapshot_after,
             metrics: args.metrics.resolve()?,
             revoked_file: args.revoked_file.clone(),
+            kv_events: settings.kv_events.unwrap_or(0),
         };
         return run_master_group(group, &listen, config, token).await;
     }
@@ -77,6 +79,9 @@ pub(crate) async fn run_master(args: MasterArgs) -> Result<(), Error> {
         }
         None => MasterService::new(config)?,
     };
+    if let Some(kept) = settings.kv_events.filter(|&n| n > 0) {
+        service.publish_kv_events(kept);
+    }
     let mut master = RunningMaster::serve(&listen, service, token).await?;
     let _revocations = watch_revocations(&args.revoked_file, &master.gate)?;
     if let Some((listen, bearer)) = args.metrics.resolve()? {
@@ -104,6 +109,8 @@ struct GroupArgs<'a> {
     metrics: Option<(String, Option<String>)>,
     /// The revocation list (`--revoked-file`).
     revoked_file: Option<std::path::PathBuf>,
+    /// KV events kept for subscribers (`--kv-events`; 0: off).
+    kv_events: usize,
 }
 
 /// Keeps `gate`'s revocation list in step with `file`, if one is given.
@@ -176,7 +183,12 @@ async fn run_master_group(
         master: config,
         snapshot_after: group.snapshot_after,
         token,
-        on_lead: None,
+        // Each term's master keeps its own feed (a new epoch: subscribers list the keys again).
+        on_lead: (group.kv_events > 0).then(|| {
+            let kept = group.kv_events;
+            Arc::new(move |service: &Arc<MasterService>| service.publish_kv_events(kept))
+                as mooring::ha::etcd::OnLead
+        }),
         dial: None,
     };
     // The address stays the line's last word: scripts read it.

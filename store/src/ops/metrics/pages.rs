@@ -8,7 +8,7 @@ use mooring_core::{SegmentInfo, StatsReport};
 use super::MasterMetrics;
 use super::json::stats_value;
 use crate::master::journal::JournalCounts;
-use crate::ops::http::{Handler, Response};
+use crate::ops::http::{Handler, Request, Response};
 
 /// Paths served without the scrape token: the dashboard page, which holds no figures (it
 /// fetches them with the token it is given).
@@ -29,7 +29,7 @@ pub fn handler(
     journal: Arc<dyn Fn() -> Option<JournalCounts> + Send + Sync>,
     in_group: bool,
 ) -> Handler {
-    Arc::new(move |path: &str| match path {
+    Arc::new(move |request: &Request| match request.path {
         "/metrics" => {
             let (report, segments) = read();
             Response::ok(

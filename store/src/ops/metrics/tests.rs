@@ -112,7 +112,10 @@ fn get_all_segments_lists_the_mounted_segments_one_a_line() {
         false,
     );
 
-    let empty = pages("/get_all_segments");
+    let empty = pages(&crate::ops::http::Request {
+        path: "/get_all_segments",
+        query: "",
+    });
     assert_eq!(empty.status, 200);
     assert_eq!(empty.content_type, "text/plain; version=0.0.4");
     assert!(
@@ -125,7 +128,10 @@ fn get_all_segments_lists_the_mounted_segments_one_a_line() {
         .lock()
         .unwrap()
         .extend([segment(1, "node-a"), segment(2, "127.0.0.1:12301")]);
-    let listed = pages("/get_all_segments");
+    let listed = pages(&crate::ops::http::Request {
+        path: "/get_all_segments",
+        query: "",
+    });
     assert_eq!(listed.status, 200);
     assert_eq!(
         String::from_utf8(listed.body).unwrap(),
