@@ -400,6 +400,26 @@ EXPS['overdue-standby-still-recorded'] = [
 EXPS['lease-without-margin'] = [
    ('core/src/leadership.rs', "        let until = (sent + self.ttl).since(self.margin);", "        let until = sent + self.ttl;"),
 ]
+# KV events (issue 44): replaying the stored/removed key changes must give exactly the readable
+# keys after every call (the auditor's `kv-events` ledger); a path that changes what readers can
+# read without saying so, or says so twice, is caught at the call that did it.
+EXPS.update({
+ 'kv-eviction-unreported': [
+   ('core/src/eviction.rs', "            self.value_removed(slot);\n            let object = self.remove_object(slot);\n", "            let object = self.remove_object(slot);\n"),
+ ],
+ 'kv-segment-loss-unreported': [
+   ('core/src/membership.rs', "            if readable_before && !object.is_readable() {\n                self.value_removed(object_slot);", "            if readable_before && !object.is_readable() && object.writing {\n                self.value_removed(object_slot);"),
+ ],
+ 'kv-upsert-keeps-old-value': [
+   ('core/src/upsert.rs', "        let value_gone = object.is_readable().then(", "        let value_gone = object.writing.then("),
+ ],
+ 'kv-prefetch-end-restores': [
+   ('core/src/put.rs', "        let new_value = !object.prefetch() || !object.is_readable();", "        let new_value = true;"),
+ ],
+ 'kv-recovered-copy-unreported': [
+   ('core/src/offload.rs', "                self.set_disk_copy(slot, seg);\n                self.value_stored(slot);\n", "                self.set_disk_copy(slot, seg);\n"),
+ ],
+})
 if len(sys.argv) > 1 and sys.argv[1] == 'all':
     # Every plant in turn, then one line each: seeds caught and seeds to detection.
     seeds=sys.argv[2] if len(sys.argv)>2 else '200'
