@@ -67,6 +67,7 @@ mod membership;
 pub mod object;
 mod objects;
 mod offload;
+pub mod peer;
 mod placement;
 mod put;
 pub mod quota;

@@ -81,7 +81,7 @@ impl Supervisor {
         {
             self.world
                 .history()
-                .violation(format!("master evicted out of order: {violation}"));
+                .violation(format!("master audit: {violation}"));
         }
     }
 

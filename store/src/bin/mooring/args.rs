@@ -276,7 +276,8 @@ pub(crate) struct MasterArgs {
 pub(crate) struct MetricsArgs {
     /// Serve metrics over HTTP here: /metrics (Prometheus text); the master also serves
     /// /stats.json and a dashboard at /. A bare port listens on loopback; name another address
-    /// to let other machines scrape. Read-only; shows no data-plane key. Off unless given.
+    /// to let other machines scrape. Read-only; shows no data-plane key (a master given
+    /// --kv-events also serves /kv_events, which names keys). Off unless given.
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_listen: Option<String>,
     /// Require `Authorization: Bearer <token>` of scrapers, the token read from FILE.

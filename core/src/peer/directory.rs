@@ -1,0 +1,355 @@
+//! One peer's shard of the directory: for each key the ring gives this peer, where its latest
+//! value lives.
+//!
+//! The rules, each checked here so that no adapter decides them:
+//! - A peer publishes only locations in its own pool, and unpublishes only its own entries.
+//! - The newest write wins: a location older than the entry's is refused as stale (its peer
+//!   frees the copy), so a late re-publish never brings back an overwritten value.
+//! - A removal covers every write up to a stamp (the newest its client saw, or its own clock):
+//!   the key keeps a tombstone of that stamp for [`TOMBSTONE_TTL`], even on an owner that had
+//!   no entry yet, so a re-publish of a covered write, racing the removal, does not bring it
+//!   back either.
+//! - Entries the ring no longer gives this peer are dropped on a ring change; their data
+//!   peers re-publish them to the new owners (see [`super::pool::PublishedPool::locations`]),
+//!   and the shard hands its tombstones to the new owners, so a removal is not undone by a
+//!   re-publish reaching an owner that never heard of it.
+
+use std::collections::HashMap;
+
+use crate::checksum::Checksum;
+use crate::time::Millis;
+
+use super::ring::Ring;
+
+/// How long a removal's tombstone outlives it: longer than a re-publish round.
+pub const TOMBSTONE_TTL: Millis = Millis::from_secs(60);
+
+/// When a write happened, as its writer's hybrid clock says, and whose it was: the order in
+/// which values of one key supersede each other (later clock first, then the peer's name hash
+/// to break ties the same way everywhere).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Stamp {
+    /// The writer's clock: milliseconds, never going backwards, above every stamp it has seen.
+    pub clock: u64,
+    /// The writer's name's [`super::ring::stable_hash`].
+    pub writer: u64,
+}
+
+/// Where a value lives: its peer, its place in that peer's published pool, and what it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// The data's peer.
+    pub peer: Box<str>,
+    /// Byte offset in that peer's published pool.
+    pub offset: u64,
+    /// The value's length.
+    pub len: u64,
+    /// The write that stored it.
+    pub stamp: Stamp,
+    /// The value's crc32c: readers check the bytes they read against it.
+    pub checksum: Checksum,
+    /// In the pool (readable now), or only on the peer's disk (ask it to promote first).
+    pub resident: bool,
+}
+
+/// What a publish did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Published {
+    /// The location is the key's entry now; `superseded` is the older one it replaced, whose
+    /// peer may free its copy.
+    Stored {
+        /// The entry it replaced, if any.
+        superseded: Option<Location>,
+    },
+    /// The entry already holds this write: its place or residency was updated.
+    Updated,
+    /// A newer write (or a removal of this one) is known: the publisher should free its copy
+    /// (or, for a write it has just made, stamp it again above `newer`).
+    Stale {
+        /// The newer write's stamp, or the newest write the removal covers.
+        newer: Stamp,
+    },
+}
+
+/// Why a publish was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PublishRefused {
+    /// The location names another peer's pool.
+    NotOwnPool,
+    /// The ring does not give this shard the key.
+    NotOwner,
+    /// The publisher is no member (a peer that died, its publish still in flight).
+    NotMember,
+}
+
+/// The directory entries one peer holds.
+#[derive(Clone, Debug, Default)]
+pub struct DirectoryShard {
+    entries: HashMap<Box<str>, Location>,
+    /// Removed keys: the newest write removed, and when its tombstone lapses.
+    tombstones: HashMap<Box<str>, (Stamp, Millis)>,
+}
+
+impl DirectoryShard {
+    /// An empty shard.
+    pub fn new() -> DirectoryShard {
+        DirectoryShard::default()
+    }
+
+    /// How many keys have entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no key has an entry.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Records that `key`'s value is at `location`, as peer `from` says. `owns` is whether the
+    /// ring gives this shard the key (the caller asks [`Ring::owns`]).
+    pub fn publish(
+        &mut self,
+        from: &str,
+        key: &str,
+        location: Location,
+        owns: bool,
+    ) -> Result<Published, PublishRefused> {
+        if *location.peer != *from {
+            return Err(PublishRefused::NotOwnPool);
+        }
+        if !owns {
+            return Err(PublishRefused::NotOwner);
+        }
+        if let Some(&(removed, _)) = self.tombstones.get(key)
+            && location.stamp <= removed
+        {
+            return Ok(Published::Stale { newer: removed });
+        }
+        match self.entries.get_mut(key) {
+            Some(entry) if entry.stamp > location.stamp => {
+                Ok(Published::Stale { newer: entry.stamp })
+            }
+            Some(entry) if entry.stamp == location.stamp => {
+                // The same write, re-published: it may have moved (promoted) or left memory.
+                *entry = location;
+                Ok(Published::Updated)
+            }
+            _ => {
+                self.tombstones.remove(key);
+                let superseded = self.entries.insert(key.into(), location);
+                Ok(Published::Stored { superseded })
+            }
+        }
+    }
+
+    /// Drops `key`'s entry if it is `from`'s write `stamp` (its peer evicted it); returns
+    /// whether it did. Another peer's entry, or a newer write, stays.
+    pub fn unpublish(&mut self, from: &str, key: &str, stamp: Stamp) -> bool {
+        let own = self
+            .entries
+            .get(key)
+            .is_some_and(|e| *e.peer == *from && e.stamp == stamp);
+        if own {
+            self.entries.remove(key);
+        }
+        own
+    }
+
+    /// Removes `key`'s writes up to `covering` (a client's remove): returns the entry if it
+    /// was one of them (its peer should free its copy). A tombstone keeps re-publishes of
+    /// covered writes out until `now + TOMBSTONE_TTL`; a newer write stays.
+    pub fn remove(&mut self, key: &str, covering: Stamp, now: Millis) -> Option<Location> {
+        let until = now + TOMBSTONE_TTL;
+        let tombstone = self
+            .tombstones
+            .entry(key.into())
+            .or_insert((covering, until));
+        *tombstone = (tombstone.0.max(covering), until);
+        if self.entries.get(key)?.stamp > covering {
+            return None;
+        }
+        self.entries.remove(key)
+    }
+
+    /// Where `key`'s latest value is, if known.
+    pub fn lookup(&self, key: &str) -> Option<&Location> {
+        self.entries.get(key)
+    }
+
+    /// Drops the entries the ring no longer gives `me` (as one of `replicas` owners) and the
+    /// tombstones that lapsed by `now`; returns how many entries went. Their peers re-publish
+    /// them to the new owners.
+    pub fn ring_changed(&mut self, ring: &Ring, me: &str, replicas: usize, now: Millis) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|key, _| ring.owns(me, key, replicas));
+        self.tombstones
+            .retain(|key, (_, until)| now < *until && ring.owns(me, key, replicas));
+        before - self.entries.len()
+    }
+
+    /// The live tombstones: each removed key and the newest write its removal covers.
+    pub fn tombstones(&self) -> impl Iterator<Item = (&str, Stamp)> {
+        self.tombstones
+            .iter()
+            .map(|(key, (stamp, _))| (&**key, *stamp))
+    }
+
+    /// Drops the tombstones that lapsed by `now`.
+    pub fn expire_tombstones(&mut self, now: Millis) {
+        self.tombstones.retain(|_, (_, until)| now < *until);
+    }
+
+    /// Every entry naming `peer` (a peer that left: its data is gone with it), removed.
+    pub fn forget_peer(&mut self, peer: &str) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|_, location| *location.peer != *peer);
+        before - self.entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(peer: &str, clock: u64, offset: u64) -> Location {
+        Location {
+            peer: peer.into(),
+            offset,
+            len: 10,
+            stamp: Stamp {
+                clock,
+                writer: super::super::ring::stable_hash(peer.as_bytes()),
+            },
+            checksum: Checksum(7),
+            resident: true,
+        }
+    }
+
+    #[test]
+    fn a_peer_publishes_only_its_own_pool_and_only_where_the_ring_says() {
+        let mut shard = DirectoryShard::new();
+        assert_eq!(
+            shard.publish("a", "k", at("b", 1, 0), true),
+            Err(PublishRefused::NotOwnPool)
+        );
+        assert_eq!(
+            shard.publish("a", "k", at("a", 1, 0), false),
+            Err(PublishRefused::NotOwner)
+        );
+        assert!(shard.is_empty());
+    }
+
+    #[test]
+    fn the_newest_write_wins_and_a_late_republish_of_an_older_one_is_stale() {
+        let mut shard = DirectoryShard::new();
+        assert_eq!(
+            shard.publish("a", "k", at("a", 5, 0), true),
+            Ok(Published::Stored { superseded: None })
+        );
+        assert_eq!(
+            shard.publish("b", "k", at("b", 9, 100), true),
+            Ok(Published::Stored {
+                superseded: Some(at("a", 5, 0))
+            })
+        );
+        assert_eq!(
+            shard.publish("a", "k", at("a", 5, 0), true),
+            Ok(Published::Stale {
+                newer: at("b", 9, 0).stamp
+            })
+        );
+        // The same write again (promoted to another place): updated in place.
+        let mut moved = at("b", 9, 300);
+        moved.resident = false;
+        assert_eq!(
+            shard.publish("b", "k", moved.clone(), true),
+            Ok(Published::Updated)
+        );
+        assert_eq!(shard.lookup("k"), Some(&moved));
+    }
+
+    #[test]
+    fn a_peer_unpublishes_only_its_own_current_entry() {
+        let mut shard = DirectoryShard::new();
+        shard.publish("b", "k", at("b", 9, 0), true).unwrap();
+        assert!(
+            !shard.unpublish("a", "k", at("b", 9, 0).stamp),
+            "not a's entry"
+        );
+        assert!(
+            !shard.unpublish("b", "k", at("b", 8, 0).stamp),
+            "an older write"
+        );
+        assert!(shard.unpublish("b", "k", at("b", 9, 0).stamp));
+        assert!(shard.lookup("k").is_none());
+    }
+
+    #[test]
+    fn a_removal_keeps_its_write_out_until_the_tombstone_lapses() {
+        let mut shard = DirectoryShard::new();
+        shard.publish("a", "k", at("a", 5, 0), true).unwrap();
+        assert_eq!(
+            shard.remove("k", at("a", 5, 0).stamp, Millis(1_000)),
+            Some(at("a", 5, 0))
+        );
+        assert!(
+            matches!(shard.publish("a", "k", at("a", 5, 0), true), Ok(Published::Stale { newer }) if newer == at("a", 5, 0).stamp),
+            "a re-publish racing the removal"
+        );
+        assert!(matches!(
+            shard.publish("a", "k", at("a", 6, 0), true),
+            Ok(Published::Stored { superseded: None })
+        ));
+        // A removal reaching an owner before the write's publish keeps it out all the same.
+        assert!(
+            shard
+                .remove("later", at("a", 7, 0).stamp, Millis(1_000))
+                .is_none()
+        );
+        assert!(matches!(
+            shard.publish("a", "later", at("a", 7, 0), true),
+            Ok(Published::Stale { .. })
+        ));
+        // A write newer than the removal's stamp stays.
+        assert!(
+            shard
+                .remove("k", at("a", 5, 0).stamp, Millis(2_000))
+                .is_none()
+        );
+        assert_eq!(shard.lookup("k"), Some(&at("a", 6, 0)));
+        shard.remove("k", at("a", 6, 0).stamp, Millis(2_000));
+        shard.expire_tombstones(Millis(2_000) + TOMBSTONE_TTL);
+        assert!(matches!(
+            shard.publish("a", "k", at("a", 6, 0), true),
+            Ok(Published::Stored { .. })
+        ));
+    }
+
+    #[test]
+    fn a_ring_change_drops_what_the_shard_no_longer_owns_and_a_lost_peer_its_entries() {
+        use super::super::ring::{DEFAULT_VNODES, RingMember};
+        let member = |name: &str| RingMember {
+            name: name.into(),
+            weight: 1,
+        };
+        let two = Ring::new([member("a"), member("b")], DEFAULT_VNODES);
+        let three = Ring::new([member("a"), member("b"), member("c")], DEFAULT_VNODES);
+        let mut shard = DirectoryShard::new();
+        let keys: Vec<String> = (0..300).map(|i| format!("k{i}")).collect();
+        for key in keys.iter().filter(|k| two.owns("a", k, 1)) {
+            shard.publish("a", key, at("a", 1, 0), true).unwrap();
+        }
+        let held = shard.len();
+        let dropped = shard.ring_changed(&three, "a", 1, Millis(0));
+        assert!(dropped > 0 && dropped < held, "{dropped} of {held}");
+        for key in &keys {
+            assert_eq!(
+                shard.lookup(key).is_some(),
+                two.owns("a", key, 1) && three.owns("a", key, 1)
+            );
+        }
+        assert_eq!(shard.forget_peer("a"), held - dropped);
+        assert!(shard.is_empty());
+    }
+}

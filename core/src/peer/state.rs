@@ -1,0 +1,417 @@
+//! One peer: its pool, its directory shard and its view of the ring, with every decision
+//! about what to tell whom. The driver moves the messages this returns and calls back with
+//! what arrives; it decides nothing.
+
+use crate::checksum::Checksum;
+use crate::time::Millis;
+
+use super::directory::{DirectoryShard, Location, PublishRefused, Published, Stamp};
+use super::pool::{Evicted, HeaderWrite, PoolFull, PublishedPool};
+use super::ring::Ring;
+
+/// Directory replicas by default: each entry is held by its owner and the next peer.
+pub const DEFAULT_DIRECTORY_REPLICAS: usize = 2;
+
+/// What one peer tells another about the directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DirectoryMessage {
+    /// To a key's owner: the key's value is at `location` (in the sender's pool).
+    Publish {
+        /// The key.
+        key: Box<str>,
+        /// Where its value is.
+        location: Location,
+    },
+    /// To a key's owner: the sender no longer holds its write `stamp`.
+    Unpublish {
+        /// The key.
+        key: Box<str>,
+        /// The write it let go of.
+        stamp: Stamp,
+    },
+    /// To a publisher, the answer to its publish: the entry now holds `location`. A publisher
+    /// that has let go of that write since answers with an unpublish, and one whose value has
+    /// moved since (promoted, evicted to disk) with a publish of where it is now, so an entry
+    /// that arrived late or out of order does not stay behind its value.
+    Held {
+        /// The key.
+        key: Box<str>,
+        /// What the entry holds.
+        location: Location,
+    },
+    /// To a key's new owner after a ring change: the key was removed, up to write
+    /// `covering` (a tombstone handed over, so a late re-publish does not undo the removal).
+    Removed {
+        /// The key.
+        key: Box<str>,
+        /// The newest write the removal covers.
+        covering: Stamp,
+    },
+    /// To a publisher: its write `stamp` of `key` is older than `newer` (a newer write, or
+    /// a removal), as far as the owner knows. A write the publisher has just made and not
+    /// yet seen held anywhere is stamped again above `newer` and re-published (its clock was
+    /// behind: the write is the latest in fact); any other is freed.
+    Stale {
+        /// The key.
+        key: Box<str>,
+        /// The publisher's write.
+        stamp: Stamp,
+        /// What the owner holds as newer.
+        newer: Stamp,
+    },
+    /// To a data peer: its write `stamp` of `key` was removed or superseded; free it.
+    Drop {
+        /// The key.
+        key: Box<str>,
+        /// The write to free.
+        stamp: Stamp,
+    },
+}
+
+/// A message and the peer it goes to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The receiving peer's name.
+    pub to: Box<str>,
+    /// The message.
+    pub message: DirectoryMessage,
+}
+
+/// A peer's state.
+#[derive(Clone, Debug)]
+pub struct PeerState {
+    name: Box<str>,
+    ring: Ring,
+    replicas: usize,
+    pool: PublishedPool,
+    shard: DirectoryShard,
+    /// Writes made here not yet held by any owner: a stale answer re-stamps them.
+    fresh: std::collections::HashSet<(Box<str>, Stamp)>,
+}
+
+impl PeerState {
+    /// Peer `name` with a pool of `capacity` bytes, in `ring`, keeping each directory entry on
+    /// `replicas` owners; freed blocks wait `read_grace` for readers.
+    pub fn new(
+        name: &str,
+        capacity: u64,
+        ring: Ring,
+        replicas: usize,
+        read_grace: Millis,
+    ) -> PeerState {
+        PeerState {
+            name: name.into(),
+            ring,
+            replicas: replicas.max(1),
+            pool: PublishedPool::new(name, capacity, read_grace),
+            shard: DirectoryShard::new(),
+            fresh: Default::default(),
+        }
+    }
+
+    /// The peer's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The ring as this peer sees it.
+    pub fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    /// The peer's pool.
+    pub fn pool(&self) -> &PublishedPool {
+        &self.pool
+    }
+
+    /// The peer's directory shard.
+    pub fn shard(&self) -> &DirectoryShard {
+        &self.shard
+    }
+
+    /// The peers to ask where `key` is, in order: its owner, then its replicas.
+    pub fn owners_of(&self, key: &str) -> Vec<Box<str>> {
+        self.ring
+            .owners(key, self.replicas)
+            .into_iter()
+            .map(Into::into)
+            .collect()
+    }
+
+    /// Writes `key` (`len` bytes, `checksum`) into this peer's pool at `now`: the caller
+    /// copies the value to the returned location's offset, then sends the messages (the
+    /// publishes, and the directory updates for what was evicted to make room).
+    pub fn put(
+        &mut self,
+        key: &str,
+        len: u64,
+        checksum: Checksum,
+        now: Millis,
+    ) -> Result<(Location, Vec<Outgoing>), PoolFull> {
+        // A failed store may have evicted values all the same: the caller passes
+        // `PoolFull::evicted` to [`PeerState::evictions`].
+        let placed = self.pool.store(key, len, checksum, now)?;
+        self.fresh.insert((key.into(), placed.location.stamp));
+        let mut out = self.evictions(&placed.evicted);
+        self.publish(key, &placed.location, &mut out);
+        Ok((placed.location, out))
+    }
+
+    /// The directory updates for `evicted` values (a failed put's too).
+    pub fn evictions(&mut self, evicted: &[Evicted]) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        for gone in evicted {
+            if gone.kept_on_disk {
+                if let Some(location) = self.pool.location(&gone.key) {
+                    self.publish(&gone.key, &location, &mut out);
+                }
+            } else {
+                self.send_owners(
+                    &gone.key,
+                    DirectoryMessage::Unpublish {
+                        key: gone.key.clone(),
+                        stamp: gone.stamp,
+                    },
+                    &mut out,
+                );
+            }
+        }
+        out
+    }
+
+    /// Brings `key` back from this peer's disk into its pool (a reader asked): the caller
+    /// reads the disk copy into the returned location, then sends the messages. `None` if the
+    /// pool does not hold the key.
+    pub fn promote(
+        &mut self,
+        key: &str,
+        now: Millis,
+    ) -> Option<Result<(Location, Vec<Outgoing>), PoolFull>> {
+        Some(self.pool.promote(key, now)?.map(|placed| {
+            let mut out = self.evictions(&placed.evicted);
+            self.publish(key, &placed.location, &mut out);
+            (placed.location, out)
+        }))
+    }
+
+    /// The header writes the driver owes (see [`super::pool`]).
+    pub fn take_header_writes(&mut self) -> Vec<HeaderWrite> {
+        self.pool.take_header_writes()
+    }
+
+    /// The location of a value in this peer's pool (a local read), if it holds it.
+    pub fn read_local(&mut self, key: &str, now: Millis) -> Option<Location> {
+        self.pool.read(key, now)
+    }
+
+    /// Where `key`'s latest value is, as this peer's shard knows (a reader asked it).
+    pub fn lookup(&self, key: &str) -> Option<&Location> {
+        self.shard.lookup(key)
+    }
+
+    /// The disk copy of `key`'s write `stamp` is complete.
+    pub fn disk_written(&mut self, key: &str, stamp: Stamp) {
+        self.pool.disk_written(key, stamp);
+    }
+
+    /// The disk let go of `key`'s write `stamp`: if it was the last copy, its owners are told.
+    pub fn disk_dropped(&mut self, key: &str, stamp: Stamp) -> Vec<Outgoing> {
+        match self.pool.disk_dropped(key, stamp) {
+            Some(gone) => self.evictions(&[gone]),
+            None => Vec::new(),
+        }
+    }
+
+    /// A stamp for a removal this peer's client makes at `now`: newer than every write this
+    /// peer has made or seen. The client takes the newer of it and the stamps the key's
+    /// owners answer with, and gives it to every owner ([`PeerState::remove`]).
+    pub fn removal_stamp(&mut self, now: Millis) -> Stamp {
+        self.pool.next_stamp(now)
+    }
+
+    /// A client removes `key`'s writes up to `covering` through this peer, one of its
+    /// owners: its entry goes (a tombstone keeps covered writes out) and the data's peer is
+    /// told to free it.
+    pub fn remove(&mut self, key: &str, covering: Stamp, now: Millis) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        if let Some(removed) = self.shard.remove(key, covering, now) {
+            out.push(Outgoing {
+                to: removed.peer.clone(),
+                message: DirectoryMessage::Drop {
+                    key: key.into(),
+                    stamp: removed.stamp,
+                },
+            });
+        }
+        out
+    }
+
+    /// Handles a message from peer `from`; returns the messages it causes.
+    pub fn receive(&mut self, from: &str, message: DirectoryMessage, now: Millis) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        match message {
+            DirectoryMessage::Publish { key, location } => {
+                let owns = self.ring.owns(&self.name, &key, self.replicas);
+                let stamp = location.stamp;
+                let held = location.clone();
+                let published = if self.ring.has_member(from) {
+                    self.shard.publish(from, &key, location, owns)
+                } else {
+                    Err(PublishRefused::NotMember)
+                };
+                match published {
+                    Ok(Published::Stored { superseded }) => {
+                        if let Some(old) = superseded.filter(|old| old.stamp != stamp) {
+                            out.push(Outgoing {
+                                to: old.peer,
+                                message: DirectoryMessage::Drop {
+                                    key: key.clone(),
+                                    stamp: old.stamp,
+                                },
+                            });
+                        }
+                        out.push(Outgoing {
+                            to: from.into(),
+                            message: DirectoryMessage::Held {
+                                key,
+                                location: held,
+                            },
+                        });
+                    }
+                    Ok(Published::Updated) => out.push(Outgoing {
+                        to: from.into(),
+                        message: DirectoryMessage::Held {
+                            key,
+                            location: held,
+                        },
+                    }),
+                    Ok(Published::Stale { newer }) => out.push(Outgoing {
+                        to: from.into(),
+                        message: DirectoryMessage::Stale { key, stamp, newer },
+                    }),
+                    // A peer with another view of the ring: it re-publishes when its view
+                    // catches up. Another peer's pool: refused, nothing to tell.
+                    // A dead peer's publish, still in flight: its data went with it.
+                    Err(
+                        PublishRefused::NotOwner
+                        | PublishRefused::NotOwnPool
+                        | PublishRefused::NotMember,
+                    ) => {}
+                }
+            }
+            DirectoryMessage::Unpublish { key, stamp } => {
+                self.shard.unpublish(from, &key, stamp);
+            }
+            DirectoryMessage::Stale { key, stamp, newer } => {
+                if self.fresh.remove(&(key.clone(), stamp)) {
+                    if let Some(location) = self.pool.restamp(&key, stamp, newer, now) {
+                        self.fresh.insert((key.clone(), location.stamp));
+                        self.publish(&key, &location, &mut out);
+                    }
+                } else if self.pool.drop_value(&key, stamp, now) {
+                    self.pool.observe(newer);
+                }
+            }
+            DirectoryMessage::Held { key, location } => match self.pool.location(&key) {
+                Some(now) if now == location => {
+                    self.fresh.remove(&(key, location.stamp));
+                }
+                Some(now) if now.stamp == location.stamp => out.push(Outgoing {
+                    to: from.into(),
+                    message: DirectoryMessage::Publish { key, location: now },
+                }),
+                _ => out.push(Outgoing {
+                    to: from.into(),
+                    message: DirectoryMessage::Unpublish {
+                        key,
+                        stamp: location.stamp,
+                    },
+                }),
+            },
+            DirectoryMessage::Removed { key, covering } => {
+                if self.ring.has_member(from) {
+                    out = self.remove(&key, covering, now);
+                }
+            }
+            DirectoryMessage::Drop { key, stamp } => {
+                if self.pool.drop_value(&key, stamp, now) {
+                    self.pool.observe(stamp);
+                }
+            }
+        }
+        out
+    }
+
+    /// The ring changed to `ring`: entries this peer no longer owns go, and every value it
+    /// holds is re-published to whichever of its owners is new.
+    pub fn ring_changed(&mut self, ring: Ring, now: Millis) -> Vec<Outgoing> {
+        let old = std::mem::replace(&mut self.ring, ring);
+        let mut out = Vec::new();
+        for (key, covering) in self.shard.tombstones() {
+            let before = old.owners(key, self.replicas);
+            for owner in self.ring.owners(key, self.replicas) {
+                if !before.contains(&owner) && owner != &*self.name {
+                    out.push(Outgoing {
+                        to: owner.into(),
+                        message: DirectoryMessage::Removed {
+                            key: key.into(),
+                            covering,
+                        },
+                    });
+                }
+            }
+        }
+        self.shard
+            .ring_changed(&self.ring, &self.name, self.replicas, now);
+        for (key, location) in self.pool.locations() {
+            let before = old.owners(&key, self.replicas);
+            for owner in self.ring.owners(&key, self.replicas) {
+                if !before.contains(&owner) {
+                    out.push(Outgoing {
+                        to: owner.into(),
+                        message: DirectoryMessage::Publish {
+                            key: key.clone(),
+                            location: location.clone(),
+                        },
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Peer `name` died: the entries naming its pool go (its data went with it).
+    pub fn peer_lost(&mut self, name: &str) -> usize {
+        self.shard.forget_peer(name)
+    }
+
+    /// Every value this peer holds, re-published to all its owners (a periodic round that
+    /// repairs entries lost with a dead owner).
+    pub fn republish(&mut self) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        for (key, location) in self.pool.locations() {
+            self.publish(&key, &location, &mut out);
+        }
+        out
+    }
+
+    fn publish(&self, key: &str, location: &Location, out: &mut Vec<Outgoing>) {
+        self.send_owners(
+            key,
+            DirectoryMessage::Publish {
+                key: key.into(),
+                location: location.clone(),
+            },
+            out,
+        );
+    }
+
+    fn send_owners(&self, key: &str, message: DirectoryMessage, out: &mut Vec<Outgoing>) {
+        for owner in self.ring.owners(key, self.replicas) {
+            out.push(Outgoing {
+                to: owner.into(),
+                message: message.clone(),
+            });
+        }
+    }
+}
