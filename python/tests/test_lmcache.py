@@ -1,0 +1,365 @@
+"""LMCache's server (MP mode) storing into a real Mooring cluster through its L2 adapters.
+
+Every adapter here is made the way ``lmcache server --l2-adapter JSON`` makes it: the JSON
+parsed by LMCache's ``parse_args_to_l2_adapters_config``, the adapter built by its factory
+(``create_l2_adapter``: LMCache's ``native_plugin`` wrapper around ``MooringConnector``, or
+its ``plugin`` loader building ``MooringL2Adapter``), and driven through LMCache's own L2
+adapter test helpers (``lmcache.v1.check.check_mode_test_l2_adapter``: the memory objects,
+the store, lookup-and-lock and load phases, each waiting on the adapter's eventfd). The last
+test starts a real ``lmcache server`` process with the adapter and checks that it comes up
+serving with Mooring as its L2.
+
+LMCache 0.5.6 wants numpy<=2.2.6 and CUDA packages this machine does not need, so
+scripts/test-python.sh installs it with --no-deps in a directory of its own and runs this
+file in a second pytest with that directory on ``PYTHONPATH``. Without LMCache the tests are
+skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from conftest import Master, Node, free_port
+
+try:
+    import torch
+    from lmcache.v1.check.check_mode_test_l2_adapter import (
+        _create_l1_memory_desc,
+        _create_memory_obj,
+        _run_load_phase,
+        _run_lookup_phase,
+        _run_store_phase,
+    )
+    from lmcache.v1.distributed.api import ObjectKey
+    from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+    from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
+except Exception as e:  # noqa: BLE001 - any failure to import LMCache means: skip, saying why
+    pytest.skip(
+        f"LMCache is not importable ({e}); scripts/test-python.sh installs it",
+        allow_module_level=True,
+    )
+
+from mooring.integrations.lmcache import MooringL2Adapter
+
+MODEL = "mooring-test/model"
+# 256 KiB objects: a chunk of 16 tokens of a small model's KV cache.
+OBJ = 64 * 1024
+DTYPE = torch.float32
+
+
+def adapter_json(kind: str, master: Master, **params) -> str:
+    names = {"native_plugin": "MooringConnector", "plugin": "MooringL2Adapter"}
+    return json.dumps(
+        {
+            "type": kind,
+            "module_path": "mooring.integrations.lmcache",
+            "class_name": names[kind],
+            "adapter_params": {"master": master.address, **params},
+        }
+    )
+
+
+def make_adapter(kind: str, master: Master, l1: torch.Tensor, **params):
+    """The adapter LMCache's server builds for ``--l2-adapter JSON``."""
+    config = parse_args_to_l2_adapters_config(
+        argparse.Namespace(l2_adapter=[adapter_json(kind, master, **params)])
+    )
+    assert len(config.adapters) == 1
+    adapter = create_l2_adapter(config.adapters[0], l1_memory_desc=_create_l1_memory_desc(l1))
+    assert isinstance(adapter, MooringL2Adapter) == (kind == "plugin")
+    return adapter
+
+
+def keys_for(tag: str, n: int) -> list[ObjectKey]:
+    return [
+        ObjectKey(
+            chunk_hash=ObjectKey.IntHash2Bytes((hash(tag) + i) & 0xFFFFFFFF),
+            model_name=MODEL,
+            kv_rank=0,
+        )
+        for i in range(n)
+    ]
+
+
+def objects(l1: torch.Tensor, first: int, n: int, seed: int | None = None):
+    """``n`` of LMCache's memory objects over slots ``first..first+n`` of the L1 buffer,
+    filled with random bytes from ``seed`` (zeros without one)."""
+    flat = l1.view(-1)
+    objs = [
+        _create_memory_obj(
+            raw_data=flat[(first + i) * OBJ : (first + i + 1) * OBJ], obj_size=OBJ, dtype=DTYPE
+        )
+        for i in range(n)
+    ]
+    if seed is not None:
+        g = torch.Generator().manual_seed(seed)
+        for o in objs:
+            o.tensor.view(torch.int32).copy_(
+                torch.randint(-(2**31), 2**31 - 1, (OBJ,), generator=g, dtype=torch.int32)
+            )
+    return objs
+
+
+def same(a, b) -> bool:
+    """Whether two memory objects hold the same bytes (random bits include NaNs, so the
+    tensors are compared as integers)."""
+    return torch.equal(a.tensor.view(torch.int32), b.tensor.view(torch.int32))
+
+
+def bits(bitmap, n: int) -> list[bool]:
+    return [bitmap.test(i) for i in range(n)]
+
+
+@pytest.fixture
+def cluster():
+    """A master (read leases of 300 ms) and one 32 MiB node, the values' only home (the
+    server contributes none)."""
+    master = Master("--lease-ttl", "300ms")
+    node = Node(master, "--size", "32MiB", "--no-prefault")
+    yield master, node
+    node.stop()
+    master.stop()
+
+
+@pytest.mark.parametrize("kind", ["native_plugin", "plugin"])
+def test_store_lookup_load_unlock_round_trip_byte_for_byte(cluster, kind):
+    master, _ = cluster
+    n = 16
+    l1 = torch.empty(3 * n * OBJ, dtype=DTYPE)
+    adapter = make_adapter(kind, master, l1)
+    try:
+        keys = keys_for(f"round-trip-{kind}", n)
+        stored = objects(l1, 0, n, seed=1)
+
+        _, found = _run_lookup_phase(adapter, keys)
+        assert bits(found, n) == [False] * n
+        adapter.submit_unlock(keys)
+
+        _, ok = _run_store_phase(adapter, keys, stored)
+        assert ok
+
+        # Half present, half never stored: the bitmap says which.
+        absent = keys_for(f"absent-{kind}", n // 2)
+        _, found = _run_lookup_phase(adapter, keys[: n // 2] + absent)
+        assert bits(found, n) == [True] * (n // 2) + [False] * (n // 2)
+
+        loaded = objects(l1, n, n)
+        _, got = _run_load_phase(adapter, keys, loaded)
+        assert bits(got, n) == [True] * n
+        for a, b in zip(stored, loaded, strict=True):
+            assert same(a, b)
+
+        # A load of keys never stored fails them and writes nothing.
+        empty = objects(l1, 2 * n, n // 2)
+        _, got = _run_load_phase(adapter, absent, empty)
+        assert bits(got, n // 2) == [False] * (n // 2)
+        assert all(int(o.tensor.view(torch.int32).abs().sum()) == 0 for o in empty)
+        adapter.submit_unlock(keys[: n // 2] + absent)
+    finally:
+        adapter.close()
+
+
+def wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def test_plugin_lookup_holds_what_it_finds_and_unlock_releases_it(cluster):
+    master, _ = cluster
+    l1 = torch.empty(8 * OBJ, dtype=DTYPE)
+    adapter = make_adapter("plugin", master, l1)
+    connector = adapter._client
+    try:
+        keys = keys_for("holds", 4)
+        _, ok = _run_store_phase(adapter, keys, objects(l1, 0, 4, seed=2))
+        assert ok
+        # Two lookups of the first two keys, one of all four plus a missing one.
+        _run_lookup_phase(adapter, keys[:2])
+        _, found = _run_lookup_phase(adapter, keys + keys_for("holds-missing", 1))
+        assert bits(found, 5) == [True] * 4 + [False]
+        assert connector.held() == 6
+        # A held key cannot be deleted; LMCache's eviction delete leaves it be.
+        adapter.delete(keys[:1])
+        _, found = _run_lookup_phase(adapter, keys[:1])
+        assert bits(found, 1) == [True]
+        assert connector.held() == 7
+        adapter.submit_unlock(keys[:1])
+        adapter.submit_unlock(keys[:1])
+        assert connector.held() == 5
+        adapter.submit_unlock(keys + keys_for("holds-missing", 1))
+        adapter.submit_unlock(keys[:2])
+        adapter.submit_unlock(keys[:1])
+        assert connector.held() == 0
+        # Released on the master too: once the lookup's read lease is over, a delete goes
+        # through.
+        time.sleep(0.5)
+        adapter.delete(keys[:1])
+        _, found = _run_lookup_phase(adapter, keys[:1])
+        assert bits(found, 1) == [False]
+    finally:
+        adapter.close()
+
+
+def test_eviction_cannot_take_a_locked_object(cluster):
+    """The node holds 32 MiB; 40 MiB more are stored after the lookup. The locked object
+    survives and loads byte for byte; objects stored with it but not locked are evicted."""
+    master, _ = cluster
+    l1 = torch.empty(24 * OBJ, dtype=DTYPE)
+    adapter = make_adapter("plugin", master, l1)
+    try:
+        keys = keys_for("evict-first", 8)
+        first = objects(l1, 0, 8, seed=3)
+        _, ok = _run_store_phase(adapter, keys, first)
+        assert ok
+        _, found = _run_lookup_phase(adapter, keys[:1])
+        assert bits(found, 1) == [True]
+
+        flood = objects(l1, 8, 8, seed=4)
+        for round_ in range(40 * 1024 * 1024 // (8 * OBJ * 4)):
+            _, ok = _run_store_phase(adapter, keys_for(f"evict-flood-{round_}", 8), flood)
+            assert ok, f"flood store {round_} refused"
+
+        _, found = _run_lookup_phase(adapter, keys)
+        found = bits(found, 8)
+        assert found[0], "the locked object was evicted"
+        assert not all(found[1:]), "nothing was evicted: the flood did not fill the node"
+        loaded = objects(l1, 16, 1)
+        _, got = _run_load_phase(adapter, keys[:1], loaded)
+        assert bits(got, 1) == [True]
+        assert same(first[0], loaded[0])
+        adapter.submit_unlock(keys[:1])
+        adapter.submit_unlock([k for k, f in zip(keys, found, strict=True) if f])
+    finally:
+        adapter.close()
+
+
+def test_a_node_killed_mid_load_fails_its_keys_never_answers_wrong_bytes():
+    """The node serves over TCP only, as to a server on another host (on the same host its
+    memory would be mapped, and outlive it)."""
+    master = Master()
+    node = Node(master, "--size", "128MiB", "--no-prefault", "--transports", "tcp")
+    n = 256  # 64 MiB per load
+    l1 = torch.empty(2 * n * OBJ, dtype=DTYPE)
+    adapter = make_adapter("plugin", master, l1)
+    try:
+        keys = keys_for("killed", n)
+        stored = objects(l1, 0, n, seed=5)
+        _, ok = _run_store_phase(adapter, keys, stored)
+        assert ok
+        _, found = _run_lookup_phase(adapter, keys)
+        assert bits(found, n) == [True] * n
+
+        loaded = objects(l1, n, n)
+        for o in loaded:
+            o.tensor.fill_(-1.0)
+        efd = adapter.get_load_event_fd()
+        task = adapter.submit_load_task(keys, loaded)
+        # Killed once the first bytes have landed in LMCache's buffers: mid-load.
+        deadline = time.monotonic() + 30
+        while all(float(o.tensor[-1]) == -1.0 for o in loaded) and time.monotonic() < deadline:
+            pass
+        os.kill(node.process.pid, signal.SIGKILL)
+        node.process.wait()
+        assert select.select([efd], [], [], 60)[0], "the load never completed"
+        os.read(efd, 8)
+        got = bits(adapter.query_load_result(task), n)
+        for i, ok in enumerate(got):
+            if ok:
+                assert same(stored[i], loaded[i]), f"key {i}: wrong bytes"
+        print(f"killed mid-load: {sum(got)} of {n} keys had arrived whole")
+
+        # With the node gone every key fails, and none reports success.
+        again = objects(l1, n, n)
+        _, got = _run_load_phase(adapter, keys, again)
+        assert bits(got, n) == [False] * n
+        adapter.submit_unlock(keys)
+    finally:
+        adapter.close()
+        master.stop()
+
+
+def test_lmcache_server_process_runs_with_mooring_as_its_l2(cluster, tmp_path):
+    """``lmcache server --l2-adapter '{"type": "native_plugin", ...}'`` (and the ``plugin``
+    form), a real process, comes up with Mooring as its L2 adapter: its ``/status`` reports
+    the adapter healthy."""
+    master, _ = cluster
+    for kind, type_name in (("native_plugin", "MooringConnector"), ("plugin", "mooring")):
+        port, http = free_port(), free_port()
+        log = tmp_path / f"server-{kind}.log"
+        env = {**os.environ, "LMCACHE_DISABLE_BANNER": "1", "PYTHONUNBUFFERED": "1"}
+        cmd = [
+            sys.executable,
+            "-c",
+            "import sys; from lmcache.cli.main import main; sys.exit(main())",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            str(http),
+            "--l1-size-gb",
+            "0.0625",
+            "--eviction-policy",
+            "LRU",
+            "--disable-metrics",
+            "--l2-adapter",
+            adapter_json(kind, master),
+        ]
+        with open(log, "w") as out:
+            server = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            status = None
+
+            def answered(server=server, http=http) -> bool:
+                nonlocal status
+                if server.poll() is not None:
+                    return True
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{http}/status", timeout=2) as r:
+                        status = json.loads(r.read())
+                    return True
+                except OSError:
+                    return False
+
+            wait_for(answered, timeout=120)
+            text = log.read_text()
+            assert server.poll() is None, f"lmcache server exited:\n{text[-4000:]}"
+            assert status is not None, f"lmcache server did not answer in 120 s:\n{text[-4000:]}"
+            adapters = [a for a in find_dicts(status) if a.get("type") == type_name]
+            assert adapters, f"no {type_name} L2 adapter in /status: {status}"
+            assert all(a["is_healthy"] for a in adapters), adapters
+        finally:
+            server.terminate()
+            try:
+                server.wait(20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+def find_dicts(tree) -> list[dict]:
+    """Every dict inside a JSON tree."""
+    found = []
+    if isinstance(tree, dict):
+        found.append(tree)
+        tree = list(tree.values())
+    if isinstance(tree, list):
+        for item in tree:
+            found.extend(find_dicts(item))
+    return found
