@@ -59,11 +59,11 @@ fi
 LMCACHE_SITE="$(dirname "$VENV")/$(basename "$VENV")-lmcache"
 if ! PYTHONPATH="$LMCACHE_SITE" "$VENV/bin/python" -c '
 import importlib.metadata as m, sys
-sys.exit(m.version("lmcache") != "0.5.6" or m.version("aiofile") != "3.12.3")' 2>/dev/null; then
+sys.exit(m.version("lmcache") != "0.5.6" or m.version("aiofiles") != "25.1.0")' 2>/dev/null; then
     rm -rf "$LMCACHE_SITE"
     "$VENV/bin/pip" install --quiet --no-deps --target "$LMCACHE_SITE" "lmcache==0.5.6" \
         "sortedcontainers==2.4.0" "py-cpuinfo==9.0.0" "cachetools==8.0.2" "blake3==1.0.11" \
-        "caio==0.12.10" "aiofile==3.12.3"
+        "caio==0.12.10" "aiofile==3.12.3" "aiofiles==25.1.0"
 fi
 
 # The master the tests start.
