@@ -13,6 +13,9 @@
 //! | `drain_completions()` | `[(future id, ok, error, per-key bools)]` of the operations finished since the last drain |
 //! | `close()` | waits for operations in flight, releases holds and leaves the cluster |
 //!
+//! Beyond that contract, for `MooringL2Adapter`: `unlock(keys)`, `held()` and
+//! `list_keys(pattern)` (LMCache's key listing).
+//!
 //! Each `submit_*` returns a future id at once; the work runs on the shared runtime without
 //! the GIL. The views are LMCache's memory objects: their bytes go to the nodes and come
 //! back into them without a copy in between (the views stay pinned until their operation's
@@ -449,6 +452,13 @@ impl MooringConnector {
             )
             .await;
         });
+    }
+
+    /// The stored keys matching the regular expression `pattern`, sorted, with their sizes.
+    /// Grants no lease (a listing keeps nothing from eviction).
+    fn list_keys(&self, py: Python<'_>, pattern: &str) -> PyResult<Vec<(String, u64)>> {
+        let listed = raise(block_on(py, self.shared.client.query(pattern)))?;
+        Ok(listed.into_iter().map(|l| (l.key, l.size)).collect())
     }
 
     /// How many holds this connector has (locked keys, counted once per lock).

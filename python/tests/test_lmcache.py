@@ -213,6 +213,38 @@ def test_plugin_lookup_holds_what_it_finds_and_unlock_releases_it(cluster):
         adapter.close()
 
 
+def test_plugin_lists_lmcache_keys_by_model_in_pages(cluster):
+    master, _ = cluster
+    l1 = torch.empty(8 * OBJ, dtype=DTYPE)
+    adapter = make_adapter("plugin", master, l1)
+    try:
+        keys = keys_for("listing", 5)
+        _, ok = _run_store_phase(adapter, keys, objects(l1, 0, 5, seed=6))
+        assert ok
+        other = [ObjectKey(chunk_hash=b"\x01\x02", model_name="other/model", kv_rank=3)]
+        _, ok = _run_store_phase(adapter, other, objects(l1, 5, 1, seed=7))
+        assert ok
+        seen, cursor = [], None
+        while True:
+            page = adapter.list_l2_keys(model_name=MODEL, page_size=2, cursor=cursor)
+            assert len(page.entries) <= 2
+            seen += page.entries
+            cursor = page.next_page_token
+            if cursor is None:
+                break
+        assert sorted(e.key.chunk_hash_hex for e in seen) == sorted(
+            k.chunk_hash.hex() for k in keys
+        )
+        assert {e.size_bytes for e in seen} == {OBJ * 4}
+        everything = adapter.list_l2_keys(page_size=100).entries
+        assert {(e.key.model_name, e.key.kv_rank) for e in everything} == {
+            (MODEL, 0),
+            ("other/model", 3),
+        }
+    finally:
+        adapter.close()
+
+
 def test_eviction_cannot_take_a_locked_object(cluster):
     """The node holds 32 MiB; 40 MiB more are stored after two lookups of objects stored
     together: one through ``plugin`` (locked: held), one through ``native_plugin`` (a read
@@ -301,8 +333,20 @@ def test_a_node_killed_mid_load_fails_its_keys_never_answers_wrong_bytes():
 def test_lmcache_server_process_runs_with_mooring_as_its_l2(cluster, tmp_path):
     """``lmcache server --l2-adapter '{"type": "native_plugin", ...}'`` (and the ``plugin``
     form), a real process, comes up with Mooring as its L2 adapter: its ``/status`` reports
-    the adapter healthy."""
+    the adapter healthy, and (``plugin``) its ``/cache/objects`` lists the chunks another
+    LMCache instance stored into the cluster."""
     master, _ = cluster
+    l1 = torch.empty(3 * OBJ, dtype=DTYPE)
+    writer = make_adapter("plugin", master, l1)
+    stored_keys = [
+        ObjectKey(chunk_hash=bytes([i]) * 16, model_name="server/model", kv_rank=0)
+        for i in range(3)
+    ]
+    try:
+        _, ok = _run_store_phase(writer, stored_keys, objects(l1, 0, 3, seed=8))
+        assert ok
+    finally:
+        writer.close()
     for kind, type_name in (("native_plugin", "MooringConnector"), ("plugin", "mooring")):
         port, http = free_port(), free_port()
         log = tmp_path / f"server-{kind}.log"
@@ -351,6 +395,13 @@ def test_lmcache_server_process_runs_with_mooring_as_its_l2(cluster, tmp_path):
             adapters = [a for a in find_dicts(status) if a.get("type") == type_name]
             assert adapters, f"no {type_name} L2 adapter in /status: {status}"
             assert all(a["is_healthy"] for a in adapters), adapters
+            if kind == "plugin":
+                # The server lists what another LMCache instance stored into Mooring.
+                url = f"http://127.0.0.1:{http}/cache/objects?tier=l2&model_name=server%2Fmodel"
+                with urllib.request.urlopen(url, timeout=10) as r:
+                    listed = json.loads(r.read())
+                hashes = sorted(e["key"]["chunk_hash_hex"] for e in listed["entries"])
+                assert hashes == sorted(k.chunk_hash.hex() for k in stored_keys), listed
         finally:
             server.terminate()
             try:

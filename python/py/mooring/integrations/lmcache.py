@@ -28,18 +28,22 @@ only for the master's read lease (``--lease-ttl``). ``MooringL2Adapter`` is that
 with the locks passed on: each key a lookup finds is held on the master (not evicted, removed
 or replaced while held, and released by the master if the server dies), and
 ``submit_unlock`` releases one hold per key. It also takes ``max_capacity_gb`` (LMCache's
-usage accounting for its L2 eviction; 0 leaves eviction to Mooring).
+usage accounting for its L2 eviction; 0 leaves eviction to Mooring), and lists the keys
+stored (``list_l2_keys``, the server's ``GET /cache/objects?tier=l2``), which LMCache's
+``native_plugin`` wrapper cannot.
 
 Tested with LMCache 0.5.6 (python/tests/test_lmcache.py).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from mooring._native import MooringConnector
 
 try:
+    from lmcache.v1.distributed.api import KeyEntry, KeyListPage, ObjectKey
     from lmcache.v1.distributed.l2_adapters.native_connector_l2_adapter import (
         NativeConnectorL2Adapter,
         _object_key_to_string,
@@ -71,3 +75,46 @@ class MooringL2Adapter(NativeConnectorL2Adapter):
         """Releases one hold per key (keys a lookup did not find hold nothing)."""
         self._client.unlock([_object_key_to_string(k) for k in keys])
         super().submit_unlock(keys)
+
+    def list_l2_keys(
+        self,
+        model_name: str | None = None,
+        page_size: int = 500,
+        cursor: str | None = None,
+    ) -> KeyListPage:
+        """LMCache's objects stored in the cluster (keys of this tenant in LMCache's form),
+        sorted; ``cursor`` is the last key of the previous page. Grants no lease."""
+        if page_size <= 0:
+            raise ValueError(f"page_size must be positive (got {page_size})")
+        pattern = "^" + re.escape(model_name) + "@" if model_name is not None else ".*"
+        entries = []
+        next_cursor = None
+        for name, size in self._client.list_keys(pattern):
+            if cursor is not None and name <= cursor:
+                continue
+            key = _parse_key(name)
+            if key is None:
+                continue  # another program's key in the same tenant
+            if len(entries) == page_size:
+                next_cursor = entries[-1][0]
+                break
+            entries.append((name, KeyEntry(key=key.to_encoded_object_key(), size_bytes=size)))
+        return KeyListPage(entries=tuple(e for _, e in entries), next_page_token=next_cursor)
+
+
+def _parse_key(name: str) -> ObjectKey | None:
+    """The ObjectKey LMCache stored as ``name``
+    (``model@kv_rank@object_group_id@chunk_hash[@cache_salt]``, hex numbers), or None."""
+    parts = name.split("@")
+    if len(parts) not in (4, 5):
+        return None
+    try:
+        return ObjectKey(
+            chunk_hash=bytes.fromhex(parts[3]),
+            model_name=parts[0],
+            kv_rank=int(parts[1], 16),
+            object_group_id=int(parts[2], 16),
+            cache_salt=parts[4] if len(parts) == 5 else "",
+        )
+    except ValueError:
+        return None
