@@ -330,6 +330,74 @@ def test_a_node_killed_mid_load_fails_its_keys_never_answers_wrong_bytes():
         master.stop()
 
 
+class Server:
+    """A real ``lmcache server`` process (engine-driven transfers, as on a CPU) with
+    ``--l2-adapter`` ``spec``, answering HTTP on ``self.http``."""
+
+    def __init__(self, spec: str, log) -> None:
+        self.port, self.http = free_port(), free_port()
+        self.log = log
+        env = {**os.environ, "LMCACHE_DISABLE_BANNER": "1", "PYTHONUNBUFFERED": "1"}
+        cmd = [
+            sys.executable,
+            "-c",
+            "import sys; from lmcache.cli.main import main; sys.exit(main())",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            str(self.http),
+            "--l1-size-gb",
+            "0.0625",
+            "--eviction-policy",
+            "LRU",
+            "--chunk-size",
+            str(CHUNK),
+            "--supported-transfer-mode",
+            "engine_driven",
+            "--disable-metrics",
+            "--l2-adapter",
+            spec,
+        ]
+        with open(log, "w") as out:
+            self.process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.status = None
+        wait_for(self._answered, timeout=120)
+        text = log.read_text()
+        assert self.process.poll() is None, f"lmcache server exited:\n{text[-4000:]}"
+        assert self.status is not None, f"lmcache server did not answer in 120 s:\n{text[-4000:]}"
+
+    def _answered(self) -> bool:
+        if self.process.poll() is not None:
+            return True
+        try:
+            self.status = self.get("/status")
+            return True
+        except OSError:
+            return False
+
+    def get(self, path: str):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}{path}", timeout=10) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+# The engines' KV cache: vLLM's per-layer [2, blocks, block size, heads, head size] (NHD).
+CHUNK = 16
+LAYERS, BLOCKS, HEADS, HEAD_SIZE = 2, 32, 4, 64
+
+
 def test_lmcache_server_process_runs_with_mooring_as_its_l2(cluster, tmp_path):
     """``lmcache server --l2-adapter '{"type": "native_plugin", ...}'`` (and the ``plugin``
     form), a real process, comes up with Mooring as its L2 adapter: its ``/status`` reports
@@ -348,67 +416,100 @@ def test_lmcache_server_process_runs_with_mooring_as_its_l2(cluster, tmp_path):
     finally:
         writer.close()
     for kind, type_name in (("native_plugin", "MooringConnector"), ("plugin", "mooring")):
-        port, http = free_port(), free_port()
-        log = tmp_path / f"server-{kind}.log"
-        env = {**os.environ, "LMCACHE_DISABLE_BANNER": "1", "PYTHONUNBUFFERED": "1"}
-        cmd = [
-            sys.executable,
-            "-c",
-            "import sys; from lmcache.cli.main import main; sys.exit(main())",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--http-host",
-            "127.0.0.1",
-            "--http-port",
-            str(http),
-            "--l1-size-gb",
-            "0.0625",
-            "--eviction-policy",
-            "LRU",
-            "--disable-metrics",
-            "--l2-adapter",
-            adapter_json(kind, master),
-        ]
-        with open(log, "w") as out:
-            server = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        server = Server(adapter_json(kind, master), tmp_path / f"server-{kind}.log")
         try:
-            status = None
-
-            def answered(server=server, http=http) -> bool:
-                nonlocal status
-                if server.poll() is not None:
-                    return True
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{http}/status", timeout=2) as r:
-                        status = json.loads(r.read())
-                    return True
-                except OSError:
-                    return False
-
-            wait_for(answered, timeout=120)
-            text = log.read_text()
-            assert server.poll() is None, f"lmcache server exited:\n{text[-4000:]}"
-            assert status is not None, f"lmcache server did not answer in 120 s:\n{text[-4000:]}"
-            adapters = [a for a in find_dicts(status) if a.get("type") == type_name]
-            assert adapters, f"no {type_name} L2 adapter in /status: {status}"
+            adapters = [a for a in find_dicts(server.status) if a.get("type") == type_name]
+            assert adapters, f"no {type_name} L2 adapter in /status: {server.status}"
             assert all(a["is_healthy"] for a in adapters), adapters
             if kind == "plugin":
                 # The server lists what another LMCache instance stored into Mooring.
-                url = f"http://127.0.0.1:{http}/cache/objects?tier=l2&model_name=server%2Fmodel"
-                with urllib.request.urlopen(url, timeout=10) as r:
-                    listed = json.loads(r.read())
+                listed = server.get("/cache/objects?tier=l2&model_name=server%2Fmodel")
                 hashes = sorted(e["key"]["chunk_hash_hex"] for e in listed["entries"])
                 assert hashes == sorted(k.chunk_hash.hex() for k in stored_keys), listed
         finally:
-            server.terminate()
-            try:
-                server.wait(20)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            server.stop()
+
+
+@pytest.mark.parametrize("kind", ["plugin", "native_plugin"])
+def test_two_lmcache_servers_share_kv_through_mooring(cluster, tmp_path, kind):
+    """Two ``lmcache server`` processes on one Mooring cluster, each with an engine driving it
+    through LMCache's own vLLM-side MP adapters (``LMCacheMPWorkerAdapter``,
+    ``LMCacheMPSchedulerAdapter``: what vLLM's ``LMCacheMPConnector`` runs) with CPU tensors
+    as the KV cache. Engine A stores a prompt's blocks through server A, which stores them
+    into L1 and from there into Mooring; engine B's lookup through server B (its L1 empty)
+    finds them in Mooring (lookup-and-lock), server B loads them into its L1, and engine B
+    retrieves them into other blocks of its own KV cache: byte for byte A's."""
+    import zmq
+    from lmcache.integration.vllm.vllm_multi_process_adapter import (
+        LMCacheMPSchedulerAdapter,
+        LMCacheMPWorkerAdapter,
+        LoadStoreOp,
+        ParallelStrategy,
+    )
+
+    master, _ = cluster
+    context = zmq.Context()
+    strategy = ParallelStrategy(
+        mla_only=False, vllm_world_size=1, vllm_worker_id=0, tp_size=1, pp_size=1, n_servers=1
+    )
+    servers, engines = [], []
+
+    def engine(server):
+        url = f"tcp://127.0.0.1:{server.port}"
+        worker = LMCacheMPWorkerAdapter(url, context, "shared/model", CHUNK, strategy)
+        kv = {
+            f"layer.{i}": torch.zeros(2, BLOCKS, CHUNK, HEADS, HEAD_SIZE, dtype=torch.float16)
+            for i in range(LAYERS)
+        }
+        worker.register_kv_caches(kv, layout_hints={"kv_layout": "NHD"})
+        scheduler = LMCacheMPSchedulerAdapter([url], context, "shared/model", CHUNK, strategy)
+        engines.append((worker, scheduler))
+        return worker, scheduler, kv
+
+    try:
+        for name in ("a", "b"):
+            servers.append(Server(adapter_json(kind, master), tmp_path / f"server-{name}.log"))
+        worker_a, _, kv_a = engine(servers[0])
+        worker_b, scheduler_b, kv_b = engine(servers[1])
+
+        tokens = list(range(1000, 1000 + 4 * CHUNK))
+        g = torch.Generator().manual_seed(9)
+        for t in kv_a.values():
+            t.copy_(torch.randn(t.shape, generator=g).half())
+        blocks_a, blocks_b = [3, 7, 11, 20], [30, 2, 17, 9]
+        op = LoadStoreOp(token_ids=tokens, block_ids=[blocks_a], start=0, end=len(tokens))
+        worker_a.submit_store_request("req-a", op, None)
+
+        # Server A stores into Mooring in the background; B's lookups find more as it goes.
+        hit, attempt = 0, 0
+
+        def looked_up() -> bool:
+            nonlocal hit, attempt
+            attempt += 1
+            scheduler_b.maybe_submit_lookup_request(f"req-b-{attempt}", tokens)
+            result = None
+            deadline = time.monotonic() + 10
+            while result is None and time.monotonic() < deadline:
+                result = scheduler_b.check_lookup_result(f"req-b-{attempt}")
+                time.sleep(0.02)
+            hit = result or 0
+            return hit == len(tokens)
+
+        assert wait_for(looked_up, timeout=60), f"server B found {hit} of {len(tokens)} tokens"
+        op = LoadStoreOp(token_ids=tokens, block_ids=[blocks_b], start=0, end=hit)
+        worker_b.submit_retrieve_request(f"req-b-{attempt}", op, None)
+        assert wait_for(lambda: f"req-b-{attempt}" in (worker_b.get_finished(set())[1] or ()))
+        assert not worker_b.error_block_ids
+        for name in kv_a:
+            a, b = kv_a[name][:, blocks_a], kv_b[name][:, blocks_b]
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name
+    finally:
+        for worker, scheduler in engines:
+            worker.shutdown()
+            scheduler.shutdown()
+        for server in servers:
+            server.stop()
+        context.term()
 
 
 def find_dicts(tree) -> list[dict]:
