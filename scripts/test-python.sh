@@ -84,17 +84,31 @@ rm -rf "$COMPAT_SITE"
 "$VENV/bin/pip" install --quiet --no-deps --target "$COMPAT_SITE" "$compat_src/mooncake-compat"
 
 cd python
-"$VENV/bin/python" -m pytest -q -rs --ignore=tests/test_vllm.py --ignore=tests/test_lmcache.py "$@"
+# Exit code 5 from one of the three runs: "$@" (-k ...) selected none of its tests; from all
+# three, none at all.
+ran=0
+rc=0
+"$VENV/bin/python" -m pytest -q -rs --ignore=tests/test_vllm.py --ignore=tests/test_lmcache.py "$@" || rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
+    exit "$rc"
+fi
+[ "$rc" -eq 0 ] && ran=1
 # vLLM's tests, with vLLM's directory first on the path (in a process of their own, so the
-# SGLang tests above keep the venv's openai). Exit code 5: "$@" selected none of them.
+# SGLang tests above keep the venv's openai).
 rc=0
 PYTHONPATH="$VLLM_SITE:$COMPAT_SITE" "$VENV/bin/python" -m pytest -q -rs tests/test_vllm.py "$@" || rc=$?
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
     exit "$rc"
 fi
+[ "$rc" -eq 0 ] && ran=1
 # LMCache's, likewise in a process of their own (LMCache's directory first on the path).
 rc=0
 PYTHONPATH="$LMCACHE_SITE" "$VENV/bin/python" -m pytest -q -rs tests/test_lmcache.py "$@" || rc=$?
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
     exit "$rc"
+fi
+[ "$rc" -eq 0 ] && ran=1
+if [ "$ran" -eq 0 ]; then
+    echo "no test matched: $*" >&2
+    exit 5
 fi
