@@ -202,7 +202,7 @@ fn per_key(id: u64, outcomes: &[Result<bool>], call: &str) -> Completion {
             Ok(found) => *found,
             Err(e) => {
                 log_failure(call, e);
-                first.get_or_insert_with(|| format!("{}: {e}", e.code.code()));
+                first.get_or_insert_with(|| e.to_string());
                 false
             }
         })
@@ -357,6 +357,12 @@ impl MooringConnector {
                             "{key:?} is {n} bytes, LMCache's buffer {want}: the key was stored by a server with another chunk size or dtype"
                         ),
                     )),
+                    Err(e) if e.code == ErrorCode::BUFFER_OVERFLOW => Err(Error::new(
+                        ErrorCode::BUFFER_OVERFLOW,
+                        format!(
+                            "{key:?} is larger than LMCache's buffer of {want} bytes: the key was stored by a server with another chunk size or dtype"
+                        ),
+                    )),
                     Err(e) if e.code == ErrorCode::OBJECT_NOT_FOUND => Ok(false),
                     Err(e) => Err(e),
                 })
@@ -381,9 +387,10 @@ impl MooringConnector {
                     Err(e) => vec![Err(e); keys.len()],
                 }
             };
-            // A lookup's misses are answers, not failures: `ok` says whether it ran.
+            // A lookup's misses are answers, and a key that could not be looked up is a miss:
+            // `ok` stays true so LMCache reads the bools (it reads none of a failed lookup).
             let (_, _, error, bools) = per_key(id, &outcomes, "lmcache batch_exists");
-            shared.finish((id, error.is_empty(), error, bools));
+            shared.finish((id, true, error, bools));
         });
         Ok(id)
     }
