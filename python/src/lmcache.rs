@@ -193,6 +193,27 @@ impl Shared {
     }
 }
 
+/// The ports the in-process node's data server may take (with `segment_size` > 0): Mooncake's
+/// `MC_STORE_CLIENT_MIN_PORT`..`MC_STORE_CLIENT_MAX_PORT`, as `mooring.store` reads them.
+fn data_server_ports() -> (u16, u16) {
+    let port = |name: &str, default: u16| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<u16>().ok())
+            .filter(|&p| p > 0)
+            .unwrap_or(default)
+    };
+    let (low, high) = (
+        port("MC_STORE_CLIENT_MIN_PORT", 12300),
+        port("MC_STORE_CLIENT_MAX_PORT", 14300),
+    );
+    if low <= high {
+        (low, high)
+    } else {
+        (12300, 14300)
+    }
+}
+
 /// The completion of an operation whose keys each succeeded or failed.
 fn per_key(id: u64, outcomes: &[Result<bool>], call: &str) -> Completion {
     let mut first = None;
@@ -262,18 +283,30 @@ impl MooringConnector {
                 local_hostname,
                 segment_size,
                 token_file.clone(),
-                (15000, 17000),
+                data_server_ports(),
                 rdma,
                 tenant,
             )
             .await?;
-            let token = mooring::token::resolve(token_file.as_deref().map(std::path::Path::new))?;
-            let control = mooring::client::connect::control_plane(
-                &master,
-                ClientConfig::new(master.clone()).rpc_timeout,
-                token,
-                client.id(),
-            )?;
+            let rest = async {
+                let token =
+                    mooring::token::resolve(token_file.as_deref().map(std::path::Path::new))?;
+                let control = mooring::client::connect::control_plane(
+                    &master,
+                    ClientConfig::new(master.clone()).rpc_timeout,
+                    token,
+                    client.id(),
+                )?;
+                Ok::<_, Error>((control, EventFd::new()?))
+            };
+            let (control, events) = match rest.await {
+                Ok(parts) => parts,
+                Err(e) => {
+                    // Leave the cluster rather than linger in it with a client nobody uses.
+                    let _ = client.close().await;
+                    return Err(e);
+                }
+            };
             Ok::<_, Error>(Shared {
                 client,
                 control,
@@ -281,7 +314,7 @@ impl MooringConnector {
                     replica_num,
                     ..ReplicateConfig::default()
                 },
-                events: EventFd::new()?,
+                events,
                 done: Mutex::default(),
                 holds: Mutex::default(),
                 lock_on_lookup,

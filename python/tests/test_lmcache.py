@@ -130,12 +130,18 @@ def cluster():
     master.stop()
 
 
-@pytest.mark.parametrize("kind", ["native_plugin", "plugin"])
-def test_store_lookup_load_unlock_round_trip_byte_for_byte(cluster, kind):
+@pytest.mark.parametrize(
+    "kind, params",
+    [("native_plugin", {}), ("plugin", {}), ("plugin", {"segment_size": "16MB"})],
+    ids=["native_plugin", "plugin", "plugin-contributing"],
+)
+def test_store_lookup_load_unlock_round_trip_byte_for_byte(cluster, kind, params):
+    """With ``segment_size``, the server contributes memory from an in-process node too, and
+    values are placed there or on the node process."""
     master, _ = cluster
     n = 16
     l1 = torch.empty(3 * n * OBJ, dtype=DTYPE)
-    adapter = make_adapter(kind, master, l1)
+    adapter = make_adapter(kind, master, l1, **params)
     try:
         keys = keys_for(f"round-trip-{kind}", n)
         stored = objects(l1, 0, n, seed=1)
