@@ -50,6 +50,22 @@ sys.exit(m.version("vllm") != "0.33.0" or m.version("openai") != "3.57.0")' 2>/d
         "cbor2==6.3.0" "cachetools==8.0.2" "py-cpuinfo==9.0.0" "openai==3.57.0"
 fi
 
+# LMCache 0.5.6, for its L2 adapters' tests (python/tests/test_lmcache.py): LMCache's server
+# loading mooring.integrations.lmcache. LMCache pins numpy<=2.2.6 and pulls CUDA packages
+# (cupy, cufile, nvtx) its CPU server path does not load, so it goes into a directory of its
+# own with --no-deps: the venv's torch and numpy serve it, and only the packages its server
+# and L2 adapter test helpers import and the venv lacks come with it (pinned). About 20 MB
+# downloaded, once.
+LMCACHE_SITE="$(dirname "$VENV")/$(basename "$VENV")-lmcache"
+if ! PYTHONPATH="$LMCACHE_SITE" "$VENV/bin/python" -c '
+import importlib.metadata as m, sys
+sys.exit(m.version("lmcache") != "0.5.6" or m.version("aiofiles") != "25.1.0")' 2>/dev/null; then
+    rm -rf "$LMCACHE_SITE"
+    "$VENV/bin/pip" install --quiet --no-deps --target "$LMCACHE_SITE" "lmcache==0.5.6" \
+        "sortedcontainers==2.4.0" "py-cpuinfo==9.0.0" "cachetools==8.0.2" "blake3==1.0.11" \
+        "caio==0.12.10" "aiofile==3.12.3" "aiofiles==25.1.0"
+fi
+
 # The master the tests start.
 cargo build --release --locked -p mooring --bin mooring
 
@@ -68,11 +84,31 @@ rm -rf "$COMPAT_SITE"
 "$VENV/bin/pip" install --quiet --no-deps --target "$COMPAT_SITE" "$compat_src/mooncake-compat"
 
 cd python
-"$VENV/bin/python" -m pytest -q -rs --ignore=tests/test_vllm.py "$@"
+# Exit code 5 from one of the three runs: "$@" (-k ...) selected none of its tests; from all
+# three, none at all.
+ran=0
+rc=0
+"$VENV/bin/python" -m pytest -q -rs --ignore=tests/test_vllm.py --ignore=tests/test_lmcache.py "$@" || rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
+    exit "$rc"
+fi
+[ "$rc" -eq 0 ] && ran=1
 # vLLM's tests, with vLLM's directory first on the path (in a process of their own, so the
-# SGLang tests above keep the venv's openai). Exit code 5: "$@" selected none of them.
+# SGLang tests above keep the venv's openai).
 rc=0
 PYTHONPATH="$VLLM_SITE:$COMPAT_SITE" "$VENV/bin/python" -m pytest -q -rs tests/test_vllm.py "$@" || rc=$?
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
     exit "$rc"
+fi
+[ "$rc" -eq 0 ] && ran=1
+# LMCache's, likewise in a process of their own (LMCache's directory first on the path).
+rc=0
+PYTHONPATH="$LMCACHE_SITE" "$VENV/bin/python" -m pytest -q -rs tests/test_lmcache.py "$@" || rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
+    exit "$rc"
+fi
+[ "$rc" -eq 0 ] && ran=1
+if [ "$ran" -eq 0 ]; then
+    echo "no test matched: $*" >&2
+    exit 5
 fi

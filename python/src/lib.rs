@@ -10,6 +10,7 @@
 //! | `registered` | the memory regions a program registered, which raw pointers must lie in, and which device holds them |
 //! | `device_model` | [`device_model::DeviceModel`]: the software GPU that tests stage through |
 //! | `staging` | the local buffer that copying calls stage their bytes in |
+//! | `lmcache` | [`lmcache::MooringConnector`]: the client as an L2 store of LMCache's server |
 //! | `handle` | [`handle::BufferHandle`]: a value read into memory the caller can view |
 //! | `sizes` | sizes written the way Mooncake reads them ("16MB") |
 //! | `errors` | Mooring errors as `MooringError(code, message)` and rate-limited warnings |
@@ -26,6 +27,7 @@ mod client;
 mod device_model;
 mod errors;
 mod handle;
+mod lmcache;
 mod registered;
 mod sizes;
 mod staging;
@@ -86,6 +88,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MooringError", m.py().get_type::<errors::MooringError>())?;
     m.add_class::<client::NativeClient>()?;
     m.add_class::<handle::BufferHandle>()?;
+    m.add_class::<lmcache::MooringConnector>()?;
     m.add_class::<device_model::DeviceModel>()?;
     m.add_function(wrap_pyfunction!(sizes::parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(errors::error_codes, m)?)?;

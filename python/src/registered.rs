@@ -46,6 +46,16 @@ pub(crate) struct Placed {
     _user: Arc<()>,
 }
 
+impl Placed {
+    /// The place of host memory that a pinned buffer view, not a registration, keeps alive.
+    pub(crate) fn host() -> Placed {
+        Placed {
+            device: None,
+            _user: Arc::new(()),
+        }
+    }
+}
+
 impl Registered {
     /// No regions yet; a device's pool will stage through `staging_bytes` of pinned memory,
     /// in waves of `wave_bytes`.

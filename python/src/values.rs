@@ -45,6 +45,17 @@ impl BufferView {
         Ok(BufferView { buffer })
     }
 
+    /// Views `object` to read into: as [`BufferView::new`], and writable.
+    pub(crate) fn writable(object: &Bound<'_, PyAny>) -> PyResult<BufferView> {
+        let view = BufferView::new(object)?;
+        if view.buffer.readonly() {
+            return Err(PyBufferError::new_err(
+                "the destination buffer is read-only: pass a writable one (bytearray, a writable memoryview, a tensor's storage)",
+            ));
+        }
+        Ok(view)
+    }
+
     /// The bytes.
     pub(crate) fn bytes(&self) -> &[u8] {
         let len = self.buffer.len_bytes();
@@ -72,6 +83,17 @@ impl Region {
     pub(crate) fn checked(registered: &Registered, start: usize, len: usize) -> Result<Region> {
         let placed = registered.check(start, len)?;
         Ok(Region { start, len, placed })
+    }
+
+    /// The host memory `view` covers, for a call whose views stay alive (pinning their
+    /// exporters) until it ends: the view stands in for the registration [`Region::checked`]
+    /// asks for, and the program's promise not to change or free the memory is the same.
+    pub(crate) fn viewed(view: &BufferView) -> Region {
+        Region {
+            start: view.buffer.buf_ptr() as usize,
+            len: view.buffer.len_bytes(),
+            placed: Placed::host(),
+        }
     }
 
     /// The region's first byte's address.

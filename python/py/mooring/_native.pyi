@@ -86,6 +86,37 @@ class NativeClient:
     ) -> list[list[list[int]]]: ...
     def replicas(self, keys: list[str]) -> list[list[tuple[str, int, int, bool, str]] | int]: ...
 
+class MooringConnector:
+    """The Mooring client as LMCache's L2 native connector (mooring.integrations.lmcache)."""
+
+    def __init__(
+        self,
+        master: str,
+        local_hostname: str = "127.0.0.1",
+        segment_size: int | str | None = None,
+        token_file: str | None = None,
+        tenant: str | None = None,
+        protocol: str = "tcp",
+        rdma_devices: str = "",
+        replica_num: int = 1,
+        lock_on_lookup: bool = False,
+    ) -> None: ...
+    def event_fd(self) -> int:
+        """The eventfd signalled when operations complete."""
+    def submit_batch_set(self, keys: list[str], views: list[memoryview]) -> int: ...
+    def submit_batch_get(self, keys: list[str], views: list[memoryview]) -> int: ...
+    def submit_batch_exists(self, keys: list[str]) -> int: ...
+    def submit_batch_delete(self, keys: list[str]) -> int: ...
+    def drain_completions(self) -> list[tuple[int, bool, str, list[bool] | None]]:
+        """(future id, ok, error, one bool per key) of each operation finished since the
+        last drain."""
+    def unlock(self, keys: list[str]) -> None:
+        """Releases one hold per key (with lock_on_lookup)."""
+    def held(self) -> int: ...
+    def list_keys(self, pattern: str) -> list[tuple[str, int]]:
+        """Stored keys matching the regex, sorted, with sizes (no lease)."""
+    def close(self) -> None: ...
+
 def clear_replicas(client: NativeClient, keys: list[str], segment: str | None = None) -> list[str]:
     """Clears ``client``'s own unleased objects among ``keys`` (whole, or only their replica on
     ``segment``); the keys cleared."""

@@ -16,7 +16,7 @@ pub(super) type PortRange = (u16, u16);
 impl NativeClient {
     /// Connects, contributing `segment_size` bytes from a data server on `host:port`, the
     /// port being the one in `hostname` or the first free one of `ports`.
-    pub(super) async fn connect_async(
+    pub(crate) async fn connect_async(
         master: String,
         hostname: String,
         segment_size: u64,
