@@ -40,10 +40,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use mooring::{Client, ClientConfig};
+use mooring::Client;
 use mooring_core::{Error, ErrorCode, HoldId, ReplicateConfig, Result};
-use mooring_proto::transport::{ControlPlane, reply_to};
-use mooring_proto::wire::{AcquireHold, Call, MasterRequest, ReleaseHold};
 use pyo3::prelude::*;
 
 use crate::client::NativeClient;
@@ -103,8 +101,6 @@ impl EventFd {
 /// What the operations share with the tasks that run them.
 struct Shared {
     client: Client,
-    /// The master's control plane, for holds (the client itself offers held reads only).
-    control: Arc<dyn ControlPlane>,
     config: ReplicateConfig,
     events: EventFd,
     done: Mutex<Vec<Completion>>,
@@ -126,22 +122,9 @@ impl Shared {
         self.events.signal();
     }
 
-    /// Sends `request` scoped to the client's tenant; its typed reply.
-    async fn call<C: Call>(&self, request: C) -> Result<C::Reply> {
-        let mut request: MasterRequest = request.into();
-        request.scope_to(self.client.tenant())?;
-        let mut reply = self.control.send(request).await?;
-        reply.unscope();
-        reply_to::<C>(reply)
-    }
-
     /// Holds `key` (one more hold if held already); whether it was there to hold.
     async fn hold(&self, key: &str) -> Result<bool> {
-        let request = AcquireHold {
-            client: self.client.id(),
-            key: key.to_string(),
-        };
-        match self.call(request).await {
+        match self.client.acquire_hold(key).await {
             Ok((hold, _)) => {
                 self.holds
                     .lock()
@@ -159,11 +142,7 @@ impl Shared {
     /// Releases `hold`, retrying a lost request; a hold the master no longer has is released.
     async fn release(&self, key: &str, hold: HoldId) {
         for attempt in 1..=RELEASE_ATTEMPTS {
-            let request = ReleaseHold {
-                client: self.client.id(),
-                hold,
-            };
-            match self.call(request).await {
+            match self.client.release_hold(hold).await {
                 Ok(()) => return,
                 Err(e) if e.code == ErrorCode::INVALID_PARAMS => {
                     tracing::debug!(key, "hold already gone at unlock: {e}");
@@ -288,19 +267,8 @@ impl MooringConnector {
                 tenant,
             )
             .await?;
-            let rest = async {
-                let token =
-                    mooring::token::resolve(token_file.as_deref().map(std::path::Path::new))?;
-                let control = mooring::client::connect::control_plane(
-                    &master,
-                    ClientConfig::new(master.clone()).rpc_timeout,
-                    token,
-                    client.id(),
-                )?;
-                Ok::<_, Error>((control, EventFd::new()?))
-            };
-            let (control, events) = match rest.await {
-                Ok(parts) => parts,
+            let events = match EventFd::new() {
+                Ok(events) => events,
                 Err(e) => {
                     // Leave the cluster rather than linger in it with a client nobody uses.
                     let _ = client.close().await;
@@ -309,7 +277,6 @@ impl MooringConnector {
             };
             Ok::<_, Error>(Shared {
                 client,
-                control,
                 config: ReplicateConfig {
                     replica_num,
                     ..ReplicateConfig::default()

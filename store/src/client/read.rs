@@ -1,9 +1,9 @@
 //! Reads: get and its batches, inside the lease, from memory replicas or a node's disk.
 
-use mooring_core::Millis;
 use mooring_core::client::read_plan::{
     self, READ_ATTEMPTS, ReadPlan, ReadVerdict, ReplicaFailures, read_order, value_len,
 };
+use mooring_core::{HoldId, Millis};
 
 use super::*;
 use crate::coverage::{self, Path};
@@ -51,16 +51,32 @@ impl Client {
         .await
     }
 
+    /// Holds `key`: until [`Client::release_hold`], the master neither evicts, removes nor
+    /// replaces it (and drops the hold if this client leaves or dies). Returns the hold and
+    /// the replicas it covers; `OBJECT_NOT_FOUND` if there is no such object.
+    pub async fn acquire_hold(&self, key: &str) -> Result<(HoldId, ReplicaList)> {
+        self.call(AcquireHold {
+            client: self.id(),
+            key: key.to_string(),
+        })
+        .await
+    }
+
+    /// Releases a hold [`Client::acquire_hold`] gave. `INVALID_PARAMS` if the master no longer
+    /// has it (it dropped it, or it was released already).
+    pub async fn release_hold(&self, hold: HoldId) -> Result<()> {
+        self.call(ReleaseHold {
+            client: self.id(),
+            hold,
+        })
+        .await
+    }
+
     /// One held read: its outcome, and whether the hold was still the master's to release
     /// when it ended.
     async fn read_held(&self, key: &str) -> Result<(Result<Vec<u8>>, bool)> {
         let asked = self.now();
-        let (hold, list) = self
-            .call(AcquireHold {
-                client: self.id(),
-                key: key.to_string(),
-            })
-            .await?;
+        let (hold, list) = self.acquire_hold(key).await?;
         let read = async {
             let mut value = value_buffer(value_len(key, &list)? as u64)?;
             buggify::hold(Site::CLIENT_HELD_READ_TRANSFER).await;
@@ -72,12 +88,7 @@ impl Client {
         if !self.inside_lease(asked, &list) {
             coverage::hit(Path::HELD_PAST_LEASE);
         }
-        let released = self
-            .call(ReleaseHold {
-                client: self.id(),
-                hold,
-            })
-            .await;
+        let released = self.release_hold(hold).await;
         if let Err(e) = &released {
             // Either the master dropped the hold already, or it keeps it until this client
             // closes or expires: worth a warning, not a failed read.
