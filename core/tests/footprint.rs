@@ -1,8 +1,12 @@
 //! Metadata footprint: at most 200 bytes per resident object, key bytes excluded, measured by
-//! counting every heap byte the master allocates (not by estimating).
+//! counting every heap byte the master allocates (not by estimating); and at most 100 bytes
+//! per directory entry of a peer's shard, measured the same way.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use mooring_core::peer::directory::{DirectoryShard, Location, Stamp};
 
 use mooring_core::{
     Checksum, ClientId, Master, MasterConfig, Millis, ReplicateConfig, SegmentSpec,
@@ -11,6 +15,8 @@ use mooring_core::{
 struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// One measure at a time: the counter is the whole process's.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -33,6 +39,7 @@ static COUNTING: Counting = Counting;
 
 #[test]
 fn at_most_200_bytes_of_metadata_per_object() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let objects: usize = if cfg!(debug_assertions) {
         200_000
     } else {
@@ -81,4 +88,50 @@ fn at_most_200_bytes_of_metadata_per_object() {
         (reported - per_object).abs() < 16.0,
         "metadata_heap_bytes {reported:.1} vs measured {per_object:.1}"
     );
+}
+
+#[test]
+fn at_most_100_bytes_per_directory_entry() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let entries: usize = if cfg!(debug_assertions) {
+        200_000
+    } else {
+        1_000_000
+    };
+    let peers: Vec<String> = (0..64)
+        .map(|i| format!("10.0.{}.{}:7000", i / 8, i % 8))
+        .collect();
+    let before = LIVE.load(Ordering::Relaxed);
+    let mut shard = DirectoryShard::new();
+    let mut key_bytes = 0;
+    for i in 0..entries {
+        let key = format!("kv/model-7b/tp0/layer-{:02}/block-{i:09}", i % 32);
+        key_bytes += key.len();
+        let peer = &peers[i % peers.len()];
+        let location = Location {
+            peer: peer.as_str().into(),
+            offset: (i as u64) << 16,
+            len: 64 * 1024,
+            stamp: Stamp {
+                clock: i as u64,
+                writer: i as u64 % 64,
+            },
+            checksum: Checksum(i as u32),
+            resident: true,
+        };
+        shard.publish(peer, &key, location, true).unwrap();
+    }
+    let total = LIVE.load(Ordering::Relaxed) - before;
+    let per_entry = (total - key_bytes) as f64 / entries as f64;
+    assert!(
+        per_entry <= 100.0,
+        "{per_entry:.1} bytes per directory entry ({total} total, {key_bytes} of keys)"
+    );
+    assert!(per_entry > 40.0, "implausibly small: {per_entry:.1}");
+    let reported = (shard.heap_bytes() - key_bytes) as f64 / entries as f64;
+    assert!(
+        (reported - per_entry).abs() < 8.0,
+        "heap_bytes {reported:.1} vs measured {per_entry:.1}"
+    );
+    std::hint::black_box(&shard);
 }

@@ -155,7 +155,7 @@ impl Cluster {
         let owners = self.peers[&reader].owners_of(key);
         let mut found: Vec<_> = owners
             .iter()
-            .filter_map(|o| self.peers.get(&**o).and_then(|o| o.lookup(key)).cloned())
+            .filter_map(|o| self.peers.get(&**o).and_then(|o| o.lookup(key)))
             .collect();
         found.sort_by_key(|l| std::cmp::Reverse(l.stamp));
         for location in found {

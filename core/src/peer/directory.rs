@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use crate::checksum::Checksum;
 use crate::time::Millis;
 
+use super::entries::EntryTable;
 use super::ring::Ring;
 
 /// How long a removal's tombstone outlives it: longer than a re-publish round.
@@ -82,10 +83,26 @@ pub enum PublishRefused {
     NotMember,
 }
 
+/// An entry as the shard keeps it: the data's peer as an index into the shard's peer names,
+/// so an entry costs a few dozen bytes beside its key (a shard may hold tens of millions).
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    offset: u64,
+    len: u64,
+    stamp: Stamp,
+    peer: u32,
+    checksum: Checksum,
+    resident: bool,
+}
+
 /// The directory entries one peer holds.
 #[derive(Clone, Debug, Default)]
 pub struct DirectoryShard {
-    entries: HashMap<Box<str>, Location>,
+    entries: EntryTable<Entry>,
+    /// The names of the peers entries have named, by index (never shrinks: one per peer
+    /// that ever published here).
+    peers: Vec<Box<str>>,
+    peer_index: HashMap<Box<str>, u32>,
     /// Removed keys: the newest write removed, and when its tombstone lapses.
     tombstones: HashMap<Box<str>, (Stamp, Millis)>,
 }
@@ -126,18 +143,20 @@ impl DirectoryShard {
         {
             return Ok(Published::Stale { newer: removed });
         }
+        let entry = self.entry_of(&location);
         match self.entries.get_mut(key) {
-            Some(entry) if entry.stamp > location.stamp => {
-                Ok(Published::Stale { newer: entry.stamp })
-            }
-            Some(entry) if entry.stamp == location.stamp => {
+            Some(held) if held.stamp > location.stamp => Ok(Published::Stale { newer: held.stamp }),
+            Some(held) if held.stamp == location.stamp => {
                 // The same write, re-published: it may have moved (promoted) or left memory.
-                *entry = location;
+                *held = entry;
                 Ok(Published::Updated)
             }
             _ => {
                 self.tombstones.remove(key);
-                let superseded = self.entries.insert(key.into(), location);
+                let superseded = self
+                    .entries
+                    .insert(key, entry)
+                    .map(|old| self.location_of(&old));
                 Ok(Published::Stored { superseded })
             }
         }
@@ -149,7 +168,7 @@ impl DirectoryShard {
         let own = self
             .entries
             .get(key)
-            .is_some_and(|e| *e.peer == *from && e.stamp == stamp);
+            .is_some_and(|e| *self.peers[e.peer as usize] == *from && e.stamp == stamp);
         if own {
             self.entries.remove(key);
         }
@@ -169,23 +188,22 @@ impl DirectoryShard {
         if self.entries.get(key)?.stamp > covering {
             return None;
         }
-        self.entries.remove(key)
+        let removed = self.entries.remove(key)?;
+        Some(self.location_of(&removed))
     }
 
     /// Where `key`'s latest value is, if known.
-    pub fn lookup(&self, key: &str) -> Option<&Location> {
-        self.entries.get(key)
+    pub fn lookup(&self, key: &str) -> Option<Location> {
+        self.entries.get(key).map(|e| self.location_of(e))
     }
 
     /// Drops the entries the ring no longer gives `me` (as one of `replicas` owners) and the
     /// tombstones that lapsed by `now`; returns how many entries went. Their peers re-publish
     /// them to the new owners.
     pub fn ring_changed(&mut self, ring: &Ring, me: &str, replicas: usize, now: Millis) -> usize {
-        let before = self.entries.len();
-        self.entries.retain(|key, _| ring.owns(me, key, replicas));
         self.tombstones
             .retain(|key, (_, until)| now < *until && ring.owns(me, key, replicas));
-        before - self.entries.len()
+        self.entries.retain(|key, _| ring.owns(me, key, replicas))
     }
 
     /// The live tombstones: each removed key and the newest write its removal covers.
@@ -202,9 +220,42 @@ impl DirectoryShard {
 
     /// Every entry naming `peer` (a peer that left: its data is gone with it), removed.
     pub fn forget_peer(&mut self, peer: &str) -> usize {
-        let before = self.entries.len();
-        self.entries.retain(|_, location| *location.peer != *peer);
-        before - self.entries.len()
+        let Some(&index) = self.peer_index.get(peer) else {
+            return 0;
+        };
+        self.entries.retain(|_, entry| entry.peer != index)
+    }
+
+    /// Heap bytes the shard's entries take, keys included (for footprint measures).
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.heap_bytes()
+    }
+
+    fn entry_of(&mut self, location: &Location) -> Entry {
+        let next = self.peers.len() as u32;
+        let peer = *self.peer_index.entry(location.peer.clone()).or_insert(next);
+        if peer == next {
+            self.peers.push(location.peer.clone());
+        }
+        Entry {
+            offset: location.offset,
+            len: location.len,
+            stamp: location.stamp,
+            peer,
+            checksum: location.checksum,
+            resident: location.resident,
+        }
+    }
+
+    fn location_of(&self, entry: &Entry) -> Location {
+        Location {
+            peer: self.peers[entry.peer as usize].clone(),
+            offset: entry.offset,
+            len: entry.len,
+            stamp: entry.stamp,
+            checksum: entry.checksum,
+            resident: entry.resident,
+        }
     }
 }
 
@@ -266,7 +317,7 @@ mod tests {
             shard.publish("b", "k", moved.clone(), true),
             Ok(Published::Updated)
         );
-        assert_eq!(shard.lookup("k"), Some(&moved));
+        assert_eq!(shard.lookup("k"), Some(moved));
     }
 
     #[test]
@@ -317,7 +368,7 @@ mod tests {
                 .remove("k", at("a", 5, 0).stamp, Millis(2_000))
                 .is_none()
         );
-        assert_eq!(shard.lookup("k"), Some(&at("a", 6, 0)));
+        assert_eq!(shard.lookup("k"), Some(at("a", 6, 0)));
         shard.remove("k", at("a", 6, 0).stamp, Millis(2_000));
         shard.expire_tombstones(Millis(2_000) + TOMBSTONE_TTL);
         assert!(matches!(

@@ -12,6 +12,7 @@
 //! locations a peer may publish, which write wins, what a removal keeps out) decided here.
 
 pub mod directory;
+mod entries;
 pub mod pool;
 pub mod ring;
 pub mod state;

@@ -205,7 +205,7 @@ impl PeerState {
     }
 
     /// Where `key`'s latest value is, as this peer's shard knows (a reader asked it).
-    pub fn lookup(&self, key: &str) -> Option<&Location> {
+    pub fn lookup(&self, key: &str) -> Option<Location> {
         self.shard.lookup(key)
     }
 
