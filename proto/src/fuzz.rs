@@ -44,6 +44,19 @@ pub fn master_response(payload: &[u8]) {
     payload_roundtrip::<MasterResponse>(payload);
 }
 
+/// As [`master_request`], for what one peer asks another in peer mode; a request that decodes
+/// is checked as a peer checks it (refused with a reason or accepted, never a panic).
+pub fn peer_request(payload: &[u8]) {
+    if let Some(request) = payload_roundtrip::<crate::wire::PeerRequest>(payload) {
+        let _ = request.check();
+    }
+}
+
+/// As [`master_request`], for a peer's replies.
+pub fn peer_response(payload: &[u8]) {
+    payload_roundtrip::<crate::wire::PeerResponse>(payload);
+}
+
 /// As [`master_request`], for requests to a node's data server.
 pub fn data_request(payload: &[u8]) {
     if let Some(request) = payload_roundtrip::<DataRequest>(payload) {
@@ -452,5 +465,93 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
         },
     ];
     frames.extend(handshakes.iter().map(|m| (Handshake::KIND, m.to_frame(0))));
+    frames.extend(sample_peer_frames());
+    frames
+}
+
+/// Peer-mode frames of each kind, for the fuzz corpora.
+fn sample_peer_frames() -> Vec<(FrameKind, Vec<u8>)> {
+    use mooring_core::Checksum;
+    use mooring_core::peer::directory::{Location, Stamp};
+    use mooring_core::peer::state::DirectoryMessage;
+
+    use crate::wire::{PeerReply, PeerRequest, PeerResponse};
+    let stamp = Stamp {
+        clock: 1_764_300_000_123,
+        writer: 0x6d38_bc58_a03d_b1d0,
+    };
+    let location = Location {
+        peer: "10.0.0.7:7100".into(),
+        offset: 1 << 20,
+        len: 65536,
+        stamp,
+        checksum: Checksum(0x1234_5678),
+        resident: true,
+    };
+    let requests = [
+        PeerRequest::Directory {
+            messages: vec![
+                DirectoryMessage::Publish {
+                    key: "kv/layer-0/block-7".into(),
+                    location: location.clone(),
+                },
+                DirectoryMessage::Unpublish {
+                    key: "kv/layer-0/block-8".into(),
+                    stamp,
+                },
+                DirectoryMessage::Removed {
+                    key: "kv/old".into(),
+                    covering: stamp,
+                },
+            ],
+        },
+        PeerRequest::Lookup {
+            keys: vec!["kv/layer-0/block-7".into(), "kv/missing".into()],
+        },
+        PeerRequest::Promote {
+            key: "kv/layer-0/block-7".into(),
+        },
+    ];
+    let responses: [PeerResponse; 4] = [
+        Ok(PeerReply::Directory {
+            replies: vec![
+                DirectoryMessage::Held {
+                    key: "kv/layer-0/block-7".into(),
+                    location: location.clone(),
+                },
+                DirectoryMessage::Stale {
+                    key: "kv/a".into(),
+                    stamp,
+                    newer: Stamp {
+                        clock: stamp.clock + 1,
+                        writer: 3,
+                    },
+                },
+                DirectoryMessage::Drop {
+                    key: "kv/b".into(),
+                    stamp,
+                },
+            ],
+        }),
+        Ok(PeerReply::Locations {
+            found: vec![Some(location.clone()), None],
+        }),
+        Ok(PeerReply::Promoted {
+            location: Some(location),
+        }),
+        Err(mooring_core::Error::new(
+            mooring_core::ErrorCode::INVALID_KEY,
+            "a key of 0 bytes: keys take 1 to 4096 bytes",
+        )),
+    ];
+    let mut frames: Vec<_> = requests
+        .iter()
+        .map(|r| (FrameKind::PeerRequest, r.to_frame(11)))
+        .collect();
+    frames.extend(
+        responses
+            .iter()
+            .map(|r| (FrameKind::PeerResponse, r.to_frame(11))),
+    );
     frames
 }

@@ -13,7 +13,7 @@ use mooring_proto::wire::{FrameKind, HEADER_LEN};
 type Entry = fn(&[u8]);
 
 /// Each wire target with its entry point.
-const TARGETS: [(&str, Entry); 9] = [
+const TARGETS: [(&str, Entry); 11] = [
     ("wire_frame", fuzz::frame),
     ("master_request", fuzz::master_request),
     ("master_response", fuzz::master_response),
@@ -23,6 +23,8 @@ const TARGETS: [(&str, Entry); 9] = [
     ("journal", fuzz::journal),
     ("shm_handoff", fuzz::shm_handoff),
     ("credential", fuzz::credential),
+    ("peer_request", fuzz::peer_request),
+    ("peer_response", fuzz::peer_response),
 ];
 
 /// Every corpus input and its single-bit flips, plus random bytes, through every target.
@@ -59,6 +61,8 @@ fn the_seed_frames_decode() {
             FrameKind::DataRequest => fuzz::data_request(payload),
             FrameKind::DataResponse => fuzz::data_response(payload),
             FrameKind::Handshake => fuzz::handshake(payload),
+            FrameKind::PeerRequest => fuzz::peer_request(payload),
+            FrameKind::PeerResponse => fuzz::peer_response(payload),
         }
     }
 }
@@ -93,6 +97,8 @@ fn write_seed_corpora() {
             FrameKind::DataRequest => ("data_request", &frame[HEADER_LEN..]),
             FrameKind::DataResponse => ("data_response", &frame[HEADER_LEN..]),
             FrameKind::Handshake => ("handshake", &frame[HEADER_LEN..]),
+            FrameKind::PeerRequest => ("peer_request", &frame[HEADER_LEN..]),
+            FrameKind::PeerResponse => ("peer_response", &frame[HEADER_LEN..]),
         };
         for (target, input) in [(target, input), ("wire_frame", &frame[..])] {
             let dir = corpus_dir(target);

@@ -28,7 +28,20 @@ pub const TOMBSTONE_TTL: Millis = Millis::from_secs(60);
 /// When a write happened, as its writer's hybrid clock says, and whose it was: the order in
 /// which values of one key supersede each other (later clock first, then the peer's name hash
 /// to break ties the same way everywhere).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+#[rkyv(derive(Debug))]
 pub struct Stamp {
     /// The writer's clock: milliseconds, never going backwards, above every stamp it has seen.
     pub clock: u64,
@@ -37,7 +50,8 @@ pub struct Stamp {
 }
 
 /// Where a value lives: its peer, its place in that peer's published pool, and what it is.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[rkyv(derive(Debug))]
 pub struct Location {
     /// The data's peer.
     pub peer: Box<str>,

@@ -12,60 +12,68 @@ use super::ring::Ring;
 /// Directory replicas by default: each entry is held by its owner and the next peer.
 pub const DEFAULT_DIRECTORY_REPLICAS: usize = 2;
 
-/// What one peer tells another about the directory.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DirectoryMessage {
-    /// To a key's owner: the key's value is at `location` (in the sender's pool).
-    Publish {
-        /// The key.
-        key: Box<str>,
-        /// Where its value is.
-        location: Location,
-    },
-    /// To a key's owner: the sender no longer holds its write `stamp`.
-    Unpublish {
-        /// The key.
-        key: Box<str>,
-        /// The write it let go of.
-        stamp: Stamp,
-    },
-    /// To a publisher, the answer to its publish: the entry now holds `location`. A publisher
-    /// that has let go of that write since answers with an unpublish, and one whose value has
-    /// moved since (promoted, evicted to disk) with a publish of where it is now, so an entry
-    /// that arrived late or out of order does not stay behind its value.
-    Held {
-        /// The key.
-        key: Box<str>,
-        /// What the entry holds.
-        location: Location,
-    },
-    /// To a key's new owner after a ring change: the key was removed, up to write
-    /// `covering` (a tombstone handed over, so a late re-publish does not undo the removal).
-    Removed {
-        /// The key.
-        key: Box<str>,
-        /// The newest write the removal covers.
-        covering: Stamp,
-    },
-    /// To a publisher: its write `stamp` of `key` is older than `newer` (a newer write, or
-    /// a removal), as far as the owner knows. A write the publisher has just made and not
-    /// yet seen held anywhere is stamped again above `newer` and re-published (its clock was
-    /// behind: the write is the latest in fact); any other is freed.
-    Stale {
-        /// The key.
-        key: Box<str>,
-        /// The publisher's write.
-        stamp: Stamp,
-        /// What the owner holds as newer.
-        newer: Stamp,
-    },
-    /// To a data peer: its write `stamp` of `key` was removed or superseded; free it.
-    Drop {
-        /// The key.
-        key: Box<str>,
-        /// The write to free.
-        stamp: Stamp,
-    },
+pub use message::DirectoryMessage;
+
+#[allow(missing_docs)] // rkyv's generated archive types carry no docs
+mod message {
+    use super::{Location, Stamp};
+
+    /// What one peer tells another about the directory.
+    #[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+    #[rkyv(derive(Debug))]
+    pub enum DirectoryMessage {
+        /// To a key's owner: the key's value is at `location` (in the sender's pool).
+        Publish {
+            /// The key.
+            key: Box<str>,
+            /// Where its value is.
+            location: Location,
+        },
+        /// To a key's owner: the sender no longer holds its write `stamp`.
+        Unpublish {
+            /// The key.
+            key: Box<str>,
+            /// The write it let go of.
+            stamp: Stamp,
+        },
+        /// To a publisher, the answer to its publish: the entry now holds `location`. A publisher
+        /// that has let go of that write since answers with an unpublish, and one whose value has
+        /// moved since (promoted, evicted to disk) with a publish of where it is now, so an entry
+        /// that arrived late or out of order does not stay behind its value.
+        Held {
+            /// The key.
+            key: Box<str>,
+            /// What the entry holds.
+            location: Location,
+        },
+        /// To a key's new owner after a ring change: the key was removed, up to write
+        /// `covering` (a tombstone handed over, so a late re-publish does not undo the removal).
+        Removed {
+            /// The key.
+            key: Box<str>,
+            /// The newest write the removal covers.
+            covering: Stamp,
+        },
+        /// To a publisher: its write `stamp` of `key` is older than `newer` (a newer write, or
+        /// a removal), as far as the owner knows. A write the publisher has just made and not
+        /// yet seen held anywhere is stamped again above `newer` and re-published (its clock was
+        /// behind: the write is the latest in fact); any other is freed.
+        Stale {
+            /// The key.
+            key: Box<str>,
+            /// The publisher's write.
+            stamp: Stamp,
+            /// What the owner holds as newer.
+            newer: Stamp,
+        },
+        /// To a data peer: its write `stamp` of `key` was removed or superseded; free it.
+        Drop {
+            /// The key.
+            key: Box<str>,
+            /// The write to free.
+            stamp: Stamp,
+        },
+    }
 }
 
 /// A message and the peer it goes to.

@@ -30,6 +30,10 @@ pub enum FrameKind {
     DataResponse = 4,
     /// A [`Handshake`](crate::auth::Handshake) step, the first frames of every connection.
     Handshake = 5,
+    /// A [`PeerRequest`](super::PeerRequest) (peer mode).
+    PeerRequest = 6,
+    /// A [`PeerResponse`](super::PeerResponse) (peer mode).
+    PeerResponse = 7,
 }
 
 impl FrameKind {
@@ -40,6 +44,8 @@ impl FrameKind {
             3 => FrameKind::DataRequest,
             4 => FrameKind::DataResponse,
             5 => FrameKind::Handshake,
+            6 => FrameKind::PeerRequest,
+            7 => FrameKind::PeerResponse,
             _ => return None,
         })
     }

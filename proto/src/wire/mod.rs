@@ -23,6 +23,7 @@
 //! | `cluster` | the settings a master hands a client ([`ClusterInfo`]) |
 //! | `standby` | what a standby copies from the leader ([`FollowChunk`]) |
 //! | `data` | requests to a node's data server ([`DataRequest`]) and its replies |
+//! | `peer` | what peers ask each other in peer mode ([`PeerRequest`]) and their replies |
 //!
 //! Every item is re-exported here: callers name `wire::X`, never the submodule.
 
@@ -30,12 +31,14 @@ mod cluster;
 mod data;
 mod frame;
 mod master;
+mod peer;
 mod standby;
 
 pub use cluster::*;
 pub use data::*;
 pub use frame::*;
 pub use master::*;
+pub use peer::*;
 pub use standby::*;
 
 pub(crate) use frame::wire_message;

@@ -1,0 +1,213 @@
+//! Peer mode's wire: what peers tell each other about the directory (see
+//! `mooring_core::peer`), and what a reader asks of a key's owner or of the data's peer.
+//!
+//! The sending peer's name is never in a message: a receiver takes it from the connection's
+//! credential, so a peer cannot publish into, or unpublish from, another peer's pool.
+
+use rkyv::rancor;
+use rkyv::util::AlignedVec;
+
+use mooring_core::peer::directory::Location;
+use mooring_core::peer::state::DirectoryMessage;
+use mooring_core::{Error, ErrorCode};
+
+use super::frame::{FrameError, FrameKind, WireMessage, wire_message};
+
+/// The most directory messages or keys one request carries.
+pub const MAX_PEER_BATCH: usize = 4096;
+/// The longest key a peer accepts (the master's default limit).
+pub const MAX_PEER_KEY: usize = 4096;
+/// The longest peer name a location may carry.
+pub const MAX_PEER_NAME: usize = 255;
+
+pub use request::{PeerReply, PeerRequest};
+
+#[allow(missing_docs)] // rkyv's generated archive types carry no docs
+mod request {
+    use super::*;
+
+    /// What one peer asks of another.
+    #[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+    #[rkyv(derive(Debug))]
+    pub enum PeerRequest {
+        /// Directory messages from the sending peer, in order.
+        Directory {
+            /// The messages.
+            messages: Vec<DirectoryMessage>,
+        },
+        /// Where each key's latest value is, as the receiver's shard knows.
+        Lookup {
+            /// The keys.
+            keys: Vec<String>,
+        },
+        /// Bring `key`'s value back from the receiver's disk into its pool.
+        Promote {
+            /// The key.
+            key: String,
+        },
+    }
+
+    /// A peer's answer.
+    #[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+    #[rkyv(derive(Debug))]
+    pub enum PeerReply {
+        /// What the directory messages caused for their sender (answers to its publishes).
+        Directory {
+            /// The messages for the sender.
+            replies: Vec<DirectoryMessage>,
+        },
+        /// One answer per key looked up, in order.
+        Locations {
+            /// Where each key is, if known.
+            found: Vec<Option<Location>>,
+        },
+        /// Where the promoted value is now (`None`: the peer no longer holds it).
+        Promoted {
+            /// Its location.
+            location: Option<Location>,
+        },
+    }
+}
+
+/// A peer's answer to a request, or why it refused.
+pub type PeerResponse = Result<PeerReply, Error>;
+
+wire_message!(PeerRequest, FrameKind::PeerRequest);
+wire_message!(PeerResponse, FrameKind::PeerResponse);
+
+impl PeerRequest {
+    /// Checks what decoding cannot: batch sizes, key and name lengths, and locations that
+    /// describe a value. A peer refuses a request that fails, with the reason.
+    pub fn check(&self) -> Result<(), Error> {
+        match self {
+            PeerRequest::Directory { messages } => {
+                check_batch(messages.len())?;
+                messages.iter().try_for_each(check_message)
+            }
+            PeerRequest::Lookup { keys } => {
+                check_batch(keys.len())?;
+                keys.iter().try_for_each(|key| check_key(key))
+            }
+            PeerRequest::Promote { key } => check_key(key),
+        }
+    }
+}
+
+fn check_batch(len: usize) -> Result<(), Error> {
+    if len > MAX_PEER_BATCH {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!("{len} items in one peer request; send at most {MAX_PEER_BATCH}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_key(key: &str) -> Result<(), Error> {
+    if key.is_empty() || key.len() > MAX_PEER_KEY {
+        return Err(Error::new(
+            ErrorCode::INVALID_KEY,
+            format!(
+                "a key of {} bytes: keys take 1 to {MAX_PEER_KEY} bytes",
+                key.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_message(message: &DirectoryMessage) -> Result<(), Error> {
+    match message {
+        DirectoryMessage::Publish { key, location } | DirectoryMessage::Held { key, location } => {
+            check_key(key)?;
+            check_location(location)
+        }
+        DirectoryMessage::Unpublish { key, .. }
+        | DirectoryMessage::Stale { key, .. }
+        | DirectoryMessage::Removed { key, .. }
+        | DirectoryMessage::Drop { key, .. } => check_key(key),
+    }
+}
+
+fn check_location(location: &Location) -> Result<(), Error> {
+    if location.peer.is_empty() || location.peer.len() > MAX_PEER_NAME {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!(
+                "a location names a peer of {} bytes: names take 1 to {MAX_PEER_NAME}",
+                location.peer.len()
+            ),
+        ));
+    }
+    if location.len == 0 || location.offset.checked_add(location.len).is_none() {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!(
+                "a location of {} bytes at {} describes no value",
+                location.len, location.offset
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mooring_core::Checksum;
+    use mooring_core::peer::directory::Stamp;
+
+    fn location(peer: &str, len: u64) -> Location {
+        Location {
+            peer: peer.into(),
+            offset: 4096,
+            len,
+            stamp: Stamp {
+                clock: 9,
+                writer: 1,
+            },
+            checksum: Checksum(3),
+            resident: true,
+        }
+    }
+
+    #[test]
+    fn requests_round_trip_and_bad_ones_are_refused_with_a_reason() {
+        let good = PeerRequest::Directory {
+            messages: vec![DirectoryMessage::Publish {
+                key: "kv/0".into(),
+                location: location("10.0.0.1:7000", 100),
+            }],
+        };
+        good.check().unwrap();
+        let frame = good.to_frame(7);
+        let (head, payload) = frame.split_at(super::super::frame::HEADER_LEN);
+        let header = super::super::frame::parse_header(head.try_into().unwrap()).unwrap();
+        assert_eq!(PeerRequest::from_frame(&header, payload).unwrap(), good);
+        let empty_value = PeerRequest::Directory {
+            messages: vec![DirectoryMessage::Publish {
+                key: "kv/0".into(),
+                location: location("p", 0),
+            }],
+        };
+        assert_eq!(
+            empty_value.check().unwrap_err().code,
+            ErrorCode::INVALID_PARAMS
+        );
+        let nameless = PeerRequest::Directory {
+            messages: vec![DirectoryMessage::Held {
+                key: "k".into(),
+                location: location("", 1),
+            }],
+        };
+        assert!(nameless.check().is_err());
+        let long_key = PeerRequest::Promote {
+            key: "k".repeat(MAX_PEER_KEY + 1),
+        };
+        assert_eq!(long_key.check().unwrap_err().code, ErrorCode::INVALID_KEY);
+        let too_many = PeerRequest::Lookup {
+            keys: vec!["k".into(); MAX_PEER_BATCH + 1],
+        };
+        assert!(too_many.check().is_err());
+    }
+}
