@@ -12,7 +12,7 @@ use mooring_core::checksum::Checksum;
 use mooring_core::peer::directory::Stamp;
 use mooring_core::peer::pool::HeaderWrite;
 use mooring_core::peer::ring::{DEFAULT_VNODES, Ring, RingMember};
-use mooring_core::peer::state::{DEFAULT_DIRECTORY_REPLICAS, Outgoing, PeerState};
+use mooring_core::peer::state::{DEFAULT_DIRECTORY_REPLICAS, Outgoing, PeerState, read_order};
 use mooring_core::rng::Rng;
 
 const KIB: u64 = 1024;
@@ -153,12 +153,10 @@ impl Cluster {
     fn get(&mut self, key: &str) -> Option<Stamp> {
         let reader = self.pick_peer();
         let owners = self.peers[&reader].owners_of(key);
-        let mut found: Vec<_> = owners
+        let answers = owners
             .iter()
-            .filter_map(|o| self.peers.get(&**o).and_then(|o| o.lookup(key)))
-            .collect();
-        found.sort_by_key(|l| std::cmp::Reverse(l.stamp));
-        for location in found {
+            .map(|o| self.peers.get(&**o).and_then(|o| o.lookup(key)));
+        for location in read_order(answers) {
             let data = location.peer.to_string();
             let now = self.now;
             let Some(peer) = self.peers.get_mut(&data) else {
@@ -310,16 +308,16 @@ impl Cluster {
         let owners = self.peers[&client].owners_of(key);
         let now = self.now;
         // The removal covers the newest write its owners know of, and its own clock.
-        let mut covering = self
+        let known: Vec<Stamp> = owners
+            .iter()
+            .filter_map(|o| self.peers.get(&**o).and_then(|o| o.lookup(key)))
+            .map(|entry| entry.stamp)
+            .collect();
+        let covering = self
             .peers
             .get_mut(&client)
             .expect("picked")
-            .removal_stamp(now);
-        for owner in &owners {
-            if let Some(entry) = self.peers.get(&**owner).and_then(|o| o.lookup(key)) {
-                covering = covering.max(entry.stamp);
-            }
-        }
+            .removal_stamp(now, known);
         for owner in owners {
             if let Some(peer) = self.peers.get_mut(&*owner) {
                 let out = peer.remove(key, covering, now);

@@ -76,6 +76,16 @@ mod message {
     }
 }
 
+/// The order a reader tries the owners' answers in: newest write first, so an owner that has
+/// not heard of the newest write yet does not decide the answer. Each location is read and
+/// its block's header checked against its stamp; a mismatch is a stale entry: try the next.
+pub fn read_order(answers: impl IntoIterator<Item = Option<Location>>) -> Vec<Location> {
+    let mut found: Vec<Location> = answers.into_iter().flatten().collect();
+    found.sort_by_key(|l| std::cmp::Reverse(l.stamp));
+    found.dedup_by(|a, b| a.stamp == b.stamp && a.peer == b.peer && a.offset == b.offset);
+    found
+}
+
 /// A message and the peer it goes to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outgoing {
@@ -230,11 +240,12 @@ impl PeerState {
         }
     }
 
-    /// A stamp for a removal this peer's client makes at `now`: newer than every write this
-    /// peer has made or seen. The client takes the newer of it and the stamps the key's
-    /// owners answer with, and gives it to every owner ([`PeerState::remove`]).
-    pub fn removal_stamp(&mut self, now: Millis) -> Stamp {
-        self.pool.next_stamp(now)
+    /// The stamp a removal this peer's client makes at `now` covers: newer than every write
+    /// this peer has made or seen, and than every write the key's owners answered with
+    /// (`known`). The client gives it to every owner ([`PeerState::remove`]).
+    pub fn removal_stamp(&mut self, now: Millis, known: impl IntoIterator<Item = Stamp>) -> Stamp {
+        let own = self.pool.next_stamp(now);
+        known.into_iter().fold(own, Stamp::max)
     }
 
     /// A client removes `key`'s writes up to `covering` through this peer, one of its
