@@ -426,7 +426,7 @@ EXPS.update({
 # settles and every get against the latest completed write.
 EXPS.update({
  'peer-stale-publish-accepted': [
-   ('core/src/peer/directory.rs', "            Some(entry) if entry.stamp > location.stamp => {", "            Some(entry) if false && entry.stamp > location.stamp => {"),
+   ('core/src/peer/directory.rs', "            Some(held) if held.stamp > location.stamp => {", "            Some(held) if false && held.stamp > location.stamp => {"),
  ],
  'peer-ring-change-not-republished': [
    ('core/src/peer/state.rs', "            for owner in self.ring.owners(&key, self.replicas) {\n                if !before.contains(&owner) {", "            for owner in self.ring.owners(&key, self.replicas) {\n                if false && !before.contains(&owner) {"),
@@ -438,7 +438,7 @@ EXPS.update({
    ('core/src/peer/state.rs', "                self.shard.unpublish(from, &key, stamp);\n", ""),
  ],
  'peer-lost-peer-entries-kept': [
-   ('core/src/peer/directory.rs', "        self.entries.retain(|_, location| *location.peer != *peer);\n", ""),
+   ('core/src/peer/directory.rs', "        self.entries.retain(|_, entry| entry.peer != index)", "        self.entries.retain(|_, _| true)"),
  ],
 })
 for plant in [p for p in EXPS if p.startswith('peer-')]:
