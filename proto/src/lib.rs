@@ -27,6 +27,7 @@ pub mod dispatch;
 pub mod fuzz;
 pub mod handoff;
 pub mod journal;
+pub mod peer_dispatch;
 pub mod refusals;
 pub mod serve;
 pub mod state_dir;
