@@ -4,6 +4,7 @@ removals keep its picture equal to what the store holds; and it is told when it 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
@@ -180,4 +181,50 @@ def test_each_tenant_follows_its_own_keys(tmp_path):
         assert other.poll() == []
     finally:
         store.close()
+        master.stop()
+
+
+def test_the_cli_follows_the_feed_one_json_line_per_event(cluster):
+    store, metrics = cluster
+    follower = subprocess.Popen(
+        [
+            mooring_binary(),
+            "events",
+            "--metrics",
+            metrics,
+            "--prefix",
+            "cli/",
+            "--interval",
+            "20ms",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(0.5)  # it starts following from now
+        assert store.put("cli/a", b"x" * 10) == 0
+        assert store.put("not-cli/b", b"y") == 0
+        assert store.remove("cli/a") == 0
+        lines = [json.loads(follower.stdout.readline()) for _ in range(2)]
+        assert [(e["type"], e["block_hashes"], e["size"]) for e in lines] == [
+            ("BlockStored", ["cli/a"], 10),
+            ("BlockRemoved", ["cli/a"], 0),
+        ]
+    finally:
+        follower.terminate()
+        follower.wait(timeout=10)
+    # A master without the feed: the CLI says what to do and stops.
+    master, plain = feed_master()
+    try:
+        refused = subprocess.run(
+            [mooring_binary(), "events", "--metrics", plain],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert refused.returncode != 0
+        assert "--kv-events" in refused.stderr
+    finally:
         master.stop()

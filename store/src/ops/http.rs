@@ -261,6 +261,47 @@ fn route(head: &str, handler: &Handler, bearer: Option<&str>, public: &[&str]) -
     handler(&Request { path, query })
 }
 
+/// How long [`fetch`] waits for a whole answer.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// GETs `target` (a path and query) from this server at `addr`, with `bearer` if given:
+/// the status and the body (for the CLI's followers of these pages, such as `mooring events`).
+pub async fn fetch(addr: &str, target: &str, bearer: Option<&str>) -> Result<(u16, Vec<u8>)> {
+    let unreachable = |e: std::io::Error| {
+        Error::new(
+            ErrorCode::RPC_FAIL,
+            format!("cannot read http://{addr}{target}: {e}"),
+        )
+    };
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        let authorization = bearer
+            .map(|token| format!("Authorization: Bearer {token}\r\n"))
+            .unwrap_or_default();
+        let request = format!(
+            "GET {target} HTTP/1.1\r\nHost: {addr}\r\n{authorization}Connection: close\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    let answer = tokio::time::timeout(FETCH_TIMEOUT, exchange)
+        .await
+        .map_err(|_| unreachable(std::io::ErrorKind::TimedOut.into()))?
+        .map_err(unreachable)?;
+    let split = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| unreachable(std::io::ErrorKind::InvalidData.into()))?;
+    let status = std::str::from_utf8(&answer[..split])
+        .ok()
+        .and_then(|head| head.split_whitespace().nth(1))
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| unreachable(std::io::ErrorKind::InvalidData.into()))?;
+    Ok((status, answer[split + 4..].to_vec()))
+}
+
 async fn write(stream: &mut TcpStream, response: &Response) -> std::io::Result<()> {
     let reason = match response.status {
         200 => "OK",
@@ -339,6 +380,26 @@ mod tests {
             "only {closed} idle sockets were closed"
         );
         server.abort();
+    }
+
+    #[tokio::test]
+    async fn fetch_reads_status_and_body_with_the_token() {
+        let (addr, server) = serve("127.0.0.1:0", echo(), Some("s3cret".into()), &[])
+            .await
+            .unwrap();
+        let addr = addr.to_string();
+        let (status, body) = fetch(&addr, "/echo?a=1", Some("s3cret")).await.unwrap();
+        assert_eq!((status, body), (200, b"Some(\"1\") None".to_vec()));
+        let (status, _) = fetch(&addr, "/echo", None).await.unwrap();
+        assert_eq!(status, 401);
+        server.abort();
+        let closed = fetch("127.0.0.1:1", "/", None).await.unwrap_err();
+        assert!(
+            closed
+                .to_string()
+                .contains("cannot read http://127.0.0.1:1/"),
+            "{closed}"
+        );
     }
 
     #[test]

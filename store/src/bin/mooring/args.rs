@@ -50,6 +50,8 @@ pub(crate) enum Command {
     Mv(MvArgs),
     /// Show cluster statistics and segments.
     Stat(StatArgs),
+    /// Follow the master's KV events (values stored and removed), one JSON line each.
+    Events(EventsArgs),
     /// Measure put/get/exist throughput and latency (writer and reader in separate processes).
     Bench(BenchArgs),
     /// Run an embedded cluster through a prefill/decode workload and report what happened.
@@ -606,6 +608,42 @@ pub(crate) struct StatArgs {
     /// /stats.json).
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct EventsArgs {
+    /// The master's metrics address (its --metrics-listen; the master must run with
+    /// --kv-events).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub(crate) metrics: String,
+    /// The bearer token the metrics address requires, read from FILE.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) metrics_token_file: Option<PathBuf>,
+    /// Follow this tenant's keys.
+    #[arg(long, default_value = "default")]
+    pub(crate) tenant: String,
+    /// Only keys starting with this.
+    #[arg(long)]
+    pub(crate) prefix: Option<String>,
+    /// Print every event the master still keeps first, not only those from now on.
+    #[arg(long)]
+    pub(crate) from_start: bool,
+    /// How long to wait between polls when nothing is waiting [default: 100ms].
+    #[arg(long, value_name = "DURATION")]
+    pub(crate) interval: Option<String>,
+    /// Events looked at per poll (1 to 10000).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) page: u32,
+}
+
+impl EventsArgs {
+    /// The metrics token, if a file was given.
+    pub(crate) fn metrics_token(&self) -> Result<Option<String>, mooring_core::Error> {
+        self.metrics_token_file
+            .as_deref()
+            .map(read_bearer)
+            .transpose()
+    }
 }
 
 #[derive(Args)]

@@ -37,6 +37,7 @@ const DEFAULT_MASTER: &str = "127.0.0.1:50051";
 mod args;
 mod benchmark;
 mod debug;
+mod events;
 mod master;
 mod node;
 mod shell;
@@ -136,6 +137,7 @@ fn main() -> ExitCode {
             Command::Cp(args) => shell::run_cp(args).await,
             Command::Mv(args) => shell::run_mv(args).await,
             Command::Stat(args) => stat::run_stat(args).await,
+            Command::Events(args) => events::run_events(args).await,
             Command::Bench(args) => benchmark::run_bench(args).await,
             Command::Token(TokenCommand::New { file }) => {
                 mooring::token::write_new(&file)?;
