@@ -6,6 +6,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from mooring.store import MooncakeDistributedStore
 
 ROOT = Path(__file__).resolve().parents[2]
+COMPAT = ROOT / "python" / "mooncake-compat"
 
 
 def mooring_binary() -> str:
@@ -119,3 +121,26 @@ def shared(master):
 def key(request):
     """A key unique to the test."""
     return f"{request.node.name}-{time.monotonic_ns()}"
+
+
+def install_compat(tmp_path_factory) -> Path:
+    """python/mooncake-compat pip-installed into a directory of its own (for PYTHONPATH), as a
+    user would, from a copy: setuptools leaves its build directories beside the sources."""
+    target = tmp_path_factory.mktemp("compat-site")
+    source = tmp_path_factory.mktemp("compat-source") / "mooncake-compat"
+    shutil.copytree(COMPAT, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        check=True,
+    )
+    return target

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-COMPAT = Path(__file__).resolve().parents[1] / "mooncake-compat"
+from conftest import install_compat
 
 
 def test_pip_install_of_mooring_alone_provides_no_mooncake():
@@ -22,25 +20,7 @@ def test_pip_install_of_mooring_alone_provides_no_mooncake():
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    target = tmp_path_factory.mktemp("compat")
-    # Built from a copy: setuptools leaves its build directories beside the sources.
-    source = tmp_path_factory.mktemp("compat-source") / "mooncake-compat"
-    shutil.copytree(COMPAT, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--target",
-            str(target),
-            str(source),
-        ],
-        check=True,
-    )
-    return target
+    return install_compat(tmp_path_factory)
 
 
 def run(installed: Path, code: str) -> subprocess.CompletedProcess:

@@ -38,15 +38,13 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import Master, Node, free_port
+from conftest import Master, Node, free_port, install_compat
 
-COMPAT = Path(__file__).resolve().parents[1] / "mooncake-compat"
 SEGMENT = 32 << 20  # each backend's contribution (SGLang reads an int, or "<n>gb")
 ZERO_COPY_CALLS = (
     "batch_put_from",
@@ -65,24 +63,7 @@ def compat_site(tmp_path_factory):
     if importlib.util.find_spec("sglang") is None:
         print("SKIPPED: SGLang is not installed (scripts/test-python.sh installs sglang==0.5.23)")
         pytest.skip("SGLang is not installed")
-    target = tmp_path_factory.mktemp("sglang-compat-site")
-    source = tmp_path_factory.mktemp("sglang-compat-source") / "mooncake-compat"
-    shutil.copytree(COMPAT, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--target",
-            str(target),
-            str(source),
-        ],
-        check=True,
-    )
-    return target
+    return install_compat(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
