@@ -43,13 +43,13 @@ from lmcache.v1.check.check_mode_test_l2_adapter import (
     _run_lookup_phase,
     _run_store_phase,
 )
-from lmcache.v1.distributed.api import ObjectKey
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter
 from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
 from mooring.store import parse_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))
 from conftest import Master, Node
+from lmcache_objects import keys_for
 
 MODEL = "bench/model"
 
@@ -57,17 +57,6 @@ MODEL = "bench/model"
 def adapter(spec: dict, l1: torch.Tensor):
     config = parse_args_to_l2_adapters_config(argparse.Namespace(l2_adapter=[json.dumps(spec)]))
     return create_l2_adapter(config.adapters[0], l1_memory_desc=_create_l1_memory_desc(l1))
-
-
-def keys_for(tag: str, n: int) -> list[ObjectKey]:
-    return [
-        ObjectKey(
-            chunk_hash=ObjectKey.IntHash2Bytes((hash(tag) + i) & 0xFFFFFFFF),
-            model_name=MODEL,
-            kv_rank=0,
-        )
-        for i in range(n)
-    ]
 
 
 def memory_objects(l1: torch.Tensor, first: int, n: int, words: int):
@@ -101,7 +90,7 @@ def run_adapter(name: str, spec: dict, size: int, keys: int, rounds: int) -> dic
             if r == 1:
                 store_s = load_s = lookup_s = 0.0
             fill(stored, r)
-            ks = keys_for(f"{name}-{size}-{r}-{time.monotonic_ns()}", keys)
+            ks = keys_for(f"{name}-{size}-{r}-{time.monotonic_ns()}", keys, MODEL)
             t = time.perf_counter()
             _, ok = _run_store_phase(a, ks, stored)
             store_s += time.perf_counter() - t

@@ -48,6 +48,7 @@ except Exception as e:  # noqa: BLE001 - any failure to import LMCache means: sk
         allow_module_level=True,
     )
 
+from lmcache_objects import keys_for
 from mooring.integrations.lmcache import MooringL2Adapter
 
 MODEL = "mooring-test/model"
@@ -77,17 +78,6 @@ def make_adapter(kind: str, master: Master, l1: torch.Tensor, **params):
     adapter = create_l2_adapter(config.adapters[0], l1_memory_desc=_create_l1_memory_desc(l1))
     assert isinstance(adapter, MooringL2Adapter) == (kind == "plugin")
     return adapter
-
-
-def keys_for(tag: str, n: int) -> list[ObjectKey]:
-    return [
-        ObjectKey(
-            chunk_hash=ObjectKey.IntHash2Bytes((hash(tag) + i) & 0xFFFFFFFF),
-            model_name=MODEL,
-            kv_rank=0,
-        )
-        for i in range(n)
-    ]
 
 
 def objects(l1: torch.Tensor, first: int, n: int, seed: int | None = None):
@@ -143,7 +133,7 @@ def test_store_lookup_load_unlock_round_trip_byte_for_byte(cluster, kind, params
     l1 = torch.empty(3 * n * OBJ, dtype=DTYPE)
     adapter = make_adapter(kind, master, l1, **params)
     try:
-        keys = keys_for(f"round-trip-{kind}", n)
+        keys = keys_for(f"round-trip-{kind}", n, MODEL)
         stored = objects(l1, 0, n, seed=1)
 
         _, found = _run_lookup_phase(adapter, keys)
@@ -154,7 +144,7 @@ def test_store_lookup_load_unlock_round_trip_byte_for_byte(cluster, kind, params
         assert ok
 
         # Half present, half never stored: the bitmap says which.
-        absent = keys_for(f"absent-{kind}", n // 2)
+        absent = keys_for(f"absent-{kind}", n // 2, MODEL)
         _, found = _run_lookup_phase(adapter, keys[: n // 2] + absent)
         assert bits(found, n) == [True] * (n // 2) + [False] * (n // 2)
 
@@ -189,12 +179,12 @@ def test_plugin_lookup_holds_what_it_finds_and_unlock_releases_it(cluster):
     adapter = make_adapter("plugin", master, l1)
     connector = adapter._client
     try:
-        keys = keys_for("holds", 4)
+        keys = keys_for("holds", 4, MODEL)
         _, ok = _run_store_phase(adapter, keys, objects(l1, 0, 4, seed=2))
         assert ok
         # Two lookups of the first two keys, one of all four plus a missing one.
         _run_lookup_phase(adapter, keys[:2])
-        _, found = _run_lookup_phase(adapter, keys + keys_for("holds-missing", 1))
+        _, found = _run_lookup_phase(adapter, keys + keys_for("holds-missing", 1, MODEL))
         assert bits(found, 5) == [True] * 4 + [False]
         assert connector.held() == 6
         # A held key cannot be deleted; LMCache's eviction delete leaves it be.
@@ -205,7 +195,7 @@ def test_plugin_lookup_holds_what_it_finds_and_unlock_releases_it(cluster):
         adapter.submit_unlock(keys[:1])
         adapter.submit_unlock(keys[:1])
         assert connector.held() == 5
-        adapter.submit_unlock(keys + keys_for("holds-missing", 1))
+        adapter.submit_unlock(keys + keys_for("holds-missing", 1, MODEL))
         adapter.submit_unlock(keys[:2])
         adapter.submit_unlock(keys[:1])
         assert connector.held() == 0
@@ -224,7 +214,7 @@ def test_plugin_lists_lmcache_keys_by_model_in_pages(cluster):
     l1 = torch.empty(8 * OBJ, dtype=DTYPE)
     adapter = make_adapter("plugin", master, l1)
     try:
-        keys = keys_for("listing", 5)
+        keys = keys_for("listing", 5, MODEL)
         _, ok = _run_store_phase(adapter, keys, objects(l1, 0, 5, seed=6))
         assert ok
         other = [ObjectKey(chunk_hash=b"\x01\x02", model_name="other/model", kv_rank=3)]
@@ -261,7 +251,7 @@ def test_eviction_cannot_take_a_locked_object(cluster):
     adapter = make_adapter("plugin", master, l1)
     plain = make_adapter("native_plugin", master, l1)
     try:
-        keys = keys_for("evict-first", 8)
+        keys = keys_for("evict-first", 8, MODEL)
         first = objects(l1, 0, 8, seed=3)
         _, ok = _run_store_phase(adapter, keys, first)
         assert ok
@@ -273,7 +263,7 @@ def test_eviction_cannot_take_a_locked_object(cluster):
 
         flood = objects(l1, 8, 8, seed=4)
         for round_ in range(40 * 1024 * 1024 // (8 * OBJ * 4)):
-            _, ok = _run_store_phase(adapter, keys_for(f"evict-flood-{round_}", 8), flood)
+            _, ok = _run_store_phase(adapter, keys_for(f"evict-flood-{round_}", 8, MODEL), flood)
             assert ok, f"flood store {round_} refused"
 
         _, found = _run_lookup_phase(plain, keys)
@@ -300,7 +290,7 @@ def test_a_node_killed_mid_load_fails_its_keys_never_answers_wrong_bytes():
     l1 = torch.empty(2 * n * OBJ, dtype=DTYPE)
     adapter = make_adapter("plugin", master, l1)
     try:
-        keys = keys_for("killed", n)
+        keys = keys_for("killed", n, MODEL)
         stored = objects(l1, 0, n, seed=5)
         _, ok = _run_store_phase(adapter, keys, stored)
         assert ok

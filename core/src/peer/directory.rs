@@ -55,7 +55,8 @@ pub struct Stamp {
 pub struct Location {
     /// The data's peer.
     pub peer: Box<str>,
-    /// Byte offset in that peer's published pool.
+    /// Byte offset in that peer's published pool of the value's block: its header
+    /// ([`super::pool::BLOCK_HEADER`] bytes naming the write), then the value.
     pub offset: u64,
     /// The value's length.
     pub len: u64,

@@ -13,6 +13,7 @@
 
 pub mod directory;
 mod entries;
+pub mod membership;
 pub mod pool;
 pub mod ring;
 pub mod state;

@@ -24,6 +24,24 @@ use crate::time::Millis;
 use super::directory::{Location, Stamp};
 use super::ring::stable_hash;
 
+/// Bytes of the header at the start of every block, before the value.
+pub const BLOCK_HEADER: u64 = 24;
+
+/// The header of a block that holds write `stamp`: what a reader must find just before the
+/// value (a cleared header is all zeros). The third word is a hash of the first two, so a
+/// block never written since its memory was mapped does not read as a header.
+pub fn block_header(stamp: Stamp) -> [u8; BLOCK_HEADER as usize] {
+    let mut header = [0u8; BLOCK_HEADER as usize];
+    header[..8].copy_from_slice(&stamp.clock.to_le_bytes());
+    header[8..16].copy_from_slice(&stamp.writer.to_le_bytes());
+    let check = stable_hash(&header[..16]) ^ HEADER_TAG;
+    header[16..].copy_from_slice(&check.to_le_bytes());
+    header
+}
+
+/// Mixed into a header's check word, so an all-zero block never checks.
+const HEADER_TAG: u64 = 0x6d6f_6f72_696e_6731;
+
 /// A value in the pool (or, non-resident, only on the peer's disk).
 #[derive(Clone, Debug)]
 struct PoolEntry {
@@ -426,7 +444,7 @@ impl PublishedPool {
     fn allocate(&mut self, len: u64) -> Result<(Allocation, Vec<Evicted>), PoolFull> {
         let mut evicted = Vec::new();
         loop {
-            if let Some(block) = self.allocator.allocate(len.max(1)) {
+            if let Some(block) = self.allocator.allocate(len + BLOCK_HEADER) {
                 return Ok((block, evicted));
             }
             let Some((_, key)) = self.lru.pop_first() else {
@@ -474,14 +492,16 @@ mod tests {
         let mut pool = pool();
         for (i, key) in ["a", "b", "c", "d"].iter().enumerate() {
             let placed = pool
-                .store(key, 16 * KIB, Checksum(1), Millis(i as u64))
+                .store(key, 16 * KIB - BLOCK_HEADER, Checksum(1), Millis(i as u64))
                 .unwrap();
             assert!(placed.evicted.is_empty());
             assert_eq!(*placed.location.peer, *"peer-a");
         }
         pool.read("a", Millis(10)); // a is now the most recent
         pool.set_pinned("b", true);
-        let placed = pool.store("e", 16 * KIB, Checksum(2), Millis(11)).unwrap();
+        let placed = pool
+            .store("e", 16 * KIB - BLOCK_HEADER, Checksum(2), Millis(11))
+            .unwrap();
         let gone: Vec<_> = placed.evicted.iter().map(|e| &*e.key).collect();
         assert_eq!(gone, ["c"], "b is pinned, a was read");
         assert!(!placed.evicted[0].kept_on_disk);
@@ -492,10 +512,15 @@ mod tests {
     #[test]
     fn an_evicted_value_with_a_disk_copy_stays_non_resident_and_is_promoted_back() {
         let mut pool = pool();
-        let placed = pool.store("a", 32 * KIB, Checksum(1), Millis(0)).unwrap();
+        let placed = pool
+            .store("a", 32 * KIB - BLOCK_HEADER, Checksum(1), Millis(0))
+            .unwrap();
         pool.disk_written("a", placed.location.stamp);
-        pool.store("b", 32 * KIB, Checksum(1), Millis(1)).unwrap();
-        let placed = pool.store("c", 32 * KIB, Checksum(1), Millis(2)).unwrap();
+        pool.store("b", 32 * KIB - BLOCK_HEADER, Checksum(1), Millis(1))
+            .unwrap();
+        let placed = pool
+            .store("c", 32 * KIB - BLOCK_HEADER, Checksum(1), Millis(2))
+            .unwrap();
         assert_eq!(
             placed.evicted,
             [Evicted {
@@ -523,7 +548,9 @@ mod tests {
     #[test]
     fn freed_blocks_wait_for_readers_and_a_full_pool_says_what_it_evicted() {
         let mut pool = pool();
-        let first = pool.store("a", 64 * KIB, Checksum(1), Millis(0)).unwrap();
+        let first = pool
+            .store("a", 64 * KIB - BLOCK_HEADER, Checksum(1), Millis(0))
+            .unwrap();
         assert!(pool.drop_value("a", first.location.stamp, Millis(0)));
         assert!(
             !pool.drop_value("a", first.location.stamp, Millis(0)),
@@ -531,11 +558,14 @@ mod tests {
         );
         // The block waits its read grace: no room before it ends.
         let full = pool
-            .store("b", 64 * KIB, Checksum(1), Millis(50))
+            .store("b", 64 * KIB - BLOCK_HEADER, Checksum(1), Millis(50))
             .unwrap_err();
         assert!(full.evicted.is_empty());
         pool.check().unwrap();
-        assert!(pool.store("b", 64 * KIB, Checksum(1), Millis(100)).is_ok());
+        assert!(
+            pool.store("b", 64 * KIB - BLOCK_HEADER, Checksum(1), Millis(100))
+                .is_ok()
+        );
         pool.set_pinned("b", true);
         let full = pool.store("c", KIB, Checksum(1), Millis(101)).unwrap_err();
         assert_eq!(full.wanted, KIB);
