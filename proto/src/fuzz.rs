@@ -473,6 +473,7 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
 fn sample_peer_frames() -> Vec<(FrameKind, Vec<u8>)> {
     use mooring_core::Checksum;
     use mooring_core::peer::directory::{Location, Stamp};
+    use mooring_core::peer::membership::MemberInfo;
     use mooring_core::peer::state::DirectoryMessage;
 
     use crate::wire::{PeerReply, PeerRequest, PeerResponse};
@@ -487,6 +488,12 @@ fn sample_peer_frames() -> Vec<(FrameKind, Vec<u8>)> {
         stamp,
         checksum: Checksum(0x1234_5678),
         resident: true,
+    };
+    let member = MemberInfo {
+        name: "10.0.0.7:7100".into(),
+        data_endpoint: "10.0.0.7:7101".into(),
+        data_key: 0x5eed,
+        weight: 1,
     };
     let requests = [
         PeerRequest::Directory {
@@ -511,8 +518,23 @@ fn sample_peer_frames() -> Vec<(FrameKind, Vec<u8>)> {
         PeerRequest::Promote {
             key: "kv/layer-0/block-7".into(),
         },
+        PeerRequest::Hello {
+            me: member.clone(),
+            known: vec!["10.0.0.8:7100".into(), "10.0.0.9:7100".into()],
+        },
+        PeerRequest::Put {
+            key: "kv/layer-1/block-0".into(),
+            value: vec![7; 64],
+        },
+        PeerRequest::Get {
+            key: "kv/layer-1/block-0".into(),
+        },
+        PeerRequest::Exists {
+            keys: vec!["kv/a".into(), "kv/b".into()],
+        },
+        PeerRequest::Remove { key: "kv/a".into() },
     ];
-    let responses: [PeerResponse; 4] = [
+    let responses: [PeerResponse; 9] = [
         Ok(PeerReply::Directory {
             replies: vec![
                 DirectoryMessage::Held {
@@ -539,6 +561,18 @@ fn sample_peer_frames() -> Vec<(FrameKind, Vec<u8>)> {
         Ok(PeerReply::Promoted {
             location: Some(location),
         }),
+        Ok(PeerReply::Welcome {
+            me: member,
+            known: vec!["10.0.0.7:7100".into()],
+        }),
+        Ok(PeerReply::Stored),
+        Ok(PeerReply::Value {
+            value: Some(vec![7; 64]),
+        }),
+        Ok(PeerReply::Exist {
+            found: vec![true, false],
+        }),
+        Ok(PeerReply::Removed { existed: true }),
         Err(mooring_core::Error::new(
             mooring_core::ErrorCode::INVALID_KEY,
             "a key of 0 bytes: keys take 1 to 4096 bytes",

@@ -18,15 +18,22 @@ pub struct Handled {
 }
 
 /// Handles `request` from peer `from` (the name its credential proves) at `now`. A request
-/// that fails its checks is refused whole, changing nothing.
-pub fn handle(peer: &mut PeerState, from: &str, request: PeerRequest, now: Millis) -> Handled {
+/// that fails its checks is refused whole, changing nothing. The requests that are not the
+/// directory's (membership greetings, and a client's operations, which move bytes) come back
+/// as `Err` for the driver to answer, checked.
+pub fn handle(
+    peer: &mut PeerState,
+    from: &str,
+    request: PeerRequest,
+    now: Millis,
+) -> Result<Handled, PeerRequest> {
     if let Err(refused) = request.check() {
-        return Handled {
+        return Ok(Handled {
             response: Err(refused),
             onward: Vec::new(),
-        };
+        });
     }
-    match request {
+    Ok(match request {
         PeerRequest::Directory { messages } => {
             let mut replies = Vec::new();
             let mut onward = Vec::new();
@@ -73,7 +80,12 @@ pub fn handle(peer: &mut PeerState, from: &str, request: PeerRequest, now: Milli
                 onward: peer.evictions(&full.evicted),
             },
         },
-    }
+        PeerRequest::Hello { .. }
+        | PeerRequest::Put { .. }
+        | PeerRequest::Get { .. }
+        | PeerRequest::Exists { .. }
+        | PeerRequest::Remove { .. } => return Err(request),
+    })
 }
 
 #[cfg(test)]
@@ -109,7 +121,8 @@ mod tests {
             "a",
             PeerRequest::Directory { messages: for_b },
             Millis(11),
-        );
+        )
+        .unwrap();
         assert!(handled.onward.is_empty());
         assert_eq!(
             handled.response,
@@ -127,7 +140,8 @@ mod tests {
                 keys: vec!["kv/1".into(), "kv/2".into()],
             },
             Millis(12),
-        );
+        )
+        .unwrap();
         assert_eq!(
             looked.response,
             Ok(PeerReply::Locations {
@@ -152,7 +166,8 @@ mod tests {
                 }],
             },
             Millis(11),
-        );
+        )
+        .unwrap();
         assert_eq!(
             relayed.response,
             Ok(PeerReply::Directory { replies: vec![] })
@@ -163,7 +178,8 @@ mod tests {
             "a",
             PeerRequest::Promote { key: String::new() },
             Millis(12),
-        );
+        )
+        .unwrap();
         assert_eq!(bad.response.unwrap_err().code, ErrorCode::INVALID_KEY);
         let missing = handle(
             &mut a,
@@ -172,7 +188,8 @@ mod tests {
                 key: "kv/none".into(),
             },
             Millis(12),
-        );
+        )
+        .unwrap();
         assert_eq!(missing.response, Ok(PeerReply::Promoted { location: None }));
     }
 }

@@ -8,6 +8,7 @@ use rkyv::rancor;
 use rkyv::util::AlignedVec;
 
 use mooring_core::peer::directory::Location;
+use mooring_core::peer::membership::MemberInfo;
 use mooring_core::peer::state::DirectoryMessage;
 use mooring_core::{Error, ErrorCode};
 
@@ -45,6 +46,36 @@ mod request {
             /// The key.
             key: String,
         },
+        /// A membership greeting: the sender describes itself and the peers it knows of.
+        Hello {
+            /// The sender, as it describes itself (its name must be its credential's).
+            me: MemberInfo,
+            /// The peers it knows of.
+            known: Vec<String>,
+        },
+        /// From a client with no pool of its own: store `value` under `key` in the
+        /// receiver's pool and publish it.
+        Put {
+            /// The key.
+            key: String,
+            /// The value.
+            value: Vec<u8>,
+        },
+        /// From a client with no pool of its own: find `key` and read its latest value.
+        Get {
+            /// The key.
+            key: String,
+        },
+        /// From a client with no pool of its own: whether each key has a value.
+        Exists {
+            /// The keys.
+            keys: Vec<String>,
+        },
+        /// From a client with no pool of its own: remove `key`.
+        Remove {
+            /// The key.
+            key: String,
+        },
     }
 
     /// A peer's answer.
@@ -65,6 +96,30 @@ mod request {
         Promoted {
             /// Its location.
             location: Option<Location>,
+        },
+        /// The answer to a greeting: the receiver describes itself and the peers it knows of.
+        Welcome {
+            /// The receiver.
+            me: MemberInfo,
+            /// The peers it knows of.
+            known: Vec<String>,
+        },
+        /// The value was stored and its owners hold its entry.
+        Stored,
+        /// The value read (`None`: no value, or none still held).
+        Value {
+            /// The bytes.
+            value: Option<Vec<u8>>,
+        },
+        /// One answer per key asked about, in order.
+        Exist {
+            /// Whether each has a value.
+            found: Vec<bool>,
+        },
+        /// The removal is done; whether there was a value to remove.
+        Removed {
+            /// Whether an owner held an entry.
+            existed: bool,
         },
     }
 }
@@ -88,9 +143,46 @@ impl PeerRequest {
                 check_batch(keys.len())?;
                 keys.iter().try_for_each(|key| check_key(key))
             }
-            PeerRequest::Promote { key } => check_key(key),
+            PeerRequest::Promote { key }
+            | PeerRequest::Get { key }
+            | PeerRequest::Remove { key } => check_key(key),
+            PeerRequest::Exists { keys } => {
+                check_batch(keys.len())?;
+                keys.iter().try_for_each(|key| check_key(key))
+            }
+            PeerRequest::Hello { me, known } => {
+                check_batch(known.len())?;
+                check_name("a peer's name", &me.name)?;
+                check_name("a data endpoint", &me.data_endpoint)?;
+                known
+                    .iter()
+                    .try_for_each(|name| check_name("a peer's name", name))
+            }
+            PeerRequest::Put { key, value } => {
+                check_key(key)?;
+                if value.is_empty() {
+                    return Err(Error::new(
+                        ErrorCode::INVALID_PARAMS,
+                        format!("an empty value for {key:?}: values take at least one byte"),
+                    ));
+                }
+                Ok(())
+            }
         }
     }
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), Error> {
+    if name.is_empty() || name.len() > MAX_PEER_NAME {
+        return Err(Error::new(
+            ErrorCode::INVALID_PARAMS,
+            format!(
+                "{what} of {} bytes: names take 1 to {MAX_PEER_NAME}",
+                name.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn check_batch(len: usize) -> Result<(), Error> {
@@ -130,15 +222,7 @@ fn check_message(message: &DirectoryMessage) -> Result<(), Error> {
 }
 
 fn check_location(location: &Location) -> Result<(), Error> {
-    if location.peer.is_empty() || location.peer.len() > MAX_PEER_NAME {
-        return Err(Error::new(
-            ErrorCode::INVALID_PARAMS,
-            format!(
-                "a location names a peer of {} bytes: names take 1 to {MAX_PEER_NAME}",
-                location.peer.len()
-            ),
-        ));
-    }
+    check_name("a location's peer", &location.peer)?;
     if location.len == 0 || location.offset.checked_add(location.len).is_none() {
         return Err(Error::new(
             ErrorCode::INVALID_PARAMS,
@@ -209,5 +293,27 @@ mod tests {
             keys: vec!["k".into(); MAX_PEER_BATCH + 1],
         };
         assert!(too_many.check().is_err());
+        let empty = PeerRequest::Put {
+            key: "k".into(),
+            value: Vec::new(),
+        };
+        assert_eq!(empty.check().unwrap_err().code, ErrorCode::INVALID_PARAMS);
+        let me = MemberInfo {
+            name: "10.0.0.1:7000".into(),
+            data_endpoint: "10.0.0.1:7001".into(),
+            data_key: 1,
+            weight: 1,
+        };
+        let hello = |me: MemberInfo, known: &str| PeerRequest::Hello {
+            me,
+            known: vec![known.into()],
+        };
+        hello(me.clone(), "10.0.0.2:7000").check().unwrap();
+        assert!(hello(me.clone(), "").check().is_err(), "a nameless peer");
+        let endless = MemberInfo {
+            data_endpoint: "".into(),
+            ..me
+        };
+        assert!(hello(endless, "p").check().is_err(), "no data endpoint");
     }
 }
