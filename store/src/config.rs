@@ -164,6 +164,24 @@ pub struct NodeSection {
     pub rdma_device: Option<String>,
 }
 
+/// The `[peer]` section of a config file (peer mode: `mooring peer`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerSection {
+    /// Where the peer service listens (host:port).
+    pub listen: Option<String>,
+    /// The address other peers reach it at, if not `listen`.
+    pub advertise: Option<String>,
+    /// Peers to greet first.
+    pub seeds: Option<Vec<String>>,
+    /// Bytes of the published pool, e.g. "8GiB".
+    pub size: Option<String>,
+    /// Owners of each directory entry.
+    pub directory_replicas: Option<usize>,
+    /// Share of the directory relative to a peer of weight 1.
+    pub weight: Option<u32>,
+}
+
 /// The `[client]` section of a config file.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -187,6 +205,9 @@ pub struct FileConfig {
     /// Client settings.
     #[serde(default)]
     pub client: ClientSection,
+    /// Peer settings.
+    #[serde(default)]
+    pub peer: PeerSection,
 }
 
 impl FileConfig {

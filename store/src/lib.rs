@@ -31,6 +31,7 @@ pub mod ha;
 pub mod master;
 pub mod node;
 pub mod ops;
+pub mod peer;
 pub mod token;
 pub mod transports;
 pub mod tuning;

@@ -15,6 +15,7 @@ mod framed;
 pub mod handshake;
 mod lanes;
 pub mod limits;
+mod peer;
 mod peer_clock;
 mod rpc;
 mod socket;
@@ -23,4 +24,5 @@ mod splice;
 
 pub use data::{DataPlaneConfig, LocalSegments, TcpDataPlane, TcpDataServer};
 pub use framed::{Framed, ReadError, bound_late_writes, user_timeout};
+pub use peer::{PeerCaller, PeerLinks, PeerService, spawn_peer_server};
 pub use rpc::{Discover, TcpControlPlane, spawn_rpc_server, spawn_rpc_server_with_limits};

@@ -27,6 +27,8 @@ pub struct MemberInfo {
     pub data_endpoint: Box<str>,
     /// The access key its pool is exported under at that endpoint.
     pub data_key: u64,
+    /// The address of its pool's first byte: a location's offset is from here.
+    pub data_base: u64,
     /// Its weight on the ring (its share of the directory).
     pub weight: u32,
 }
@@ -254,6 +256,7 @@ mod tests {
             name: name.into(),
             data_endpoint: format!("{name}-data").into(),
             data_key: key,
+            data_base: 1 << 40,
             weight: 1,
         }
     }

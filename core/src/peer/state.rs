@@ -399,6 +399,13 @@ impl PeerState {
         out
     }
 
+    /// Time passed to `now`: tombstones past their time go, and freed blocks whose read
+    /// grace ended are reused.
+    pub fn tick(&mut self, now: Millis) {
+        self.shard.expire_tombstones(now);
+        self.pool.release_due(now);
+    }
+
     /// Peer `name` died: the entries naming its pool go (its data went with it).
     pub fn peer_lost(&mut self, name: &str) -> usize {
         self.shard.forget_peer(name)

@@ -302,6 +302,7 @@ mod tests {
             name: "10.0.0.1:7000".into(),
             data_endpoint: "10.0.0.1:7001".into(),
             data_key: 1,
+            data_base: 0,
             weight: 1,
         };
         let hello = |me: MemberInfo, known: &str| PeerRequest::Hello {

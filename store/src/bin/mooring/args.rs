@@ -36,6 +36,9 @@ pub(crate) enum Command {
     Master(MasterArgs),
     /// Run a storage node contributing memory to the pool.
     Node(NodeArgs),
+    /// Run a peer of a cluster with no master (peer mode): it contributes memory, hosts a
+    /// shard of the directory, and finds the other peers from a few seed addresses.
+    Peer(PeerArgs),
     /// Store a value (from a file, stdin, or --value).
     Put(PutArgs),
     /// Fetch a value (to stdout or --out).
@@ -398,6 +401,36 @@ pub(crate) struct NodeArgs {
     pub(crate) metrics: MetricsArgs,
 }
 
+#[derive(Args)]
+pub(crate) struct PeerArgs {
+    /// TOML config file with a [peer] section (flags override it).
+    #[arg(long)]
+    pub(crate) config: Option<PathBuf>,
+    /// Where the peer service listens; its address is the peer's name on the ring, so keep
+    /// it the same across restarts [default: 127.0.0.1:7100].
+    #[arg(long)]
+    pub(crate) listen: Option<String>,
+    /// The address other peers reach this one at, if not --listen (needed with 0.0.0.0).
+    #[arg(long)]
+    pub(crate) advertise: Option<String>,
+    /// Peers to greet first, comma-separated (any live member will do; the rest are found
+    /// from them). The first peer of a cluster has none.
+    #[arg(long, value_name = "HOST:PORT[,HOST:PORT]", value_delimiter = ',')]
+    pub(crate) seeds: Vec<String>,
+    /// Memory for values written through this peer, e.g. 8GiB [default: 1GiB].
+    #[arg(long)]
+    pub(crate) size: Option<String>,
+    /// Peers holding each directory entry: with 2, any one peer can die without an entry
+    /// of the survivors' data being lost [default: 2].
+    #[arg(long)]
+    pub(crate) directory_replicas: Option<usize>,
+    /// This peer's share of the directory, relative to a peer of weight 1 [default: 1].
+    #[arg(long)]
+    pub(crate) weight: Option<u32>,
+    #[command(flatten)]
+    pub(crate) serve: ServeArgs,
+}
+
 #[derive(Args, Clone)]
 pub(crate) struct ClientArgs {
     /// TOML config file with a [client] section: `master` and `rpc_timeout` (flags and
@@ -405,7 +438,8 @@ pub(crate) struct ClientArgs {
     #[arg(long)]
     pub(crate) config: Option<PathBuf>,
     /// The master's address; a group's: every master's (A,B,C), or where etcd finds them
-    /// (etcd://HOST:PORT[/CLUSTER]) [default: the config file's, else 127.0.0.1:50051].
+    /// (etcd://HOST:PORT[/CLUSTER]); or a peer cluster's peers
+    /// (peer://HOST:PORT[,HOST:PORT]) [default: the config file's, else 127.0.0.1:50051].
     #[arg(long, env = "MOORING_MASTER")]
     pub(crate) master: Option<String>,
     /// Time allowed for one request [default: the config file's rpc_timeout, else 10s].

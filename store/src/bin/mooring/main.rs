@@ -40,6 +40,7 @@ mod debug;
 mod events;
 mod master;
 mod node;
+mod peer;
 mod shell;
 mod stat;
 
@@ -95,7 +96,7 @@ fn main() -> ExitCode {
     // Services log their life; commands print their result and only warn; the demo prints a
     // report and keeps the log to errors.
     init_logging(match cli.command {
-        Command::Master(_) | Command::Node(_) => "info",
+        Command::Master(_) | Command::Node(_) | Command::Peer(_) => "info",
         Command::Demo => "error",
         _ => "warn",
     });
@@ -107,7 +108,9 @@ fn main() -> ExitCode {
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(match cli.command {
-            Command::Node(_) => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            Command::Node(_) | Command::Peer(_) => {
+                std::thread::available_parallelism().map_or(2, |n| n.get())
+            }
             _ => 0,
         });
     let built = match threads {
@@ -130,6 +133,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Master(args) => master::run_master(args).await,
             Command::Node(args) => node::run_node(args).await,
+            Command::Peer(args) => peer::run_peer(args).await,
             Command::Put(args) => shell::run_put(args).await,
             Command::Get(args) => shell::run_get(args).await,
             Command::Rm(args) => shell::run_rm(args).await,

@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 
+use mooring::peer::{MAX_GUEST_VALUE, PeerGuest, peer_addresses};
 use mooring::{Client, ClientConfig};
 use mooring_core::{Error, ErrorCode, ReplicateConfig};
 
@@ -11,6 +12,15 @@ use super::output_failed;
 
 async fn connect(args: &ClientArgs) -> Result<Client, Error> {
     let (master, rpc_timeout) = args.master_and_timeout()?;
+    if peer_addresses(&master).is_some() {
+        return Err(Error::new(
+            ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+            format!(
+                "{master} names a peer cluster, which has no master to list keys, copy \
+                 replicas or report segments: put, get and rm KEY work against it"
+            ),
+        ));
+    }
     let mut config = ClientConfig::new(master);
     config.rpc_timeout = rpc_timeout;
     config.token = args.auth.token()?;
@@ -18,6 +28,21 @@ async fn connect(args: &ClientArgs) -> Result<Client, Error> {
     config.rdma_devices = mooring::transports::device_names(args.rdma_device.as_deref());
     config.tenant = args.tenant.clone();
     Client::connect(config).await
+}
+
+/// A guest of the peer cluster `args` name, if it names one (`peer://...`).
+fn peer_guest(args: &ClientArgs) -> Result<Option<PeerGuest>, Error> {
+    let (address, timeout) = args.master_and_timeout()?;
+    let Some(peers) = peer_addresses(&address) else {
+        return Ok(None);
+    };
+    if args.tenant.is_some() {
+        return Err(Error::new(
+            ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+            "tenants are not served by peer clusters yet: drop --tenant (MOORING_TENANT)",
+        ));
+    }
+    PeerGuest::new(peers, args.auth.token()?, timeout).map(Some)
 }
 
 /// Runs `work` with a client of the master `args` name, then says goodbye whether the work
@@ -36,6 +61,20 @@ pub(crate) async fn with_client<T>(
 }
 
 pub(crate) async fn run_put(args: PutArgs) -> Result<(), Error> {
+    if let Some(guest) = peer_guest(&args.client)? {
+        if args.replicas > 1 || args.hard_pin || args.soft_pin {
+            return Err(Error::new(
+                ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+                "a peer cluster keeps one copy of each value, unpinned: drop --replicas, \
+                 --hard-pin and --soft-pin",
+            ));
+        }
+        // The newest write wins in a peer cluster, so a put is an upsert.
+        let value = read_value(&args, MAX_GUEST_VALUE as u64)?;
+        guest.put(&args.key, value.clone()).await?;
+        out!("stored {} ({} bytes)", printable(&args.key), value.len());
+        return Ok(());
+    }
     let mut config = ReplicateConfig::replicas(args.replicas);
     config.with_hard_pin = args.hard_pin;
     if args.soft_pin {
@@ -132,25 +171,39 @@ fn printable(key: &str) -> String {
 }
 
 pub(crate) async fn run_get(args: GetArgs) -> Result<(), Error> {
+    if let Some(guest) = peer_guest(&args.client)? {
+        let value = guest.get(&args.key).await?.ok_or_else(|| {
+            Error::new(
+                ErrorCode::OBJECT_NOT_FOUND,
+                format!("{} has no value in the peer cluster", printable(&args.key)),
+            )
+        })?;
+        return write_value(&args, &value);
+    }
     with_client(&args.client, async |client| {
         let value = client.get(&args.key).await?;
-        match &args.out {
-            Some(path) => std::fs::write(path, &value).map_err(|e| {
-                Error::new(
-                    ErrorCode::FILE_WRITE_FAIL,
-                    format!("{}: {e}", path.display()),
-                )
-            })?,
-            None => {
-                let mut stdout = std::io::stdout();
-                if let Err(e) = stdout.write_all(&value).and_then(|()| stdout.flush()) {
-                    output_failed(e);
-                }
-            }
-        }
-        Ok(())
+        write_value(&args, &value)
     })
     .await
+}
+
+/// Writes a value `get` fetched where `args` say.
+fn write_value(args: &GetArgs, value: &[u8]) -> Result<(), Error> {
+    match &args.out {
+        Some(path) => std::fs::write(path, value).map_err(|e| {
+            Error::new(
+                ErrorCode::FILE_WRITE_FAIL,
+                format!("{}: {e}", path.display()),
+            )
+        })?,
+        None => {
+            let mut stdout = std::io::stdout();
+            if let Err(e) = stdout.write_all(value).and_then(|()| stdout.flush()) {
+                output_failed(e);
+            }
+        }
+    }
+    Ok(())
 }
 
 pub(crate) async fn run_cp(args: CpArgs) -> Result<(), Error> {
@@ -182,6 +235,20 @@ pub(crate) async fn run_mv(args: MvArgs) -> Result<(), Error> {
 }
 
 pub(crate) async fn run_rm(args: RmArgs) -> Result<(), Error> {
+    if let Some(guest) = peer_guest(&args.client)? {
+        let Some(key) = &args.key else {
+            return Err(Error::new(
+                ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+                "a peer cluster keeps no list of its keys, so it cannot remove by regex or \
+                 remove all: name the key",
+            ));
+        };
+        match guest.remove(key).await? {
+            true => out!("removed {}", printable(key)),
+            false => out!("{} had no value", printable(key)),
+        }
+        return Ok(());
+    }
     with_client(&args.client, async |client| {
         if let Some(key) = &args.key {
             client.remove(key).await?;

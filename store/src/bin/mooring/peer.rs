@@ -1,0 +1,52 @@
+//! `mooring peer`: one peer of a cluster with no master.
+
+use std::io::Write;
+
+use mooring::config::{FileConfig, parse_size};
+use mooring::peer::{PeerConfig, PeerNode};
+use mooring_core::Error;
+
+use super::args::PeerArgs;
+use super::{usage_error, wait_for_shutdown};
+
+/// Where a peer listens unless told.
+const DEFAULT_PEER_LISTEN: &str = "127.0.0.1:7100";
+
+pub(crate) async fn run_peer(args: PeerArgs) -> Result<(), Error> {
+    let file = match &args.config {
+        Some(path) => FileConfig::load(path).map_err(usage_error)?,
+        None => FileConfig::default(),
+    };
+    let f = file.peer;
+    let listen = args
+        .listen
+        .or(f.listen)
+        .unwrap_or_else(|| DEFAULT_PEER_LISTEN.into());
+    let size =
+        parse_size(&args.size.or(f.size).unwrap_or_else(|| "1GiB".into())).map_err(usage_error)?;
+    mooring::node::preflight::check_segment_size(size)?;
+    let seeds = match args.seeds.is_empty() {
+        true => f.seeds.unwrap_or_default(),
+        false => args.seeds,
+    };
+    let mut config = PeerConfig::new(listen.clone(), seeds, size);
+    config.advertise = args.advertise.or(f.advertise);
+    if let Some(replicas) = args.directory_replicas.or(f.directory_replicas) {
+        if replicas == 0 {
+            return Err(usage_error(
+                "--directory-replicas must be at least 1".into(),
+            ));
+        }
+        config.directory_replicas = replicas;
+    }
+    if let Some(weight) = args.weight.or(f.weight) {
+        config.weight = weight.max(1);
+    }
+    let token = args.serve.token_for(&listen)?;
+    let peer = PeerNode::start(config, token).await?;
+    out!("mooring peer {} serving {size} bytes", peer.name());
+    let _ = std::io::stdout().flush();
+    wait_for_shutdown().await;
+    peer.stop();
+    Ok(())
+}

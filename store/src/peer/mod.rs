@@ -1,0 +1,388 @@
+//! A peer: one member of a cluster with no master (peer mode; `docs/peer-mode.md`).
+//!
+//! The peer maps its published pool, exports it on the data plane, serves the peer protocol
+//! on its listen address (which is also its name on the ring) and keeps three rounds going:
+//! greetings (membership), a periodic re-publish of everything it holds (repairs entries lost
+//! with a dead owner), and time for its state (tombstones, freed blocks). Every decision is
+//! the core's ([`PeerState`], [`Membership`]); this driver moves bytes and messages.
+
+mod guest;
+mod ops;
+mod service;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mooring_core::peer::membership::{MemberInfo, Membership, MembershipChange, MembershipConfig};
+use mooring_core::peer::state::{DEFAULT_DIRECTORY_REPLICAS, PeerState};
+use mooring_core::{Error, ErrorCode, Millis, Result};
+use mooring_proto::auth::{Credential, Gate, Plane};
+use mooring_proto::transport::{DataPlane, DataServer, SegmentMemory};
+use mooring_proto::wire::{PeerReply, PeerRequest};
+use mooring_transport_tcp::limits::ConnectionLimits;
+use mooring_transport_tcp::{
+    DataPlaneConfig, LocalSegments, PeerLinks, TcpDataPlane, TcpDataServer, spawn_peer_server,
+};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tracing::{debug, info};
+
+use crate::client::connect::{client_id_for, random_client_id};
+use crate::clock::Clock;
+use crate::node::memory::segment_memory;
+
+pub use guest::{MAX_GUEST_VALUE, PeerGuest};
+
+/// The scheme that names a peer cluster wherever a master address is taken.
+pub const PEER_SCHEME: &str = "peer://";
+
+/// The peers a `peer://host:port[,host:port...]` address names, or `None` if `address` names
+/// a master.
+pub fn peer_addresses(address: &str) -> Option<Vec<String>> {
+    let list = address.strip_prefix(PEER_SCHEME)?;
+    Some(
+        list.split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_string)
+            .collect(),
+    )
+}
+
+/// What a peer contributes and how it paces itself.
+#[derive(Clone, Debug)]
+pub struct PeerConfig {
+    /// Where the peer service listens: `host:port`. The address it is reached at is its name.
+    pub listen: String,
+    /// The address other peers reach it at, if not `listen` (a wildcard or port 0 needs one).
+    pub advertise: Option<String>,
+    /// Where the data server listens (`host:0`: any port).
+    pub data_listen: String,
+    /// Peers to greet first.
+    pub seeds: Vec<String>,
+    /// Bytes of the published pool.
+    pub size: u64,
+    /// Owners of each directory entry.
+    pub directory_replicas: usize,
+    /// Share of the directory, relative to a peer of weight 1.
+    pub weight: u32,
+    /// How often every known peer is greeted.
+    pub greet_every: Duration,
+    /// How often everything held is re-published to its owners.
+    pub republish_every: Duration,
+    /// Membership timing.
+    pub membership: MembershipConfig,
+    /// How long a freed block waits for readers before reuse.
+    pub read_grace: Millis,
+    /// How long a call to another peer may take.
+    pub timeout: Duration,
+}
+
+impl PeerConfig {
+    /// A peer listening on `listen`, greeting `seeds`, with `size` bytes, defaults elsewhere.
+    pub fn new(listen: impl Into<String>, seeds: Vec<String>, size: u64) -> PeerConfig {
+        let listen = listen.into();
+        let host = listen
+            .rsplit_once(':')
+            .map_or("127.0.0.1", |(host, _)| host);
+        PeerConfig {
+            data_listen: format!("{host}:0"),
+            listen,
+            advertise: None,
+            seeds,
+            size,
+            directory_replicas: DEFAULT_DIRECTORY_REPLICAS,
+            weight: 1,
+            greet_every: Duration::from_millis(500),
+            republish_every: Duration::from_secs(5),
+            membership: MembershipConfig::default(),
+            read_grace: Millis(2_000),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Counts since the peer started, for metrics and tests.
+#[derive(Debug, Default)]
+pub struct PeerCounts {
+    /// Values written into this peer's pool.
+    pub puts: AtomicU64,
+    /// Reads asked of this peer (its own clients' and guests').
+    pub gets: AtomicU64,
+    /// Reads that found a value.
+    pub hits: AtomicU64,
+    /// Entries read that no longer held their write (a stale entry; the next was tried).
+    pub stale: AtomicU64,
+    /// Re-publish rounds run.
+    pub republishes: AtomicU64,
+    /// Ring changes seen.
+    pub ring_changes: AtomicU64,
+}
+
+/// A running peer.
+#[derive(Clone)]
+pub struct PeerNode {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: Box<str>,
+    state: Mutex<PeerState>,
+    membership: Mutex<Membership>,
+    memory: SegmentMemory,
+    data: Arc<dyn DataPlane>,
+    links: Arc<PeerLinks>,
+    clock: Clock,
+    counts: PeerCounts,
+    /// Kept for as long as the peer runs: dropping it stops the data server.
+    _server: Arc<TcpDataServer>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl PeerNode {
+    /// Maps the pool, starts serving, and starts greeting the seeds.
+    pub async fn start(config: PeerConfig, token: Option<Credential>) -> Result<PeerNode> {
+        let listener = TcpListener::bind(&config.listen).await.map_err(|e| {
+            Error::new(
+                ErrorCode::INVALID_PARAMS,
+                format!("cannot listen on {} for peers: {e}", config.listen),
+            )
+        })?;
+        let bound = listener
+            .local_addr()
+            .map_err(|e| Error::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
+        let name: Box<str> = match &config.advertise {
+            Some(advertise) => advertise.as_str().into(),
+            None if bound.ip().is_unspecified() => {
+                return Err(Error::new(
+                    ErrorCode::INVALID_PARAMS,
+                    format!(
+                        "a peer listening on {bound} needs --advertise HOST:PORT: its address \
+                         is its name, and other peers must be able to reach it"
+                    ),
+                ));
+            }
+            None => bound.to_string().into(),
+        };
+        let memory = segment_memory(config.size as usize, false, false)?;
+        let local = Arc::new(LocalSegments::default());
+        let server = TcpDataServer::start(
+            &config.data_listen,
+            None,
+            local.clone(),
+            random_client_id().0 as u64,
+            crate::tuning::server_spin(),
+            token.clone(),
+        )
+        .await?;
+        let exported = server.export(memory.clone())?;
+        let client = client_id_for(token.as_ref());
+        let data: Arc<dyn DataPlane> = TcpDataPlane::new(
+            local,
+            DataPlaneConfig {
+                token: token.clone(),
+                identity: client.0,
+                ..Default::default()
+            },
+        );
+        let me = MemberInfo {
+            name: name.clone(),
+            data_endpoint: exported.endpoint.to_string().into(),
+            data_key: exported.key,
+            data_base: memory.base(),
+            weight: config.weight.max(1),
+        };
+        let clock = Clock::new();
+        let membership = Membership::new(
+            me.clone(),
+            config.seeds.clone(),
+            config.membership,
+            clock.now(),
+        );
+        let state = PeerState::new(
+            &name,
+            config.size,
+            membership.ring().clone(),
+            config.directory_replicas,
+            config.read_grace,
+        );
+        let links = PeerLinks::new(Some(me), token.clone(), client.0, config.timeout);
+        let peer = PeerNode {
+            inner: Arc::new(Inner {
+                name: name.clone(),
+                state: Mutex::new(state),
+                membership: Mutex::new(membership),
+                memory,
+                data,
+                links,
+                clock,
+                counts: PeerCounts::default(),
+                _server: server,
+                tasks: Mutex::new(Vec::new()),
+            }),
+        };
+        let gate = Gate::new(token, Plane::Control)
+            .map_err(|e| Error::new(ErrorCode::INVALID_PARAMS, e))?;
+        let serving = spawn_peer_server(
+            listener,
+            Arc::new(service::Service(peer.clone())),
+            Arc::new(gate),
+            ConnectionLimits::standard(),
+        );
+        let rounds = [
+            peer.every(config.greet_every, PeerNode::greet_round),
+            peer.every(config.republish_every, PeerNode::republish_round),
+            peer.every(Duration::from_millis(250), PeerNode::time_round),
+        ];
+        peer.inner
+            .tasks
+            .lock()
+            .expect("task lock")
+            .extend([serving].into_iter().chain(rounds));
+        info!(peer = %name, bytes = config.size, seeds = ?config.seeds, "peer started");
+        Ok(peer)
+    }
+
+    /// The peer's name: the address it is reached at.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The counts since it started.
+    pub fn counts(&self) -> &PeerCounts {
+        &self.inner.counts
+    }
+
+    /// The members of its ring, by name.
+    pub fn members(&self) -> Vec<String> {
+        let membership = self.inner.membership.lock().expect("membership lock");
+        let ring = membership.ring();
+        ring.members().iter().map(|m| m.name.to_string()).collect()
+    }
+
+    /// Directory entries its shard holds, and values its pool holds.
+    pub fn sizes(&self) -> (usize, usize) {
+        let state = self.inner.state.lock().expect("peer state lock");
+        (state.shard().len(), state.pool().len())
+    }
+
+    /// Stops serving and every round. Its data is gone with it (other peers notice it
+    /// silent, and drop its entries).
+    pub fn stop(&self) {
+        for task in self.inner.tasks.lock().expect("task lock").drain(..) {
+            task.abort();
+        }
+    }
+
+    /// Runs `round` every `period` until the peer stops.
+    fn every<F, Fut>(&self, period: Duration, round: F) -> JoinHandle<()>
+    where
+        F: Fn(PeerNode) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
+        let peer = self.clone();
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                round(peer.clone()).await;
+            }
+        })
+    }
+
+    /// Greets every peer it knows of (all at once), then checks who fell silent.
+    async fn greet_round(self) {
+        let (to_greet, hello) = {
+            let membership = self.inner.membership.lock().expect("membership lock");
+            let hello = PeerRequest::Hello {
+                me: membership.me().clone(),
+                known: membership.gossip().iter().map(|n| n.to_string()).collect(),
+            };
+            (membership.to_greet(), hello)
+        };
+        let calls = to_greet.iter().map(|to| self.inner.links.call(to, &hello));
+        let answers = futures_util::future::join_all(calls).await;
+        for (to, answer) in to_greet.iter().zip(answers) {
+            match answer {
+                Ok(PeerReply::Welcome { me, known }) if me.name == *to => {
+                    let change = self.heard_from(me, known);
+                    self.apply(change).await;
+                }
+                Ok(other) => debug!(peer = %to, "a greeting answered with {other:?}"),
+                Err(e) => debug!(peer = %to, "greeting failed: {e}"),
+            }
+        }
+        let now = self.inner.clock.now();
+        let change = self
+            .inner
+            .membership
+            .lock()
+            .expect("membership lock")
+            .tick(now);
+        self.apply(change).await;
+    }
+
+    /// Peer `info` greeted or answered, knowing of `known`.
+    fn heard_from(&self, info: MemberInfo, known: Vec<String>) -> MembershipChange {
+        let now = self.inner.clock.now();
+        let mut membership = self.inner.membership.lock().expect("membership lock");
+        membership.heard_from(info, known, now)
+    }
+
+    /// Applies a membership change: a lost peer's entries go, and a new ring re-publishes.
+    async fn apply(&self, change: MembershipChange) {
+        if change.ring.is_none() && change.lost.is_empty() {
+            return;
+        }
+        let now = self.inner.clock.now();
+        let out = {
+            let mut state = self.inner.state.lock().expect("peer state lock");
+            for lost in &change.lost {
+                let dropped = state.peer_lost(lost);
+                info!(peer = %self.inner.name, lost = %lost, dropped, "peer lost");
+            }
+            match change.ring {
+                Some(ring) => {
+                    info!(
+                        peer = %self.inner.name,
+                        joined = ?change.joined,
+                        members = ring.members().len(),
+                        "ring changed"
+                    );
+                    self.inner
+                        .counts
+                        .ring_changes
+                        .fetch_add(1, Ordering::Relaxed);
+                    state.ring_changed(ring, now)
+                }
+                None => Vec::new(),
+            }
+        };
+        for lost in &change.lost {
+            self.inner.links.forget(lost);
+        }
+        self.deliver(out).await;
+    }
+
+    /// Re-publishes everything held to its owners.
+    async fn republish_round(self) {
+        let out = self
+            .inner
+            .state
+            .lock()
+            .expect("peer state lock")
+            .republish();
+        self.inner
+            .counts
+            .republishes
+            .fetch_add(1, Ordering::Relaxed);
+        self.deliver(out).await;
+    }
+
+    async fn time_round(self) {
+        let now = self.inner.clock.now();
+        self.inner.state.lock().expect("peer state lock").tick(now);
+    }
+}
