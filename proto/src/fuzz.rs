@@ -491,6 +491,7 @@ fn sample_peer_frames() -> Vec<(FrameKind, Vec<u8>)> {
     };
     let member = MemberInfo {
         name: "10.0.0.7:7100".into(),
+        address: "10.0.0.7:7100".into(),
         data_endpoint: "10.0.0.7:7101".into(),
         data_key: 0x5eed,
         data_base: 0x7f00_0000_0000,

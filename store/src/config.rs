@@ -172,6 +172,8 @@ pub struct PeerSection {
     pub listen: Option<String>,
     /// The address other peers reach it at, if not `listen`.
     pub advertise: Option<String>,
+    /// Its name on the ring (default: a member credential's name, else its address).
+    pub name: Option<String>,
     /// Peers to greet first.
     pub seeds: Option<Vec<String>>,
     /// Bytes of the published pool, e.g. "8GiB".

@@ -1,7 +1,8 @@
 //! Who is in the cluster, as one peer sees it, with no service to ask.
 //!
-//! A peer starts knowing a few seed addresses. It greets every peer it knows of at a steady
-//! pace; each greeting (either way) tells it the other is alive and which peers the other
+//! A peer is known by its name (its place on the ring and in locations) and reached at its
+//! address (which is its name too, unless its credential gives it another). A peer starts
+//! knowing a few seed addresses. It greets every address it knows of at a steady pace; each greeting (either way) tells it the other is alive and which peers the other
 //! knows of, so addresses spread through the cluster from any seed. Liveness is always
 //! first-hand: a peer is a member of this peer's ring while this peer itself has heard from
 //! it within [`MembershipConfig::dead_after`], and never because a third peer vouched for it,
@@ -16,13 +17,15 @@ use crate::time::Millis;
 
 use super::ring::{Ring, RingMember};
 
-/// What a peer says of itself when it greets another: its name (the address peers reach it
-/// at), where its published pool is read, and its weight on the ring.
+/// What a peer says of itself when it greets another: its name, the address peers reach it
+/// at, where its published pool is read, and its weight on the ring.
 #[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 #[rkyv(derive(Debug))]
 pub struct MemberInfo {
-    /// The peer's name: the address its peer service listens on.
+    /// The peer's name on the ring: its address, or its credential's name.
     pub name: Box<str>,
+    /// The address its peer service is reached at.
+    pub address: Box<str>,
     /// The data endpoint its published pool is read through.
     pub data_endpoint: Box<str>,
     /// The access key its pool is exported under at that endpoint.
@@ -73,8 +76,9 @@ struct Known {
 pub struct MembershipChange {
     /// The new ring, if it changed (give it to the peer's state).
     pub ring: Option<Ring>,
-    /// Members found dead (their directory entries go).
-    pub lost: Vec<Box<str>>,
+    /// Members found dead, or gone from their address (their directory entries go; so do
+    /// connections to them).
+    pub lost: Vec<MemberInfo>,
     /// Members that joined.
     pub joined: Vec<Box<str>>,
 }
@@ -84,7 +88,10 @@ pub struct MembershipChange {
 pub struct Membership {
     me: MemberInfo,
     seeds: Vec<Box<str>>,
+    /// Every address this peer knows of.
     known: BTreeMap<Box<str>, Known>,
+    /// Each member's address, by name.
+    addresses: BTreeMap<Box<str>, Box<str>>,
     config: MembershipConfig,
     ring: Ring,
 }
@@ -101,7 +108,7 @@ impl Membership {
         let seeds: Vec<Box<str>> = seeds
             .into_iter()
             .map(Into::into)
-            .filter(|seed: &Box<str>| *seed != me.name)
+            .filter(|seed: &Box<str>| *seed != me.address)
             .collect();
         let known = seeds
             .iter()
@@ -119,6 +126,7 @@ impl Membership {
             me,
             seeds,
             known,
+            addresses: BTreeMap::new(),
             config,
             ring: Ring::new([], config.vnodes),
         };
@@ -136,25 +144,34 @@ impl Membership {
         &self.ring
     }
 
-    /// The description a member gave of itself.
+    /// The description member `name` gave of itself.
     pub fn info(&self, name: &str) -> Option<&MemberInfo> {
         if name == &*self.me.name {
             return Some(&self.me);
         }
-        self.known.get(name).filter(|k| k.member)?.info.as_ref()
+        let address = self.addresses.get(name)?;
+        self.known.get(address).filter(|k| k.member)?.info.as_ref()
     }
 
-    /// Every peer to greet this round: all it knows of but itself.
+    /// Where member `name` is reached.
+    pub fn address_of(&self, name: &str) -> Option<&str> {
+        self.info(name).map(|info| &*info.address)
+    }
+
+    /// Every address to greet this round: all it knows of but its own.
     pub fn to_greet(&self) -> Vec<Box<str>> {
         self.known.keys().cloned().collect()
     }
 
-    /// The names this peer tells others of in a greeting: itself and its members.
+    /// The addresses this peer tells others of in a greeting: its own and its members'.
     pub fn gossip(&self) -> Vec<Box<str>> {
-        self.ring.members().iter().map(|m| m.name.clone()).collect()
+        let members = self.addresses.values().cloned();
+        members.chain([self.me.address.clone()]).collect()
     }
 
-    /// `info` greeted this peer or answered its greeting at `now`, knowing of `heard_of`.
+    /// `info` greeted this peer or answered its greeting at `now`, knowing of `heard_of`
+    /// (addresses). A greeting under this peer's own name or address, or under the name of a
+    /// member at another address, changes nothing: two peers cannot share a name.
     pub fn heard_from(
         &mut self,
         info: MemberInfo,
@@ -162,31 +179,38 @@ impl Membership {
         now: Millis,
     ) -> MembershipChange {
         let mut change = MembershipChange::default();
-        if info.name == self.me.name {
+        let taken = self
+            .addresses
+            .get(&info.name)
+            .is_some_and(|address| *address != info.address);
+        if info.name == self.me.name || info.address == self.me.address || taken {
             return change;
         }
-        let name = info.name.clone();
-        let known = self.known.entry(name.clone()).or_insert(Known {
+        let known = self.known.entry(info.address.clone()).or_insert(Known {
             info: None,
             heard: None,
             since: now,
             member: false,
         });
-        // A member that restarted with another pool is a new member: its old entries name
-        // memory it no longer serves.
-        let restarted = known.member && known.info.as_ref() != Some(&info);
-        known.info = Some(info);
-        known.heard = Some(now);
-        if restarted {
-            change.lost.push(name.clone());
-            change.joined.push(name.clone());
-        } else if !known.member {
-            known.member = true;
-            change.joined.push(name);
+        // A member that restarted with another pool (or name) is a new member: its old
+        // entries name memory it no longer serves.
+        if known.member && known.info.as_ref() != Some(&info) {
+            let old = known.info.take().expect("a member has said who it is");
+            self.addresses.remove(&old.name);
+            change.lost.push(old);
+            known.member = false;
         }
+        known.heard = Some(now);
+        if !known.member {
+            known.member = true;
+            change.joined.push(info.name.clone());
+            self.addresses
+                .insert(info.name.clone(), info.address.clone());
+        }
+        known.info = Some(info);
         for other in heard_of {
             let other: Box<str> = other.into();
-            if other != self.me.name && !other.is_empty() {
+            if other != self.me.address && !other.is_empty() {
                 self.known.entry(other).or_insert(Known {
                     info: None,
                     heard: None,
@@ -206,20 +230,22 @@ impl Membership {
     pub fn tick(&mut self, now: Millis) -> MembershipChange {
         let mut change = MembershipChange::default();
         let dead_after = self.config.dead_after;
-        for (name, known) in self.known.iter_mut() {
+        for known in self.known.values_mut() {
             let silent = known
                 .heard
                 .is_none_or(|heard| now.since(heard) >= dead_after);
             if known.member && silent {
                 known.member = false;
                 known.since = now;
-                change.lost.push(name.clone());
+                let info = known.info.clone().expect("a member has said who it is");
+                self.addresses.remove(&info.name);
+                change.lost.push(info);
             }
         }
         let forget_after = self.config.forget_after;
         let seeds = &self.seeds;
-        self.known.retain(|name, known| {
-            known.member || seeds.contains(name) || now.since(known.since) < forget_after
+        self.known.retain(|address, known| {
+            known.member || seeds.contains(address) || now.since(known.since) < forget_after
         });
         if !change.lost.is_empty() {
             change.ring = Some(self.rebuild());
@@ -254,6 +280,7 @@ mod tests {
     fn info(name: &str, key: u64) -> MemberInfo {
         MemberInfo {
             name: name.into(),
+            address: name.into(),
             data_endpoint: format!("{name}-data").into(),
             data_key: key,
             data_base: 1 << 40,
@@ -300,7 +327,7 @@ mod tests {
         a.heard_from(info("c", 3), ["b"], Millis(2_000));
         assert_eq!(a.tick(Millis(2_999)), MembershipChange::default());
         let change = a.tick(Millis(3_000));
-        assert_eq!(change.lost, vec![Box::<str>::from("b")]);
+        assert_eq!(change.lost, vec![info("b", 2)]);
         assert_eq!(names(change.ring.as_ref().unwrap()), ["a", "c"]);
         assert!(a.info("b").is_none());
         // It comes back: a member again.
@@ -314,9 +341,33 @@ mod tests {
         let mut a = Membership::new(info("a", 1), ["b"], MembershipConfig::default(), Millis(0));
         a.heard_from(info("b", 2), Vec::<&str>::new(), Millis(0));
         let change = a.heard_from(info("b", 9), Vec::<&str>::new(), Millis(100));
-        assert_eq!(change.lost, vec![Box::<str>::from("b")]);
+        assert_eq!(change.lost, vec![info("b", 2)]);
         assert_eq!(change.joined, vec![Box::<str>::from("b")]);
         assert_eq!(a.info("b").unwrap().data_key, 9);
+    }
+
+    #[test]
+    fn members_are_named_apart_from_their_addresses_and_a_name_is_held_once() {
+        let config = MembershipConfig::default();
+        let mut a = Membership::new(info("a", 1), ["10.0.0.2:7100"], config, Millis(0));
+        let b = MemberInfo {
+            name: "node-b".into(),
+            address: "10.0.0.2:7100".into(),
+            ..info("x", 2)
+        };
+        a.heard_from(b.clone(), Vec::<&str>::new(), Millis(0));
+        assert_eq!(names(a.ring()), ["a", "node-b"]);
+        assert_eq!(a.address_of("node-b"), Some("10.0.0.2:7100"));
+        assert!(a.gossip().contains(&Box::<str>::from("10.0.0.2:7100")));
+        // Another address claiming the name changes nothing.
+        let impostor = MemberInfo {
+            address: "10.0.0.3:7100".into(),
+            ..b.clone()
+        };
+        let unchanged = a.heard_from(impostor, Vec::<&str>::new(), Millis(10));
+        assert_eq!(unchanged, MembershipChange::default());
+        assert_eq!(a.address_of("node-b"), Some("10.0.0.2:7100"));
+        assert_eq!(a.to_greet(), vec![Box::<str>::from("10.0.0.2:7100")]);
     }
 
     #[test]
@@ -349,7 +400,7 @@ mod tests {
         for round in 1..=3 {
             for i in 0..views.len() {
                 for j in 0..views.len() {
-                    if i != j && views[i].to_greet().contains(&views[j].me().name) {
+                    if i != j && views[i].to_greet().contains(&views[j].me().address) {
                         let (me, gossip) = (views[i].me().clone(), views[i].gossip());
                         views[j].heard_from(me, gossip, Millis(round));
                         let (them, gossip) = (views[j].me().clone(), views[j].gossip());

@@ -153,6 +153,7 @@ impl PeerRequest {
             PeerRequest::Hello { me, known } => {
                 check_batch(known.len())?;
                 check_name("a peer's name", &me.name)?;
+                check_name("a peer's address", &me.address)?;
                 check_name("a data endpoint", &me.data_endpoint)?;
                 known
                     .iter()
@@ -300,6 +301,7 @@ mod tests {
         assert_eq!(empty.check().unwrap_err().code, ErrorCode::INVALID_PARAMS);
         let me = MemberInfo {
             name: "10.0.0.1:7000".into(),
+            address: "10.0.0.1:7000".into(),
             data_endpoint: "10.0.0.1:7001".into(),
             data_key: 1,
             data_base: 0,

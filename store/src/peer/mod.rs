@@ -53,8 +53,10 @@ pub fn peer_addresses(address: &str) -> Option<Vec<String>> {
 /// What a peer contributes and how it paces itself.
 #[derive(Clone, Debug)]
 pub struct PeerConfig {
-    /// Where the peer service listens: `host:port`. The address it is reached at is its name.
+    /// Where the peer service listens: `host:port`.
     pub listen: String,
+    /// Its name on the ring [default: a member credential's name, else its address].
+    pub name: Option<String>,
     /// The address other peers reach it at, if not `listen` (a wildcard or port 0 needs one).
     pub advertise: Option<String>,
     /// Where the data server listens (`host:0`: any port).
@@ -89,6 +91,7 @@ impl PeerConfig {
         PeerConfig {
             data_listen: format!("{host}:0"),
             listen,
+            name: None,
             advertise: None,
             seeds,
             size,
@@ -128,6 +131,7 @@ pub struct PeerNode {
 
 struct Inner {
     name: Box<str>,
+    address: Box<str>,
     state: Mutex<PeerState>,
     membership: Mutex<Membership>,
     memory: SegmentMemory,
@@ -152,18 +156,26 @@ impl PeerNode {
         let bound = listener
             .local_addr()
             .map_err(|e| Error::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
-        let name: Box<str> = match &config.advertise {
+        let address: Box<str> = match &config.advertise {
             Some(advertise) => advertise.as_str().into(),
             None if bound.ip().is_unspecified() => {
                 return Err(Error::new(
                     ErrorCode::INVALID_PARAMS,
                     format!(
-                        "a peer listening on {bound} needs --advertise HOST:PORT: its address \
-                         is its name, and other peers must be able to reach it"
+                        "a peer listening on {bound} needs --advertise HOST:PORT: the address \
+                         other peers reach it at"
                     ),
                 ));
             }
             None => bound.to_string().into(),
+        };
+        let credential_name = token
+            .as_ref()
+            .and_then(|t| t.claims())
+            .map(|c| c.name.clone());
+        let name: Box<str> = match config.name.clone().or(credential_name) {
+            Some(name) => name.into(),
+            None => address.clone(),
         };
         let memory = segment_memory(config.size as usize, false, false)?;
         let local = Arc::new(LocalSegments::default());
@@ -188,6 +200,7 @@ impl PeerNode {
         );
         let me = MemberInfo {
             name: name.clone(),
+            address: address.clone(),
             data_endpoint: exported.endpoint.to_string().into(),
             data_key: exported.key,
             data_base: memory.base(),
@@ -211,6 +224,7 @@ impl PeerNode {
         let peer = PeerNode {
             inner: Arc::new(Inner {
                 name: name.clone(),
+                address: address.clone(),
                 state: Mutex::new(state),
                 membership: Mutex::new(membership),
                 memory,
@@ -240,13 +254,24 @@ impl PeerNode {
             .lock()
             .expect("task lock")
             .extend([serving].into_iter().chain(rounds));
-        info!(peer = %name, bytes = config.size, seeds = ?config.seeds, "peer started");
+        info!(peer = %name, %address, bytes = config.size, seeds = ?config.seeds, "peer started");
         Ok(peer)
     }
 
-    /// The peer's name: the address it is reached at.
+    /// The peer's name on the ring.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// The address it is reached at.
+    pub fn address(&self) -> &str {
+        &self.inner.address
+    }
+
+    /// Where member `name` is reached, if it is a member now.
+    fn address_of(&self, name: &str) -> Option<Box<str>> {
+        let membership = self.inner.membership.lock().expect("membership lock");
+        membership.address_of(name).map(Into::into)
     }
 
     /// The counts since it started.
@@ -306,7 +331,7 @@ impl PeerNode {
         let answers = futures_util::future::join_all(calls).await;
         for (to, answer) in to_greet.iter().zip(answers) {
             match answer {
-                Ok(PeerReply::Welcome { me, known }) if me.name == *to => {
+                Ok(PeerReply::Welcome { me, known }) if me.address == *to => {
                     let change = self.heard_from(me, known);
                     self.apply(change).await;
                 }
@@ -340,8 +365,8 @@ impl PeerNode {
         let out = {
             let mut state = self.inner.state.lock().expect("peer state lock");
             for lost in &change.lost {
-                let dropped = state.peer_lost(lost);
-                info!(peer = %self.inner.name, lost = %lost, dropped, "peer lost");
+                let dropped = state.peer_lost(&lost.name);
+                info!(peer = %self.inner.name, lost = %lost.name, dropped, "peer lost");
             }
             match change.ring {
                 Some(ring) => {
@@ -361,7 +386,7 @@ impl PeerNode {
             }
         };
         for lost in &change.lost {
-            self.inner.links.forget(lost);
+            self.inner.links.forget(&lost.address);
         }
         self.deliver(out).await;
     }

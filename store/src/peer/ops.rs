@@ -166,7 +166,7 @@ impl PeerNode {
                 let request = PeerRequest::Lookup {
                     keys: chunk.iter().map(|&i| keys[i].to_string()).collect(),
                 };
-                (chunk, owner, self.inner.links.call(owner, &request).await)
+                (chunk, owner, self.call(owner, &request).await)
             })
         });
         for (chunk, owner, reply) in join_all(calls).await {
@@ -238,6 +238,17 @@ impl PeerNode {
         Ok(sound.then_some(value))
     }
 
+    /// Sends `request` to member `name`.
+    async fn call(&self, name: &str, request: &PeerRequest) -> Result<PeerReply> {
+        let address = self.address_of(name).ok_or_else(|| {
+            Error::new(
+                ErrorCode::RPC_FAIL,
+                format!("peer {name} is not a member now"),
+            )
+        })?;
+        self.inner.links.call(&address, request).await
+    }
+
     /// Writes the block headers the state owes into the pool's memory.
     pub(super) fn apply_headers(&self, writes: Vec<HeaderWrite>) {
         let memory = &self.inner.memory;
@@ -285,7 +296,7 @@ impl PeerNode {
                             let request = PeerRequest::Directory {
                                 messages: chunk.to_vec(),
                             };
-                            (to, self.inner.links.call(to, &request).await)
+                            (to, self.call(to, &request).await)
                         })
                 });
                 let answers = join_all(calls).await;

@@ -413,6 +413,10 @@ pub(crate) struct PeerArgs {
     /// The address other peers reach this one at, if not --listen (needed with 0.0.0.0).
     #[arg(long)]
     pub(crate) advertise: Option<String>,
+    /// The peer's name on the ring [default: its member credential's name, else its
+    /// address]. A member credential may only run a peer of its own name.
+    #[arg(long)]
+    pub(crate) name: Option<String>,
     /// Peers to greet first, comma-separated (any live member will do; the rest are found
     /// from them). The first peer of a cluster has none.
     #[arg(long, value_name = "HOST:PORT[,HOST:PORT]", value_delimiter = ',')]

@@ -30,6 +30,7 @@ pub(crate) async fn run_peer(args: PeerArgs) -> Result<(), Error> {
         false => args.seeds,
     };
     let mut config = PeerConfig::new(listen.clone(), seeds, size);
+    config.name = args.name.or(f.name);
     config.advertise = args.advertise.or(f.advertise);
     if let Some(replicas) = args.directory_replicas.or(f.directory_replicas) {
         if replicas == 0 {
@@ -44,7 +45,14 @@ pub(crate) async fn run_peer(args: PeerArgs) -> Result<(), Error> {
     }
     let token = args.serve.token_for(&listen)?;
     let peer = PeerNode::start(config, token).await?;
-    out!("mooring peer {} serving {size} bytes", peer.name());
+    match peer.name() == peer.address() {
+        true => out!("mooring peer {} serving {size} bytes", peer.name()),
+        false => out!(
+            "mooring peer {} at {} serving {size} bytes",
+            peer.name(),
+            peer.address()
+        ),
+    }
     let _ = std::io::stdout().flush();
     wait_for_shutdown().await;
     peer.stop();

@@ -1,0 +1,263 @@
+//! Peer mode with real processes on loopback: `mooring peer` clusters, written and read
+//! through [`PeerGuest`]s (the client the CLI uses for `peer://`), with every byte checked.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{Proc, args, run_without_token as run, scratch, value};
+use mooring::peer::PeerGuest;
+use mooring_core::ErrorCode;
+use mooring_core::peer::membership::MemberInfo;
+use mooring_proto::auth::Credential;
+use mooring_proto::wire::{PeerReply, PeerRequest};
+use mooring_transport_tcp::PeerLinks;
+
+/// A peer on a free loopback port greeting `seeds`, with `extra` flags; its address.
+fn start_peer(seeds: &[&str], extra: &[&str]) -> (Proc, String) {
+    let (proc, [addr]) = Proc::start_on_free_ports(false, |[listen]| {
+        let mut line = args(&["peer", "--listen", listen, "--size", "32MiB"]);
+        if !seeds.is_empty() {
+            line.extend(args(&["--seeds", &seeds.join(",")]));
+        }
+        line.extend(args(extra));
+        line
+    });
+    assert!(proc.line.contains(&addr), "{}", proc.line);
+    (proc, addr)
+}
+
+fn guest(peer: &str) -> PeerGuest {
+    PeerGuest::new(vec![peer.to_string()], None, Duration::from_secs(5)).unwrap()
+}
+
+/// Waits until a value put through each of `peers` is read back through every other one:
+/// they see each other and agree on the ring.
+async fn wait_until_joined(peers: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut round = 0u64;
+    loop {
+        round += 1;
+        let mut all = true;
+        for (i, writer) in peers.iter().enumerate() {
+            let key = format!("probe/{round}/{i}");
+            guest(writer)
+                .put(&key, key.clone().into_bytes())
+                .await
+                .unwrap();
+            for reader in peers {
+                let read = guest(reader).get(&key).await.unwrap();
+                all &= read.as_deref() == Some(key.as_bytes());
+            }
+        }
+        if all {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{peers:?} never joined up");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The keys written, each with the peer it was written through and its value.
+struct Written(Vec<(String, usize, Vec<u8>)>);
+
+impl Written {
+    /// `count` values of sizes from 1 byte to 300 KiB, written round-robin through `peers`.
+    async fn through(peers: &[&str], tag: &str, count: usize) -> Written {
+        let mut written = Vec::new();
+        for i in 0..count {
+            let writer = i % peers.len();
+            let len = [1, 100, 4096, 65_537, 300 << 10][i % 5];
+            let key = format!("{tag}/{i}");
+            let bytes = value(i as u64 + 7, len);
+            guest(peers[writer]).put(&key, bytes.clone()).await.unwrap();
+            written.push((key, writer, bytes));
+        }
+        Written(written)
+    }
+
+    /// Reads every key through `reader`: a value written through a peer in `alive` must be
+    /// found, byte for byte; any other may be missing, but never other bytes.
+    async fn check(&self, reader: &str, alive: &[usize]) {
+        let reader = guest(reader);
+        for (key, writer, bytes) in &self.0 {
+            let read = reader.get(key).await.unwrap();
+            match read {
+                Some(read) => assert!(read == *bytes, "{key}: other bytes"),
+                None => assert!(
+                    !alive.contains(writer),
+                    "{key}, held by a live peer, was not found"
+                ),
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_peer_cluster_survives_a_kill_and_a_join_with_every_byte_checked() {
+    let (mut first, a) = start_peer(&[], &[]);
+    let (_second, b) = start_peer(&[&a], &[]);
+    let (_third, c) = start_peer(&[&a], &[]);
+    wait_until_joined(&[&a, &b, &c]).await;
+    let written = Written::through(&[&a, &b, &c], "kv", 60).await;
+    for reader in [&a, &b, &c] {
+        written.check(reader, &[0, 1, 2]).await;
+    }
+
+    // SIGKILL of the seed: with two directory replicas, every value the survivors hold is
+    // still found, at once (the other owner answers) and after the ring changes.
+    first.kill();
+    written.check(&b, &[1, 2]).await;
+    written.check(&c, &[1, 2]).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    written.check(&b, &[1, 2]).await;
+    written.check(&c, &[1, 2]).await;
+
+    // A peer joining takes its shards: nothing becomes unfindable, through it or others.
+    let (_fourth, d) = start_peer(&[&b], &[]);
+    wait_until_joined(&[&b, &c, &d]).await;
+    for reader in [&b, &c, &d] {
+        written.check(reader, &[1, 2]).await;
+    }
+    let later = Written::through(&[&d, &b], "after-join", 20).await;
+    later.check(&c, &[0, 1]).await;
+
+    // Removal: gone through every peer; a rewrite is the newest value everywhere.
+    let (key, _, _) = &written.0[1];
+    assert!(guest(&c).remove(key).await.unwrap());
+    let (rewritten, _, _) = &written.0[2];
+    guest(&d).put(rewritten, b"newer".to_vec()).await.unwrap();
+    for reader in [&b, &c, &d] {
+        assert_eq!(guest(reader).get(key).await.unwrap(), None);
+        assert_eq!(
+            guest(reader).get(rewritten).await.unwrap().as_deref(),
+            Some(&b"newer"[..])
+        );
+    }
+    assert!(!guest(&b).remove(key).await.unwrap(), "already removed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_works_against_a_peer_cluster_and_refuses_what_it_cannot_do() {
+    let (_first, a) = start_peer(&[], &[]);
+    let (_second, b) = start_peer(&[&a], &[]);
+    wait_until_joined(&[&a, &b]).await;
+    let master = format!("peer://{a},{b}");
+    let cli = |line: &[&str]| {
+        let mut full = line.to_vec();
+        full.extend(["--master", &master]);
+        run(&full)
+    };
+    let put = cli(&["put", "cli/key", "--value", "hello peers"]);
+    assert!(put.status.success(), "{put:?}");
+    let got = cli(&["get", "cli/key"]);
+    assert_eq!(got.stdout, b"hello peers", "{got:?}");
+    let removed = cli(&["rm", "cli/key"]);
+    assert!(removed.status.success(), "{removed:?}");
+    let missing = cli(&["get", "cli/key"]);
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("OBJECT_NOT_FOUND"),
+        "{missing:?}"
+    );
+    for refused in [
+        cli(&["ls"]),
+        cli(&["rm", "--all"]),
+        cli(&["put", "k", "--value", "v", "--replicas", "2"]),
+    ] {
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success() && stderr.contains("UNAVAILABLE_IN_CURRENT_MODE"),
+            "{stderr}"
+        );
+    }
+}
+
+/// `mooring token issue` for `name` with `roles`.
+fn issue(secret: &Path, name: &str, roles: &str, file: &Path) -> Credential {
+    let out = run(&[
+        "token",
+        "issue",
+        "--token-file",
+        secret.to_str().unwrap(),
+        "--name",
+        name,
+        "--role",
+        roles,
+        file.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    Credential::parse(&std::fs::read_to_string(file).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_credential_cannot_act_as_a_peer_and_strangers_are_refused() {
+    let dir = scratch("peer-roles");
+    let secret = dir.join("token");
+    assert!(
+        run(&["token", "new", secret.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let token = ["--token-file", secret.to_str().unwrap()];
+    let (_first, a) = start_peer(&[], &token);
+    let client = issue(&secret, "reader", "client", &dir.join("client"));
+    let timeout = Duration::from_secs(5);
+
+    // A client credential reads and writes.
+    let member = PeerGuest::new(vec![a.clone()], Some(client.clone()), timeout).unwrap();
+    member.put("roles/k", b"v".to_vec()).await.unwrap();
+    assert_eq!(
+        member.get("roles/k").await.unwrap().as_deref(),
+        Some(&b"v"[..])
+    );
+
+    // It cannot greet as a peer, so it cannot publish into the directory.
+    let id = mooring::client_id_for(Some(&client)).0;
+    let links = PeerLinks::new(None, Some(client), id, timeout);
+    let hello = PeerRequest::Hello {
+        me: MemberInfo {
+            name: "127.0.0.1:1".into(),
+            address: "127.0.0.1:1".into(),
+            data_endpoint: "127.0.0.1:2".into(),
+            data_key: 1,
+            data_base: 0,
+            weight: 1,
+        },
+        known: Vec::new(),
+    };
+    let refused = links.call(&a, &hello).await.unwrap_err();
+    assert_eq!(refused.code, ErrorCode::ILLEGAL_CLIENT, "{refused}");
+    let directory = PeerRequest::Directory {
+        messages: Vec::new(),
+    };
+    let refused = links.call(&a, &directory).await.unwrap_err();
+    assert_eq!(refused.code, ErrorCode::ILLEGAL_CLIENT, "{refused}");
+
+    // A node credential greets only as its own name.
+    let node = issue(&secret, "peer-9", "node", &dir.join("node"));
+    let id = mooring::client_id_for(Some(&node)).0;
+    let links = PeerLinks::new(None, Some(node), id, timeout);
+    let refused = links.call(&a, &hello).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("must be its credential's"),
+        "{refused}"
+    );
+
+    // No token: refused at the handshake.
+    let stranger = PeerGuest::new(vec![a.clone()], None, timeout).unwrap();
+    assert!(stranger.get("roles/k").await.is_err());
+    match PeerLinks::new(None, None, 3, timeout)
+        .call(
+            &a,
+            &PeerRequest::Get {
+                key: "roles/k".into(),
+            },
+        )
+        .await
+    {
+        Ok(PeerReply::Value { value }) => panic!("a stranger read {value:?}"),
+        other => assert!(other.is_err()),
+    }
+}
