@@ -105,11 +105,8 @@ impl Membership {
         config: MembershipConfig,
         now: Millis,
     ) -> Membership {
-        let seeds: Vec<Box<str>> = seeds
-            .into_iter()
-            .map(Into::into)
-            .filter(|seed: &Box<str>| *seed != me.address)
-            .collect();
+        let mut seeds: Vec<Box<str>> = seeds.into_iter().map(Into::into).collect();
+        seeds.retain(|seed| *seed != me.address);
         let known = seeds
             .iter()
             .map(|seed| {

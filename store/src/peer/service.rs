@@ -38,9 +38,7 @@ impl PeerService for Service {
 
 impl PeerNode {
     async fn answer(&self, caller: &mut PeerCaller, request: PeerRequest) -> PeerResponse {
-        if let Err(refused) = request.check() {
-            return Err(refused);
-        }
+        request.check()?;
         match request {
             PeerRequest::Hello { me, known } => {
                 caller.greet_as(&me.name)?;
