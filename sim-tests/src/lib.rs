@@ -17,6 +17,7 @@
 pub mod coverage;
 pub mod history;
 pub mod leaders;
+pub mod peers;
 pub mod plan;
 pub mod takeover;
 pub mod value;

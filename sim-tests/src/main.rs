@@ -23,6 +23,7 @@ mod sim {
 
     use clap::{Parser, Subcommand, ValueEnum};
     use mooring_sim_tests::coverage::{FLOOR_MIN_SEEDS, Totals};
+    use mooring_sim_tests::peers::{PeerPlan, PeerReport};
     use mooring_sim_tests::plan::{Plan, Shape, Transport};
     use mooring_sim_tests::runner::{check_determinism, run_isolated, run_many};
 
@@ -107,6 +108,39 @@ mod sim {
             seed: Option<u64>,
             #[command(flatten)]
             shape: ShapeArgs,
+        },
+        /// Peer mode's worlds: a cluster with no master, under kills, joins, restarts and
+        /// partitions; every read judged, every key swept at the end. MADSIM_TEST_SEED, if
+        /// set, runs only that seed (with logs: RUST_LOG).
+        Peer {
+            /// How many seeds.
+            #[arg(long, default_value_t = 40)]
+            seeds: u64,
+            /// The first seed.
+            #[arg(long, default_value_t = 0)]
+            from: u64,
+            /// Peers at the start [default: 3 to 6, drawn from the seed].
+            #[arg(long)]
+            peers: Option<usize>,
+            /// Operations per client (three clients).
+            #[arg(long, default_value_t = 200)]
+            ops: usize,
+            /// Run without faults (the happy path).
+            #[arg(long)]
+            no_faults: bool,
+            /// Runs at a time (default: the number of CPUs).
+            #[arg(long)]
+            jobs: Option<usize>,
+            /// Print every run's report, not just failures.
+            #[arg(long)]
+            verbose: bool,
+            /// Fail unless each of kills, joins, ring changes and strict reads was reached
+            /// by at least 20% of the seeds.
+            #[arg(long)]
+            floors: bool,
+            /// Run each seed twice and check both runs are identical.
+            #[arg(long)]
+            determinism: bool,
         },
         /// Run seeds twice each and check both runs are identical.
         Determinism {
@@ -212,7 +246,169 @@ mod sim {
                 let seeds: Vec<u64> = (from..from + seeds).collect();
                 determinism(&seeds, &shape)
             }
+            Command::Peer {
+                seeds,
+                from,
+                peers,
+                ops,
+                no_faults,
+                jobs,
+                verbose,
+                floors,
+                determinism,
+            } => {
+                let seeds: Vec<u64> = match env_seed() {
+                    Some(seed) => {
+                        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+                            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+                        tracing_subscriber::fmt().with_env_filter(filter).init();
+                        vec![seed]
+                    }
+                    None => (from..from + seeds).collect(),
+                };
+                let plans: Vec<PeerPlan> = seeds
+                    .iter()
+                    .map(|&seed| PeerPlan::generate(seed, peers, ops, !no_faults))
+                    .collect();
+                let jobs = jobs
+                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+                peer_worlds(plans, jobs, verbose, floors, determinism)
+            }
         }
+    }
+
+    /// Runs peer worlds, `jobs` at a time, each on a fresh thread; prints failures and a
+    /// coverage line. With `floors`, fails when a path was reached by under 20% of seeds;
+    /// with `determinism`, runs each twice and fails on any difference.
+    fn peer_worlds(
+        plans: Vec<PeerPlan>,
+        jobs: usize,
+        verbose: bool,
+        floors: bool,
+        determinism: bool,
+    ) -> i32 {
+        let started = Instant::now();
+        let total = plans.len();
+        let queue = std::sync::Mutex::new(plans);
+        let reports = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|scope| {
+            for _ in 0..jobs.max(1).min(total.max(1)) {
+                scope.spawn(|| {
+                    loop {
+                        let Some(plan) = queue.lock().unwrap_or_else(|e| e.into_inner()).pop()
+                        else {
+                            return;
+                        };
+                        let runs = if determinism { 2 } else { 1 };
+                        let mut results: Vec<PeerReport> = (0..runs)
+                            .map(|_| isolated_peer_world(plan.clone()))
+                            .collect();
+                        let mut report = results.remove(0);
+                        if let Some(again) = results.first()
+                            && (again.fingerprint != report.fingerprint || again.ops != report.ops)
+                        {
+                            report.violations.push(format!(
+                                "not deterministic: fingerprints {:#x} and {:#x}",
+                                report.fingerprint, again.fingerprint
+                            ));
+                        }
+                        reports
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(report);
+                    }
+                });
+            }
+        });
+        let mut reports = reports.into_inner().unwrap_or_else(|e| e.into_inner());
+        reports.sort_by_key(|r| r.seed);
+        let mut failed = Vec::new();
+        for report in &reports {
+            if !report.passed() || verbose {
+                println!(
+                    "peer seed {}: {} peers, {} ops, {} strict reads, {} keys swept, kills {}, \
+                     joins {}, restarts {}, partitions {}, ring changes {}, stale entries {}, \
+                     re-publish rounds {}",
+                    report.seed,
+                    report.peers,
+                    report.ops,
+                    report.strict_reads,
+                    report.swept,
+                    report.kills,
+                    report.joins,
+                    report.restarts,
+                    report.partitions,
+                    report.ring_changes,
+                    report.stale,
+                    report.republishes
+                );
+            }
+            if !report.passed() {
+                failed.push(report.seed);
+                for violation in report.violations.iter().take(10) {
+                    println!("  violation: {violation}");
+                }
+            }
+        }
+        let share = |reached: &dyn Fn(&PeerReport) -> bool| {
+            reports.iter().filter(|r| reached(r)).count() as f64 / total.max(1) as f64
+        };
+        let reached: [(&str, f64); 5] = [
+            ("a kill or restart", share(&|r| r.kills + r.restarts > 0)),
+            ("a join", share(&|r| r.joins > 0)),
+            (
+                "a ring change after forming",
+                share(&|r| r.ring_changes > 0),
+            ),
+            ("a stale entry skipped", share(&|r| r.stale > 0)),
+            ("strict reads", share(&|r| r.strict_reads > 0)),
+        ];
+        let elapsed = started.elapsed();
+        println!(
+            "{total} peer worlds in {:.1}s: {} failed{}",
+            elapsed.as_secs_f64(),
+            failed.len(),
+            if failed.is_empty() {
+                String::new()
+            } else {
+                format!(" {failed:?}")
+            }
+        );
+        let mut short = Vec::new();
+        for (path, share) in reached {
+            println!("  {path}: {:.0}% of seeds", share * 100.0);
+            if floors && share < 0.2 {
+                short.push(path);
+            }
+        }
+        for path in &short {
+            println!("coverage floor missed: {path} (under 20% of seeds)");
+        }
+        i32::from(!failed.is_empty() || !short.is_empty())
+    }
+
+    /// One peer world on a fresh thread (the simulator seeds per-thread state); a panic is a
+    /// failed report.
+    fn isolated_peer_world(plan: PeerPlan) -> PeerReport {
+        let (seed, peers) = (plan.seed, plan.peers);
+        let thread = std::thread::Builder::new()
+            .name(format!("peer-sim-{seed}"))
+            .stack_size(16 << 20)
+            .spawn(move || mooring_sim_tests::peers::run(plan))
+            .expect("spawn a simulation thread");
+        thread.join().unwrap_or_else(|panic| {
+            let message = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("a non-text panic");
+            PeerReport {
+                seed,
+                peers,
+                violations: vec![format!("panicked: {message}")],
+                ..PeerReport::default()
+            }
+        })
     }
 
     /// Runs each seed twice; fails if any pair of runs differs.

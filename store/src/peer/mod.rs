@@ -138,7 +138,7 @@ struct Inner {
     data: Arc<dyn DataPlane>,
     links: Arc<PeerLinks>,
     clock: Clock,
-    counts: PeerCounts,
+    counts: Arc<PeerCounts>,
     /// Kept for as long as the peer runs: dropping it stops the data server.
     _server: Arc<TcpDataServer>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -231,7 +231,7 @@ impl PeerNode {
                 data,
                 links,
                 clock,
-                counts: PeerCounts::default(),
+                counts: Arc::default(),
                 _server: server,
                 tasks: Mutex::new(Vec::new()),
             }),
@@ -274,9 +274,9 @@ impl PeerNode {
         membership.address_of(name).map(Into::into)
     }
 
-    /// The counts since it started.
-    pub fn counts(&self) -> &PeerCounts {
-        &self.inner.counts
+    /// The counts since it started (they outlive the peer).
+    pub fn counts(&self) -> Arc<PeerCounts> {
+        self.inner.counts.clone()
     }
 
     /// The members of its ring, by name.
