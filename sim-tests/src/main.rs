@@ -119,6 +119,9 @@ mod sim {
             /// The first seed.
             #[arg(long, default_value_t = 0)]
             from: u64,
+            /// Run the seeds listed in this file instead (one per line, `#` comments).
+            #[arg(long, value_name = "FILE")]
+            list: Option<std::path::PathBuf>,
             /// Peers at the start [default: 3 to 6, drawn from the seed].
             #[arg(long)]
             peers: Option<usize>,
@@ -249,6 +252,7 @@ mod sim {
             Command::Peer {
                 seeds,
                 from,
+                list,
                 peers,
                 ops,
                 no_faults,
@@ -257,14 +261,21 @@ mod sim {
                 floors,
                 determinism,
             } => {
-                let seeds: Vec<u64> = match env_seed() {
-                    Some(seed) => {
+                let seeds: Vec<u64> = match (env_seed(), list) {
+                    (Some(seed), _) => {
                         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
                             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
                         tracing_subscriber::fmt().with_env_filter(filter).init();
                         vec![seed]
                     }
-                    None => (from..from + seeds).collect(),
+                    (None, Some(path)) => match read_seed_list(&path) {
+                        Ok(seeds) => seeds,
+                        Err(e) => {
+                            eprintln!("cannot read the seed list {}: {e}", path.display());
+                            return 2;
+                        }
+                    },
+                    (None, None) => (from..from + seeds).collect(),
                 };
                 let plans: Vec<PeerPlan> = seeds
                     .iter()

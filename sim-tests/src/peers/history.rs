@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// How long after a fault reads may still see what it disturbed: a death noticed
-/// (membership's three seconds), a re-publish round (five), and margin.
+/// How long after a fault reads may still see what it disturbed, with membership's default
+/// timing: a death noticed (three seconds), a re-publish round (five), and margin.
 pub const SETTLE: Duration = Duration::from_secs(10);
 
 /// The value of `key`'s version `version`: its key and version, then filler derived from
@@ -56,6 +56,8 @@ struct Change {
 /// The whole run's history.
 #[derive(Debug, Default)]
 pub struct History {
+    /// How long after a fault reads are excused (see [`SETTLE`]).
+    pub settle: Duration,
     changes: BTreeMap<u32, Vec<Change>>,
     /// When each fault happened or healed.
     disturbed: Vec<Duration>,
@@ -71,6 +73,14 @@ pub struct History {
 }
 
 impl History {
+    /// A history whose reads are excused for `settle` after each fault.
+    pub fn new(settle: Duration) -> History {
+        History {
+            settle,
+            ..History::default()
+        }
+    }
+
     /// A write of `key` starting at `now`: its version, and an index to finish it with.
     pub fn start_put(&mut self, key: u32, now: Duration) -> (u64, usize) {
         self.next_version += 1;
@@ -142,7 +152,7 @@ impl History {
         let quiet = !self
             .disturbed
             .iter()
-            .any(|&at| at + SETTLE >= start && at <= end);
+            .any(|&at| at + self.settle >= start && at <= end);
         if !quiet {
             return;
         }
@@ -252,7 +262,7 @@ mod tests {
 
     #[test]
     fn a_read_is_held_to_the_latest_change_unless_something_excuses_it() {
-        let mut history = History::default();
+        let mut history = History::new(SETTLE);
         let (v1, i) = history.start_put(1, S);
         history.finish(1, i, true, 0, 2 * S);
         history.read(1, 1, Some(&value_for(1, v1)), 3 * S, 3 * S);
@@ -272,7 +282,7 @@ mod tests {
 
     #[test]
     fn writes_that_overlapped_may_land_in_either_order() {
-        let mut history = History::default();
+        let mut history = History::new(SETTLE);
         let (v1, i1) = history.start_put(1, S);
         let (v2, i2) = history.start_put(1, 2 * S);
         history.finish(1, i2, true, 0, 3 * S);

@@ -20,6 +20,18 @@ const PORT: u16 = 7100;
 const POOL: u64 = 16 << 20;
 /// How long a client waits for a peer.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// From this many peers on, membership greets every two seconds and declares a peer dead
+/// after eight: every peer greets every other, and at 64 peers the default pace costs the
+/// simulator more than the run is worth.
+const LARGE: usize = 32;
+
+/// How long after a fault reads are excused, for a world of `peers`.
+fn settle(peers: usize) -> Duration {
+    match peers >= LARGE {
+        true => Duration::from_secs(16),
+        false => SETTLE,
+    }
+}
 
 fn peer_ip(i: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 1, (i / 200) as u8, (i % 200) as u8 + 1))
@@ -58,7 +70,13 @@ pub fn run(plan: PeerPlan) -> PeerReport {
     runtime.block_on(supervise(plan))
 }
 
-fn start_peer(handle: &Handle, shared: &Arc<Shared>, i: usize, seeds: Vec<String>) -> NodeHandle {
+fn start_peer(
+    handle: &Handle,
+    shared: &Arc<Shared>,
+    i: usize,
+    seeds: Vec<String>,
+    large: bool,
+) -> NodeHandle {
     let shared = shared.clone();
     handle
         .create_node()
@@ -69,6 +87,10 @@ fn start_peer(handle: &Handle, shared: &Arc<Shared>, i: usize, seeds: Vec<String
             async move {
                 let mut config = PeerConfig::new(peer_addr(i), seeds, POOL);
                 config.timeout = CALL_TIMEOUT;
+                if large {
+                    config.greet_every = Duration::from_secs(2);
+                    config.membership.dead_after = mooring_core::Millis(8_000);
+                }
                 match PeerNode::start(config, None).await {
                     Ok(peer) => shared
                         .started
@@ -89,18 +111,19 @@ fn start_peer(handle: &Handle, shared: &Arc<Shared>, i: usize, seeds: Vec<String
 async fn supervise(plan: PeerPlan) -> PeerReport {
     let handle = Handle::current();
     let shared = Arc::new(Shared {
-        history: Mutex::new(History::default()),
+        history: Mutex::new(History::new(settle(plan.peers))),
         started: Mutex::new(Vec::new()),
         addresses: Mutex::new(plan.peers),
         start: Instant::now(),
     });
     let seeds: Vec<String> = (0..plan.peers.min(3)).map(peer_addr).collect();
+    let large = plan.peers >= LARGE;
     let mut nodes: Vec<NodeHandle> = (0..plan.peers)
-        .map(|i| start_peer(&handle, &shared, i, seeds.clone()))
+        .map(|i| start_peer(&handle, &shared, i, seeds.clone(), large))
         .collect();
     let mut alive = vec![true; plan.peers];
     // The cluster forms before the clients start: ring changes after this are the faults'.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(settle(plan.peers) / 3).await;
     let formed: u64 = counts(&shared, |p| p.ring_changes.load(relaxed()));
     let clients: Vec<_> = (0..plan.clients)
         .map(|j| {
@@ -147,7 +170,7 @@ async fn supervise(plan: PeerPlan) -> PeerReport {
             PeerFault::Join => {
                 let i = nodes.len();
                 let everyone: Vec<String> = (0..i).map(peer_addr).collect();
-                nodes.push(start_peer(&handle, &shared, i, everyone));
+                nodes.push(start_peer(&handle, &shared, i, everyone, large));
                 alive.push(true);
                 *shared.addresses.lock().unwrap_or_else(|e| e.into_inner()) = nodes.len();
                 shared.history().disturb(now);
@@ -182,7 +205,7 @@ async fn supervise(plan: PeerPlan) -> PeerReport {
     }
     // Everything heals (partitions end within 5 s), then settles: the final sweep holds
     // every key to its last completed change, through every live peer.
-    tokio::time::sleep(Duration::from_secs(5) + SETTLE).await;
+    tokio::time::sleep(Duration::from_secs(5) + settle(plan.peers)).await;
     let checker = handle
         .create_node()
         .name("checker")

@@ -50,6 +50,14 @@ pub fn peer_addresses(address: &str) -> Option<Vec<String>> {
     )
 }
 
+/// Milliseconds since the Unix epoch, by the wall clock.
+fn wall_clock_millis() -> Millis {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Millis(since.as_millis() as u64)
+}
+
 /// What a peer contributes and how it paces itself.
 #[derive(Clone, Debug)]
 pub struct PeerConfig {
@@ -139,6 +147,11 @@ struct Inner {
     links: Arc<PeerLinks>,
     clock: Clock,
     counts: Arc<PeerCounts>,
+    /// Greeting rounds since another peer first answered (a peer without seeds is ready at
+    /// once): clients are served from the second, once the gossip has filled the ring.
+    rounds_joined: AtomicU64,
+    /// Whether it was started with seeds to join.
+    joins: bool,
     /// Kept for as long as the peer runs: dropping it stops the data server.
     _server: Arc<TcpDataServer>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
@@ -206,7 +219,10 @@ impl PeerNode {
             data_base: memory.base(),
             weight: config.weight.max(1),
         };
-        let clock = Clock::new();
+        // Stamps (which write is newest) come from this clock, so it reads the wall clock's
+        // milliseconds: a restarted or new peer's writes must stamp above those made before
+        // it started. It never goes back from there, even if the wall clock does.
+        let clock = Clock::resuming(wall_clock_millis());
         let membership = Membership::new(
             me.clone(),
             config.seeds.clone(),
@@ -232,6 +248,8 @@ impl PeerNode {
                 links,
                 clock,
                 counts: Arc::default(),
+                rounds_joined: AtomicU64::new(0),
+                joins: !config.seeds.is_empty(),
                 _server: server,
                 tasks: Mutex::new(Vec::new()),
             }),
@@ -340,13 +358,20 @@ impl PeerNode {
             }
         }
         let now = self.inner.clock.now();
-        let change = self
-            .inner
-            .membership
-            .lock()
-            .expect("membership lock")
-            .tick(now);
+        let (change, members) = {
+            let mut membership = self.inner.membership.lock().expect("membership lock");
+            (membership.tick(now), membership.ring().members().len())
+        };
+        if members > 1 || self.inner.rounds_joined.load(Ordering::Relaxed) > 0 {
+            self.inner.rounds_joined.fetch_add(1, Ordering::Relaxed);
+        }
         self.apply(change).await;
+    }
+
+    /// Whether the peer serves clients: it has no seeds, or has heard from the cluster and
+    /// greeted everyone it learned of since.
+    pub fn is_ready(&self) -> bool {
+        !self.inner.joins || self.inner.rounds_joined.load(Ordering::Relaxed) >= 2
     }
 
     /// Peer `info` greeted or answered, knowing of `known`.

@@ -54,17 +54,20 @@ impl PeerNode {
             }
             PeerRequest::Put { key, value } => {
                 may_use(caller)?;
+                self.serving()?;
                 self.put(&key, &value).await?;
                 Ok(PeerReply::Stored)
             }
             PeerRequest::Get { key } => {
                 may_use(caller)?;
+                self.serving()?;
                 Ok(PeerReply::Value {
                     value: self.get(&key).await?,
                 })
             }
             PeerRequest::Exists { keys } => {
                 may_use(caller)?;
+                self.serving()?;
                 let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
                 Ok(PeerReply::Exist {
                     found: self.exists(&keys).await,
@@ -72,6 +75,7 @@ impl PeerNode {
             }
             PeerRequest::Remove { key } => {
                 may_use(caller)?;
+                self.serving()?;
                 Ok(PeerReply::Removed {
                     existed: self.remove(&key).await?,
                 })
@@ -114,6 +118,23 @@ impl PeerNode {
                 handled.response
             }
         }
+    }
+}
+
+impl PeerNode {
+    /// Refuses a client's operation while this peer is still joining (its view of the ring
+    /// would send it to the wrong owners): the client asks another peer.
+    fn serving(&self) -> Result<(), Error> {
+        if self.is_ready() {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorCode::RPC_FAIL,
+            format!(
+                "peer {} is still joining the cluster: ask another peer, or retry in a second",
+                self.name()
+            ),
+        ))
     }
 }
 
