@@ -6,8 +6,8 @@
 #   MADSIM_TEST_SEED=N scripts/sim.sh replay        one seed again, with logs (RUST_LOG)
 #   scripts/sim.sh determinism [--seeds N]          each seed twice, runs must be identical
 #   scripts/sim.sh ci                               regression lists, 200 seeds, 60 more TCP
-#                                                   seeds, 50 RDMA seeds, 60 shm seeds,
-#                                                   determinism
+#                                                   seeds, 50 RDMA seeds, 60 shm seeds, 200
+#                                                   peer worlds and 4 of 64 peers, determinism
 #   scripts/sim.sh overnight                        10,000 seeds
 #   scripts/sim.sh teeth [SEEDS]                    every planted bug (sim-tests/teeth.py): seeds
 #                                                   caught and the first failing seed, as a table
@@ -40,7 +40,14 @@ case "$command" in
         "$sim" run --seeds "${MOORING_SIM_RDMA_SEEDS:-50}" --from 100 --transport rdma
         echo "--- ${MOORING_SIM_SHM_SEEDS:-60} seeds over same-host shared memory (two hosts; the rest as sim)"
         "$sim" run --seeds "${MOORING_SIM_SHM_SEEDS:-60}" --from 2000 --transport shm
+        echo "--- peer worlds: regression seeds (sim-tests/regressions-peer.txt)"
+        "$sim" peer --list sim-tests/regressions-peer.txt
+        echo "--- ${MOORING_SIM_PEER_SEEDS:-200} peer worlds (kills, joins, restarts, partitions; coverage floors)"
+        "$sim" peer --seeds "${MOORING_SIM_PEER_SEEDS:-200}" --floors
+        echo "--- 4 peer worlds of 64 peers"
+        "$sim" peer --seeds 4 --from 500 --peers 64 --ops 40
         echo "--- determinism"
+        "$sim" peer --seeds 2 --determinism
         "$sim" determinism --seeds 4
         "$sim" determinism --seeds 2 --from 100 --transport rdma
         "$sim" determinism --seeds 2 --from 2000 --transport shm
