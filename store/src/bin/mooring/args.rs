@@ -606,6 +606,11 @@ pub(crate) struct BenchArgs {
     /// streams on this machine.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub(crate) readers: usize,
+    /// Also measure peer mode beside master mode: a `mooring peer` process and a peer in
+    /// this process; puts into the local peer, gets of values the other process holds, and
+    /// directory lookups.
+    #[arg(long)]
+    pub(crate) peer: bool,
 }
 
 #[derive(Args)]

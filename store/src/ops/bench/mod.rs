@@ -17,9 +17,11 @@
 //! | `reader` | the phases this process measures as the reader |
 //! | `many` | the many-readers phase, and a reader process of it ([`run_reader`]) |
 //! | `writer` | the writer process ([`run_writer`]) |
+//! | `peers` | peer mode's rows (`--peer`): a peer process and one in this process |
 
 mod many;
 mod objects;
+mod peers;
 mod process;
 mod reader;
 mod report;
@@ -68,6 +70,8 @@ pub struct BenchConfig {
     pub transport: TransportChoice,
     /// Reader processes in the many-readers phase (1: no such phase).
     pub readers: usize,
+    /// Also measure peer mode (a cluster with no master), beside master mode.
+    pub peer: bool,
 }
 
 pub(super) fn protocol_error(what: impl Into<String>) -> Error {
@@ -143,6 +147,11 @@ pub async fn run(config: &BenchConfig, exe: PathBuf) -> Result<Report> {
         .extend(exist_phases(&reader, config, &run).await?);
     reader.close().await?;
     drop(writer);
+    if config.peer {
+        report
+            .phases
+            .extend(peers::peer_phases(config, &exe, token, &run).await?);
+    }
     // The master holds nothing worth a graceful stop (it does not read commands).
     if let Some(mut master) = master_process {
         let _ = master.child.kill();
