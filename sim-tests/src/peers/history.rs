@@ -138,7 +138,16 @@ impl History {
         self.reads += 1;
         if let Some(bytes) = read {
             match identify(bytes) {
-                Some((k, version)) if k == key && self.was_written(key, version, end) => {}
+                Some((k, version)) if k == key && self.was_written(key, version, end) => {
+                    if let Some(removal) = self.removed_after(key, version, start) {
+                        self.violations.push(format!(
+                            "a read of key {key} through peer {peer} at {end:?} returned \
+                             version {version}, which a removal from {:?} to {:?} covered",
+                            removal.0, removal.1
+                        ));
+                        return;
+                    }
+                }
                 _ => {
                     self.violations.push(format!(
                         "a read of key {key} through peer {peer} at {end:?} returned {} bytes \
@@ -168,6 +177,18 @@ impl History {
                  nothing excuses the difference"
             ));
         }
+    }
+
+    /// A removal of `key` that began after its write `version` ended (completed or failed)
+    /// and completed before `by`: its span. Whatever happens, such a removal covers that
+    /// write (it is stamped above it), so the value must never be read again.
+    fn removed_after(&self, key: u32, version: u64, by: Duration) -> Option<(Duration, Duration)> {
+        let changes = self.changes.get(&key)?;
+        let written = changes.iter().find(|c| c.version == Some(version))?.end?;
+        changes
+            .iter()
+            .filter(|c| c.version.is_none() && !c.failed && c.start > written)
+            .find_map(|c| c.end.filter(|&end| end < by).map(|end| (c.start, end)))
     }
 
     /// Whether a write of `key`'s `version` began by `by`.
@@ -278,6 +299,12 @@ mod tests {
         history.read(1, 1, Some(&value_for(2, v1)), 31 * S, 31 * S);
         assert_eq!(history.violations.len(), 2);
         assert_eq!(history.strict_reads, 2);
+        // A removal covers what was written before it, even right after a fault.
+        let r = history.start_remove(1, 32 * S);
+        history.finish(1, r, true, 1, 33 * S);
+        history.kill(2, 33 * S);
+        history.read(1, 1, Some(&value_for(1, v1)), 34 * S, 34 * S);
+        assert_eq!(history.violations.len(), 3, "{:?}", history.violations);
     }
 
     #[test]

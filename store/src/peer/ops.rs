@@ -141,7 +141,19 @@ impl PeerNode {
                 })
                 .collect()
         };
-        self.deliver(out).await;
+        let unreachable = self.deliver(out).await;
+        if !unreachable.is_empty() {
+            // A removal an owner missed could come back through it: say so, so the caller
+            // removes again rather than count on it.
+            return Err(Error::new(
+                ErrorCode::RPC_FAIL,
+                format!(
+                    "the removal of {key:?} did not reach every owner of its entry \
+                     ({unreachable:?} did not answer); it may have taken effect in part: \
+                     remove it again"
+                ),
+            ));
+        }
         Ok(existed)
     }
 
@@ -267,13 +279,14 @@ impl PeerNode {
 
     /// Sends `out` (directory messages) and follows the answers they cause, which may cause
     /// more. Messages for this peer itself are handled in place; unreachable peers are
-    /// skipped (the next re-publish round repairs what they missed).
-    pub(super) fn deliver(&self, out: Vec<Outgoing>) -> BoxFuture<'_, ()> {
+    /// skipped (the next re-publish round repairs what they missed) and returned.
+    pub(super) fn deliver(&self, out: Vec<Outgoing>) -> BoxFuture<'_, Vec<Box<str>>> {
         Box::pin(async move {
             let mut pending = out;
+            let mut unreachable = Vec::new();
             for _ in 0..MAX_DELIVERY_ROUNDS {
                 if pending.is_empty() {
-                    return;
+                    return unreachable;
                 }
                 let now = self.inner.clock.now();
                 let mut next = Vec::new();
@@ -312,7 +325,10 @@ impl PeerNode {
                         Ok(other) => {
                             debug!(peer = %to, "directory messages answered with {other:?}")
                         }
-                        Err(e) => debug!(peer = %to, "directory messages not delivered: {e}"),
+                        Err(e) => {
+                            debug!(peer = %to, "directory messages not delivered: {e}");
+                            unreachable.push(to.clone());
+                        }
                     }
                 }
                 self.apply_headers(state.take_header_writes());
@@ -325,6 +341,7 @@ impl PeerNode {
                      re-publish round finishes it"
                 );
             }
+            unreachable
         })
     }
 }
