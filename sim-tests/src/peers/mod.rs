@@ -48,7 +48,7 @@ impl PeerPlan {
     /// The plan of `seed`, with `peers` peers (default: 3 to 6) and `ops` operations per
     /// client; `faults` false for the happy path.
     pub fn generate(seed: u64, peers: Option<usize>, ops: usize, faults: bool) -> PeerPlan {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5eed_0f_9ee2;
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x005e_ed0f_9ee2;
         let mut draw = move |below: u64| {
             x ^= x << 13;
             x ^= x >> 7;
