@@ -42,13 +42,18 @@ async fn wait_until_joined(peers: &[&str]) {
         let mut all = true;
         for (i, writer) in peers.iter().enumerate() {
             let key = format!("probe/{round}/{i}");
-            guest(writer)
+            // A peer still joining refuses clients (RPC_FAIL): not joined yet.
+            if guest(writer)
                 .put(&key, key.clone().into_bytes())
                 .await
-                .unwrap();
+                .is_err()
+            {
+                all = false;
+                continue;
+            }
             for reader in peers {
-                let read = guest(reader).get(&key).await.unwrap();
-                all &= read.as_deref() == Some(key.as_bytes());
+                let read = guest(reader).get(&key).await;
+                all &= matches!(read, Ok(Some(value)) if value == key.as_bytes());
             }
         }
         if all {
