@@ -1,16 +1,14 @@
 //! Peer mode with real processes on loopback: `mooring peer` clusters, written and read
 //! through [`PeerGuest`]s (the client the CLI uses for `peer://`), with every byte checked.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Proc, args, run_without_token as run, scratch, value};
+use common::{Proc, args, issue, run_without_token as run, scratch, value};
 use mooring::peer::PeerGuest;
 use mooring_core::ErrorCode;
 use mooring_core::peer::membership::MemberInfo;
-use mooring_proto::auth::Credential;
 use mooring_proto::wire::{PeerReply, PeerRequest};
 use mooring_transport_tcp::PeerLinks;
 
@@ -177,23 +175,6 @@ async fn the_cli_works_against_a_peer_cluster_and_refuses_what_it_cannot_do() {
             "{stderr}"
         );
     }
-}
-
-/// `mooring token issue` for `name` with `roles`.
-fn issue(secret: &Path, name: &str, roles: &str, file: &Path) -> Credential {
-    let out = run(&[
-        "token",
-        "issue",
-        "--token-file",
-        secret.to_str().unwrap(),
-        "--name",
-        name,
-        "--role",
-        roles,
-        file.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{out:?}");
-    Credential::parse(&std::fs::read_to_string(file).unwrap()).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,14 +2,14 @@
 //! real node holding only its own node credential, and members with credentials of each role
 //! on loopback. Each role boundary is tried from the side that must be refused.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 mod common;
 
-use common::{Proc, run_without_token as run, scratch};
+use common::{Proc, issue, run_without_token as run, scratch};
 use mooring::{Client, ClientConfig};
 use mooring_core::{ClientId, ErrorCode, ReplicateConfig, SegmentSpec};
 use mooring_proto::auth::{Claims, Credential, Roles};
@@ -19,23 +19,6 @@ use mooring_proto::wire::{
     PutStart, Remove, RemoveAll, StateFile,
 };
 use mooring_transport_tcp::TcpControlPlane;
-
-/// `mooring token issue` for `name` with `roles`, through the CLI.
-fn issue(secret: &Path, name: &str, roles: &str, file: &Path) -> Credential {
-    let out = run(&[
-        "token",
-        "issue",
-        "--token-file",
-        secret.to_str().unwrap(),
-        "--name",
-        name,
-        "--role",
-        roles,
-        file.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{out:?}");
-    Credential::parse(&std::fs::read_to_string(file).unwrap()).unwrap()
-}
 
 /// A master holding the cluster token (with `extra` flags) and one node holding only a node
 /// credential: the cluster token, the master's address and the processes.

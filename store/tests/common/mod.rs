@@ -18,6 +18,29 @@ pub fn run_without_token(args: &[&str]) -> std::process::Output {
         .expect("run mooring")
 }
 
+/// `mooring token issue` for `name` with `roles` (as `--role` takes them), through the CLI,
+/// into `file`; the credential written.
+pub fn issue(
+    secret: &std::path::Path,
+    name: &str,
+    roles: &str,
+    file: &std::path::Path,
+) -> mooring_proto::auth::Credential {
+    let out = run_without_token(&[
+        "token",
+        "issue",
+        "--token-file",
+        secret.to_str().unwrap(),
+        "--name",
+        name,
+        "--role",
+        roles,
+        file.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    mooring_proto::auth::Credential::parse(&std::fs::read_to_string(file).unwrap()).unwrap()
+}
+
 /// An empty scratch directory for `test`, unique to this test process.
 pub fn scratch(test: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("mooring-{test}-{}", std::process::id()));
