@@ -450,15 +450,8 @@ EXPS.update({
  'peerworld-value-over-header': [
    ('store/src/peer/ops.rs', "            let copied = self.inner.memory.copy_in(block + BLOCK_HEADER, value)", "            let copied = self.inner.memory.copy_in(block, value)"),
  ],
- 'peerworld-serves-while-joining': [
-   ('store/src/peer/service.rs', "        if self.is_ready() {", "        if true {"),
- ],
  'peerworld-ring-change-not-applied': [
    ('store/src/peer/mod.rs', "                    state.ring_changed(ring, now)", "                    Vec::new()"),
- ],
- 'peerworld-restart-keeps-old-pool': [
-   ('core/src/peer/membership.rs', "        if known.member && known.info.as_ref() != Some(&info) {", "        if false && known.member && known.info.as_ref() != Some(&info) {"),
-   ('core/src/peer/membership.rs', "        known.info = Some(info);\n        for other in heard_of {", "        known.info.get_or_insert(info);\n        for other in heard_of {"),
  ],
 })
 SIM_COMMAND = {p: 'peer' for p in EXPS if p.startswith('peerworld-')}

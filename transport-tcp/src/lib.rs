@@ -10,6 +10,7 @@
 //!
 //! Built on `madsim-tokio`, so the same code runs on real sockets and inside the simulator.
 
+mod accept;
 mod data;
 mod framed;
 pub mod handshake;

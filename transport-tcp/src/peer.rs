@@ -19,8 +19,9 @@ use mooring_proto::transport::BoxFuture;
 use mooring_proto::wire::{PeerReply, PeerRequest, PeerResponse};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tracing::debug;
 
+use crate::accept::spawn_accepting;
 use crate::framed::{Framed, ReadError};
 use crate::handshake;
 use crate::limits::{ConnectionLimits, IDLE_TIMEOUT};
@@ -99,45 +100,21 @@ pub fn spawn_peer_server(
     gate: Arc<Gate>,
     limits: Arc<ConnectionLimits>,
 ) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            let (stream, address) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
-            };
-            let mut handshaking = match limits.admit(address.ip()) {
-                Ok(handshaking) => handshaking,
-                Err(why) => {
-                    refusals::refused(&address.to_string(), &format!("peer: {why}"));
-                    continue;
-                }
-            };
-            let (service, gate) = (service.clone(), gate.clone());
-            tokio::spawn(async move {
-                let address = address.to_string();
-                let mut conn = Framed::new(stream, Duration::ZERO);
-                let proven = tokio::select! {
-                    proven = handshake::server(&mut conn, &gate) => proven,
-                    () = handshaking.dismissed() => Err(crate::limits::DISMISSED.to_string()),
-                };
-                let admitted = proven.and_then(|(member, _)| {
-                    let admitted = handshaking.authenticated(member.client)?;
-                    Ok((member, admitted))
-                });
-                match admitted {
-                    Ok((member, _admitted)) => {
-                        let mut caller = PeerCaller { member, name: None };
-                        serve(&mut conn, &*service, &gate, &mut caller, &address).await
-                    }
-                    Err(e) => refusals::refused(&address, &e),
-                }
-            });
-        }
-    })
+    let served = gate.clone();
+    spawn_accepting(
+        listener,
+        gate,
+        limits,
+        Duration::ZERO,
+        "peer",
+        move |mut conn, member, _, address| {
+            let (service, gate) = (service.clone(), served.clone());
+            async move {
+                let mut caller = PeerCaller { member, name: None };
+                serve(&mut conn, &*service, &gate, &mut caller, &address).await
+            }
+        },
+    )
 }
 
 /// Answers one connection's requests, one at a time, until it closes, idles out, or its

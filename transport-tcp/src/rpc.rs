@@ -19,9 +19,10 @@ use mooring_proto::wire::{ControlRequest, MasterRequest, MasterResponse, Reply, 
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
-use crate::framed::{Framed, PACE_CAP, ReadError};
+use crate::accept::spawn_accepting;
+use crate::framed::{Framed, ReadError};
 use crate::handshake::ConnectionClock;
 use crate::limits::{ConnectionLimits, IDLE_TIMEOUT};
 use crate::peer_clock::PeerClock;
@@ -413,50 +414,26 @@ pub fn spawn_rpc_server_with_limits(
     gate: Arc<Gate>,
     limits: Arc<ConnectionLimits>,
 ) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
-            };
-            let mut handshaking = match limits.admit(peer.ip()) {
-                Ok(handshaking) => handshaking,
-                Err(why) => {
-                    refusals::refused(&peer.to_string(), &format!("master: {why}"));
-                    continue;
-                }
-            };
+    spawn_accepting(
+        listener,
+        gate.clone(),
+        limits,
+        spin,
+        "master",
+        move |conn, member, answered, address| {
             let (handler, gate) = (handler.clone(), gate.clone());
-            tokio::spawn(async move {
-                let address = peer.to_string();
-                let mut conn = Framed::new(stream, spin).follow_pace(spin * PACE_CAP);
-                let proven = tokio::select! {
-                    proven = handshake::server(&mut conn, &gate) => proven,
-                    () = handshaking.dismissed() => Err(crate::limits::DISMISSED.to_string()),
+            async move {
+                let clock = PeerClock::from_handshake(answered);
+                let connection = Connection {
+                    handler: &*handler,
+                    gate: &gate,
+                    address: &address,
+                    member,
                 };
-                match proven.and_then(|(member, answered)| {
-                    let admitted = handshaking.authenticated(member.client)?;
-                    Ok((member, answered, admitted))
-                }) {
-                    Ok((member, answered, _admitted)) => {
-                        let clock = PeerClock::from_handshake(answered);
-                        let connection = Connection {
-                            handler: &*handler,
-                            gate: &gate,
-                            address: &address,
-                            member,
-                        };
-                        connection.serve(conn, clock).await
-                    }
-                    Err(e) => refusals::refused(&address, &e),
-                }
-            });
-        }
-    })
+                connection.serve(conn, clock).await
+            }
+        },
+    )
 }
 
 /// One authenticated control connection: the member it proved to be, behind which gate.
