@@ -247,3 +247,41 @@ async fn a_client_credential_cannot_act_as_a_peer_and_strangers_are_refused() {
         other => assert!(other.is_err()),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_serves_its_metrics() {
+    let (_peer, [listen, metrics]) = Proc::start_on_free_ports(false, |[listen, metrics]| {
+        args(&[
+            "peer",
+            "--listen",
+            listen,
+            "--size",
+            "32MiB",
+            "--metrics-listen",
+            metrics,
+        ])
+    });
+    guest(&listen)
+        .put("metrics/k", b"value".to_vec())
+        .await
+        .unwrap();
+    assert!(guest(&listen).get("metrics/k").await.unwrap().is_some());
+    let (status, text) = common::http_get(&metrics, "/metrics", None);
+    assert_eq!(status, 200, "{text}");
+    let value_of = |name: &str| common::sample(&text, name);
+    assert_eq!(value_of("mooring_peer_puts_total"), Some(1.0), "{text}");
+    assert_eq!(value_of("mooring_peer_hits_total"), Some(1.0), "{text}");
+    assert_eq!(value_of("mooring_peer_values"), Some(1.0), "{text}");
+    // Alone on its ring, the peer owns every entry.
+    assert_eq!(
+        value_of("mooring_peer_directory_entries"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(value_of("mooring_peer_members"), Some(1.0), "{text}");
+    assert_eq!(
+        value_of("mooring_peer_pool_bytes"),
+        Some((32 << 20) as f64),
+        "{text}"
+    );
+}

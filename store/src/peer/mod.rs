@@ -131,6 +131,19 @@ pub struct PeerCounts {
     pub ring_changes: AtomicU64,
 }
 
+/// How much a peer's shard and pool hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerSizes {
+    /// Directory entries in its shard.
+    pub entries: usize,
+    /// Values in its pool.
+    pub values: usize,
+    /// Pool bytes holding values (headers included).
+    pub used_bytes: u64,
+    /// The pool's size.
+    pub pool_bytes: u64,
+}
+
 /// A running peer.
 #[derive(Clone)]
 pub struct PeerNode {
@@ -304,10 +317,35 @@ impl PeerNode {
         ring.members().iter().map(|m| m.name.to_string()).collect()
     }
 
-    /// Directory entries its shard holds, and values its pool holds.
-    pub fn sizes(&self) -> (usize, usize) {
+    /// How much its shard and pool hold now.
+    pub fn sizes(&self) -> PeerSizes {
         let state = self.inner.state.lock().expect("peer state lock");
-        (state.shard().len(), state.pool().len())
+        PeerSizes {
+            entries: state.shard().len(),
+            values: state.pool().len(),
+            used_bytes: state.pool().used_bytes(),
+            pool_bytes: self.inner.memory.len() as u64,
+        }
+    }
+
+    /// Serves `/metrics` (Prometheus text) on `listen`, behind `bearer` if given, for as
+    /// long as the peer runs; returns the address bound.
+    pub async fn serve_metrics(
+        &self,
+        listen: &str,
+        bearer: Option<String>,
+    ) -> Result<std::net::SocketAddr> {
+        let peer = self.clone();
+        let handler: crate::ops::http::Handler = Arc::new(move |request| match request.path {
+            "/metrics" => crate::ops::http::Response::ok(
+                "text/plain; version=0.0.4; charset=utf-8",
+                crate::ops::metrics::peer_text(&peer),
+            ),
+            _ => crate::ops::http::Response::error(404, "no such page: try /metrics"),
+        });
+        let (addr, task) = crate::ops::http::serve(listen, handler, bearer, &[]).await?;
+        self.inner.tasks.lock().expect("task lock").push(task);
+        Ok(addr)
     }
 
     /// Stops serving and every round. Its data is gone with it (other peers notice it

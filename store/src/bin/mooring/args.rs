@@ -433,6 +433,8 @@ pub(crate) struct PeerArgs {
     pub(crate) weight: Option<u32>,
     #[command(flatten)]
     pub(crate) serve: ServeArgs,
+    #[command(flatten)]
+    pub(crate) metrics: MetricsArgs,
 }
 
 #[derive(Args, Clone)]

@@ -44,7 +44,11 @@ pub(crate) async fn run_peer(args: PeerArgs) -> Result<(), Error> {
         config.weight = weight.max(1);
     }
     let token = args.serve.token_for(&listen)?;
+    let metrics = args.metrics.resolve()?;
     let peer = PeerNode::start(config, token).await?;
+    if let Some((listen, bearer)) = metrics {
+        peer.serve_metrics(&listen, bearer).await?;
+    }
     match peer.name() == peer.address() {
         true => out!("mooring peer {} serving {size} bytes", peer.name()),
         false => out!(

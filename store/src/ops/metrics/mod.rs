@@ -16,6 +16,7 @@
 mod json;
 mod node;
 mod pages;
+mod peer;
 mod render;
 mod rpc;
 
@@ -36,6 +37,7 @@ use rpc::{
 pub use json::stats_json;
 pub use node::node_text;
 pub use pages::{PUBLIC_PATHS, handler, segment_list, static_page};
+pub use peer::peer_text;
 pub use render::render_standby;
 
 /// What the master records as it serves.
