@@ -491,3 +491,80 @@ fn a_peer_cluster_serves_the_latest_value_or_a_justified_miss() {
         );
     }
 }
+
+/// A removal made through a peer whose ring has one more member than the writer's (a peer
+/// that left, which the remover still counts alive) reaches only some of the owners the
+/// writer published to; the writer, told to free its write, withdraws the entry from the
+/// others, so no owner answers for the removed write.
+#[test]
+fn a_removal_through_another_view_of_the_ring_reaches_every_owner() {
+    let names: Vec<String> = ["a", "b", "c", "writer"].map(String::from).to_vec();
+    let writers_ring = ring_of(names.iter());
+    let with_departed: Vec<String> = names.iter().cloned().chain(["departed".into()]).collect();
+    let removers_ring = ring_of(with_departed.iter());
+    let replicas = DEFAULT_DIRECTORY_REPLICAS;
+    // A key that the departed peer owns in the remover's view: the owner it displaced is
+    // one the removal misses.
+    let key = (0..1000)
+        .map(|i| format!("key-{i}"))
+        .find(|k| {
+            let theirs = removers_ring.owners(k, replicas);
+            theirs.contains(&"departed")
+                && !theirs.contains(&"writer")
+                && writers_ring
+                    .owners(k, replicas)
+                    .iter()
+                    .all(|o| *o != "writer")
+        })
+        .expect("some key is owned by the departed peer");
+    let now = Millis(1_000);
+    let mut peers: BTreeMap<String, PeerState> = names
+        .iter()
+        .map(|n| {
+            let state = PeerState::new(n, 1 << 20, writers_ring.clone(), replicas, Millis(10));
+            (n.clone(), state)
+        })
+        .collect();
+    let mut queue: VecDeque<(String, Outgoing)> = VecDeque::new();
+    let deliver = |peers: &mut BTreeMap<String, PeerState>,
+                   queue: &mut VecDeque<(String, Outgoing)>| {
+        while let Some((from, out)) = queue.pop_front() {
+            if let Some(peer) = peers.get_mut(&*out.to) {
+                let caused = peer.receive(&from, out.message, now);
+                let to = out.to.to_string();
+                queue.extend(caused.into_iter().map(|o| (to.clone(), o)));
+            }
+        }
+    };
+    let (location, out) = peers
+        .get_mut("writer")
+        .expect("writer")
+        .put(&key, 4 * KIB, Checksum(7), now)
+        .expect("room");
+    queue.extend(out.into_iter().map(|o| ("writer".to_string(), o)));
+    deliver(&mut peers, &mut queue);
+    let published = writers_ring.owners(&key, replicas);
+    for owner in &published {
+        assert_eq!(
+            peers[*owner].lookup(&key),
+            Some(location.clone()),
+            "{owner}"
+        );
+    }
+    // The removal, as the remover's driver makes it: to the owners of its view that answer.
+    let covering = Stamp {
+        clock: location.stamp.clock + 1,
+        ..location.stamp
+    };
+    for owner in removers_ring.owners(&key, replicas) {
+        if let Some(peer) = peers.get_mut(owner) {
+            let out = peer.remove(&key, covering, now);
+            queue.extend(out.into_iter().map(|o| (owner.to_string(), o)));
+        }
+    }
+    deliver(&mut peers, &mut queue);
+    for owner in &published {
+        assert_eq!(peers[*owner].lookup(&key), None, "{owner} still answers");
+    }
+    assert!(peers["writer"].pool().location(&key).is_none());
+}

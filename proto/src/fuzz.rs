@@ -535,8 +535,9 @@ fn sample_peer_frames() -> Vec<(FrameKind, Vec<u8>)> {
             keys: vec!["kv/a".into(), "kv/b".into()],
         },
         PeerRequest::Remove { key: "kv/a".into() },
+        PeerRequest::Leave,
     ];
-    let responses: [PeerResponse; 9] = [
+    let responses: [PeerResponse; 10] = [
         Ok(PeerReply::Directory {
             replies: vec![
                 DirectoryMessage::Held {
@@ -575,6 +576,7 @@ fn sample_peer_frames() -> Vec<(FrameKind, Vec<u8>)> {
             found: vec![true, false],
         }),
         Ok(PeerReply::Removed { existed: true }),
+        Ok(PeerReply::Left),
         Err(mooring_core::Error::new(
             mooring_core::ErrorCode::INVALID_KEY,
             "a key of 0 bytes: keys take 1 to 4096 bytes",

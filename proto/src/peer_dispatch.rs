@@ -19,7 +19,7 @@ pub struct Handled {
 
 /// Handles `request` from peer `from` (the name its credential proves) at `now`. A request
 /// that fails its checks is refused whole, changing nothing. The requests that are not the
-/// directory's (membership greetings, and a client's operations, which move bytes) come back
+/// directory's (membership greetings and goodbyes, and a client's operations, which move bytes) come back
 /// as `Err` for the driver to answer, checked.
 pub fn handle(
     peer: &mut PeerState,
@@ -84,7 +84,8 @@ pub fn handle(
         | PeerRequest::Put { .. }
         | PeerRequest::Get { .. }
         | PeerRequest::Exists { .. }
-        | PeerRequest::Remove { .. } => return Err(request),
+        | PeerRequest::Remove { .. }
+        | PeerRequest::Leave => return Err(request),
     })
 }
 

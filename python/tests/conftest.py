@@ -1,4 +1,5 @@
-"""Fixtures: a real `mooring master` on loopback, and stores connected to it."""
+"""Fixtures: a real `mooring master` (or a cluster of `mooring peer`s) on loopback, and stores
+connected to it."""
 
 from __future__ import annotations
 
@@ -90,11 +91,55 @@ class Node:
         self.process.wait()
 
 
+class PeerCluster:
+    """Three `mooring peer` processes on loopback, the later two seeded with the first; its
+    ``address`` (``peer://a,b,c``) is what a store takes where it takes a master's."""
+
+    def __init__(self, peers: int = 3, size: str = "64MB") -> None:
+        env = {k: v for k, v in os.environ.items() if k != "MOORING_TOKEN_FILE"}
+        self.processes: list[subprocess.Popen] = []
+        self.addresses: list[str] = []
+        try:
+            for i in range(peers):
+                address = f"127.0.0.1:{free_port()}"
+                seeds = ["--seeds", self.addresses[0]] if self.addresses else []
+                process = subprocess.Popen(
+                    [mooring_binary(), "peer", "--listen", address, "--size", size, *seeds],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                )
+                self.processes.append(process)
+                # The CLI prints one line once the peer serves.
+                line = process.stdout.readline()
+                if "serving" not in line:
+                    raise RuntimeError(f"peer {i} did not start: {line!r}")
+                self.addresses.append(address)
+        except BaseException:
+            self.stop()
+            raise
+        self.address = "peer://" + ",".join(self.addresses)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait()
+
+
 @pytest.fixture(scope="session")
 def master():
     m = Master()
     yield m
     m.stop()
+
+
+@pytest.fixture(scope="session")
+def peers():
+    """A peer cluster of three `mooring peer` processes."""
+    cluster = PeerCluster()
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,7 @@
-"""The SGLang HiCache backend end to end, against a real master, with a host memory pool shaped
-like SGLang's and with SGLang's own MHA host pool, and loaded by SGLang's own backend
-factory."""
+"""The SGLang HiCache backend end to end, with a host memory pool shaped like SGLang's and
+with SGLang's own MHA host pool, and loaded by SGLang's own backend factory: each test runs
+against a real master, and again against a real peer cluster (``peer://``, three `mooring
+peer` processes), as SGLang would be pointed at either."""
 
 from __future__ import annotations
 
@@ -52,10 +53,16 @@ def indices(pages, page_size):
     return np.concatenate([np.arange(p * page_size, (p + 1) * page_size) for p in pages])
 
 
+@pytest.fixture(params=["master", "peers"])
+def cluster(request):
+    """The address of a master, or of a peer cluster."""
+    return request.getfixturevalue(request.param).address
+
+
 @pytest.fixture
-def backend(master):
+def backend(cluster):
     config = StorageConfig(
-        extra_config={"master_server_address": master.address, "global_segment_size": "32MB"}
+        extra_config={"master_server_address": cluster, "global_segment_size": "32MB"}
     )
     # As SGLang's dynamic loader builds it: (storage_config, kwargs).
     store = adapter.MooringStore(config, {})
@@ -103,7 +110,7 @@ def sglang_config(model_name: str, **extra):
     )
 
 
-def test_loaded_and_driven_by_sglang_itself(master):
+def test_loaded_and_driven_by_sglang_itself(cluster):
     """SGLang's own factory (sglang 0.5.23, which the test command installs) loads the adapter
     as `--hicache-storage-backend dynamic` does, and its cache controller's generic page calls
     (a tensor per page) work through SGLang's base class."""
@@ -116,7 +123,7 @@ def test_loaded_and_driven_by_sglang_itself(master):
         module_path="mooring.integrations.sglang",
         class_name="MooringStore",
         interface_v1=1,
-        master_server_address=master.address,
+        master_server_address=cluster,
         global_segment_size="16MB",
     )
     backend = StorageBackendFactory.create_backend("dynamic", config, None)
@@ -174,13 +181,11 @@ def sglang_mha_host_pool(layers=2, tokens=256, heads=2, dim=16, page=16):
     ), (k, v)
 
 
-def test_pages_move_through_sglangs_own_host_pool(master):
+def test_pages_move_through_sglangs_own_host_pool(cluster):
     """The zero-copy page calls against SGLang's MHATokenToKVPoolHost: pages written from
     one place in the pool come back, byte for byte, into another."""
     pool, _device = sglang_mha_host_pool()
-    config = sglang_config(
-        "own-pool", master_server_address=master.address, global_segment_size="16MB"
-    )
+    config = sglang_config("own-pool", master_server_address=cluster, global_segment_size="16MB")
     backend = adapter.MooringStore(config, {})
     try:
         backend.register_mem_pool_host(pool)
@@ -200,7 +205,7 @@ def test_pages_move_through_sglangs_own_host_pool(master):
         backend.close()
 
 
-def test_pages_round_trip_through_the_host_pool(backend, master):
+def test_pages_round_trip_through_the_host_pool(backend):
     page_size, half = 16, 32 * 1024
     pool = HostPool(pages=32, page_size=page_size, half_bytes=half)
     backend.register_mem_pool_host(pool)
@@ -227,7 +232,7 @@ def test_pages_round_trip_through_the_host_pool(backend, master):
     assert backend.get_stats().backup_pgs == []  # reset by reading
 
 
-def test_keys_are_isolated_by_model_and_rank(master):
+def test_keys_are_isolated_by_model_and_rank(cluster):
     stores = []
     try:
         for rank in (0, 1):
@@ -235,7 +240,7 @@ def test_keys_are_isolated_by_model_and_rank(master):
                 tp_rank=rank,
                 tp_size=2,
                 extra_config={
-                    "master_server_address": master.address,
+                    "master_server_address": cluster,
                     "global_segment_size": "32MB",
                 },
             )
@@ -249,7 +254,7 @@ def test_keys_are_isolated_by_model_and_rank(master):
             StorageConfig(
                 is_mla_model=True,
                 extra_config={
-                    "master_server_address": master.address,
+                    "master_server_address": cluster,
                     "global_segment_size": "32MB",
                 },
             ),
@@ -298,13 +303,19 @@ def test_generic_page_calls_with_tensors(backend):
     assert backend.get("g1", torch.zeros(64, 2, dtype=torch.bfloat16)[:, 0]) is None  # strided
 
 
-def test_clear_removes_what_it_can(backend):
+def test_clear_removes_what_it_can(backend, cluster):
     assert backend.set("to-clear", b"x")
     backend.clear()
-    assert not backend.exists("to-clear")
+    if cluster.startswith("peer://"):
+        # A peer cluster has no list of every key to remove: the call says so, nothing goes.
+        assert backend.store.remove_all() == -1011
+        assert backend.exists("to-clear")
+    else:
+        assert not backend.exists("to-clear")
 
 
-def test_setup_failure_says_so(master):
-    config = StorageConfig(extra_config={"master_server_address": "127.0.0.1:1"})
+@pytest.mark.parametrize("unreachable", ["127.0.0.1:1", "peer://127.0.0.1:1"])
+def test_setup_failure_says_so(unreachable):
+    config = StorageConfig(extra_config={"master_server_address": unreachable})
     with pytest.raises(RuntimeError, match="setup failed"):
         adapter.MooringStore(config, {})

@@ -285,3 +285,74 @@ async fn a_peer_serves_its_metrics() {
         "{text}"
     );
 }
+
+/// A peer that leaves (a store's `close()`, or `mooring peer` stopped by SIGTERM) says
+/// goodbye: the others drop it from their rings at once, not after its silence, so readers
+/// and removals are not sent to it in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_leaves_is_off_every_ring_at_once() {
+    use mooring::peer::PeerClient;
+
+    let (_seed, a) = start_peer(&[], &[]);
+    let (mut process, b) = start_peer(&[&a], &[]);
+    let join = |listen: &'static str| {
+        let seeds = vec![a.clone()];
+        async move {
+            PeerClient::connect(seeds, listen, 8 << 20, None, Duration::from_secs(5))
+                .await
+                .unwrap()
+        }
+    };
+    let (watcher, leaver) = (join("127.0.0.1:0").await, join("127.0.0.1:0").await);
+    let PeerClient::Member(watching) = &watcher else {
+        panic!("a client with a pool runs a peer");
+    };
+    let members = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        async move {
+            while watching.members().len() != n {
+                assert!(Instant::now() < deadline, "{:?}", watching.members());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Instant::now()
+        }
+    };
+    members(4).await;
+    wait_until_joined(&[&a, &b]).await;
+
+    // A store's close: its peer leaves; a value it held is gone, and a removal through
+    // the seed right after reaches every owner.
+    leaver
+        .put("held-by-the-leaver", b"gone with it")
+        .await
+        .unwrap();
+    watcher.put("kept", b"kept").await.unwrap();
+    let left_at = Instant::now();
+    leaver.close().await;
+    let off = members(3).await;
+    assert!(
+        off - left_at < Duration::from_secs(2),
+        "dropped only after its silence"
+    );
+    assert_eq!(guest(&a).get("held-by-the-leaver").await.unwrap(), None);
+    assert!(guest(&a).remove("kept").await.unwrap());
+    assert_eq!(watcher.get("kept").await.unwrap(), None);
+
+    // `mooring peer` stopped by SIGTERM leaves too.
+    let pid = process.child.id().to_string();
+    let stopped_at = Instant::now();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let off = members(2).await;
+    assert!(
+        off - stopped_at < Duration::from_secs(2),
+        "SIGTERM: no goodbye"
+    );
+    let _ = process.child.wait();
+    watcher.close().await;
+}

@@ -222,6 +222,26 @@ impl Membership {
         change
     }
 
+    /// Member `name` said it is leaving: it is lost now, not after `dead_after` of silence,
+    /// so the ring stops sending readers and writers to it at once. Its address stays known
+    /// (a peer that starts again there greets and joins as any peer does).
+    pub fn left(&mut self, name: &str, now: Millis) -> MembershipChange {
+        let mut change = MembershipChange::default();
+        let Some(address) = self.addresses.remove(name) else {
+            return change;
+        };
+        if let Some(known) = self.known.get_mut(&address)
+            && known.member
+        {
+            known.member = false;
+            known.heard = None;
+            known.since = now;
+            change.lost.extend(known.info.clone());
+            change.ring = Some(self.rebuild());
+        }
+        change
+    }
+
     /// A membership round at `now`: members not heard from within `dead_after` are lost, and
     /// addresses unreached for `forget_after` (not seeds) forgotten.
     pub fn tick(&mut self, now: Millis) -> MembershipChange {
@@ -331,6 +351,26 @@ mod tests {
         let back = a.heard_from(info("b", 2), ["a"], Millis(4_000));
         assert_eq!(back.joined, vec![Box::<str>::from("b")]);
         assert_eq!(names(a.ring()), ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn a_member_that_leaves_is_lost_at_once_and_may_join_again() {
+        let config = MembershipConfig::default();
+        let mut a = Membership::new(info("a", 1), ["b"], config, Millis(0));
+        a.heard_from(info("b", 2), Vec::<&str>::new(), Millis(0));
+        a.heard_from(info("c", 3), Vec::<&str>::new(), Millis(0));
+        let change = a.left("b", Millis(100));
+        assert_eq!(change.lost, vec![info("b", 2)]);
+        assert_eq!(names(change.ring.as_ref().unwrap()), ["a", "c"]);
+        assert!(a.info("b").is_none());
+        // Nothing more to lose: a second goodbye, or one from a stranger, changes nothing.
+        assert_eq!(a.left("b", Millis(200)), MembershipChange::default());
+        assert_eq!(a.left("z", Millis(200)), MembershipChange::default());
+        assert_eq!(a.tick(Millis(5_000)).lost, vec![info("c", 3)]);
+        // Started again at its address, it greets and is a member again.
+        let back = a.heard_from(info("b", 2), ["a"], Millis(6_000));
+        assert_eq!(back.joined, vec![Box::<str>::from("b")]);
+        assert!(a.to_greet().contains(&Box::<str>::from("b")));
     }
 
     #[test]

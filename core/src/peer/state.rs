@@ -355,6 +355,17 @@ impl PeerState {
             DirectoryMessage::Drop { key, stamp } => {
                 if self.pool.drop_value(&key, stamp, now) {
                     self.pool.observe(stamp);
+                    // The remover's ring may differ from this peer's (a peer it still counts
+                    // alive, one it has not met): every owner this peer published to lets go
+                    // too, or one the removal missed would still answer for the write.
+                    self.send_owners(
+                        &key,
+                        DirectoryMessage::Unpublish {
+                            key: key.clone(),
+                            stamp,
+                        },
+                        &mut out,
+                    );
                 }
             }
         }

@@ -76,6 +76,9 @@ mod request {
             /// The key.
             key: String,
         },
+        /// The sending peer (the one that greeted on this connection) is leaving: drop it
+        /// from the ring now rather than after its silence.
+        Leave,
     }
 
     /// A peer's answer.
@@ -121,6 +124,8 @@ mod request {
             /// Whether an owner held an entry.
             existed: bool,
         },
+        /// The leaving peer is off the receiver's ring.
+        Left,
     }
 }
 
@@ -159,6 +164,7 @@ impl PeerRequest {
                     .iter()
                     .try_for_each(|name| check_name("a peer's name", name))
             }
+            PeerRequest::Leave => Ok(()),
             PeerRequest::Put { key, value } => {
                 check_key(key)?;
                 if value.is_empty() {

@@ -3,17 +3,62 @@
 
 use std::path::Path;
 
+use mooring::peer::peer_addresses;
 use mooring::transports::TransportChoice;
 use mooring::{Client, ClientConfig};
-use mooring_core::Result;
+use mooring_core::{Error, ErrorCode, Result};
 
 use super::NativeClient;
+use super::backend::Backend;
 use crate::errors::invalid;
 
 /// Where a port search for the in-process node's data server starts and ends.
 pub(super) type PortRange = (u16, u16);
 
 impl NativeClient {
+    /// Connects to the cluster `master` names: a master (see [`NativeClient::connect_async`])
+    /// or a peer cluster (`peer://...`), which a store with a segment size joins as a peer
+    /// listening on `hostname` (its port, or any free one).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn join(
+        master: String,
+        hostname: String,
+        segment_size: u64,
+        token_file: Option<String>,
+        ports: PortRange,
+        rdma: Option<Vec<String>>,
+        tenant: Option<String>,
+    ) -> Result<(Backend, String)> {
+        let Some(seeds) = peer_addresses(&master) else {
+            let (client, hostname) = NativeClient::connect_async(
+                master,
+                hostname,
+                segment_size,
+                token_file,
+                ports,
+                rdma,
+                tenant,
+            )
+            .await?;
+            return Ok((Backend::Master(client), hostname));
+        };
+        if rdma.is_some() || tenant.is_some() {
+            return Err(Error::new(
+                ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+                format!(
+                    "{master} names a peer cluster, which moves data over TCP and serves no \
+                     tenants yet: use protocol \"tcp\" and the default tenant"
+                ),
+            ));
+        }
+        let token = mooring::token::resolve(token_file.as_deref().map(Path::new))?;
+        let (host, port) = split_port(&hostname)?;
+        let listen = format!("{host}:{}", port.unwrap_or(0));
+        let backend = Backend::join_peers(seeds, &listen, segment_size, token).await?;
+        let hostname = backend.segment_name().map_or(hostname, str::to_string);
+        Ok((backend, hostname))
+    }
+
     /// Connects, contributing `segment_size` bytes from a data server on `host:port`, the
     /// port being the one in `hostname` or the first free one of `ports`.
     pub(crate) async fn connect_async(

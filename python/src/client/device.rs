@@ -194,10 +194,14 @@ impl NativeClient {
         config: &ReplicateConfig,
         upsert: bool,
     ) -> Vec<(usize, Result<()>)> {
+        let client = match self.client.master("storing from device memory") {
+            Ok(client) => client,
+            Err(e) => return refused_all(groups, e),
+        };
         let mut results = Vec::new();
         for group in groups {
             let sink = ClientPut {
-                client: &self.client,
+                client,
                 keys: group
                     .members
                     .iter()
@@ -227,10 +231,14 @@ impl NativeClient {
         keys: &[String],
         groups: &[DeviceGroup],
     ) -> Vec<(usize, Result<usize>)> {
+        let client = match self.client.master("reading into device memory") {
+            Ok(client) => client,
+            Err(e) => return refused_all(groups, e),
+        };
         let mut results = Vec::new();
         for group in groups {
             let source = ClientGet {
-                client: &self.client,
+                client,
                 keys: group
                     .members
                     .iter()
@@ -245,4 +253,12 @@ impl NativeClient {
         }
         results
     }
+}
+
+/// The same refusal for every member of `groups`.
+fn refused_all<T>(groups: &[DeviceGroup], e: Error) -> Vec<(usize, Result<T>)> {
+    groups
+        .iter()
+        .flat_map(|g| g.members.iter().map(|(i, _)| (*i, Err(e.clone()))))
+        .collect()
 }

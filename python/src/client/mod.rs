@@ -5,6 +5,7 @@
 //! success, a negative Mooncake code on failure), so one bad key never hides the others.
 
 mod args;
+mod backend;
 mod connect;
 mod copying;
 mod device;
@@ -16,7 +17,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures_util::StreamExt;
-use mooring::Client;
 use mooring_core::{Error, Medium, Millis, TaskAction, TaskId, TaskState};
 use mooring_device::pipeline::copy_to_host;
 use pyo3::prelude::*;
@@ -29,8 +29,9 @@ use crate::registered::Registered;
 use crate::staging::Staging;
 use crate::values::BufferView;
 use args::{ConfigArgs, TaskTuple, code_of, replicate_config};
+use backend::Backend;
 use connect::PortRange;
-use mooncake::{put_outcome, status_name, write};
+use mooncake::status_name;
 
 /// How many keys of a prefetching `batch_is_exist` are probed at once: each probe is a
 /// request to the master, and a promotion from a node's disk for a key found only there, so a
@@ -40,7 +41,7 @@ const PREFETCHES_AT_ONCE: usize = 32;
 /// A connected client; see the module docs.
 #[pyclass(module = "mooring._native", frozen)]
 pub struct NativeClient {
-    client: Client,
+    client: Backend,
     hostname: String,
     staging: Staging,
     registered: Arc<Registered>,
@@ -51,7 +52,8 @@ pub struct NativeClient {
 
 #[pymethods]
 impl NativeClient {
-    /// Connects to the master at `master` (see the module docs of `mooring.store`).
+    /// Connects to the master at `master`, or joins the peer cluster `peer://...` names (see
+    /// the module docs of `mooring.store`).
     #[staticmethod]
     #[pyo3(signature = (master, hostname, segment_size, local_buffer_size, token_file, ports, protocol = "tcp", rdma_devices = "", tenant = None, device_staging_size = 64 << 20, device_wave_size = mooring_device::pool::WAVE_BYTES))]
     #[allow(clippy::too_many_arguments)]
@@ -73,7 +75,7 @@ impl NativeClient {
             (protocol == "rdma").then(|| mooring::transports::device_names(Some(rdma_devices)));
         let (client, hostname) = raise(block_on(
             py,
-            NativeClient::connect_async(
+            NativeClient::join(
                 master,
                 hostname,
                 segment_size,
@@ -117,21 +119,30 @@ impl NativeClient {
     /// Starts copying `key` to the segments `targets` in the background; returns the task id.
     fn start_copy(&self, py: Python<'_>, key: &str, targets: Vec<String>) -> PyResult<u64> {
         let targets: Vec<&str> = targets.iter().map(String::as_str).collect();
-        let task = raise(block_on(py, self.client.start_copy(key, &targets)))?;
+        let task = {
+            let master = raise(self.client.master("create_copy_task"))?;
+            raise(block_on(py, master.start_copy(key, &targets)))?
+        };
         Ok(task.0)
     }
 
     /// Starts moving `key`'s replica from segment `source` to `target` in the background;
     /// returns the task id.
     fn start_move(&self, py: Python<'_>, key: &str, source: &str, target: &str) -> PyResult<u64> {
-        let task = raise(block_on(py, self.client.start_move(key, source, target)))?;
+        let task = {
+            let master = raise(self.client.master("create_move_task"))?;
+            raise(block_on(py, master.start_move(key, source, target)))?
+        };
         Ok(task.0)
     }
 
     /// Where task `task` stands: (key, action name, state name, client id, age of its start in
     /// ms, age of its last change in ms, failure message).
     fn query_task(&self, py: Python<'_>, task: u64) -> PyResult<TaskTuple> {
-        let report = raise(block_on(py, self.client.query_task(TaskId(task))))?;
+        let report = {
+            let master = raise(self.client.master("query_task"))?;
+            raise(block_on(py, master.query_task(TaskId(task))))?
+        };
         let age = |at: Millis| report.now.0.saturating_sub(at.0);
         Ok((
             report.key.clone(),
@@ -165,7 +176,7 @@ impl NativeClient {
         let bytes = view.bytes();
         raise(block_on(py, async {
             let _staged = self.staging.reserve(bytes.len() as u64).await?;
-            write(&self.client, key, bytes, &config, upsert).await
+            self.client.write(key, bytes, &config, upsert).await
         }))
     }
 
@@ -188,7 +199,7 @@ impl NativeClient {
             let total: usize = slices.iter().map(|s| s.len()).sum();
             let _staged = self.staging.reserve(total as u64).await?;
             let value = slices.concat();
-            write(&self.client, key, &value, &config, upsert).await
+            self.client.write(key, &value, &config, upsert).await
         }))
     }
 
@@ -217,12 +228,9 @@ impl NativeClient {
                 Ok(permit) => permit,
                 Err(e) => return vec![Err(e); items.len()],
             };
-            if upsert {
-                self.client.batch_upsert(&items, &config).await
-            } else {
-                let results = self.client.batch_put(&items, &config).await;
-                results.into_iter().map(put_outcome).collect()
-            }
+            self.client
+                .batch_write(&items, &config, upsert, false)
+                .await
         });
         Ok(results
             .iter()
@@ -278,13 +286,13 @@ impl NativeClient {
 
     /// Whether `key` has a complete replica.
     fn exist(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
-        raise(block_on(py, self.client.exist(key)))
+        raise(block_on(py, self.client.exist(key, false)))
     }
 
     /// Whether `key` has a complete replica; if its only copy is on a node's disk, it is first
     /// brought back into memory (a prefetch, docs/prefetch.md; best effort, failures logged).
     fn exist_prefetch(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
-        raise(block_on(py, self.client.exist_prefetch(key)))
+        raise(block_on(py, self.client.exist(key, true)))
     }
 
     /// 1 (present), 0 (absent) or a negative code, per key.
@@ -305,7 +313,7 @@ impl NativeClient {
     /// [`NativeClient::exist_prefetch`] for many keys, [`PREFETCHES_AT_ONCE`] at a time: 1, 0
     /// or a negative code per key.
     fn batch_exist_prefetch(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i64> {
-        let probes: Vec<_> = keys.iter().map(|k| self.client.exist_prefetch(k)).collect();
+        let probes: Vec<_> = keys.iter().map(|k| self.client.exist(k, true)).collect();
         let results = block_on(py, async {
             futures_util::stream::iter(probes)
                 .buffered(PREFETCHES_AT_ONCE)
@@ -337,12 +345,19 @@ impl NativeClient {
 
     /// Removes every key matching the regular expression; how many went.
     fn remove_by_regex(&self, py: Python<'_>, pattern: &str) -> PyResult<u64> {
-        raise(block_on(py, self.client.remove_by_regex(pattern)))
+        raise(block_on(py, async {
+            self.client
+                .master("remove_by_regex")?
+                .remove_by_regex(pattern)
+                .await
+        }))
     }
 
     /// Removes every removable key; how many went.
     fn remove_all(&self, py: Python<'_>) -> PyResult<u64> {
-        raise(block_on(py, self.client.remove_all()))
+        raise(block_on(py, async {
+            self.client.master("remove_all")?.remove_all().await
+        }))
     }
 
     /// Registers `size` bytes at address `ptr` for the zero-copy calls. Device (GPU) memory
@@ -433,7 +448,7 @@ impl NativeClient {
         }
         raise(block_on(
             py,
-            write(&self.client, key, region.bytes(), &config, upsert),
+            self.client.write(key, region.bytes(), &config, upsert),
         ))
     }
 
@@ -499,13 +514,14 @@ impl NativeClient {
     fn replicas(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<Py<PyAny>>> {
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let lists = block_on(py, async {
-            let lists = self.client.batch_replicas(&refs).await?;
+            let master = self.client.master("get_replica_desc")?;
+            let lists = master.batch_replicas(&refs).await?;
             let mut described = Vec::with_capacity(lists.len());
             for list in lists {
                 described.push(match list {
                     Ok(list) => {
                         let ids: Vec<_> = list.replicas.iter().map(|r| r.segment).collect();
-                        let names = self.client.segment_endpoints(&ids).await?;
+                        let names = master.segment_endpoints(&ids).await?;
                         Ok(list
                             .replicas
                             .iter()
@@ -544,11 +560,19 @@ impl Drop for NativeClient {
     /// cluster: its segment is unmounted in the background rather than served until the
     /// master notices the silence.
     fn drop(&mut self) {
-        let client = self.client.clone();
-        crate::runtime().spawn(async move {
-            if let Err(e) = client.close().await {
-                tracing::debug!("closing a dropped store: {e}");
+        match &self.client {
+            Backend::Master(client) => {
+                let client = client.clone();
+                crate::runtime().spawn(async move {
+                    if let Err(e) = client.close().await {
+                        tracing::debug!("closing a dropped store: {e}");
+                    }
+                });
             }
-        });
+            Backend::Peer(peer) => {
+                let peer = peer.clone();
+                crate::runtime().spawn(async move { peer.close().await });
+            }
+        }
     }
 }

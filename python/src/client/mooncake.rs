@@ -1,28 +1,6 @@
-//! Mooncake's conventions: a put of nothing, a put of a key that exists, and the names of
-//! replica statuses.
+//! Mooncake's conventions: a put of a key that exists, and the names of replica statuses.
 
-use mooring::Client;
-use mooring_core::{ErrorCode, ReplicaStatus, ReplicateConfig, Result};
-
-/// A put or an upsert.
-pub(super) async fn write(
-    client: &Client,
-    key: &str,
-    value: &[u8],
-    config: &ReplicateConfig,
-    upsert: bool,
-) -> Result<()> {
-    if value.is_empty() {
-        // Mooncake's put or upsert of nothing stores nothing and succeeds, with a warning.
-        tracing::warn!(key, "an empty value: nothing stored");
-        return Ok(());
-    }
-    if upsert {
-        client.upsert(key, value, config).await
-    } else {
-        put_outcome(client.put(key, value, config).await)
-    }
-}
+use mooring_core::{ErrorCode, ReplicaStatus, Result};
 
 /// Mooncake's put convention: a put of a key that already exists keeps the stored value and
 /// succeeds (Mooncake's client logs it at debug level); `upsert` is the call that replaces.

@@ -24,10 +24,10 @@ pub(crate) fn clear_replicas(
     if keys.is_empty() {
         return Ok(Vec::new());
     }
-    let cleared = raise(block_on(
-        py,
-        client.client.clear_replicas(&keys, segment.as_deref()),
-    ))?;
+    let cleared = raise(block_on(py, async {
+        let master = client.client.master("batch_replica_clear")?;
+        master.clear_replicas(&keys, segment.as_deref()).await
+    }))?;
     tracing::debug!(
         asked = keys.len(),
         cleared = cleared.len(),

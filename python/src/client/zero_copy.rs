@@ -8,7 +8,6 @@ use pyo3::prelude::*;
 use super::NativeClient;
 use super::args::{ConfigArgs, code_of, replicate_config};
 use super::device::{DeviceGroup, Placement, add_to_group, placement};
-use super::mooncake::put_outcome;
 use crate::block_on;
 use crate::errors::{invalid, log_failure, raise};
 use crate::values::{Region, disjoint};
@@ -95,11 +94,8 @@ impl NativeClient {
         let (results, from_devices) = block_on(py, async {
             let results = if items.is_empty() {
                 Vec::new()
-            } else if upsert {
-                self.client.batch_upsert(&items, &config).await
             } else {
-                let results = self.client.batch_put_from(&items, &config).await;
-                results.into_iter().map(put_outcome).collect()
+                self.client.batch_write(&items, &config, upsert, true).await
             };
             let from_devices = self
                 .put_from_devices(&keys, &on_devices, &config, upsert)

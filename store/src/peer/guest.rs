@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use mooring_core::{Error, ErrorCode, Result};
 use mooring_proto::auth::Credential;
-use mooring_proto::wire::{MAX_FRAME, PeerReply, PeerRequest};
+use mooring_proto::wire::{MAX_FRAME, MAX_PEER_BATCH, PeerReply, PeerRequest};
 use mooring_transport_tcp::PeerLinks;
 
 use crate::client::connect::client_id_for;
@@ -16,6 +16,7 @@ use crate::client::connect::client_id_for;
 pub const MAX_GUEST_VALUE: usize = MAX_FRAME - (64 << 10);
 
 /// A client that works through the peers of a cluster, trying them in order.
+#[derive(Clone)]
 pub struct PeerGuest {
     peers: Vec<String>,
     links: Arc<PeerLinks>,
@@ -74,15 +75,27 @@ impl PeerGuest {
         }
     }
 
-    /// Whether each key has a value.
-    pub async fn exists(&self, keys: &[String]) -> Result<Vec<bool>> {
-        let request = PeerRequest::Exists {
-            keys: keys.to_vec(),
-        };
-        match self.call(&request).await? {
-            PeerReply::Exist { found } if found.len() == keys.len() => Ok(found),
+    /// Raises unless a peer answers (a lookup of nothing).
+    pub async fn check(&self) -> Result<()> {
+        match self.call(&PeerRequest::Exists { keys: Vec::new() }).await? {
+            PeerReply::Exist { .. } => Ok(()),
             other => Err(unexpected(&other)),
         }
+    }
+
+    /// Whether each key has a value (asked [`MAX_PEER_BATCH`] keys at a time).
+    pub async fn exists(&self, keys: &[String]) -> Result<Vec<bool>> {
+        let mut all = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(MAX_PEER_BATCH) {
+            let request = PeerRequest::Exists {
+                keys: chunk.to_vec(),
+            };
+            match self.call(&request).await? {
+                PeerReply::Exist { found } if found.len() == chunk.len() => all.extend(found),
+                other => return Err(unexpected(&other)),
+            }
+        }
+        Ok(all)
     }
 
     /// Removes `key`; whether it had a value.

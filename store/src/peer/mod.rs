@@ -6,6 +6,7 @@
 //! with a dead owner), and time for its state (tombstones, freed blocks). Every decision is
 //! the core's ([`PeerState`], [`Membership`]); this driver moves bytes and messages.
 
+mod client;
 mod guest;
 mod ops;
 mod service;
@@ -14,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use mooring_core::peer::membership::{MemberInfo, Membership, MembershipChange, MembershipConfig};
 use mooring_core::peer::state::{DEFAULT_DIRECTORY_REPLICAS, PeerState};
 use mooring_core::{Error, ErrorCode, Millis, Result};
@@ -32,6 +34,7 @@ use crate::client::connect::{client_id_for, random_client_id};
 use crate::clock::Clock;
 use crate::node::memory::segment_memory;
 
+pub use client::PeerClient;
 pub use guest::{MAX_GUEST_VALUE, PeerGuest};
 
 /// The scheme that names a peer cluster wherever a master address is taken.
@@ -348,8 +351,33 @@ impl PeerNode {
         Ok(addr)
     }
 
-    /// Stops serving and every round. Its data is gone with it (other peers notice it
-    /// silent, and drop its entries).
+    /// Leaves the cluster: stops its rounds and serving, then tells every member it is going,
+    /// so their rings drop it at once (a peer that only stops is dropped after its silence,
+    /// and until then readers and removals may be sent to it). Its data is gone with it.
+    pub async fn leave(&self) {
+        let members: Vec<Box<str>> = {
+            let membership = self.inner.membership.lock().expect("membership lock");
+            let ring = membership.ring();
+            ring.members()
+                .iter()
+                .filter(|m| m.name != self.inner.name)
+                .filter_map(|m| membership.address_of(&m.name).map(Into::into))
+                .collect()
+        };
+        self.stop();
+        let goodbyes = members
+            .iter()
+            .map(|to| self.inner.links.call(to, &PeerRequest::Leave));
+        for (to, answer) in members.iter().zip(join_all(goodbyes).await) {
+            if let Err(e) = answer {
+                debug!(peer = %to, "a goodbye was not heard (it notices the silence): {e}");
+            }
+        }
+        info!(peer = %self.inner.name, told = members.len(), "peer left the cluster");
+    }
+
+    /// Stops serving and every round, without a word. Its data is gone with it (other
+    /// peers notice it silent, and drop its entries).
     pub fn stop(&self) {
         for task in self.inner.tasks.lock().expect("task lock").drain(..) {
             task.abort();
@@ -384,7 +412,7 @@ impl PeerNode {
             (membership.to_greet(), hello)
         };
         let calls = to_greet.iter().map(|to| self.inner.links.call(to, &hello));
-        let answers = futures_util::future::join_all(calls).await;
+        let answers = join_all(calls).await;
         for (to, answer) in to_greet.iter().zip(answers) {
             match answer {
                 Ok(PeerReply::Welcome { me, known }) if me.address == *to => {

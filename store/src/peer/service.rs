@@ -1,7 +1,7 @@
 //! A peer's answers to other peers and to clients with no pool of their own.
 //!
 //! Directory messages, lookups and promotes are the protocol's pure handling
-//! (`mooring_proto::peer_dispatch`); greetings go to membership; a client's put, get, exists
+//! (`mooring_proto::peer_dispatch`); greetings and goodbyes go to membership; a client's put, get, exists
 //! and remove run as this peer's own operations.
 
 use mooring_core::{Error, ErrorCode};
@@ -11,6 +11,7 @@ use mooring_proto::refusals;
 use mooring_proto::transport::BoxFuture;
 use mooring_proto::wire::{PeerReply, PeerRequest, PeerResponse};
 use mooring_transport_tcp::{PeerCaller, PeerService};
+use tracing::info;
 
 use super::PeerNode;
 
@@ -79,6 +80,23 @@ impl PeerNode {
                 Ok(PeerReply::Removed {
                     existed: self.remove(&key).await?,
                 })
+            }
+            PeerRequest::Leave => {
+                let Some(name) = caller.name.clone() else {
+                    return Err(Error::new(
+                        ErrorCode::ILLEGAL_CLIENT,
+                        "only a peer leaves, and a peer greets before it leaves",
+                    ));
+                };
+                let now = self.inner.clock.now();
+                let change = {
+                    let mut membership = self.inner.membership.lock().expect("membership lock");
+                    membership.left(&name, now)
+                };
+                info!(peer = %self.inner.name, left = %name, "peer left");
+                let peer = self.clone();
+                tokio::spawn(async move { peer.apply(change).await });
+                Ok(PeerReply::Left)
             }
             request => {
                 let from = match (&request, &caller.name) {
@@ -168,5 +186,6 @@ fn request_name(request: &PeerRequest) -> &'static str {
         PeerRequest::Get { .. } => "a get",
         PeerRequest::Exists { .. } => "an exists",
         PeerRequest::Remove { .. } => "a remove",
+        PeerRequest::Leave => "a goodbye",
     }
 }

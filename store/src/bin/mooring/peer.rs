@@ -59,6 +59,6 @@ pub(crate) async fn run_peer(args: PeerArgs) -> Result<(), Error> {
     }
     let _ = std::io::stdout().flush();
     wait_for_shutdown().await;
-    peer.stop();
+    peer.leave().await;
     Ok(())
 }
