@@ -338,14 +338,15 @@ mod sim {
             if !report.passed() || verbose {
                 println!(
                     "peer seed {}: {} peers, {} ops, {} strict reads, {} keys swept, kills {}, \
-                     joins {}, restarts {}, partitions {}, ring changes {}, stale entries {}, \
-                     re-publish rounds {}",
+                     goodbyes {}, joins {}, restarts {}, partitions {}, ring changes {}, \
+                     stale entries {}, re-publish rounds {}",
                     report.seed,
                     report.peers,
                     report.ops,
                     report.strict_reads,
                     report.swept,
                     report.kills,
+                    report.leaves,
                     report.joins,
                     report.restarts,
                     report.partitions,
@@ -364,8 +365,9 @@ mod sim {
         let share = |reached: &dyn Fn(&PeerReport) -> bool| {
             reports.iter().filter(|r| reached(r)).count() as f64 / total.max(1) as f64
         };
-        let reached: [(&str, f64); 5] = [
+        let reached: [(&str, f64); 6] = [
             ("a kill or restart", share(&|r| r.kills + r.restarts > 0)),
+            ("a goodbye", share(&|r| r.leaves > 0)),
             ("a join", share(&|r| r.joins > 0)),
             (
                 "a ring change after forming",

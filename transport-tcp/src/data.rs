@@ -479,6 +479,19 @@ impl TcpDataPlane {
         })
     }
 
+    /// Passes `result` on; a transfer that broke on its connection (the node restarted, or
+    /// the network reset it) drops every idle connection to that node too: they were opened
+    /// to the same incarnation, so the next transfer opens a fresh one instead of failing
+    /// once per stale connection.
+    fn unless_broken<T>(&self, node: &NodeAddr, result: Result<T>) -> Result<T> {
+        if let Err(e) = &result
+            && e.code == ErrorCode::TRANSFER_FAIL
+        {
+            self.idle.lock().expect("pool lock").remove(&node.endpoint);
+        }
+        result
+    }
+
     fn checkin(&self, node: &NodeAddr, mut conn: DataConn) {
         conn.last_used = Instant::now();
         let mut idle = self.idle.lock().expect("pool lock");
@@ -677,7 +690,7 @@ impl DataPlane for TcpDataPlane {
             let runs = split_lanes(ops, lanes)
                 .into_iter()
                 .map(|lane| self.run_lane(node, Lane::Read(lane), far_future()));
-            let landed = first_error(join_all(runs).await)?;
+            let landed = self.unless_broken(node, first_error(join_all(runs).await))?;
             Ok(checksums_of(count, landed))
         })
     }
@@ -719,7 +732,7 @@ impl DataPlane for TcpDataPlane {
             let runs = split_lanes(ops, lanes)
                 .into_iter()
                 .map(|lane| self.run_lane(node, Lane::Write(lane), deadline));
-            let sent = first_error(join_all(runs).await)?;
+            let sent = self.unless_broken(node, first_error(join_all(runs).await))?;
             Ok(checksums_of(count, sent))
         })
     }

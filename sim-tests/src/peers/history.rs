@@ -61,8 +61,9 @@ pub struct History {
     changes: BTreeMap<u32, Vec<Change>>,
     /// When each fault happened or healed.
     disturbed: Vec<Duration>,
-    /// Peers killed (their values are lost).
-    killed: Vec<usize>,
+    /// Peers killed, and when (what they held then is lost; a restarted peer's later
+    /// writes are not).
+    killed: Vec<(usize, Duration)>,
     next_version: u64,
     /// What went wrong.
     pub violations: Vec<String>,
@@ -121,7 +122,7 @@ impl History {
 
     /// Peer `peer` was killed: what it held is lost.
     pub fn kill(&mut self, peer: usize, now: Duration) {
-        self.killed.push(peer);
+        self.killed.push((peer, now));
         self.disturb(now);
     }
 
@@ -203,8 +204,9 @@ impl History {
     /// What a read of `key` from `start` to `end` may return (`None` in the list: no
     /// value), or `None` when something excuses any answer: a change racing it, a failed
     /// change (its outcome unknown) no later change has superseded, or a candidate value
-    /// whose peer was killed. The candidates are the completed changes no other completed
-    /// change began after (writes that overlapped each other may land in either order).
+    /// whose peer was killed after it began. The candidates are the completed changes no
+    /// other completed change began after (writes that overlapped each other may land in
+    /// either order).
     fn expected(&self, key: u32, start: Duration, end: Duration) -> Option<Vec<Option<u64>>> {
         let changes = self
             .changes
@@ -229,9 +231,13 @@ impl History {
         let unsettled = changes
             .iter()
             .any(|c| c.failed && c.start <= end && !superseded(c));
-        let lost = candidates
-            .iter()
-            .any(|c| c.version.is_some() && self.killed.contains(&c.peer));
+        let lost = candidates.iter().any(|c| {
+            c.version.is_some()
+                && self
+                    .killed
+                    .iter()
+                    .any(|&(peer, at)| peer == c.peer && at >= c.start)
+        });
         if unsettled || lost {
             return None;
         }

@@ -1,7 +1,7 @@
 //! Peer mode's simulation world: a cluster of `mooring peer`s (the unchanged [`PeerNode`]
 //! over madsim's simulated TCP) with no master, clients writing, reading and removing
-//! through them (the same [`PeerGuest`] the CLI uses), and a fault plan of kills, joins,
-//! restarts and partitions drawn from the seed. Every read is judged by [`history`]; at the
+//! through them (the same [`PeerGuest`] the CLI uses), and a fault plan of kills, goodbyes,
+//! joins, restarts and partitions drawn from the seed. Every read is judged by [`history`]; at the
 //! end, after everything healed, every key is read through every live peer.
 //!
 //! [`PeerNode`]: mooring::peer::PeerNode
@@ -36,6 +36,8 @@ pub struct PeerPlan {
 pub enum PeerFault {
     /// SIGKILL of a peer (its values are lost).
     Kill,
+    /// A peer says goodbye and stops (its values are lost; the others drop it at once).
+    Leave,
     /// A new peer joins.
     Join,
     /// A peer is killed and starts again at its address with an empty pool.
@@ -71,7 +73,11 @@ impl PeerPlan {
             let mut at = 4_000;
             for _ in 0..count {
                 at += 1_000 + draw(6_000);
+                // Half the kills are goodbyes, chosen apart from the draws so that the
+                // rest of each seed's plan stays as it was.
+                let graceful = (seed ^ at).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 63 == 1;
                 let fault = match draw(4) {
+                    0 if graceful => PeerFault::Leave,
                     0 => PeerFault::Kill,
                     1 => PeerFault::Join,
                     2 => PeerFault::Restart,
@@ -101,6 +107,8 @@ pub struct PeerReport {
     pub swept: u64,
     /// Faults applied, by kind.
     pub kills: u64,
+    /// Goodbyes applied.
+    pub leaves: u64,
     /// Joins applied.
     pub joins: u64,
     /// Restarts applied.

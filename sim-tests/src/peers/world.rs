@@ -8,6 +8,7 @@ use madsim::net::NetSim;
 use madsim::rand::Rng as _;
 use madsim::runtime::{Handle, NodeHandle, Runtime};
 use mooring::peer::{PeerConfig, PeerCounts, PeerGuest, PeerNode};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::history::{History, SETTLE, value_for};
@@ -49,12 +50,23 @@ struct Shared {
     started: Mutex<Vec<Arc<PeerCounts>>>,
     /// How many peer addresses exist (clients choose among them, live or not).
     addresses: Mutex<usize>,
+    /// One signal per peer address: the peer there says goodbye and leaves.
+    leave: Mutex<Vec<Arc<Notify>>>,
     start: Instant,
 }
 
 impl Shared {
     fn now(&self) -> Duration {
         self.start.elapsed()
+    }
+
+    /// The leave signal of peer address `i` (made on first use).
+    fn leave_signal(&self, i: usize) -> Arc<Notify> {
+        let mut signals = self.leave.lock().unwrap_or_else(|e| e.into_inner());
+        while signals.len() <= i {
+            signals.push(Arc::new(Notify::new()));
+        }
+        signals[i].clone()
     }
 
     fn history(&self) -> std::sync::MutexGuard<'_, History> {
@@ -84,6 +96,7 @@ fn start_peer(
         .ip(peer_ip(i))
         .init(move || {
             let (shared, seeds) = (shared.clone(), seeds.clone());
+            let leave = shared.leave_signal(i);
             async move {
                 let mut config = PeerConfig::new(peer_addr(i), seeds, POOL);
                 config.timeout = CALL_TIMEOUT;
@@ -92,11 +105,15 @@ fn start_peer(
                     config.membership.dead_after = mooring_core::Millis(8_000);
                 }
                 match PeerNode::start(config, None).await {
-                    Ok(peer) => shared
-                        .started
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(peer.counts()),
+                    Ok(peer) => {
+                        shared
+                            .started
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(peer.counts());
+                        leave.notified().await;
+                        peer.leave().await;
+                    }
                     Err(e) => shared
                         .history()
                         .violations
@@ -114,6 +131,7 @@ async fn supervise(plan: PeerPlan) -> PeerReport {
         history: Mutex::new(History::new(settle(plan.peers))),
         started: Mutex::new(Vec::new()),
         addresses: Mutex::new(plan.peers),
+        leave: Mutex::new(Vec::new()),
         start: Instant::now(),
     });
     let seeds: Vec<String> = (0..plan.peers.min(3)).map(peer_addr).collect();
@@ -167,6 +185,19 @@ async fn supervise(plan: PeerPlan) -> PeerReport {
                 }
             }
             PeerFault::Kill | PeerFault::Restart => {}
+            PeerFault::Leave if live.len() > 2 => {
+                let victim = live[rng.gen_range(0..live.len())];
+                tracing::info!(victim, "peer world fault: a peer leaves");
+                shared.history().kill(victim, now);
+                // Its goodbyes go out, then the process ends, as `mooring peer` does on
+                // SIGTERM (a goodbye that has not arrived by then is lost with it).
+                shared.leave_signal(victim).notify_one();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                handle.kill(nodes[victim].id());
+                alive[victim] = false;
+                report.leaves += 1;
+            }
+            PeerFault::Leave => {}
             PeerFault::Join => {
                 let i = nodes.len();
                 let everyone: Vec<String> = (0..i).map(peer_addr).collect();
@@ -316,6 +347,21 @@ async fn sweep(shared: Arc<Shared>, live: Vec<usize>) -> u64 {
                     shared
                         .history()
                         .read(key, peer, read.as_deref(), start, now);
+                    // Settled, the directory agrees with the data: an entry left for a
+                    // value no longer held (a removal or drop some owner missed) is a key
+                    // that exists but cannot be read.
+                    match guest.exists(&[key.to_string()]).await {
+                        Ok(found) if found == [read.is_some()] => {}
+                        Ok(found) => shared.history().violations.push(format!(
+                            "after healing, live peer {peer} says key {key} exists: {found:?}, \
+                             but reads {:?}",
+                            read.as_ref().map(Vec::len)
+                        )),
+                        Err(e) => shared.history().violations.push(format!(
+                            "after healing, live peer {peer} could not answer exists for key \
+                             {key}: {e}"
+                        )),
+                    }
                 }
                 Err(e) => shared.history().violations.push(format!(
                     "after healing, live peer {peer} could not answer a read of key {key}: {e}"

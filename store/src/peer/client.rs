@@ -9,8 +9,9 @@ use mooring_proto::auth::Credential;
 
 use super::{PeerConfig, PeerGuest, PeerNode};
 
-/// How long joining may take before a client gives up: a few greeting rounds.
-const JOIN_DEADLINE: Duration = Duration::from_secs(15);
+/// How long joining may take before a client gives up: ten greeting rounds (a peer that
+/// answers is joined within two).
+const JOIN_DEADLINE: Duration = Duration::from_secs(5);
 
 /// A client of a peer cluster; see the module docs.
 #[derive(Clone)]

@@ -235,17 +235,29 @@ impl PeerNode {
             rdma_key: None,
         };
         let block = member.data_base + location.offset;
-        let ops = vec![
-            ReadOp {
-                addr: block,
-                dest: &mut header,
-            },
-            ReadOp {
-                addr: block + BLOCK_HEADER,
-                dest: &mut value,
-            },
-        ];
-        let sums = self.inner.data.read(&node, ops).await?;
+        // A pooled connection whose other end went away (the peer restarted, or a partition
+        // reset it) fails the first read on it, and is dropped: one more read, on a fresh
+        // connection, tells that apart from a peer that cannot be reached.
+        let mut retried = false;
+        let sums = loop {
+            let ops = vec![
+                ReadOp {
+                    addr: block,
+                    dest: &mut header,
+                },
+                ReadOp {
+                    addr: block + BLOCK_HEADER,
+                    dest: &mut value,
+                },
+            ];
+            match self.inner.data.read(&node, ops).await {
+                Err(e) if e.code == ErrorCode::TRANSFER_FAIL && !retried => {
+                    debug!(key, peer = %location.peer, "read failed, once more: {e}");
+                    retried = true;
+                }
+                result => break result?,
+            }
+        };
         let sound = header == expected && sums.get(1) == Some(&location.checksum);
         Ok(sound.then_some(value))
     }
