@@ -453,6 +453,19 @@ EXPS.update({
  'peerworld-ring-change-not-applied': [
    ('store/src/peer/mod.rs', "                    state.ring_changed(ring, now)", "                    Vec::new()"),
  ],
+ # A removal's Drop frees the writer's value, but the owners only the writer's view of the
+ # ring names keep answering for it (the final sweep's exists-against-read check).
+ 'peerworld-drop-not-withdrawn': [
+   ('core/src/peer/state.rs', "                            key: key.clone(),\n                            stamp,\n                        },\n                        &mut out,", "                            key: key.clone(),\n                            stamp,\n                        },\n                        &mut Vec::new(),"),
+ ],
+ # A read on a pooled connection the data's peer closed (it restarted) is not tried again.
+ 'peerworld-read-not-retried': [
+   ('store/src/peer/ops.rs', "Err(e) if e.code == ErrorCode::TRANSFER_FAIL && !retried =>", "Err(e) if e.code == ErrorCode::TRANSFER_FAIL && false =>"),
+ ],
+ # A broken transfer leaves the node's other idle connections, as stale, in the pool.
+ 'peerworld-stale-connections-kept': [
+   ('transport-tcp/src/data.rs', "            && e.code == ErrorCode::TRANSFER_FAIL\n        {\n            self.idle", "            && e.code == ErrorCode::TRANSFER_FAIL\n            && false\n        {\n            self.idle"),
+ ],
 })
 SIM_COMMAND = {p: 'peer' for p in EXPS if p.startswith('peerworld-')}
 for plant in [p for p in EXPS if p.startswith('peer-')]:
