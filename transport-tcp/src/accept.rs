@@ -17,10 +17,12 @@ use crate::framed::{Framed, PACE_CAP};
 use crate::handshake;
 use crate::limits::ConnectionLimits;
 
-/// Accepts on `listener` until the task is aborted. Each connection busy-polls up to `spin`
-/// (following its peer's pace), and once its peer proves itself, runs
-/// `serve(connection, member, when its answer arrived, peer address)`; the connection's
-/// slot in `limits` is held until `serve` returns. `server` names it in refusals.
+/// Accepts on `listener` until the task is aborted; aborting it also closes every connection
+/// it accepted (a server that stops falls silent, as a process that ends does). Each
+/// connection busy-polls up to `spin` (following its peer's pace), and once its peer proves
+/// itself, runs `serve(connection, member, when its answer arrived, peer address)`; the
+/// connection's slot in `limits` is held until `serve` returns. `server` names it in
+/// refusals.
 pub(crate) fn spawn_accepting<F, Fut>(
     listener: TcpListener,
     gate: Arc<Gate>,
@@ -35,6 +37,7 @@ where
 {
     let serve = Arc::new(serve);
     tokio::spawn(async move {
+        let mut connections = Connections(Vec::new());
         loop {
             let (stream, address) = match listener.accept().await {
                 Ok(accepted) => accepted,
@@ -52,7 +55,8 @@ where
                 }
             };
             let (serve, gate) = (serve.clone(), gate.clone());
-            tokio::spawn(async move {
+            connections.0.retain(|task| !task.is_finished());
+            connections.0.push(tokio::spawn(async move {
                 let address = address.to_string();
                 let mut conn = Framed::new(stream, spin).follow_pace(spin * PACE_CAP);
                 let proven = tokio::select! {
@@ -69,7 +73,18 @@ where
                     }
                     Err(e) => refusals::refused(&address, &e),
                 }
-            });
+            }));
         }
     })
+}
+
+/// The connection tasks of one accept loop, aborted with it.
+struct Connections(Vec<JoinHandle<()>>);
+
+impl Drop for Connections {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
 }

@@ -54,7 +54,7 @@ impl Default for DemoConfig {
 }
 
 /// The deterministic contents of a block or shard, so every read can be checked.
-fn content(tag: u64, len: usize) -> Vec<u8> {
+pub(super) fn content(tag: u64, len: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(len);
     let mut x = tag.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     while out.len() < len {
@@ -67,7 +67,7 @@ fn content(tag: u64, len: usize) -> Vec<u8> {
     out
 }
 
-fn mib(bytes: u64) -> f64 {
+pub(super) fn mib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1 << 20)
 }
 

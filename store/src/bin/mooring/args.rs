@@ -58,7 +58,7 @@ pub(crate) enum Command {
     /// Measure put/get/exist throughput and latency (writer and reader in separate processes).
     Bench(BenchArgs),
     /// Run an embedded cluster through a prefill/decode workload and report what happened.
-    Demo,
+    Demo(DemoArgs),
     /// The writer half of `mooring bench` (started by it).
     #[command(hide = true)]
     BenchWriter(BenchWriterArgs),
@@ -576,6 +576,15 @@ pub(crate) struct LsArgs {
     /// Only keys matching this regex.
     #[arg(default_value = ".*")]
     pub(crate) regex: String,
+}
+
+/// `mooring demo`.
+#[derive(Args, Debug)]
+pub(crate) struct DemoArgs {
+    /// Run the workload on a peer cluster (no master): three peers in this process, a
+    /// storage peer's silent stop and a goodbye.
+    #[arg(long)]
+    pub peer: bool,
 }
 
 #[derive(Args)]

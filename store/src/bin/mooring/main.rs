@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use mooring::ops::{bench, demo};
+use mooring::ops::{bench, demo, peer_demo};
 use mooring_core::{Error, ErrorCode};
 
 /// Prints a line of the CLI's output. A closed stdout (`mooring stat | head -1`) ends the
@@ -97,7 +97,7 @@ fn main() -> ExitCode {
     // report and keeps the log to errors.
     init_logging(match cli.command {
         Command::Master(_) | Command::Node(_) | Command::Peer(_) => "info",
-        Command::Demo => "error",
+        Command::Demo(_) => "error",
         _ => "warn",
     });
     // Runtime threads: MOORING_WORKER_THREADS if set (0 = a single thread). Otherwise nodes
@@ -227,7 +227,16 @@ fn main() -> ExitCode {
                 )
                 .await
             }
-            Command::Demo => demo::run(&demo::DemoConfig::default(), &mut std::io::stdout()).await,
+            Command::Demo(args) if args.peer => {
+                peer_demo::run(
+                    &peer_demo::PeerDemoConfig::default(),
+                    &mut std::io::stdout(),
+                )
+                .await
+            }
+            Command::Demo(_) => {
+                demo::run(&demo::DemoConfig::default(), &mut std::io::stdout()).await
+            }
             Command::Debug(args) => debug::run_debug(args).await,
         }
     });
