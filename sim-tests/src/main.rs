@@ -78,6 +78,45 @@ mod sim {
         }
     }
 
+    /// Which seeds a command runs, and how: shared by `run` and `peer`.
+    #[derive(clap::Args)]
+    struct SeedArgs {
+        /// The first seed.
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        /// Run the seeds listed in this file instead (one per line, `#` comments): the
+        /// regression list.
+        #[arg(long, value_name = "FILE")]
+        list: Option<std::path::PathBuf>,
+        /// Runs at a time (default: the number of CPUs).
+        #[arg(long)]
+        jobs: Option<usize>,
+        /// Print every run's report, not just failures.
+        #[arg(long)]
+        verbose: bool,
+    }
+
+    impl SeedArgs {
+        /// The seeds: MADSIM_TEST_SEED alone if set, else the list's, else `count` from
+        /// `from`. `Err` is the exit code for a list that cannot be read (said on stderr).
+        fn seeds(&self, count: u64) -> Result<Vec<u64>, i32> {
+            match (env_seed(), &self.list) {
+                (Some(seed), _) => Ok(vec![seed]),
+                (None, Some(path)) => read_seed_list(path).map_err(|e| {
+                    eprintln!("cannot read the seed list {}: {e}", path.display());
+                    2
+                }),
+                (None, None) => Ok((self.from..self.from + count).collect()),
+            }
+        }
+
+        /// Runs at a time.
+        fn jobs(&self) -> usize {
+            self.jobs
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        }
+    }
+
     #[derive(Subcommand)]
     enum Command {
         /// Run many seeds and report failures. MADSIM_TEST_SEED, if set, runs only that seed;
@@ -86,19 +125,8 @@ mod sim {
             /// How many seeds.
             #[arg(long, default_value_t = 200)]
             seeds: u64,
-            /// The first seed.
-            #[arg(long, default_value_t = 0)]
-            from: u64,
-            /// Run the seeds listed in this file instead (one per line, `#` comments): the
-            /// regression list.
-            #[arg(long, value_name = "FILE")]
-            list: Option<std::path::PathBuf>,
-            /// Runs at a time (default: the number of CPUs).
-            #[arg(long)]
-            jobs: Option<usize>,
-            /// Print every run's report, not just failures.
-            #[arg(long)]
-            verbose: bool,
+            #[command(flatten)]
+            which: SeedArgs,
             #[command(flatten)]
             shape: ShapeArgs,
         },
@@ -109,19 +137,15 @@ mod sim {
             #[command(flatten)]
             shape: ShapeArgs,
         },
-        /// Peer mode's worlds: a cluster with no master, under kills, joins, restarts and
-        /// partitions; every read judged, every key swept at the end. MADSIM_TEST_SEED, if
+        /// Peer mode's worlds: a cluster with no master, under kills, goodbyes, joins, restarts
+        /// and partitions; every read judged, every key swept at the end. MADSIM_TEST_SEED, if
         /// set, runs only that seed (with logs: RUST_LOG).
         Peer {
             /// How many seeds.
             #[arg(long, default_value_t = 40)]
             seeds: u64,
-            /// The first seed.
-            #[arg(long, default_value_t = 0)]
-            from: u64,
-            /// Run the seeds listed in this file instead (one per line, `#` comments).
-            #[arg(long, value_name = "FILE")]
-            list: Option<std::path::PathBuf>,
+            #[command(flatten)]
+            which: SeedArgs,
             /// Peers at the start [default: 3 to 6, drawn from the seed].
             #[arg(long)]
             peers: Option<usize>,
@@ -131,14 +155,8 @@ mod sim {
             /// Run without faults (the happy path).
             #[arg(long)]
             no_faults: bool,
-            /// Runs at a time (default: the number of CPUs).
-            #[arg(long)]
-            jobs: Option<usize>,
-            /// Print every run's report, not just failures.
-            #[arg(long)]
-            verbose: bool,
-            /// Fail unless each of kills, joins, ring changes and strict reads was reached
-            /// by at least 20% of the seeds.
+            /// Fail unless each of kills, goodbyes, joins, ring changes, stale entries and
+            /// strict reads was reached by at least 20% of the seeds.
             #[arg(long)]
             floors: bool,
             /// Run each seed twice and check both runs are identical.
@@ -167,28 +185,17 @@ mod sim {
         match cli.command {
             Command::Run {
                 seeds,
-                from,
-                list,
-                jobs,
-                verbose,
+                which,
                 shape,
             } => {
-                let seeds: Vec<u64> = match (env_seed(), list) {
-                    (Some(seed), _) => vec![seed],
-                    (None, Some(path)) => match read_seed_list(&path) {
-                        Ok(seeds) => seeds,
-                        Err(e) => {
-                            eprintln!("cannot read the seed list {}: {e}", path.display());
-                            return 2;
-                        }
-                    },
-                    (None, None) => (from..from + seeds).collect(),
+                let seeds = match which.seeds(seeds) {
+                    Ok(seeds) => seeds,
+                    Err(code) => return code,
                 };
                 if std::env::var_os("MADSIM_TEST_CHECK_DETERMINISM").is_some() {
                     return determinism(&seeds, &shape);
                 }
-                let jobs = jobs
-                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+                let (jobs, verbose) = (which.jobs(), which.verbose);
                 let plans: Vec<Plan> = seeds.iter().map(|&s| shape.plan(s)).collect();
                 let started = Instant::now();
                 let mut failed = Vec::new();
@@ -251,39 +258,28 @@ mod sim {
             }
             Command::Peer {
                 seeds,
-                from,
-                list,
+                which,
                 peers,
                 ops,
                 no_faults,
-                jobs,
-                verbose,
                 floors,
                 determinism,
             } => {
-                let seeds: Vec<u64> = match (env_seed(), list) {
-                    (Some(seed), _) => {
-                        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-                            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-                        tracing_subscriber::fmt().with_env_filter(filter).init();
-                        vec![seed]
-                    }
-                    (None, Some(path)) => match read_seed_list(&path) {
-                        Ok(seeds) => seeds,
-                        Err(e) => {
-                            eprintln!("cannot read the seed list {}: {e}", path.display());
-                            return 2;
-                        }
-                    },
-                    (None, None) => (from..from + seeds).collect(),
+                if env_seed().is_some() {
+                    // One seed, with logs.
+                    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+                    tracing_subscriber::fmt().with_env_filter(filter).init();
+                }
+                let seeds = match which.seeds(seeds) {
+                    Ok(seeds) => seeds,
+                    Err(code) => return code,
                 };
                 let plans: Vec<PeerPlan> = seeds
                     .iter()
                     .map(|&seed| PeerPlan::generate(seed, peers, ops, !no_faults))
                     .collect();
-                let jobs = jobs
-                    .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-                peer_worlds(plans, jobs, verbose, floors, determinism)
+                peer_worlds(plans, which.jobs(), which.verbose, floors, determinism)
             }
         }
     }
