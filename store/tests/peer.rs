@@ -279,6 +279,18 @@ async fn a_peer_serves_its_metrics() {
         "{text}"
     );
     assert_eq!(value_of("mooring_peer_members"), Some(1.0), "{text}");
+    // One put and one read, each timed.
+    assert_eq!(
+        value_of("mooring_peer_put_latency_seconds_count"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value_of("mooring_peer_get_latency_seconds_count"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(value_of("mooring_peer_get_latency_seconds_sum").is_some_and(|s| s > 0.0));
     assert_eq!(
         value_of("mooring_peer_pool_bytes"),
         Some((32 << 20) as f64),

@@ -26,6 +26,7 @@ use mooring_transport_tcp::limits::ConnectionLimits;
 use mooring_transport_tcp::{
     DataPlaneConfig, LocalSegments, PeerLinks, TcpDataPlane, TcpDataServer, spawn_peer_server,
 };
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tracing::{debug, info};
@@ -118,7 +119,7 @@ impl PeerConfig {
 }
 
 /// Counts since the peer started, for metrics and tests.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PeerCounts {
     /// Values written into this peer's pool.
     pub puts: AtomicU64,
@@ -132,6 +133,27 @@ pub struct PeerCounts {
     pub republishes: AtomicU64,
     /// Ring changes seen.
     pub ring_changes: AtomicU64,
+    /// How long this peer's own puts took (copy into the pool, publish to the owners), in
+    /// seconds.
+    pub put_latency: Histogram,
+    /// How long reads asked of this peer took (lookup at the owners, then the data), hit or
+    /// miss, in seconds.
+    pub get_latency: Histogram,
+}
+
+impl Default for PeerCounts {
+    fn default() -> PeerCounts {
+        PeerCounts {
+            puts: AtomicU64::new(0),
+            gets: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            stale: AtomicU64::new(0),
+            republishes: AtomicU64::new(0),
+            ring_changes: AtomicU64::new(0),
+            put_latency: crate::ops::metrics::latency_histogram(),
+            get_latency: crate::ops::metrics::latency_histogram(),
+        }
+    }
 }
 
 /// How much a peer's shard and pool hold.

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use futures_util::future::join_all;
 use mooring_core::peer::directory::{Location, Stamp};
@@ -39,6 +40,7 @@ impl PeerNode {
                 format!("an empty value for {key:?}: values take at least one byte"),
             ));
         }
+        let started = Instant::now();
         let checksum = Checksum::of(value);
         let now = self.inner.clock.now();
         let placed = {
@@ -77,11 +79,22 @@ impl PeerNode {
         };
         self.inner.counts.puts.fetch_add(1, Ordering::Relaxed);
         self.deliver(out).await;
+        let elapsed = started.elapsed().as_secs_f64();
+        self.inner.counts.put_latency.observe(elapsed);
         Ok(())
     }
 
     /// The latest value of `key`, or `None`.
     pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let started = Instant::now();
+        let found = self.find(key).await;
+        let elapsed = started.elapsed().as_secs_f64();
+        self.inner.counts.get_latency.observe(elapsed);
+        found
+    }
+
+    /// The body of [`PeerNode::get`].
+    async fn find(&self, key: &str) -> Result<Option<Vec<u8>>> {
         self.inner.counts.gets.fetch_add(1, Ordering::Relaxed);
         let answers = self.lookup(&[key]).await.pop().unwrap_or_default();
         for location in read_order(answers) {

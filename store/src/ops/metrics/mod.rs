@@ -29,16 +29,14 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 
-use rpc::{
-    BUCKETS, KindRecord, KindSummary, RpcKind, RpcOutcome, bucket_bounds, latency_histogram,
-    outcome_labels,
-};
+use rpc::{BUCKETS, KindRecord, KindSummary, RpcKind, RpcOutcome, bucket_bounds, outcome_labels};
 
 pub use json::stats_json;
 pub use node::node_text;
 pub use pages::{PUBLIC_PATHS, handler, segment_list, static_page};
 pub use peer::peer_text;
 pub use render::render_standby;
+pub(crate) use rpc::latency_histogram;
 
 /// What the master records as it serves.
 #[derive(Clone)]

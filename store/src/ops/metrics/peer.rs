@@ -69,6 +69,18 @@ pub fn peer_text(peer: &PeerNode) -> String {
         "Ring changes this peer saw",
         count(&counts.ring_changes),
     );
+    registry.register_with_unit(
+        "put_latency",
+        "How long this peer's puts took: the copy into its pool and the publish to the owners",
+        Unit::Seconds,
+        counts.put_latency.clone(),
+    );
+    registry.register_with_unit(
+        "get_latency",
+        "How long reads asked of this peer took (hits and misses): the lookup and the data",
+        Unit::Seconds,
+        counts.get_latency.clone(),
+    );
     registry.register(
         "refused_peers",
         "Connections refused (failed handshake, connection cap, bad frame)",

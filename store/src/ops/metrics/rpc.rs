@@ -37,7 +37,8 @@ pub(super) fn bucket_bounds() -> impl Iterator<Item = f64> {
     exponential_buckets(1e-5, 2.0, BUCKETS as u16)
 }
 
-pub(super) fn latency_histogram() -> Histogram {
+/// A latency histogram with [`BUCKETS`] bounds (10 µs doubling), in seconds.
+pub(crate) fn latency_histogram() -> Histogram {
     Histogram::new(bucket_bounds())
 }
 
