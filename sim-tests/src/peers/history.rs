@@ -126,6 +126,31 @@ impl History {
         self.disturb(now);
     }
 
+    /// Judges an `exists` of `key` through `peer` that ran from `start` to `end` and answered
+    /// `found`: held, as a read is, to the latest completed changes when nothing excuses a
+    /// difference, and judged only when they agree on whether there is a value.
+    pub fn exists(&mut self, key: u32, peer: usize, found: bool, start: Duration, end: Duration) {
+        let quiet = !self
+            .disturbed
+            .iter()
+            .any(|&at| at + self.settle >= start && at <= end);
+        let Some(expected) = self.expected(key, start, end).filter(|_| quiet) else {
+            return;
+        };
+        let present = expected.iter().all(Option::is_some);
+        if present != expected.iter().any(Option::is_some) {
+            return;
+        }
+        self.strict_reads += 1;
+        if found != present {
+            self.violations.push(format!(
+                "exists of key {key} through peer {peer} from {start:?} to {end:?} answered \
+                 {found}, but the latest completed changes left one of {expected:?} and \
+                 nothing excuses the difference"
+            ));
+        }
+    }
+
     /// Judges a read of `key` through `peer` that ran from `start` to `end` and returned
     /// `read`.
     pub fn read(
@@ -311,6 +336,15 @@ mod tests {
         history.kill(2, 33 * S);
         history.read(1, 1, Some(&value_for(1, v1)), 34 * S, 34 * S);
         assert_eq!(history.violations.len(), 3, "{:?}", history.violations);
+        // A peer killed (restarted) long before a write through it does not excuse its miss.
+        let (_, w) = history.start_put(2, 50 * S);
+        history.finish(2, w, true, 0, 51 * S);
+        history.read(2, 1, None, 70 * S, 70 * S);
+        assert_eq!(history.violations.len(), 4, "{:?}", history.violations);
+        // Nor an exists that says there is nothing.
+        history.exists(2, 1, false, 71 * S, 71 * S);
+        history.exists(2, 1, true, 72 * S, 72 * S);
+        assert_eq!(history.violations.len(), 5, "{:?}", history.violations);
     }
 
     #[test]

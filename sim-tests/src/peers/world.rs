@@ -271,7 +271,7 @@ fn counts(shared: &Shared, count: impl Fn(&PeerCounts) -> u64) -> u64 {
     started.iter().map(|counts| count(counts)).sum()
 }
 
-/// One client: `plan.ops` random puts, gets and removes, each through the first peer that
+/// One client: `plan.ops` random puts, gets, exists and removes, each through the first peer that
 /// answers, starting from a random one. Returns how many it finished.
 async fn client(shared: Arc<Shared>, plan: PeerPlan) -> u64 {
     let mut rng = madsim::rand::thread_rng();
@@ -294,7 +294,7 @@ async fn client(shared: Arc<Shared>, plan: PeerPlan) -> u64 {
             .await;
             let now = shared.now();
             shared.history().finish(key, index, ok.is_some(), via, now);
-        } else if roll < 85 {
+        } else if roll < 78 {
             let (read, via) = through(
                 &order,
                 |guest| async move { guest.get(&key.to_string()).await },
@@ -304,6 +304,16 @@ async fn client(shared: Arc<Shared>, plan: PeerPlan) -> u64 {
             // A read no peer answered says nothing.
             if let Some(read) = read {
                 shared.history().read(key, via, read.as_deref(), start, now);
+            }
+        } else if roll < 86 {
+            let (found, via) = through(&order, |guest| async move {
+                guest.exists(&[key.to_string()]).await
+            })
+            .await;
+            let now = shared.now();
+            if let Some(found) = found {
+                let found = found.first() == Some(&true);
+                shared.history().exists(key, via, found, start, now);
             }
         } else {
             let index = shared.history().start_remove(key, start);
