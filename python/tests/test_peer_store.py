@@ -115,3 +115,35 @@ def test_setup_against_no_peer_fails(peers):
     assert store.setup("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "rdma", "", peers.address) == (
         UNAVAILABLE
     )
+
+
+def test_device_memory_round_trips(store, key):
+    """Values stored from device memory and read back into it (the software device model,
+    whose memory the CPU cannot touch), on a peer cluster as on a master's."""
+    from mooring import _native
+
+    device = _native.DeviceModel()
+    size = 1 << 20
+    base = device.alloc(size)
+    assert store.register_buffer(base, size) == 0
+    page = 64 << 10
+    values = [pattern(page, 20 + i) for i in range(3)]
+    for i, value in enumerate(values):
+        device.write(base + i * page, value)
+    keys = [f"{key}-{i}" for i in range(3)]
+    assert store.batch_put_from(keys, [base + i * page for i in range(3)], [page] * 3) == [0] * 3
+    into = base + 8 * page
+    # Two parts for the first value, one each for the others; and a key with no value.
+    got = store.batch_get_into_multi_buffers(
+        [*keys, f"{key}-missing"],
+        [[into, into + page // 2], [into + page], [into + 2 * page], [into + 3 * page]],
+        [[page // 2, page // 2], [page], [page], [page]],
+    )
+    assert got[:3] == [page] * 3 and got[3] < 0
+    assert device.read(into, 3 * page) == b"".join(values)
+    assert store.get(keys[1]) == values[1]
+    # Too small a buffer: refused, nothing written past it.
+    assert store.get_into(keys[0], into, 100) == -10
+    assert store.stat()["device_bytes_put"] == 3 * page
+    assert store.unregister_buffer(base) == 0
+    device.free(base)

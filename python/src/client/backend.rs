@@ -1,8 +1,8 @@
 //! What a store talks to: a cluster with a master, or a peer cluster (`peer://...`), the
 //! latter through a peer in this process (a store with a segment size) or as a guest.
 //!
-//! The calls SGLang's HiCache and the copying calls make are served by both; the rest
-//! (tasks, replica lists, pattern removals, device memory) need a master and say so.
+//! The calls SGLang's HiCache and the copying calls make are served by both, from host or
+//! device memory; the rest (tasks, replica lists, pattern removals) need a master and say so.
 
 use std::time::Duration;
 
@@ -45,7 +45,7 @@ impl Backend {
                 ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
                 format!(
                     "{call} needs a cluster with a master; a peer cluster (peer://) serves \
-                     put, get, exists and remove, from host memory"
+                     put, get, exists and remove (and their batch and zero-copy forms)"
                 ),
             )),
         }

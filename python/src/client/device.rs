@@ -10,9 +10,11 @@ use std::collections::HashMap;
 use mooring::Client;
 use mooring::client::{StartedReads, StartedWrite};
 use mooring_core::{Checksum, Error, ErrorCode, ReplicateConfig, Result};
+use mooring_device::pipeline::{copy_to_device, copy_to_host};
 use mooring_device::{GetInto, Part, PutFrom, StagingPool};
 
 use super::NativeClient;
+use super::backend::Backend;
 use super::mooncake::put_outcome;
 use crate::errors::invalid;
 use crate::values::Region;
@@ -194,9 +196,10 @@ impl NativeClient {
         config: &ReplicateConfig,
         upsert: bool,
     ) -> Vec<(usize, Result<()>)> {
-        let client = match self.client.master("storing from device memory") {
-            Ok(client) => client,
-            Err(e) => return refused_all(groups, e),
+        let Backend::Master(client) = &self.client else {
+            return self
+                .put_whole_from_devices(keys, groups, config, upsert)
+                .await;
         };
         let mut results = Vec::new();
         for group in groups {
@@ -231,9 +234,8 @@ impl NativeClient {
         keys: &[String],
         groups: &[DeviceGroup],
     ) -> Vec<(usize, Result<usize>)> {
-        let client = match self.client.master("reading into device memory") {
-            Ok(client) => client,
-            Err(e) => return refused_all(groups, e),
+        let Backend::Master(client) = &self.client else {
+            return self.get_whole_into_devices(keys, groups).await;
         };
         let mut results = Vec::new();
         for group in groups {
@@ -255,10 +257,90 @@ impl NativeClient {
     }
 }
 
-/// The same refusal for every member of `groups`.
-fn refused_all<T>(groups: &[DeviceGroup], e: Error) -> Vec<(usize, Result<T>)> {
-    groups
-        .iter()
-        .flat_map(|g| g.members.iter().map(|(i, _)| (*i, Err(e.clone()))))
-        .collect()
+impl NativeClient {
+    /// A peer cluster's path for device memory: each value is copied whole from the device
+    /// into host memory, then stored (the staging pipeline's overlap is master mode's alone
+    /// for now).
+    async fn put_whole_from_devices(
+        &self,
+        keys: &[String],
+        groups: &[DeviceGroup],
+        config: &ReplicateConfig,
+        upsert: bool,
+    ) -> Vec<(usize, Result<()>)> {
+        let mut results = Vec::new();
+        for group in groups {
+            for (i, parts) in &group.members {
+                let total: usize = parts.iter().map(|p| p.len).sum();
+                let mut value = vec![0u8; total];
+                let copied = copy_to_host(&group.pool, &mut pieces_of(parts, &mut value));
+                let stored = match copied {
+                    Ok(()) => self.client.write(&keys[*i], &value, config, upsert).await,
+                    Err(e) => Err(e),
+                };
+                if stored.is_ok() {
+                    self.device_bytes_put
+                        .fetch_add(total as u64, Ordering::Relaxed);
+                }
+                results.push((*i, stored));
+            }
+        }
+        results
+    }
+
+    /// A peer cluster's path for reads into device memory: each value is read whole, then
+    /// copied to the device; its length.
+    async fn get_whole_into_devices(
+        &self,
+        keys: &[String],
+        groups: &[DeviceGroup],
+    ) -> Vec<(usize, Result<usize>)> {
+        let mut results = Vec::new();
+        for group in groups {
+            for (i, parts) in &group.members {
+                let room: usize = parts.iter().map(|p| p.len).sum();
+                let read = match self.client.get(&keys[*i]).await {
+                    Ok(value) if value.len() > room => Err(Error::new(
+                        ErrorCode::BUFFER_OVERFLOW,
+                        format!(
+                            "{:?} holds {} bytes, more than the {room} bytes given: give a \
+                             larger buffer",
+                            keys[*i],
+                            value.len()
+                        ),
+                    )),
+                    Ok(mut value) => {
+                        let len = value.len();
+                        let pieces = pieces_of(parts, &mut value);
+                        let pieces: Vec<(usize, &[u8])> = pieces
+                            .iter()
+                            .map(|(addr, bytes)| (*addr, &**bytes))
+                            .collect();
+                        copy_to_device(&group.pool, &pieces).map(|()| len)
+                    }
+                    Err(e) => Err(e),
+                };
+                if let Ok(len) = read {
+                    self.device_bytes_got
+                        .fetch_add(len as u64, Ordering::Relaxed);
+                }
+                results.push((*i, read));
+            }
+        }
+        results
+    }
+}
+
+/// `value` cut along the device `parts` it fills or comes from, in order: each part's
+/// address and its bytes (a value shorter than the parts leaves the last ones short).
+fn pieces_of<'v>(parts: &[Part], value: &'v mut [u8]) -> Vec<(usize, &'v mut [u8])> {
+    let mut rest = value;
+    let mut pieces = Vec::with_capacity(parts.len());
+    for part in parts {
+        let n = part.len.min(rest.len());
+        let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
+        pieces.push((part.addr, piece));
+        rest = tail;
+    }
+    pieces
 }
