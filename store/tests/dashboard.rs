@@ -1,5 +1,6 @@
-//! The dashboard in a real browser: headless Chromium loads the master's page while a real
-//! master and node hold objects the CLI put, and the figures appear; a screenshot is saved.
+//! The dashboards in a real browser: headless Chromium loads the master's page while a real
+//! master and node hold objects the CLI put, and the figures appear (a screenshot is saved);
+//! and a peer's page, while two real peers hold a value.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -151,4 +152,96 @@ fn the_dashboard_shows_the_cluster_in_a_browser() {
         png.len()
     );
     eprintln!("dashboard screenshot: {}", shot.display());
+}
+
+/// A peer's dashboard (`mooring peer --metrics-listen`): headless Chromium loads it while two
+/// real peers hold a value the CLI put through one of them and read through the other.
+#[test]
+fn a_peers_dashboard_shows_the_peer_in_a_browser() {
+    let Some(browser) = chromium() else {
+        eprintln!(
+            "skipping the peer dashboard browser test: no chromium (install Debian's \
+             `chromium`, or set MOORING_CHROMIUM); scripts/test-all.sh installs it when it can"
+        );
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("mooring-peer-dashboard-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("scrape-token");
+    std::fs::write(&token_file, "peer-dash-token\n").unwrap();
+    let token_arg = token_file.display().to_string();
+    let (_first, [first, metrics]) = Proc::start_on_free_ports(false, |[listen, metrics]| {
+        common::args(&[
+            "peer",
+            "--listen",
+            listen,
+            "--size",
+            "16MiB",
+            "--metrics-listen",
+            metrics,
+            "--metrics-token-file",
+            &token_arg,
+        ])
+    });
+    let (_second, [second]) = Proc::start_on_free_ports(false, |[listen]| {
+        common::args(&[
+            "peer", "--listen", listen, "--size", "16MiB", "--seeds", &first,
+        ])
+    });
+    let cli = |args: &[&str]| {
+        // The second peer serves clients once it has joined: retry until it has.
+        for _ in 0..100 {
+            let out = Command::new(BIN)
+                .args(args)
+                .env_remove("MOORING_TOKEN_FILE")
+                .output()
+                .unwrap();
+            if out.status.success() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("mooring {args:?} kept failing");
+    };
+    let at = |peer: &str| format!("peer://{peer}");
+    cli(&[
+        "put",
+        "--master",
+        &at(&first),
+        "--value",
+        "a value",
+        "dash/k",
+    ]);
+    cli(&["get", "--master", &at(&first), "dash/k"]);
+    cli(&["get", "--master", &at(&second), "dash/k"]);
+    let url = format!("http://{metrics}/#token=peer-dash-token");
+
+    let dom = browse(&browser, &dir, &url, &["--dump-dom"]);
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    for shown in [
+        r#"id="ready">serving<"#.to_string(),
+        r#"id="values">1<"#.to_string(),
+        r#"id="member-count">2<"#.to_string(),
+        format!(r#"data-member="{second}""#),
+        r#"data-op="get""#.to_string(),
+        "updated ".to_string(),
+    ] {
+        assert!(dom.contains(&shown), "{shown} not shown:\n{dom}");
+    }
+    // Its one read was a hit: the latency table counts it.
+    assert!(
+        dom.contains(r#"<tr data-op="get"><td>get</td><td>1</td>"#),
+        "the get not counted:\n{dom}"
+    );
+
+    // Without the token the page says what to do instead of showing figures.
+    let refused = browse(
+        &browser,
+        &dir,
+        &format!("http://{metrics}/"),
+        &["--dump-dom"],
+    );
+    let refused = String::from_utf8_lossy(&refused.stdout);
+    assert!(refused.contains("asks for a token"), "{refused}");
 }

@@ -26,7 +26,6 @@ use mooring_transport_tcp::limits::ConnectionLimits;
 use mooring_transport_tcp::{
     DataPlaneConfig, LocalSegments, PeerLinks, TcpDataPlane, TcpDataServer, spawn_peer_server,
 };
-use prometheus_client::metrics::histogram::Histogram;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tracing::{debug, info};
@@ -34,9 +33,13 @@ use tracing::{debug, info};
 use crate::client::connect::{client_id_for, random_client_id};
 use crate::clock::Clock;
 use crate::node::memory::segment_memory;
+use crate::ops::metrics::Latency;
 
 pub use client::PeerClient;
 pub use guest::{MAX_GUEST_VALUE, PeerGuest};
+
+/// A peer's dashboard: one self-contained page (no CDN) that polls `/stats.json`.
+const PEER_DASHBOARD: &str = include_str!("../ops/peer_dashboard.html");
 
 /// The scheme that names a peer cluster wherever a master address is taken.
 pub const PEER_SCHEME: &str = "peer://";
@@ -119,7 +122,7 @@ impl PeerConfig {
 }
 
 /// Counts since the peer started, for metrics and tests.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct PeerCounts {
     /// Values written into this peer's pool.
     pub puts: AtomicU64,
@@ -133,27 +136,11 @@ pub struct PeerCounts {
     pub republishes: AtomicU64,
     /// Ring changes seen.
     pub ring_changes: AtomicU64,
-    /// How long this peer's own puts took (copy into the pool, publish to the owners), in
-    /// seconds.
-    pub put_latency: Histogram,
+    /// How long this peer's own puts took (copy into the pool, publish to the owners).
+    pub put_latency: Latency,
     /// How long reads asked of this peer took (lookup at the owners, then the data), hit or
-    /// miss, in seconds.
-    pub get_latency: Histogram,
-}
-
-impl Default for PeerCounts {
-    fn default() -> PeerCounts {
-        PeerCounts {
-            puts: AtomicU64::new(0),
-            gets: AtomicU64::new(0),
-            hits: AtomicU64::new(0),
-            stale: AtomicU64::new(0),
-            republishes: AtomicU64::new(0),
-            ring_changes: AtomicU64::new(0),
-            put_latency: crate::ops::metrics::latency_histogram(),
-            get_latency: crate::ops::metrics::latency_histogram(),
-        }
-    }
+    /// miss.
+    pub get_latency: Latency,
 }
 
 /// How much a peer's shard and pool hold.
@@ -353,8 +340,9 @@ impl PeerNode {
         }
     }
 
-    /// Serves `/metrics` (Prometheus text) on `listen`, behind `bearer` if given, for as
-    /// long as the peer runs; returns the address bound.
+    /// Serves `/metrics` (Prometheus text), `/stats.json` and the dashboard (`/`) on
+    /// `listen`, the figures behind `bearer` if given, for as long as the peer runs; returns
+    /// the address bound.
     pub async fn serve_metrics(
         &self,
         listen: &str,
@@ -366,9 +354,20 @@ impl PeerNode {
                 "text/plain; version=0.0.4; charset=utf-8",
                 crate::ops::metrics::peer_text(&peer),
             ),
-            _ => crate::ops::http::Response::error(404, "no such page: try /metrics"),
+            "/stats.json" => crate::ops::http::Response::ok(
+                "application/json",
+                crate::ops::metrics::peer_stats_json(&peer).to_string(),
+            ),
+            "/" | "/index.html" => {
+                crate::ops::http::Response::ok("text/html; charset=utf-8", PEER_DASHBOARD)
+            }
+            _ => crate::ops::http::Response::error(
+                404,
+                "no such page: try /metrics, /stats.json or / (the dashboard)",
+            ),
         });
-        let (addr, task) = crate::ops::http::serve(listen, handler, bearer, &[]).await?;
+        let public = crate::ops::metrics::PUBLIC_PATHS;
+        let (addr, task) = crate::ops::http::serve(listen, handler, bearer, public).await?;
         self.inner.tasks.lock().expect("task lock").push(task);
         Ok(addr)
     }

@@ -79,8 +79,7 @@ impl PeerNode {
         };
         self.inner.counts.puts.fetch_add(1, Ordering::Relaxed);
         self.deliver(out).await;
-        let elapsed = started.elapsed().as_secs_f64();
-        self.inner.counts.put_latency.observe(elapsed);
+        self.inner.counts.put_latency.observe(started.elapsed());
         Ok(())
     }
 
@@ -88,8 +87,7 @@ impl PeerNode {
     pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
         let started = Instant::now();
         let found = self.find(key).await;
-        let elapsed = started.elapsed().as_secs_f64();
-        self.inner.counts.get_latency.observe(elapsed);
+        self.inner.counts.get_latency.observe(started.elapsed());
         found
     }
 

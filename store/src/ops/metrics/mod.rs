@@ -14,6 +14,7 @@
 //! | `pages` | the HTTP pages: [`handler`], [`static_page`], the dashboard, Mooncake's segment list |
 
 mod json;
+mod latency;
 mod node;
 mod pages;
 mod peer;
@@ -29,14 +30,16 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 
-use rpc::{BUCKETS, KindRecord, KindSummary, RpcKind, RpcOutcome, bucket_bounds, outcome_labels};
+use rpc::{
+    KindRecord, KindSummary, RpcKind, RpcOutcome, bucket_of, latency_histogram, outcome_labels,
+};
 
 pub use json::stats_json;
+pub use latency::Latency;
 pub use node::node_text;
 pub use pages::{PUBLIC_PATHS, handler, segment_list, static_page};
-pub use peer::peer_text;
+pub use peer::{peer_stats_json, peer_text};
 pub use render::render_standby;
-pub(crate) use rpc::latency_histogram;
 
 /// What the master records as it serves.
 #[derive(Clone)]
@@ -86,10 +89,7 @@ impl MasterMetrics {
             }
         }
         let seconds = elapsed.as_secs_f64();
-        let bucket = bucket_bounds()
-            .position(|bound| seconds <= bound)
-            .unwrap_or(BUCKETS);
-        record.summary.buckets[bucket] += 1;
+        record.summary.buckets[bucket_of(seconds)] += 1;
         record.latency.observe(seconds);
     }
 

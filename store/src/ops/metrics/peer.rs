@@ -1,4 +1,5 @@
-//! A peer's metrics (peer mode) in the Prometheus text format.
+//! A peer's metrics (peer mode): the Prometheus text format, and the figures its dashboard
+//! reads.
 
 use std::sync::atomic::Ordering;
 
@@ -73,13 +74,13 @@ pub fn peer_text(peer: &PeerNode) -> String {
         "put_latency",
         "How long this peer's puts took: the copy into its pool and the publish to the owners",
         Unit::Seconds,
-        counts.put_latency.clone(),
+        counts.put_latency.histogram(),
     );
     registry.register_with_unit(
         "get_latency",
         "How long reads asked of this peer took (hits and misses): the lookup and the data",
         Unit::Seconds,
-        counts.get_latency.clone(),
+        counts.get_latency.histogram(),
     );
     registry.register(
         "refused_peers",
@@ -87,4 +88,37 @@ pub fn peer_text(peer: &PeerNode) -> String {
         ConstCounter::new(mooring_proto::refusals::total()),
     );
     exposition(&registry)
+}
+
+/// A peer's figures for its dashboard: who it is, its ring, its pool and shard, what it
+/// served, and its latency percentiles (bucket bounds, in µs).
+pub fn peer_stats_json(peer: &PeerNode) -> serde_json::Value {
+    let sizes = peer.sizes();
+    let counts = peer.counts();
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let latency = |l: &crate::ops::metrics::Latency| {
+        serde_json::json!({
+            "count": l.count(),
+            "p50_us": l.quantile_us(0.5),
+            "p99_us": l.quantile_us(0.99),
+        })
+    };
+    serde_json::json!({
+        "name": peer.name(),
+        "address": peer.address(),
+        "ready": peer.is_ready(),
+        "members": peer.members(),
+        "pool_bytes": sizes.pool_bytes,
+        "used_bytes": sizes.used_bytes,
+        "values": sizes.values,
+        "directory_entries": sizes.entries,
+        "puts": load(&counts.puts),
+        "gets": load(&counts.gets),
+        "hits": load(&counts.hits),
+        "stale_entries": load(&counts.stale),
+        "republishes": load(&counts.republishes),
+        "ring_changes": load(&counts.ring_changes),
+        "put_latency": latency(&counts.put_latency),
+        "get_latency": latency(&counts.get_latency),
+    })
 }

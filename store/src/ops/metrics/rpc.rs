@@ -37,8 +37,7 @@ pub(super) fn bucket_bounds() -> impl Iterator<Item = f64> {
     exponential_buckets(1e-5, 2.0, BUCKETS as u16)
 }
 
-/// A latency histogram with [`BUCKETS`] bounds (10 µs doubling), in seconds.
-pub(crate) fn latency_histogram() -> Histogram {
+pub(super) fn latency_histogram() -> Histogram {
     Histogram::new(bucket_bounds())
 }
 
@@ -52,25 +51,37 @@ pub(super) struct KindSummary {
 }
 
 impl KindSummary {
-    /// The bucket bound under which a fraction `q` of the requests fell, in µs (the top
-    /// bound doubled for the overflow bucket).
+    /// The bucket bound under which a fraction `q` of the requests fell, in µs.
     pub(super) fn quantile_us(&self, q: f64) -> f64 {
-        let total: u64 = self.buckets.iter().sum();
-        if total == 0 {
-            return 0.0;
-        }
-        let wanted = (total as f64 * q).ceil() as u64;
-        let bounds: Vec<f64> = bucket_bounds().collect();
-        let mut seen = 0;
-        for (i, n) in self.buckets.iter().enumerate() {
-            seen += n;
-            if seen >= wanted {
-                let bound = bounds.get(i).copied().unwrap_or(bounds[BUCKETS - 1] * 2.0);
-                return bound * 1e6;
-            }
-        }
-        bounds[BUCKETS - 1] * 2e6
+        quantile_us(&self.buckets, q)
     }
+}
+
+/// The bucket a latency of `seconds` falls in (the last: above every bound).
+pub(super) fn bucket_of(seconds: f64) -> usize {
+    bucket_bounds()
+        .position(|bound| seconds <= bound)
+        .unwrap_or(BUCKETS)
+}
+
+/// The bucket bound under which a fraction `q` of the counts in `buckets` fell, in µs (the
+/// top bound doubled for the overflow bucket; 0 with no counts).
+pub(super) fn quantile_us(buckets: &[u64; BUCKETS + 1], q: f64) -> f64 {
+    let total: u64 = buckets.iter().sum();
+    if total == 0 {
+        return 0.0;
+    }
+    let wanted = (total as f64 * q).ceil() as u64;
+    let bounds: Vec<f64> = bucket_bounds().collect();
+    let mut seen = 0;
+    for (i, n) in buckets.iter().enumerate() {
+        seen += n;
+        if seen >= wanted {
+            let bound = bounds.get(i).copied().unwrap_or(bounds[BUCKETS - 1] * 2.0);
+            return bound * 1e6;
+        }
+    }
+    bounds[BUCKETS - 1] * 2e6
 }
 
 /// One request kind's totals, and its Prometheus counter of successes and its latency
