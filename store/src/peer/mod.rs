@@ -38,9 +38,6 @@ use crate::ops::metrics::Latency;
 pub use client::PeerClient;
 pub use guest::{MAX_GUEST_VALUE, PeerGuest};
 
-/// A peer's dashboard: one self-contained page (no CDN) that polls `/stats.json`.
-const PEER_DASHBOARD: &str = include_str!("../ops/peer_dashboard.html");
-
 /// The scheme that names a peer cluster wherever a master address is taken.
 pub const PEER_SCHEME: &str = "peer://";
 
@@ -359,7 +356,8 @@ impl PeerNode {
                 crate::ops::metrics::peer_stats_json(&peer).to_string(),
             ),
             "/" | "/index.html" => {
-                crate::ops::http::Response::ok("text/html; charset=utf-8", PEER_DASHBOARD)
+                let page = crate::ops::metrics::PEER_DASHBOARD.as_str();
+                crate::ops::http::Response::ok("text/html; charset=utf-8", page)
             }
             _ => crate::ops::http::Response::error(
                 404,

@@ -37,7 +37,7 @@ use rpc::{
 pub use json::stats_json;
 pub use latency::Latency;
 pub use node::node_text;
-pub use pages::{PUBLIC_PATHS, handler, segment_list, static_page};
+pub use pages::{PEER_DASHBOARD, PUBLIC_PATHS, handler, segment_list, static_page};
 pub use peer::{peer_stats_json, peer_text};
 pub use render::render_standby;
 

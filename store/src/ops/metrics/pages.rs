@@ -1,7 +1,7 @@
 //! The metrics pages a master serves over HTTP: `/metrics`, `/stats.json`, the dashboard, and
 //! Mooncake's `/get_all_segments` (the list SGLang's `check_server` polls before `setup`).
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use mooring_core::{SegmentInfo, StatsReport};
 
@@ -14,8 +14,24 @@ use crate::ops::http::{Handler, Request, Response};
 /// fetches them with the token it is given).
 pub const PUBLIC_PATHS: &[&str] = &["/", "/index.html"];
 
-/// The dashboard: one self-contained page (no CDN, works offline) that polls /stats.json.
-const DASHBOARD: &str = include_str!("../dashboard.html");
+/// The master's dashboard: one self-contained page (no CDN, works offline) that polls
+/// /stats.json.
+pub static DASHBOARD: LazyLock<String> =
+    LazyLock::new(|| dashboard_page(include_str!("../dashboard.html")));
+
+/// A peer's dashboard, likewise.
+pub static PEER_DASHBOARD: LazyLock<String> =
+    LazyLock::new(|| dashboard_page(include_str!("../peer_dashboard.html")));
+
+/// `page` with what every dashboard shares (its style and helpers) where its
+/// `<!-- shared -->` line stands.
+fn dashboard_page(page: &str) -> String {
+    page.replacen(
+        "<!-- shared -->",
+        include_str!("../dashboard_shared.html"),
+        1,
+    )
+}
 
 /// The content type of Mooncake's plain-text admin pages.
 const MOONCAKE_TEXT: &str = "text/plain; version=0.0.4";
@@ -66,7 +82,7 @@ pub fn segment_list(segments: &[SegmentInfo]) -> String {
 /// can answer.
 pub fn static_page(path: &str) -> Response {
     match path {
-        "/" | "/index.html" => Response::ok("text/html; charset=utf-8", DASHBOARD),
+        "/" | "/index.html" => Response::ok("text/html; charset=utf-8", DASHBOARD.as_str()),
         "/get_all_segments" => Response::error(
             503,
             "this master is standing by: ask the group's leader (its address is in /stats.json)",
