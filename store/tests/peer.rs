@@ -368,3 +368,15 @@ async fn a_peer_that_leaves_is_off_every_ring_at_once() {
     let _ = process.child.wait();
     watcher.close().await;
 }
+
+/// A client that needs a master (LMCache's connector, `mooring bench`) refuses a peer
+/// cluster's address with a code and a message that says what serves it.
+#[tokio::test]
+async fn a_master_client_refuses_a_peer_address() {
+    let refused = mooring::Client::connect(mooring::ClientConfig::new("peer://127.0.0.1:1"))
+        .await
+        .err()
+        .expect("refused");
+    assert_eq!(refused.code, ErrorCode::UNAVAILABLE_IN_CURRENT_MODE);
+    assert!(refused.to_string().contains("mooring.store"), "{refused}");
+}

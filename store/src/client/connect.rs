@@ -217,6 +217,16 @@ impl Client {
     /// [`Client::connect`] sharing `local` with other members of this process, so transfers
     /// to their segments are a `memcpy`.
     pub async fn connect_with(config: ClientConfig, local: Arc<LocalSegments>) -> Result<Client> {
+        if crate::peer::peer_addresses(&config.master).is_some() {
+            return Err(Error::new(
+                ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+                format!(
+                    "{} names a peer cluster, and this client needs a master: a peer cluster \
+                     serves the CLI's put, get and rm, and mooring.store",
+                    config.master
+                ),
+            ));
+        }
         let token = match &config.token {
             Some(token) => Some(token.clone()),
             None => crate::token::resolve(None)?,
