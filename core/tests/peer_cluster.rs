@@ -10,12 +10,15 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use mooring_core::Millis;
 use mooring_core::checksum::Checksum;
 use mooring_core::peer::directory::Stamp;
-use mooring_core::peer::pool::HeaderWrite;
+use mooring_core::peer::disk::DiskWork;
+use mooring_core::peer::pool::{BLOCK_HEADER, HeaderWrite, Promotion};
 use mooring_core::peer::ring::{DEFAULT_VNODES, Ring, RingMember};
 use mooring_core::peer::state::{DEFAULT_DIRECTORY_REPLICAS, Outgoing, PeerState, read_order};
 use mooring_core::rng::Rng;
 
 const KIB: u64 = 1024;
+/// Keys the runs write.
+const KEYS: usize = 40;
 
 struct Cluster {
     peers: BTreeMap<String, PeerState>,
@@ -27,9 +30,11 @@ struct Cluster {
     /// Background traffic (re-publishes after a ring change or in a round), delivered later
     /// and out of order: it races the writes and removals that follow.
     background: Vec<(String, Outgoing)>,
-    /// Writes whose disk copy is complete (the disk never drops one here): each must stay
-    /// findable while its peer lives and it is its key's latest.
-    on_disk: std::collections::HashSet<(String, String, Stamp)>,
+    /// What each peer's disk holds of each key: the write its file holds (one file a key,
+    /// a write replacing it).
+    disk: HashMap<(String, String), Stamp>,
+    /// Disk operations the peers owe, in the order they were asked for.
+    disk_work: Vec<(String, DiskWork)>,
     now: Millis,
     next_peer: usize,
     rng: Rng,
@@ -54,7 +59,8 @@ impl Cluster {
             latest: HashMap::new(),
             queue: VecDeque::new(),
             background: Vec::new(),
-            on_disk: Default::default(),
+            disk: HashMap::new(),
+            disk_work: Vec::new(),
             now: Millis(1_000),
             next_peer: 0,
             rng: Rng::seeded(seed),
@@ -165,25 +171,34 @@ impl Cluster {
             let location = if location.resident {
                 location
             } else {
-                match peer.promote(key, now) {
-                    Some(Ok((promoted, out))) => {
-                        // The peer reads its disk copy into the block: the same write.
-                        self.clear_headers();
-                        self.memory.insert(
-                            (data.clone(), promoted.offset),
-                            (key.to_string(), promoted.stamp),
-                        );
+                let (promotion, out) = peer.promote(key, now);
+                self.send(&data, out);
+                let location = match promotion {
+                    Promotion::Resident(location) => Some(location),
+                    Promotion::Load { stamp, .. } => {
+                        // The peer reads its disk copy into the block; a read fails now
+                        // and then (the value is then lost).
+                        let copy = self.disk.get(&(data.clone(), key.to_string())).copied();
+                        if copy != Some(stamp) {
+                            self.fail(format!(
+                                "{data} promotes {key}'s write {stamp:?}, its disk holds {copy:?}"
+                            ));
+                        }
+                        let ok = self.rng.below(20) != 0;
+                        let peer = self.peers.get_mut(&data).expect("reading");
+                        let (promoted, out) = peer.promoted(key, stamp, ok, now);
+                        self.log
+                            .push(format!("{now} promote {key} on {data}: {promoted:?}"));
                         self.send(&data, out);
-                        self.deliver();
-                        self.clear_headers();
                         promoted
                     }
-                    Some(Err(full)) => {
-                        let out = self.peers.get_mut(&data).unwrap().evictions(&full.evicted);
-                        self.send(&data, out);
-                        self.deliver();
-                        continue;
-                    }
+                    Promotion::Absent | Promotion::Busy | Promotion::Full(_) => None,
+                };
+                self.collect_disk_work();
+                self.deliver();
+                self.clear_headers();
+                match location {
+                    Some(location) => location,
                     None => continue,
                 }
             };
@@ -254,15 +269,6 @@ impl Cluster {
                 .values()
                 .find(|p| p.pool().location(key).is_some_and(|l| l.stamp == latest));
             let Some(holder) = holder else {
-                if let Some((peer, _, _)) = self
-                    .on_disk
-                    .iter()
-                    .find(|(p, k, s)| k == key && *s == latest && self.peers.contains_key(p))
-                {
-                    self.fail(format!(
-                        "{key}'s latest write {latest:?} is on {peer}'s disk but gone"
-                    ));
-                }
                 continue;
             };
             for owner in holder.owners_of(key) {
@@ -331,15 +337,59 @@ impl Cluster {
         self.log.push(format!("{now} remove {key}"));
     }
 
-    fn disk_copy(&mut self, key: &str) {
-        let now = self.now;
-        for peer in self.peers.values_mut() {
-            if let Some(location) = peer.read_local(key, now) {
-                peer.disk_written(key, location.stamp);
-                self.on_disk
-                    .insert((peer.name().to_string(), key.to_string(), location.stamp));
+    /// Takes the disk operations the peers owe.
+    fn collect_disk_work(&mut self) {
+        for (name, peer) in self.peers.iter_mut() {
+            for work in peer.take_disk_work() {
+                self.disk_work.push((name.clone(), work));
             }
         }
+    }
+
+    /// Carries out one disk operation a peer owes (one in ten fails), as its driver would.
+    fn disk_step(&mut self) {
+        self.collect_disk_work();
+        if self.disk_work.is_empty() {
+            return;
+        }
+        let (name, work) = self.disk_work.remove(self.rng.below(self.disk_work.len()));
+        let ok = self.rng.below(10) != 0;
+        let now = self.now;
+        let Some(peer) = self.peers.get_mut(&name) else {
+            return;
+        };
+        let (key, stamp, ok) = match work {
+            DiskWork::Write { key, stamp, len } => {
+                let source = peer.disk_source(&key, stamp);
+                let ok = ok && source.is_some();
+                if let Some((offset, from_len)) = source {
+                    let block = self.memory.get(&(name.clone(), offset - BLOCK_HEADER));
+                    if from_len != len || block.is_some_and(|b| *b != (key.to_string(), stamp)) {
+                        self.fail(format!(
+                            "{name} copies {key}'s write {stamp:?} from a block holding {block:?}"
+                        ));
+                    }
+                }
+                if ok {
+                    self.disk.insert((name.clone(), key.to_string()), stamp);
+                }
+                (key, stamp, ok)
+            }
+            DiskWork::Delete { key, stamp } => {
+                let file = (name.clone(), key.to_string());
+                if ok && self.disk.get(&file) == Some(&stamp) {
+                    self.disk.remove(&file);
+                }
+                (key, stamp, ok)
+            }
+        };
+        let peer = self.peers.get_mut(&name).expect("held");
+        let out = peer.disk_finished(&key, stamp, ok);
+        self.log
+            .push(format!("{now} disk {key} {stamp:?} on {name}: {ok}"));
+        self.send(&name, out);
+        self.deliver();
+        self.clear_headers();
     }
 
     fn join(&mut self) {
@@ -354,7 +404,8 @@ impl Cluster {
             ring.clone(),
             DEFAULT_DIRECTORY_REPLICAS,
             Millis(0),
-        );
+        )
+        .with_disk(256 * KIB);
         self.peers.insert(name.clone(), peer);
         self.ring_changed(ring);
         self.log.push(format!("{} join {name}", self.now));
@@ -367,6 +418,8 @@ impl Cluster {
         let victim = self.pick_peer();
         self.peers.remove(&victim);
         self.memory.retain(|(peer, _), _| *peer != victim);
+        self.disk.retain(|(peer, _), _| *peer != victim);
+        self.disk_work.retain(|(peer, _)| *peer != victim);
         for peer in self.peers.values_mut() {
             peer.peer_lost(&victim);
         }
@@ -398,10 +451,21 @@ impl Cluster {
         }
     }
 
+    /// Each pool's books hold, and every copy a peer counts on its disk is there.
     fn check_pools(&self) {
-        for peer in self.peers.values() {
+        for (name, peer) in &self.peers {
             if let Err(e) = peer.pool().check() {
-                self.fail(format!("{}'s pool: {e}", peer.name()));
+                self.fail(format!("{name}'s pool: {e}"));
+            }
+            for i in 0..KEYS {
+                let key = format!("kv/{i}");
+                let counted = peer.pool().disk().held_stamp(&key);
+                let file = self.disk.get(&(name.clone(), key.clone()));
+                if counted.is_some() && counted.as_ref() != file {
+                    self.fail(format!(
+                        "{name} counts {key}'s write {counted:?} on disk, its file holds {file:?}"
+                    ));
+                }
             }
         }
     }
@@ -410,7 +474,7 @@ impl Cluster {
 fn run(seed: u64, steps: usize) -> BTreeMap<&'static str, u64> {
     let mut cluster = Cluster::new(seed, 4);
     let mut seen: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let keys: Vec<String> = (0..40).map(|i| format!("kv/{i}")).collect();
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("kv/{i}")).collect();
     for _ in 0..steps {
         let key = keys[cluster.rng.below(keys.len())].clone();
         cluster.now = cluster.now + Millis(cluster.rng.below(20) as u64);
@@ -418,7 +482,7 @@ fn run(seed: u64, steps: usize) -> BTreeMap<&'static str, u64> {
             0..=39 => "put",
             40..=74 => "get",
             75..=82 => "remove",
-            83..=92 => "disk copy",
+            83..=92 => "disk",
             93..=94 => "kill",
             95..=96 => "join",
             97 => "republish",
@@ -430,7 +494,7 @@ fn run(seed: u64, steps: usize) -> BTreeMap<&'static str, u64> {
             "put" => cluster.put(&key),
             "get" => cluster.check_get(&key),
             "remove" => cluster.remove(&key),
-            "disk copy" => cluster.disk_copy(&key),
+            "disk" => cluster.disk_step(),
             "kill" => cluster.kill(),
             "join" => cluster.join(),
             "republish" => cluster.republish_round(),
@@ -461,6 +525,12 @@ fn run(seed: u64, steps: usize) -> BTreeMap<&'static str, u64> {
         .filter(|l| l.contains(" get ") && l.contains("Some"))
         .count();
     *seen.entry("gets that hit").or_default() += promoted as u64;
+    let promotes = cluster
+        .log
+        .iter()
+        .filter(|l| l.contains(" promote ") && l.contains("Some"))
+        .count();
+    *seen.entry("promote").or_default() += promotes as u64;
     seen
 }
 
@@ -477,7 +547,8 @@ fn a_peer_cluster_serves_the_latest_value_or_a_justified_miss() {
         "put",
         "get",
         "remove",
-        "disk copy",
+        "disk",
+        "promote",
         "kill",
         "join",
         "republish",

@@ -19,8 +19,8 @@ pub struct Handled {
 
 /// Handles `request` from peer `from` (the name its credential proves) at `now`. A request
 /// that fails its checks is refused whole, changing nothing. The requests that are not the
-/// directory's (membership greetings and goodbyes, and a client's operations, which move bytes) come back
-/// as `Err` for the driver to answer, checked.
+/// directory's (membership greetings and goodbyes, and promotes and a client's operations,
+/// which move bytes) come back as `Err` for the driver to answer, checked.
 pub fn handle(
     peer: &mut PeerState,
     from: &str,
@@ -57,30 +57,8 @@ pub fn handle(
             }),
             onward: Vec::new(),
         },
-        PeerRequest::Promote { key } => match peer.promote(&key, now) {
-            None => Handled {
-                response: Ok(PeerReply::Promoted { location: None }),
-                onward: Vec::new(),
-            },
-            Some(Ok((location, onward))) => Handled {
-                response: Ok(PeerReply::Promoted {
-                    location: Some(location),
-                }),
-                onward,
-            },
-            Some(Err(full)) => Handled {
-                response: Err(Error::new(
-                    ErrorCode::NO_AVAILABLE_HANDLE,
-                    format!(
-                        "no room in this peer's pool to bring {key:?} back from disk ({} bytes): \
-                         everything left is pinned; read it again later",
-                        full.wanted
-                    ),
-                )),
-                onward: peer.evictions(&full.evicted),
-            },
-        },
-        PeerRequest::Hello { .. }
+        PeerRequest::Promote { .. }
+        | PeerRequest::Hello { .. }
         | PeerRequest::Put { .. }
         | PeerRequest::Get { .. }
         | PeerRequest::Exists { .. }
@@ -182,15 +160,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(bad.response.unwrap_err().code, ErrorCode::INVALID_KEY);
-        let missing = handle(
+        let moves_bytes = handle(
             &mut a,
             "b",
             PeerRequest::Promote {
                 key: "kv/none".into(),
             },
             Millis(12),
-        )
-        .unwrap();
-        assert_eq!(missing.response, Ok(PeerReply::Promoted { location: None }));
+        );
+        assert!(moves_bytes.is_err(), "a promote is the driver's: it reads the disk");
     }
 }

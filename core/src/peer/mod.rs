@@ -12,6 +12,7 @@
 //! locations a peer may publish, which write wins, what a removal keeps out) decided here.
 
 pub mod directory;
+pub mod disk;
 mod entries;
 pub mod membership;
 pub mod pool;

@@ -22,6 +22,7 @@ use crate::checksum::Checksum;
 use crate::time::Millis;
 
 use super::directory::{Location, Stamp};
+use super::disk::{DiskShelf, DiskWork};
 use super::ring::stable_hash;
 
 /// Bytes of the header at the start of every block, before the value.
@@ -53,7 +54,8 @@ struct PoolEntry {
     /// Its place in least-recently-used order (last access, then a serial).
     order: (Millis, u64),
     pinned: bool,
-    on_disk: bool,
+    /// Whether to keep a copy on disk (the tier is on and the disk had room).
+    wants_disk: bool,
 }
 
 /// A change the driver owes a block's header (see the module's note on headers).
@@ -118,6 +120,36 @@ pub struct PublishedPool {
     read_grace: Millis,
     /// Header writes the driver owes since it last asked, in order.
     headers: Vec<HeaderWrite>,
+    /// The disk tier's books.
+    disk: DiskShelf,
+    /// Values lost since the last [`PublishedPool::take_lost`]: only their disk copy held
+    /// them, and it went (made room, or could not be read).
+    lost: Vec<Evicted>,
+}
+
+/// How a promote went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Promotion {
+    /// The pool does not hold the key (or only held it on a disk that lost it).
+    Absent,
+    /// The value is in memory.
+    Resident(Location),
+    /// Another operation on the key's disk copy is in flight: ask again shortly.
+    Busy,
+    /// Read the disk copy of write `stamp` (`len` bytes) into the block at `offset` (value
+    /// after its header), then report with [`PublishedPool::promoted`].
+    Load {
+        /// The write.
+        stamp: Stamp,
+        /// The block's offset.
+        offset: u64,
+        /// The value's length.
+        len: u64,
+        /// What was evicted to make room.
+        evicted: Vec<Evicted>,
+    },
+    /// No room: everything else is pinned or loading.
+    Full(PoolFull),
 }
 
 impl PublishedPool {
@@ -134,7 +166,20 @@ impl PublishedPool {
             quarantine: VecDeque::new(),
             read_grace,
             headers: Vec::new(),
+            disk: DiskShelf::new(0),
+            lost: Vec::new(),
         }
+    }
+
+    /// The same pool with a disk tier of `capacity` bytes (0: none).
+    pub fn with_disk(mut self, capacity: u64) -> PublishedPool {
+        self.disk = DiskShelf::new(capacity);
+        self
+    }
+
+    /// The disk tier's books.
+    pub fn disk(&self) -> &DiskShelf {
+        &self.disk
     }
 
     /// How many values it holds (resident or on disk).
@@ -210,12 +255,16 @@ impl PublishedPool {
                 checksum,
                 order,
                 pinned,
-                on_disk: false,
+                wants_disk: self.disk.enabled(),
             },
         );
         if !pinned {
             self.lru.insert(order, key.into());
         }
+        for gone in &evicted {
+            self.settle_disk(&gone.key);
+        }
+        self.settle_disk(key);
         Ok(Placed {
             location: self.location(key).expect("just stored"),
             evicted,
@@ -236,61 +285,170 @@ impl PublishedPool {
         self.location(key)
     }
 
-    /// Brings a non-resident value back from disk into the pool (the caller then reads the
-    /// disk copy into the block and re-publishes the location). A resident one is only read.
-    /// `None` if the pool does not hold `key`.
-    pub fn promote(&mut self, key: &str, now: Millis) -> Option<Result<Placed, PoolFull>> {
-        let entry = self.entries.get(key)?;
+    /// Starts bringing a non-resident value back from disk (a reader asked): sets a block
+    /// aside for the disk copy. A resident value is only read (an access at `now`).
+    pub fn promote(&mut self, key: &str, now: Millis) -> Promotion {
+        let Some(entry) = self.entries.get(key) else {
+            return Promotion::Absent;
+        };
         if entry.block.is_some() {
-            let location = self.read(key, now)?;
-            return Some(Ok(Placed {
-                location,
-                evicted: Vec::new(),
-            }));
+            return match self.read(key, now) {
+                Some(location) => Promotion::Resident(location),
+                None => Promotion::Absent,
+            };
         }
-        let len = entry.len;
+        if self.disk.is_busy(key) {
+            return Promotion::Busy;
+        }
+        let (stamp, len) = (entry.stamp, entry.len);
+        if !self.disk.holds(key, stamp) {
+            return Promotion::Absent;
+        }
         self.release_due(now);
-        Some(self.allocate(len).map(|(block, evicted)| {
-            let order = self.next_order(now);
-            let entry = self.entries.get_mut(key).expect("entry");
-            entry.block = Some(block);
-            entry.order = order;
-            if !entry.pinned {
-                self.lru.insert(order, key.into());
+        match self.allocate(len) {
+            Ok((block, evicted)) => {
+                self.disk.start_read(key, stamp, block);
+                for gone in &evicted {
+                    self.settle_disk(&gone.key);
+                }
+                Promotion::Load {
+                    stamp,
+                    offset: block.offset,
+                    len,
+                    evicted,
+                }
             }
-            Placed {
-                location: self.location(key).expect("promoted"),
-                evicted,
+            Err(full) => {
+                for gone in &full.evicted {
+                    self.settle_disk(&gone.key);
+                }
+                Promotion::Full(full)
             }
-        }))
+        }
     }
 
-    /// Records that `key`'s write `stamp` is now on disk too (write-through finished).
-    pub fn disk_written(&mut self, key: &str, stamp: Stamp) {
-        if let Some(entry) = self.entries.get_mut(key)
-            && entry.stamp == stamp
+    /// The promote of `key`'s write `stamp` ended: `ok` if the disk copy's bytes (checked)
+    /// are in the block, value then header. Returns the value's location to publish, or
+    /// `None` (the value was dropped meanwhile, or its copy could not be read: then it is
+    /// lost, see [`PublishedPool::take_lost`]). The block's header is owed either way.
+    pub fn promoted(&mut self, key: &str, stamp: Stamp, ok: bool, now: Millis) -> Option<Location> {
+        let block = self.disk.end_read(key, stamp)?;
+        let entry = self
+            .entries
+            .get_mut(key)
+            .filter(|e| e.stamp == stamp && e.block.is_none());
+        let location = match entry {
+            Some(entry) if ok => {
+                entry.block = Some(block);
+                let pinned = entry.pinned;
+                let order = self.next_order(now);
+                self.entries.get_mut(key).expect("entry").order = order;
+                if !pinned {
+                    self.lru.insert(order, key.into());
+                }
+                self.headers.push(HeaderWrite::Write {
+                    offset: block.offset,
+                    key: key.into(),
+                    stamp,
+                });
+                self.location(key)
+            }
+            _ => {
+                self.headers.push(HeaderWrite::Clear(block.offset));
+                self.quarantine
+                    .push_back((now + self.read_grace, block.node));
+                if !ok && self.entries.get(key).is_some_and(|e| e.stamp == stamp) {
+                    // An unreadable copy was the value's only one.
+                    self.entries.remove(key);
+                    self.lost.push(Evicted {
+                        key: key.into(),
+                        stamp,
+                        kept_on_disk: false,
+                    });
+                }
+                None
+            }
+        };
+        self.settle_disk(key);
+        location
+    }
+
+    /// Where the driver copies `key`'s write `stamp` to disk from: the value's offset in
+    /// the pool and its length, while it is resident.
+    pub fn disk_source(&self, key: &str, stamp: Stamp) -> Option<(u64, u64)> {
+        let entry = self.entries.get(key).filter(|e| e.stamp == stamp)?;
+        Some((entry.block?.offset + BLOCK_HEADER, entry.len))
+    }
+
+    /// The disk operation in flight on `key` (a write or deletion of write `stamp`) ended;
+    /// `ok` if it took effect. The key's next operation, if any, is owed after it.
+    pub fn disk_finished(&mut self, key: &str, stamp: Stamp, ok: bool) {
+        self.disk.finished(key, stamp, ok);
+        if !ok && let Some(entry) = self.entries.get_mut(key).filter(|e| e.stamp == stamp) {
+            // Not tried again: the value lives in memory only.
+            entry.wants_disk = false;
+        }
+        self.settle_disk(key);
+    }
+
+    /// The disk operations owed since the last call, in order.
+    pub fn take_disk_work(&mut self) -> Vec<DiskWork> {
+        self.disk.take_work()
+    }
+
+    /// Values lost since the last call (only their disk copy held them, and it went): their
+    /// entries must be unpublished.
+    pub fn take_lost(&mut self) -> Vec<Evicted> {
+        std::mem::take(&mut self.lost)
+    }
+
+    /// Brings `key`'s disk copy in line with its value, if no operation is in flight on it:
+    /// a resident value that wants a copy gets one written; a copy no value wants is deleted.
+    fn settle_disk(&mut self, key: &str) {
+        if !self.disk.enabled() || self.disk.is_busy(key) {
+            return;
+        }
+        let wanted = self
+            .entries
+            .get(key)
+            .map(|e| (e.stamp, e.len, e.wants_disk, e.block.is_some()));
+        if let Some((stamp, len, true, true)) = wanted
+            && !self.disk.holds(key, stamp)
         {
-            entry.on_disk = true;
+            match self.disk.start_write(key, stamp, len) {
+                Some(victims) => {
+                    for (victim, copy) in victims {
+                        self.disk_victim(&victim, copy);
+                    }
+                    return;
+                }
+                None => self.entries.get_mut(key).expect("entry").wants_disk = false,
+            }
+        }
+        if self
+            .disk
+            .held_stamp(key)
+            .is_some_and(|held| wanted.is_none_or(|(stamp, ..)| stamp != held))
+        {
+            self.disk.start_delete(key);
         }
     }
 
-    /// Records that the disk let go of `key`'s write `stamp`; if that was its only copy, the
-    /// value is gone and its entry must be unpublished (returned).
-    pub fn disk_dropped(&mut self, key: &str, stamp: Stamp) -> Option<Evicted> {
-        let entry = self.entries.get_mut(key)?;
-        if entry.stamp != stamp {
-            return None;
+    /// `key`'s copy of write `stamp` was deleted to make room: a value only that copy held is
+    /// lost; a resident one stays in memory, and is not written again.
+    fn disk_victim(&mut self, key: &str, stamp: Stamp) {
+        let Some(entry) = self.entries.get_mut(key).filter(|e| e.stamp == stamp) else {
+            return;
+        };
+        entry.wants_disk = false;
+        if entry.block.is_none() {
+            self.entries.remove(key);
+            self.lost.push(Evicted {
+                key: key.into(),
+                stamp,
+                kept_on_disk: false,
+            });
         }
-        entry.on_disk = false;
-        if entry.block.is_some() {
-            return None;
-        }
-        self.entries.remove(key);
-        Some(Evicted {
-            key: key.into(),
-            stamp,
-            kept_on_disk: false,
-        })
     }
 
     /// Drops `key`'s write `stamp` (removed, or superseded by another peer's newer write);
@@ -306,6 +464,7 @@ impl PublishedPool {
             self.quarantine
                 .push_back((now + self.read_grace, block.node));
         }
+        self.settle_disk(key);
         true
     }
 
@@ -353,7 +512,10 @@ impl PublishedPool {
         newer: Stamp,
         now: Millis,
     ) -> Option<Location> {
-        if self.entries.get(key).is_none_or(|e| e.stamp != stamp) {
+        let entry = self.entries.get(key).filter(|e| e.stamp == stamp)?;
+        if entry.block.is_none() {
+            // Only on disk, under the old stamp: its copy cannot be stamped again.
+            self.drop_value(key, stamp, now);
             return None;
         }
         self.observe(newer);
@@ -367,6 +529,7 @@ impl PublishedPool {
                 stamp: fresh,
             });
         }
+        self.settle_disk(key);
         self.location(key)
     }
 
@@ -397,12 +560,37 @@ impl PublishedPool {
             .iter()
             .map(|&(_, node)| self.allocator.allocation(node).map_or(0, |(_, size)| size))
             .sum();
-        if resident.saturating_add(waiting) != self.allocator.used_bytes() {
+        let loading: u64 = self
+            .disk
+            .reading()
+            .map(|b| {
+                self.allocator
+                    .allocation(b.node)
+                    .map_or(u64::MAX, |(_, size)| size)
+            })
+            .sum();
+        let counted = resident.saturating_add(waiting).saturating_add(loading);
+        if counted != self.allocator.used_bytes() {
             return Err(format!(
-                "{resident} bytes resident and {waiting} waiting, but {} allocated",
+                "{resident} bytes resident, {waiting} waiting and {loading} loading, but {} \
+                 allocated",
                 self.allocator.used_bytes()
             ));
         }
+        for (key, entry) in &self.entries {
+            if entry.block.is_none() && !self.disk.holds(key, entry.stamp) {
+                return Err(format!("{key:?} is neither in memory nor on disk"));
+            }
+        }
+        for (key, stamp) in self.disk.copies() {
+            let wanted = self.entries.get(key).is_some_and(|e| e.stamp == stamp);
+            if !wanted && !self.disk.is_busy(key) {
+                return Err(format!(
+                    "the disk keeps {key:?}'s write {stamp:?}, which no value wants"
+                ));
+            }
+        }
+        self.disk.check()?;
         let candidates = self
             .entries
             .values()
@@ -463,8 +651,8 @@ impl PublishedPool {
             self.headers.push(HeaderWrite::Clear(block.offset));
             let freed = self.allocator.free(block.node);
             debug_assert!(freed);
-            let kept_on_disk = entry.on_disk;
             let stamp = entry.stamp;
+            let kept_on_disk = self.disk.holds(&key, stamp);
             if !kept_on_disk {
                 self.entries.remove(&key);
             }
@@ -511,38 +699,97 @@ mod tests {
 
     #[test]
     fn an_evicted_value_with_a_disk_copy_stays_non_resident_and_is_promoted_back() {
-        let mut pool = pool();
-        let placed = pool
-            .store("a", 32 * KIB - BLOCK_HEADER, Checksum(1), Millis(0))
-            .unwrap();
-        pool.disk_written("a", placed.location.stamp);
-        pool.store("b", 32 * KIB - BLOCK_HEADER, Checksum(1), Millis(1))
-            .unwrap();
-        let placed = pool
-            .store("c", 32 * KIB - BLOCK_HEADER, Checksum(1), Millis(2))
-            .unwrap();
+        let mut pool = pool().with_disk(128 * KIB);
+        let value = 32 * KIB - BLOCK_HEADER;
+        let a = pool.store("a", value, Checksum(1), Millis(0)).unwrap();
+        let a = a.location.stamp;
+        let written = pool.take_disk_work();
+        assert_eq!(
+            written,
+            [DiskWork::Write {
+                key: "a".into(),
+                stamp: a,
+                len: value
+            }]
+        );
+        assert_eq!(pool.disk_source("a", a), Some((BLOCK_HEADER, value)));
+        pool.disk_finished("a", a, true);
+        // b's copy is still being written when c's store evicts a, then b.
+        pool.store("b", value, Checksum(1), Millis(1)).unwrap();
+        let placed = pool.store("c", value, Checksum(1), Millis(2)).unwrap();
         assert_eq!(
             placed.evicted,
             [Evicted {
                 key: "a".into(),
-                stamp: pool.read("a", Millis(2)).unwrap().stamp,
+                stamp: a,
                 kept_on_disk: true
             }]
         );
         let location = pool.read("a", Millis(3)).unwrap();
         assert!(!location.resident);
-        let promoted = pool.promote("a", Millis(4)).unwrap().unwrap();
-        assert!(promoted.location.resident);
-        assert_eq!(promoted.location.stamp, location.stamp, "the same write");
-        assert_eq!(promoted.evicted.len(), 1, "b made room");
-        pool.check().unwrap();
-        // A disk that drops the copy of a non-resident value loses it.
-        let b = &promoted.evicted[0];
-        assert!(
-            pool.disk_dropped(&b.key, b.stamp).is_none(),
-            "b had no disk copy"
+        let Promotion::Load { stamp, evicted, .. } = pool.promote("a", Millis(4)) else {
+            panic!("a's copy is on disk");
+        };
+        assert_eq!(stamp, a, "the same write");
+        assert_eq!(evicted.len(), 1, "b made room");
+        assert!(!evicted[0].kept_on_disk, "b's copy was not complete");
+        assert_eq!(
+            pool.promote("a", Millis(4)),
+            Promotion::Busy,
+            "a is loading"
         );
-        assert!(pool.promote("zzz", Millis(5)).is_none());
+        pool.check().unwrap();
+        let promoted = pool.promoted("a", a, true, Millis(5)).unwrap();
+        assert!(promoted.resident);
+        assert_eq!(promoted.stamp, a);
+        // b's copy, complete at last, belongs to no value: it is deleted.
+        pool.take_disk_work();
+        let b = Stamp {
+            clock: a.clock + 1,
+            ..a
+        };
+        pool.disk_finished("b", b, true);
+        assert_eq!(
+            pool.take_disk_work(),
+            [DiskWork::Delete {
+                key: "b".into(),
+                stamp: b
+            }]
+        );
+        pool.check().unwrap();
+        assert_eq!(pool.promote("zzz", Millis(5)), Promotion::Absent);
+    }
+
+    #[test]
+    fn a_copy_that_cannot_be_read_loses_its_value_and_is_deleted() {
+        let mut pool = pool().with_disk(128 * KIB);
+        let value = 64 * KIB - BLOCK_HEADER;
+        let a = pool.store("a", value, Checksum(1), Millis(0)).unwrap();
+        let a = a.location.stamp;
+        pool.disk_finished("a", a, true);
+        pool.store("b", value, Checksum(1), Millis(1)).unwrap();
+        pool.set_pinned("b", true);
+        // b is pinned and fills the pool: no room to promote a.
+        assert!(matches!(pool.promote("a", Millis(2)), Promotion::Full(_)));
+        pool.drop_value("b", pool.location("b").unwrap().stamp, Millis(2));
+        let Promotion::Load { stamp, .. } = pool.promote("a", Millis(200)) else {
+            panic!("b's block is free");
+        };
+        assert_eq!(pool.promoted("a", stamp, false, Millis(201)), None);
+        assert_eq!(
+            pool.take_lost(),
+            [Evicted {
+                key: "a".into(),
+                stamp: a,
+                kept_on_disk: false
+            }]
+        );
+        assert!(pool.take_disk_work().contains(&DiskWork::Delete {
+            key: "a".into(),
+            stamp: a
+        }));
+        assert!(pool.location("a").is_none());
+        pool.check().unwrap();
     }
 
     #[test]

@@ -6,7 +6,8 @@ use crate::checksum::Checksum;
 use crate::time::Millis;
 
 use super::directory::{DirectoryShard, Location, PublishRefused, Published, Stamp};
-use super::pool::{Evicted, HeaderWrite, PoolFull, PublishedPool};
+use super::disk::DiskWork;
+use super::pool::{Evicted, HeaderWrite, PoolFull, Promotion, PublishedPool};
 use super::ring::Ring;
 
 /// Directory replicas by default: each entry is held by its owner and the next peer.
@@ -127,6 +128,12 @@ impl PeerState {
         }
     }
 
+    /// The same peer with a disk tier of `capacity` bytes (0: none).
+    pub fn with_disk(mut self, capacity: u64) -> PeerState {
+        self.pool = self.pool.with_disk(capacity);
+        self
+    }
+
     /// The peer's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -175,10 +182,12 @@ impl PeerState {
         Ok((placed.location, out))
     }
 
-    /// The directory updates for `evicted` values (a failed put's too).
+    /// The directory updates for `evicted` values (a failed put's too), and for values the
+    /// disk tier lost since the last call.
     pub fn evictions(&mut self, evicted: &[Evicted]) -> Vec<Outgoing> {
         let mut out = Vec::new();
-        for gone in evicted {
+        let lost = self.pool.take_lost();
+        for gone in evicted.iter().chain(&lost) {
             if gone.kept_on_disk {
                 if let Some(location) = self.pool.location(&gone.key) {
                     self.publish(&gone.key, &location, &mut out);
@@ -197,19 +206,51 @@ impl PeerState {
         out
     }
 
-    /// Brings `key` back from this peer's disk into its pool (a reader asked): the caller
-    /// reads the disk copy into the returned location, then sends the messages. `None` if the
-    /// pool does not hold the key.
-    pub fn promote(
+    /// Starts bringing `key` back from this peer's disk into its pool (a reader asked). On
+    /// [`Promotion::Load`] the caller reads the disk copy into the block, then reports with
+    /// [`PeerState::promoted`]. The messages are the directory updates for what was evicted.
+    pub fn promote(&mut self, key: &str, now: Millis) -> (Promotion, Vec<Outgoing>) {
+        let promotion = self.pool.promote(key, now);
+        let out = match &promotion {
+            Promotion::Load { evicted, .. } => self.evictions(evicted),
+            Promotion::Full(full) => self.evictions(&full.evicted),
+            _ => self.evictions(&[]),
+        };
+        (promotion, out)
+    }
+
+    /// The promote of `key`'s write `stamp` ended (`ok`: the copy's bytes, checked, are in
+    /// the block): the value's new location, published, or `None` if it is gone.
+    pub fn promoted(
         &mut self,
         key: &str,
+        stamp: Stamp,
+        ok: bool,
         now: Millis,
-    ) -> Option<Result<(Location, Vec<Outgoing>), PoolFull>> {
-        Some(self.pool.promote(key, now)?.map(|placed| {
-            let mut out = self.evictions(&placed.evicted);
-            self.publish(key, &placed.location, &mut out);
-            (placed.location, out)
-        }))
+    ) -> (Option<Location>, Vec<Outgoing>) {
+        let location = self.pool.promoted(key, stamp, ok, now);
+        let mut out = self.evictions(&[]);
+        if let Some(location) = &location {
+            self.publish(key, location, &mut out);
+        }
+        (location, out)
+    }
+
+    /// Where the driver copies `key`'s write `stamp` to disk from (see
+    /// [`PublishedPool::disk_source`]).
+    pub fn disk_source(&self, key: &str, stamp: Stamp) -> Option<(u64, u64)> {
+        self.pool.disk_source(key, stamp)
+    }
+
+    /// A disk write or deletion the driver was owed ended (`ok`: it took effect).
+    pub fn disk_finished(&mut self, key: &str, stamp: Stamp, ok: bool) -> Vec<Outgoing> {
+        self.pool.disk_finished(key, stamp, ok);
+        self.evictions(&[])
+    }
+
+    /// The disk operations the driver owes (see [`super::disk`]).
+    pub fn take_disk_work(&mut self) -> Vec<DiskWork> {
+        self.pool.take_disk_work()
     }
 
     /// The header writes the driver owes (see [`super::pool`]).
@@ -225,19 +266,6 @@ impl PeerState {
     /// Where `key`'s latest value is, as this peer's shard knows (a reader asked it).
     pub fn lookup(&self, key: &str) -> Option<Location> {
         self.shard.lookup(key)
-    }
-
-    /// The disk copy of `key`'s write `stamp` is complete.
-    pub fn disk_written(&mut self, key: &str, stamp: Stamp) {
-        self.pool.disk_written(key, stamp);
-    }
-
-    /// The disk let go of `key`'s write `stamp`: if it was the last copy, its owners are told.
-    pub fn disk_dropped(&mut self, key: &str, stamp: Stamp) -> Vec<Outgoing> {
-        match self.pool.disk_dropped(key, stamp) {
-            Some(gone) => self.evictions(&[gone]),
-            None => Vec::new(),
-        }
     }
 
     /// The stamp a removal this peer's client makes at `now` covers: newer than every write
@@ -369,6 +397,8 @@ impl PeerState {
                 }
             }
         }
+        // A re-stamped write may have made room on disk at another value's cost.
+        out.extend(self.evictions(&[]));
         out
     }
 
