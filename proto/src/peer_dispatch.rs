@@ -3,8 +3,8 @@
 //! identically. The driver sends the returned messages for other peers; what is for the
 //! sender travels back in the reply.
 
+use mooring_core::Millis;
 use mooring_core::peer::state::{Outgoing, PeerState};
-use mooring_core::{Error, ErrorCode, Millis};
 
 use crate::wire::{PeerReply, PeerRequest, PeerResponse};
 
@@ -70,9 +70,9 @@ pub fn handle(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mooring_core::Checksum;
     use mooring_core::peer::ring::{DEFAULT_VNODES, Ring, RingMember};
     use mooring_core::peer::state::DirectoryMessage;
+    use mooring_core::{Checksum, ErrorCode};
 
     fn ring() -> Ring {
         Ring::new(
@@ -168,6 +168,9 @@ mod tests {
             },
             Millis(12),
         );
-        assert!(moves_bytes.is_err(), "a promote is the driver's: it reads the disk");
+        assert!(
+            moves_bytes.is_err(),
+            "a promote is the driver's: it reads the disk"
+        );
     }
 }

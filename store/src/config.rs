@@ -182,6 +182,10 @@ pub struct PeerSection {
     pub directory_replicas: Option<usize>,
     /// Share of the directory relative to a peer of weight 1.
     pub weight: Option<u32>,
+    /// A directory for the disk tier.
+    pub disk_dir: Option<std::path::PathBuf>,
+    /// Most bytes kept in `disk_dir`, e.g. "100GiB" (default: four times `size`).
+    pub disk_size: Option<String>,
 }
 
 /// The `[client]` section of a config file.

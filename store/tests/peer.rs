@@ -380,3 +380,97 @@ async fn a_master_client_refuses_a_peer_address() {
     assert_eq!(refused.code, ErrorCode::UNAVAILABLE_IN_CURRENT_MODE);
     assert!(refused.to_string().contains("mooring.store"), "{refused}");
 }
+
+/// A peer with a small pool and a disk tier: values evicted from memory stay readable from
+/// disk (a read through another peer promotes them back), byte for byte; `exists` on one only
+/// on disk answers yes and brings it back; and the metrics say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_evicted_to_disk_are_promoted_back_with_every_byte_checked() {
+    let dir = scratch("peer-disk");
+    let disk = dir.join("disk");
+    let (_first, first) = start_peer(&[], &[]);
+    let (_small, [small, metrics]) = Proc::start_on_free_ports(false, |[listen, metrics]| {
+        let mut line = args(&[
+            "peer", "--listen", listen, "--size", "2MiB", "--seeds", &first,
+        ]);
+        line.extend(args(&[
+            "--disk-dir",
+            disk.to_str().unwrap(),
+            "--disk-size",
+            "64MiB",
+        ]));
+        line.extend(args(&["--metrics-listen", metrics]));
+        line
+    });
+    wait_until_joined(&[&first, &small]).await;
+    // Eight times the small peer's pool, written through it: most of it leaves memory.
+    let values: Vec<(String, Vec<u8>)> = (0..64)
+        .map(|i| (format!("disk/{i}"), value(i + 11, (256 << 10) + i as usize)))
+        .collect();
+    for (key, bytes) in &values {
+        guest(&small).put(key, bytes.clone()).await.unwrap();
+    }
+    // Copies are written behind the puts: wait until the disk holds every value.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, text) = common::http_get(&metrics, "/metrics", None);
+        // (The probes that saw the peers join are on disk too.)
+        if common::sample(&text, "mooring_peer_disk_values").is_some_and(|n| n >= 64.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the copies never completed: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The first values written are on disk only by now; exists warms one of them.
+    let exists = guest(&first).exists(&["disk/0".into()]).await.unwrap();
+    assert_eq!(exists, [true]);
+    for (key, bytes) in &values {
+        let read = guest(&first).get(key).await.unwrap();
+        assert!(
+            read.as_ref() == Some(bytes),
+            "{key}: missing or other bytes"
+        );
+    }
+    let (_, text) = common::http_get(&metrics, "/metrics", None);
+    let promotes = common::sample(&text, "mooring_peer_promotes_total").unwrap_or(0.0);
+    assert!(promotes >= 56.0, "most values came back from disk: {text}");
+    let held = common::sample(&text, "mooring_peer_values").unwrap_or(0.0);
+    assert!(held >= 64.0, "no value was lost: {text}");
+    let files = walk_files(&disk);
+    assert!(files >= 64, "one file a copy: {files}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Files under `dir`, at any depth.
+fn walk_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .map(|e| match e.file_type().is_ok_and(|t| t.is_dir()) {
+                true => walk_files(&e.path()),
+                false => 1,
+            })
+            .sum()
+    })
+}
+
+/// A disk directory that cannot be created leaves the peer without a disk tier, with a
+/// warning, rather than refusing to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_directory_that_cannot_be_made_leaves_the_peer_serving_from_memory() {
+    let dir = scratch("peer-bad-disk");
+    let blocker = dir.join("file");
+    std::fs::write(&blocker, b"not a directory").unwrap();
+    let inside = blocker.join("disk");
+    let (peer, addr) = start_peer(&[], &["--disk-dir", inside.to_str().unwrap()]);
+    guest(&addr).put("k", b"v".to_vec()).await.unwrap();
+    assert_eq!(
+        guest(&addr).get("k").await.unwrap().as_deref(),
+        Some(&b"v"[..])
+    );
+    assert!(peer.line.contains("without a disk tier"), "{}", peer.line);
+    let _ = std::fs::remove_dir_all(&dir);
+}

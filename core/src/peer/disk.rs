@@ -101,6 +101,11 @@ impl DiskShelf {
         self.capacity > 0
     }
 
+    /// Its capacity in bytes (0: no disk tier).
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
     /// Copies held, and their bytes with writes in flight.
     pub fn usage(&self) -> (usize, u64) {
         (self.fifo.len(), self.used)

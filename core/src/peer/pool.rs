@@ -145,6 +145,8 @@ pub enum Promotion {
         offset: u64,
         /// The value's length.
         len: u64,
+        /// The value's checksum, for the bytes read.
+        checksum: Checksum,
         /// What was evicted to make room.
         evicted: Vec<Evicted>,
     },
@@ -300,7 +302,7 @@ impl PublishedPool {
         if self.disk.is_busy(key) {
             return Promotion::Busy;
         }
-        let (stamp, len) = (entry.stamp, entry.len);
+        let (stamp, len, checksum) = (entry.stamp, entry.len, entry.checksum);
         if !self.disk.holds(key, stamp) {
             return Promotion::Absent;
         }
@@ -315,6 +317,7 @@ impl PublishedPool {
                     stamp,
                     offset: block.offset,
                     len,
+                    checksum,
                     evicted,
                 }
             }

@@ -7,6 +7,7 @@
 //! the core's ([`PeerState`], [`Membership`]); this driver moves bytes and messages.
 
 mod client;
+mod disk;
 mod guest;
 mod ops;
 mod service;
@@ -36,6 +37,7 @@ use crate::node::memory::segment_memory;
 use crate::ops::metrics::Latency;
 
 pub use client::PeerClient;
+pub use disk::PeerDiskConfig;
 pub use guest::{MAX_GUEST_VALUE, PeerGuest};
 
 /// The scheme that names a peer cluster wherever a master address is taken.
@@ -91,6 +93,8 @@ pub struct PeerConfig {
     pub read_grace: Millis,
     /// How long a call to another peer may take.
     pub timeout: Duration,
+    /// The disk tier, if any.
+    pub disk: Option<PeerDiskConfig>,
 }
 
 impl PeerConfig {
@@ -114,6 +118,7 @@ impl PeerConfig {
             membership: MembershipConfig::default(),
             read_grace: Millis(2_000),
             timeout: Duration::from_secs(5),
+            disk: None,
         }
     }
 }
@@ -133,6 +138,8 @@ pub struct PeerCounts {
     pub republishes: AtomicU64,
     /// Ring changes seen.
     pub ring_changes: AtomicU64,
+    /// Values brought back from this peer's disk into its pool.
+    pub promotes: AtomicU64,
     /// How long this peer's own puts took (copy into the pool, publish to the owners).
     pub put_latency: Latency,
     /// How long reads asked of this peer took (lookup at the owners, then the data), hit or
@@ -151,6 +158,10 @@ pub struct PeerSizes {
     pub used_bytes: u64,
     /// The pool's size.
     pub pool_bytes: u64,
+    /// Copies on its disk.
+    pub disk_values: usize,
+    /// Bytes of copies on its disk (and being written).
+    pub disk_bytes: u64,
 }
 
 /// A running peer.
@@ -165,6 +176,8 @@ struct Inner {
     state: Mutex<PeerState>,
     membership: Mutex<Membership>,
     memory: SegmentMemory,
+    /// The disk tier, if it has one.
+    disk: Option<disk::PeerDisk>,
     data: Arc<dyn DataPlane>,
     links: Arc<PeerLinks>,
     clock: Clock,
@@ -213,6 +226,12 @@ impl PeerNode {
             None => address.clone(),
         };
         let memory = segment_memory(config.size as usize, false, false)?;
+        let disk = match &config.disk {
+            Some(disk) => disk::PeerDisk::open(disk, &memory)
+                .await
+                .map(|d| (d, disk.capacity)),
+            None => None,
+        };
         let local = Arc::new(LocalSegments::default());
         let server = TcpDataServer::start(
             &config.data_listen,
@@ -257,7 +276,8 @@ impl PeerNode {
             membership.ring().clone(),
             config.directory_replicas,
             config.read_grace,
-        );
+        )
+        .with_disk(disk.as_ref().map_or(0, |(_, capacity)| *capacity));
         let links = PeerLinks::new(Some(me), token.clone(), client.0, config.timeout);
         let peer = PeerNode {
             inner: Arc::new(Inner {
@@ -266,6 +286,7 @@ impl PeerNode {
                 state: Mutex::new(state),
                 membership: Mutex::new(membership),
                 memory,
+                disk: disk.map(|(disk, _)| disk),
                 data,
                 links,
                 clock,
@@ -314,6 +335,12 @@ impl PeerNode {
         membership.address_of(name).map(Into::into)
     }
 
+    /// Bytes of its disk tier (0: it has none, or its directory could not be used).
+    pub fn disk_capacity(&self) -> u64 {
+        let state = self.inner.state.lock().expect("peer state lock");
+        state.pool().disk().capacity()
+    }
+
     /// The counts since it started (they outlive the peer).
     pub fn counts(&self) -> Arc<PeerCounts> {
         self.inner.counts.clone()
@@ -334,6 +361,8 @@ impl PeerNode {
             values: state.pool().len(),
             used_bytes: state.pool().used_bytes(),
             pool_bytes: self.inner.memory.len() as u64,
+            disk_values: state.pool().disk().usage().0,
+            disk_bytes: state.pool().disk().usage().1,
         }
     }
 

@@ -15,7 +15,7 @@ use std::time::Instant;
 use futures_util::future::join_all;
 use mooring_core::peer::directory::{Location, Stamp};
 use mooring_core::peer::pool::{BLOCK_HEADER, HeaderWrite, block_header};
-use mooring_core::peer::state::{DirectoryMessage, Outgoing, read_order};
+use mooring_core::peer::state::{DirectoryMessage, Outgoing, PeerState, read_order};
 use mooring_core::{Checksum, Error, ErrorCode, Result};
 use mooring_proto::transport::{BoxFuture, NodeAddr, ReadOp};
 use mooring_proto::wire::{MAX_PEER_BATCH, PeerReply, PeerRequest};
@@ -46,9 +46,10 @@ impl PeerNode {
         let placed = {
             let mut state = self.inner.state.lock().expect("peer state lock");
             let placed = state.put(key, value.len() as u64, checksum, now);
-            // Headers of blocks just freed are cleared before the new value can land in one.
+            // Headers of blocks just freed are cleared before the new value can land in one,
+            // and its disk copy is taken once it has.
             self.apply_headers(state.take_header_writes());
-            match placed {
+            let placed = match placed {
                 Ok((location, out)) => {
                     let block = self.inner.memory.base() + location.offset;
                     let copied = self.inner.memory.copy_in(block + BLOCK_HEADER, value)
@@ -60,7 +61,9 @@ impl PeerNode {
                     Ok(out)
                 }
                 Err(full) => Err((state.evictions(&full.evicted), full.wanted)),
-            }
+            };
+            self.owed(&mut state);
+            placed
         };
         let out = match placed {
             Ok(out) => out,
@@ -96,11 +99,17 @@ impl PeerNode {
         self.inner.counts.gets.fetch_add(1, Ordering::Relaxed);
         let answers = self.lookup(&[key]).await.pop().unwrap_or_default();
         for location in read_order(answers) {
-            if !location.resident {
-                // Only a disk tier makes values non-resident, and a peer's disk tier is not
-                // served yet (docs/peer-mode.md): nothing to read here.
-                continue;
-            }
+            let location = match location.resident {
+                true => location,
+                false => match self.promote_at(key, &location).await {
+                    Ok(Some(promoted)) => promoted,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        debug!(key, peer = %location.peer, "promote failed, trying the next: {e}");
+                        continue;
+                    }
+                },
+            };
             match self.read(key, &location).await {
                 Ok(Some(value)) => {
                     self.inner.counts.hits.fetch_add(1, Ordering::Relaxed);
@@ -115,13 +124,25 @@ impl PeerNode {
         Ok(None)
     }
 
-    /// Whether each key has a value, as its owners know.
+    /// Whether each key has a value, as its owners know. A value only on disk is brought
+    /// back into memory in the background (a reader is likely to follow).
     pub async fn exists(&self, keys: &[&str]) -> Vec<bool> {
         let answers = self.lookup(keys).await;
-        answers
-            .into_iter()
-            .map(|found| found.iter().any(Option::is_some))
-            .collect()
+        let mut found = Vec::with_capacity(keys.len());
+        for (key, answers) in keys.iter().zip(answers) {
+            found.push(answers.iter().any(Option::is_some));
+            if let Some(newest) = read_order(answers).into_iter().next()
+                && !newest.resident
+            {
+                let (peer, key) = (self.clone(), key.to_string());
+                tokio::spawn(async move {
+                    if let Err(e) = peer.promote_at(&key, &newest).await {
+                        debug!(key, "a warming promote failed: {e}");
+                    }
+                });
+            }
+        }
+        found
     }
 
     /// Removes every write of `key` up to now; returns whether an owner held an entry.
@@ -274,7 +295,7 @@ impl PeerNode {
     }
 
     /// Sends `request` to member `name`.
-    async fn call(&self, name: &str, request: &PeerRequest) -> Result<PeerReply> {
+    pub(super) async fn call(&self, name: &str, request: &PeerRequest) -> Result<PeerReply> {
         let address = self.address_of(name).ok_or_else(|| {
             Error::new(
                 ErrorCode::RPC_FAIL,
@@ -284,8 +305,15 @@ impl PeerNode {
         self.inner.links.call(&address, request).await
     }
 
+    /// Carries out what `state` owes the pool's memory and disk: block headers now, disk
+    /// operations on tasks of their own. Called under the state lock after every change.
+    pub(super) fn owed(&self, state: &mut PeerState) {
+        self.apply_headers(state.take_header_writes());
+        self.start_disk_work(state);
+    }
+
     /// Writes the block headers the state owes into the pool's memory.
-    pub(super) fn apply_headers(&self, writes: Vec<HeaderWrite>) {
+    fn apply_headers(&self, writes: Vec<HeaderWrite>) {
         let memory = &self.inner.memory;
         for write in writes {
             let written = match write {
@@ -323,7 +351,7 @@ impl PeerNode {
                             remote.entry(message.to).or_default().push(message.message);
                         }
                     }
-                    self.apply_headers(state.take_header_writes());
+                    self.owed(&mut state);
                 }
                 let calls = remote.iter().flat_map(|(to, messages)| {
                     messages
@@ -354,7 +382,7 @@ impl PeerNode {
                         }
                     }
                 }
-                self.apply_headers(state.take_header_writes());
+                self.owed(&mut state);
                 pending = next;
             }
             if !pending.is_empty() {

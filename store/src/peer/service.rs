@@ -1,8 +1,8 @@
 //! A peer's answers to other peers and to clients with no pool of their own.
 //!
-//! Directory messages, lookups and promotes are the protocol's pure handling
-//! (`mooring_proto::peer_dispatch`); greetings and goodbyes go to membership; a client's put, get, exists
-//! and remove run as this peer's own operations.
+//! Directory messages and lookups are the protocol's pure handling
+//! (`mooring_proto::peer_dispatch`); greetings and goodbyes go to membership; promotes (which read
+//! the disk) and a client's put, get, exists and remove run as this peer's own operations.
 
 use mooring_core::{Error, ErrorCode};
 use mooring_proto::auth::Roles;
@@ -81,6 +81,17 @@ impl PeerNode {
                     existed: self.remove(&key).await?,
                 })
             }
+            PeerRequest::Promote { key } => {
+                if caller.name.is_none() {
+                    return Err(Error::new(
+                        ErrorCode::ILLEGAL_CLIENT,
+                        "promotes come from peers, and a peer greets before sending one",
+                    ));
+                }
+                Ok(PeerReply::Promoted {
+                    location: self.promote(&key).await?,
+                })
+            }
             PeerRequest::Leave => {
                 let Some(name) = caller.name.clone() else {
                     return Err(Error::new(
@@ -108,8 +119,8 @@ impl PeerNode {
                     (_, None) => {
                         return Err(Error::new(
                             ErrorCode::ILLEGAL_CLIENT,
-                            "directory messages and promotes come from peers, and a peer \
-                             greets before sending them",
+                            "directory messages come from peers, and a peer greets before \
+                             sending them",
                         ));
                     }
                 };
@@ -117,7 +128,7 @@ impl PeerNode {
                 let handled = {
                     let mut state = self.inner.state.lock().expect("peer state lock");
                     let handled = handle(&mut state, &from, request, now);
-                    self.apply_headers(state.take_header_writes());
+                    self.owed(&mut state);
                     handled
                 };
                 let handled = handled.map_err(|request| {

@@ -431,6 +431,15 @@ pub(crate) struct PeerArgs {
     /// This peer's share of the directory, relative to a peer of weight 1 [default: 1].
     #[arg(long)]
     pub(crate) weight: Option<u32>,
+    /// A directory for the disk tier: every value is copied there too, and a value evicted
+    /// from memory stays readable from disk. Emptied at start (a restarted peer starts
+    /// anew); one that cannot be created leaves the peer without a disk tier, with a warning.
+    #[arg(long)]
+    pub(crate) disk_dir: Option<PathBuf>,
+    /// Most bytes kept in --disk-dir, e.g. 100GiB; the oldest copies go first to make room
+    /// [default: four times --size].
+    #[arg(long)]
+    pub(crate) disk_size: Option<String>,
     #[command(flatten)]
     pub(crate) serve: ServeArgs,
     #[command(flatten)]

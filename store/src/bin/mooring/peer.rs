@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use mooring::config::{FileConfig, parse_size};
-use mooring::peer::{PeerConfig, PeerNode};
+use mooring::peer::{PeerConfig, PeerDiskConfig, PeerNode};
 use mooring_core::Error;
 
 use super::args::PeerArgs;
@@ -43,20 +43,43 @@ pub(crate) async fn run_peer(args: PeerArgs) -> Result<(), Error> {
     if let Some(weight) = args.weight.or(f.weight) {
         config.weight = weight.max(1);
     }
+    let disk_dir = args.disk_dir.or(f.disk_dir);
+    if let Some(dir) = &disk_dir {
+        let capacity = match args.disk_size.or(f.disk_size) {
+            Some(given) => parse_size(&given).map_err(usage_error)?,
+            None => size.saturating_mul(4),
+        };
+        if capacity == 0 {
+            return Err(usage_error("--disk-size must be more than 0".into()));
+        }
+        config.disk = Some(PeerDiskConfig {
+            dir: dir.clone(),
+            capacity,
+            device: None,
+        });
+    }
     let token = args.serve.token_for(&listen)?;
     let metrics = args.metrics.resolve()?;
     let peer = PeerNode::start(config, token).await?;
     if let Some((listen, bearer)) = metrics {
         peer.serve_metrics(&listen, bearer).await?;
     }
-    match peer.name() == peer.address() {
-        true => out!("mooring peer {} serving {size} bytes", peer.name()),
-        false => out!(
-            "mooring peer {} at {} serving {size} bytes",
-            peer.name(),
-            peer.address()
+    let at = match peer.name() == peer.address() {
+        true => String::new(),
+        false => format!(" at {}", peer.address()),
+    };
+    let disk = match (&disk_dir, peer.disk_capacity()) {
+        (None, _) => String::new(),
+        (Some(dir), 0) => format!(
+            ", without a disk tier ({} could not be used: see the warning)",
+            dir.display()
         ),
-    }
+        (Some(dir), bytes) => format!(", disk tier {bytes} bytes in {}", dir.display()),
+    };
+    out!(
+        "mooring peer {}{at} serving {size} bytes{disk}",
+        peer.name()
+    );
     let _ = std::io::stdout().flush();
     wait_for_shutdown().await;
     peer.leave().await;

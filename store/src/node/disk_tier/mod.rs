@@ -204,7 +204,7 @@ fn open_real_disk(config: &DiskTierConfig, _staging: &SegmentMemory) -> Result<A
 }
 
 /// The disk the config asks for; an io_uring disk registers the staging buffer.
-fn open_disk(config: &DiskTierConfig, staging: &SegmentMemory) -> Result<Arc<dyn Disk>> {
+pub(crate) fn open_disk(config: &DiskTierConfig, staging: &SegmentMemory) -> Result<Arc<dyn Disk>> {
     match &config.device {
         Some(device) => Ok(device.0.clone()),
         None => open_real_disk(config, staging),

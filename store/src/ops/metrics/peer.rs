@@ -30,8 +30,19 @@ pub fn peer_text(peer: &PeerNode) -> String {
     );
     registry.register(
         "values",
-        "Values held in this peer's pool",
+        "Values held in this peer's pool (in memory or only on its disk)",
         ConstGauge::new(sizes.values as i64),
+    );
+    registry.register(
+        "disk_values",
+        "Copies on this peer's disk tier",
+        ConstGauge::new(sizes.disk_values as i64),
+    );
+    registry.register_with_unit(
+        "disk_used",
+        "Bytes of copies on this peer's disk tier (and being written)",
+        Unit::Bytes,
+        ConstGauge::new(sizes.disk_bytes as i64),
     );
     registry.register(
         "directory_entries",
@@ -69,6 +80,11 @@ pub fn peer_text(peer: &PeerNode) -> String {
         "ring_changes",
         "Ring changes this peer saw",
         count(&counts.ring_changes),
+    );
+    registry.register(
+        "promotes",
+        "Values brought back from this peer's disk into its pool",
+        count(&counts.promotes),
     );
     registry.register_with_unit(
         "put_latency",
@@ -112,6 +128,9 @@ pub fn peer_stats_json(peer: &PeerNode) -> serde_json::Value {
         "used_bytes": sizes.used_bytes,
         "values": sizes.values,
         "directory_entries": sizes.entries,
+        "disk_values": sizes.disk_values,
+        "disk_bytes": sizes.disk_bytes,
+        "promotes": load(&counts.promotes),
         "puts": load(&counts.puts),
         "gets": load(&counts.gets),
         "hits": load(&counts.hits),
