@@ -42,7 +42,7 @@ case "$command" in
         "$sim" run --seeds "${MOORING_SIM_SHM_SEEDS:-60}" --from 2000 --transport shm
         echo "--- peer worlds: regression seeds (sim-tests/regressions-peer.txt)"
         "$sim" peer --list sim-tests/regressions-peer.txt
-        echo "--- ${MOORING_SIM_PEER_SEEDS:-200} peer worlds (kills, goodbyes, joins, restarts, partitions; coverage floors)"
+        echo "--- ${MOORING_SIM_PEER_SEEDS:-200} peer worlds (kills, goodbyes, joins, restarts, partitions, failing disks; coverage floors)"
         "$sim" peer --seeds "${MOORING_SIM_PEER_SEEDS:-200}" --floors
         echo "--- 4 peer worlds of 64 peers"
         "$sim" peer --seeds 4 --from 500 --peers 64 --ops 40

@@ -137,8 +137,9 @@ mod sim {
             #[command(flatten)]
             shape: ShapeArgs,
         },
-        /// Peer mode's worlds: a cluster with no master, under kills, goodbyes, joins, restarts
-        /// and partitions; every read judged, every key swept at the end. MADSIM_TEST_SEED, if
+        /// Peer mode's worlds: a cluster with no master, under kills, goodbyes, joins,
+        /// restarts, partitions and failing disks; every read judged, every key swept at the
+        /// end. MADSIM_TEST_SEED, if
         /// set, runs only that seed (with logs: RUST_LOG).
         Peer {
             /// How many seeds.
@@ -155,8 +156,9 @@ mod sim {
             /// Run without faults (the happy path).
             #[arg(long)]
             no_faults: bool,
-            /// Fail unless each of kills, goodbyes, joins, ring changes, stale entries and
-            /// strict reads was reached by at least 20% of the seeds.
+            /// Fail unless each of kills, goodbyes, joins, ring changes, stale entries,
+            /// promotes from disk, failing disks and strict reads was reached by at least 20%
+            /// of the seeds.
             #[arg(long)]
             floors: bool,
             /// Run each seed twice and check both runs are identical.
@@ -334,8 +336,8 @@ mod sim {
             if !report.passed() || verbose {
                 println!(
                     "peer seed {}: {} peers, {} ops, {} strict reads, {} keys swept, kills {}, \
-                     goodbyes {}, joins {}, restarts {}, partitions {}, ring changes {}, \
-                     stale entries {}, re-publish rounds {}",
+                     goodbyes {}, joins {}, restarts {}, partitions {}, failing disks {}, \
+                     ring changes {}, stale entries {}, re-publish rounds {}, promotes {}",
                     report.seed,
                     report.peers,
                     report.ops,
@@ -346,9 +348,11 @@ mod sim {
                     report.joins,
                     report.restarts,
                     report.partitions,
+                    report.disk_errors,
                     report.ring_changes,
                     report.stale,
-                    report.republishes
+                    report.republishes,
+                    report.promotes
                 );
             }
             if !report.passed() {
@@ -361,7 +365,7 @@ mod sim {
         let share = |reached: &dyn Fn(&PeerReport) -> bool| {
             reports.iter().filter(|r| reached(r)).count() as f64 / total.max(1) as f64
         };
-        let reached: [(&str, f64); 6] = [
+        let reached: [(&str, f64); 8] = [
             ("a kill or restart", share(&|r| r.kills + r.restarts > 0)),
             ("a goodbye", share(&|r| r.leaves > 0)),
             ("a join", share(&|r| r.joins > 0)),
@@ -370,6 +374,8 @@ mod sim {
                 share(&|r| r.ring_changes > 0),
             ),
             ("a stale entry skipped", share(&|r| r.stale > 0)),
+            ("a promote from disk", share(&|r| r.promotes > 0)),
+            ("a failing disk", share(&|r| r.disk_errors > 0)),
             ("strict reads", share(&|r| r.strict_reads > 0)),
         ];
         let elapsed = started.elapsed();

@@ -122,6 +122,12 @@ impl History {
 
     /// Peer `peer` was killed: what it held is lost.
     pub fn kill(&mut self, peer: usize, now: Duration) {
+        self.may_have_lost(peer, now);
+    }
+
+    /// Peer `peer` may have lost any value it held by `now` (its disk failed reads and
+    /// writes until then: a copy not written or not read back takes its value with it).
+    pub fn may_have_lost(&mut self, peer: usize, now: Duration) {
         self.killed.push((peer, now));
         self.disturb(now);
     }

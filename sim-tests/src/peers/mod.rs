@@ -1,7 +1,8 @@
 //! Peer mode's simulation world: a cluster of `mooring peer`s (the unchanged [`PeerNode`]
 //! over madsim's simulated TCP) with no master, clients writing, reading and removing
 //! through them (the same [`PeerGuest`] the CLI uses), and a fault plan of kills, goodbyes,
-//! joins, restarts and partitions drawn from the seed. Every read is judged by [`history`]; at the
+//! joins, restarts, partitions and failing disks drawn from the seed. Each peer's pool is
+//! small and its disk tier a simulated disk, so values leave memory and are promoted back. Every read is judged by [`history`]; at the
 //! end, after everything healed, every key is read through every live peer.
 //!
 //! [`PeerNode`]: mooring::peer::PeerNode
@@ -44,6 +45,9 @@ pub enum PeerFault {
     Restart,
     /// The link between two peers drops everything for this many ms.
     Partition(u64),
+    /// A peer's disk fails a third of its reads and writes for this many ms (values whose
+    /// copy was not written or cannot be read back are lost).
+    DiskErrors(u64),
 }
 
 impl PeerPlan {
@@ -76,11 +80,14 @@ impl PeerPlan {
                 // Half the kills are goodbyes, chosen apart from the draws so that the
                 // rest of each seed's plan stays as it was.
                 let graceful = (seed ^ at).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 63 == 1;
+                // Half the partitions are a failing disk instead, chosen the same way.
+                let disky = (seed ^ at ^ 0xD15C).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 63 == 1;
                 let fault = match draw(4) {
                     0 if graceful => PeerFault::Leave,
                     0 => PeerFault::Kill,
                     1 => PeerFault::Join,
                     2 => PeerFault::Restart,
+                    _ if disky => PeerFault::DiskErrors(500 + draw(4_000)),
                     _ => PeerFault::Partition(500 + draw(4_000)),
                 };
                 plan.faults.push((at, fault));
@@ -115,6 +122,10 @@ pub struct PeerReport {
     pub restarts: u64,
     /// Partitions applied.
     pub partitions: u64,
+    /// Disk failure windows applied.
+    pub disk_errors: u64,
+    /// Values the peers brought back from disk.
+    pub promotes: u64,
     /// Ring changes the peers saw after the cluster first formed.
     pub ring_changes: u64,
     /// Entries read that no longer held their write (stale, skipped).

@@ -7,7 +7,9 @@ use std::time::Duration;
 use madsim::net::NetSim;
 use madsim::rand::Rng as _;
 use madsim::runtime::{Handle, NodeHandle, Runtime};
-use mooring::peer::{PeerConfig, PeerCounts, PeerGuest, PeerNode};
+use mooring::node::disk_tier::DiskDevice;
+use mooring::peer::{PeerConfig, PeerCounts, PeerDiskConfig, PeerGuest, PeerNode};
+use mooring_transport_sim::disk::{DiskFaults, SimDisk};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -16,9 +18,11 @@ use super::{PeerFault, PeerPlan, PeerReport};
 
 /// The port every peer listens on.
 const PORT: u16 = 7100;
-/// Each peer's pool: large enough that the workload never evicts (eviction has its own
-/// tests), so every miss the history excuses has another cause.
-const POOL: u64 = 16 << 20;
+/// Each peer's pool: small, so values leave memory for the disk tier and reads promote them
+/// back (a value leaves only once its copy is complete, so no read misses for it).
+const POOL: u64 = 192 << 10;
+/// Each peer's disk tier: large enough that no copy is deleted to make room.
+const DISK: u64 = 64 << 20;
 /// How long a client waits for a peer.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// From this many peers on, membership greets every two seconds and declares a peer dead
@@ -52,6 +56,9 @@ struct Shared {
     addresses: Mutex<usize>,
     /// One signal per peer address: the peer there says goodbye and leaves.
     leave: Mutex<Vec<Arc<Notify>>>,
+    /// One disk per peer address; it outlives a restart, as a real disk does.
+    disks: Mutex<Vec<Arc<SimDisk>>>,
+    seed: u64,
     start: Instant,
 }
 
@@ -67,6 +74,16 @@ impl Shared {
             signals.push(Arc::new(Notify::new()));
         }
         signals[i].clone()
+    }
+
+    /// The disk of peer address `i` (made on first use).
+    fn disk(&self, i: usize) -> Arc<SimDisk> {
+        let mut disks = self.disks.lock().unwrap_or_else(|e| e.into_inner());
+        while disks.len() <= i {
+            let seed = self.seed ^ 0x9EE2_D15C ^ (disks.len() as u64) << 40;
+            disks.push(Arc::new(SimDisk::new(seed)));
+        }
+        disks[i].clone()
     }
 
     fn history(&self) -> std::sync::MutexGuard<'_, History> {
@@ -100,6 +117,11 @@ fn start_peer(
             async move {
                 let mut config = PeerConfig::new(peer_addr(i), seeds, POOL);
                 config.timeout = CALL_TIMEOUT;
+                config.disk = Some(PeerDiskConfig {
+                    dir: "peer-disk".into(),
+                    capacity: DISK,
+                    device: Some(DiskDevice(shared.disk(i))),
+                });
                 if large {
                     config.greet_every = Duration::from_secs(2);
                     config.membership.dead_after = mooring_core::Millis(8_000);
@@ -132,6 +154,8 @@ async fn supervise(plan: PeerPlan) -> PeerReport {
         started: Mutex::new(Vec::new()),
         addresses: Mutex::new(plan.peers),
         leave: Mutex::new(Vec::new()),
+        disks: Mutex::new(Vec::new()),
+        seed: plan.seed,
         start: Instant::now(),
     });
     let seeds: Vec<String> = (0..plan.peers.min(3)).map(peer_addr).collect();
@@ -227,6 +251,26 @@ async fn supervise(plan: PeerPlan) -> PeerReport {
                 });
             }
             PeerFault::Partition(_) => {}
+            PeerFault::DiskErrors(ms) if !live.is_empty() => {
+                let victim = live[rng.gen_range(0..live.len())];
+                tracing::info!(victim, ms, "peer world fault: a failing disk");
+                let disk = shared.disk(victim);
+                disk.set_faults(DiskFaults {
+                    read_error: 0.3,
+                    write_error: 0.3,
+                    ..DiskFaults::default()
+                });
+                shared.history().disturb(now);
+                report.disk_errors += 1;
+                let healer = shared.clone();
+                madsim::task::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    disk.set_faults(DiskFaults::default());
+                    let now = healer.now();
+                    healer.history().may_have_lost(victim, now);
+                });
+            }
+            PeerFault::DiskErrors(_) => {}
         }
     }
     for client in clients {
@@ -258,6 +302,7 @@ async fn supervise(plan: PeerPlan) -> PeerReport {
         counts(&shared, |p| p.ring_changes.load(relaxed())).saturating_sub(formed);
     report.stale = counts(&shared, |p| p.stale.load(relaxed()));
     report.republishes = counts(&shared, |p| p.republishes.load(relaxed()));
+    report.promotes = counts(&shared, |p| p.promotes.load(relaxed()));
     report
 }
 

@@ -98,30 +98,49 @@ impl PeerNode {
     async fn find(&self, key: &str) -> Result<Option<Vec<u8>>> {
         self.inner.counts.gets.fetch_add(1, Ordering::Relaxed);
         let answers = self.lookup(&[key]).await.pop().unwrap_or_default();
-        for location in read_order(answers) {
-            let location = match location.resident {
-                true => location,
-                false => match self.promote_at(key, &location).await {
-                    Ok(Some(promoted)) => promoted,
-                    Ok(None) => continue,
-                    Err(e) => {
-                        debug!(key, peer = %location.peer, "promote failed, trying the next: {e}");
-                        continue;
-                    }
-                },
-            };
-            match self.read(key, &location).await {
-                Ok(Some(value)) => {
-                    self.inner.counts.hits.fetch_add(1, Ordering::Relaxed);
-                    return Ok(Some(value));
-                }
-                Ok(None) => {
-                    self.inner.counts.stale.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) => debug!(key, peer = %location.peer, "read failed, trying the next: {e}"),
+        for answer in read_order(answers) {
+            if let Some(value) = self.read_answer(key, answer).await {
+                self.inner.counts.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(Some(value));
             }
         }
         Ok(None)
+    }
+
+    /// Reads the value an owner's answer names. A value only on disk is promoted first. A
+    /// block that no longer holds the write (a stale entry) is asked about once more at the
+    /// value's peer: the value may have moved since the entry was written (evicted to disk,
+    /// or promoted into another block) and the entry not caught up yet.
+    async fn read_answer(&self, key: &str, answer: Location) -> Option<Vec<u8>> {
+        let mut location = answer;
+        let mut asked_again = false;
+        loop {
+            if !location.resident {
+                location = match self.promote_at(key, &location).await {
+                    Ok(Some(promoted)) => promoted,
+                    Ok(None) => return None,
+                    Err(e) => {
+                        debug!(key, peer = %location.peer, "promote failed, trying the next: {e}");
+                        return None;
+                    }
+                };
+            }
+            match self.read(key, &location).await {
+                Ok(Some(value)) => return Some(value),
+                Ok(None) => {
+                    self.inner.counts.stale.fetch_add(1, Ordering::Relaxed);
+                    if asked_again {
+                        return None;
+                    }
+                    asked_again = true;
+                    location.resident = false;
+                }
+                Err(e) => {
+                    debug!(key, peer = %location.peer, "read failed, trying the next: {e}");
+                    return None;
+                }
+            }
+        }
     }
 
     /// Whether each key has a value, as its owners know. A value only on disk is brought
