@@ -432,13 +432,27 @@ EXPS.update({
    ('core/src/peer/state.rs', "            for owner in self.ring.owners(&key, self.replicas) {\n                if !before.contains(&owner) {", "            for owner in self.ring.owners(&key, self.replicas) {\n                if false && !before.contains(&owner) {"),
  ],
  'peer-eviction-forgets-disk-copy': [
-   ('core/src/peer/pool.rs', "            let kept_on_disk = entry.on_disk;", "            let kept_on_disk = false;"),
+   ('core/src/peer/pool.rs', "            let kept_on_disk = self.disk.holds(&key, stamp);", "            let kept_on_disk = false;"),
  ],
  'peer-unpublish-ignored': [
    ('core/src/peer/state.rs', "                self.shard.unpublish(from, &key, stamp);\n", ""),
  ],
  'peer-lost-peer-entries-kept': [
    ('core/src/peer/directory.rs', "        self.entries.retain(|_, entry| entry.peer != index)", "        self.entries.retain(|_, _| true)"),
+ ],
+ # The disk tier (core/src/peer/disk.rs and the pool's use of it): the cluster test runs a
+ # disk model beside the peers and checks the pools' books against it.
+ 'peer-disk-two-operations-on-one-key': [
+   ('core/src/peer/pool.rs', "        if !self.disk.enabled() || self.disk.is_busy(key) {", "        if !self.disk.enabled() {"),
+ ],
+ 'peer-disk-orphan-copy-kept': [
+   ('core/src/peer/pool.rs', "        {\n            self.disk.start_delete(key);\n        }\n    }", "        {\n        }\n    }"),
+ ],
+ 'peer-disk-victim-value-kept': [
+   ('core/src/peer/pool.rs', "        entry.wants_disk = false;\n        if entry.block.is_none() {", "        entry.wants_disk = false;\n        if false {"),
+ ],
+ 'peer-disk-deletion-keeps-room': [
+   ('core/src/peer/disk.rs', "        let old = self.take_held(key)?;\n        self.used -= old.len;\n        self.files", "        let old = self.take_held(key)?;\n        self.files"),
  ],
  # A removal's Drop frees the writer's value, but owners only the writer's view of the ring
  # names keep answering for it (judged by its own test in peer_cluster.rs).
@@ -461,6 +475,18 @@ EXPS.update({
  # A read on a pooled connection the data's peer closed (it restarted) is not tried again.
  'peerworld-read-not-retried': [
    ('store/src/peer/ops.rs', "Err(e) if e.code == ErrorCode::TRANSFER_FAIL && !retried =>", "Err(e) if e.code == ErrorCode::TRANSFER_FAIL && false =>"),
+ ],
+ # The disk tier's driver: a stale entry not asked about again at its peer (the value moved
+ # to disk a moment ago), a disk copy taken before the value is in its block, and a promote
+ # that reads the copy over the block's header.
+ 'peerworld-stale-not-asked-again': [
+   ('store/src/peer/ops.rs', "                    if asked_again {", "                    if true {"),
+ ],
+ 'peerworld-disk-copy-before-value': [
+   ('store/src/peer/ops.rs', "            self.apply_headers(state.take_header_writes());\n            let placed = match placed {", "            self.owed(&mut state);\n            let placed = match placed {"),
+ ],
+ 'peerworld-promote-over-header': [
+   ('store/src/peer/disk.rs', "memory.copy_in(memory.base() + offset + BLOCK_HEADER, value)", "memory.copy_in(memory.base() + offset, value)"),
  ],
 })
 # A goodbye ignored: the leaver stays on the rings until its silence (judged by the
