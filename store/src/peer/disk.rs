@@ -206,10 +206,12 @@ impl PeerNode {
                 self.owed(&mut state);
                 promoted
             };
-            self.inner
-                .counts
-                .promotes
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if location.is_some() {
+                self.inner
+                    .counts
+                    .promotes
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             self.deliver(out).await;
             return Ok(location);
         }
