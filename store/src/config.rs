@@ -186,6 +186,8 @@ pub struct PeerSection {
     pub disk_dir: Option<std::path::PathBuf>,
     /// Most bytes kept in `disk_dir`, e.g. "100GiB" (default: four times `size`).
     pub disk_size: Option<String>,
+    /// Data-plane transports to serve, e.g. "tcp,shm" (the default).
+    pub transports: Option<String>,
 }
 
 /// The `[client]` section of a config file.

@@ -159,7 +159,7 @@ fn no_shm_in_simulation() -> Error {
 
 /// `plane`, reaching nodes on this host through shared memory (all of them under `shm`,
 /// where a node on another host is an error; those that offer it under `auto`).
-fn same_host(plane: Arc<dyn DataPlane>, choice: TransportChoice) -> Result<Arc<dyn DataPlane>> {
+pub fn same_host(plane: Arc<dyn DataPlane>, choice: TransportChoice) -> Result<Arc<dyn DataPlane>> {
     match choice {
         TransportChoice::Tcp | TransportChoice::Rdma => Ok(plane),
         #[cfg(not(madsim))]

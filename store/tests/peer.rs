@@ -474,3 +474,47 @@ async fn a_disk_directory_that_cannot_be_made_leaves_the_peer_serving_from_memor
     assert!(peer.line.contains("without a disk tier"), "{}", peer.line);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Peers on one host read each other's pools through shared memory (a memcpy, nothing
+/// served over TCP); a peer serving only TCP is read over the network, byte for byte either
+/// way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn co_located_peers_read_each_other_through_shared_memory() {
+    let with_metrics = |extra: &'static [&'static str], seeds: Vec<String>| {
+        Proc::start_on_free_ports(false, move |[listen, metrics]| {
+            let mut line = args(&["peer", "--listen", listen, "--size", "32MiB"]);
+            line.extend(args(&["--metrics-listen", metrics]));
+            if !seeds.is_empty() {
+                line.extend(args(&["--seeds", &seeds.join(",")]));
+            }
+            line.extend(args(extra));
+            line
+        })
+    };
+    let (_a, [a, a_metrics]) = with_metrics(&[], vec![]);
+    let (_b, b) = start_peer(&[&a], &[]);
+    let (_c, [c, c_metrics]) = with_metrics(&["--transports", "tcp"], vec![a.clone()]);
+    wait_until_joined(&[&a, &b, &c]).await;
+    let served = |metrics: &str| {
+        let (_, text) = common::http_get(metrics, "/metrics", None);
+        common::sample(&text, "mooring_peer_reads_served_total").expect("the metric")
+    };
+    let on_a = value(5, 300 << 10);
+    let on_c = value(6, 300 << 10);
+    guest(&a).put("shm/a", on_a.clone()).await.unwrap();
+    guest(&c).put("shm/c", on_c.clone()).await.unwrap();
+    let (a_before, c_before) = (served(&a_metrics), served(&c_metrics));
+    for _ in 0..3 {
+        assert_eq!(guest(&b).get("shm/a").await.unwrap(), Some(on_a.clone()));
+        assert_eq!(guest(&b).get("shm/c").await.unwrap(), Some(on_c.clone()));
+    }
+    assert_eq!(
+        served(&a_metrics),
+        a_before,
+        "a's pool is read through shared memory"
+    );
+    assert!(
+        served(&c_metrics) >= c_before + 3.0,
+        "c serves only TCP: every read of its pool goes over the network"
+    );
+}

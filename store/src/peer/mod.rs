@@ -29,12 +29,13 @@ use mooring_transport_tcp::{
 };
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::client::connect::{client_id_for, random_client_id};
 use crate::clock::Clock;
 use crate::node::memory::segment_memory;
 use crate::ops::metrics::Latency;
+use crate::transports::TransportChoice;
 
 pub use client::PeerClient;
 pub use disk::PeerDiskConfig;
@@ -95,6 +96,9 @@ pub struct PeerConfig {
     pub timeout: Duration,
     /// The disk tier, if any.
     pub disk: Option<PeerDiskConfig>,
+    /// Serve the pool in shared memory to peers on this host (of this user), and read theirs
+    /// that way: a read between co-located peers is then a memcpy, not a TCP transfer.
+    pub shared_memory: bool,
 }
 
 impl PeerConfig {
@@ -119,6 +123,7 @@ impl PeerConfig {
             read_grace: Millis(2_000),
             timeout: Duration::from_secs(5),
             disk: None,
+            shared_memory: cfg!(not(madsim)),
         }
     }
 }
@@ -158,6 +163,9 @@ pub struct PeerSizes {
     pub used_bytes: u64,
     /// The pool's size.
     pub pool_bytes: u64,
+    /// Reads of its pool served over the network (a co-located peer reading through shared
+    /// memory is not counted).
+    pub reads_served: u64,
     /// Copies on its disk.
     pub disk_values: usize,
     /// Bytes of copies on its disk (and being written).
@@ -187,8 +195,8 @@ struct Inner {
     rounds_joined: AtomicU64,
     /// Whether it was started with seeds to join.
     joins: bool,
-    /// Kept for as long as the peer runs: dropping it stops the data server.
-    _server: Arc<TcpDataServer>,
+    /// The data server (kept for as long as the peer runs: dropping it stops it).
+    server: Arc<dyn DataServer>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -225,7 +233,17 @@ impl PeerNode {
             Some(name) => name.into(),
             None => address.clone(),
         };
-        let memory = segment_memory(config.size as usize, false, false)?;
+        let (memory, shared) =
+            match segment_memory(config.size as usize, false, config.shared_memory) {
+                Ok(memory) => (memory, config.shared_memory),
+                Err(e) if config.shared_memory => {
+                    warn!(
+                        "no shared memory for the pool, peers on this host read it over TCP: {e}"
+                    );
+                    (segment_memory(config.size as usize, false, false)?, false)
+                }
+                Err(e) => return Err(e),
+            };
         let disk = match &config.disk {
             Some(disk) => disk::PeerDisk::open(disk, &memory)
                 .await
@@ -233,7 +251,7 @@ impl PeerNode {
             None => None,
         };
         let local = Arc::new(LocalSegments::default());
-        let server = TcpDataServer::start(
+        let tcp: Arc<dyn DataServer> = TcpDataServer::start(
             &config.data_listen,
             None,
             local.clone(),
@@ -242,9 +260,16 @@ impl PeerNode {
             token.clone(),
         )
         .await?;
+        let server = match shared {
+            true => crate::transports::serve_shm(tcp.clone(), None).unwrap_or_else(|e| {
+                warn!("peers on this host read this one's pool over TCP: {e}");
+                tcp
+            }),
+            false => tcp,
+        };
         let exported = server.export(memory.clone())?;
         let client = client_id_for(token.as_ref());
-        let data: Arc<dyn DataPlane> = TcpDataPlane::new(
+        let tcp_plane: Arc<dyn DataPlane> = TcpDataPlane::new(
             local,
             DataPlaneConfig {
                 token: token.clone(),
@@ -252,6 +277,10 @@ impl PeerNode {
                 ..Default::default()
             },
         );
+        let data = match shared {
+            true => crate::transports::same_host(tcp_plane, TransportChoice::Auto)?,
+            false => tcp_plane,
+        };
         let me = MemberInfo {
             name: name.clone(),
             address: address.clone(),
@@ -293,7 +322,7 @@ impl PeerNode {
                 counts: Arc::default(),
                 rounds_joined: AtomicU64::new(0),
                 joins: !config.seeds.is_empty(),
-                _server: server,
+                server,
                 tasks: Mutex::new(Vec::new()),
             }),
         };
@@ -361,6 +390,7 @@ impl PeerNode {
             values: state.pool().len(),
             used_bytes: state.pool().used_bytes(),
             pool_bytes: self.inner.memory.len() as u64,
+            reads_served: self.inner.server.counts().reads,
             disk_values: state.pool().disk().usage().0,
             disk_bytes: state.pool().disk().usage().1,
         }

@@ -440,6 +440,11 @@ pub(crate) struct PeerArgs {
     /// [default: four times --size].
     #[arg(long)]
     pub(crate) disk_size: Option<String>,
+    /// Data-plane transports to serve, comma-separated: tcp, shm [default: tcp,shm]. With
+    /// shm the pool lives in shared memory (a sealed memfd) that peers on this host running
+    /// as this user map, so their reads of it are a memcpy; other peers read it over TCP.
+    #[arg(long, value_name = "LIST")]
+    pub(crate) transports: Option<String>,
     #[command(flatten)]
     pub(crate) serve: ServeArgs,
     #[command(flatten)]

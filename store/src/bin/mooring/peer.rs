@@ -43,6 +43,20 @@ pub(crate) async fn run_peer(args: PeerArgs) -> Result<(), Error> {
     if let Some(weight) = args.weight.or(f.weight) {
         config.weight = weight.max(1);
     }
+    let served = mooring::transports::parse_served(
+        args.transports
+            .or(f.transports)
+            .as_deref()
+            .unwrap_or(mooring::transports::DEFAULT_SERVED),
+    )?;
+    if served.contains(&mooring::transports::Transport::Rdma) {
+        return Err(usage_error(
+            "a peer does not serve RDMA yet: use --transports tcp,shm (peers on other hosts \
+             read over TCP)"
+                .into(),
+        ));
+    }
+    config.shared_memory = served.contains(&mooring::transports::Transport::Shm);
     let disk_dir = args.disk_dir.or(f.disk_dir);
     if let Some(dir) = &disk_dir {
         let capacity = match args.disk_size.or(f.disk_size) {

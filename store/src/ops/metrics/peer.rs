@@ -82,6 +82,11 @@ pub fn peer_text(peer: &PeerNode) -> String {
         count(&counts.ring_changes),
     );
     registry.register(
+        "reads_served",
+        "Reads of this peer's pool served over the network (peers on this host reading through shared memory are not counted)",
+        ConstCounter::new(sizes.reads_served),
+    );
+    registry.register(
         "promotes",
         "Values brought back from this peer's disk into its pool",
         count(&counts.promotes),
@@ -131,6 +136,7 @@ pub fn peer_stats_json(peer: &PeerNode) -> serde_json::Value {
         "disk_values": sizes.disk_values,
         "disk_bytes": sizes.disk_bytes,
         "promotes": load(&counts.promotes),
+        "reads_served": sizes.reads_served,
         "puts": load(&counts.puts),
         "gets": load(&counts.gets),
         "hits": load(&counts.hits),
