@@ -82,6 +82,9 @@ pub const FLOORS: &[(&str, f64)] = &[
     // TCP seeds, [`reachable`]).
     (INSIDER_REFUSED, 0.15),
     (TASK_FAILED, 0.40),
+    // Half the moves of seeds with faults lose their target between its write and the
+    // task's end (the supervisor remounts its node), so a move must keep its source.
+    (TASK_TARGET_TAKEN, 0.20),
     // The master's audit checked blocks reused after each kind of promise, and the history's
     // standing checked a hard pin through a later write: 85%, 96% and 99% of CI's 200 seeds on
     // 2026-11-27. A block reused early because its writer was declared dead has no floor since
@@ -182,7 +185,7 @@ fn reachable(path: &str, transport: Transport, backend: Option<DiskBackend>) -> 
         // The insider knocks in TCP seeds with a stranger.
         INSIDER_REFUSED => transport == Transport::Tcp,
         // RDMA runs start no copy or move tasks (see the workload).
-        TASK_SUCCEEDED | TASK_FAILED => transport != Transport::Rdma,
+        TASK_SUCCEEDED | TASK_FAILED | TASK_TARGET_TAKEN => transport != Transport::Rdma,
         _ => REMOUNTED
             .iter()
             .find(|(_, p)| *p == path)
@@ -217,6 +220,9 @@ const UPSERT_COPIED: &str = "upsert case B (copied beside readers)";
 const UPSERT_RESIZED: &str = "upsert case C (new size)";
 const TASK_SUCCEEDED: &str = "copy or move task followed to success";
 const TASK_FAILED: &str = "copy or move task followed to failure";
+/// A move's target was taken away between its write and the task's end (see
+/// `run::faults`).
+pub const TASK_TARGET_TAKEN: &str = "move's target taken away before its end";
 
 /// The master's upserts by case (docs/upsert.md), as paths.
 pub fn of_upserts(upserts: &UpsertCounts) -> [(&'static str, u64); 4] {

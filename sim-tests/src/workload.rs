@@ -244,6 +244,7 @@ impl Workload {
         let mut pick = || segments[self.tasks_rng.below(segments.len())].name.clone();
         let (target, source) = (pick(), pick());
         let (name, action, started) = if self.tasks_rng.below(3) == 0 && source != target {
+            self.aim_at_target(&key, &target);
             let started = self.client.start_move(&key, &source, &target).await;
             ("move_task", TaskAction::Move, started)
         } else {
@@ -252,7 +253,10 @@ impl Workload {
         };
         let task = match started {
             Ok(task) => task,
-            Err(e) => return self.tally(name, &Err::<(), _>(e)),
+            Err(e) => {
+                self.world.task_orders().remove(&madsim::plugin::node());
+                return self.tally(name, &Err::<(), _>(e));
+            }
         };
         let mut ended: Option<TaskReport> = None;
         loop {
@@ -293,10 +297,33 @@ impl Workload {
                         _ => "failed",
                     };
                     self.world.history().tally.count(name, outcome);
+                    self.world.task_orders().remove(&madsim::plugin::node());
                     return;
                 }
             }
         }
+    }
+
+    /// In half the moves of a run with faults (chosen by the key and target, so the task
+    /// stream's draws stay as they were), asks the supervisor to take the target away just
+    /// before the move ends: the move must then fail and keep its source.
+    fn aim_at_target(&self, key: &str, target: &str) {
+        let chosen =
+            mooring_core::peer::ring::stable_hash(format!("{key}>{target}").as_bytes()) & 1 == 0;
+        let healed = self.world.healed.load(std::sync::atomic::Ordering::Relaxed);
+        if self.world.plan.faults.is_empty() || healed || !chosen {
+            return;
+        }
+        let Some(node) = target.strip_prefix("node").and_then(|i| i.parse().ok()) else {
+            return;
+        };
+        self.world.task_orders().insert(
+            madsim::plugin::node(),
+            crate::world::TaskOrder {
+                node,
+                triggered: false,
+            },
+        );
     }
 
     fn tally<T>(&self, op: &'static str, result: &Result<T>) {

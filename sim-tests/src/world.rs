@@ -69,6 +69,17 @@ pub struct CrashOrder {
     pub triggered: bool,
 }
 
+/// A request to take a move's target away at the last moment: when the client that carries
+/// the move out has written the target and is about to end the task, the supervisor remounts
+/// the target's node (its segment, and the target with it, goes away).
+#[derive(Clone, Copy, Debug)]
+pub struct TaskOrder {
+    /// The storage node the target is on.
+    pub node: usize,
+    /// The client reached the point; the supervisor should remount the node now.
+    pub triggered: bool,
+}
+
 /// State shared by one run's supervisor and members.
 pub struct World {
     /// The plan.
@@ -96,6 +107,8 @@ pub struct World {
     pub finished: Vec<AtomicBool>,
     /// Crash-mid-write orders, by the node that should crash.
     pub crash_orders: Mutex<BTreeMap<NodeId, CrashOrder>>,
+    /// Orders to take a move's target away before its end, by the client carrying it out.
+    pub task_orders: Mutex<BTreeMap<NodeId, TaskOrder>>,
     /// Incarnations of each client, for fresh seeds after restarts.
     pub incarnations: Vec<AtomicUsize>,
     /// Each storage node's disk (if the plan gives them disks); it outlives the node's
@@ -162,6 +175,7 @@ impl World {
                 .collect(),
             finished: (0..shape.clients).map(|_| AtomicBool::new(false)).collect(),
             crash_orders: Mutex::default(),
+            task_orders: Mutex::default(),
             incarnations: (0..shape.clients).map(|_| AtomicUsize::new(0)).collect(),
             disks,
             nodes: Mutex::default(),
@@ -367,6 +381,11 @@ impl World {
     /// The crash orders, locked.
     pub fn orders(&self) -> MutexGuard<'_, BTreeMap<NodeId, CrashOrder>> {
         self.crash_orders.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The orders to take a move's target away (see [`TaskOrder`]).
+    pub fn task_orders(&self) -> MutexGuard<'_, BTreeMap<NodeId, TaskOrder>> {
+        self.task_orders.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The simulated disks' faults: the plan's crash behaviour, and EIO at `error_rate`.

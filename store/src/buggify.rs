@@ -25,6 +25,8 @@ impl Site {
     pub const CLIENT_BEFORE_BATCH_PUT_END: Site = Site("client.before_batch_put_end");
     /// A client between a put's transfers and its PutEnd (hold).
     pub const CLIENT_BEFORE_PUT_END: Site = Site("client.before_put_end");
+    /// A copy or move between writing its targets and its TaskEnd (hold).
+    pub const CLIENT_BEFORE_TASK_END: Site = Site("client.before_task_end");
     /// A reader between its replica list and the transfer (hold).
     pub const CLIENT_BEFORE_READ_TRANSFER: Site = Site("client.before_read_transfer");
     /// A reader about to ask a node to stage a disk copy (hold).

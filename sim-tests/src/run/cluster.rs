@@ -126,6 +126,15 @@ pub(super) fn install_crash_hook(world: &Arc<World>) {
             return (stall && slow_readers && rng.gen_bool(0.5))
                 .then(|| lease.mul_f64(0.5 + 2.0 * rng.r#gen::<f64>()));
         }
+        if site == Site::CLIENT_BEFORE_TASK_END {
+            // The supervisor takes the target away while the client waits, well within the
+            // task's discard timeout (a second at least), so the task ends, not times out.
+            let node = madsim::plugin::node();
+            let mut orders = w.task_orders();
+            let order = orders.get_mut(&node).filter(|o| !o.triggered)?;
+            order.triggered = true;
+            return Some(Duration::from_millis(300));
+        }
         if !matches!(
             site,
             Site::CLIENT_BEFORE_PUT_END

@@ -201,13 +201,7 @@ impl Supervisor {
             }
             Fault::RotMemory { node, pick } => self.rot_memory(node, pick),
             Fault::Remount { node } => {
-                // From the node's own process, as its heartbeat loop would.
-                if let Some(storage) = self.world.node(node) {
-                    self.nodes.storage[node].spawn(async move {
-                        if let Err(e) = storage.remount().await {
-                            tracing::info!("remount failed: {e}");
-                        }
-                    });
+                if self.remount(node) {
                     let path = coverage::remounted(self.world.plan.transport);
                     *self.coverage.entry(path).or_default() += 1;
                 }
@@ -270,6 +264,41 @@ impl Supervisor {
         }
     }
 
+    /// Remounts storage node `node` from its own process, as its heartbeat loop would;
+    /// whether it was up to do so.
+    fn remount(&mut self, node: usize) -> bool {
+        let Some(storage) = self.world.node(node) else {
+            return false;
+        };
+        self.nodes.storage[node].spawn(async move {
+            if let Err(e) = storage.remount().await {
+                tracing::info!("remount failed: {e}");
+            }
+        });
+        true
+    }
+
+    /// Takes away the targets of moves whose clients are about to end them (see
+    /// [`crate::world::TaskOrder`]).
+    pub(super) fn serve_task_orders(&mut self) {
+        let triggered: Vec<(NodeId, usize)> = self
+            .world
+            .task_orders()
+            .iter()
+            .filter(|(_, order)| order.triggered)
+            .map(|(id, order)| (*id, order.node))
+            .collect();
+        for (id, node) in triggered {
+            self.world.task_orders().remove(&id);
+            if self.remount(node) {
+                *self
+                    .coverage
+                    .entry(coverage::TASK_TARGET_TAKEN)
+                    .or_default() += 1;
+            }
+        }
+    }
+
     /// Kills clients that reached their crash point (or waited too long for one).
     pub(super) fn serve_crash_orders(&mut self, now: Duration) {
         let ready: Vec<NodeId> = self
@@ -298,6 +327,7 @@ impl Supervisor {
         self.world
             .fabric
             .set_rates(mooring_transport_rdma::model::FaultRates::default(), 0);
+        self.world.task_orders().clear();
         for (id, (_, _)) in std::mem::take(&mut self.armed) {
             self.world.orders().remove(&id);
             // An armed client that parked itself is stuck in its hold: restart it.

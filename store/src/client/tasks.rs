@@ -193,7 +193,10 @@ impl Client {
                 }
             });
         match written {
-            Ok(()) => self.call(TaskEnd { client, task }).await,
+            Ok(()) => {
+                buggify::hold(Site::CLIENT_BEFORE_TASK_END).await;
+                self.call(TaskEnd { client, task }).await
+            }
             Err(e) => {
                 if let Err(abort) = self.call(TaskAbort { client, task }).await {
                     debug!(
