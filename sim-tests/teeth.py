@@ -293,6 +293,12 @@ EXPS.update({
  'move-finishes-without-target': [
    ('core/src/replication.rs', "                if let TaskKind::Move { source } = task.kind\n                    && !targets.is_empty()\n", "                if let TaskKind::Move { source } = task.kind\n"),
  ],
+ # A different slip of the same class, in another file: a lost segment keeps the copy
+ # targets on it ("not a value yet, the task sorts it out"), so a move whose target went
+ # away ends as if it had one and drops its source.
+ 'move-target-kept-on-lost-segment': [
+   ('core/src/membership.rs', "            object.replicas.retain(|r| r.segment != slot);", "            object.replicas.retain(|r| r.segment != slot || (r.is_processing() && !object.writing));"),
+ ],
  'disk-only-object-dropped-unreported': [
    ('core/src/offload.rs', "            self.counters.evicted_objects += 1;\n            self.events.push(Event::Evicted {\n", "            self.counters.evicted_objects += 1;\n            let _ = (Event::Evicted {\n"),
  ],
