@@ -181,6 +181,17 @@ EXPS = {
  'tenant-quota-unchecked': [
    ('core/src/put.rs', "        self.check_tenant_quota(key, size, existing.map(|s| self.objects.at(s).size))?;\n", ""),
  ],
+ # A tenant's disk quota (2026-11-28): not checked when offloads are queued, not checked
+ # when a copy lands, and a copy's bytes never leave the tenant's count.
+ 'tenant-disk-quota-unqueued': [
+   ('core/src/offload.rs', "        if !self.tenant_allows_disk_copy(slot) {\n            return false;\n        }\n", ""),
+ ],
+ 'tenant-disk-quota-landing-unchecked': [
+   ('core/src/offload.rs', "                if self.objects.at(slot).disk == NO_DISK && !self.tenant_allows_disk_copy(slot) =>", "                if false =>"),
+ ],
+ 'tenant-disk-bytes-kept': [
+   ('core/src/tenant.rs', "                false => usage.disk_bytes -= bytes,", "                false => {}"),
+ ],
  'tenant-usage-kept-after-remove': [
    ('core/src/objects.rs', "        debug_assert!(indexed, \"live slot missing from the key index\");\n        self.tenants.take(&object.key, object.size);\n", "        debug_assert!(indexed, \"live slot missing from the key index\");\n"),
  ],
@@ -374,6 +385,9 @@ PROPERTY_TESTS['tenant-scope-ignored'] = (['cargo', 'test', '-q', '-p', 'mooring
                                           'tenants_never_meet')
 PROPERTY_TESTS['tenant-quota-unchecked'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'policy'],
                                             'a_tenant_is_held_to_its_quota')
+for plant in ['tenant-disk-quota-unqueued', 'tenant-disk-quota-landing-unchecked', 'tenant-disk-bytes-kept']:
+    PROPERTY_TESTS[plant] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'offload'],
+                             'a_tenant_disk_quota_stops_its_offloads')
 PROPERTY_TESTS['tenant-usage-kept-after-remove'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'model'],
                                                     'random_interaction')
 PROPERTY_TESTS['standby-claim-trusted'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'log_shipping'],

@@ -70,6 +70,9 @@ impl ObjectTable {
                     .index
                     .insert(table.hasher.hash_one(&*object.key), slot as u32);
                 table.tenants.add(&object.key, object.size);
+                if object.disk != crate::object::NO_DISK {
+                    table.tenants.count_disk(&object.key, object.size, true);
+                }
             }
         }
         table.len = table.index.len();
@@ -122,6 +125,9 @@ impl ObjectTable {
         let hash = self.hasher.hash_one(&*object.key);
         let indexed = self.index.remove(hash, slot);
         debug_assert!(indexed, "live slot missing from the key index");
+        if object.disk != crate::object::NO_DISK {
+            self.tenants.count_disk(&object.key, object.size, false);
+        }
         self.tenants.take(&object.key, object.size);
         self.free_slots.push(slot);
         self.len -= 1;
@@ -144,9 +150,22 @@ impl ObjectTable {
     /// Gives the object in `slot` a value of `size` bytes (an upsert of another size).
     pub(crate) fn set_size(&mut self, slot: u32, size: u64) {
         let object = self.slots[slot as usize].as_mut().expect("live slot");
+        let on_disk = object.disk != crate::object::NO_DISK;
+        if on_disk {
+            self.tenants.count_disk(&object.key, object.size, false);
+        }
         self.tenants.take(&object.key, object.size);
         self.tenants.add(&object.key, size);
+        if on_disk {
+            self.tenants.count_disk(&object.key, size, true);
+        }
         object.size = size;
+    }
+
+    /// The object in `slot` gained (`true`) or lost its disk copy: its tenant's disk bytes.
+    pub(crate) fn count_disk_copy(&mut self, slot: u32, gained: bool) {
+        let object = self.slots[slot as usize].as_ref().expect("live slot");
+        self.tenants.count_disk(&object.key, object.size, gained);
     }
 
     /// Objects and value bytes per tenant.

@@ -315,6 +315,10 @@ impl Master {
         if object.has_disk_replica() || object.writing {
             return false;
         }
+        if !self.tenant_allows_disk_copy(slot) {
+            return false;
+        }
+        let object = self.objects.at(slot);
         let write = object.write_id;
         let Some(segment) = object
             .replicas
@@ -342,12 +346,16 @@ impl Master {
     /// Records that the node of segment `disk` holds the current value of `slot` on disk.
     pub(crate) fn set_disk_copy(&mut self, slot: u32, disk: u32) {
         let object = self.objects.at_mut(slot);
-        if object.disk == NO_DISK {
+        let gained = object.disk == NO_DISK;
+        if gained {
             self.counters.disk_replicas += 1;
         }
         self.counters.disk_copies_recorded += 1;
         object.disk = disk;
         object.offload = OffloadMark::None;
+        if gained {
+            self.objects.count_disk_copy(slot, true);
+        }
     }
 
     /// Forgets the disk copy of `slot` without deleting it (its node went away: a restart
@@ -357,7 +365,20 @@ impl Master {
         if object.disk != NO_DISK {
             object.disk = NO_DISK;
             self.counters.disk_replicas -= 1;
+            self.objects.count_disk_copy(slot, false);
         }
+    }
+
+    /// Whether the tenant of the object in `slot` may keep its value on disk too (its disk
+    /// quota, if it has one).
+    fn tenant_allows_disk_copy(&self, slot: u32) -> bool {
+        let object = self.objects.at(slot);
+        let tenant = crate::tenant::tenant_of(&object.key);
+        self.config
+            .tenant_quotas
+            .iter()
+            .find(|q| q.tenant == tenant)
+            .is_none_or(|q| q.allows_on_disk(self.objects.tenants().of(tenant), object.size))
     }
 
     /// The object in `slot` is about to get a new value or go away: its disk copy, if any, is
@@ -482,6 +503,14 @@ impl Master {
             return;
         }
         match self.current_write(key, write) {
+            // Copies ordered before the tenant reached its disk quota may land after: past
+            // it, one is deleted, and its value is not offloaded again.
+            Some(slot)
+                if self.objects.at(slot).disk == NO_DISK && !self.tenant_allows_disk_copy(slot) =>
+            {
+                self.objects.at_mut(slot).offload = OffloadMark::Failed;
+                self.tombstone(name, key, write);
+            }
             Some(slot) if self.objects.at(slot).disk == NO_DISK => self.set_disk_copy(slot, seg),
             Some(slot) if self.objects.at(slot).disk == seg => {}
             // Stale (the value changed or went away), or already on another disk.

@@ -95,6 +95,11 @@ fn take<K: Ord + std::borrow::Borrow<Q>, Q: Ord + ?Sized>(
 }
 
 impl Master {
+    /// What `tenant` stores now: its objects, value bytes and bytes on disk.
+    pub fn tenant_usage(&self, tenant: &str) -> crate::tenant::Usage {
+        self.objects.tenants().of(tenant)
+    }
+
     /// Refuses a put of `key` (`size` bytes) that would take its tenant past its quota, if it
     /// has one. `replaced` is the size of the value of `key` the put replaces, if any.
     pub(crate) fn check_tenant_quota(

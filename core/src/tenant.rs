@@ -76,6 +76,8 @@ pub struct Usage {
     pub objects: u64,
     /// Their values' bytes.
     pub bytes: u64,
+    /// Bytes of their values with a copy on a node's disk.
+    pub disk_bytes: u64,
 }
 
 /// [`Usage`] per tenant, kept by the object table as objects come and go.
@@ -91,6 +93,17 @@ impl TenantUsage {
         };
         usage.objects += 1;
         usage.bytes += bytes;
+    }
+
+    /// A value of `bytes` of `stored`'s tenant gained (`true`) or lost its disk copy.
+    pub(crate) fn count_disk(&mut self, stored: &str, bytes: u64, gained: bool) {
+        let tenant = tenant_of(stored);
+        if let Some(usage) = self.0.get_mut(tenant) {
+            match gained {
+                true => usage.disk_bytes += bytes,
+                false => usage.disk_bytes -= bytes,
+            }
+        }
     }
 
     pub(crate) fn take(&mut self, stored: &str, bytes: u64) {
@@ -132,6 +145,9 @@ pub struct TenantQuota {
     pub bytes: u64,
     /// Most value bytes in unfinished puts, over all of the tenant's members.
     pub unfinished: u64,
+    /// Most bytes of its values with a copy on the nodes' disks: past it, values are not
+    /// offloaded (they stay in memory only, and eviction drops them).
+    pub disk: u64,
 }
 
 impl TenantQuota {
@@ -182,13 +198,19 @@ impl TenantQuota {
         })
     }
 
-    /// Parses `TENANT:objects=N,bytes=N,unfinished=N` (sizes as bytes; any may be left out).
+    /// Whether `tenant`, now at `usage`, may keep one more value of `size` bytes on disk.
+    pub fn allows_on_disk(&self, usage: Usage, size: u64) -> bool {
+        self.disk == 0 || usage.disk_bytes.saturating_add(size) <= self.disk
+    }
+
+    /// Parses `TENANT:objects=N,bytes=N,unfinished=N,disk=N` (sizes as bytes; any may be left
+    /// out).
     pub fn parse(
         text: &str,
         size: impl Fn(&str) -> std::result::Result<u64, String>,
     ) -> std::result::Result<TenantQuota, String> {
         let (tenant, limits) = text.split_once(':').ok_or_else(|| {
-            format!("{text:?}: write TENANT:objects=N,bytes=SIZE,unfinished=SIZE")
+            format!("{text:?}: write TENANT:objects=N,bytes=SIZE,unfinished=SIZE,disk=SIZE")
         })?;
         if !valid_tenant(tenant) {
             return Err(format!("{tenant:?} cannot name a tenant"));
@@ -199,7 +221,7 @@ impl TenantQuota {
         };
         for limit in limits.split(',').map(str::trim).filter(|l| !l.is_empty()) {
             let (what, value) = limit.split_once('=').ok_or_else(|| {
-                format!("{limit:?}: write objects=N, bytes=SIZE or unfinished=SIZE")
+                format!("{limit:?}: write objects=N, bytes=SIZE, unfinished=SIZE or disk=SIZE")
             })?;
             match what {
                 "objects" => {
@@ -209,9 +231,10 @@ impl TenantQuota {
                 }
                 "bytes" => quota.bytes = size(value)?,
                 "unfinished" => quota.unfinished = size(value)?,
+                "disk" => quota.disk = size(value)?,
                 other => {
                     return Err(format!(
-                        "unknown quota {other:?}: objects, bytes or unfinished"
+                        "unknown quota {other:?}: objects, bytes, unfinished or disk"
                     ));
                 }
             }

@@ -965,3 +965,92 @@ fn a_prefetch_whose_disk_copy_leaves_with_its_node_says_so_and_may_still_bring_i
     f.check();
     assert_eq!(media(&mut f, "k"), vec![Medium::Memory]);
 }
+
+/// A tenant's disk quota bounds the bytes of its values with a disk copy: past it, its values
+/// are not offloaded (and a copy ordered before it was reached is deleted when it lands),
+/// while another tenant's are; a value that leaves the disk makes room again.
+#[test]
+fn a_tenant_disk_quota_stops_its_offloads_and_no_one_elses() {
+    use mooring_core::tenant::{TenantQuota, stored_key};
+    let config = MasterConfig {
+        tenant_quotas: vec![TenantQuota {
+            tenant: "small".into(),
+            disk: 3 * 16 * KIB,
+            ..TenantQuota::default()
+        }],
+        ..MasterConfig::default()
+    };
+    let mut f = Fixture::with_config(config, 1, MIB);
+    sync(&mut f, "seg0", want(0));
+    let small = |i: usize| stored_key("small", &format!("k{i:02}")).unwrap();
+    let other = |i: usize| stored_key("other", &format!("k{i:02}")).unwrap();
+    // Past the watermark, half of each tenant's: eviction queues offloads.
+    let mut writes = std::collections::HashMap::new();
+    for i in 0..31 {
+        writes.insert(small(i), f.put(A, &small(i), 16 * KIB, &one()).write_id);
+        f.put(A, &other(i), 16 * KIB, &one());
+        f.advance(Millis(1));
+    }
+    f.tick_after(Millis(10));
+    let written = offload_all(&mut f, "seg0");
+    let on_disk = |f: &mut Fixture, key: &str| media(f, key).contains(&Medium::Disk);
+    let small_on_disk = (0..31).filter(|&i| on_disk(&mut f, &small(i))).count();
+    let other_on_disk = (0..31).filter(|&i| on_disk(&mut f, &other(i))).count();
+    assert_eq!(
+        small_on_disk, 3,
+        "the quota holds three 16 KiB values: {written:?}"
+    );
+    assert!(
+        other_on_disk > 3,
+        "another tenant is not held to it: {other_on_disk}"
+    );
+    let usage = f.m.tenant_usage("small");
+    assert_eq!(usage.disk_bytes, 3 * 16 * KIB);
+    // More memory pressure: eviction queues no more of the tenant's values for the disk.
+    f.tick_after(Millis::from_secs(6));
+    for i in 31..36 {
+        f.put(A, &other(i), 16 * KIB, &one());
+        f.advance(Millis(1));
+    }
+    f.tick_after(Millis(10));
+    let ack = sync(&mut f, "seg0", want(1000));
+    let small_orders: Vec<_> = ordered(&ack)
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(&small(0)[..6]))
+        .collect();
+    assert!(small_orders.is_empty(), "{small_orders:?}");
+    sync(
+        &mut f,
+        "seg0",
+        DiskReport {
+            offloaded: ordered(&ack),
+            ..DiskReport::default()
+        },
+    );
+    // A copy that lands past the quota (ordered before it was reached) is deleted.
+    let late = small(30);
+    assert!(!on_disk(&mut f, &late));
+    let write = writes[&late];
+    let ack = sync(
+        &mut f,
+        "seg0",
+        DiskReport {
+            offloaded: vec![(late.clone(), write)],
+            ..DiskReport::default()
+        },
+    );
+    assert!(!on_disk(&mut f, &late), "not recorded past the quota");
+    let next = sync(&mut f, "seg0", want(0));
+    assert!(
+        ack.delete
+            .iter()
+            .chain(&next.delete)
+            .any(|(k, w)| *k == late && *w == write),
+        "its copy is deleted"
+    );
+    // Removing a value on disk makes room.
+    let first = (0..31).map(small).find(|k| on_disk(&mut f, k)).unwrap();
+    f.advance(Millis::from_secs(60)); // past the leases the reads above took
+    f.remove(&first).unwrap();
+    assert_eq!(f.m.tenant_usage("small").disk_bytes, 2 * 16 * KIB);
+}

@@ -575,6 +575,7 @@ fn a_tenant_is_held_to_its_quota_and_others_are_not() {
             objects: 3,
             bytes: 12 * KIB,
             unfinished: 8 * KIB,
+            disk: 0,
         }],
         ..MasterConfig::default()
     };

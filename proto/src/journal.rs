@@ -42,7 +42,8 @@ pub const RECORD_HEADER: usize = 4 + 4 + 8;
 /// The first bytes of every journal file of this format (the last byte is its version).
 /// Version 2: the master's configuration gained its quotas, and listings and removals their
 /// tenant, so a version-1 record would replay as something else; it is refused instead.
-pub const MAGIC: [u8; 8] = *b"MOORJNL\x02";
+/// Version 3: a tenant's quota gained its disk bytes.
+pub const MAGIC: [u8; 8] = *b"MOORJNL\x03";
 /// Bytes before a journal file's first record: [`MAGIC`] and the generation.
 pub const FILE_HEADER: usize = MAGIC.len() + 8;
 

@@ -122,7 +122,7 @@ pub struct MasterSection {
     pub offload_ahead_watermark: Option<f64>,
     /// The most one member may hold in unfinished puts, as a fraction of the pool.
     pub unfinished_put_share: Option<f64>,
-    /// Limits per tenant: `TENANT:objects=N,bytes=SIZE,unfinished=SIZE` each.
+    /// Limits per tenant: `TENANT:objects=N,bytes=SIZE,unfinished=SIZE,disk=SIZE` each.
     pub tenant_quotas: Option<Vec<String>>,
     /// KV events kept for subscribers at `/kv_events` (0 or unset: off).
     pub kv_events: Option<usize>,

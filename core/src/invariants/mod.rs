@@ -343,6 +343,9 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
     let mut usage = crate::tenant::TenantUsage::default();
     for (_, object) in master.objects.iter() {
         usage.add(&object.key, object.size);
+        if object.disk != crate::object::NO_DISK {
+            usage.count_disk(&object.key, object.size, true);
+        }
     }
     if &usage != master.objects.tenants() {
         return Err(violation(

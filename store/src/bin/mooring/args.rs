@@ -229,9 +229,10 @@ pub(crate) struct MasterArgs {
     /// some, so one writer cannot keep the pool from the others [default: 0.75].
     #[arg(long, value_name = "FRACTION")]
     pub(crate) unfinished_put_share: Option<f64>,
-    /// Limit one tenant: TENANT:objects=N,bytes=SIZE,unfinished=SIZE (any may be left out;
-    /// bytes count each value once). Past a limit its puts are refused (-200). Repeat for each
-    /// tenant; replaces the config file's list.
+    /// Limit one tenant: TENANT:objects=N,bytes=SIZE,unfinished=SIZE,disk=SIZE (any may be
+    /// left out; bytes count each value once). Past a limit its puts are refused (-200); past
+    /// `disk` its values are no longer copied to the nodes' disks (they stay in memory only).
+    /// Repeat for each tenant; replaces the config file's list.
     #[arg(long, value_name = "TENANT:LIMITS")]
     pub(crate) tenant_quota: Vec<String>,
     /// Publish KV events for cache-aware routers: keep the latest N key changes (a value
