@@ -42,8 +42,8 @@ pub struct StatsReport {
     pub stats: Stats,
     /// Objects by state, counted for this report.
     pub census: Census,
-    /// Per tenant that stores anything: its name, objects and value bytes.
-    pub tenants: Vec<(String, u64, u64)>,
+    /// Per tenant that stores anything: its name and what it stores.
+    pub tenants: Vec<(String, crate::tenant::Usage)>,
 }
 
 impl Master {
@@ -56,7 +56,7 @@ impl Master {
                 .objects
                 .tenants()
                 .iter()
-                .map(|(tenant, usage)| (tenant.to_string(), usage.objects, usage.bytes))
+                .map(|(tenant, usage)| (tenant.to_string(), usage))
                 .collect(),
         }
     }

@@ -69,8 +69,11 @@ pub fn check_stored(stored: &str) -> Result<()> {
 }
 
 /// What one tenant stores: its objects and their value bytes (each value once, however many
-/// replicas it has).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// replicas it has), and the bytes of those with a disk copy.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+#[rkyv(derive(Debug))]
 pub struct Usage {
     /// Objects, being written or readable.
     pub objects: u64,

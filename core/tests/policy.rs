@@ -610,9 +610,9 @@ fn a_tenant_is_held_to_its_quota_and_others_are_not() {
     let small = report
         .tenants
         .iter()
-        .find(|(t, _, _)| t == "small")
+        .find(|(t, _)| t == "small")
         .unwrap();
-    assert_eq!((small.1, small.2), (3, 12 * KIB));
+    assert_eq!((small.1.objects, small.1.bytes), (3, 12 * KIB));
 }
 
 #[test]

@@ -60,8 +60,13 @@ pub(super) fn stats_value(report: &StatsReport, segments: &[SegmentInfo]) -> ser
         "tenants": report
             .tenants
             .iter()
-            .map(|(tenant, objects, bytes)| {
-                serde_json::json!({"tenant": tenant, "objects": objects, "value_bytes": bytes})
+            .map(|(tenant, usage)| {
+                serde_json::json!({
+                    "tenant": tenant,
+                    "objects": usage.objects,
+                    "value_bytes": usage.bytes,
+                    "disk_bytes": usage.disk_bytes,
+                })
             })
             .collect::<Vec<_>>(),
         "segment_list": segments,

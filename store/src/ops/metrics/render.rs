@@ -352,16 +352,18 @@ fn register_segments(registry: &mut Registry, segments: &[SegmentInfo]) {
     );
 }
 
-/// Each tenant's objects and value bytes.
-fn register_tenants(registry: &mut Registry, tenants: &[(String, u64, u64)]) {
+/// Each tenant's objects, value bytes and bytes on disk.
+fn register_tenants(registry: &mut Registry, tenants: &[(String, mooring_core::tenant::Usage)]) {
     let objects = Family::<TenantLabel, Gauge>::default();
     let bytes = Family::<TenantLabel, Gauge>::default();
-    for (tenant, count, size) in tenants {
+    let disk = Family::<TenantLabel, Gauge>::default();
+    for (tenant, usage) in tenants {
         let label = TenantLabel {
             tenant: tenant.clone(),
         };
-        objects.get_or_create(&label).set(*count as i64);
-        bytes.get_or_create(&label).set(*size as i64);
+        objects.get_or_create(&label).set(usage.objects as i64);
+        bytes.get_or_create(&label).set(usage.bytes as i64);
+        disk.get_or_create(&label).set(usage.disk_bytes as i64);
     }
     registry.register("tenant_objects", "A tenant's objects", objects);
     registry.register_with_unit(
@@ -369,6 +371,12 @@ fn register_tenants(registry: &mut Registry, tenants: &[(String, u64, u64)]) {
         "A tenant's value bytes (each value once, however many replicas)",
         Unit::Bytes,
         bytes,
+    );
+    registry.register_with_unit(
+        "tenant_disk",
+        "Bytes of a tenant's values with a copy on a node's disk (its disk quota counts these)",
+        Unit::Bytes,
+        disk,
     );
 }
 

@@ -34,7 +34,14 @@ fn exposition_names_follow_prometheus_conventions() {
             memory_bytes: 4000,
             ..mooring_core::Census::default()
         },
-        tenants: vec![("team-a".into(), 2, 8192)],
+        tenants: vec![(
+            "team-a".into(),
+            mooring_core::tenant::Usage {
+                objects: 2,
+                bytes: 8192,
+                disk_bytes: 4096,
+            },
+        )],
     };
     let segment = SegmentInfo {
         id: mooring_core::SegmentId(1),
@@ -74,6 +81,7 @@ fn exposition_names_follow_prometheus_conventions() {
         "mooring_journal_reused_files_total 2",
         "mooring_tenant_objects{tenant=\"team-a\"} 2",
         "mooring_tenant_values_bytes{tenant=\"team-a\"} 8192",
+        "mooring_tenant_disk_bytes{tenant=\"team-a\"} 4096",
     ] {
         assert!(text.contains(line), "{line:?} missing from\n{text}");
     }
