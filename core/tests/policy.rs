@@ -607,11 +607,7 @@ fn a_tenant_is_held_to_its_quota_and_others_are_not() {
     f.m.remove(&key("b"), f.now).unwrap();
     f.put(A, &key("d"), 4 * KIB, &one());
     let report = f.m.report(f.now);
-    let small = report
-        .tenants
-        .iter()
-        .find(|(t, _)| t == "small")
-        .unwrap();
+    let small = report.tenants.iter().find(|(t, _)| t == "small").unwrap();
     assert_eq!((small.1.objects, small.1.bytes), (3, 12 * KIB));
 }
 

@@ -64,6 +64,11 @@ pub struct History {
     /// Peers killed, and when (what they held then is lost; a restarted peer's later
     /// writes are not).
     killed: Vec<(usize, Duration)>,
+    /// Peers that started without their disk tier (its disk failed the start's scan), and
+    /// when: until they restart, what they hold is in memory only, and eviction takes it.
+    diskless: Vec<(usize, Duration)>,
+    /// Peers that stopped (killed, restarted, left), and when: a new incarnation after.
+    stopped: Vec<(usize, Duration)>,
     next_version: u64,
     /// What went wrong.
     pub violations: Vec<String>,
@@ -122,7 +127,14 @@ impl History {
 
     /// Peer `peer` was killed: what it held is lost.
     pub fn kill(&mut self, peer: usize, now: Duration) {
+        self.stopped.push((peer, now));
         self.may_have_lost(peer, now);
+    }
+
+    /// Peer `peer` started at `now` without its disk tier: writes through it from now until
+    /// its next restart may be evicted for good (the pools are small).
+    pub fn started_without_disk(&mut self, peer: usize, now: Duration) {
+        self.diskless.push((peer, now));
     }
 
     /// Peer `peer` may have lost any value it held by `now` (its disk failed reads and
@@ -262,12 +274,20 @@ impl History {
         let unsettled = changes
             .iter()
             .any(|c| c.failed && c.start <= end && !superseded(c));
+        let restarted_between = |peer: usize, from: Duration, to: Duration| {
+            self.stopped
+                .iter()
+                .any(|&(p, at)| p == peer && at >= from && at <= to)
+        };
         let lost = candidates.iter().any(|c| {
             c.version.is_some()
-                && self
+                && (self
                     .killed
                     .iter()
                     .any(|&(peer, at)| peer == c.peer && at >= c.start)
+                    || self.diskless.iter().any(|&(peer, from)| {
+                        peer == c.peer && c.start >= from && !restarted_between(peer, from, c.start)
+                    }))
         });
         if unsettled || lost {
             return None;
@@ -351,6 +371,18 @@ mod tests {
         history.exists(2, 1, false, 71 * S, 71 * S);
         history.exists(2, 1, true, 72 * S, 72 * S);
         assert_eq!(history.violations.len(), 5, "{:?}", history.violations);
+        // A peer that started without its disk tier may evict for good what is written
+        // through it, until it restarts.
+        history.started_without_disk(3, 80 * S);
+        let (_, w) = history.start_put(3, 81 * S);
+        history.finish(3, w, true, 3, 82 * S);
+        history.read(3, 1, None, 100 * S, 100 * S);
+        assert_eq!(history.violations.len(), 5, "{:?}", history.violations);
+        history.kill(3, 110 * S);
+        let (_, w) = history.start_put(4, 111 * S);
+        history.finish(4, w, true, 3, 112 * S);
+        history.read(4, 1, None, 130 * S, 130 * S);
+        assert_eq!(history.violations.len(), 6, "{:?}", history.violations);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use super::{PeerFault, PeerPlan, PeerReport};
 const PORT: u16 = 7100;
 /// Each peer's pool: small, so values leave memory for the disk tier and reads promote them
 /// back (a value leaves only once its copy is complete, so no read misses for it).
-const POOL: u64 = 192 << 10;
+const POOL: u64 = 128 << 10;
 /// Each peer's disk tier: large enough that no copy is deleted to make room.
 const DISK: u64 = 64 << 20;
 /// How long a client waits for a peer.
@@ -128,6 +128,10 @@ fn start_peer(
                 }
                 match PeerNode::start(config, None).await {
                     Ok(peer) => {
+                        if peer.disk_capacity() == 0 {
+                            let now = shared.now();
+                            shared.history().started_without_disk(i, now);
+                        }
                         shared
                             .started
                             .lock()

@@ -172,7 +172,9 @@ impl PeerNode {
                 self.owed(&mut state);
                 promoted
             };
-            self.deliver(out).await;
+            // The directory updates for what made room go on their own: the reader (and any
+            // other waiting on this key's copy) need not wait for slow owners.
+            self.deliver_in_background(out);
             let (stamp, offset, len, checksum) = match promotion {
                 Promotion::Absent => return Ok(None),
                 Promotion::Resident(location) => return Ok(Some(location)),
@@ -198,30 +200,52 @@ impl PeerNode {
                     ..
                 } => (stamp, offset, len, checksum),
             };
-            let ok = self.load(key, stamp, offset, len, checksum).await;
-            let now = self.inner.clock.now();
-            let (location, out) = {
-                let mut state = self.inner.state.lock().expect("peer state lock");
-                let promoted = state.promoted(key, stamp, ok, now);
-                self.owed(&mut state);
-                promoted
-            };
-            if location.is_some() {
-                self.inner
-                    .counts
-                    .promotes
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            self.deliver(out).await;
-            return Ok(location);
+            // The block is set aside until the read ends: the read runs on a task of its own,
+            // so a reader that gives up (a timeout, a closed connection) cannot leave it, and
+            // the key, held forever.
+            let (peer, key) = (self.clone(), key.to_string());
+            let finished = tokio::spawn(async move {
+                let ok = peer.load(&key, stamp, offset, len, checksum).await;
+                let now = peer.inner.clock.now();
+                let (location, out) = {
+                    let mut state = peer.inner.state.lock().expect("peer state lock");
+                    let promoted = state.promoted(&key, stamp, ok, now);
+                    peer.owed(&mut state);
+                    promoted
+                };
+                if location.is_some() {
+                    peer.inner
+                        .counts
+                        .promotes
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                peer.deliver(out).await;
+                location
+            });
+            return finished.await.map_err(|e| {
+                Error::new(
+                    ErrorCode::INTERNAL_ERROR,
+                    format!("a promote's read ended without an answer: {e}"),
+                )
+            });
         }
         Err(Error::new(
-            ErrorCode::RPC_FAIL,
+            ErrorCode::OBJECT_REPLICA_BUSY,
             format!(
                 "{key:?}'s disk copy stayed busy on peer {}; read it again",
                 self.inner.name
             ),
         ))
+    }
+
+    fn deliver_in_background(&self, out: Vec<mooring_core::peer::state::Outgoing>) {
+        if out.is_empty() {
+            return;
+        }
+        let peer = self.clone();
+        tokio::spawn(async move {
+            peer.deliver(out).await;
+        });
     }
 
     /// Reads the disk copy of `key`'s write `stamp` into the block at `offset`, after its

@@ -98,46 +98,66 @@ impl PeerNode {
     async fn find(&self, key: &str) -> Result<Option<Vec<u8>>> {
         self.inner.counts.gets.fetch_add(1, Ordering::Relaxed);
         let answers = self.lookup(&[key]).await.pop().unwrap_or_default();
+        let mut held_back = None;
         for answer in read_order(answers) {
-            if let Some(value) = self.read_answer(key, answer).await {
-                self.inner.counts.hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(Some(value));
+            match self.read_answer(key, answer).await {
+                Ok(Some(value)) => {
+                    self.inner.counts.hits.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Some(value));
+                }
+                Ok(None) => {}
+                Err(e) => held_back = Some(e),
             }
         }
-        Ok(None)
+        // A value that is there but could not be brought back from disk just now is not a
+        // miss: say why, so the caller reads again.
+        match held_back {
+            Some(e) => Err(e),
+            None => Ok(None),
+        }
     }
 
     /// Reads the value an owner's answer names. A value only on disk is promoted first. A
     /// block that no longer holds the write (a stale entry) is asked about once more at the
     /// value's peer: the value may have moved since the entry was written (evicted to disk,
     /// or promoted into another block) and the entry not caught up yet.
-    async fn read_answer(&self, key: &str, answer: Location) -> Option<Vec<u8>> {
+    /// `Err` only for a value its peer holds but could not bring back from disk just now (no
+    /// room, or its copy busy).
+    async fn read_answer(&self, key: &str, answer: Location) -> Result<Option<Vec<u8>>> {
         let mut location = answer;
         let mut asked_again = false;
         loop {
             if !location.resident {
                 location = match self.promote_at(key, &location).await {
                     Ok(Some(promoted)) => promoted,
-                    Ok(None) => return None,
+                    Ok(None) => return Ok(None),
+                    Err(e)
+                        if matches!(
+                            e.code,
+                            ErrorCode::NO_AVAILABLE_HANDLE | ErrorCode::OBJECT_REPLICA_BUSY
+                        ) =>
+                    {
+                        return Err(e);
+                    }
                     Err(e) => {
                         debug!(key, peer = %location.peer, "promote failed, trying the next: {e}");
-                        return None;
+                        return Ok(None);
                     }
                 };
             }
             match self.read(key, &location).await {
-                Ok(Some(value)) => return Some(value),
+                Ok(Some(value)) => return Ok(Some(value)),
                 Ok(None) => {
                     self.inner.counts.stale.fetch_add(1, Ordering::Relaxed);
                     if asked_again {
-                        return None;
+                        return Ok(None);
                     }
                     asked_again = true;
                     location.resident = false;
                 }
                 Err(e) => {
                     debug!(key, peer = %location.peer, "read failed, trying the next: {e}");
-                    return None;
+                    return Ok(None);
                 }
             }
         }
