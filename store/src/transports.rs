@@ -59,6 +59,12 @@ impl TransportChoice {
 /// What a node serves unless told otherwise: TCP, and its memory to clients on its host.
 pub const DEFAULT_SERVED: &str = "tcp,shm";
 
+/// The transports a `--transports` flag (or its config key) names, [`DEFAULT_SERVED`] when
+/// it names none.
+pub fn served(list: Option<&str>) -> Result<Vec<Transport>> {
+    parse_served(list.unwrap_or(DEFAULT_SERVED))
+}
+
 /// Parses a node's `--transports` list (comma-separated, e.g. `tcp,rdma`).
 pub fn parse_served(list: &str) -> Result<Vec<Transport>> {
     let mut served = Vec::new();

@@ -27,12 +27,7 @@ pub(crate) async fn run_node(args: NodeArgs) -> Result<(), Error> {
         parse_size(&args.size.or(f.size).unwrap_or_else(|| "1GiB".into())).map_err(usage_error)?;
     let token_given = args.serve.auth.token()?.is_some();
     // Before anything is mapped or mounted: a bad flag fails here, with what to change.
-    let served = mooring::transports::parse_served(
-        args.transports
-            .or(f.transports)
-            .as_deref()
-            .unwrap_or(mooring::transports::DEFAULT_SERVED),
-    )?;
+    let served = mooring::transports::served(args.transports.or(f.transports).as_deref())?;
     let shm_group = args
         .shm_group
         .or(f.shm_group)

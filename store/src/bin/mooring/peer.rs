@@ -43,12 +43,7 @@ pub(crate) async fn run_peer(args: PeerArgs) -> Result<(), Error> {
     if let Some(weight) = args.weight.or(f.weight) {
         config.weight = weight.max(1);
     }
-    let served = mooring::transports::parse_served(
-        args.transports
-            .or(f.transports)
-            .as_deref()
-            .unwrap_or(mooring::transports::DEFAULT_SERVED),
-    )?;
+    let served = mooring::transports::served(args.transports.or(f.transports).as_deref())?;
     if served.contains(&mooring::transports::Transport::Rdma) {
         return Err(usage_error(
             "a peer does not serve RDMA yet: use --transports tcp,shm (peers on other hosts \
