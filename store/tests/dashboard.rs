@@ -171,6 +171,7 @@ fn a_peers_dashboard_shows_the_peer_in_a_browser() {
     let token_file = dir.join("scrape-token");
     std::fs::write(&token_file, "peer-dash-token\n").unwrap();
     let token_arg = token_file.display().to_string();
+    let disk_arg = dir.join("disk").display().to_string();
     let (_first, [first, metrics]) = Proc::start_on_free_ports(false, |[listen, metrics]| {
         common::args(&[
             "peer",
@@ -178,6 +179,8 @@ fn a_peers_dashboard_shows_the_peer_in_a_browser() {
             listen,
             "--size",
             "16MiB",
+            "--disk-dir",
+            &disk_arg,
             "--metrics-listen",
             metrics,
             "--metrics-token-file",
@@ -223,6 +226,8 @@ fn a_peers_dashboard_shows_the_peer_in_a_browser() {
         r#"id="ready">serving<"#.to_string(),
         r#"id="values">1<"#.to_string(),
         r#"id="member-count">2<"#.to_string(),
+        // The value's disk copy, written behind its put.
+        r#"id="disk">1 copy<"#.to_string(),
         format!(r#"data-member="{second}""#),
         r#"data-op="get""#.to_string(),
         "updated ".to_string(),
