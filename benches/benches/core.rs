@@ -8,15 +8,14 @@
 //! Run: `cargo bench -p mooring-benches --bench core`. Throughput is reported in elements/s.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 #[allow(unused_imports)]
 use mooring_benches::malloc_conf as _;
-use mooring_benches::{CLIENT, VALUE, filled_master, key};
+use mooring_benches::{VALUE, filled_master, key};
 use mooring_core::allocator::OffsetAllocator;
 use mooring_core::rng::Rng;
-use mooring_core::{Checksum, MasterConfig, Millis, ReplicateConfig};
+use mooring_core::{MasterConfig, Millis};
 
 const RESIDENT: usize = 1_000_000;
 const GIB: u64 = 1 << 30;
@@ -52,52 +51,10 @@ fn allocator(c: &mut Criterion) {
 }
 
 fn master_ops(c: &mut Criterion) {
-    let config = MasterConfig::default();
     // 64 segments of 1 TiB: room for the resident set and every benchmark key.
-    let (mut master, now) = filled_master(config, 64, 64 * 1024 * GIB, RESIDENT);
-    let replicate = ReplicateConfig::single();
-    let mut group = c.benchmark_group("master (1M resident)");
-    group.throughput(Throughput::Elements(1));
-
-    let fresh: Vec<String> = (0..200_000)
-        .map(|i| format!("bench/fresh/{i:08}"))
-        .collect();
-    group.bench_function("PutStart+PutEnd pair", |b| {
-        b.iter_custom(|iters| {
-            let mut elapsed = Duration::ZERO;
-            let mut left = iters as usize;
-            while left > 0 {
-                let batch = left.min(fresh.len());
-                let start = Instant::now();
-                for k in &fresh[..batch] {
-                    let g = master
-                        .put_start(CLIENT, k, VALUE, &replicate, now)
-                        .expect("put");
-                    let sum = Checksum::of(k.as_bytes());
-                    master
-                        .put_end(CLIENT, k, g.write_id, sum, now)
-                        .expect("end");
-                }
-                elapsed += start.elapsed();
-                for k in &fresh[..batch] {
-                    master.remove(k, now).expect("remove");
-                }
-                left -= batch;
-            }
-            elapsed
-        })
-    });
-
-    let mut rng = Rng::seeded(11);
-    let lookups: Vec<String> = (0..1 << 16).map(|_| key(rng.below(RESIDENT))).collect();
-    let mut j = 0;
-    group.bench_function("GetReplicaList", |b| {
-        b.iter(|| {
-            j = (j + 1) & ((1 << 16) - 1);
-            black_box(master.get_replica_list(&lookups[j], now).expect("get"));
-        })
-    });
-    group.finish();
+    let (mut master, now) = filled_master(MasterConfig::default(), 64, 64 * 1024 * GIB, RESIDENT);
+    mooring_benches::master_ops(c, "1M", &mut master, now, RESIDENT, key);
+    drop(master);
 
     // Eviction: the same resident set in a pool sized so it sits just above the watermark.
     let mut group = c.benchmark_group("eviction");

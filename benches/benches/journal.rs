@@ -12,18 +12,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use mooring::master::MasterService;
+use mooring_benches::service::{Pairs, mounted, put_pairs};
 use mooring_benches::{bench_dir, bench_runtime};
-use mooring_core::{Checksum, ClientId, MasterConfig, ReplicateConfig, SegmentSpec};
-use mooring_proto::transport::{Answer, RpcHandler};
-use mooring_proto::wire::{
-    Hello, MasterRequest, MasterResponse, MountSegment, PutEnd, PutStart, Reply,
-};
+use mooring_core::MasterConfig;
 
-const CLIENT: ClientId = ClientId(1);
 /// Pairs in flight at once (`MOORING_BENCH_IN_FLIGHT` to try others).
 fn in_flight() -> usize {
     std::env::var("MOORING_BENCH_IN_FLIGHT")
@@ -46,83 +42,7 @@ const OBJECT_SIZE: u64 = 4096;
 /// Pairs per timed batch.
 const BATCH: u64 = 20_000;
 
-async fn answer(service: &MasterService, request: MasterRequest) -> MasterResponse {
-    match service.answer(request) {
-        Answer::Now(response) => response,
-        Answer::WhenDurable(durable) => durable.await,
-    }
-}
-
-fn mounted(service: &MasterService) {
-    service.handle(Hello { client: CLIENT }.into()).unwrap();
-    service
-        .handle(
-            MountSegment {
-                client: CLIENT,
-                spec: SegmentSpec {
-                    name: "bench".into(),
-                    base: 0,
-                    // Metadata only: no memory behind it.
-                    size: pool_bytes(),
-                    endpoint: "bench:1".into(),
-                    key: 1,
-                    rdma_key: None,
-                },
-            }
-            .into(),
-        )
-        .unwrap();
-}
-
-/// Runs `BATCH` pairs of fresh keys with `IN_FLIGHT` tasks; returns how long they took.
-fn batch(
-    runtime: &tokio::runtime::Runtime,
-    service: &Arc<MasterService>,
-    next: &Arc<AtomicU64>,
-) -> Duration {
-    let started = Instant::now();
-    let end = next.load(Ordering::Relaxed) + BATCH;
-    runtime.block_on(async {
-        let tasks: Vec<_> = (0..in_flight())
-            .map(|_| {
-                let (service, next) = (service.clone(), next.clone());
-                tokio::spawn(async move {
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= end {
-                            break;
-                        }
-                        let key = format!("k{i}");
-                        let start = PutStart {
-                            client: CLIENT,
-                            key: key.clone(),
-                            size: OBJECT_SIZE,
-                            config: ReplicateConfig::single(),
-                            upsert: false,
-                        };
-                        let Ok(Reply::PutStart(grant)) = answer(&service, start.into()).await
-                        else {
-                            panic!("put start refused");
-                        };
-                        let end = PutEnd {
-                            client: CLIENT,
-                            key,
-                            write: grant.write_id,
-                            checksum: Checksum::of(b""),
-                        };
-                        answer(&service, end.into()).await.expect("put end");
-                    }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.expect("a put task");
-        }
-    });
-    started.elapsed()
-}
-
-fn put_pairs(c: &mut Criterion) {
+fn journal_on_and_off(c: &mut Criterion) {
     let runtime = bench_runtime();
     let dir = bench_dir("journal-bench");
     let _ = std::fs::remove_dir_all(&dir);
@@ -143,8 +63,15 @@ fn put_pairs(c: &mut Criterion) {
         ),
     ];
     for (name, service) in &services {
-        mounted(service);
-        let next = Arc::new(AtomicU64::new(0));
+        mounted(service, pool_bytes());
+        let pairs = Pairs {
+            next: Arc::new(AtomicU64::new(0)),
+            object_size: OBJECT_SIZE,
+            key: |i| format!("k{i}"),
+            in_flight: in_flight(),
+        };
+        let next = &pairs.next;
+        let batch = || put_pairs(&runtime, service, &pairs, BATCH);
         let mut filled = false;
         group.bench_function(*name, |b| {
             // A cache at work is full: measure it evicting, with the journal past its first
@@ -153,7 +80,7 @@ fn put_pairs(c: &mut Criterion) {
                 let objects = pool_bytes() / OBJECT_SIZE;
                 eprintln!("{name}: filling the pool ({objects} objects) before measuring");
                 while next.load(Ordering::Relaxed) < objects {
-                    batch(&runtime, service, &next);
+                    batch();
                 }
                 // A master's first generations begin in new files, whose syncs also carry
                 // the zeros written ahead of the records; from the first generation that
@@ -169,12 +96,12 @@ fn put_pairs(c: &mut Criterion) {
                             next.load(Ordering::Relaxed) < limit,
                             "no generation reused a retired journal's file"
                         );
-                        batch(&runtime, service, &next);
+                        batch();
                     }
                 }
                 filled = true;
             }
-            b.iter_custom(|iters| (0..iters).map(|_| batch(&runtime, service, &next)).sum())
+            b.iter_custom(|iters| (0..iters).map(|_| batch()).sum())
         });
     }
     group.finish();
@@ -200,5 +127,5 @@ fn put_pairs(c: &mut Criterion) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-criterion_group!(benches, put_pairs);
+criterion_group!(benches, journal_on_and_off);
 criterion_main!(benches);

@@ -1,4 +1,7 @@
-//! Shared setup for Mooring's benchmarks: masters pre-filled with many resident objects.
+//! Shared setup for Mooring's benchmarks: masters pre-filled with many resident objects, the
+//! master's operation rates among them, and a master service filled through its requests.
+
+pub mod service;
 
 use mooring_core::{
     Checksum, ClientId, Master, MasterConfig, Millis, ReplicateConfig, SegmentSpec,
@@ -48,6 +51,15 @@ pub fn key(i: usize) -> String {
     format!("model-7b/layer-{:02}/block-{i:08}", i % 32)
 }
 
+/// The key of resident object `i`, 64 bytes long (the size the master's memory target is
+/// stated for).
+pub fn key64(i: usize) -> String {
+    format!(
+        "model-70b-chat/tenant-00/layer-{:02}/kv-block-{i:021}",
+        i % 80
+    )
+}
+
 /// A master with `segments` segments totalling `capacity` bytes and `objects` complete
 /// objects of [`VALUE`] bytes, all lease-expired at the returned time.
 pub fn filled_master(
@@ -55,6 +67,19 @@ pub fn filled_master(
     segments: u64,
     capacity: u64,
     objects: usize,
+) -> (Master, Millis) {
+    filled_master_with(config, segments, capacity, objects, VALUE, key)
+}
+
+/// [`filled_master`] with objects of `value` bytes named by `key`, reporting its progress
+/// on stderr when it fills ten million objects or more.
+pub fn filled_master_with(
+    config: MasterConfig,
+    segments: u64,
+    capacity: u64,
+    objects: usize,
+    value: u64,
+    key: fn(usize) -> String,
 ) -> (Master, Millis) {
     let mut master = Master::new(config).expect("config");
     let now = Millis(1_000);
@@ -71,13 +96,87 @@ pub fn filled_master(
     }
     let config = ReplicateConfig::single();
     for i in 0..objects {
+        if objects >= 10_000_000 && i % 10_000_000 == 0 && i > 0 {
+            eprintln!(
+                "  filled {} M of {} M objects",
+                i / 1_000_000,
+                objects / 1_000_000
+            );
+        }
         let k = key(i);
         let grant = master
-            .put_start(CLIENT, &k, VALUE, &config, now)
+            .put_start(CLIENT, &k, value, &config, now)
             .expect("fill");
         master
             .put_end(CLIENT, &k, grant.write_id, Checksum::of(k.as_bytes()), now)
             .expect("fill");
     }
     (master, now + Millis(1))
+}
+
+/// This process's resident memory in bytes (`/proc/self/statm`), or 0 where it cannot be
+/// read.
+pub fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// The master's operation rates with `resident` objects named by `key` resident: one
+/// criterion group, `master (<label> resident)`, of PutStart+PutEnd pairs of fresh keys
+/// (removed again, untimed) and GetReplicaList of random resident keys.
+pub fn master_ops(
+    c: &mut criterion::Criterion,
+    label: &str,
+    master: &mut Master,
+    now: Millis,
+    resident: usize,
+    key: fn(usize) -> String,
+) {
+    use std::hint::black_box;
+    use std::time::{Duration, Instant};
+
+    let replicate = ReplicateConfig::single();
+    let mut group = c.benchmark_group(format!("master ({label} resident)"));
+    group.throughput(criterion::Throughput::Elements(1));
+
+    // Fresh keys, as long as the resident ones, and none of them.
+    let fresh: Vec<String> = (0..200_000).map(|i| key(resident + i)).collect();
+    group.bench_function("PutStart+PutEnd pair", |b| {
+        b.iter_custom(|iters| {
+            let mut elapsed = Duration::ZERO;
+            let mut left = iters as usize;
+            while left > 0 {
+                let batch = left.min(fresh.len());
+                let start = Instant::now();
+                for k in &fresh[..batch] {
+                    let g = master
+                        .put_start(CLIENT, k, VALUE, &replicate, now)
+                        .expect("put");
+                    let sum = Checksum::of(k.as_bytes());
+                    master
+                        .put_end(CLIENT, k, g.write_id, sum, now)
+                        .expect("end");
+                }
+                elapsed += start.elapsed();
+                for k in &fresh[..batch] {
+                    master.remove(k, now).expect("remove");
+                }
+                left -= batch;
+            }
+            elapsed
+        })
+    });
+
+    let mut rng = mooring_core::rng::Rng::seeded(11);
+    let lookups: Vec<String> = (0..1 << 16).map(|_| key(rng.below(resident))).collect();
+    let mut j = 0;
+    group.bench_function("GetReplicaList", |b| {
+        b.iter(|| {
+            j = (j + 1) & ((1 << 16) - 1);
+            black_box(master.get_replica_list(&lookups[j], now).expect("get"));
+        })
+    });
+    group.finish();
 }

@@ -66,3 +66,36 @@ fn every_phase_is_reported_for_each_transport_with_many_readers() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least one reader"));
 }
+
+#[test]
+fn many_clients_report_the_requests_the_master_answered_and_its_cpu() {
+    // The master its own process (the default) and inside the writer: its CPU is measured
+    // either way.
+    for placement in ["process", "writer"] {
+        let out = bench(&[
+            "--embedded",
+            placement,
+            "--sizes",
+            "4KiB",
+            "--count",
+            "100",
+            "--clients",
+            "3",
+            "--json",
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{placement}: {stderr}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let phase = report["phases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["phase"] == "exist-3clients")
+            .unwrap_or_else(|| panic!("{placement}: no many-clients phase: {report}"));
+        // Ten calls per --count for each client, none moving bytes.
+        assert_eq!(phase["keys"], 3 * 100 * 10, "{phase}");
+        assert_eq!(phase["bytes"], 0, "{phase}");
+        let cpu = phase["master_cpu"].as_f64().expect("the master's CPU");
+        assert!(cpu > 0.0 && cpu < 64.0, "{placement}: {cpu}");
+    }
+}

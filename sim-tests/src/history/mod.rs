@@ -223,8 +223,9 @@ pub struct History {
     violations: Vec<String>,
     /// Keys whose bytes a memory fault damaged in some replica.
     rotted: std::collections::BTreeSet<String>,
-    /// When a fault first damaged bytes on a node's disk.
-    disk_rot_since: Option<At>,
+    /// Keys whose disk copy a fault may have damaged, and when first: only their absences
+    /// may precede the master's event by [`DISK_REPORT_SLACK`].
+    disk_rot: BTreeMap<String, At>,
     /// Reads refused because every replica they tried was damaged (`INVALID_REPLICA`).
     damaged: Vec<Absence>,
     /// Outcomes of every operation.
@@ -398,10 +399,11 @@ impl History {
         self.rotted.insert(key.to_string());
     }
 
-    /// A fault damaged bytes on a node's disk at `at` (which key's copy it hit, if any, the
-    /// node finds out only when it reads them).
-    pub fn note_disk_rot(&mut self, at: At) {
-        self.disk_rot_since.get_or_insert(at);
+    /// A fault may have damaged `key`'s disk copy at `at` (the node finds out only when it
+    /// reads it). The supervisor names every key whose copy the damaged bytes may belong to,
+    /// and no other: the absence of any other key must follow the master's event.
+    pub fn note_disk_rot(&mut self, key: &str, at: At) {
+        self.disk_rot.entry(key.to_string()).or_insert(at);
     }
 
     /// Records a read of `key` refused because the replicas it tried were damaged. Only a
@@ -550,7 +552,7 @@ impl History {
                 // The master hears of a damaged copy at the node's next sync, or with its
                 // segment if that goes first (a remount, the node's death).
                 GoneWhy::DiskDropped | GoneWhy::Lost
-                    if self.disk_rot_since.is_some_and(|t| t <= a.completed) =>
+                    if self.disk_rot.get(&a.key).is_some_and(|t| *t <= a.completed) =>
                 {
                     a.completed + DISK_REPORT_SLACK
                 }
@@ -744,7 +746,7 @@ mod tests {
         for rot in [false, true] {
             let mut h = History::default();
             if rot {
-                h.note_disk_rot(ms(1));
+                h.note_disk_rot("k", ms(1));
             }
             let v = h.write_invoked("k", 64, ms(0), false, false);
             h.write_completed(v, ms(3), Ok(()));
@@ -766,11 +768,20 @@ mod tests {
             );
         }
         let mut h = History::default();
-        h.note_disk_rot(ms(0));
+        h.note_disk_rot("k", ms(0));
         let v = h.write_invoked("k", 64, ms(0), false, false);
         h.write_completed(v, ms(3), Ok(()));
         h.read_absent("get", "k", ms(4), ms(5));
         h.gone("k", ms(6) + DISK_REPORT_SLACK, GoneWhy::DiskDropped);
+        assert_eq!(h.judge().len(), 1, "{:?}", h.judge());
+
+        // Damage to one key's copy excuses no other key's early absence.
+        let mut h = History::default();
+        h.note_disk_rot("other", ms(0));
+        let v = h.write_invoked("k", 64, ms(0), false, false);
+        h.write_completed(v, ms(3), Ok(()));
+        h.read_absent("get", "k", ms(4), ms(5));
+        h.gone("k", ms(6), GoneWhy::DiskDropped);
         assert_eq!(h.judge().len(), 1, "{:?}", h.judge());
 
         // A hard-pinned value may go with its node, never by eviction.

@@ -94,7 +94,7 @@ impl Supervisor {
         tracing::info!(%name, at, "flipping a bit");
         // The file exists: it was just listed.
         let _ = disk.flip_bit(name, at, bit);
-        self.world.history().note_disk_rot(self.world.now());
+        self.note_disk_rot_on(node, hit.as_ref().map(|(record, _)| record.key.as_str()));
         match hit {
             Some((record, true)) if !record.intact_twin_on(disk) => {
                 tracing::info!(key = %record.key, "the only copy of the value is damaged");
@@ -105,6 +105,32 @@ impl Supervisor {
             }
             Some((record, _)) => self.rotted.push(record),
             None => {}
+        }
+    }
+
+    /// Tells the history which keys' disk copies a flip on node `node`'s disk may have
+    /// damaged: the key whose record it hit, and every key whose copy the master lists on
+    /// that node (a flip elsewhere in a file, or in a record's length, can cost a backend
+    /// more records than the one it hit: a bucket's meta, the records after a torn length).
+    fn note_disk_rot_on(&self, node: usize, hit: Option<&str>) {
+        let here = self.world.node(node).and_then(|n| n.segment());
+        let listed_here: Vec<&String> = match (self.world.master(), here) {
+            (Some(master), Some(here)) => self
+                .world
+                .keys
+                .iter()
+                .filter(|key| master.inspect(|m| m.audit_disk_copy(key)) == Some(here))
+                .collect(),
+            // No master or no segment to ask about (a restart under way): any key's.
+            _ => self.world.keys.iter().collect(),
+        };
+        let now = self.world.now();
+        let mut history = self.world.history();
+        for key in hit
+            .into_iter()
+            .chain(listed_here.into_iter().map(String::as_str))
+        {
+            history.note_disk_rot(key, now);
         }
     }
 
@@ -207,8 +233,10 @@ impl Supervisor {
             tracing::info!(%key, %name, at, "flipping a bit of a record on disk");
             // The file exists: it was just searched.
             let _ = disk.flip_bit(&name, at, (pick >> 24) as u8);
-            self.world.history().note_disk_rot(self.world.now());
         }
+        // The flips are in the key's own records: no other key's copy is touched.
+        let now = self.world.now();
+        self.world.history().note_disk_rot(&key, now);
         let here = self.world.node(node).and_then(|n| n.segment());
         let no_disk_copy_elsewhere = self.world.master().is_some_and(|master| {
             master

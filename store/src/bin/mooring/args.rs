@@ -62,7 +62,7 @@ pub(crate) enum Command {
     /// The writer half of `mooring bench` (started by it).
     #[command(hide = true)]
     BenchWriter(BenchWriterArgs),
-    /// A reader process of `mooring bench --readers N` (started by it).
+    /// A helper process of `mooring bench --readers N` or `--clients N` (started by it).
     #[command(hide = true)]
     BenchReader(BenchReaderArgs),
     /// Cluster tokens and member credentials: who may join the cluster, and as what.
@@ -632,6 +632,11 @@ pub(crate) struct BenchArgs {
     /// streams on this machine.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub(crate) readers: usize,
+    /// Also run N client processes at once, each asking the master whether keys exist, one
+    /// request at a time, and report the requests per second the master answered and the
+    /// CPU it used (when this host runs it), so its ceiling per core is known.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub(crate) clients: usize,
     /// Also measure peer mode beside master mode: a `mooring peer` process and a peer in
     /// this process; puts into the local peer, gets of values the other process holds, and
     /// directory lookups.
@@ -650,9 +655,13 @@ pub(crate) struct BenchReaderArgs {
     #[arg(long)]
     pub(crate) count: usize,
     #[arg(long)]
+    pub(crate) objects: usize,
+    #[arg(long)]
     pub(crate) first: usize,
     #[arg(long, value_enum, default_value = "auto")]
     pub(crate) transport: mooring::transports::TransportChoice,
+    #[arg(long, value_enum, default_value = "get")]
+    pub(crate) op: mooring::ops::bench::HelperOp,
 }
 
 #[derive(Args)]

@@ -32,6 +32,7 @@ pub(crate) async fn run_bench(args: BenchArgs) -> Result<(), Error> {
         progress: !args.json,
         transport: args.transport,
         readers: args.readers,
+        clients: args.clients,
         peer: args.peer,
     };
     let report = bench::run(

@@ -217,15 +217,16 @@ fn main() -> ExitCode {
                 .await
             }
             Command::BenchReader(args) => {
-                bench::run_reader(
-                    &args.master,
-                    &args.run,
-                    args.size,
-                    args.count,
-                    args.first,
-                    args.transport,
-                )
-                .await
+                let job = bench::HelperJob {
+                    master: args.master,
+                    run: args.run,
+                    size: args.size,
+                    count: args.count,
+                    objects: args.objects,
+                    first: args.first,
+                    op: args.op,
+                };
+                bench::run_reader(job, args.transport).await
             }
             Command::Demo(args) if args.peer => {
                 peer_demo::run(

@@ -15,7 +15,7 @@
 //! | `objects` | the keys and values a run writes and verifies |
 //! | `process` | the child processes and their line protocol |
 //! | `reader` | the phases this process measures as the reader |
-//! | `many` | the many-readers phase, and a reader process of it ([`run_reader`]) |
+//! | `many` | the many-readers and many-clients phases, and a helper process of them ([`run_reader`]) |
 //! | `writer` | the writer process ([`run_writer`]) |
 //! | `peers` | peer mode's rows (`--peer`): a peer process and one in this process |
 
@@ -34,11 +34,11 @@ use mooring_core::{Error, ErrorCode, Result};
 use crate::client::Client;
 use crate::client::connect::ClientConfig;
 use crate::transports::TransportChoice;
-use many::{loopback, many_readers};
+use many::{Helpers, loopback, many_processes};
 use process::{TokenDir, Writer};
 use reader::{exist_phases, read_phases};
 
-pub use many::run_reader;
+pub use many::{HelperJob, HelperOp, run_reader};
 pub use report::{Phase, Report};
 pub use writer::run_writer;
 
@@ -70,9 +70,16 @@ pub struct BenchConfig {
     pub transport: TransportChoice,
     /// Reader processes in the many-readers phase (1: no such phase).
     pub readers: usize,
+    /// Client processes in the many-clients phase, each asking the master whether keys
+    /// exist, one request at a time (0: no such phase).
+    pub clients: usize,
     /// Also measure peer mode (a cluster with no master), beside master mode.
     pub peer: bool,
 }
+
+/// Calls each client of the many-clients phase makes, per `--count`: enough that the
+/// master's CPU time (counted in hundredths of a second) is measured to a few percent.
+const CLIENT_CALLS_PER_COUNT: usize = 10;
 
 pub(super) fn protocol_error(what: impl Into<String>) -> Error {
     Error::new(ErrorCode::INTERNAL_ERROR, what.into())
@@ -136,15 +143,40 @@ pub async fn run(config: &BenchConfig, exe: PathBuf) -> Result<Report> {
             .phases
             .extend(read_phases(&reader, config, &run, size).await?);
         if config.readers > 1 {
+            let readers = Helpers {
+                op: HelperOp::Get,
+                processes: config.readers,
+                count: config.count,
+                master_pid: None,
+            };
             report
                 .phases
-                .push(many_readers(&exe, token, &master, config, &run, size).await?);
+                .push(many_processes(&exe, token, &master, config, &run, size, &readers).await?);
             report.phases.push(loopback(config.readers, size)?);
         }
     }
     report
         .phases
         .extend(exist_phases(&reader, config, &run).await?);
+    if config.clients > 0 {
+        // The master's own process, where this host runs it: its CPU over the phase says how
+        // close to its ceiling the clients drove it.
+        let master_pid = match &master_process {
+            Some(m) => Some(m.child.id()),
+            None if config.master == MasterPlacement::InWriter => Some(writer.child.id()),
+            None => None,
+        };
+        let clients = Helpers {
+            op: HelperOp::Exist,
+            processes: config.clients,
+            count: config.count * CLIENT_CALLS_PER_COUNT,
+            master_pid,
+        };
+        let size = config.sizes[0];
+        report
+            .phases
+            .push(many_processes(&exe, token, &master, config, &run, size, &clients).await?);
+    }
     reader.close().await?;
     drop(writer);
     if config.peer {

@@ -24,6 +24,10 @@ pub struct Phase {
     pub p50_us: f64,
     /// 99th percentile call latency, microseconds.
     pub p99_us: f64,
+    /// The master process's CPU over the phase, in cores (1.0: one core busy throughout);
+    /// measured only in the many-clients phase, and only when this host runs the master.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_cpu: Option<f64>,
 }
 
 impl Phase {
@@ -48,6 +52,7 @@ impl Phase {
             seconds: lat.iter().sum::<Duration>().as_secs_f64(),
             p50_us: pick(0.50),
             p99_us: pick(0.99),
+            master_cpu: None,
         }
     }
 
@@ -91,6 +96,14 @@ impl Report {
                 p.p50_us,
                 p.p99_us
             );
+            if let Some(cores) = p.master_cpu {
+                out += &format!(
+                    "{:<12} master CPU {:.2} cores: {:.0} requests/s per core\n",
+                    "",
+                    cores,
+                    p.keys_per_sec() / cores.max(1e-9)
+                );
+            }
         }
         out
     }

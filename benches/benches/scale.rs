@@ -1,0 +1,169 @@
+//! The master at scale: its memory per object and its operation rates with tens of millions
+//! of resident objects of 64-byte keys, and how long a master of ten million objects takes to
+//! restart from its state directory. Targets from the issue that asked for them: at most 150
+//! bytes per object; PutStart+PutEnd pairs >= 1 M/s and GetReplicaList >= 2 M/s with 100 M
+//! resident; a restart of 10 M objects within 10 s.
+//!
+//! Run: `cargo bench -p mooring-benches --bench scale`. `MOORING_BENCH_OBJECTS` lists the
+//! resident sets to measure (default `10000000`, 0 to skip; 100 M objects need about 25 GB
+//! of memory);
+//! `MOORING_BENCH_RESTART_OBJECTS` sets the restarted master's objects (default 10 M, 0 to
+//! skip). The state directory lives under `target/restart-bench` (`MOORING_BENCH_DIR` to
+//! measure another device).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use mooring::master::MasterService;
+use mooring::master::journal::SNAPSHOT_AFTER;
+use mooring_benches::service::{Pairs, mounted, put_pairs};
+use mooring_benches::{
+    bench_dir, bench_runtime, filled_master_with, key64, master_ops, resident_bytes,
+};
+use mooring_core::{Master, MasterConfig};
+
+/// Each object's size: small, so a hundred million fit the segments' address space.
+const OBJECT_SIZE: u64 = 4096;
+/// 64 segments of 16 TiB, metadata only.
+const SEGMENTS: u64 = 64;
+const CAPACITY: u64 = SEGMENTS << 44;
+
+fn counts(var: &str, default: usize) -> Vec<usize> {
+    std::env::var(var)
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![default])
+}
+
+fn label(n: usize) -> String {
+    format!("{}M", n / 1_000_000)
+}
+
+/// Fills a master with `n` objects, reports its memory per object, and measures its rates.
+fn resident(c: &mut Criterion) {
+    for n in counts("MOORING_BENCH_OBJECTS", 10_000_000) {
+        if n == 0 {
+            continue;
+        }
+        let before = resident_bytes();
+        let started = Instant::now();
+        let (mut master, now) = filled_master_with(
+            MasterConfig::default(),
+            SEGMENTS,
+            CAPACITY,
+            n,
+            OBJECT_SIZE,
+            |i| key64(i),
+        );
+        let fill = started.elapsed();
+        let grown = resident_bytes().saturating_sub(before);
+        eprintln!(
+            "{} resident objects of 64-byte keys: {:.1} GB resident, {:.0} bytes per object \
+             (filled at {:.2} M puts/s)",
+            label(n),
+            grown as f64 / 1e9,
+            grown as f64 / n as f64,
+            n as f64 / fill.as_secs_f64() / 1e6,
+        );
+        master_ops(c, &label(n), &mut master, now, n, key64);
+    }
+}
+
+/// Restarts of a master whose state directory holds `n` objects put through its requests
+/// (so the directory is a snapshot and the journal written since, as a master at work
+/// leaves it).
+fn restart(c: &mut Criterion) {
+    for n in counts("MOORING_BENCH_RESTART_OBJECTS", 10_000_000) {
+        if n == 0 {
+            continue;
+        }
+        let dir = bench_dir("restart-bench");
+        let _ = std::fs::remove_dir_all(&dir);
+        let config = MasterConfig::default();
+        {
+            let runtime = bench_runtime();
+            let service = MasterService::persistent(&dir, config.clone(), SNAPSHOT_AFTER)
+                .expect("a master with a journal");
+            mounted(&service, CAPACITY);
+            let pairs = Pairs {
+                next: Arc::new(AtomicU64::new(0)),
+                object_size: OBJECT_SIZE,
+                key: |i| key64(i as usize),
+                in_flight: 256,
+            };
+            eprintln!(
+                "restart: putting {} objects through a journaled master",
+                label(n)
+            );
+            let took = put_pairs(&runtime, &service, &pairs, n as u64);
+            eprintln!(
+                "restart: {} pairs in {:.1} s ({:.0} k pairs/s, each acknowledged once synced)",
+                label(n),
+                took.as_secs_f64(),
+                n as f64 / took.as_secs_f64() / 1e3
+            );
+        }
+        let mut files: Vec<(String, u64)> = std::fs::read_dir(&dir)
+            .expect("the state directory")
+            .filter_map(|e| {
+                let e = e.ok()?;
+                Some((
+                    e.file_name().to_string_lossy().into_owned(),
+                    e.metadata().ok()?.len(),
+                ))
+            })
+            .collect();
+        files.sort();
+        for (name, len) in &files {
+            eprintln!("restart: {name} {:.1} MB", *len as f64 / 1e6);
+        }
+        breakdown(&files, &dir, &config);
+        let mut group = c.benchmark_group("restart");
+        group.sample_size(10);
+        group.measurement_time(Duration::from_secs(60));
+        group.bench_function(format!("{} objects", label(n)), |b| {
+            b.iter_custom(|iters| {
+                let mut elapsed = Duration::ZERO;
+                for _ in 0..iters {
+                    let started = Instant::now();
+                    let service = MasterService::persistent(&dir, config.clone(), SNAPSHOT_AFTER)
+                        .expect("the master restarts");
+                    elapsed += started.elapsed();
+                    assert_eq!(service.stats().objects, n as u64, "every object came back");
+                }
+                elapsed
+            })
+        });
+        group.finish();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// Where a restart's time goes, measured once: reading the newest snapshot, restoring it
+/// (which checks every invariant of the restored state), and that check alone.
+fn breakdown(files: &[(String, u64)], dir: &std::path::Path, config: &MasterConfig) {
+    let Some((newest, _)) = files.iter().rev().find(|(name, _)| name.ends_with(".snap")) else {
+        return;
+    };
+    let started = Instant::now();
+    let bytes = std::fs::read(dir.join(newest)).expect("the snapshot");
+    let read = started.elapsed();
+    let started = Instant::now();
+    let master = Master::restore_unshifted(config.clone(), &bytes).expect("it restores");
+    let restored = started.elapsed();
+    let started = Instant::now();
+    mooring_core::invariants::check(&master).expect("it holds");
+    let checked = started.elapsed();
+    eprintln!(
+        "restart: reading {newest} {:.2} s; restoring it {:.2} s, of which checking its \
+         invariants {:.2} s",
+        read.as_secs_f64(),
+        restored.as_secs_f64(),
+        checked.as_secs_f64()
+    );
+}
+
+criterion_group!(benches, resident, restart);
+criterion_main!(benches);
