@@ -37,6 +37,8 @@ impl Site {
     pub const CLIENT_PREFETCH_BUFFER: Site = Site("client.prefetch_buffer");
     /// A held reader between its hold and the transfer (hold).
     pub const CLIENT_HELD_READ_TRANSFER: Site = Site("client.held_read_transfer");
+    /// A node between choosing its disk eviction victims and telling the master (hold).
+    pub const NODE_BEFORE_DISK_EVICTION_REPORT: Site = Site("node.before_disk_eviction_report");
     /// Every member's heartbeat period (period).
     pub const HEARTBEAT_INTERVAL: Site = Site("heartbeat.interval");
     /// The master's tick period (period).

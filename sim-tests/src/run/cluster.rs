@@ -119,6 +119,13 @@ pub(super) fn install_crash_hook(world: &Arc<World>) {
             return (stall && slow_readers && rng.gen_bool(0.8))
                 .then(|| slot_ttl.min(lease).mul_f64(0.7 * rng.r#gen::<f64>()));
         }
+        if site == Site::NODE_BEFORE_DISK_EVICTION_REPORT {
+            // A node slow to report its disk eviction: the master keeps sending readers to
+            // the victims, which must still be there (half the reports, up to a lease late).
+            let mut rng = madsim::rand::thread_rng();
+            return (stall && slow_readers && rng.gen_bool(0.5))
+                .then(|| lease.mul_f64(rng.r#gen::<f64>()));
+        }
         if site == Site::CLIENT_HELD_READ_TRANSFER {
             // A held read is not bounded by its lease: half of them outlast it, so removes,
             // upserts and eviction meet objects whose only protection is the hold.

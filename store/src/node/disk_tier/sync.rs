@@ -294,6 +294,9 @@ impl Sink<'_> {
         let told = if report.evicted.is_empty() {
             Ok(DiskSyncAck::default())
         } else {
+            // Readers the master sends to the victims until it hears of them still find them,
+            // however long telling it takes.
+            crate::buggify::hold(crate::buggify::Site::NODE_BEFORE_DISK_EVICTION_REPORT).await;
             call_sync(self.control, self.client, self.segment, report).await
         };
         if let Err(e) = told {
