@@ -55,7 +55,7 @@ fn resident(c: &mut Criterion) {
             CAPACITY,
             n,
             OBJECT_SIZE,
-            |i| key64(i),
+            key64,
         );
         let fill = started.elapsed();
         let grown = resident_bytes().saturating_sub(before);
