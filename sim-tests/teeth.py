@@ -321,6 +321,9 @@ EXPS.update({
  'disk-victims-leave-before-master-told': [
    ('store/src/node/disk_tier/sync.rs', "        let told = if report.evicted.is_empty() {", "        let _early = self.tier.copies().take_writes(&report.evicted);\n        let told = if report.evicted.is_empty() {"),
  ],
+ 'journal-switch-while-switching': [
+   ('store/src/master/journal/writer.rs', "        self.rotate.is_none() && !self.switching\n", "        self.rotate.is_none()\n"),
+ ],
  'disk-leaving-takes-newer-copy': [
    ('core/src/disk_copies.rs', "            if self.entries.get(key).is_some_and(|c| c.version == write.0) {", "            if self.entries.contains_key(key) {"),
  ],

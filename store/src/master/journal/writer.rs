@@ -18,6 +18,10 @@ pub(super) struct Pending {
     /// appended before the switch and the end record, which still go to the old journal).
     /// `bytes` then holds the records after it.
     pub(super) rotate: Option<(u64, Vec<u8>, Vec<u8>)>,
+    /// The writer has taken a switch and not finished it (the directory was full): no next
+    /// switch may begin until it has, or the records of the generation after it would land
+    /// in its journal.
+    pub(super) switching: bool,
     /// The journal is being dropped: write what is left and stop.
     pub(super) closing: bool,
     /// The writer is waiting for records: an append that brings `appended` to `wake_at`
@@ -26,6 +30,13 @@ pub(super) struct Pending {
     pub(super) writer_waiting: bool,
     /// See `writer_waiting`.
     pub(super) wake_at: u64,
+}
+
+impl Pending {
+    /// No switch to a new generation is asked for or under way.
+    pub(super) fn is_idle(&self) -> bool {
+        self.rotate.is_none() && !self.switching
+    }
 }
 
 /// Writes what the journal has accumulated: the writer thread's work, or (in the
@@ -161,6 +172,7 @@ impl Writer {
             if self.rotating.is_none()
                 && let Some((generation, first, before)) = pending.rotate.take()
             {
+                pending.switching = true;
                 self.rotating = Some(Rotation {
                     generation,
                     first,
@@ -180,6 +192,12 @@ impl Writer {
                 let switched = self.switch(shared, &mut rotation);
                 if switched.is_err() {
                     self.rotating = Some(rotation);
+                } else {
+                    shared
+                        .pending
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .switching = false;
                 }
                 switched?;
             }
