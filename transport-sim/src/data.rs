@@ -147,9 +147,13 @@ impl DataServer for SimDataServer {
 pub struct SimDataPlane {
     mux: Arc<Mux>,
     timeout: Duration,
-    /// The shortest round trip seen to each node: a write's announced validity leaves it out
-    /// (see `FenceRule::announced_validity`).
-    round_trips: Mutex<BTreeMap<SocketAddr, Duration>>,
+    /// The shortest round trip seen to each node's mount (its endpoint and mount key): a
+    /// write's announced validity leaves it out (see `FenceRule::announced_validity`). Per
+    /// mount, not per endpoint: a node that restarts learns this sender's clock afresh, from
+    /// messages that may all be slow, so a round trip seen before the restart bounds nothing
+    /// it now knows (seed 3045: a writer lagged by more than the release timeout since the
+    /// node came back had its late writes land on reused blocks).
+    round_trips: Mutex<BTreeMap<(SocketAddr, u64), Duration>>,
 }
 
 impl SimDataPlane {
@@ -193,7 +197,7 @@ impl SimDataPlane {
             .map_err(|_| fail(format!("no answer within {:?}", self.timeout)))?;
         let rtt = asked.elapsed();
         self.lock_round_trips()
-            .entry(to)
+            .entry((to, node.key))
             .and_modify(|seen| *seen = (*seen).min(rtt))
             .or_insert(rtt);
         let (_, response, data) =
@@ -203,14 +207,14 @@ impl SimDataPlane {
 }
 
 impl SimDataPlane {
-    fn lock_round_trips(&self) -> std::sync::MutexGuard<'_, BTreeMap<SocketAddr, Duration>> {
+    fn lock_round_trips(&self) -> std::sync::MutexGuard<'_, BTreeMap<(SocketAddr, u64), Duration>> {
         self.round_trips.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The shortest round trip seen to `node`, probing it first if none was: the node learns
-    /// this sender's clock from the probe.
+    /// The shortest round trip seen to `node`'s mount, probing it first if none was: the
+    /// node learns this sender's clock from the probe.
     async fn round_trip(&self, node: &NodeAddr) -> Result<Duration> {
-        let to: Option<SocketAddr> = node.endpoint.parse().ok();
+        let to: Option<(SocketAddr, u64)> = node.endpoint.parse().ok().map(|to| (to, node.key));
         if let Some(rtt) = to.and_then(|to| self.lock_round_trips().get(&to).copied()) {
             return Ok(rtt);
         }

@@ -121,10 +121,10 @@ pub(super) fn install_crash_hook(world: &Arc<World>) {
         }
         if site == Site::NODE_BEFORE_DISK_EVICTION_REPORT {
             // A node slow to report its disk eviction: the master keeps sending readers to
-            // the victims, which must still be there (half the reports, up to a lease late).
+            // the victims, which must still be there (every report until the faults heal, up
+            // to a lease late).
             let mut rng = madsim::rand::thread_rng();
-            return (stall && slow_readers && rng.gen_bool(0.5))
-                .then(|| lease.mul_f64(rng.r#gen::<f64>()));
+            return stall.then(|| lease.mul_f64(rng.r#gen::<f64>()));
         }
         if site == Site::CLIENT_HELD_READ_TRANSFER {
             // A held read is not bounded by its lease: half of them outlast it, so removes,
