@@ -25,6 +25,10 @@ use super::directory::{Location, Stamp};
 use super::disk::{DiskShelf, DiskWork};
 use super::ring::stable_hash;
 
+/// How many of the least recently used values eviction looks through for one whose disk copy
+/// is complete before it takes the oldest anyway.
+const VICTIM_SEARCH: usize = 64;
+
 /// Bytes of the header at the start of every block, before the value.
 pub const BLOCK_HEADER: u64 = 24;
 
@@ -631,6 +635,24 @@ impl PublishedPool {
         })
     }
 
+    /// The next value eviction takes: the least recently used one that loses nothing by
+    /// going (its disk copy is complete, or it will never have one) among the oldest
+    /// [`VICTIM_SEARCH`], else the least recently used of all. A value whose copy is still
+    /// being written would otherwise be dropped only because eviction came before the disk.
+    fn next_victim(&self) -> Option<(Millis, u64)> {
+        let awaits_copy = |key: &str| {
+            self.entries.get(key).is_some_and(|e| {
+                self.disk.enabled() && e.wants_disk && !self.disk.holds(key, e.stamp)
+            })
+        };
+        self.lru
+            .iter()
+            .take(VICTIM_SEARCH)
+            .find(|(_, key)| !awaits_copy(key))
+            .or_else(|| self.lru.first_key_value())
+            .map(|(order, _)| *order)
+    }
+
     /// A block of `len` bytes, evicting least recently used unpinned values until one fits.
     fn allocate(&mut self, len: u64) -> Result<(Allocation, Vec<Evicted>), PoolFull> {
         let mut evicted = Vec::new();
@@ -638,12 +660,16 @@ impl PublishedPool {
             if let Some(block) = self.allocator.allocate(len + BLOCK_HEADER) {
                 return Ok((block, evicted));
             }
-            let Some((_, key)) = self.lru.pop_first() else {
+            let Some(order) = self.next_victim() else {
                 return Err(PoolFull {
                     evicted,
                     wanted: len,
                 });
             };
+            let key = self
+                .lru
+                .remove(&order)
+                .expect("the victim is in eviction order");
             let entry = self
                 .entries
                 .get_mut(&key)
@@ -761,6 +787,36 @@ mod tests {
         );
         pool.check().unwrap();
         assert_eq!(pool.promote("zzz", Millis(5)), Promotion::Absent);
+    }
+
+    #[test]
+    fn eviction_passes_over_a_value_whose_copy_is_still_being_written() {
+        let mut pool = pool().with_disk(128 * KIB);
+        let value = 32 * KIB - BLOCK_HEADER;
+        let a = pool.store("a", value, Checksum(1), Millis(0)).unwrap();
+        let b = pool.store("b", value, Checksum(2), Millis(1)).unwrap();
+        pool.take_disk_work();
+        // b's copy is complete, a's is still being written: c's store takes b, though a is
+        // older, and keeps it on disk; dropping a would lose it.
+        pool.disk_finished("b", b.location.stamp, true);
+        let placed = pool.store("c", value, Checksum(3), Millis(2)).unwrap();
+        assert_eq!(
+            placed.evicted,
+            [Evicted {
+                key: "b".into(),
+                stamp: b.location.stamp,
+                kept_on_disk: true
+            }]
+        );
+        assert!(pool.location("a").unwrap().resident);
+        // With no complete copy left to take, the oldest goes all the same: a store is never
+        // refused for want of a finished copy.
+        let placed = pool.store("d", value, Checksum(4), Millis(4)).unwrap();
+        assert_eq!(placed.evicted.len(), 1);
+        assert_eq!(&*placed.evicted[0].key, "a");
+        assert!(!placed.evicted[0].kept_on_disk);
+        pool.disk_finished("a", a.location.stamp, true);
+        pool.check().unwrap();
     }
 
     #[test]
