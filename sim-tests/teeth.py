@@ -474,6 +474,11 @@ EXPS.update({
  'peer-disk-victim-value-kept': [
    ('core/src/peer/pool.rs', "        entry.wants_disk = false;\n        if entry.block.is_none() {", "        entry.wants_disk = false;\n        if false {"),
  ],
+ # Eviction takes the oldest value even while its copy is still being written: the value is
+ # lost only because eviction came before the disk (judged by the pool's own test).
+ 'peer-evicts-value-awaiting-copy': [
+   ('core/src/peer/pool.rs', "            .find(|(_, key)| !awaits_copy(key))\n", "            .find(|(_, key)| !awaits_copy(key) || true)\n"),
+ ],
  'peer-disk-deletion-keeps-room': [
    ('core/src/peer/disk.rs', "        let old = self.take_held(key)?;\n        self.used -= old.len;\n        self.files", "        let old = self.take_held(key)?;\n        self.files"),
  ],
@@ -523,6 +528,8 @@ for plant in [p for p in EXPS if p.startswith('peer-')]:
                              'a_peer_cluster_serves_the_latest_value_or_a_justified_miss')
 PROPERTY_TESTS['peer-drop-not-withdrawn'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'peer_cluster'],
                                              'a_removal_through_another_view_of_the_ring_reaches_every_owner')
+PROPERTY_TESTS['peer-evicts-value-awaiting-copy'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--lib', 'eviction_passes_over'],
+                                                     'eviction_passes_over_a_value_whose_copy_is_still_being_written')
 PROPERTY_TESTS['peer-goodbye-ignored'] = (['cargo', 'test', '-q', '-p', 'mooring', '--test', 'peer'],
                                           'a_peer_that_leaves_is_off_every_ring_at_once')
 if len(sys.argv) > 1 and sys.argv[1] == 'all':
