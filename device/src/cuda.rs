@@ -9,6 +9,11 @@
 //!
 //! Copies run on non-blocking streams of the buffer's own context, each batch followed by an
 //! event created with blocking sync, so a thread waiting for a copy sleeps instead of spinning.
+//!
+//! Memory mapped through CUDA's virtual memory calls (JAX's allocator, torch's expandable
+//! segments, vLLM's sleep-mode allocator) or taken from a stream-ordered pool belongs to no
+//! context: the driver names only its device, and its copies run in that device's primary
+//! context, the one those frameworks use.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
@@ -49,6 +54,8 @@ struct Driver {
     mem_host_alloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CuResult,
     mem_free_host: unsafe extern "C" fn(*mut c_void) -> CuResult,
     get_error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
+    device_get: unsafe extern "C" fn(*mut c_int, c_int) -> CuResult,
+    primary_ctx_retain: unsafe extern "C" fn(*mut Handle, c_int) -> CuResult,
 }
 
 impl Driver {
@@ -104,6 +111,8 @@ impl Driver {
             mem_host_alloc: symbol!("cuMemHostAlloc"),
             mem_free_host: symbol!("cuMemFreeHost"),
             get_error_string: symbol!("cuGetErrorString"),
+            device_get: symbol!("cuDeviceGet"),
+            primary_ctx_retain: symbol!("cuDevicePrimaryCtxRetain"),
         })
     }
 
@@ -141,6 +150,49 @@ impl Driver {
             Err(())
         }
     }
+
+    /// The context device memory at `addr` is used in: the one it was allocated in, or, for
+    /// memory that belongs to no context (see the module's doc), its device's primary context.
+    /// `None` if `addr` is not device memory.
+    fn context_of(&self, addr: usize) -> Option<(usize, c_int)> {
+        let kind: c_uint = self.attribute(POINTER_ATTRIBUTE_MEMORY_TYPE, addr).ok()?;
+        if kind != MEMORYTYPE_DEVICE {
+            return None;
+        }
+        let ordinal: c_int = self
+            .attribute(POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr)
+            .ok()?;
+        match self.attribute::<usize>(POINTER_ATTRIBUTE_CONTEXT, addr) {
+            Ok(context) if context != 0 => Some((context, ordinal)),
+            _ => Some((self.primary_context(ordinal)?, ordinal)),
+        }
+    }
+
+    /// Device `ordinal`'s primary context, retained once for the life of the process (the
+    /// framework that mapped the memory holds it too).
+    fn primary_context(&self, ordinal: c_int) -> Option<usize> {
+        static PRIMARY: OnceLock<Mutex<HashMap<c_int, usize>>> = OnceLock::new();
+        let mut primary = PRIMARY
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(&context) = primary.get(&ordinal) {
+            return Some(context);
+        }
+        let mut device: c_int = 0;
+        let mut context: Handle = std::ptr::null_mut();
+        // SAFETY: each call writes one handle into the local passed to it.
+        let retained = unsafe {
+            (self.device_get)(&mut device, ordinal) == CUDA_SUCCESS
+                && (self.primary_ctx_retain)(&mut context, device) == CUDA_SUCCESS
+        };
+        if !retained || context.is_null() {
+            debug!("CUDA device {ordinal}'s primary context could not be retained");
+            return None;
+        }
+        primary.insert(ordinal, context as usize);
+        Some(context as usize)
+    }
 }
 
 /// A looked-up symbol as the function type `F`.
@@ -167,15 +219,7 @@ impl CudaDevice {
     /// The device holding `addr`, if CUDA is in use in this process and `addr` is device
     /// memory.
     pub fn holding(addr: usize) -> Option<Arc<CudaDevice>> {
-        let driver = Driver::loaded()?;
-        let kind: c_uint = driver.attribute(POINTER_ATTRIBUTE_MEMORY_TYPE, addr).ok()?;
-        if kind != MEMORYTYPE_DEVICE {
-            return None;
-        }
-        let context: usize = driver.attribute(POINTER_ATTRIBUTE_CONTEXT, addr).ok()?;
-        let ordinal: c_int = driver
-            .attribute(POINTER_ATTRIBUTE_DEVICE_ORDINAL, addr)
-            .unwrap_or(-1);
+        let (context, ordinal) = Driver::loaded()?.context_of(addr)?;
         static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
         let mut devices = DEVICES
             .get_or_init(Mutex::default)
@@ -253,11 +297,9 @@ impl DeviceMemory for CudaDevice {
             return false;
         };
         let last = addr + len.max(1) - 1;
-        [addr, last].iter().all(|&a| {
-            driver.attribute::<usize>(POINTER_ATTRIBUTE_CONTEXT, a) == Ok(self.context)
-                && driver.attribute::<c_uint>(POINTER_ATTRIBUTE_MEMORY_TYPE, a)
-                    == Ok(MEMORYTYPE_DEVICE)
-        })
+        [addr, last]
+            .iter()
+            .all(|&a| driver.context_of(a).map(|(context, _)| context) == Some(self.context))
     }
 
     fn alloc_host(&self, len: usize) -> Result<HostBuffer> {

@@ -162,6 +162,17 @@ def shared(master):
     store.close()
 
 
+@pytest.fixture(params=["model", "cuda"])
+def gpu(request):
+    """Device memory: the software device model, and a real GPU through torch where one is
+    present (skipped with the reason printed where none is)."""
+    from devices import gpu_for
+
+    device = gpu_for(request.param, pytest)
+    yield device
+    device.release()
+
+
 @pytest.fixture
 def key(request):
     """A key unique to the test."""

@@ -9,110 +9,31 @@ device, a slow one) need the model's switches and run on it alone.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 from conftest import connect
-from mooring import _native
+from devices import ModelGpu, cuda_reason, gpu_for, registered
 from mooring.codes import ErrorCode
-from mooring.store import MooncakeDistributedStore
 
 
-class ModelGpu:
-    """The software device model, as the tests use a device."""
-
-    name = "model"
-
-    def __init__(self) -> None:
-        self.model = _native.DeviceModel()
-        self.registrations: list[tuple[MooncakeDistributedStore, int]] = []
-
-    def alloc(self, size: int) -> int:
-        return self.model.alloc(size)
-
-    def write(self, addr: int, data: bytes) -> None:
-        self.model.write(addr, data)
-
-    def read(self, addr: int, size: int) -> bytes:
-        return self.model.read(addr, size)
-
-
-class CudaGpu:
-    """A real GPU through torch."""
-
-    name = "cuda"
-
-    def __init__(self) -> None:
-        import torch
-
-        self.torch = torch
-        self.tensors: dict[int, object] = {}
-        self.registrations: list[tuple[MooncakeDistributedStore, int]] = []
-
-    def alloc(self, size: int) -> int:
-        tensor = self.torch.zeros(size, dtype=self.torch.uint8, device="cuda")
-        self.tensors[tensor.data_ptr()] = tensor
-        return tensor.data_ptr()
-
-    def _at(self, addr: int, size: int):
-        for start, tensor in self.tensors.items():
-            if start <= addr and addr + size <= start + tensor.numel():
-                return tensor[addr - start : addr - start + size]
-        raise KeyError(hex(addr))
-
-    def write(self, addr: int, data: bytes) -> None:
-        source = self.torch.frombuffer(bytearray(data), dtype=self.torch.uint8)
-        self._at(addr, len(data)).copy_(source)
-        self.torch.cuda.synchronize()
-
-    def read(self, addr: int, size: int) -> bytes:
-        self.torch.cuda.synchronize()
-        return bytes(self._at(addr, size).cpu().numpy())
-
-
-def _cuda_reason() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no GPU here (torch.cuda.is_available() is False)"
-    return None
-
-
-def _release(device) -> None:
-    """Unregisters what a test registered: torch reuses freed device memory for the next
-    test's tensors, which must not land inside a region still registered."""
-    for store, addr in device.registrations:
-        store.unregister_buffer(addr)
-
-
-@pytest.fixture(params=["model", "cuda"])
-def gpu(request):
-    if request.param == "model":
-        device = ModelGpu()
-        yield device
-        device.model.set_lost(False)
-        device.model.set_delay_ms(0)
-        _release(device)
-        return
-    reason = _cuda_reason()
-    if reason is not None:
-        print(f"SKIPPED: the GPU run of this test: {reason}")
-        pytest.skip(f"the GPU run: {reason}")
-    device = CudaGpu()
+@pytest.fixture(params=["cupy", "jax"])
+def foreign_gpu(request):
+    """A GPU whose memory another framework than torch allocated."""
+    device = gpu_for(request.param, pytest)
     yield device
-    _release(device)
+    device.release()
 
 
 @pytest.fixture
 def model():
     device = ModelGpu()
     yield device
-    device.model.set_lost(False)
-    device.model.set_delay_ms(0)
-    _release(device)
+    device.release()
 
 
 @pytest.fixture
@@ -126,13 +47,6 @@ def small_slabs(master, monkeypatch):
 
 def pattern(seed: int, size: int) -> bytes:
     return bytes((i * 31 + seed * 131) % 251 for i in range(size))
-
-
-def registered(store: MooncakeDistributedStore, gpu, size: int) -> int:
-    addr = gpu.alloc(size)
-    assert store.register_buffer(addr, size) == 0
-    gpu.registrations.append((store, addr))
-    return addr
 
 
 def test_a_value_goes_from_device_memory_to_the_store_and_back(shared, gpu, key):
@@ -262,6 +176,67 @@ def test_tensor_headers_in_device_memory_are_read_through_the_device(shared, gpu
         assert viewed is None  # the model's memory cannot be viewed as a tensor
     else:
         assert viewed.device.type == "cuda" and torch.equal(viewed.cpu(), tensor)
+
+
+def test_memory_cupy_or_jax_allocated_round_trips(shared, foreign_gpu, key):
+    """CuPy's and JAX's device pointers register as torch's do: the driver, not the framework,
+    says which device and context the memory belongs to."""
+    count, size = 4, 1 << 20
+    src = registered(shared, foreign_gpu, count * size)
+    dst = registered(shared, foreign_gpu, count * size)
+    for i in range(count):
+        foreign_gpu.write(src + i * size, pattern(10 + i, size))
+    keys = [f"{key}-{i}" for i in range(count)]
+    assert (
+        shared.batch_put_from(keys, [src + i * size for i in range(count)], [size] * count)
+        == [0] * count
+    )
+    assert shared.get(keys[2]) == pattern(12, size)
+    got = shared.batch_get_into(keys, [dst + i * size for i in range(count)], [size] * count)
+    assert got == [size] * count
+    for i in range(count):
+        assert foreign_gpu.read(dst + i * size, size) == pattern(10 + i, size), i
+
+
+EXPANDABLE_CHILD = """
+import sys
+import torch
+from mooring.store import MooncakeDistributedStore
+
+store = MooncakeDistributedStore()
+assert store.setup("127.0.0.1", "P2PHANDSHAKE", "64MB", "64MB", "tcp", "", sys.argv[1]) == 0
+size = 3 << 20
+src = torch.arange(size, dtype=torch.int64, device="cuda").remainder(251).to(torch.uint8)
+dst = torch.zeros(size, dtype=torch.uint8, device="cuda")
+for t in (src, dst):
+    assert store.register_buffer(t.data_ptr(), size) == 0
+assert store.put_from(sys.argv[2], src.data_ptr(), size) == 0
+assert store.get_into(sys.argv[2], dst.data_ptr(), size) == size
+assert torch.equal(src, dst)
+store.close()
+print("round trip from expandable segments: ok")
+"""
+
+
+def test_torch_expandable_segments_round_trip(master, key):
+    """Memory that belongs to no CUDA context (torch's expandable segments map it through
+    CUDA's virtual memory calls, as vLLM's sleep-mode allocator does) is copied in its
+    device's primary context. The setting is read when torch starts, hence a child process."""
+    reason = cuda_reason()
+    if reason is not None:
+        print(f"SKIPPED: expandable segments: {reason}")
+        pytest.skip(f"expandable segments: {reason}")
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    child = subprocess.run(
+        [sys.executable, "-c", EXPANDABLE_CHILD, master.address, key],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "round trip from expandable segments: ok" in child.stdout
 
 
 # ---- the model's faults ----------------------------------------------------------------------

@@ -117,19 +117,18 @@ def test_setup_against_no_peer_fails(peers):
     )
 
 
-def test_device_memory_round_trips(store, key):
-    """Values stored from device memory and read back into it (the software device model,
-    whose memory the CPU cannot touch), on a peer cluster as on a master's."""
-    from mooring import _native
+def test_device_memory_round_trips(store, gpu, key):
+    """Values stored from device memory and read back into it, on a peer cluster as on a
+    master's: on the software device model (whose memory the CPU cannot touch) and on a real
+    GPU where one is present."""
+    from devices import registered
 
-    device = _native.DeviceModel()
     size = 1 << 20
-    base = device.alloc(size)
-    assert store.register_buffer(base, size) == 0
+    base = registered(store, gpu, size)
     page = 64 << 10
     values = [pattern(page, 20 + i) for i in range(3)]
     for i, value in enumerate(values):
-        device.write(base + i * page, value)
+        gpu.write(base + i * page, value)
     keys = [f"{key}-{i}" for i in range(3)]
     assert store.batch_put_from(keys, [base + i * page for i in range(3)], [page] * 3) == [0] * 3
     into = base + 8 * page
@@ -140,10 +139,8 @@ def test_device_memory_round_trips(store, key):
         [[page // 2, page // 2], [page], [page], [page]],
     )
     assert got[:3] == [page] * 3 and got[3] < 0
-    assert device.read(into, 3 * page) == b"".join(values)
+    assert gpu.read(into, 3 * page) == b"".join(values)
     assert store.get(keys[1]) == values[1]
     # Too small a buffer: refused, nothing written past it.
     assert store.get_into(keys[0], into, 100) == -10
     assert store.stat()["device_bytes_put"] == 3 * page
-    assert store.unregister_buffer(base) == 0
-    device.free(base)
