@@ -22,7 +22,7 @@ use mooring_benches::service::{Pairs, mounted, put_pairs};
 use mooring_benches::{
     bench_dir, bench_runtime, filled_master_with, key64, master_ops, resident_bytes,
 };
-use mooring_core::{Master, MasterConfig};
+use mooring_core::{Master, MasterConfig, SnapshotBuffer};
 
 /// Each object's size: small, so a hundred million fit the segments' address space.
 const OBJECT_SIZE: u64 = 4096;
@@ -148,10 +148,17 @@ fn breakdown(files: &[(String, u64)], dir: &std::path::Path, config: &MasterConf
         return;
     };
     let started = Instant::now();
-    let bytes = std::fs::read(dir.join(newest)).expect("the snapshot");
+    let path = dir.join(newest);
+    let mut buffer =
+        SnapshotBuffer::new(std::fs::metadata(&path).expect("the snapshot").len() as usize);
+    std::io::Read::read_exact(
+        &mut std::fs::File::open(&path).expect("the snapshot"),
+        buffer.as_mut_slice(),
+    )
+    .expect("the snapshot");
     let read = started.elapsed();
     let started = Instant::now();
-    let master = Master::restore_unshifted(config.clone(), &bytes).expect("it restores");
+    let master = Master::restore_unshifted(config.clone(), buffer.as_slice()).expect("it restores");
     let restored = started.elapsed();
     let started = Instant::now();
     mooring_core::invariants::check(&master).expect("it holds");

@@ -103,7 +103,7 @@ pub use put::PutGrant;
 pub use reads::{KeyListing, ReplicaList};
 pub use replication::CopyGrant;
 pub use segments::{SegmentInfo, SegmentSpec};
-pub use snapshot::{EncodedSnapshot, SNAPSHOT_VERSION, SnapshotState};
+pub use snapshot::{EncodedSnapshot, SNAPSHOT_VERSION, SnapshotBuffer, SnapshotState};
 pub use soft_pin::SoftPinAction;
 pub use task_reports::{TaskAction, TaskReport, TaskState};
 pub use time::Millis;

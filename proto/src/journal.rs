@@ -257,22 +257,23 @@ pub fn decode(generation: u64, bytes: &[u8]) -> Decoded {
 }
 
 /// The damage at `bad` if an intact sync mark of `generation` after it names an offset past
-/// it (see the module docs); one pass over the rest of `bytes`.
+/// it (see the module docs); one pass over the rest of `bytes`. A reused journal file holds a
+/// former generation's records after the last new one, hundreds of megabytes of them, so the
+/// candidates (a sync mark's length field) are found with a vectorized search.
 fn synced_past(generation: u64, bytes: &[u8], bad: usize) -> Option<Damage> {
     let len = synced_record_len();
     let field = ((len - RECORD_HEADER) as u32).to_le_bytes();
-    let mut furthest: Option<u64> = None;
-    let mut at = bad + 1;
-    while at + len <= bytes.len() {
-        if bytes[at..at + 4] == field
-            && let Ok((_, Input::Synced(offset), _)) = decode_one(generation, &bytes[at..])
-            && offset > bad as u64
-        {
-            furthest = Some(furthest.map_or(offset, |f| f.max(offset)));
-        }
-        at += 1;
-    }
-    furthest.map(|synced_to| Damage { at: bad, synced_to })
+    let from = bad + 1;
+    let rest = bytes.get(from..)?;
+    memchr::memmem::find_iter(rest, &field)
+        .map(|i| from + i)
+        .take_while(|&at| at + len <= bytes.len())
+        .filter_map(|at| match decode_one(generation, &bytes[at..]) {
+            Ok((_, Input::Synced(offset), _)) if offset > bad as u64 => Some(offset),
+            _ => None,
+        })
+        .max()
+        .map(|synced_to| Damage { at: bad, synced_to })
 }
 
 /// One record at the start of `bytes`: its time, its input and its length; or why not, and

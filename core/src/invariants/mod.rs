@@ -149,36 +149,52 @@ fn eviction_tier(on_disk: bool, soft_pinned: bool) -> u8 {
 
 /// Every live block belongs to exactly one replica or discarded entry, and vice versa: no
 /// leaks, no double ownership (a double free waiting to happen), sizes match.
+///
+/// It runs on every restore, over every block: the blocks are sorted once and claims are
+/// marked by position, and an owner is named only when something is wrong.
 fn check_conservation(master: &Master, blocks: &[(u32, u32, u64, u64)]) -> Result<(), Violation> {
-    // (segment slot, allocator node) -> (offset, len) of every live block.
-    let live: BTreeMap<(u32, u32), (u64, u64)> = blocks
-        .iter()
-        .map(|&(slot, node, offset, len)| ((slot, node), (offset, len)))
-        .collect();
-    let mut owned: BTreeMap<(u32, u32), String> = BTreeMap::new();
-    let mut claim = |slot: u32, node: u32, owner: String| -> Result<(), Violation> {
-        if !live.contains_key(&(slot, node)) {
+    // (segment slot, allocator node, offset, len) of every live block, by (slot, node).
+    let mut live = blocks.to_vec();
+    live.sort_unstable_by_key(|&(slot, node, _, _)| (slot, node));
+    if let Some(w) = live
+        .windows(2)
+        .find(|w| (w[0].0, w[0].1) == (w[1].0, w[1].1))
+    {
+        return Err(violation(
+            "conservation",
+            format!(
+                "block ({}, {}) is listed twice by its allocator",
+                w[0].0, w[0].1
+            ),
+        ));
+    }
+    // The owner of each claimed block, by its position in `live`.
+    let mut owners: Vec<Option<Owner>> = vec![None; live.len()];
+    let mut claim = |slot: u32, node: u32, owner: Owner| -> Result<(u64, u64), Violation> {
+        let Ok(at) = live.binary_search_by_key(&(slot, node), |&(s, n, _, _)| (s, n)) else {
             return Err(violation(
                 "conservation",
-                format!("{owner} points at block ({slot}, {node}) which is not allocated"),
+                format!(
+                    "{} points at block ({slot}, {node}) which is not allocated",
+                    owner.name(master)
+                ),
             ));
-        }
-        if let Some(other) = owned.insert((slot, node), owner.clone()) {
+        };
+        if let Some(other) = owners[at].replace(owner) {
             return Err(violation(
                 "conservation",
-                format!("block ({slot}, {node}) owned by both {other} and {owner}"),
+                format!(
+                    "block ({slot}, {node}) owned by both {} and {}",
+                    other.name(master),
+                    owner.name(master)
+                ),
             ));
         }
-        Ok(())
+        Ok((live[at].2, live[at].3))
     };
-    for (_, object) in master.objects.iter() {
+    for (slot, object) in master.objects.iter() {
         for replica in &object.replicas {
-            claim(
-                replica.segment,
-                replica.alloc,
-                format!("object {:?}", object.key),
-            )?;
-            let (offset, len) = live[&(replica.segment, replica.alloc)];
+            let (offset, len) = claim(replica.segment, replica.alloc, Owner::Object(slot))?;
             if offset != replica.offset() || len != block_len(object.size) {
                 return Err(violation(
                     "conservation",
@@ -193,20 +209,39 @@ fn check_conservation(master: &Master, blocks: &[(u32, u32, u64, u64)]) -> Resul
         }
     }
     for (release_at, block) in master.discarded.iter() {
-        claim(
-            block.segment,
-            block.alloc,
-            format!("discarded block due {release_at}"),
-        )?;
+        claim(block.segment, block.alloc, Owner::Discarded(release_at))?;
     }
-    if owned.len() != live.len() {
-        let leaked = live.keys().find(|k| !owned.contains_key(k));
+    if let Some(at) = owners.iter().position(Option::is_none) {
         return Err(violation(
             "conservation",
-            format!("block {leaked:?} is allocated but owned by nothing (leak)"),
+            format!(
+                "block {:?} is allocated but owned by nothing (leak)",
+                (live[at].0, live[at].1)
+            ),
         ));
     }
     Ok(())
+}
+
+/// What owns a block, named only in a violation's message.
+#[derive(Clone, Copy)]
+enum Owner {
+    /// A replica of the object in this slot.
+    Object(u32),
+    /// A discarded block, released at this time.
+    Discarded(crate::time::Millis),
+}
+
+impl Owner {
+    fn name(self, master: &Master) -> String {
+        match self {
+            Owner::Object(slot) => match master.objects.get(slot) {
+                Some(object) => format!("object {:?}", object.key),
+                None => format!("object slot {slot}"),
+            },
+            Owner::Discarded(release_at) => format!("discarded block due {release_at}"),
+        }
+    }
 }
 
 /// Per-object shape: replicas on distinct segments, statuses consistent with the write/task

@@ -86,6 +86,7 @@ impl MasterService {
             mut master,
             generation,
             replayed,
+            snapshot_len,
         } = journal::recover(&*dir, config)?;
         if replayed > 0 {
             crate::coverage::hit(crate::coverage::Path::MASTER_RECOVERED);
@@ -100,7 +101,7 @@ impl MasterService {
             replayed,
             "master state recovered"
         );
-        let journal = Journal::start(dir, generation, &master, snapshot_after)?;
+        let journal = Journal::start(dir, generation, &master, snapshot_after, snapshot_len)?;
         Ok(MasterService::around(master, clock, Some(journal)))
     }
 

@@ -46,7 +46,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use mooring_core::log_shipping::LogPosition;
-use mooring_core::{EncodedSnapshot, Error, ErrorCode, Master, MasterConfig, Millis, Result};
+use mooring_core::{
+    EncodedSnapshot, Error, ErrorCode, Master, MasterConfig, Millis, Result, SnapshotBuffer,
+};
 use mooring_proto::journal::{self, Input};
 use mooring_proto::state_dir::{OpenMode, StateDir, StateFile};
 use tracing::{error, info, warn};
@@ -248,14 +250,19 @@ pub struct Journal {
 impl Journal {
     /// Starts generation `generation + 1` in `dir`: a snapshot of `master` (synced before
     /// anything else), a journal beginning with `config`, and the older files deleted.
+    /// `size_hint` is the size of the snapshot the master was restored from (0 if none): the
+    /// new one is serialized into a buffer that size to begin with, not grown to it.
     pub fn start(
         dir: Arc<dyn StateDir>,
         generation: u64,
         master: &Master,
         snapshot_after: u64,
+        size_hint: usize,
     ) -> Result<Journal> {
         let generation = generation + 1;
-        let snapshot_bytes = write_snapshot(&*dir, generation, &master.snapshot_state().encode(0))?;
+        let capacity = size_hint + size_hint / 8;
+        let snapshot_bytes =
+            write_snapshot(&*dir, generation, &master.snapshot_state().encode(capacity))?;
         let file = JournalFile::create(&*dir, generation, &config_record(master, generation))
             .and_then(|file| dir.sync_dir().map(|()| file))
             .map_err(|e| {

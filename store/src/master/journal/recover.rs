@@ -11,6 +11,8 @@ pub struct Recovered {
     pub generation: u64,
     /// Journal records replayed.
     pub replayed: u64,
+    /// The size of the snapshot restored (0 if none): the next snapshot's is close to it.
+    pub snapshot_len: usize,
 }
 
 /// Rebuilds the master kept in `dir` (created if missing): the newest snapshot, then every
@@ -27,7 +29,7 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
     let base = snapshots.last().copied();
     let mut master: Option<Master> = None;
     let mut snapshot = match base {
-        Some(g) => Some(dir.read(&snapshot_name(g)).map_err(|e| {
+        Some(g) => Some(read_snapshot(dir, &snapshot_name(g)).map_err(|e| {
             io_error(format!(
                 "cannot read snapshot {g} in {}: {e}",
                 dir.location()
@@ -50,6 +52,7 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
             gap.0
         )));
     }
+    let snapshot_len = snapshot.as_ref().map_or(0, |b| b.as_slice().len());
     let mut replayed = 0;
     let mut generation = first;
     for (i, &g) in to_replay.iter().enumerate() {
@@ -101,7 +104,7 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
             if let Input::Config(logged) = &input {
                 if master.is_none() {
                     master = Some(match snapshot.take() {
-                        Some(bytes) => restore(logged.clone(), &bytes, first)?,
+                        Some(bytes) => restore(logged.clone(), bytes.as_slice(), first)?,
                         None => Master::new(logged.clone())?,
                     });
                     info!("replaying {path}");
@@ -123,14 +126,23 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
     }
     let master = match (master, snapshot) {
         (Some(m), _) => reconfigure(m, config)?,
-        (None, Some(bytes)) => restore(config, &bytes, first)?,
+        (None, Some(bytes)) => restore(config, bytes.as_slice(), first)?,
         (None, None) => Master::new(config)?,
     };
     Ok(Recovered {
         master,
         generation,
         replayed,
+        snapshot_len,
     })
+}
+
+/// The whole of snapshot file `name`, read where restoring it needs no copy.
+fn read_snapshot(dir: &dyn StateDir, name: &str) -> std::io::Result<SnapshotBuffer> {
+    let file = dir.open(name, OpenMode::Read)?;
+    let mut buffer = SnapshotBuffer::new(file.len()? as usize);
+    file.read_at(buffer.as_mut_slice(), 0)?;
+    Ok(buffer)
 }
 
 /// The master in snapshot `generation`'s `bytes`; says so first, as a large one takes a
