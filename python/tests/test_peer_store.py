@@ -144,3 +144,31 @@ def test_device_memory_round_trips(store, gpu, key):
     # Too small a buffer: refused, nothing written past it.
     assert store.get_into(keys[0], into, 100) == -10
     assert store.stat()["device_bytes_put"] == 3 * page
+
+
+def test_device_batches_span_many_waves_on_a_peer_cluster(peers, gpu, key, monkeypatch):
+    """A batch larger than the staging pool moves in waves, one wave's device copy beside the
+    next one's transfer, on a peer cluster as on a master's."""
+    from devices import registered
+
+    monkeypatch.setenv("MOORING_DEVICE_STAGING_SIZE", "4MB")  # 1 MiB slabs
+    store = joined(peers, "32MB")
+    try:
+        count, size = 12, 300_000  # three per slab: several waves
+        src = registered(store, gpu, count * size)
+        dst = registered(store, gpu, count * size)
+        for i in range(count):
+            gpu.write(src + i * size, pattern(size, 40 + i))
+        keys = [f"{key}-{i}" for i in range(count)]
+        ptrs = [src + i * size for i in range(count)]
+        assert store.batch_put_from(keys, ptrs, [size] * count) == [0] * count
+        got = store.batch_get_into(
+            keys[::-1], [dst + i * size for i in range(count)], [size] * count
+        )
+        assert got == [size] * count
+        for i in range(count):
+            assert gpu.read(dst + i * size, size) == pattern(size, 40 + count - 1 - i), i
+        stat = store.stat()
+        assert stat["device_bytes_put"] == stat["device_bytes_got"] == count * size
+    finally:
+        store.close()

@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use mooring::Client;
 use mooring::client::{StartedReads, StartedWrite};
 use mooring_core::{Checksum, Error, ErrorCode, ReplicateConfig, Result};
-use mooring_device::pipeline::{copy_to_device, copy_to_host};
 use mooring_device::{GetInto, Part, PutFrom, StagingPool};
 
 use super::NativeClient;
@@ -186,9 +185,71 @@ impl GetInto for ClientGet<'_> {
     }
 }
 
+/// A peer cluster's writes, for the pipeline: a peer cluster has no batch to begin or end,
+/// so each wave's values are stored as the wave is sent.
+struct PeerPut<'a> {
+    backend: &'a Backend,
+    keys: Vec<&'a str>,
+    config: &'a ReplicateConfig,
+    upsert: bool,
+}
+
+impl PutFrom for PeerPut<'_> {
+    type Batch = ();
+
+    async fn begin(&self, _items: &[(usize, u64)]) {}
+
+    async fn send(&self, _batch: &mut (), items: &[(usize, &[u8])]) -> Vec<Result<()>> {
+        let wave: Vec<(&str, &[u8])> = items.iter().map(|&(i, b)| (self.keys[i], b)).collect();
+        self.backend
+            .batch_write(&wave, self.config, self.upsert, true)
+            .await
+    }
+
+    async fn end(&self, _batch: (), sent: Vec<(usize, Result<()>)>) -> Vec<Result<()>> {
+        sent.into_iter().map(|(_, outcome)| outcome).collect()
+    }
+}
+
+/// A peer cluster's reads, for the pipeline: each wave's values are read as the wave is.
+struct PeerGet<'a> {
+    backend: &'a Backend,
+    keys: Vec<&'a str>,
+}
+
+impl GetInto for PeerGet<'_> {
+    type Batch = ();
+
+    async fn begin(&self, _items: &[usize]) {}
+
+    async fn get(&self, _batch: &(), items: &mut [(usize, &mut [u8])]) -> Vec<Result<usize>> {
+        let mut results = Vec::with_capacity(items.len());
+        for (i, room) in items.iter_mut() {
+            let key = self.keys[*i];
+            results.push(match self.backend.get(key).await {
+                Ok(value) if value.len() > room.len() => Err(Error::new(
+                    ErrorCode::BUFFER_OVERFLOW,
+                    format!(
+                        "{key:?} holds {} bytes, more than the {} bytes given: give a larger \
+                         buffer",
+                        value.len(),
+                        room.len()
+                    ),
+                )),
+                Ok(value) => {
+                    room[..value.len()].copy_from_slice(&value);
+                    Ok(value.len())
+                }
+                Err(e) => Err(e),
+            });
+        }
+        results
+    }
+}
+
 impl NativeClient {
-    /// Stores each group's keys (`keys[index]`) from device memory; `(index, result)` per
-    /// member.
+    /// Stores each group's keys (`keys[index]`) from device memory, staged through the
+    /// group's pool wave by wave; `(index, result)` per member.
     pub(super) async fn put_from_devices(
         &self,
         keys: &[String],
@@ -196,25 +257,34 @@ impl NativeClient {
         config: &ReplicateConfig,
         upsert: bool,
     ) -> Vec<(usize, Result<()>)> {
-        let Backend::Master(client) = &self.client else {
-            return self
-                .put_whole_from_devices(keys, groups, config, upsert)
-                .await;
-        };
         let mut results = Vec::new();
         for group in groups {
-            let sink = ClientPut {
-                client,
-                keys: group
-                    .members
-                    .iter()
-                    .map(|(i, _)| keys[*i].as_str())
-                    .collect(),
-                config,
-                upsert,
-            };
+            let members: Vec<&str> = group
+                .members
+                .iter()
+                .map(|(i, _)| keys[*i].as_str())
+                .collect();
             let items: Vec<Vec<Part>> = group.members.iter().map(|(_, p)| p.clone()).collect();
-            let outcomes = mooring_device::put_from(&group.pool, &items, &sink).await;
+            let outcomes = match &self.client {
+                Backend::Master(client) => {
+                    let sink = ClientPut {
+                        client,
+                        keys: members,
+                        config,
+                        upsert,
+                    };
+                    mooring_device::put_from(&group.pool, &items, &sink).await
+                }
+                backend @ Backend::Peer(_) => {
+                    let sink = PeerPut {
+                        backend,
+                        keys: members,
+                        config,
+                        upsert,
+                    };
+                    mooring_device::put_from(&group.pool, &items, &sink).await
+                }
+            };
             let moved = items
                 .iter()
                 .zip(&outcomes)
@@ -227,120 +297,41 @@ impl NativeClient {
         results
     }
 
-    /// Reads each group's keys (`keys[index]`) into device memory; `(index, length or
-    /// error)` per member.
+    /// Reads each group's keys (`keys[index]`) into device memory, staged through the
+    /// group's pool wave by wave; `(index, length or error)` per member.
     pub(super) async fn get_into_devices(
         &self,
         keys: &[String],
         groups: &[DeviceGroup],
     ) -> Vec<(usize, Result<usize>)> {
-        let Backend::Master(client) = &self.client else {
-            return self.get_whole_into_devices(keys, groups).await;
-        };
         let mut results = Vec::new();
         for group in groups {
-            let source = ClientGet {
-                client,
-                keys: group
-                    .members
-                    .iter()
-                    .map(|(i, _)| keys[*i].as_str())
-                    .collect(),
-            };
+            let members: Vec<&str> = group
+                .members
+                .iter()
+                .map(|(i, _)| keys[*i].as_str())
+                .collect();
             let items: Vec<Vec<Part>> = group.members.iter().map(|(_, p)| p.clone()).collect();
-            let outcomes = mooring_device::get_into(&group.pool, &items, &source).await;
+            let outcomes = match &self.client {
+                Backend::Master(client) => {
+                    let source = ClientGet {
+                        client,
+                        keys: members,
+                    };
+                    mooring_device::get_into(&group.pool, &items, &source).await
+                }
+                backend @ Backend::Peer(_) => {
+                    let source = PeerGet {
+                        backend,
+                        keys: members,
+                    };
+                    mooring_device::get_into(&group.pool, &items, &source).await
+                }
+            };
             let moved = outcomes.iter().flatten().map(|&n| n as u64).sum();
             self.device_bytes_got.fetch_add(moved, Ordering::Relaxed);
             results.extend(group.members.iter().map(|(i, _)| *i).zip(outcomes));
         }
         results
     }
-}
-
-impl NativeClient {
-    /// A peer cluster's path for device memory: each value is copied whole from the device
-    /// into host memory, then stored (the staging pipeline's overlap is master mode's alone
-    /// for now).
-    async fn put_whole_from_devices(
-        &self,
-        keys: &[String],
-        groups: &[DeviceGroup],
-        config: &ReplicateConfig,
-        upsert: bool,
-    ) -> Vec<(usize, Result<()>)> {
-        let mut results = Vec::new();
-        for group in groups {
-            for (i, parts) in &group.members {
-                let total: usize = parts.iter().map(|p| p.len).sum();
-                let mut value = vec![0u8; total];
-                let copied = copy_to_host(&group.pool, &mut pieces_of(parts, &mut value));
-                let stored = match copied {
-                    Ok(()) => self.client.write(&keys[*i], &value, config, upsert).await,
-                    Err(e) => Err(e),
-                };
-                if stored.is_ok() {
-                    self.device_bytes_put
-                        .fetch_add(total as u64, Ordering::Relaxed);
-                }
-                results.push((*i, stored));
-            }
-        }
-        results
-    }
-
-    /// A peer cluster's path for reads into device memory: each value is read whole, then
-    /// copied to the device; its length.
-    async fn get_whole_into_devices(
-        &self,
-        keys: &[String],
-        groups: &[DeviceGroup],
-    ) -> Vec<(usize, Result<usize>)> {
-        let mut results = Vec::new();
-        for group in groups {
-            for (i, parts) in &group.members {
-                let room: usize = parts.iter().map(|p| p.len).sum();
-                let read = match self.client.get(&keys[*i]).await {
-                    Ok(value) if value.len() > room => Err(Error::new(
-                        ErrorCode::BUFFER_OVERFLOW,
-                        format!(
-                            "{:?} holds {} bytes, more than the {room} bytes given: give a \
-                             larger buffer",
-                            keys[*i],
-                            value.len()
-                        ),
-                    )),
-                    Ok(mut value) => {
-                        let len = value.len();
-                        let pieces = pieces_of(parts, &mut value);
-                        let pieces: Vec<(usize, &[u8])> = pieces
-                            .iter()
-                            .map(|(addr, bytes)| (*addr, &**bytes))
-                            .collect();
-                        copy_to_device(&group.pool, &pieces).map(|()| len)
-                    }
-                    Err(e) => Err(e),
-                };
-                if let Ok(len) = read {
-                    self.device_bytes_got
-                        .fetch_add(len as u64, Ordering::Relaxed);
-                }
-                results.push((*i, read));
-            }
-        }
-        results
-    }
-}
-
-/// `value` cut along the device `parts` it fills or comes from, in order: each part's
-/// address and its bytes (a value shorter than the parts leaves the last ones short).
-fn pieces_of<'v>(parts: &[Part], value: &'v mut [u8]) -> Vec<(usize, &'v mut [u8])> {
-    let mut rest = value;
-    let mut pieces = Vec::with_capacity(parts.len());
-    for part in parts {
-        let n = part.len.min(rest.len());
-        let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
-        pieces.push((part.addr, piece));
-        rest = tail;
-    }
-    pieces
 }
