@@ -47,6 +47,16 @@ impl KeyIndex {
         }
     }
 
+    /// An empty index that holds `n` entries without growing (a restore knows how many
+    /// it will insert: growing to them would place every entry about twice).
+    pub(crate) fn with_capacity(n: usize) -> KeyIndex {
+        let needed = (n * 8).div_ceil(MAX_LOAD_EIGHTHS) + 1;
+        KeyIndex {
+            entries: vec![EMPTY; needed.next_power_of_two().max(16)],
+            len: 0,
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.len
     }

@@ -61,6 +61,7 @@ impl ObjectTable {
             free_slots,
         } = parts;
         let mut table = ObjectTable::new(seed);
+        table.index = KeyIndex::with_capacity(slots.len().saturating_sub(free_slots.len()));
         table.slots = slots;
         table.checksums = checksums;
         table.free_slots = free_slots;
