@@ -44,6 +44,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -664,6 +665,62 @@ def test_mooring_connector_counts_per_request_and_deduplicates_puts(engines):
         total = total.aggregate(step)
     reduced = total.reduce()
     assert reduced["loaded_blocks"] == 4 and reduced["requests"] == 1, reduced
+
+
+@pytest.mark.parametrize("engines", ["MooringConnector"], indirect=True)
+def test_mooring_connector_loads_layer_groups_beside_the_forward_pass(engines, cluster):
+    """With ``layer_groups``, a block is one value per group of layers, and a layer's wait
+    returns once its own group has landed: the first layer computes while the next group is
+    still being read."""
+    _, make = engines
+    master, _ = cluster
+    a = make(layer_groups=2)
+    b = make(layer_groups=2)
+    tokens = prompt(11, 4 * BLOCK + 3)
+    request = a.add("r1", tokens)
+    a.run()
+    digest = bytes(request.block_hashes[0]).hex()
+    grouped = sorted(k.rsplit("/", 1)[-1] for k in stored_keys(master) if digest in k)
+    assert grouped == ["0", "1"], grouped
+
+    # B reads the second group only once the first layer's wait has returned: were the
+    # wait to need every group, the read would time out.
+    layers = list(b.kv)
+    store = b.worker._worker.store
+    real_get = store.batch_get_into_multi_buffers
+    first_layer_ready = threading.Event()
+    seen: list[str] = []
+
+    def get(keys, ptrs, sizes):
+        if keys and keys[0].endswith("/1"):
+            ready = first_layer_ready.wait(10)
+            seen.append("group 1 read after layer 0 was ready" if ready else "timed out")
+        return real_get(keys, ptrs, sizes)
+
+    real_wait = b.worker.wait_for_layer_load
+
+    def wait(name: str) -> None:
+        real_wait(name)
+        if name == layers[0]:
+            first_layer_ready.set()
+
+    store.batch_get_into_multi_buffers = get
+    b.worker.wait_for_layer_load = wait
+    b.add("r1", tokens)
+    b.run()
+    assert seen == ["group 1 read after layer 0 was ready"], seen
+    assert b.computed["r1"] == list(range(4 * BLOCK, len(tokens)))
+    for i in range(4):
+        assert b.block_bytes("r1", i) == a.block_bytes("r1", i), i
+    assert b.invalid_block_ids == set()
+    loaded = merged(b.stats)["r1"]
+    assert loaded["loaded_blocks"] == 4 and loaded["loaded_bytes"] == 4 * BLOCK_BYTES, loaded
+
+    # An engine storing whole blocks never reads grouped ones: it computes everything.
+    c = make()
+    c.add("r1", tokens)
+    c.run()
+    assert c.computed["r1"] == list(range(len(tokens)))
 
 
 @pytest.mark.parametrize("cluster", ["disk"], indirect=True)

@@ -39,7 +39,15 @@ Settings (``kv_connector_extra_config``): ``master`` (``host:port``; else
 ``segment_size`` (memory each worker contributes to the pool: ``0`` by default, as vLLM's
 ``standalone-store`` mode), ``local_buffer_size`` (``"16MB"``), ``prefetch`` (``true``),
 ``replica_num`` (``1``), ``cache_prefix`` (``""``: a namespace for keys), ``backoff_ms``
-(``200``).
+(``200``), ``layer_groups`` (``1``; see below).
+
+**Layer-wise loads** (``layer_groups`` = *G* > 1). A block is then stored as *G* values,
+one per group of consecutive layers, and a load runs beside the forward pass: the loading
+thread reads group after group, and ``wait_for_layer_load`` waits only for the group holding
+its layer, so the first layers compute while the last ones still arrive. It costs *G* keys per
+block in the master (and *G* probes per block at lookup); blocks stored with another *G* are
+other keys, never mixed. With one group (the default) a block is one value, loaded before the
+forward pass.
 
 vLLM is imported by this module only: ``import mooring`` never needs it.
 """
@@ -221,7 +229,17 @@ class _Namespace:
         self.tp_size = parallel.tensor_parallel_size
         self.pp_size = parallel.pipeline_parallel_size
         self.block_size = spec.block_size
-        layout = f"bs{spec.block_size}-{spec.page_size_bytes}B-x{len(group.layer_names)}"
+        layers = len(group.layer_names)
+        self.layer_groups = int((extra or {}).get("layer_groups", 1))
+        if not 1 <= self.layer_groups <= layers:
+            raise ValueError(
+                f"MooringConnector: layer_groups is {self.layer_groups}; give 1 (a block is "
+                f"one value) up to the model's {layers} layers"
+            )
+        layout = f"bs{spec.block_size}-{spec.page_size_bytes}B-x{layers}"
+        if self.layer_groups > 1:
+            # Blocks split by layer group are other values than whole blocks: never mixed.
+            layout += f"-g{self.layer_groups}"
         prefix = str(extra.get("cache_prefix", "") or "")
         self.base = f"{prefix}mooring-vllm/{model}/{layout}"
 
@@ -232,6 +250,13 @@ class _Namespace:
     def every_rank(self) -> list[str]:
         """The namespaces of all the workers of one engine."""
         return [self.rank(t, p) for p in range(self.pp_size) for t in range(self.tp_size)]
+
+    def block_keys(self, namespace: str, block_hash: str) -> list[str]:
+        """A block's keys in ``namespace``: one, or one per layer group (``/<group>``)."""
+        key = f"{namespace}/{block_hash}"
+        if self.layer_groups == 1:
+            return [key]
+        return [f"{key}/{g}" for g in range(self.layer_groups)]
 
 
 # ---- scheduler side ----------------------------------------------------------------------------
@@ -265,11 +290,12 @@ class _Scheduler:
         if not hashes:
             return 0
         namespaces = self.names.every_rank()
-        keys = [f"{ns}/{h}" for h in hashes for ns in namespaces]
+        keys = [k for h in hashes for ns in namespaces for k in self.names.block_keys(ns, h)]
+        per_block = len(keys) // len(hashes)
         found = self.store.batch_is_exist(keys, prefetch=self.prefetch)
         hits = 0
         for i in range(len(hashes)):
-            if all(code == 1 for code in found[i * len(namespaces) : (i + 1) * len(namespaces)]):
+            if all(code == 1 for code in found[i * per_block : (i + 1) * per_block]):
                 hits += 1
             else:
                 break
@@ -371,9 +397,15 @@ class _Worker:
         self.backoff_base = float(settings.get("backoff_ms", 200)) / 1000
         self.backoff = self.backoff_base
         self.backoff_until = 0.0
-        self.regions: list[tuple[int, int, int]] = []
+        # Per layer group (one group unless layer_groups is set): the regions of a block.
+        self.groups: list[list[tuple[int, int, int]]] = []
+        self.group_of_layer: dict[str, int] = {}
         self.registered: list[int] = []
         self.block_bytes = 0
+        # Layer-group loads under way: one event per group, set once it has landed.
+        self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mooring-vllm-load")
+        self.loading: Future | None = None
+        self.landed: list[threading.Event] = []
         self.on_gpu = False
         self.invalid: set[int] = set()
         self.lock = threading.Lock()
@@ -385,7 +417,12 @@ class _Worker:
         from vllm.v1.kv_cache_interface import group_kernel_blocks
 
         seen: set[int] = set()
-        for name in self.layers:
+        count = self.names.layer_groups
+        self.groups = [[] for _ in range(count)]
+        for index, name in enumerate(self.layers):
+            # Contiguous groups of layers, as even as the count allows.
+            group = index * count // len(self.layers)
+            self.group_of_layer[name] = group
             cache = kv_caches[name]
             if isinstance(cache, list):
                 cache = cache[0]
@@ -401,22 +438,29 @@ class _Worker:
                         f"({_code_name(code)}); the log above says why"
                     )
                 self.registered.append(storage.data_ptr())
-            self.regions.extend(_regions(cache))
+            self.groups[group].extend(_regions(cache))
             self.on_gpu = self.on_gpu or cache.is_cuda
-        self.block_bytes = sum(size for _, _, size in self.regions)
+        self.group_bytes = [sum(size for _, _, size in regions) for regions in self.groups]
+        self.block_bytes = sum(self.group_bytes)
         logger.info(
-            "MooringConnector: %d layers registered, %d bytes per block in %d pieces, on %s",
+            "MooringConnector: %d layers registered, %d bytes per block in %d pieces and %d "
+            "value(s), on %s",
             len(self.layers),
             self.block_bytes,
-            len(self.regions),
+            sum(len(regions) for regions in self.groups),
+            count,
             "GPU (staged through pinned host memory)" if self.on_gpu else "host memory",
         )
 
-    def _buffers(self, block_id: int) -> tuple[list[int], list[int]]:
+    def _buffers(self, block_id: int, group: int) -> tuple[list[int], list[int]]:
+        regions = self.groups[group]
         return (
-            [base + block_id * stride for base, stride, _ in self.regions],
-            [size for _, _, size in self.regions],
+            [base + block_id * stride for base, stride, _ in regions],
+            [size for _, _, size in regions],
         )
+
+    def _keys(self, transfer: _Transfer, group: int) -> list[str]:
+        return [self.names.block_keys(self.namespace, h)[group] for h in transfer.hashes]
 
     def wait_for_previous_save(self) -> None:
         """Blocks until the last step's save has read its blocks: the forward pass about to
@@ -426,39 +470,77 @@ class _Worker:
             future.result()
 
     def load(self, loads: list[_Transfer]) -> None:
-        for transfer in loads:
-            started = time.perf_counter()
-            keys = [f"{self.namespace}/{h}" for h in transfer.hashes]
-            ptrs, sizes = [], []
-            for block_id in transfer.block_ids:
-                p, s = self._buffers(block_id)
-                ptrs.append(p)
-                sizes.append(s)
-            codes = self.store.batch_get_into_multi_buffers(keys, ptrs, sizes)
+        """Loads this step's blocks: at once with one layer group; with several, on the
+        loading thread, group after group, each announced as it lands (see
+        :meth:`wait_for_layer`)."""
+        if len(self.groups) == 1 or not loads:
+            self._load(loads, [])
+            return
+        self.landed = [threading.Event() for _ in self.groups]
+        self.loading = self.loader.submit(self._load, loads, self.landed)
+
+    def wait_for_layer(self, layer_name: str) -> None:
+        """Blocks until the layer group holding ``layer_name`` has landed."""
+        group = self.group_of_layer.get(layer_name)
+        if self.landed and group is not None:
+            self.landed[group].wait()
+
+    def wait_for_load(self) -> None:
+        """Blocks until this step's loads are all done (their failures counted)."""
+        future, self.loading = self.loading, None
+        if future is not None:
+            future.result()
+
+    def _load(self, loads: list[_Transfer], landed: list[threading.Event]) -> None:
+        started = time.perf_counter()
+        # (transfer, block position) -> the first failing code.
+        failures: dict[tuple[int, int], int] = {}
+        try:
+            for group, bytes_per_block in enumerate(self.group_bytes):
+                for t, transfer in enumerate(loads):
+                    ptrs, sizes = [], []
+                    for block_id in transfer.block_ids:
+                        p, s = self._buffers(block_id, group)
+                        ptrs.append(p)
+                        sizes.append(s)
+                    codes = self.store.batch_get_into_multi_buffers(
+                        self._keys(transfer, group), ptrs, sizes
+                    )
+                    for i, code in enumerate(codes):
+                        if code != bytes_per_block:
+                            failures.setdefault((t, i), code)
+                if landed:
+                    landed[group].set()
+        finally:
+            for event in landed:
+                event.set()
+        elapsed = time.perf_counter() - started
+        for t, transfer in enumerate(loads):
             failed = [
-                (block_id, code)
-                for block_id, code in zip(transfer.block_ids, codes, strict=True)
-                if code != self.block_bytes
+                (block_id, failures[(t, i)])
+                for i, block_id in enumerate(transfer.block_ids)
+                if (t, i) in failures
             ]
             if failed:
                 logger.warning(
                     "MooringConnector: %d of %d blocks of %s could not be loaded (codes %s); "
                     "vLLM recomputes them",
                     len(failed),
-                    len(keys),
+                    len(transfer.block_ids),
                     transfer.req_id,
                     sorted({_code_name(c) if c < 0 else f"{c} bytes" for _, c in failed}),
                 )
+            loaded = len(transfer.block_ids) - len(failed)
             with self.lock:
                 self.invalid.update(block_id for block_id, _ in failed)
                 self.stats.record(
                     transfer.req_id,
                     lookup_blocks=transfer.lookup_blocks,
-                    hit_blocks=len(keys),
-                    loaded_blocks=len(keys) - len(failed),
+                    hit_blocks=len(transfer.block_ids),
+                    loaded_blocks=loaded,
                     load_failed_blocks=len(failed),
-                    loaded_bytes=(len(keys) - len(failed)) * self.block_bytes,
-                    load_seconds=time.perf_counter() - started,
+                    loaded_bytes=loaded * self.block_bytes,
+                    load_seconds=elapsed / max(len(loads), 1),
                 )
 
     def save(self, saves: list[_Transfer]) -> None:
@@ -485,20 +567,35 @@ class _Worker:
             with self.lock:
                 self.stats.record(transfer.req_id, backoff_skipped_blocks=len(transfer.hashes))
             return
-        keys = [f"{self.namespace}/{h}" for h in transfer.hashes]
+        groups = len(self.groups)
+        # Block i's keys are keys[i * groups : (i + 1) * groups], one per layer group.
+        keys = [k for h in transfer.hashes for k in self.names.block_keys(self.namespace, h)]
         exist = self.store.batch_is_exist(keys)
-        missing = [i for i, code in enumerate(exist) if code != 1]
-        deduplicated = len(keys) - len(missing)
+        missing = [
+            i
+            for i in range(len(transfer.hashes))
+            if any(code != 1 for code in exist[i * groups : (i + 1) * groups])
+        ]
+        deduplicated = len(transfer.hashes) - len(missing)
+        # One code per missing block: its first failure, else 0.
         codes: list[int] = []
         if missing:
             ptrs, sizes = [], []
             for i in missing:
-                p, s = self._buffers(transfer.block_ids[i])
-                ptrs.append(p)
-                sizes.append(s)
-            codes = self.store.batch_put_from_multi_buffers(
-                [keys[i] for i in missing], ptrs, sizes, self.config
+                for group in range(groups):
+                    p, s = self._buffers(transfer.block_ids[i], group)
+                    ptrs.append(p)
+                    sizes.append(s)
+            put = self.store.batch_put_from_multi_buffers(
+                [keys[i * groups + g] for i in missing for g in range(groups)],
+                ptrs,
+                sizes,
+                self.config,
             )
+            codes = [
+                next((c for c in put[j * groups : (j + 1) * groups] if c < 0), 0)
+                for j in range(len(missing))
+            ]
         refused = sum(1 for c in codes if c == ErrorCode.NO_AVAILABLE_HANDLE)
         failed = sum(1 for c in codes if c < 0) - refused
         saved = len(codes) - refused - failed
@@ -547,8 +644,10 @@ class _Worker:
 
     def close(self) -> None:
         try:
+            self.wait_for_load()
             self.wait_for_previous_save()
         finally:
+            self.loader.shutdown(wait=True)
             self.sender.shutdown(wait=True)
             for address in self.registered:
                 self.store.unregister_buffer(address)
@@ -627,14 +726,18 @@ class MooringConnector(KVConnectorBase_V1, SupportsHMA):
         super().bind_connector_metadata(connector_metadata)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
-        """Loads this step's blocks into the KV cache (before the forward pass)."""
+        """Loads this step's blocks into the KV cache: before the forward pass, or, with
+        ``layer_groups``, beside it, one layer group after another."""
         assert self._worker is not None
         meta = self._get_connector_metadata()
         assert isinstance(meta, MooringConnectorMetadata)
         self._worker.load(meta.loads)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Nothing to wait for: every layer was loaded in :meth:`start_load_kv`."""
+        """Waits for the layer's group to land (nothing to wait for with one group: every
+        layer was loaded in :meth:`start_load_kv`)."""
+        if self._worker is not None:
+            self._worker.wait_for_layer(layer_name)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
@@ -642,10 +745,12 @@ class MooringConnector(KVConnectorBase_V1, SupportsHMA):
         """Nothing per layer: the step's blocks are saved whole in :meth:`wait_for_save`."""
 
     def wait_for_save(self) -> None:
-        """Starts saving the blocks this step filled, on the saving thread."""
+        """Starts saving the blocks this step filled, on the saving thread (once this
+        step's loads are done)."""
         assert self._worker is not None
         meta = self._get_connector_metadata()
         assert isinstance(meta, MooringConnectorMetadata)
+        self._worker.wait_for_load()
         self._worker.save(meta.saves)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
@@ -656,12 +761,14 @@ class MooringConnector(KVConnectorBase_V1, SupportsHMA):
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks that were to be loaded and could not be (missing, damaged, unreachable)."""
         assert self._worker is not None
+        self._worker.wait_for_load()
         return self._worker.take_invalid()
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         """Per-request counts since the last call (``None`` if nothing happened)."""
         if self._worker is None:
             return None
+        self._worker.wait_for_load()
         return self._worker.take_stats()
 
     @classmethod
