@@ -79,9 +79,11 @@ impl Disks {
         self.queues.contains_key(&slot)
     }
 
-    /// Whether `(object slot, write)` waits in some offload queue.
-    pub(crate) fn is_queued_anywhere(&self, object: u32, write: WriteId) -> bool {
-        self.queues.values().any(|q| q.contains(&(object, write)))
+    /// Every `(object slot, write)` waiting in some offload queue, sorted.
+    pub(crate) fn queued_sorted(&self) -> Vec<(u32, WriteId)> {
+        let mut queued: Vec<(u32, WriteId)> = self.queues.values().flatten().copied().collect();
+        queued.sort_unstable();
+        queued
     }
 
     /// Whether `key` has a ghost.

@@ -251,6 +251,9 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
     let mut disk_replicas = 0u64;
     let discard_timeout = master.config.put_start_discard_timeout;
     let deadline = master.next_deadline();
+    // Looked up once per queued object: a search each, not a scan of every queue (a restart
+    // with a large offload backlog would otherwise check in quadratic time).
+    let queued = master.disks.queued_sorted();
     for (slot, object) in master.objects.iter() {
         let key = &object.key;
         if object.replicas.is_empty() && (object.writing || !object.has_disk_replica()) {
@@ -293,7 +296,7 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
             }
         }
         if object.offload == OffloadMark::Queued
-            && !master.disks.is_queued_anywhere(slot, object.write_id)
+            && queued.binary_search(&(slot, object.write_id)).is_err()
         {
             return Err(violation(
                 "disk-replica",
