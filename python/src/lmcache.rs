@@ -265,6 +265,7 @@ impl MooringConnector {
                 data_server_ports(),
                 rdma,
                 tenant,
+                None,
             )
             .await?;
             let events = match EventFd::new() {

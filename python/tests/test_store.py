@@ -146,6 +146,30 @@ def test_setup_refusals_return_codes(master):
     assert store.put("anything", b"x") == bad
 
 
+def test_mooring_transport_chooses_how_a_store_reaches_nodes(monkeypatch, key):
+    # A node without shared memory: `shm` must fail where `auto` would quietly take TCP.
+    master = Master()
+    node = Node(master, "--size", "16MiB", "--no-prefault", "--transports", "tcp")
+    try:
+        monkeypatch.setenv("MOORING_TRANSPORT", "tcp")
+        over_tcp = connect(master, segment=0)
+        assert over_tcp.put(key, b"over tcp") == 0
+        assert over_tcp.get(key) == b"over tcp"
+        over_tcp.close()
+        monkeypatch.setenv("MOORING_TRANSPORT", "SHM")
+        over_shm = connect(master, segment=0)
+        assert over_shm.get(key) == b""
+        assert over_shm.put(f"{key}-shm", b"x") < 0
+        over_shm.close()
+        monkeypatch.setenv("MOORING_TRANSPORT", "carrier-pigeon")
+        store = MooncakeDistributedStore()
+        args = ("127.0.0.1", "P2PHANDSHAKE", 0, "16MB", "tcp", "", master.address)
+        assert store.setup(*args) == int(ErrorCode.INVALID_PARAMS)
+    finally:
+        node.stop()
+        master.stop()
+
+
 def test_calls_before_setup_answer_codes():
     store = MooncakeDistributedStore()
     bad = int(ErrorCode.INVALID_PARAMS)

@@ -45,6 +45,13 @@ pub enum TransportChoice {
 }
 
 impl TransportChoice {
+    /// The choice `name` (as on the command line, any case) names, if any.
+    pub fn named(name: &str) -> Option<TransportChoice> {
+        [Self::Auto, Self::Tcp, Self::Rdma, Self::Shm]
+            .into_iter()
+            .find(|choice| choice.name().eq_ignore_ascii_case(name.trim()))
+    }
+
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {

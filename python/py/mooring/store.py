@@ -658,6 +658,7 @@ class MooncakeDistributedStore(TensorCalls):
                     rdma_devices,
                     # Mooncake's default tenant name means "the credential's own".
                     tenant if tenant not in ("", "default") else None,
+                    transport=os.environ.get("MOORING_TRANSPORT") or None,
                     device_staging_size=_device_size("MOORING_DEVICE_STAGING_SIZE", "64MB"),
                     device_wave_size=_device_size("MOORING_DEVICE_WAVE_SIZE", "2MB"),
                 )

@@ -28,6 +28,7 @@ impl NativeClient {
         ports: PortRange,
         rdma: Option<Vec<String>>,
         tenant: Option<String>,
+        transport: Option<TransportChoice>,
     ) -> Result<(Backend, String)> {
         let Some(seeds) = peer_addresses(&master) else {
             let (client, hostname) = NativeClient::connect_async(
@@ -38,10 +39,20 @@ impl NativeClient {
                 ports,
                 rdma,
                 tenant,
+                transport,
             )
             .await?;
             return Ok((Backend::Master(client), hostname));
         };
+        if transport.is_some_and(|t| t != TransportChoice::Auto) {
+            return Err(Error::new(
+                ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
+                format!(
+                    "{master} names a peer cluster, whose peers choose shared memory or TCP \
+                     themselves: unset MOORING_TRANSPORT"
+                ),
+            ));
+        }
         if rdma.is_some() || tenant.is_some() {
             return Err(Error::new(
                 ErrorCode::UNAVAILABLE_IN_CURRENT_MODE,
@@ -60,7 +71,10 @@ impl NativeClient {
     }
 
     /// Connects, contributing `segment_size` bytes from a data server on `host:port`, the
-    /// port being the one in `hostname` or the first free one of `ports`.
+    /// port being the one in `hostname` or the first free one of `ports`. `transport`, when
+    /// given, is how this client reaches nodes (otherwise RDMA for `protocol="rdma"`, else the
+    /// best a node offers).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn connect_async(
         master: String,
         hostname: String,
@@ -69,6 +83,7 @@ impl NativeClient {
         ports: PortRange,
         rdma: Option<Vec<String>>,
         tenant: Option<String>,
+        transport: Option<TransportChoice>,
     ) -> Result<(Client, String)> {
         let token = mooring::token::resolve(token_file.as_deref().map(Path::new))?;
         // Mooncake's `protocol="rdma"`: data over RDMA (failing here without a device), and a
@@ -85,6 +100,9 @@ impl NativeClient {
                 if let Some(segment) = config.segment.as_mut() {
                     segment.rdma_devices = Some(devices.clone());
                 }
+            }
+            if let Some(transport) = transport {
+                config.transport = transport;
             }
             config
         };
@@ -124,6 +142,16 @@ impl NativeClient {
             ))
         }))
     }
+}
+
+/// The transport `MOORING_TRANSPORT` names: `auto`, `tcp`, `shm` or `rdma`.
+pub(super) fn transport_choice(name: &str) -> Result<TransportChoice> {
+    TransportChoice::named(name).ok_or_else(|| {
+        invalid(format!(
+            "MOORING_TRANSPORT={name:?}: use auto (shared memory where it can, then RDMA, then \
+             TCP), tcp, shm or rdma"
+        ))
+    })
 }
 
 /// Splits `host[:port]`.

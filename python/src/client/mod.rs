@@ -30,7 +30,7 @@ use crate::staging::Staging;
 use crate::values::BufferView;
 use args::{ConfigArgs, TaskTuple, code_of, replicate_config};
 use backend::Backend;
-use connect::PortRange;
+use connect::{PortRange, transport_choice};
 use mooncake::status_name;
 
 /// How many keys of a prefetching `batch_is_exist` are probed at once: each probe is a
@@ -55,7 +55,7 @@ impl NativeClient {
     /// Connects to the master at `master`, or joins the peer cluster `peer://...` names (see
     /// the module docs of `mooring.store`).
     #[staticmethod]
-    #[pyo3(signature = (master, hostname, segment_size, local_buffer_size, token_file, ports, protocol = "tcp", rdma_devices = "", tenant = None, device_staging_size = 64 << 20, device_wave_size = mooring_device::pool::WAVE_BYTES))]
+    #[pyo3(signature = (master, hostname, segment_size, local_buffer_size, token_file, ports, protocol = "tcp", rdma_devices = "", tenant = None, transport = None, device_staging_size = 64 << 20, device_wave_size = mooring_device::pool::WAVE_BYTES))]
     #[allow(clippy::too_many_arguments)]
     fn connect(
         py: Python<'_>,
@@ -68,11 +68,13 @@ impl NativeClient {
         protocol: &str,
         rdma_devices: &str,
         tenant: Option<String>,
+        transport: Option<&str>,
         device_staging_size: usize,
         device_wave_size: usize,
     ) -> PyResult<NativeClient> {
         let rdma =
             (protocol == "rdma").then(|| mooring::transports::device_names(Some(rdma_devices)));
+        let transport = raise(transport.map(transport_choice).transpose())?;
         let (client, hostname) = raise(block_on(
             py,
             NativeClient::join(
@@ -83,6 +85,7 @@ impl NativeClient {
                 ports,
                 rdma,
                 tenant,
+                transport,
             ),
         ))?;
         Ok(NativeClient {
