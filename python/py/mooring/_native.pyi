@@ -31,7 +31,9 @@ class NativeClient:
         protocol: str = "tcp",
         rdma_devices: str = "",
         tenant: str | None = None,
+        transport: str | None = None,
         device_staging_size: int = ...,
+        device_wave_size: int = ...,
     ) -> NativeClient: ...
     def hostname(self) -> str: ...
     def segment_name(self) -> str | None: ...
