@@ -369,6 +369,7 @@ pub fn sample_frames() -> Vec<(FrameKind, Vec<u8>)> {
                 addr: 4096,
                 len: 64,
             }],
+            unaligned: true,
         },
         DataRequest::Write {
             key: 7,

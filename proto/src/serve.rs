@@ -41,6 +41,7 @@ pub struct Ranges {
     memory: SegmentMemory,
     ranges: Vec<Range>,
     exported: Exported,
+    unaligned: bool,
 }
 
 impl Ranges {
@@ -49,6 +50,12 @@ impl Ranges {
     /// the ranges to other writers).
     pub fn exported(&self) -> Exported {
         self.exported.clone()
+    }
+
+    /// Whether the reader asked for these bytes copied rather than lent (see
+    /// [`DataRequest::Read`]'s `unaligned`).
+    pub fn unaligned(&self) -> bool {
+        self.unaligned
     }
 
     /// Total bytes.
@@ -276,15 +283,21 @@ impl DataService {
                         memory,
                         ranges,
                         exported,
+                        unaligned: false,
                     }),
                     Err(e) => Served::RefuseWrite(e),
                 }
             }
-            DataRequest::Read { key, ranges } => match self.exports.resolve_watched(key, &ranges) {
+            DataRequest::Read {
+                key,
+                ranges,
+                unaligned,
+            } => match self.exports.resolve_watched(key, &ranges) {
                 Ok((memory, exported)) => Served::Read(Ranges {
                     memory,
                     ranges,
                     exported,
+                    unaligned,
                 }),
                 Err(e) => Served::Answer(Err(e)),
             },
@@ -407,11 +420,16 @@ mod tests {
         let read = DataRequest::Read {
             key: addr.key,
             ranges: ranges.clone(),
+            unaligned: true,
         };
         let Served::Read(source) = service.serve(read, &mut Fixed(false)) else {
             panic!("a valid read is served");
         };
         assert_eq!(source.read_slices(), [&b"abc"[..], &b"de"[..]]);
+        assert!(
+            source.unaligned(),
+            "the reader's wish reaches the transport"
+        );
         assert!(matches!(
             service.serve(write(addr.key), &mut Fixed(true)),
             Served::RefuseWrite(e) if e.code == ErrorCode::TRANSFER_FAIL
@@ -438,6 +456,7 @@ mod tests {
         let read = DataRequest::Read {
             key: addr.key,
             ranges,
+            unaligned: false,
         };
         assert!(matches!(
             service.serve(read, &mut Fixed(false)),

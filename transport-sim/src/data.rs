@@ -287,6 +287,7 @@ impl DataPlane for SimDataPlane {
                             DataRequest::Read {
                                 key: node.key,
                                 ranges,
+                                unaligned: false,
                             },
                             &[],
                         )

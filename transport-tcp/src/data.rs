@@ -221,6 +221,14 @@ impl TcpDataServer {
                     .write_message::<DataResponse>(id, &staging.await, &[])
                     .await
                     .is_ok(),
+                Served::Read(source) if source.unaligned() => conn
+                    .write_message_copied::<DataResponse>(
+                        id,
+                        &Ok(DataReply::Done),
+                        &source.read_slices(),
+                    )
+                    .await
+                    .is_ok(),
                 Served::Read(source) => conn
                     .write_message::<DataResponse>(id, &Ok(DataReply::Done), &source.read_slices())
                     .await
@@ -239,6 +247,10 @@ impl TcpDataServer {
         }
     }
 }
+
+/// A reader's destination off this alignment asks for its bytes copied, not lent (see
+/// `unaligned` in [`DataRequest::Read`]).
+const CACHE_LINE: usize = 64;
 
 /// Bytes of a write received between checks of its deadline and of its segment's export.
 const WRITE_STEP: usize = 256 << 10;
@@ -606,6 +618,9 @@ impl TcpDataPlane {
                         let request = DataRequest::Read {
                             key: node.key,
                             ranges: ranges_of(chunk),
+                            unaligned: chunk.iter().any(|(_, piece)| {
+                                !(piece.dest.as_ptr() as usize).is_multiple_of(CACHE_LINE)
+                            }),
                         };
                         conn.write_message(id, &request, &[])
                             .await

@@ -330,6 +330,27 @@ impl Framed {
         message: &M,
         bulk: &[&[u8]],
     ) -> io::Result<()> {
+        self.write_frame(request_id, message, bulk, true).await
+    }
+
+    /// [`Framed::write_message`], copying every bulk byte into the socket: none of the
+    /// slices' pages is lent to it (see `unaligned` in [`mooring_proto::wire::DataRequest`]).
+    pub async fn write_message_copied<M: WireMessage>(
+        &mut self,
+        request_id: u64,
+        message: &M,
+        bulk: &[&[u8]],
+    ) -> io::Result<()> {
+        self.write_frame(request_id, message, bulk, false).await
+    }
+
+    async fn write_frame<M: WireMessage>(
+        &mut self,
+        request_id: u64,
+        message: &M,
+        bulk: &[&[u8]],
+        lend_pages: bool,
+    ) -> io::Result<()> {
         let mut frame = message.to_frame(request_id);
         let bulk_len: usize = bulk.iter().map(|b| b.len()).sum();
         if bulk_len <= COALESCE {
@@ -338,7 +359,7 @@ impl Framed {
                 frame.extend_from_slice(b);
             }
             self.socket.write_all(&frame).await?;
-        } else if self.splice_large(bulk) {
+        } else if lend_pages && self.splice_large(bulk) {
             // Large slices: zero-copy, one at a time; runs of small ones: gathered writes.
             self.socket.write_all(&frame).await?;
             let mut run: Vec<&[u8]> = Vec::new();

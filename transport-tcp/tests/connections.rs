@@ -1,6 +1,7 @@
 //! The life of a data server's connections, over loopback against a real server, with the
 //! requests a client would send: a write that trickles in stops landing once its segment is
-//! unexported (a remount, after which the master may give the ranges to other writers), and
+//! unexported (a remount, after which the master may give the ranges to other writers), a
+//! read answers the same bytes whether its reader asks for them lent or copied, and
 //! a dropped server lets go of its port though clients stay connected.
 
 use std::ptr::NonNull;
@@ -115,4 +116,57 @@ async fn a_dropped_server_frees_its_port_while_a_client_stays_connected() {
         .await
         .expect("the connection closes");
     assert!(answer.is_err(), "a dropped server answered: {answer:?}");
+}
+
+/// A read answers the same bytes whether the reader asks for them lent (spliced from the
+/// segment's pages, for 64 KiB-2 MiB slices) or copied (`unaligned`, for a destination off a
+/// cache line).
+#[tokio::test]
+async fn a_read_answers_the_same_bytes_lent_or_copied() {
+    let pattern: Vec<u8> = (0..2 * HALF).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let owner = Arc::new(Mutex::new(pattern.clone()));
+    let ptr = NonNull::new(owner.lock().unwrap().as_mut_ptr()).unwrap();
+    // SAFETY: the vector lives as long as `owner`, which the segment keeps alive.
+    let memory = unsafe { SegmentMemory::new(ptr, 2 * HALF, owner.clone()) };
+    let server = server(11).await;
+    let node = server.export(memory.clone()).unwrap();
+    let mut conn = Framed::connect(&node.endpoint, Duration::ZERO)
+        .await
+        .unwrap();
+    handshake::client(&mut conn, None, mooring_proto::auth::Plane::Control, 0x78)
+        .await
+        .unwrap();
+    for (id, unaligned) in [(1, false), (2, true), (3, false)] {
+        // A 1 MiB slice (spliced when lent) and a small one after it, both off the start.
+        let ranges = vec![
+            Range {
+                addr: memory.base() + 16,
+                len: HALF as u64,
+            },
+            Range {
+                addr: memory.base() + HALF as u64 + 40,
+                len: 1000,
+            },
+        ];
+        let read = DataRequest::Read {
+            key: node.key,
+            ranges,
+            unaligned,
+        };
+        conn.write_message(id, &read, &[]).await.unwrap();
+        let (reply_id, reply) = conn.read_message::<DataResponse>().await.unwrap();
+        assert_eq!(reply_id, id);
+        reply.unwrap();
+        let mut got = vec![0u8; HALF + 1000 + 1];
+        // Into a destination one byte off, as an unaligned reader's would be.
+        conn.read_exact(&mut got[1..]).await.unwrap();
+        assert!(
+            got[1..=HALF] == pattern[16..HALF + 16],
+            "read {id}: first range"
+        );
+        assert!(
+            got[HALF + 1..] == pattern[HALF + 40..HALF + 1040],
+            "read {id}: second range"
+        );
+    }
 }

@@ -46,6 +46,7 @@ fn messages_roundtrip() {
             addr: 1 << 40,
             len: 4096,
         }],
+        unaligned: true,
     });
     roundtrip::<DataResponse>(&Ok(DataReply::Done));
     roundtrip(&DataRequest::Stage {
@@ -150,6 +151,7 @@ fn bulk_length_is_bounded() {
             },
             Range { addr: 0, len: 2 },
         ],
+        unaligned: false,
     };
     assert_eq!(overflow.bulk_len(), None);
     let huge = DataRequest::Read {
@@ -158,6 +160,7 @@ fn bulk_length_is_bounded() {
             addr: 0,
             len: MAX_DATA_REQUEST + 1,
         }],
+        unaligned: false,
     };
     assert_eq!(huge.bulk_len(), None);
 }
