@@ -11,6 +11,9 @@ store's calls counts. The Rust figures come from ``mooring bench
 ``mooring.store`` with registered buffers (``put_from``, ``get_into``, ``batch_get_into``)
 and, for small values, the copying ``get``. Every value read is checked.
 
+``--transport tcp`` (or ``shm``) makes both readers use that transport (the Python one
+through ``MOORING_TRANSPORT``) instead of shared memory.
+
 With ``--device cuda`` (or ``--device model``, the software device model, anywhere) it
 measures device rows instead: the same batch calls from and into registered host memory and
 registered device memory, on one store in one run, and the device path's share of the host
@@ -349,6 +352,8 @@ class Child:
 
 
 def rust_phases(master: str, sizes: list[int], count: int, batch: int) -> list[dict]:
+    # The reader's transport, as MOORING_TRANSPORT sets it for the Python side.
+    transport = os.environ.get("MOORING_TRANSPORT", "auto")
     out = subprocess.run(
         [
             mooring_binary(),
@@ -362,6 +367,8 @@ def rust_phases(master: str, sizes: list[int], count: int, batch: int) -> list[d
             str(count),
             "--batch",
             str(batch),
+            "--transport",
+            transport,
         ],
         check=True,
         capture_output=True,
@@ -493,6 +500,11 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the phases as JSON")
     parser.add_argument(
+        "--transport",
+        choices=("auto", "tcp", "shm"),
+        help="how both readers reach the writer (default auto: shared memory on one host)",
+    )
+    parser.add_argument(
         "--device",
         choices=("cuda", "model"),
         help="device rows instead: host vs device memory (cuda: a GPU through torch; model: "
@@ -505,6 +517,9 @@ def main() -> None:
         return writer(args)
 
     sizes = [parse_size(s) for s in args.sizes.split(",")]
+    if args.transport:
+        # Read by mooring.store's setup, here and in the writer process.
+        os.environ["MOORING_TRANSPORT"] = args.transport
     master_process = None
     master = args.master
     if master is None:
