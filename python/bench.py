@@ -227,7 +227,9 @@ def writer(args: argparse.Namespace) -> None:
 # ---- the reader (this process) -----------------------------------------------------------------
 
 
-def python_phases(master: str, sizes: list[int], count: int, batch: int) -> list[dict]:
+def python_phases(
+    master: str, sizes: list[int], count: int, batch: int, buffer: str = "aligned"
+) -> list[dict]:
     """The Python client's phases. Puts: a Python writer into its own segment. Reads: the
     objects a Rust `mooring bench-writer` put into its segment, so the node serving the
     reads is the one `mooring bench` reads from."""
@@ -252,7 +254,12 @@ def python_phases(master: str, sizes: list[int], count: int, batch: int) -> list
             phases.append(json.loads(child.ask(f"put {size}")))
     reader = MooncakeDistributedStore()
     setup(reader, master, 0, 64 << 20)
-    buf = page_aligned(batch * max(sizes))
+    if buffer == "malloc":
+        # As a program written for Mooncake registers an ordinary numpy array: malloc puts a
+        # large one 16 bytes past a page boundary, in 4 KiB pages.
+        buf = np.zeros(batch * max(sizes), dtype=np.uint8)
+    else:
+        buf = page_aligned(batch * max(sizes))
     reader.register_buffer(buf.ctypes.data, buf.nbytes)
     base = buf.ctypes.data
     try:
@@ -500,6 +507,13 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the phases as JSON")
     parser.add_argument(
+        "--buffer",
+        choices=("aligned", "malloc"),
+        default="aligned",
+        help="the Python reader's registered buffer: page-aligned with huge pages (default), "
+        "or an ordinary numpy array (malloc's placement, 16 bytes past a page)",
+    )
+    parser.add_argument(
         "--transport",
         choices=("auto", "tcp", "shm"),
         help="how both readers reach the writer (default auto: shared memory on one host)",
@@ -556,7 +570,7 @@ def main() -> None:
         # Alternate, so drift in the machine's load hits both sides alike.
         for _ in range(args.rounds):
             rust += rust_phases(master, sizes, args.count, args.batch)
-            python += python_phases(master, sizes, args.count, args.batch)
+            python += python_phases(master, sizes, args.count, args.batch, args.buffer)
     finally:
         if master_process is not None:
             master_process.kill()
