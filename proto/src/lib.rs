@@ -20,8 +20,10 @@
 //! | [`disk`] | the file I/O trait the SSD tier's disks implement |
 //! | [`state_dir`] | the files a master keeps (journals, snapshots), as a trait the simulation can break |
 //! | [`fuzz`] | fuzz entry points for every decoder of network bytes |
+//! | [`buggify`] | the simulation's timing faults and hold points, in every crate that moves bytes; no-ops outside it |
 
 pub mod auth;
+pub mod buggify;
 pub mod disk;
 pub mod dispatch;
 pub mod fuzz;

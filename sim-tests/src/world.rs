@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -116,6 +116,10 @@ pub struct World {
     pub disks: Vec<Arc<SimDisk>>,
     /// Each storage node's current incarnation, once it is up (for memory faults).
     nodes: Mutex<BTreeMap<usize, Node>>,
+    /// Which storage node each simulated machine is (hold points find their node by it).
+    storage_ids: Mutex<BTreeMap<NodeId, usize>>,
+    /// Writes the plan may still hold up partway (see [`Plan::held_writes`]).
+    held_writes_left: AtomicU32,
     /// Keys a get is reading right now (once per read): removes and upserts aim at them,
     /// so that leases and holds are what protect their bytes.
     pub reading: Mutex<Vec<String>>,
@@ -181,6 +185,8 @@ impl World {
             nodes: Mutex::default(),
             reading: Mutex::default(),
             healed: AtomicBool::new(false),
+            storage_ids: Mutex::default(),
+            held_writes_left: AtomicU32::new(plan.held_writes),
             group: Mutex::default(),
             terms: Mutex::default(),
             takeovers: Mutex::default(),
@@ -201,6 +207,32 @@ impl World {
     /// Storage node `i` is up as `node`.
     pub fn set_node(&self, i: usize, node: Node) {
         self.nodes.lock().expect("nodes lock").insert(i, node);
+        self.storage_ids
+            .lock()
+            .expect("storage ids lock")
+            .insert(madsim::plugin::node(), i);
+    }
+
+    /// Which storage node the calling task runs on, if it runs on one.
+    pub fn storage_here(&self) -> Option<usize> {
+        let here = madsim::plugin::node();
+        self.storage_ids
+            .lock()
+            .expect("storage ids lock")
+            .get(&here)
+            .copied()
+    }
+
+    /// Whether the plan has held writes left.
+    pub fn held_writes_remain(&self) -> bool {
+        self.held_writes_left.load(Ordering::Relaxed) > 0
+    }
+
+    /// Takes one of the plan's held writes, if any are left.
+    pub fn take_held_write(&self) -> bool {
+        self.held_writes_left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
     }
 
     /// Storage node `i`'s latest incarnation, if it ever came up.

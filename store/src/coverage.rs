@@ -82,6 +82,13 @@ impl Path {
     /// A member holding a valid credential tried to act as another member or beyond its
     /// roles, and the master refused it (the simulation's insider).
     pub const INSIDER_REFUSED: Path = Path("insider refused at the master");
+    /// A same-host writer was held mid-copy until its blocks could be handed out again (the
+    /// simulation's hold; the writer's fence must stop the rest).
+    pub const SHM_WRITE_HELD: Path = Path("same-host write held mid-copy past its release");
+    /// A node's receipt of a write was held while the node remounted its segment (the
+    /// simulation's hold; the node must refuse the rest).
+    pub const NODE_WRITE_HELD_REMOUNTED: Path =
+        Path("write held at its node across a remount");
     /// A standby fell behind and was recorded out of sync by the leader.
     pub const STANDBY_DROPPED: Path = Path("standby fell behind and was dropped");
 

@@ -21,7 +21,7 @@
 //!
 //! The `mooring` binary (`src/bin/mooring/`) wraps these in a CLI.
 
-pub mod buggify;
+pub use mooring_proto::buggify;
 pub mod client;
 pub mod clock;
 pub mod cluster;

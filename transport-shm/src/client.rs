@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use mooring_core::client::FenceRule;
 use mooring_core::{Checksum, Error, ErrorCode, Result};
+use mooring_proto::buggify::{self, Site};
 use mooring_proto::transport::{BoxFuture, DataPlane, NodeAddr, ReadOp, SegmentMemory, WriteOp};
 use mooring_proto::wire::{DataReply, DataRequest, ShmOffer};
 use tracing::debug;
@@ -382,6 +383,9 @@ impl DataPlane for ShmDataPlane {
             for (op, at) in ops.iter().zip(targets) {
                 let mut sum = Checksum::EMPTY;
                 for (j, piece) in op.src.chunks(WRITE_STEP).enumerate() {
+                    // A writer descheduled here (the simulation holds it) must still stop at
+                    // its window.
+                    buggify::hold(Site::SHM_WRITER_MID_COPY).await;
                     // The writer's fence: no byte lands after the window the master granted
                     // (it may give these ranges to another writer then).
                     if Instant::now() >= deadline {

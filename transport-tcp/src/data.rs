@@ -14,6 +14,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use mooring_core::{Checksum, Error, ErrorCode, Result};
 use mooring_proto::auth::{Credential, Gate, Plane};
+use mooring_proto::buggify::{self, Site};
 use mooring_proto::serve::{DataService, Ranges, Served};
 use mooring_proto::summing::{STEP, Summing};
 use mooring_proto::trace::TraceId;
@@ -270,6 +271,9 @@ async fn receive_write(
     let exported = target.exported();
     for dest in target.write_slices() {
         for step in dest.chunks_mut(WRITE_STEP) {
+            // Bytes held up here (the simulation holds the task, and may remount the segment
+            // meanwhile) are checked below like any others.
+            buggify::hold(Site::NODE_MID_WRITE).await;
             let remaining = deadline.saturating_duration_since(Instant::now());
             let stop = if remaining.is_zero() {
                 Some("still arriving at its deadline")

@@ -144,6 +144,13 @@ impl Plan {
             0 => 1,
             n => n + 1,
         };
+        // Its own stream: in half the runs with faults, up to three writes held up partway.
+        let mut held = Rng::seeded(seed ^ 0x4E1D_3A17);
+        let held_writes = if shape.faults && chance(&mut held, 0.5) {
+            1 + held.below(3) as u32
+        } else {
+            0
+        };
         // Its own stream too.
         let mut blocks = Rng::seeded(seed ^ 0xB10C_5E7E);
         let block_size =
@@ -265,6 +272,7 @@ impl Plan {
             transport,
             buggify,
             slow_readers,
+            held_writes,
             streams,
             block_size,
             client_rot,

@@ -124,6 +124,12 @@ pub struct Plan {
     /// Whether some reads stall between receiving their descriptors and transferring (for up
     /// to most of their lease), to widen read/evict and read/upsert races.
     pub slow_readers: bool,
+    /// Writes held up partway, at most this many a run and only until the faults heal: a
+    /// same-host writer descheduled mid-copy until its blocks were released and handed out
+    /// again, or a node's receipt of a write held while the node remounts its segment (so the
+    /// rest arrives for a mount that no longer exists). Each write's own checks must stop it:
+    /// the writer's fence, the node's deadline and export. Zero in runs without faults.
+    pub held_writes: u32,
     /// Operations each client keeps in flight, as a thread pool sharing one client would.
     pub streams: usize,
     /// In some runs most values are KV-cache blocks of one size (as an engine's pages are), so
@@ -200,6 +206,13 @@ impl fmt::Display for Plan {
             m.put_start_discard_timeout.as_millis(),
             m.put_start_release_timeout.as_millis()
         )?;
+        if self.held_writes > 0 {
+            writeln!(
+                f,
+                "  up to {} writes held up partway (same-host copies past their release; node receipts across a remount)",
+                self.held_writes
+            )?;
+        }
         if self.master_group {
             writeln!(
                 f,

@@ -95,6 +95,8 @@ pub(super) fn install_crash_hook(world: &Arc<World>) {
         .disk
         .as_ref()
         .map_or(Duration::ZERO, |d| d.slot_ttl);
+    let release = Duration::from_millis(world.plan.master.put_start_release_timeout.as_millis());
+    let write_window = Duration::from_millis(world.plan.master.client_ttl.as_millis() / 2);
     let hook: mooring::buggify::HoldHook = Rc::new(move |site| {
         let stall = !w.healed.load(Ordering::Relaxed);
         if site == Site::CLIENT_BEFORE_READ_TRANSFER {
@@ -132,6 +134,38 @@ pub(super) fn install_crash_hook(world: &Arc<World>) {
             let mut rng = madsim::rand::thread_rng();
             return (stall && slow_readers && rng.gen_bool(0.5))
                 .then(|| lease.mul_f64(0.5 + 2.0 * rng.r#gen::<f64>()));
+        }
+        if site == Site::SHM_WRITER_MID_COPY || site == Site::NODE_MID_WRITE {
+            // A write held up partway, now and then until the plan's are used up (runs
+            // without them draw nothing here, so their seeds play out as before).
+            if !stall || !w.held_writes_remain() {
+                return None;
+            }
+            let mut rng = madsim::rand::thread_rng();
+            let node = (site == Site::NODE_MID_WRITE)
+                .then(|| w.storage_here().and_then(|i| w.node(i)));
+            if !rng.gen_bool(0.002)
+                || node.as_ref().is_some_and(Option::is_none)
+                || !w.take_held_write()
+            {
+                return None;
+            }
+            let Some(Some(storage)) = node else {
+                // Past the release timeout: the master frees the blocks and hands them out
+                // again while the writer is away; its fence must keep the rest out.
+                mooring::coverage::hit(mooring::coverage::Path::SHM_WRITE_HELD);
+                return Some(release + Duration::from_millis(rng.gen_range(200..3000)));
+            };
+            // The node remounts while the rest of the write is held, within the write's
+            // window (so its deadline still lets it in): the rest must be refused, as the
+            // master hands the new mount's ranges to other writers.
+            madsim::task::spawn(async move {
+                if let Err(e) = storage.remount().await {
+                    tracing::info!("remount failed: {e}");
+                }
+            });
+            mooring::coverage::hit(mooring::coverage::Path::NODE_WRITE_HELD_REMOUNTED);
+            return Some(write_window.mul_f64(rng.gen_range(0.2..0.9)));
         }
         if site == Site::CLIENT_BEFORE_TASK_END {
             // The supervisor takes the target away while the client waits, well within the

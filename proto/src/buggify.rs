@@ -39,6 +39,12 @@ impl Site {
     pub const CLIENT_HELD_READ_TRANSFER: Site = Site("client.held_read_transfer");
     /// A node between choosing its disk eviction victims and telling the master (hold).
     pub const NODE_BEFORE_DISK_EVICTION_REPORT: Site = Site("node.before_disk_eviction_report");
+    /// A node's data server between two pieces of a write it is receiving (hold): the writer's
+    /// bytes held up, or the node's task descheduled, while its segment may be remounted.
+    pub const NODE_MID_WRITE: Site = Site("node.mid_write");
+    /// A same-host writer between two pieces of its copy into a node's mapped segment (hold):
+    /// the writer's thread descheduled mid-copy.
+    pub const SHM_WRITER_MID_COPY: Site = Site("shm.writer_mid_copy");
     /// Every member's heartbeat period (period).
     pub const HEARTBEAT_INTERVAL: Site = Site("heartbeat.interval");
     /// The master's tick period (period).
