@@ -107,6 +107,9 @@ pub struct World {
     pub finished: Vec<AtomicBool>,
     /// Crash-mid-write orders, by the node that should crash.
     pub crash_orders: Mutex<BTreeMap<NodeId, CrashOrder>>,
+    /// Members that paused themselves at a hold point, and for how long: the supervisor
+    /// resumes them (a paused member cannot).
+    pause_orders: Mutex<Vec<(NodeId, Duration)>>,
     /// Orders to take a move's target away before its end, by the client carrying it out.
     pub task_orders: Mutex<BTreeMap<NodeId, TaskOrder>>,
     /// Incarnations of each client, for fresh seeds after restarts.
@@ -179,6 +182,7 @@ impl World {
                 .collect(),
             finished: (0..shape.clients).map(|_| AtomicBool::new(false)).collect(),
             crash_orders: Mutex::default(),
+            pause_orders: Mutex::default(),
             task_orders: Mutex::default(),
             incarnations: (0..shape.clients).map(|_| AtomicUsize::new(0)).collect(),
             disks,
@@ -221,6 +225,22 @@ impl World {
             .expect("storage ids lock")
             .get(&here)
             .copied()
+    }
+
+    /// Freezes the calling member's whole process (as a stopped VM or a SIGSTOP would)
+    /// from its next await, for `lasts`: every task of it stops, none is cancelled.
+    pub fn pause_here(&self, lasts: Duration) {
+        let here = madsim::plugin::node();
+        madsim::runtime::Handle::current().pause(here);
+        self.pause_orders
+            .lock()
+            .expect("pause orders lock")
+            .push((here, lasts));
+    }
+
+    /// The pauses members asked for since the last call.
+    pub fn take_pause_orders(&self) -> Vec<(NodeId, Duration)> {
+        std::mem::take(&mut *self.pause_orders.lock().expect("pause orders lock"))
     }
 
     /// Whether the plan has held writes left.

@@ -87,8 +87,7 @@ impl Path {
     pub const SHM_WRITE_HELD: Path = Path("same-host write held mid-copy past its release");
     /// A node's receipt of a write was held while the node remounted its segment (the
     /// simulation's hold; the node must refuse the rest).
-    pub const NODE_WRITE_HELD_REMOUNTED: Path =
-        Path("write held at its node across a remount");
+    pub const NODE_WRITE_HELD_REMOUNTED: Path = Path("write held at its node across a remount");
     /// A standby fell behind and was recorded out of sync by the leader.
     pub const STANDBY_DROPPED: Path = Path("standby fell behind and was dropped");
 

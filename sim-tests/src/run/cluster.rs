@@ -142,8 +142,8 @@ pub(super) fn install_crash_hook(world: &Arc<World>) {
                 return None;
             }
             let mut rng = madsim::rand::thread_rng();
-            let node = (site == Site::NODE_MID_WRITE)
-                .then(|| w.storage_here().and_then(|i| w.node(i)));
+            let node =
+                (site == Site::NODE_MID_WRITE).then(|| w.storage_here().and_then(|i| w.node(i)));
             if !rng.gen_bool(0.002)
                 || node.as_ref().is_some_and(Option::is_none)
                 || !w.take_held_write()
@@ -151,10 +151,14 @@ pub(super) fn install_crash_hook(world: &Arc<World>) {
                 return None;
             }
             let Some(Some(storage)) = node else {
-                // Past the release timeout: the master frees the blocks and hands them out
-                // again while the writer is away; its fence must keep the rest out.
+                // The writer's process stops mid-copy past the release timeout: the master
+                // frees the blocks and hands them out again meanwhile. A memcpy cannot be
+                // cancelled, so the whole process is paused (holding the task alone would let
+                // the write's own timeout drop the copy); its fence must keep the rest out
+                // when it runs again.
                 mooring::coverage::hit(mooring::coverage::Path::SHM_WRITE_HELD);
-                return Some(release + Duration::from_millis(rng.gen_range(200..3000)));
+                w.pause_here(release + Duration::from_millis(rng.gen_range(200..3000)));
+                return Some(Duration::from_micros(1));
             };
             // The node remounts while the rest of the write is held, within the write's
             // window (so its deadline still lets it in): the rest must be refused, as the
@@ -165,7 +169,7 @@ pub(super) fn install_crash_hook(world: &Arc<World>) {
                 }
             });
             mooring::coverage::hit(mooring::coverage::Path::NODE_WRITE_HELD_REMOUNTED);
-            return Some(write_window.mul_f64(rng.gen_range(0.2..0.9)));
+            return Some(write_window.mul_f64(rng.gen_range(0.1..0.5)));
         }
         if site == Site::CLIENT_BEFORE_TASK_END {
             // The supervisor takes the target away while the client waits, well within the

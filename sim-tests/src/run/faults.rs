@@ -264,6 +264,13 @@ impl Supervisor {
         }
     }
 
+    /// Resumes, when their time is up, the members that paused themselves.
+    pub(super) fn serve_pause_orders(&mut self, now: Duration) {
+        for (id, lasts) in self.world.take_pause_orders() {
+            self.heals.push((now + lasts, Heal::Resume(id)));
+        }
+    }
+
     /// Remounts storage node `node` from its own process, as its heartbeat loop would;
     /// whether it was up to do so.
     fn remount(&mut self, node: usize) -> bool {
@@ -335,6 +342,7 @@ impl Supervisor {
             self.heals.push((now, Heal::Restart(id)));
         }
         self.kill_waiting_on_disks(now);
+        self.serve_pause_orders(now);
         let heals = std::mem::take(&mut self.heals);
         for (_, heal) in &heals {
             self.heal(heal);

@@ -131,6 +131,7 @@ async fn supervise(plan: Plan) -> Report {
         }
         sup.serve_crash_orders(now);
         sup.serve_task_orders();
+        sup.serve_pause_orders(now);
         sup.serve_disk_kills(now);
         sup.heal_due(now);
         sup.record_gone();
