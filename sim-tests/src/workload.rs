@@ -19,6 +19,10 @@ pub const OPERATION_BOUND: Duration = Duration::from_secs(60);
 /// One step in this many also starts a copy or move task and follows it to its end.
 const TASK_ONE_IN: usize = 25;
 
+/// How long gets aim at a value damaged in every copy: past the slowest disk sync (2 s), so
+/// reads meet its node before and after the master hears the disk copy went.
+const AIM_AT_DAMAGE: Duration = Duration::from_secs(3);
+
 /// Operation kinds and their weights.
 const MIX: &[(Op, u32)] = &[
     (Op::Put, 14),
@@ -135,7 +139,7 @@ impl Workload {
     /// A key to read, listed as being read until the guard goes (with the read, or with a
     /// client killed mid-read).
     fn key_to_read(&mut self) -> Reading {
-        let key = self.key();
+        let key = self.damaged_key().unwrap_or_else(|| self.key());
         self.world
             .reading
             .lock()
@@ -145,6 +149,27 @@ impl Workload {
             world: self.world.clone(),
             key,
         }
+    }
+
+    /// Half the time, a key whose every copy was damaged in the last [`AIM_AT_DAMAGE`]:
+    /// its readers must be told it is damaged, never that nothing has it, while its node
+    /// drops the damaged disk copy and before the master hears of that. (Runs without such
+    /// damage draw nothing here.)
+    fn damaged_key(&mut self) -> Option<String> {
+        let now = self.world.now();
+        let recent: Vec<String> = self
+            .world
+            .damaged_everywhere
+            .lock()
+            .expect("damaged lock")
+            .iter()
+            .filter(|(_, at)| now.saturating_sub(*at) < AIM_AT_DAMAGE)
+            .map(|(key, _)| key.clone())
+            .collect();
+        if recent.is_empty() || self.rng.below(2) == 0 {
+            return None;
+        }
+        Some(recent[self.rng.below(recent.len())].clone())
     }
 
     /// Two to `2 + spread - 1` distinct keys.

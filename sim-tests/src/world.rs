@@ -126,6 +126,9 @@ pub struct World {
     /// Keys a get is reading right now (once per read): removes and upserts aim at them,
     /// so that leases and holds are what protect their bytes.
     pub reading: Mutex<Vec<String>>,
+    /// Keys whose every copy a fault just damaged, and when: gets aim at them for a while,
+    /// so readers meet the copies a node drops before the master hears of it.
+    pub damaged_everywhere: Mutex<Vec<(String, Duration)>>,
     /// Set once every fault has healed: the simulation stops stalling members on purpose.
     pub healed: AtomicBool,
     /// A group's masters (their current incarnations), and which one leads.
@@ -188,6 +191,7 @@ impl World {
             disks,
             nodes: Mutex::default(),
             reading: Mutex::default(),
+            damaged_everywhere: Mutex::default(),
             healed: AtomicBool::new(false),
             storage_ids: Mutex::default(),
             held_writes_left: AtomicU32::new(plan.held_writes),

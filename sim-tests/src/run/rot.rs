@@ -236,6 +236,11 @@ impl Supervisor {
         }
         // The flips are in the key's own records: no other key's copy is touched.
         let now = self.world.now();
+        self.world
+            .damaged_everywhere
+            .lock()
+            .expect("damaged lock")
+            .push((key.clone(), now));
         self.world.history().note_disk_rot(&key, now);
         let here = self.world.node(node).and_then(|n| n.segment());
         let no_disk_copy_elsewhere = self.world.master().is_some_and(|master| {
