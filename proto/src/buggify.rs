@@ -116,6 +116,52 @@ pub fn damage(site: Site, buf: &mut [u8]) {
     let _ = (site, buf);
 }
 
+/// A request to the master with id `id` went out; its sender stops waiting for it at
+/// `deadline`. A simulation checks that no master acts on it later ([`request_acted_on`]),
+/// measured on the simulated clock every member shares, so a slip in how a server judges
+/// lateness is caught even when nothing downstream shows it. A no-op outside simulation.
+pub fn request_sent(id: u64, deadline: tokio::time::Instant) {
+    #[cfg(madsim)]
+    sim::request(RequestStep::Sent { id, deadline });
+    let _ = (id, deadline);
+}
+
+/// A master is acting on request `id` now, having judged it in time. A no-op outside
+/// simulation.
+pub fn request_acted_on(id: u64) {
+    #[cfg(madsim)]
+    sim::request(RequestStep::ActedOn { id });
+    let _ = id;
+}
+
+/// A step of a request to the master, as a simulation's request hook sees it.
+#[cfg(madsim)]
+#[derive(Clone, Copy, Debug)]
+pub enum RequestStep {
+    /// Sent; its sender stops waiting at `deadline`.
+    Sent {
+        /// The request's id (its operation's trace id).
+        id: u64,
+        /// When its sender stops waiting.
+        deadline: tokio::time::Instant,
+    },
+    /// A master acts on it now.
+    ActedOn {
+        /// The request's id.
+        id: u64,
+    },
+}
+
+/// What a simulation does with each request step.
+#[cfg(madsim)]
+pub type RequestHook = std::rc::Rc<dyn Fn(RequestStep)>;
+
+/// Installs (or with `None` removes) this run's request hook.
+#[cfg(madsim)]
+pub fn set_request_hook(hook: Option<RequestHook>) {
+    sim::set_request_hook(hook);
+}
+
 /// What a simulation's damage hook decides for a buffer of `len` bytes at a damage point:
 /// `Some(bit)` flips that bit.
 #[cfg(madsim)]
@@ -172,6 +218,7 @@ mod sim {
     thread_local! {
         static HOLD: RefCell<Option<super::HoldHook>> = const { RefCell::new(None) };
         static DAMAGE: RefCell<Option<super::DamageHook>> = const { RefCell::new(None) };
+        static REQUEST: RefCell<Option<super::RequestHook>> = const { RefCell::new(None) };
         static ENABLED: Cell<bool> = const { Cell::new(false) };
         static SITES: RefCell<BTreeMap<super::Site, bool>> = const { RefCell::new(BTreeMap::new()) };
     }
@@ -209,9 +256,20 @@ mod sim {
         DAMAGE.with(|h| *h.borrow_mut() = hook);
     }
 
+    pub(super) fn request(step: super::RequestStep) {
+        if let Some(hook) = REQUEST.with(|h| h.borrow().clone()) {
+            hook(step);
+        }
+    }
+
+    pub(super) fn set_request_hook(hook: Option<super::RequestHook>) {
+        REQUEST.with(|h| *h.borrow_mut() = hook);
+    }
+
     pub(super) fn reset(enabled: bool) {
         HOLD.with(|h| *h.borrow_mut() = None);
         DAMAGE.with(|h| *h.borrow_mut() = None);
+        REQUEST.with(|h| *h.borrow_mut() = None);
         ENABLED.with(|e| e.set(enabled));
         SITES.with(|sites| sites.borrow_mut().clear());
     }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use mooring_core::{ClientId, Error, ErrorCode, Result};
 use mooring_proto::auth::{Credential, Gate, Peer, Plane, Roles};
+use mooring_proto::buggify;
 use mooring_proto::serve::SenderClock;
 use mooring_proto::trace::TraceId;
 use mooring_proto::transport::{Answer, BoxFuture, ControlPlane, RpcHandler};
@@ -301,6 +302,7 @@ impl TcpControlPlane {
         };
         request.sent_at_us = sent_at_us;
         request.valid_for_us = valid_for_us;
+        buggify::request_sent(id, deadline);
         refused.lock().expect("refusal lock").take();
         conn.framed
             .write_message(id, &*request, &[])
@@ -480,6 +482,9 @@ impl Connection<'_> {
                 .still_valid(&self.member, handshake::unix_now())
                 .err();
             let request = sent.request;
+            if !late {
+                buggify::request_acted_on(id);
+            }
             let response = span.in_scope(|| self.answer(request, late, lapsed.as_deref()));
             let response = match response {
                 Answer::Now(response) => response,

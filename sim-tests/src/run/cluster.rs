@@ -206,4 +206,47 @@ pub(super) fn install_crash_hook(world: &Arc<World>) {
             .then(|| rng.gen_range(0..len * 8))
     });
     mooring::buggify::set_damage_hook(Some(damage));
+    install_request_deadlines(world);
+}
+
+/// Checks a contract of every master where it is made: no request is acted on after its
+/// sender stopped waiting for it (on the simulated clock all members share), whatever a
+/// server's view of the sender's clock says. The latest deadline of each request id counts
+/// (an operation's retries share its trace id), so a retry never makes an earlier try late.
+fn install_request_deadlines(world: &Arc<World>) {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    use mooring::buggify::RequestStep;
+    use tokio::time::Instant;
+
+    let w = world.clone();
+    let deadlines: RefCell<HashMap<u64, Instant>> = RefCell::default();
+    let hook: mooring::buggify::RequestHook = Rc::new(move |step| {
+        let now = Instant::now();
+        let mut deadlines = deadlines.borrow_mut();
+        match step {
+            RequestStep::Sent { id, deadline } => {
+                if deadlines.len() > 100_000 {
+                    // Requests never acted on: long past any retry.
+                    deadlines
+                        .retain(|_, d| now.saturating_duration_since(*d) < Duration::from_secs(60));
+                }
+                let latest = deadlines.entry(id).or_insert(deadline);
+                *latest = (*latest).max(deadline);
+            }
+            RequestStep::ActedOn { id } => {
+                if let Some(&deadline) = deadlines.get(&id)
+                    && now > deadline
+                {
+                    w.history().violation(format!(
+                        "a master acted on request {id:#x} at {:?}, {:?} after its sender stopped waiting",
+                        w.now(),
+                        now - deadline
+                    ));
+                }
+            }
+        }
+    });
+    mooring::buggify::set_request_hook(Some(hook));
 }
