@@ -206,6 +206,12 @@ EXPS = {
  'no-request-deadline': [
    ('transport-tcp/src/rpc.rs', "        let late = clock.expired(sent.sent_at_us, sent.valid_for_us);\n", "        let late = clock.expired(sent.sent_at_us, sent.valid_for_us) && false;\n"),
  ],
+ # The same contract broken on the sender's side: each try of a call announces a whole
+ # timeout from its own send, so a try sent late in the call stays valid past the moment its
+ # caller stops waiting.
+ 'request-stamped-with-a-fresh-deadline': [
+   ('transport-tcp/src/rpc.rs', "        let Some((sent_at_us, valid_for_us)) = conn.clock.stamp(deadline) else {", "        let Some((sent_at_us, valid_for_us)) = conn.clock.stamp(Instant::now() + self.timeout) else {"),
+ ],
  # A same-host client keeps using its mapping after the node remounted its segment.
  'shm-mapping-outlives-mount': [
    ('transport-shm/src/client.rs', "    if crate::memory::export_key(memory) == Some(node.key) {", "    if true {"),
@@ -416,6 +422,7 @@ RUN_ARGS = {
  'shm-mapping-outlives-mount': ['--transport', 'shm'],
  'shm-no-write-fence': ['--transport', 'shm'],
  'tcp-write-outlives-export': ['--transport', 'tcp'],
+ 'request-stamped-with-a-fresh-deadline': ['--transport', 'tcp'],
  'accept-any-token': ['--transport', 'tcp'],
  'member-id-tag-unchecked': ['--transport', 'tcp'],
  'request-names-any-client': ['--transport', 'tcp'],

@@ -302,7 +302,6 @@ impl TcpControlPlane {
         };
         request.sent_at_us = sent_at_us;
         request.valid_for_us = valid_for_us;
-        buggify::request_sent(id, deadline);
         refused.lock().expect("refusal lock").take();
         conn.framed
             .write_message(id, &*request, &[])
@@ -359,6 +358,8 @@ impl ControlPlane for TcpControlPlane {
         Box::pin(async move {
             let refused = std::sync::Mutex::new(None);
             let deadline = Instant::now() + self.timeout;
+            // The caller stops waiting then, however many tries it takes.
+            buggify::request_sent(TraceId::current().0, deadline);
             // Stamped afresh on each try (see `round_trip`).
             let mut request = ControlRequest {
                 sent_at_us: 0,
