@@ -599,11 +599,11 @@ if name in PROPERTY_TESTS:
     sys.exit(0)
 env=dict(os.environ, RUSTFLAGS='--cfg madsim', CARGO_TARGET_DIR=os.path.join(TARGET,'target'))
 try:
-    b=subprocess.run(['cargo','build','--release','-q','-p','mooring-sim-tests','--bin','mooring-sim'],cwd=ROOT,env=env,capture_output=True,text=True,check=False)
+    b=subprocess.run(['cargo','build','--profile','teeth','-q','-p','mooring-sim-tests','--bin','mooring-sim'],cwd=ROOT,env=env,capture_output=True,text=True,check=False)
     if b.returncode: print(name,'BUILD FAILED',b.stderr[-2000:]); sys.exit(1)
 finally:
     subprocess.run(['git','checkout','--']+sorted(files),cwd=ROOT,check=False)
-binp=os.path.join(env['CARGO_TARGET_DIR'],'release/mooring-sim')
+binp=os.path.join(env['CARGO_TARGET_DIR'],'teeth/mooring-sim')
 t=time.time()
 r=subprocess.run([binp,SIM_COMMAND.get(name,'run'),'--seeds',str(seeds)]+RUN_ARGS.get(name,[]),cwd=ROOT,capture_output=True,text=True,check=False)
 out=r.stdout
