@@ -193,7 +193,7 @@ EXPS = {
    ('core/src/tenant.rs', "                false => usage.disk_bytes -= bytes,", "                false => {}"),
  ],
  'tenant-usage-kept-after-remove': [
-   ('core/src/objects.rs', "        debug_assert!(indexed, \"live slot missing from the key index\");\n        self.tenants.take(&object.key, object.size);\n", "        debug_assert!(indexed, \"live slot missing from the key index\");\n"),
+   ('core/src/objects.rs', "        }\n        self.tenants.take(&object.key, object.size);\n        self.free_slots.push(slot);\n", "        }\n        self.free_slots.push(slot);\n"),
  ],
  # Expiry is never checked (judged by the real-process role tests).
  'credential-expiry-ignored': [
@@ -293,7 +293,7 @@ EXPS.update({
    ('core/src/discard.rs', "        let later = self.by_release.split_off(&(now + Millis(1), 0));", "        let later = self.by_release.split_off(&(now + Millis(1_000), 0));"),
  ],
  'in-place-overwrite-without-grace': [
-   ('core/src/upsert.rs', "        if now < object.readers_done_at(self.config.lease_grace) {", "        if object.lease_active(now) {"),
+   ('core/src/upsert.rs', "        } else if now < object.readers_done_at(self.config.lease_grace) {", "        } else if object.lease_active(now) {"),
  ],
  'eviction-frees-without-grace': [
    ('core/src/eviction.rs', "        let grace = self.config.lease_grace;\n        let kept_on_disk", "        let grace = crate::time::Millis::ZERO;\n        let kept_on_disk"),
