@@ -85,7 +85,8 @@ pub(super) fn start_cluster(world: &Arc<World>) -> Nodes {
 }
 
 /// Crash orders are served at the client's write steps: the client parks itself and the
-/// supervisor kills it at its next tick. Slow readers stall at the read-transfer step.
+/// supervisor kills it at its next tick. Slow readers stall at the read-transfer step, and
+/// the plan's held writes at the transports' copy and receive steps.
 pub(super) fn install_crash_hook(world: &Arc<World>) {
     let w = world.clone();
     let slow_readers = world.plan.slow_readers;
@@ -206,14 +207,13 @@ pub(super) fn install_crash_hook(world: &Arc<World>) {
             .then(|| rng.gen_range(0..len * 8))
     });
     mooring::buggify::set_damage_hook(Some(damage));
-    install_request_deadlines(world);
 }
 
 /// Checks a contract of every master where it is made: no request is acted on after its
 /// sender stopped waiting for it (on the simulated clock all members share), whatever a
 /// server's view of the sender's clock says. The latest deadline of each request id counts
 /// (an operation's retries share its trace id), so a retry never makes an earlier try late.
-fn install_request_deadlines(world: &Arc<World>) {
+pub(super) fn install_request_deadlines(world: &Arc<World>) {
     use std::cell::RefCell;
     use std::collections::HashMap;
 

@@ -107,6 +107,7 @@ struct Supervisor {
 async fn supervise(plan: Plan) -> Report {
     let world = World::new(plan);
     cluster::install_crash_hook(&world);
+    cluster::install_request_deadlines(&world);
     let nodes = cluster::start_cluster(&world);
     let mut sup = Supervisor {
         world: world.clone(),
