@@ -91,6 +91,35 @@ impl KeyIndex {
         self.len += 1;
     }
 
+    /// Adds `slot` under `hash` unless a slot whose key satisfies `is_key` is indexed
+    /// already, which is returned: for rebuilding the index from slots that could hold a key
+    /// twice (a restored snapshot).
+    pub(crate) fn insert_unique(
+        &mut self,
+        hash: u64,
+        slot: u32,
+        mut is_key: impl FnMut(u32) -> bool,
+    ) -> Result<(), u32> {
+        if (self.len + 1) * 8 > self.entries.len() * MAX_LOAD_EIGHTHS {
+            self.grow();
+        }
+        let tag = tag_of(hash);
+        let mask = self.mask();
+        let mut pos = tag as usize & mask;
+        loop {
+            let e = self.entries[pos];
+            if e == EMPTY {
+                self.entries[pos] = entry(tag, slot);
+                self.len += 1;
+                return Ok(());
+            }
+            if entry_tag(e) == tag && is_key(entry_slot(e)) {
+                return Err(entry_slot(e));
+            }
+            pos = (pos + 1) & mask;
+        }
+    }
+
     /// Removes the entry for `slot` (indexed under `hash`).
     pub(crate) fn remove(&mut self, hash: u64, slot: u32) -> bool {
         let target = entry(tag_of(hash), slot);

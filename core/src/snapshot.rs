@@ -267,7 +267,8 @@ impl Master {
         state.tasks.rebase(shift);
         state.counters.last_eviction_pass = shift(state.counters.last_eviction_pass);
         let mut master = Master {
-            objects: ObjectTable::from_parts(config.seed, state.objects),
+            objects: ObjectTable::from_parts(config.seed, state.objects)
+                .map_err(|e| bad(&format!("is inconsistent: {e}")))?,
             now: to,
             rng: state.rng,
             segments: state.segments,
@@ -284,7 +285,7 @@ impl Master {
             config,
         };
         master.unfinished = Unfinished::rebuild(&master);
-        invariants::check(&master).map_err(|v| bad(&format!("is inconsistent: {v}")))?;
+        invariants::check_restored(&master).map_err(|v| bad(&format!("is inconsistent: {v}")))?;
         Ok(master)
     }
 

@@ -189,6 +189,7 @@ pub fn sample_journal() -> Vec<u8> {
     use crate::wire::{GetReplicaList, PutStart};
     let inputs = [
         Input::Config(MasterConfig::default()),
+        Input::Resume,
         Input::Request(
             PutStart {
                 client: ClientId(3),

@@ -56,6 +56,12 @@ pub fn file_header(generation: u64) -> [u8; FILE_HEADER] {
 }
 /// The largest payload a record may carry (a request's largest frame, with room to spare).
 pub const MAX_RECORD: usize = 64 << 20;
+/// The most record bytes a writer syncs at once (a single larger record is synced alone).
+/// The sync mark that vouches for them follows at once, so a mark vouching for a bad record
+/// lies within [`MARK_REACH`] of it.
+pub const MAX_SYNC_BYTES: usize = 16 << 20;
+/// How far past a bad record [`decode`] needs the file to tell damage from a torn tail.
+pub const MARK_REACH: usize = MAX_SYNC_BYTES + RECORD_HEADER + MAX_RECORD + 256;
 
 /// One input to the core.
 #[derive(Clone, Debug, PartialEq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
@@ -72,6 +78,9 @@ pub enum Input {
     /// A sync mark: every byte of this journal before the offset it names was on disk when
     /// the mark was written (see the module docs). Not an input to the core.
     Synced(u64),
+    /// A restarted master resumed serving ([`Master::resume`]): the second record of the
+    /// journal a restart begins, after its configuration.
+    Resume,
 }
 
 /// Payload tags are padded to a multiple of this, so the archive after them stays aligned.
@@ -108,7 +117,7 @@ pub fn request_payload(request: MasterRequest) -> (Vec<u8>, MasterRequest) {
     let bytes = payload(&input);
     match input {
         Input::Request(request) => (bytes, request),
-        Input::Config(_) | Input::Tick | Input::End | Input::Synced(_) => {
+        Input::Config(_) | Input::Tick | Input::End | Input::Synced(_) | Input::Resume => {
             unreachable!("built as a request above")
         }
     }
@@ -122,6 +131,11 @@ pub fn tick_payload() -> Vec<u8> {
 /// The payload of the record that ends a journal.
 pub fn end_payload() -> Vec<u8> {
     payload(&Input::End)
+}
+
+/// The payload of the record of a restarted master resuming.
+pub fn resume_payload() -> Vec<u8> {
+    payload(&Input::Resume)
 }
 
 /// The payload of a sync mark: every byte before `offset` is on disk.
@@ -197,6 +211,74 @@ pub struct Damage {
     pub at: usize,
     /// The furthest offset a sync mark after it says was on disk.
     pub synced_to: u64,
+}
+
+/// The length of the first piece of `records` (whole records, as [`record`] appends them) a
+/// writer syncs at once: as many records as fit in [`MAX_SYNC_BYTES`], at least one.
+pub fn sync_piece(records: &[u8]) -> usize {
+    let mut at = 0;
+    while let Some(len) = records.get(at..at + 4) {
+        let next =
+            at + RECORD_HEADER + u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+        if at > 0 && next > MAX_SYNC_BYTES {
+            break;
+        }
+        at = next;
+    }
+    at.min(records.len())
+}
+
+/// Whether the first `bytes` of generation `generation`'s journal file, `file_len` bytes
+/// long, are all [`decode`] needs: None if so, else how many bytes at least to read. It needs
+/// the records up to an end record, or up to a bad record and [`MARK_REACH`] past it (see
+/// the module docs), or the whole file. A journal file reused from an older generation holds
+/// that generation's records after the new ones, as long as a whole generation's journal:
+/// recovery reads what is needed, not gigabytes of them.
+pub fn needed(generation: u64, bytes: &[u8], file_len: u64) -> Option<u64> {
+    let have = bytes.len() as u64;
+    if have >= file_len {
+        return None;
+    }
+    let more = Some(have + 1);
+    let reach = |bad: usize| {
+        let to = file_len.min((bad + MARK_REACH) as u64);
+        (have < to).then_some(to)
+    };
+    let Some(header) = bytes.get(..FILE_HEADER) else {
+        return more;
+    };
+    if header[..MAGIC.len()] != MAGIC {
+        return None;
+    }
+    if header[MAGIC.len()..] != generation.to_le_bytes() {
+        return reach(0);
+    }
+    let end = end_payload();
+    let mut at = FILE_HEADER;
+    loop {
+        if bytes[at..].iter().all(|&b| b == 0) {
+            // Zeros written ahead, or a file read only this far: the rest decides.
+            return more;
+        }
+        match decode_checked(generation, &bytes[at..]) {
+            Ok((_, payload, _)) if payload == end.as_slice() => return None,
+            Ok((_, _, len)) => at += len,
+            Err(_) if cut_short(&bytes[at..]) => return more,
+            Err(_) => return reach(at),
+        }
+    }
+}
+
+/// Whether `bytes` start with a record whose header is plausible and whose end lies past
+/// them: a record that reading further may complete.
+fn cut_short(bytes: &[u8]) -> bool {
+    match bytes.get(..4) {
+        None => true,
+        Some(len) => {
+            let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+            len <= MAX_RECORD && RECORD_HEADER + len > bytes.len()
+        }
+    }
 }
 
 /// Decodes generation `generation`'s journal file `bytes`, stopping at the first record that
@@ -325,6 +407,7 @@ pub fn apply(master: &mut Master, now: Millis, input: Input) {
             let _ = dispatch::handle(master, request, now);
         }
         Input::Tick => master.tick(now),
+        Input::Resume => master.resume(now),
     }
 }
 
@@ -374,6 +457,78 @@ mod tests {
         record(GENERATION, Millis(3), &as_enum, &mut old);
         let decoded = decode(GENERATION, &old);
         assert!(decoded.entries.is_empty() && decoded.foreign, "{decoded:?}");
+    }
+
+    #[test]
+    fn recovery_reads_a_reused_file_only_as_far_as_decoding_needs() {
+        let ours = journal(
+            GENERATION,
+            &[
+                (1, Input::Config(MasterConfig::default())),
+                (2, Input::Resume),
+                (3, Input::Tick),
+            ],
+        );
+        // The older generation's records that a reused file holds past ours.
+        let mut reused = ours.clone();
+        for now in 0..100 {
+            record(GENERATION - 1, Millis(now), &tick_payload(), &mut reused);
+        }
+        let huge = 8u64 << 30;
+        // Every record of ours, and a mark's reach past the first bad one: no more.
+        let reach = (ours.len() + MARK_REACH) as u64;
+        assert_eq!(needed(GENERATION, &reused, huge), Some(reach));
+        // A record cut short by what was read asks for more; so do zeros written ahead.
+        assert_eq!(
+            needed(GENERATION, &ours[..ours.len() - 3], huge),
+            Some(ours.len() as u64 - 2)
+        );
+        let mut zeros = ours.clone();
+        zeros.resize(ours.len() + 4096, 0);
+        assert_eq!(
+            needed(GENERATION, &zeros, huge),
+            Some(zeros.len() as u64 + 1)
+        );
+        // The whole file, or an end record, is all decoding needs.
+        assert_eq!(needed(GENERATION, &reused, reused.len() as u64), None);
+        let mut ended = ours.clone();
+        record(GENERATION, Millis(4), &end_payload(), &mut ended);
+        let closed = ended.len();
+        ended.extend_from_slice(&reused[ours.len()..]);
+        assert_eq!(needed(GENERATION, &ended[..closed], huge), None);
+        // What was read decodes as the whole file does.
+        let whole = decode(GENERATION, &reused);
+        let read = decode(GENERATION, &reused[..reused.len() / 2]);
+        assert_eq!(
+            (read.entries, read.intact, read.damaged),
+            (whole.entries, whole.intact, whole.damaged)
+        );
+    }
+
+    #[test]
+    fn a_large_batch_is_synced_in_pieces_of_whole_records() {
+        let mut records = Vec::new();
+        let big = vec![7u8; MAX_SYNC_BYTES / 3];
+        for now in 0..7 {
+            record(GENERATION, Millis(now), &big, &mut records);
+        }
+        let one = RECORD_HEADER + big.len();
+        assert_eq!(
+            sync_piece(&records),
+            2 * one,
+            "as many whole records as fit"
+        );
+        let mut huge = Vec::new();
+        record(
+            GENERATION,
+            Millis(0),
+            &vec![1u8; MAX_SYNC_BYTES + 1],
+            &mut huge,
+        );
+        huge.extend_from_slice(&records[..one]);
+        assert_eq!(sync_piece(&huge), huge.len() - one, "a larger record alone");
+        assert_eq!(sync_piece(&records[..one]), one);
+        assert_eq!(sync_piece(&[]), 0);
     }
 
     #[test]

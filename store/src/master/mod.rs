@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 use crate::clock::Clock;
 use crate::ha::ship::{InSyncRecord, Shipping, serve_follow};
 use crate::ops::metrics::MasterMetrics;
-use journal::{Journal, Recovered};
+use journal::Journal;
 use kv_events::KvEventFeed;
 
 /// How often the timer checks whether `tick` is due. Deadlines in the core are in
@@ -82,26 +82,25 @@ impl MasterService {
         config: MasterConfig,
         snapshot_after: u64,
     ) -> Result<Arc<MasterService>> {
-        let Recovered {
-            mut master,
-            generation,
-            replayed,
-            snapshot_len,
-        } = journal::recover(&*dir, config)?;
-        if replayed > 0 {
+        let started = std::time::Instant::now();
+        let mut recovered = journal::recover(&*dir, config)?;
+        if recovered.replayed > 0 {
             crate::coverage::hit(crate::coverage::Path::MASTER_RECOVERED);
         }
-        let clock = Clock::resuming(master.now());
-        master.resume(clock.now());
+        let clock = Clock::resuming(recovered.master.now());
+        let now = clock.now();
+        recovered.master.resume(now);
+        let journal = Journal::start(dir.clone(), &recovered, now, snapshot_after)?;
+        let master = recovered.master;
         let stats = master.stats();
         info!(
             dir = %dir.location(),
             objects = stats.objects,
             segments = stats.segments,
-            replayed,
+            replayed = recovered.replayed,
+            took_ms = started.elapsed().as_millis() as u64,
             "master state recovered"
         );
-        let journal = Journal::start(dir, generation, &master, snapshot_after, snapshot_len)?;
         Ok(MasterService::around(master, clock, Some(journal)))
     }
 

@@ -23,6 +23,32 @@ pub(super) fn write_snapshot(
         })
 }
 
+/// Closes the journal recovery replayed last with an end record where its intact records end
+/// (synced), unless it has one: what follows (a torn record, zeros, an older generation's
+/// records) is then past its end, and the next generation's journal may follow it. Returns
+/// where the journal now ends.
+pub(super) fn close_recovered(dir: &dyn StateDir, tail: Tail, now: Millis) -> Result<u64> {
+    if tail.ended {
+        return Ok(tail.intact);
+    }
+    let name = journal_name(tail.generation);
+    let mut end = Vec::new();
+    journal::record(tail.generation, now, &journal::end_payload(), &mut end);
+    dir.open(&name, OpenMode::Write)
+        .and_then(|file| {
+            file.write_at(&end, tail.intact)?;
+            file.sync()
+        })
+        .map(|()| tail.intact + end.len() as u64)
+        .map_err(|e| {
+            io_error(format!(
+                "cannot close {}/{name} after recovering it: {e}{}",
+                dir.location(),
+                full_hint(&e)
+            ))
+        })
+}
+
 /// What to add to an error message when `e` says the directory is full.
 pub(super) fn full_hint(e: &io::Error) -> &'static str {
     if e.kind() == io::ErrorKind::StorageFull {

@@ -40,6 +40,18 @@
 //! share, not a copy) and the journal moves on to the next generation; a helper thread writes
 //! the snapshot (to a temporary name, synced, then renamed) and then retires the generation
 //! before the previous one.
+//!
+//! **Restarts.** A restarted master serves as soon as it has recovered: it closes the journal
+//! it replayed last with an end record where its intact records end, begins the next
+//! generation's journal with its configuration and a record of the resume (the fresh lease
+//! every object gets), and writes that generation's snapshot in the background. Until the
+//! snapshot is on disk, a restart replays the recovered journal and the new one, putting each
+//! journal's configuration in force where it begins.
+//!
+//! **Reading a journal back.** The writer syncs at most `journal::MAX_SYNC_BYTES` of records
+//! at a time, each piece followed by its sync mark, so recovery needs a journal file only up to
+//! its end record, or up to a bad record and a mark's reach past it: a reused file's older
+//! records (as long as a whole generation's journal) are not read.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,6 +60,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use mooring_core::log_shipping::LogPosition;
 use mooring_core::{
     EncodedSnapshot, Error, ErrorCode, Master, MasterConfig, Millis, Result, SnapshotBuffer,
+    SnapshotState,
 };
 use mooring_proto::journal::{self, Input};
 use mooring_proto::state_dir::{OpenMode, StateDir, StateFile};
@@ -129,8 +142,8 @@ mod writer;
 #[cfg(test)]
 use files::SPARE;
 pub(crate) use files::delete_before;
-use files::{JournalFile, PREWRITE, full_hint, retire_before, write_snapshot};
-pub use recover::{Recovered, recover};
+use files::{JournalFile, PREWRITE, close_recovered, full_hint, retire_before, write_snapshot};
+pub use recover::{Recovered, Tail, recover};
 use writer::{Pending, Writer};
 
 /// What a journal has written, for metrics.
@@ -248,22 +261,44 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// Starts generation `generation + 1` in `dir`: a snapshot of `master` (synced before
-    /// anything else), a journal beginning with `config`, and the older files deleted.
-    /// `size_hint` is the size of the snapshot the master was restored from (0 if none): the
-    /// new one is serialized into a buffer that size to begin with, not grown to it.
+    /// Starts the generation after `recovered`'s in `dir` for the master recovered from it,
+    /// which resumed serving at `now` ([`Master::resume`]). The new journal begins with the
+    /// configuration and the resume, so replaying it after the journal recovered does what
+    /// the master did. Its snapshot (of the master as resumed: resuming again at the same
+    /// time changes nothing, so the snapshot and the journal agree) is written in the
+    /// background when the journal recovery replayed last can be closed with an end record
+    /// where its intact records end: until the snapshot is on disk, a restart replays that
+    /// journal and this one. Otherwise (an empty directory, or a journal whose header never
+    /// reached the disk) the snapshot is written and synced first. The snapshot is
+    /// serialized into a buffer the size of the one restored (`recovered.snapshot_len`) to
+    /// begin with, not grown to it. (Taken before the resume, the snapshot would share every
+    /// object with the master, and the resume would copy them all: seconds at 10 M.)
     pub fn start(
         dir: Arc<dyn StateDir>,
-        generation: u64,
-        master: &Master,
+        recovered: &Recovered,
+        now: Millis,
         snapshot_after: u64,
-        size_hint: usize,
     ) -> Result<Journal> {
-        let generation = generation + 1;
-        let capacity = size_hint + size_hint / 8;
-        let snapshot_bytes =
-            write_snapshot(&*dir, generation, &master.snapshot_state().encode(capacity))?;
-        let file = JournalFile::create(&*dir, generation, &config_record(master, generation))
+        let master = &recovered.master;
+        let generation = recovered.generation + 1;
+        let size_hint = recovered.snapshot_len;
+        let state = master.snapshot_state();
+        let closed = match recovered.tail {
+            Some(tail) if tail.generation + 1 == generation => {
+                Some((tail.generation, close_recovered(&*dir, tail, master.now())?))
+            }
+            _ => None,
+        };
+        let mut state = Some(state);
+        let mut snapshot_bytes = size_hint as u64;
+        if closed.is_none() {
+            let capacity = size_hint + size_hint / 8;
+            let encoded = state.take().expect("taken once").encode(capacity);
+            snapshot_bytes = write_snapshot(&*dir, generation, &encoded)?;
+        }
+        let mut first = config_record(master, generation);
+        journal::record(generation, now, &journal::resume_payload(), &mut first);
+        let file = JournalFile::create(&*dir, generation, &first)
             .and_then(|file| dir.sync_dir().map(|()| file))
             .map_err(|e| {
                 io_error(format!(
@@ -273,7 +308,9 @@ impl Journal {
                     full_hint(&e)
                 ))
             })?;
-        retire_before(&*dir, generation, None);
+        if closed.is_none() {
+            retire_before(&*dir, generation, None);
+        }
         let counts = Counts::default();
         counts
             .reused_files
@@ -313,7 +350,7 @@ impl Journal {
         #[cfg(madsim)]
         let writer = Mutex::new(writer);
         info!(dir = %dir.location(), generation, "journal started");
-        Ok(Journal {
+        let journal = Journal {
             dir,
             shared,
             snapshot_after: snapshot_after.max(1),
@@ -324,7 +361,15 @@ impl Journal {
             writer: Some(writer),
             #[cfg(madsim)]
             writer,
-        })
+        };
+        if let Some((previous, end)) = closed {
+            // Standbys copy the recovered journal up to its end record.
+            journal.shared.completed.insert(previous, end);
+        }
+        if let Some(state) = state {
+            journal.write_snapshot_behind(generation, state);
+        }
+        Ok(journal)
     }
 
     /// Appends one input about to be applied at `now` to `master` (call under the master's
@@ -515,6 +560,12 @@ impl Journal {
             pending.rotate = Some((generation, config_record(master, generation), before));
         }
         self.shared.work.notify_one();
+        self.write_snapshot_behind(generation, state);
+    }
+
+    /// Writes `state` as generation `generation`'s snapshot on a helper thread (at once in
+    /// the simulation), then retires the generations it makes unneeded.
+    fn write_snapshot_behind(&self, generation: u64, state: SnapshotState) {
         let (dir, last_snapshot) = (self.dir.clone(), self.last_snapshot.clone());
         let snapshot_after = self.snapshot_after;
         let write = move || {

@@ -13,11 +13,27 @@ pub struct Recovered {
     pub replayed: u64,
     /// The size of the snapshot restored (0 if none): the next snapshot's is close to it.
     pub snapshot_len: usize,
+    /// The last journal replayed, if its header was intact: where its records end, for
+    /// [`super::Journal::start`] to close it there.
+    pub tail: Option<Tail>,
+}
+
+/// Where the last journal recovery replayed ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tail {
+    /// Its generation.
+    pub generation: u64,
+    /// The bytes its header and intact records take: what follows is a torn record, zeros
+    /// or an older generation's records, none of it acknowledged.
+    pub intact: u64,
+    /// It ends with its end record already.
+    pub ended: bool,
 }
 
 /// Rebuilds the master kept in `dir` (created if missing): the newest snapshot, then every
-/// journal from its generation on, replayed under the configuration each was written with,
-/// and finally `config` in force. An empty directory gives a fresh master.
+/// journal from its generation on, replayed under the configuration each was written with
+/// (a restart may have changed it: each journal's own is put in force where it begins), and
+/// finally `config` in force. An empty directory gives a fresh master.
 pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
     dir.prepare().map_err(|e| {
         io_error(format!(
@@ -55,12 +71,12 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
     let snapshot_len = snapshot.as_ref().map_or(0, |b| b.as_slice().len());
     let mut replayed = 0;
     let mut generation = first;
+    let mut tail = None;
     for (i, &g) in to_replay.iter().enumerate() {
         generation = g;
         let name = journal_name(g);
         let path = format!("{}/{name}", dir.location());
-        let bytes = dir
-            .read(&name)
+        let bytes = read_journal(dir, &name, g)
             .map_err(|e| io_error(format!("cannot read {path}: {e}")))?;
         let decoded = journal::decode(g, &bytes);
         let last = i + 1 == to_replay.len();
@@ -100,15 +116,19 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
             crate::coverage::hit(crate::coverage::Path::JOURNAL_TORN_TAIL);
             info!("{path} ends at byte {} ({why})", decoded.intact);
         }
+        tail = (decoded.intact >= journal::FILE_HEADER).then_some(Tail {
+            generation: g,
+            intact: decoded.intact as u64,
+            ended: decoded.ended,
+        });
         for (now, input) in decoded.entries {
-            if let Input::Config(logged) = &input {
-                if master.is_none() {
-                    master = Some(match snapshot.take() {
-                        Some(bytes) => restore(logged.clone(), bytes.as_slice(), first)?,
-                        None => Master::new(logged.clone())?,
-                    });
-                    info!("replaying {path}");
-                }
+            if let Input::Config(logged) = input {
+                master = Some(match (master.take(), snapshot.take()) {
+                    (Some(m), _) => reconfigure(m, logged)?,
+                    (None, Some(bytes)) => restore(logged, bytes.as_slice(), first)?,
+                    (None, None) => Master::new(logged)?,
+                });
+                info!("replaying {path}");
                 continue;
             }
             let Some(m) = master.as_mut() else {
@@ -134,7 +154,28 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
         generation,
         replayed,
         snapshot_len,
+        tail,
     })
+}
+
+/// What recovery needs of generation `generation`'s journal file `name` (see
+/// [`journal::needed`]), read in growing pieces.
+fn read_journal(dir: &dyn StateDir, name: &str, generation: u64) -> std::io::Result<Vec<u8>> {
+    /// The first piece: a journal's records since the last snapshot are often all of it.
+    const FIRST_READ: u64 = 64 << 20;
+    let file = dir.open(name, OpenMode::Read)?;
+    let len = file.len()?;
+    let mut bytes = Vec::new();
+    let mut want = len.min(FIRST_READ);
+    loop {
+        let have = bytes.len();
+        bytes.resize(want as usize, 0);
+        file.read_at(&mut bytes[have..], have as u64)?;
+        match journal::needed(generation, &bytes, len) {
+            None => return Ok(bytes),
+            Some(at_least) => want = at_least.max(want * 2).min(len),
+        }
+    }
 }
 
 /// The whole of snapshot file `name`, read where restoring it needs no copy.

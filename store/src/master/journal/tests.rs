@@ -88,8 +88,11 @@ fn journal_files_are_reused_and_recovery_stops_before_their_older_records() {
         (service.with_master(|m, _| m.state_fingerprint()), reused)
     };
     run(&dir, 20, SNAPSHOT_AFTER, 0);
-    // A restart starts the next generation and retires the journal before it.
-    assert_eq!(restart().1, 0, "no retired journal to reuse yet");
+    // A restart starts the next generation; its snapshot, once written, retires the
+    // journals before the one it follows (that one stays a generation longer, for standbys).
+    for _ in 0..2 {
+        assert_eq!(restart().1, 0, "no retired journal to reuse yet");
+    }
     let spare = fs::metadata(dir.join(SPARE)).expect("a retired journal kept for reuse");
     // The next restart's journal is that file, reused: after its own first record come
     // the older generation's records, which recovery takes for the end.
@@ -101,7 +104,14 @@ fn journal_files_are_reused_and_recovery_stops_before_their_older_records() {
     assert_eq!(fs::metadata(&path).unwrap().ino(), spare.ino());
     let bytes = fs::read(&path).unwrap();
     let decoded = journal::decode(g, &bytes);
-    assert_eq!(decoded.entries.len(), 1, "the configuration alone");
+    assert!(
+        matches!(
+            &decoded.entries[..],
+            [(_, Input::Config(_)), (_, Input::Resume)]
+        ),
+        "the configuration and the resume alone: {:?}",
+        decoded.entries
+    );
     // The older generation's bytes (its records and sync marks) end it: not damage.
     assert!(decoded.stopped.is_some(), "{decoded:?}");
     assert_eq!(decoded.damaged, None, "{:?}", decoded.stopped);
@@ -218,9 +228,14 @@ struct Served {
 impl Served {
     /// A service on `dir` (fresh), snapshotting after `snapshot_after` journal bytes.
     fn on(dir: Arc<dyn StateDir>, snapshot_after: u64) -> Served {
+        Served::configured(dir, MasterConfig::default(), snapshot_after)
+    }
+
+    /// [`Served::on`] with `config` in force.
+    fn configured(dir: Arc<dyn StateDir>, config: MasterConfig, snapshot_after: u64) -> Served {
         Served {
-            service: MasterService::persistent_in(dir, MasterConfig::default(), snapshot_after)
-                .expect("a fresh directory"),
+            service: MasterService::persistent_in(dir, config, snapshot_after)
+                .expect("a directory to start from"),
             runtime: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -266,6 +281,70 @@ impl Served {
     }
 }
 
+/// Ends `count` puts named `{prefix}{i}` through `served`, each acknowledged.
+fn served_puts(served: &Served, prefix: &str, count: usize) {
+    for i in 0..count {
+        let key = format!("{prefix}{i}");
+        let Ok(Reply::PutStart(grant)) = served.answer(put_start(&key)) else {
+            panic!("not a grant");
+        };
+        served
+            .answer(
+                PutEnd {
+                    client: CLIENT,
+                    key: key.clone(),
+                    write: grant.write_id,
+                    checksum: Checksum::of(key.as_bytes()),
+                }
+                .into(),
+            )
+            .expect("the put ends");
+    }
+}
+
+#[test]
+fn a_restart_serves_before_its_snapshot_and_replays_the_journals_if_it_never_lands() {
+    let path = scratch("behind");
+    run(&path, 30, SNAPSHOT_AFTER, 0);
+    let dir = Fillable::at(&path);
+    dir.snapshots_fail.store(true, Ordering::SeqCst);
+    let changed = MasterConfig {
+        lease_ttl: Millis(12_345),
+        ..MasterConfig::default()
+    };
+    let mut live = String::new();
+    for (round, config) in [MasterConfig::default(), changed.clone()]
+        .into_iter()
+        .enumerate()
+    {
+        let served = Served::configured(dir.clone(), config, SNAPSHOT_AFTER);
+        served_puts(&served, &format!("round-{round}-"), 10);
+        live = served.service.with_master(|m, _| m.state_fingerprint());
+    }
+    // Neither restart's snapshot reached the disk: the first snapshot, then every journal,
+    // each closed with its end record where the restart found its intact records ending, the
+    // next beginning with the resume, and the second under the changed configuration.
+    let (journals, snapshots) = posix(&path);
+    assert_eq!((journals, snapshots), (vec![1, 2, 3], vec![1]));
+    for g in [1, 2] {
+        let decoded = journal::decode(g, &fs::read(journal_path(&path, g)).unwrap());
+        assert!(decoded.ended, "journal {g} closed: {:?}", decoded.stopped);
+    }
+    let replayed = recover(&PosixStateDir::new(&path), changed.clone()).unwrap();
+    assert_eq!(replayed.master.state_fingerprint(), live);
+    assert_eq!(replayed.master.config(), &changed);
+    // Once a snapshot can be written again, a restart writes one and retires what it covers.
+    dir.snapshots_fail.store(false, Ordering::SeqCst);
+    let served = Served::configured(dir.clone(), changed.clone(), SNAPSHOT_AFTER);
+    let live = served.service.with_master(|m, _| m.state_fingerprint());
+    drop(served);
+    let (journals, snapshots) = posix(&path);
+    assert_eq!((journals, snapshots), (vec![3, 4], vec![4]));
+    let replayed = recover(&PosixStateDir::new(&path), changed).unwrap();
+    assert_eq!(replayed.master.state_fingerprint(), live);
+    let _ = fs::remove_dir_all(&path);
+}
+
 /// A real directory that can be made to refuse writes for want of space, or to fail
 /// its syncs.
 #[derive(Default)]
@@ -273,6 +352,8 @@ struct Fillable {
     dir: Option<PosixStateDir>,
     full: Arc<std::sync::atomic::AtomicBool>,
     sync_fails: Arc<std::sync::atomic::AtomicBool>,
+    /// Snapshots cannot be written (as if the master died before each reached the disk).
+    snapshots_fail: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Fillable {
@@ -332,6 +413,12 @@ impl StateDir for Fillable {
         self.dir().list()
     }
     fn open(&self, name: &str, mode: OpenMode) -> io::Result<Box<dyn StateFile>> {
+        if name.starts_with("snapshot-")
+            && mode != OpenMode::Read
+            && self.snapshots_fail.load(Ordering::SeqCst)
+        {
+            return Err(io::Error::other("this directory takes no snapshots"));
+        }
         Ok(Box::new(FillableFile {
             file: self.dir().open(name, mode)?,
             full: self.full.clone(),
@@ -550,5 +637,63 @@ fn a_failed_sync_stops_acknowledging_changes_for_good() {
         "reads go on"
     );
     drop(served);
+    let _ = fs::remove_dir_all(&path);
+}
+
+#[test]
+fn a_large_batch_reaches_the_disk_in_pieces_each_vouched_for_by_a_sync_mark() {
+    let path = scratch("pieces");
+    let dir = Fillable::at(&path);
+    let recovered = recover(&*dir, MasterConfig::default()).unwrap();
+    let journal = Journal::start(dir.clone(), &recovered, Millis(1), u64::MAX).unwrap();
+    // A full directory holds the records back, so they reach the disk as one batch.
+    dir.full.store(true, Ordering::SeqCst);
+    let tick = journal::tick_payload();
+    let records = 3 * journal::MAX_SYNC_BYTES / (journal::RECORD_HEADER + tick.len());
+    let last = (0..records)
+        .map(|_| journal.append(Millis(2), &tick, &recovered.master))
+        .last()
+        .unwrap();
+    dir.full.store(false, Ordering::SeqCst);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime
+        .block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(60), journal.durable(last)).await
+        })
+        .expect("on disk within a minute")
+        .expect("on disk");
+    let generation = recovered.generation + 1;
+    drop(journal);
+    let bytes = fs::read(journal_path(&path, generation)).unwrap();
+    // Walk the records: a sync mark names the offset it was written at (where the records it
+    // vouches for end).
+    let (mut at, mut marks) = (journal::FILE_HEADER, Vec::new());
+    while let Some(len) = bytes.get(at..at + 4) {
+        let len = u32::from_le_bytes(len.try_into().unwrap()) as usize;
+        if len == 0 {
+            break;
+        }
+        let payload = &bytes[at + journal::RECORD_HEADER..at + journal::RECORD_HEADER + len];
+        if payload == journal::synced_payload(at as u64).as_slice() {
+            marks.push(at);
+        }
+        at += journal::RECORD_HEADER + len;
+    }
+    assert_eq!(
+        journal::decode(generation, &bytes).entries.len(),
+        records + 2
+    );
+    assert!(
+        marks.len() >= 3,
+        "the batch went in pieces: marks at {marks:?}"
+    );
+    let widest = marks.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+    assert!(
+        widest <= journal::MAX_SYNC_BYTES + journal::synced_record_len(),
+        "{widest} bytes between marks"
+    );
     let _ = fs::remove_dir_all(&path);
 }

@@ -187,7 +187,10 @@ impl Writer {
         };
         let started = std::time::Instant::now();
         let rotated_bytes = self.rotating.as_ref().map_or(0, |r| r.before.len());
-        let written = (|| {
+        // How much of `bytes` is synced: a large batch goes in pieces, each followed by its
+        // sync mark, so recovery finds a mark near any record (see `journal::MARK_REACH`).
+        let mut done = 0;
+        let written: io::Result<()> = (|| {
             if let Some(mut rotation) = self.rotating.take() {
                 let switched = self.switch(shared, &mut rotation);
                 if switched.is_err() {
@@ -201,8 +204,16 @@ impl Writer {
                 }
                 switched?;
             }
-            self.file.append(&bytes)?;
-            self.file.sync()
+            loop {
+                let piece = journal::sync_piece(&bytes[done..]);
+                self.file.append(&bytes[done..done + piece])?;
+                self.file.sync()?;
+                done += piece;
+                if done == bytes.len() {
+                    return Ok(());
+                }
+                self.mark_synced();
+            }
         })();
         self.last_sync = started.elapsed();
         match written {
@@ -238,7 +249,11 @@ impl Writer {
                 !closing
             }
             Err(e) if e.kind() == io::ErrorKind::StorageFull => {
-                self.hold(shared, bytes, &e);
+                shared
+                    .counts
+                    .bytes
+                    .fetch_add(done as u64, Ordering::Relaxed);
+                self.hold(shared, bytes[done..].to_vec(), &e);
                 !closing
             }
             Err(e) => {
