@@ -42,7 +42,7 @@ pub(super) fn close_recovered(dir: &dyn StateDir, tail: Tail, now: Millis) -> Re
         .map(|()| tail.intact + end.len() as u64)
         .map_err(|e| {
             io_error(format!(
-                "cannot close {}/{name} after recovering it: {e}{}",
+                "cannot write the end record of {}/{name} after recovering it: {e}{}",
                 dir.location(),
                 full_hint(&e)
             ))
