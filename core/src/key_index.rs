@@ -66,17 +66,22 @@ impl KeyIndex {
     }
 
     /// The slot whose key has `hash` and satisfies `is_key`.
-    pub(crate) fn find(&self, hash: u64, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
-        let tag = tag_of(hash);
+    pub(crate) fn find(&self, hash: u64, is_key: impl FnMut(u32) -> bool) -> Option<u32> {
+        self.probe(tag_of(hash), is_key).ok()
+    }
+
+    /// Walks the probe sequence of `tag`: the slot of the first entry with that tag whose key
+    /// satisfies `is_key`, or else the empty position the walk ended at.
+    fn probe(&self, tag: u32, mut is_key: impl FnMut(u32) -> bool) -> Result<u32, usize> {
         let mask = self.mask();
         let mut pos = tag as usize & mask;
         loop {
             let e = self.entries[pos];
             if e == EMPTY {
-                return None;
+                return Err(pos);
             }
             if entry_tag(e) == tag && is_key(entry_slot(e)) {
-                return Some(entry_slot(e));
+                return Ok(entry_slot(e));
             }
             pos = (pos + 1) & mask;
         }
@@ -98,26 +103,19 @@ impl KeyIndex {
         &mut self,
         hash: u64,
         slot: u32,
-        mut is_key: impl FnMut(u32) -> bool,
+        is_key: impl FnMut(u32) -> bool,
     ) -> Result<(), u32> {
         if (self.len + 1) * 8 > self.entries.len() * MAX_LOAD_EIGHTHS {
             self.grow();
         }
         let tag = tag_of(hash);
-        let mask = self.mask();
-        let mut pos = tag as usize & mask;
-        loop {
-            let e = self.entries[pos];
-            if e == EMPTY {
-                self.entries[pos] = entry(tag, slot);
-                self.len += 1;
-                return Ok(());
-            }
-            if entry_tag(e) == tag && is_key(entry_slot(e)) {
-                return Err(entry_slot(e));
-            }
-            pos = (pos + 1) & mask;
-        }
+        let empty = match self.probe(tag, is_key) {
+            Ok(indexed) => return Err(indexed),
+            Err(empty) => empty,
+        };
+        self.entries[empty] = entry(tag, slot);
+        self.len += 1;
+        Ok(())
     }
 
     /// Removes the entry for `slot` (indexed under `hash`).

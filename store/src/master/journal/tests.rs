@@ -517,23 +517,8 @@ fn a_full_directory_refuses_changes_serves_reads_and_recovers_without_a_restart(
 /// process that dies is: nothing more reaches the disk.
 fn acknowledged_puts(dir: Arc<dyn StateDir>, puts: usize) -> String {
     let served = Served::on(dir, 4 << 10);
-    let answer = |request: mooring_proto::wire::MasterRequest| served.answer(request).unwrap();
     served.join();
-    for i in 0..puts {
-        let key = format!("k{i}");
-        let Reply::PutStart(grant) = answer(put_start(&key)) else {
-            panic!("not a grant");
-        };
-        answer(
-            PutEnd {
-                client: CLIENT,
-                key: key.clone(),
-                write: grant.write_id,
-                checksum: Checksum::of(key.as_bytes()),
-            }
-            .into(),
-        );
-    }
+    served_puts(&served, "k", puts);
     let live = served.service.with_master(|m, _| m.state_fingerprint());
     // Dies: no end record, no last write.
     std::mem::forget(served);
