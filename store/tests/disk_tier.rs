@@ -253,10 +253,24 @@ async fn disk_eviction(backend: DiskBackend) {
         })
     };
     for i in 0..30 {
-        writer
-            .put(&format!("k{i}"), &value(i), &ReplicateConfig::single())
-            .await
-            .unwrap();
+        // Every value in memory may be leased by the reader at that moment (200 ms leases):
+        // the put is then refused with -200 until a lease lapses, and a client backs off.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match writer
+                .put(&format!("k{i}"), &value(i), &ReplicateConfig::single())
+                .await
+            {
+                Ok(()) => break,
+                Err(e)
+                    if e.code == ErrorCode::NO_AVAILABLE_HANDLE
+                        && std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("k{i}: {e}"),
+            }
+        }
         // Each value reaches the disk (or was already pushed out of it) before the next.
         wait_for(&writer, |s| s.tasks == 0 && s.disk_replicas >= 1).await;
         tokio::time::sleep(Duration::from_millis(60)).await;
