@@ -149,7 +149,7 @@ pub fn sample_handoffs() -> Vec<Vec<u8>> {
 /// anything): decoding stops cleanly at the first bad record, and what it accepts survives
 /// encoding and decoding again.
 pub fn journal(data: &[u8]) {
-    use crate::journal::{FILE_HEADER, MAGIC, decode, file_header, payload, record};
+    use crate::journal::{FILE_HEADER, MAGIC, decode, file_header, needed, payload, record};
     // The generation the file's header names, if it has one (else any: the file is refused).
     let generation = data
         .get(MAGIC.len()..FILE_HEADER)
@@ -168,6 +168,32 @@ pub fn journal(data: &[u8]) {
         );
         assert!(decoded.stopped.is_some() && !decoded.foreign);
     }
+    // Recovery reads a file in growing pieces until `needed` says it has enough: what it
+    // decodes from there is what the whole file decodes to (a mark's reach covers any file
+    // this small).
+    let mut have = data.len().min(16);
+    while let Some(at_least) = needed(generation, &data[..have], data.len() as u64) {
+        assert!(at_least > have as u64 && at_least <= data.len() as u64);
+        have = (at_least as usize).max(have * 2).min(data.len());
+    }
+    let read = decode(generation, &data[..have]);
+    assert_eq!(
+        (
+            &read.entries,
+            read.intact,
+            read.foreign,
+            read.ended,
+            read.damaged
+        ),
+        (
+            &decoded.entries,
+            decoded.intact,
+            decoded.foreign,
+            decoded.ended,
+            decoded.damaged
+        ),
+        "a journal read as far as needed decodes as the whole file does"
+    );
     let mut again = file_header(generation).to_vec();
     for (now, input) in &decoded.entries {
         record(generation, *now, &payload(input), &mut again);

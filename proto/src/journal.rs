@@ -240,6 +240,10 @@ pub fn needed(generation: u64, bytes: &[u8], file_len: u64) -> Option<u64> {
         return None;
     }
     let more = Some(have + 1);
+    if bytes.iter().all(|&b| b == 0) {
+        // Nothing written yet as far as read: what follows decides.
+        return more;
+    }
     let reach = |bad: usize| {
         let to = file_len.min((bad + MARK_REACH) as u64);
         (have < to).then_some(to)
