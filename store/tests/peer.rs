@@ -410,8 +410,20 @@ async fn values_evicted_to_disk_are_promoted_back_with_every_byte_checked() {
     let values: Vec<(String, Vec<u8>)> = (0..64)
         .map(|i| (format!("disk/{i}"), value(i + 11, (256 << 10) + i as usize)))
         .collect();
-    for (key, bytes) in &values {
+    // The writer keeps at most four values' copies pending (half the small peer's pool): a
+    // value evicted before its copy is complete is dropped, as a cache may, and on a busy
+    // machine the puts would otherwise outrun the copies.
+    for (i, (key, bytes)) in values.iter().enumerate() {
         guest(&small).put(key, bytes.clone()).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let copied = (probes_on_small + i + 1).saturating_sub(4) as f64;
+        while Instant::now() < deadline {
+            let (_, text) = common::http_get(&metrics, "/metrics", None);
+            if common::sample(&text, "mooring_peer_disk_values").is_some_and(|n| n >= copied) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
     // Copies are written behind the puts: wait until the disk holds every value, beside the
     // probes that saw the peers join (a value evicted from memory before its copy is
