@@ -149,7 +149,9 @@ pub fn sample_handoffs() -> Vec<Vec<u8>> {
 /// anything): decoding stops cleanly at the first bad record, and what it accepts survives
 /// encoding and decoding again.
 pub fn journal(data: &[u8]) {
-    use crate::journal::{FILE_HEADER, MAGIC, decode, file_header, needed, payload, record};
+    use crate::journal::{
+        FILE_HEADER, MAGIC, decode, file_header, needed, payload, record, replay,
+    };
     // The generation the file's header names, if it has one (else any: the file is refused).
     let generation = data
         .get(MAGIC.len()..FILE_HEADER)
@@ -194,6 +196,39 @@ pub fn journal(data: &[u8]) {
         ),
         "a journal read as far as needed decodes as the whole file does"
     );
+    // A replay reads the file a piece at a time, holding one piece while records are intact:
+    // whatever the piece, it hands on and reports what decoding the whole file does.
+    for piece in [1 + data.len() % 199, crate::journal::REPLAY_PIECE] {
+        let mut entries = Vec::new();
+        let read = |buf: &mut [u8], offset: u64| {
+            let at = offset as usize;
+            buf.copy_from_slice(&data[at..at + buf.len()]);
+            Ok::<(), std::convert::Infallible>(())
+        };
+        let Ok(replayed) = replay(generation, data.len() as u64, piece, read, |now, input| {
+            entries.push((now, input));
+            Ok(())
+        });
+        assert_eq!(
+            (
+                &entries,
+                replayed.intact,
+                &replayed.stopped,
+                replayed.foreign,
+                replayed.ended,
+                replayed.damaged
+            ),
+            (
+                &decoded.entries,
+                decoded.intact,
+                &decoded.stopped,
+                decoded.foreign,
+                decoded.ended,
+                decoded.damaged
+            ),
+            "a replay in pieces of {piece} bytes reports what decoding the whole file does"
+        );
+    }
     let mut again = file_header(generation).to_vec();
     for (now, input) in &decoded.entries {
         record(generation, *now, &payload(input), &mut again);

@@ -148,8 +148,10 @@ pub fn synced_record_len() -> usize {
     RECORD_HEADER + synced_payload(0).len()
 }
 
-/// The input a [`payload`] holds; why not, if it holds none.
-fn from_payload(payload: &[u8]) -> Result<Input, String> {
+/// The input a [`payload`] holds; why not, if it holds none. The archive is copied into
+/// `scratch` to align it (a record's payload starts anywhere in a file): one buffer for a
+/// whole replay, not one allocation per record.
+fn from_payload(payload: &[u8], scratch: &mut AlignedVec<16>) -> Result<Input, String> {
     let Some((&len, rest)) = payload.split_first() else {
         return Err("an empty payload".into());
     };
@@ -157,12 +159,12 @@ fn from_payload(payload: &[u8]) -> Result<Input, String> {
     let (Some(name), Some(body)) = (rest.get(..usize::from(len)), payload.get(head..)) else {
         return Err(format!("a payload's {len}-byte tag is cut short"));
     };
-    let mut aligned = AlignedVec::<16>::with_capacity(body.len());
-    aligned.extend_from_slice(body);
+    scratch.clear();
+    scratch.extend_from_slice(body);
     if name.is_empty() {
-        rkyv::from_bytes::<Input, rancor::Error>(&aligned).map_err(|e| e.to_string())
+        rkyv::from_bytes::<Input, rancor::Error>(scratch).map_err(|e| e.to_string())
     } else {
-        MasterRequest::from_archived_alone(name, &aligned).map(Input::Request)
+        MasterRequest::from_archived_alone(name, scratch).map(Input::Request)
     }
 }
 
@@ -187,7 +189,8 @@ pub fn record(generation: u64, now: Millis, payload: &[u8], out: &mut Vec<u8>) {
 /// What a journal's bytes hold.
 #[derive(Debug, Default)]
 pub struct Decoded {
-    /// The intact records, in order (not the [`Input::End`] that may close them).
+    /// The intact records, in order (not the [`Input::End`] that may close them); empty
+    /// from [`decode_each`], which hands them to its caller instead.
     pub entries: Vec<(Millis, Input)>,
     /// How many leading bytes the header and the records take: the rest is a torn or
     /// damaged tail, zeros, or an older generation's records.
@@ -235,7 +238,13 @@ pub fn sync_piece(records: &[u8]) -> usize {
 /// that generation's records after the new ones, as long as a whole generation's journal:
 /// recovery reads what is needed, not gigabytes of them.
 pub fn needed(generation: u64, bytes: &[u8], file_len: u64) -> Option<u64> {
-    let have = bytes.len() as u64;
+    needed_from(generation, bytes, 0, file_len)
+}
+
+/// [`needed`] of the file's bytes from offset `base` on, where `base` is 0 or where a record
+/// begins (every record before it intact): offsets, like `file_len`, are the file's.
+fn needed_from(generation: u64, bytes: &[u8], base: usize, file_len: u64) -> Option<u64> {
+    let have = (base + bytes.len()) as u64;
     if have >= file_len {
         return None;
     }
@@ -248,26 +257,30 @@ pub fn needed(generation: u64, bytes: &[u8], file_len: u64) -> Option<u64> {
         let to = file_len.min((bad + MARK_REACH) as u64);
         (have < to).then_some(to)
     };
-    let Some(header) = bytes.get(..FILE_HEADER) else {
-        return more;
-    };
-    if header[..MAGIC.len()] != MAGIC {
-        return None;
-    }
-    if header[MAGIC.len()..] != generation.to_le_bytes() {
-        return reach(0);
+    let mut at = base;
+    if base == 0 {
+        let Some(header) = bytes.get(..FILE_HEADER) else {
+            return more;
+        };
+        if header[..MAGIC.len()] != MAGIC {
+            return None;
+        }
+        if header[MAGIC.len()..] != generation.to_le_bytes() {
+            return reach(0);
+        }
+        at = FILE_HEADER;
     }
     let end = end_payload();
-    let mut at = FILE_HEADER;
     loop {
-        if bytes[at..].iter().all(|&b| b == 0) {
+        let rest = &bytes[at - base..];
+        if rest.iter().all(|&b| b == 0) {
             // Zeros written ahead, or a file read only this far: the rest decides.
             return more;
         }
-        match decode_checked(generation, &bytes[at..]) {
+        match decode_checked(generation, rest) {
             Ok((_, payload, _)) if payload == end.as_slice() => return None,
             Ok((_, _, len)) => at += len,
-            Err(_) if cut_short(&bytes[at..]) => return more,
+            Err(_) if cut_short(rest) => return more,
             Err(_) => return reach(at),
         }
     }
@@ -288,36 +301,72 @@ fn cut_short(bytes: &[u8]) -> bool {
 /// Decodes generation `generation`'s journal file `bytes`, stopping at the first record that
 /// is incomplete or damaged, or at [`Input::End`].
 pub fn decode(generation: u64, bytes: &[u8]) -> Decoded {
+    let mut entries = Vec::new();
+    let Ok(mut decoded) = decode_each(generation, bytes, |now, input| {
+        entries.push((now, input));
+        Ok::<(), std::convert::Infallible>(())
+    });
+    decoded.entries = entries;
+    decoded
+}
+
+/// [`decode`], handing each intact record to `each` as it is decoded rather than collecting
+/// them. Stops at the first error `each` returns. What follows a bad record is only known
+/// once it is reached, so `each` may have applied records of a journal the result then calls
+/// damaged: a caller that refuses damage discards what it applied.
+pub fn decode_each<E>(
+    generation: u64,
+    bytes: &[u8],
+    each: impl FnMut(Millis, Input) -> Result<(), E>,
+) -> Result<Decoded, E> {
+    decode_from(generation, bytes, 0, &mut AlignedVec::new(), each)
+}
+
+/// [`decode_each`] of the file's bytes from offset `base` on, where `base` is 0 or where a
+/// record begins (every record before it intact): what is reported, offsets included, is
+/// what decoding the whole file would report from there on, as records decode alone.
+fn decode_from<E>(
+    generation: u64,
+    bytes: &[u8],
+    base: usize,
+    scratch: &mut AlignedVec<16>,
+    mut each: impl FnMut(Millis, Input) -> Result<(), E>,
+) -> Result<Decoded, E> {
     let mut decoded = Decoded::default();
-    if bytes.iter().all(|&b| b == 0) {
-        // Created, and nothing written yet.
-        return decoded;
+    let mut at = base;
+    if base == 0 {
+        if bytes.iter().all(|&b| b == 0) {
+            // Created, and nothing written yet.
+            return Ok(decoded);
+        }
+        let Some(header) = bytes.get(..FILE_HEADER) else {
+            decoded.stopped = Some(format!("a {}-byte file header is cut short", bytes.len()));
+            return Ok(decoded);
+        };
+        if header[..MAGIC.len()] != MAGIC {
+            decoded.stopped = Some("the file does not start with this format's header".into());
+            decoded.foreign = true;
+            return Ok(decoded);
+        }
+        let named = u64::from_le_bytes(header[MAGIC.len()..].try_into().expect("8 bytes"));
+        if named != generation {
+            // A reused file whose new header never reached the disk (unless a mark says it
+            // did).
+            decoded.stopped = Some(format!(
+                "the header names generation {named}: the file was being reused"
+            ));
+            decoded.damaged = synced_past(generation, bytes, 0, 0);
+            return Ok(decoded);
+        }
+        at = FILE_HEADER;
     }
-    let Some(header) = bytes.get(..FILE_HEADER) else {
-        decoded.stopped = Some(format!("a {}-byte file header is cut short", bytes.len()));
-        return decoded;
-    };
-    if header[..MAGIC.len()] != MAGIC {
-        decoded.stopped = Some("the file does not start with this format's header".into());
-        decoded.foreign = true;
-        return decoded;
-    }
-    let named = u64::from_le_bytes(header[MAGIC.len()..].try_into().expect("8 bytes"));
-    if named != generation {
-        // A reused file whose new header never reached the disk (unless a mark says it did).
-        decoded.stopped = Some(format!(
-            "the header names generation {named}: the file was being reused"
-        ));
-        decoded.damaged = synced_past(generation, bytes, 0);
-        return decoded;
-    }
-    let mut at = FILE_HEADER;
-    while at < bytes.len() {
+    while at < base + bytes.len() {
+        let rest = &bytes[at - base..];
         // Zeros written ahead of the records: the end (no record starts with a zero length).
-        if bytes[at..].iter().all(|&b| b == 0) {
+        if rest.iter().all(|&b| b == 0) {
             break;
         }
-        match decode_one(generation, &bytes[at..]) {
+        match decode_one(generation, rest, scratch) {
             Ok((_, Input::End, len)) => {
                 at += len;
                 decoded.ended = true;
@@ -325,50 +374,178 @@ pub fn decode(generation: u64, bytes: &[u8]) -> Decoded {
             }
             Ok((_, Input::Synced(_), len)) => at += len,
             Ok((now, input, len)) => {
-                decoded.entries.push((now, input));
+                each(now, input)?;
                 at += len;
             }
             Err((why, foreign)) => {
                 decoded.stopped = Some(format!("at byte {at}: {why}"));
                 decoded.foreign = foreign;
                 if !foreign {
-                    decoded.damaged = synced_past(generation, bytes, at);
+                    decoded.damaged = synced_past(generation, bytes, base, at);
                 }
                 break;
             }
         }
     }
     decoded.intact = at;
-    decoded
+    Ok(decoded)
+}
+
+/// Bytes of journal a [`replay`] holds at a time when every record is intact.
+pub const REPLAY_PIECE: usize = 16 << 20;
+
+/// Replays generation `generation`'s journal file, `file_len` bytes long, read through
+/// `read` (fill a buffer from a file offset): each intact record goes to `each` as in
+/// [`decode_each`], and the result is what [`decode`] of the whole file reports.
+///
+/// The file is read `piece` bytes at a time into one buffer while its records are intact,
+/// so a replay of gigabytes holds a piece, not the file. From the first record that is not
+/// intact and whole in its piece (a torn tail, zeros written ahead, damage, or a record
+/// larger than a piece) the rest is read as far as [`needed`] says and decoded whole, since
+/// telling damage from a torn tail needs the marks after it.
+pub fn replay<E>(
+    generation: u64,
+    file_len: u64,
+    piece: usize,
+    mut read: impl FnMut(&mut [u8], u64) -> Result<(), E>,
+    mut each: impl FnMut(Millis, Input) -> Result<(), E>,
+) -> Result<Decoded, E> {
+    let file_len = usize::try_from(file_len).unwrap_or(usize::MAX);
+    let mut scratch = AlignedVec::<16>::new();
+    let mut window = vec![0u8; piece.max(FILE_HEADER).min(file_len)];
+    // The window holds the file's bytes [base, base + filled); records before `next` are
+    // replayed.
+    let (mut base, mut filled, mut next) = (0, 0, 0);
+    loop {
+        let want = window.len().min(file_len - base);
+        read(&mut window[filled..want], (base + filled) as u64)?;
+        filled = want;
+        let mut start = 0;
+        if base == 0 {
+            let header = file_header(generation);
+            if window.get(..FILE_HEADER) != Some(&header[..]) {
+                break;
+            }
+            start = FILE_HEADER;
+        }
+        let clean = decode_clean(generation, &window[start..filled], &mut scratch, &mut each)?;
+        next = base + start + clean.consumed;
+        if clean.ended {
+            return Ok(Decoded {
+                intact: next,
+                ended: true,
+                ..Decoded::default()
+            });
+        }
+        if !clean.cut_by_window || base + filled == file_len || next == base {
+            break;
+        }
+        // The window ends inside a record: keep its start, read on after it.
+        window.copy_within(next - base..filled, 0);
+        filled -= next - base;
+        base = next;
+    }
+    drop(window);
+    let mut rest = Vec::new();
+    let mut want = (file_len - next).min(piece.max(1));
+    loop {
+        let have = rest.len();
+        rest.resize(want, 0);
+        read(&mut rest[have..], (next + have) as u64)?;
+        match needed_from(generation, &rest, next, file_len as u64) {
+            None => break,
+            Some(at_least) => {
+                want = (at_least as usize - next)
+                    .max(want * 2)
+                    .min(file_len - next);
+            }
+        }
+    }
+    decode_from(generation, &rest, next, &mut scratch, each)
+}
+
+/// How far [`decode_clean`] got.
+struct Clean {
+    /// Bytes of whole, intact records decoded and handed on.
+    consumed: usize,
+    /// The last of them was the end record.
+    ended: bool,
+    /// It stopped at a record the window cuts short (more of the file may complete it).
+    cut_by_window: bool,
+}
+
+/// Hands on the whole, intact and readable records at the start of `window` (part of a
+/// generation `generation` journal, starting where a record does) up to an end record, and
+/// stops before the first record that is anything else.
+fn decode_clean<E>(
+    generation: u64,
+    window: &[u8],
+    scratch: &mut AlignedVec<16>,
+    mut each: impl FnMut(Millis, Input) -> Result<(), E>,
+) -> Result<Clean, E> {
+    let mut at = 0;
+    loop {
+        let rest = &window[at..];
+        let stopped = |cut_by_window| Clean {
+            consumed: at,
+            ended: false,
+            cut_by_window,
+        };
+        let Ok((now, body, len)) = decode_checked(generation, rest) else {
+            return Ok(stopped(cut_short(rest)));
+        };
+        match from_payload(body, scratch) {
+            Ok(Input::End) => {
+                return Ok(Clean {
+                    consumed: at + len,
+                    ended: true,
+                    cut_by_window: false,
+                });
+            }
+            Ok(Input::Synced(_)) => {}
+            Ok(input) => each(now, input)?,
+            Err(_) => return Ok(stopped(false)),
+        }
+        at += len;
+    }
 }
 
 /// The damage at `bad` if an intact sync mark of `generation` after it names an offset past
-/// it (see the module docs); one pass over the rest of `bytes`. A reused journal file holds a
-/// former generation's records after the last new one, hundreds of megabytes of them, so the
-/// candidates (a sync mark's length field) are found with a vectorized search.
-fn synced_past(generation: u64, bytes: &[u8], bad: usize) -> Option<Damage> {
+/// it (see the module docs); one pass over the rest of `bytes`, the file's bytes from offset
+/// `base` on. A reused journal file holds a former generation's records after the last new
+/// one, hundreds of megabytes of them, so the candidates (a sync mark's length field) are
+/// found with a vectorized search.
+fn synced_past(generation: u64, bytes: &[u8], base: usize, bad: usize) -> Option<Damage> {
     let len = synced_record_len();
     let field = ((len - RECORD_HEADER) as u32).to_le_bytes();
     let from = bad + 1;
-    let rest = bytes.get(from..)?;
+    let rest = bytes.get(from - base..)?;
+    let end = base + bytes.len();
+    let mut scratch = AlignedVec::new();
     memchr::memmem::find_iter(rest, &field)
         .map(|i| from + i)
-        .take_while(|&at| at + len <= bytes.len())
-        .filter_map(|at| match decode_one(generation, &bytes[at..]) {
-            Ok((_, Input::Synced(offset), _)) if offset > bad as u64 => Some(offset),
-            _ => None,
-        })
+        .take_while(|&at| at + len <= end)
+        .filter_map(
+            |at| match decode_one(generation, &bytes[at - base..], &mut scratch) {
+                Ok((_, Input::Synced(offset), _)) if offset > bad as u64 => Some(offset),
+                _ => None,
+            },
+        )
         .max()
         .map(|synced_to| Damage { at: bad, synced_to })
 }
 
 /// One record at the start of `bytes`: its time, its input and its length; or why not, and
 /// whether the record is intact but unreadable to this build.
-fn decode_one(generation: u64, bytes: &[u8]) -> Result<(Millis, Input, usize), (String, bool)> {
+fn decode_one(
+    generation: u64,
+    bytes: &[u8],
+    scratch: &mut AlignedVec<16>,
+) -> Result<(Millis, Input, usize), (String, bool)> {
     decode_checked(generation, bytes)
         .map_err(|why| (why, false))
         .and_then(|(now, body, len)| {
-            let input = from_payload(body)
+            let input = from_payload(body, scratch)
                 .map_err(|e| (format!("an intact record does not decode: {e}"), true))?;
             Ok((now, input, len))
         })
@@ -507,6 +684,61 @@ mod tests {
             (read.entries, read.intact, read.damaged),
             (whole.entries, whole.intact, whole.damaged)
         );
+    }
+
+    /// Replays `file` a `piece` at a time: what it hands on, what it reports, and the most
+    /// bytes one read asked for.
+    fn replay_in_pieces(file: &[u8], piece: usize) -> (Vec<(Millis, Input)>, Decoded, usize) {
+        let mut entries = Vec::new();
+        let mut largest = 0;
+        let read = |buf: &mut [u8], offset: u64| {
+            largest = largest.max(buf.len());
+            buf.copy_from_slice(&file[offset as usize..offset as usize + buf.len()]);
+            Ok::<(), std::convert::Infallible>(())
+        };
+        let Ok(decoded) = replay(GENERATION, file.len() as u64, piece, read, |now, input| {
+            entries.push((now, input));
+            Ok(())
+        });
+        (entries, decoded, largest)
+    }
+
+    #[test]
+    fn a_replay_holds_a_piece_of_the_journal_at_a_time_and_reports_what_the_whole_file_does() {
+        let mut inputs = vec![(1, Input::Config(MasterConfig::default()))];
+        inputs.extend((2..2_000).map(|now| (now, Input::Tick)));
+        let ours = journal(GENERATION, &inputs);
+        let piece = 1_000;
+        // Closed by its end record, followed by a reused file's older records: replayed in
+        // pieces, none of them read past the end record's piece.
+        let mut ended = ours.clone();
+        record(GENERATION, Millis(9_999), &end_payload(), &mut ended);
+        let closed = ended.len();
+        for now in 0..5_000 {
+            record(GENERATION - 1, Millis(now), &tick_payload(), &mut ended);
+        }
+        let (entries, replayed, largest) = replay_in_pieces(&ended, piece);
+        let whole = decode(GENERATION, &ended);
+        assert_eq!(entries.len(), inputs.len());
+        assert_eq!(entries, whole.entries);
+        assert_eq!((replayed.intact, replayed.ended), (closed, true));
+        assert!(largest <= piece, "read {largest} bytes at once");
+        // Torn at every kind of place and followed by zeros: the same as the whole file.
+        for cut in [ours.len(), ours.len() - 3, ours.len() / 2 + 5, 17, 9, 0] {
+            let mut torn = ours[..cut].to_vec();
+            torn.resize(cut + 3 * piece, 0);
+            let (entries, replayed, _) = replay_in_pieces(&torn, piece);
+            let whole = decode(GENERATION, &torn);
+            assert_eq!(entries, whole.entries, "cut at {cut}");
+            assert_eq!(
+                (replayed.intact, replayed.stopped, replayed.ended),
+                (whole.intact, whole.stopped, whole.ended),
+                "cut at {cut}"
+            );
+        }
+        // A record longer than a piece is read whole.
+        let (entries, replayed, _) = replay_in_pieces(&ended, 40);
+        assert_eq!((entries, replayed.intact), (whole.entries, closed));
     }
 
     #[test]

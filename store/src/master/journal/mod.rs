@@ -51,7 +51,9 @@
 //! **Reading a journal back.** The writer syncs at most `journal::MAX_SYNC_BYTES` of records
 //! at a time, each piece followed by its sync mark, so recovery needs a journal file only up to
 //! its end record, or up to a bad record and a mark's reach past it: a reused file's older
-//! records (as long as a whole generation's journal) are not read.
+//! records (as long as a whole generation's journal) are not read. Recovery reads a journal
+//! `journal::REPLAY_PIECE` bytes at a time and applies each record as it is decoded, so a
+//! restart holds one piece of a journal in memory, not gigabytes of it.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};

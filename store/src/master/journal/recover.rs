@@ -76,9 +76,31 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
         generation = g;
         let name = journal_name(g);
         let path = format!("{}/{name}", dir.location());
-        let bytes = read_journal(dir, &name, g)
-            .map_err(|e| io_error(format!("cannot read {path}: {e}")))?;
-        let decoded = journal::decode(g, &bytes);
+        let unreadable = |e: std::io::Error| io_error(format!("cannot read {path}: {e}"));
+        let file = dir.open(&name, OpenMode::Read).map_err(unreadable)?;
+        let len = file.len().map_err(unreadable)?;
+        let read = |buf: &mut [u8], offset: u64| file.read_at(buf, offset).map_err(unreadable);
+        // Records are applied as they are read; a journal found damaged after some were
+        // applied fails the whole recovery below, so nothing applied from it is kept.
+        let decoded = journal::replay(g, len, journal::REPLAY_PIECE, read, |now, input| {
+            if let Input::Config(logged) = input {
+                master = Some(match (master.take(), snapshot.take()) {
+                    (Some(m), _) => reconfigure(m, logged)?,
+                    (None, Some(bytes)) => restore(logged, bytes.as_slice(), first)?,
+                    (None, None) => Master::new(logged)?,
+                });
+                info!("replaying {path}");
+                return Ok(());
+            }
+            let Some(m) = master.as_mut() else {
+                return Err(io_error(format!(
+                    "{path} does not start with its configuration record"
+                )));
+            };
+            journal::apply(m, now, input);
+            replayed += 1;
+            Ok(())
+        })?;
         let last = i + 1 == to_replay.len();
         if decoded.foreign {
             let why = decoded.stopped.as_deref().unwrap_or_default();
@@ -121,24 +143,6 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
             intact: decoded.intact as u64,
             ended: decoded.ended,
         });
-        for (now, input) in decoded.entries {
-            if let Input::Config(logged) = input {
-                master = Some(match (master.take(), snapshot.take()) {
-                    (Some(m), _) => reconfigure(m, logged)?,
-                    (None, Some(bytes)) => restore(logged, bytes.as_slice(), first)?,
-                    (None, None) => Master::new(logged)?,
-                });
-                info!("replaying {path}");
-                continue;
-            }
-            let Some(m) = master.as_mut() else {
-                return Err(io_error(format!(
-                    "{path} does not start with its configuration record"
-                )));
-            };
-            journal::apply(m, now, input);
-            replayed += 1;
-        }
     }
     // What replay did was reported when it first happened: its events are not news.
     if let Some(m) = master.as_mut() {
@@ -156,26 +160,6 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
         snapshot_len,
         tail,
     })
-}
-
-/// What recovery needs of generation `generation`'s journal file `name` (see
-/// [`journal::needed`]), read in growing pieces.
-fn read_journal(dir: &dyn StateDir, name: &str, generation: u64) -> std::io::Result<Vec<u8>> {
-    /// The first piece: a journal's records since the last snapshot are often all of it.
-    const FIRST_READ: u64 = 64 << 20;
-    let file = dir.open(name, OpenMode::Read)?;
-    let len = file.len()?;
-    let mut bytes = Vec::new();
-    let mut want = len.min(FIRST_READ);
-    loop {
-        let have = bytes.len();
-        bytes.resize(want as usize, 0);
-        file.read_at(&mut bytes[have..], have as u64)?;
-        match journal::needed(generation, &bytes, len) {
-            None => return Ok(bytes),
-            Some(at_least) => want = at_least.max(want * 2).min(len),
-        }
-    }
 }
 
 /// The whole of snapshot file `name`, read where restoring it needs no copy.
