@@ -739,6 +739,44 @@ mod tests {
         // A record longer than a piece is read whole.
         let (entries, replayed, _) = replay_in_pieces(&ended, 40);
         assert_eq!((entries, replayed.intact), (whole.entries, closed));
+
+        // An intact record this build cannot read, amid the pieces: foreign, not the end.
+        let mut foreign = ours.clone();
+        let old_form = rkyv::to_bytes::<rancor::Error>(&Input::Tick).unwrap();
+        record(GENERATION, Millis(5_000), &old_form, &mut foreign);
+        foreign.extend_from_slice(&ours[FILE_HEADER..]);
+        // A bad record that a sync mark after it vouches for: damage, not a torn tail.
+        let mut damaged = ours.clone();
+        let bad = damaged.len() / 2;
+        damaged[bad] ^= 0x55;
+        record(
+            GENERATION,
+            Millis(5_001),
+            &synced_payload(ours.len() as u64),
+            &mut damaged,
+        );
+        // A reused file whose new header never reached the disk: the older generation's.
+        let unheaded = journal(GENERATION - 1, &inputs);
+        for (name, file) in [
+            ("foreign", &foreign),
+            ("damaged", &damaged),
+            ("unheaded", &unheaded),
+        ] {
+            let (entries, replayed, _) = replay_in_pieces(file, piece);
+            let whole = decode(GENERATION, file);
+            assert!(whole.stopped.is_some(), "{name}: {whole:?}");
+            assert_eq!(entries, whole.entries, "{name}");
+            assert_eq!(
+                (
+                    replayed.intact,
+                    replayed.stopped,
+                    replayed.foreign,
+                    replayed.damaged
+                ),
+                (whole.intact, whole.stopped, whole.foreign, whole.damaged),
+                "{name}"
+            );
+        }
     }
 
     #[test]
