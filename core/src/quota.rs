@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::ClientId;
 use crate::master::Master;
-use crate::tenant::tenant_of;
+use crate::tenant::{DEFAULT_TENANT, tenant_of};
 
 /// The member a client id belongs to.
 pub fn member_of(client: ClientId) -> u128 {
@@ -30,12 +30,21 @@ pub fn member_of(client: ClientId) -> u128 {
 /// never part of a snapshot.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Unfinished {
-    by_slot: BTreeMap<u32, (u128, u64)>,
+    by_slot: BTreeMap<u32, Held>,
     by_member: BTreeMap<u128, u64>,
     /// The same bytes by tenant: only tenants with a quota on them are asked, and few writes
     /// are in progress at once, so this is a map of the writes' keys' tenants.
     by_tenant: BTreeMap<String, u64>,
-    tenant_of_slot: BTreeMap<u32, String>,
+}
+
+/// What one unfinished put holds back, and whose.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Held {
+    member: u128,
+    bytes: u64,
+    /// Its key's tenant; none for the default tenant, which most keys have (every put would
+    /// otherwise allocate its name).
+    tenant: Option<Box<str>>,
 }
 
 impl Unfinished {
@@ -43,20 +52,28 @@ impl Unfinished {
     pub(crate) fn start(&mut self, slot: u32, key: &str, writer: ClientId, size: u64) {
         self.end(slot);
         let member = member_of(writer);
-        self.by_slot.insert(slot, (member, size));
         *self.by_member.entry(member).or_default() += size;
-        let tenant = tenant_of(key).to_string();
-        *self.by_tenant.entry(tenant.clone()).or_default() += size;
-        self.tenant_of_slot.insert(slot, tenant);
+        let tenant = tenant_of(key);
+        match self.by_tenant.get_mut(tenant) {
+            Some(held) => *held += size,
+            None => {
+                self.by_tenant.insert(tenant.to_string(), size);
+            }
+        }
+        let held = Held {
+            member,
+            bytes: size,
+            tenant: (tenant != DEFAULT_TENANT).then(|| tenant.into()),
+        };
+        self.by_slot.insert(slot, held);
     }
 
     /// The write on `slot` ended (completed, aborted, discarded, or its object removed).
     pub(crate) fn end(&mut self, slot: u32) {
-        if let Some((member, bytes)) = self.by_slot.remove(&slot) {
-            take(&mut self.by_member, &member, bytes);
-            if let Some(tenant) = self.tenant_of_slot.remove(&slot) {
-                take(&mut self.by_tenant, &tenant, bytes);
-            }
+        if let Some(held) = self.by_slot.remove(&slot) {
+            take(&mut self.by_member, &held.member, held.bytes);
+            let tenant = held.tenant.as_deref().unwrap_or(DEFAULT_TENANT);
+            take(&mut self.by_tenant, tenant, held.bytes);
         }
     }
 
