@@ -11,7 +11,9 @@
 //! the proto crate's `auth`), so every process of one member counts together. Ids below 2^64
 //! (tests, and tools that pick small ids) each count as a member of their own.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+
+use foldhash::fast::FixedState;
 
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::ClientId;
@@ -30,7 +32,8 @@ pub fn member_of(client: ClientId) -> u128 {
 /// never part of a snapshot.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Unfinished {
-    by_slot: BTreeMap<u32, Held>,
+    /// Hashed, not ordered: every put starts and ends an entry, and nothing walks them.
+    by_slot: HashMap<u32, Held, FixedState>,
     by_member: BTreeMap<u128, u64>,
     /// The same bytes by tenant: only tenants with a quota on them are asked, and few writes
     /// are in progress at once, so this is a map of the writes' keys' tenants.
