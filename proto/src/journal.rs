@@ -28,7 +28,10 @@
 //! torn record; a mark that does proves the bad record was synced (and acknowledged), and
 //! [`Decoded::damaged`] reports it, so recovery stops instead of silently dropping every
 //! change after it. Marks have one fixed length, which lets [`decode`] look for them past a
-//! bad record in one pass (a length field of their size, then the checksum).
+//! bad record in one pass (a length field of their size, then the checksum). The writer
+//! syncs at most [`MAX_SYNC_BYTES`] at a time, so a mark vouching for a record lies within
+//! [`MARK_REACH`] of it: recovery reads past a bad record, or past the zeros after the last
+//! record, only that far ([`needed`]).
 
 use mooring_core::{Master, MasterConfig, Millis};
 use rkyv::rancor;
@@ -233,8 +236,8 @@ pub fn sync_piece(records: &[u8]) -> usize {
 
 /// Whether the first `bytes` of generation `generation`'s journal file, `file_len` bytes
 /// long, are all [`decode`] needs: None if so, else how many bytes at least to read. It needs
-/// the records up to an end record, or up to a bad record and [`MARK_REACH`] past it (see
-/// the module docs), or the whole file. A journal file reused from an older generation holds
+/// the records up to an end record, or up to a bad record or zeros and [`MARK_REACH`] past
+/// it (see the module docs), or the whole file. A journal file reused from an older generation holds
 /// that generation's records after the new ones, as long as a whole generation's journal:
 /// recovery reads what is needed, not gigabytes of them.
 pub fn needed(generation: u64, bytes: &[u8], file_len: u64) -> Option<u64> {
@@ -274,8 +277,10 @@ fn needed_from(generation: u64, bytes: &[u8], base: usize, file_len: u64) -> Opt
     loop {
         let rest = &bytes[at - base..];
         if rest.iter().all(|&b| b == 0) {
-            // Zeros written ahead, or a file read only this far: the rest decides.
-            return more;
+            // Zeros written ahead, or a file read only this far. Past the last record, a file
+            // grown ahead may hold gigabytes of zeros: like a bad record, they need reading only
+            // as far as a mark that could vouch for bytes there would be.
+            return reach(at);
         }
         match decode_checked(generation, rest) {
             Ok((_, payload, _)) if payload == end.as_slice() => return None,
@@ -659,17 +664,18 @@ mod tests {
         // Every record of ours, and a mark's reach past the first bad one: no more.
         let reach = (ours.len() + MARK_REACH) as u64;
         assert_eq!(needed(GENERATION, &reused, huge), Some(reach));
-        // A record cut short by what was read asks for more; so do zeros written ahead.
+        // A record cut short by what was read asks for more.
         assert_eq!(
             needed(GENERATION, &ours[..ours.len() - 3], huge),
             Some(ours.len() as u64 - 2)
         );
+        // Zeros written ahead are read as far as a bad record's reach, not to the end of a
+        // file grown gigabytes ahead.
         let mut zeros = ours.clone();
         zeros.resize(ours.len() + 4096, 0);
-        assert_eq!(
-            needed(GENERATION, &zeros, huge),
-            Some(zeros.len() as u64 + 1)
-        );
+        assert_eq!(needed(GENERATION, &zeros, huge), Some(reach));
+        zeros.resize(reach as usize, 0);
+        assert_eq!(needed(GENERATION, &zeros, huge), None);
         // The whole file, or an end record, is all decoding needs.
         assert_eq!(needed(GENERATION, &reused, reused.len() as u64), None);
         let mut ended = ours.clone();
@@ -755,11 +761,15 @@ mod tests {
             &synced_payload(ours.len() as u64),
             &mut damaged,
         );
+        // Synced records zeroed on the disk, more than a piece of them: damage too.
+        let mut zeroed = damaged.clone();
+        zeroed[bad..bad + 3 * piece].fill(0);
         // A reused file whose new header never reached the disk: the older generation's.
         let unheaded = journal(GENERATION - 1, &inputs);
         for (name, file) in [
             ("foreign", &foreign),
             ("damaged", &damaged),
+            ("zeroed", &zeroed),
             ("unheaded", &unheaded),
         ] {
             let (entries, replayed, _) = replay_in_pieces(file, piece);
