@@ -761,9 +761,17 @@ mod tests {
             &synced_payload(ours.len() as u64),
             &mut damaged,
         );
-        // Synced records zeroed on the disk, more than a piece of them: damage too.
-        let mut zeroed = damaged.clone();
-        zeroed[bad..bad + 3 * piece].fill(0);
+        // Synced records zeroed on the disk from a record's start, more than a piece of them:
+        // damage too, not the zeros written ahead of the records.
+        let mut zeroed = ours.clone();
+        let boundary = journal(GENERATION, &inputs[..inputs.len() / 2]).len();
+        zeroed[boundary..boundary + 3 * piece].fill(0);
+        record(
+            GENERATION,
+            Millis(5_001),
+            &synced_payload(ours.len() as u64),
+            &mut zeroed,
+        );
         // A reused file whose new header never reached the disk: the older generation's.
         let unheaded = journal(GENERATION - 1, &inputs);
         for (name, file) in [
