@@ -252,16 +252,16 @@ fn needed_from(generation: u64, bytes: &[u8], base: usize, file_len: u64) -> Opt
         return None;
     }
     let more = Some(have + 1);
-    if bytes.iter().all(|&b| b == 0) {
-        // Nothing written yet as far as read: what follows decides.
-        return more;
-    }
     let reach = |bad: usize| {
         let to = file_len.min((bad + MARK_REACH) as u64);
         (have < to).then_some(to)
     };
     let mut at = base;
     if base == 0 {
+        if bytes.iter().all(|&b| b == 0) {
+            // Nothing written yet as far as read: what follows decides.
+            return more;
+        }
         let Some(header) = bytes.get(..FILE_HEADER) else {
             return more;
         };
