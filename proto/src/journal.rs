@@ -193,7 +193,7 @@ pub fn record(generation: u64, now: Millis, payload: &[u8], out: &mut Vec<u8>) {
 #[derive(Debug, Default)]
 pub struct Decoded {
     /// The intact records, in order (not the [`Input::End`] that may close them); empty
-    /// from [`decode_each`], which hands them to its caller instead.
+    /// from [`replay`], which hands them to its caller instead.
     pub entries: Vec<(Millis, Input)>,
     /// How many leading bytes the header and the records take: the rest is a torn or
     /// damaged tail, zeros, or an older generation's records.
@@ -307,29 +307,20 @@ fn cut_short(bytes: &[u8]) -> bool {
 /// is incomplete or damaged, or at [`Input::End`].
 pub fn decode(generation: u64, bytes: &[u8]) -> Decoded {
     let mut entries = Vec::new();
-    let Ok(mut decoded) = decode_each(generation, bytes, |now, input| {
+    let push = |now, input| {
         entries.push((now, input));
         Ok::<(), std::convert::Infallible>(())
-    });
+    };
+    let Ok(mut decoded) = decode_from(generation, bytes, 0, &mut AlignedVec::new(), push);
     decoded.entries = entries;
     decoded
 }
 
-/// [`decode`], handing each intact record to `each` as it is decoded rather than collecting
-/// them. Stops at the first error `each` returns. What follows a bad record is only known
-/// once it is reached, so `each` may have applied records of a journal the result then calls
-/// damaged: a caller that refuses damage discards what it applied.
-pub fn decode_each<E>(
-    generation: u64,
-    bytes: &[u8],
-    each: impl FnMut(Millis, Input) -> Result<(), E>,
-) -> Result<Decoded, E> {
-    decode_from(generation, bytes, 0, &mut AlignedVec::new(), each)
-}
-
-/// [`decode_each`] of the file's bytes from offset `base` on, where `base` is 0 or where a
-/// record begins (every record before it intact): what is reported, offsets included, is
-/// what decoding the whole file would report from there on, as records decode alone.
+/// [`decode`] of the file's bytes from offset `base` on, where `base` is 0 or where a record
+/// begins (every record before it intact), handing each intact record to `each` as it is
+/// decoded instead of collecting them; stops at the first error `each` returns. What is
+/// reported, offsets included, is what decoding the whole file would report from there on,
+/// as records decode alone.
 fn decode_from<E>(
     generation: u64,
     bytes: &[u8],
@@ -400,8 +391,11 @@ fn decode_from<E>(
 pub const REPLAY_PIECE: usize = 16 << 20;
 
 /// Replays generation `generation`'s journal file, `file_len` bytes long, read through
-/// `read` (fill a buffer from a file offset): each intact record goes to `each` as in
-/// [`decode_each`], and the result is what [`decode`] of the whole file reports.
+/// `read` (fill a buffer from a file offset): each intact record goes to `each` as it is
+/// decoded (a replay stops at the first error `each` returns), and the result is what
+/// [`decode`] of the whole file reports. What follows a bad record is only known once it is
+/// reached, so `each` may have applied records of a journal the result then calls damaged: a
+/// caller that refuses damage discards what it applied.
 ///
 /// The file is read `piece` bytes at a time into one buffer while its records are intact,
 /// so a replay of gigabytes holds a piece, not the file. From the first record that is not
