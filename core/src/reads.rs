@@ -219,6 +219,8 @@ impl Master {
 
     /// Grants a lease on the object in `slot` and lists its complete replicas.
     pub(crate) fn read_replicas(&mut self, slot: u32, now: Millis) -> ReplicaList {
+        // Read first: its load then overlaps the object's instead of following it.
+        let checksum = self.objects.checksum(slot);
         let lease_ttl = self.config.lease_ttl;
         let object = self.objects.at_mut(slot);
         object.grant_lease(now, lease_ttl);
@@ -238,7 +240,7 @@ impl Master {
         ReplicaList {
             replicas,
             lease_ttl,
-            checksum: self.objects.checksum(slot),
+            checksum,
         }
     }
 }
