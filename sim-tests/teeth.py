@@ -289,6 +289,20 @@ EXPS = {
  'shm-no-write-fence': [
    ('transport-shm/src/client.rs', "                    if Instant::now() >= deadline {", "                    if false {"),
  ],
+ # A batch lookup takes the first index entry with the key's tag for the key when the lengths
+ # agree, so a key of another object of the same length and tag answers for it.
+ 'find-many-trusts-the-tag': [
+  ('core/src/objects.rs', "                    Some(slot) if same_len && &*self.at(slot).key == key => Some(slot),", "                    Some(slot) if same_len => Some(slot),"),
+ ],
+ # A batch lookup that meets another key's entry of the same tag first stops there: the key
+ # further along the probe sequence reads as missing.
+ 'find-many-stops-at-a-shared-tag': [
+  ('core/src/objects.rs', "                    Some(_) => self.find(key),", "                    Some(_) => None,"),
+ ],
+ # A batch get serves whatever it found, readable or not, and counts no read.
+ 'batch-read-serves-unreadable': [
+  ('core/src/reads.rs', "                let slot = self.read_slot(key.as_ref(), found)?;", "                let slot = found.ok_or(ErrorCode::OBJECT_NOT_FOUND)?;"),
+ ],
 }
 # The write fence's plants: each breaks one term of the fence's inequality. A slip there shows
 # only under rare timing, so they are judged by the fence's own property test (every
@@ -473,6 +487,14 @@ for plant in ['replay-skips-unreadable-record', 'replay-bad-record-taken-for-the
               'replay-header-generation-unchecked', 'journal-zeros-taken-for-the-end']:
     PROPERTY_TESTS[plant] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-proto', '--lib', 'journal'],
                              'a_replay_holds_a_piece_of_the_journal')
+# The batch lookups are judged by the table's own test (a shared tag needs about 2^32 keys to
+# happen by chance, which no seed reaches) and by the test that batch and one-at-a-time reads
+# answer and change the master alike.
+for plant in ['find-many-trusts-the-tag', 'find-many-stops-at-a-shared-tag']:
+    PROPERTY_TESTS[plant] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--lib', 'objects'],
+                             'finding_many_keys_at_once_finds_what_finding_each_does')
+PROPERTY_TESTS['batch-read-serves-unreadable'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'policy'],
+                                                  'batch_reads_answer_and_change_the_master_as')
 # Plants in code only some transports run are tried on those (default: the usual mix).
 RUN_ARGS = {
  'shm-mapping-outlives-mount': ['--transport', 'shm'],

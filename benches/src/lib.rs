@@ -125,7 +125,8 @@ pub fn resident_bytes() -> u64 {
 
 /// The master's operation rates with `resident` objects named by `key` resident: one
 /// criterion group, `master (<label> resident)`, of PutStart+PutEnd pairs of fresh keys
-/// (removed again, untimed) and GetReplicaList of random resident keys.
+/// (removed again, untimed), and GetReplicaList of random resident keys, one at a time and 32
+/// to a request.
 pub fn master_ops(
     c: &mut criterion::Criterion,
     label: &str,
@@ -176,6 +177,17 @@ pub fn master_ops(
         b.iter(|| {
             j = (j + 1) & ((1 << 16) - 1);
             black_box(master.get_replica_list(&lookups[j], now).expect("get"));
+        })
+    });
+    // As clients ask for a batch get's keys: one request of 32 keys, timed per key.
+    group.throughput(criterion::Throughput::Elements(32));
+    let mut batch = 0;
+    group.bench_function("BatchGetReplicaList of 32 keys", |b| {
+        b.iter(|| {
+            batch = (batch + 32) & ((1 << 16) - 1);
+            let lists = master.batch_get_replica_list(&lookups[batch..batch + 32], now);
+            assert!(lists.iter().all(Result::is_ok), "every key is resident");
+            black_box(lists);
         })
     });
     group.finish();

@@ -53,7 +53,7 @@ impl Master {
     ) -> Result<(HoldId, ReplicaList)> {
         let now = self.advance(now);
         self.touch(client, now);
-        let slot = self.read_slot(key)?;
+        let slot = self.read_slot(key, self.objects.find(key))?;
         let list = self.read_replicas(slot, now);
         let object = self.objects.at_mut(slot);
         object.holds += 1;

@@ -70,6 +70,26 @@ impl KeyIndex {
         self.probe(tag_of(hash), is_key).ok()
     }
 
+    /// The slot of the first entry on `hash`'s probe sequence whose tag matches, without
+    /// checking its key; `None` if the sequence ends first (then no slot has the key). The
+    /// first step of a lookup whose key check the caller does later (see
+    /// `ObjectTable::find_many`): it reads only the index.
+    pub(crate) fn first_candidate(&self, hash: u64) -> Option<u32> {
+        let tag = tag_of(hash);
+        let mask = self.mask();
+        let mut pos = tag as usize & mask;
+        loop {
+            let e = self.entries[pos];
+            if e == EMPTY {
+                return None;
+            }
+            if entry_tag(e) == tag {
+                return Some(entry_slot(e));
+            }
+            pos = (pos + 1) & mask;
+        }
+    }
+
     /// Walks the probe sequence of `tag`: the slot of the first entry with that tag whose key
     /// satisfies `is_key`, or else the empty position the walk ended at.
     fn probe(&self, tag: u32, mut is_key: impl FnMut(u32) -> bool) -> Result<u32, usize> {

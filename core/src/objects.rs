@@ -106,6 +106,45 @@ impl ObjectTable {
         })
     }
 
+    /// [`ObjectTable::find`] for many keys at once, in the keys' order. A lookup is a chain
+    /// of cache misses (the index entry, then the object, then the key's bytes), each
+    /// waiting for the one before. Done one key at a time, the misses of different keys
+    /// queue behind each other; done a step at a time for all keys, each step's misses are
+    /// independent of each other, so the processor has them in flight together.
+    pub(crate) fn find_many<K: AsRef<str>>(&self, keys: &[K]) -> Vec<Option<u32>> {
+        let candidates: Vec<Option<u32>> = keys
+            .iter()
+            .map(|key| {
+                let hash = self.hasher.hash_one(key.as_ref());
+                self.index.first_candidate(hash)
+            })
+            .collect();
+        // Reads each candidate's object (the key's length and where its bytes are).
+        let same_len: Vec<bool> = keys
+            .iter()
+            .zip(&candidates)
+            .map(|(key, candidate)| {
+                candidate
+                    .and_then(|slot| self.get(slot))
+                    .is_some_and(|o| o.key.len() == key.as_ref().len())
+            })
+            .collect();
+        keys.iter()
+            .zip(candidates)
+            .zip(same_len)
+            .map(|((key, candidate), same_len)| {
+                let key = key.as_ref();
+                match candidate {
+                    // The probe sequence ended without the key's tag: not indexed.
+                    None => None,
+                    Some(slot) if same_len && &*self.at(slot).key == key => Some(slot),
+                    // Another key with the same tag came first: the whole probe decides.
+                    Some(_) => self.find(key),
+                }
+            })
+            .collect()
+    }
+
     /// Adds an object whose key is not in the table; returns its slot.
     pub(crate) fn insert(&mut self, object: Object) -> u32 {
         debug_assert!(self.find(&object.key).is_none());
@@ -330,6 +369,52 @@ mod tests {
         assert!(
             refused.contains("\"a\" is held by slots 0 and 2"),
             "{refused}"
+        );
+    }
+
+    #[test]
+    fn finding_many_keys_at_once_finds_what_finding_each_does_even_past_a_shared_tag() {
+        let mut table = ObjectTable::new(7);
+        // Two keys of one length whose hashes share their index tag (found by a search;
+        // about one pair in 2^32 does). Once `first` is indexed, a lookup of `second` meets
+        // its entry first on the same probe sequence, whether `second` is indexed or not.
+        let key = |i: u32| format!("key-{i:08}");
+        let mut seen = std::collections::HashMap::new();
+        let (first, second) = (0..)
+            .find_map(|i| {
+                let tag = table.hasher.hash_one(key(i)) >> 32;
+                seen.insert(tag, i).map(|j| (key(j), key(i)))
+            })
+            .expect("a shared tag");
+        for i in 0..1000 {
+            table.insert(Object::new(
+                &key(u32::MAX - i),
+                10,
+                ClientId(1),
+                WriteId(1),
+                Millis(0),
+            ));
+        }
+        let first_slot = table.insert(Object::new(&first, 10, ClientId(1), WriteId(1), Millis(0)));
+        let hash = table.hasher.hash_one(&*second);
+        assert_eq!(
+            table.index.first_candidate(hash),
+            Some(first_slot),
+            "a lookup of the second key meets the first's entry first"
+        );
+        let mut asked: Vec<String> = vec![second.clone(), first.clone(), "".into(), "x".into()];
+        asked.extend((0..2000).map(|i| key(u32::MAX - i)));
+        let each: Vec<Option<u32>> = asked.iter().map(|k| table.find(k)).collect();
+        assert_eq!(table.find_many(&asked), each);
+        assert_eq!(each[0], None, "the second key is not indexed yet");
+        assert_eq!(each[1], Some(first_slot));
+        assert_eq!(each.iter().filter(|found| found.is_some()).count(), 1001);
+
+        let second_slot =
+            table.insert(Object::new(&second, 10, ClientId(1), WriteId(1), Millis(0)));
+        assert_eq!(
+            table.find_many(&[&second, &first]),
+            [Some(second_slot), Some(first_slot)]
         );
     }
 }

@@ -58,7 +58,8 @@ impl Master {
     /// object, `REPLICA_IS_NOT_READY` while it is being written.
     pub fn get_replica_list(&mut self, key: &str, now: Millis) -> Result<ReplicaList> {
         let now = self.advance(now);
-        let slot = self.read_slot(key)?;
+        let found = self.objects.find(key);
+        let slot = self.read_slot(key, found)?;
         Ok(self.read_replicas(slot, now))
     }
 
@@ -101,16 +102,34 @@ impl Master {
         keys: &[K],
         now: Millis,
     ) -> Vec<Result<ReplicaList>> {
+        let now = self.advance(now);
+        let found = self.objects.find_many(keys);
+        // The checksums too in a pass of their own, for the same reason as `find_many`.
+        let checksums: Vec<Checksum> = found
+            .iter()
+            .map(|slot| slot.map_or(Checksum::EMPTY, |slot| self.objects.checksum(slot)))
+            .collect();
         keys.iter()
-            .map(|k| self.get_replica_list(k.as_ref(), now))
+            .zip(found)
+            .zip(checksums)
+            .map(|((key, found), checksum)| {
+                let slot = self.read_slot(key.as_ref(), found)?;
+                Ok(self.read_replicas_with(slot, checksum, now))
+            })
             .collect()
     }
 
     /// Whether `key` has a complete replica; if so, grants a lease.
     pub fn exist(&mut self, key: &str, now: Millis) -> Result<bool> {
         let now = self.advance(now);
+        let found = self.objects.find(key);
+        self.exist_found(key, found, now)
+    }
+
+    /// [`Master::exist`] for a key already looked up: `found` is where the table holds it.
+    fn exist_found(&mut self, key: &str, found: Option<u32>, now: Millis) -> Result<bool> {
         self.check_key(key)?;
-        match self.objects.find(key) {
+        match found {
             Some(slot) if self.objects.at(slot).is_readable() => {
                 let lease_ttl = self.config.lease_ttl;
                 self.objects.at_mut(slot).grant_lease(now, lease_ttl);
@@ -122,7 +141,12 @@ impl Master {
 
     /// [`Master::exist`] for many keys.
     pub fn batch_exist<K: AsRef<str>>(&mut self, keys: &[K], now: Millis) -> Vec<Result<bool>> {
-        keys.iter().map(|k| self.exist(k.as_ref(), now)).collect()
+        let now = self.advance(now);
+        let found = self.objects.find_many(keys);
+        keys.iter()
+            .zip(found)
+            .map(|(key, found)| self.exist_found(key.as_ref(), found, now))
+            .collect()
     }
 
     /// The size of `key`'s value. No lease.
@@ -195,8 +219,14 @@ impl Master {
 
     /// The slot of `key` if it can be read now.
     pub(crate) fn readable_slot(&self, key: &str) -> Result<u32> {
+        self.readable_found(key, self.objects.find(key))
+    }
+
+    /// [`Master::readable_slot`] for a key already looked up: `found` is where the table
+    /// holds it.
+    fn readable_found(&self, key: &str, found: Option<u32>) -> Result<u32> {
         self.check_key(key)?;
-        let slot = self.objects.find(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let slot = found.ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
         if !self.objects.at(slot).is_readable() {
             return Err(ErrorCode::REPLICA_IS_NOT_READY.into());
         }
@@ -205,8 +235,9 @@ impl Master {
 
     /// [`Master::readable_slot`] for a read about to be served, counted by the tier that can
     /// serve it: memory, only a node's disk, or none (a miss).
-    pub(crate) fn read_slot(&mut self, key: &str) -> Result<u32> {
-        let found = self.readable_slot(key);
+    /// `found` is where the table holds `key`.
+    pub(crate) fn read_slot(&mut self, key: &str, found: Option<u32>) -> Result<u32> {
+        let found = self.readable_found(key, found);
         let reads = &mut self.counters.reads;
         match &found {
             Ok(slot) if self.objects.at(*slot).has_complete_replica() => reads.memory += 1,
@@ -221,6 +252,11 @@ impl Master {
     pub(crate) fn read_replicas(&mut self, slot: u32, now: Millis) -> ReplicaList {
         // Read first: its load then overlaps the object's instead of following it.
         let checksum = self.objects.checksum(slot);
+        self.read_replicas_with(slot, checksum, now)
+    }
+
+    /// [`Master::read_replicas`] given the checksum of `slot`'s value.
+    fn read_replicas_with(&mut self, slot: u32, checksum: Checksum, now: Millis) -> ReplicaList {
         let lease_ttl = self.config.lease_ttl;
         let object = self.objects.at_mut(slot);
         object.grant_lease(now, lease_ttl);

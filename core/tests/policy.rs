@@ -40,6 +40,51 @@ fn put_is_invisible_until_end_and_immutable_after() {
 }
 
 #[test]
+fn batch_reads_answer_and_change_the_master_as_the_same_reads_one_at_a_time() {
+    let mut f = Fixture::new(2, MIB);
+    for key in ["r1", "r2", "r3"] {
+        let g = f.start(A, key, 1000, &one()).unwrap();
+        f.end(A, key, g.write_id).unwrap();
+    }
+    f.start(A, "writing", 1000, &one()).unwrap();
+    let long = "k".repeat(5000);
+    // Found, missing, being written, invalid, asked twice, too long.
+    let keys = ["r1", "nope", "writing", "", "r3", "r1", &long, "r2"];
+    let mut one_at_a_time = f.m.clone();
+    let each: Vec<_> = keys
+        .iter()
+        .map(|key| one_at_a_time.get_replica_list(key, f.now))
+        .collect();
+    assert_eq!(f.m.batch_get_replica_list(&keys, f.now), each);
+    let codes: Vec<_> = each
+        .iter()
+        .map(|r| r.as_ref().err().map(|e| e.code))
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            None,
+            Some(ErrorCode::OBJECT_NOT_FOUND),
+            Some(ErrorCode::REPLICA_IS_NOT_READY),
+            Some(ErrorCode::INVALID_PARAMS),
+            None,
+            None,
+            Some(ErrorCode::INVALID_PARAMS),
+            None,
+        ]
+    );
+    f.now = f.now + Millis(1);
+    let each: Vec<_> = keys
+        .iter()
+        .map(|key| one_at_a_time.exist(key, f.now))
+        .collect();
+    assert_eq!(f.m.batch_exist(&keys, f.now), each);
+    // Leases, access times and read counters alike.
+    assert!(f.m.snapshot() == one_at_a_time.snapshot());
+    f.check();
+}
+
+#[test]
 fn revoke_frees_at_once_and_forgets_the_key() {
     let mut f = Fixture::new(1, MIB);
     let g = f.start(A, "k", 1000, &one()).unwrap();
