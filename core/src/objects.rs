@@ -110,7 +110,9 @@ impl ObjectTable {
     /// of cache misses (the index entry, then the object, then the key's bytes), each
     /// waiting for the one before. Done one key at a time, the misses of different keys
     /// queue behind each other; done a step at a time for all keys, each step's misses are
-    /// independent of each other, so the processor has them in flight together.
+    /// independent of each other, so the processor has them in flight together. The slots
+    /// stay right until an object is inserted or removed: callers use them before that (a
+    /// read changes leases and access times, never which slot holds which key).
     pub(crate) fn find_many<K: AsRef<str>>(&self, keys: &[K]) -> Vec<Option<u32>> {
         let candidates: Vec<Option<u32>> = keys
             .iter()
