@@ -75,19 +75,7 @@ impl KeyIndex {
     /// first step of a lookup whose key check the caller does later (see
     /// `ObjectTable::find_many`): it reads only the index.
     pub(crate) fn first_candidate(&self, hash: u64) -> Option<u32> {
-        let tag = tag_of(hash);
-        let mask = self.mask();
-        let mut pos = tag as usize & mask;
-        loop {
-            let e = self.entries[pos];
-            if e == EMPTY {
-                return None;
-            }
-            if entry_tag(e) == tag {
-                return Some(entry_slot(e));
-            }
-            pos = (pos + 1) & mask;
-        }
+        self.probe(tag_of(hash), |_| true).ok()
     }
 
     /// Walks the probe sequence of `tag`: the slot of the first entry with that tag whose key
