@@ -68,13 +68,13 @@ impl Master {
         let mut census = Census::default();
         for (_, object) in self.objects.iter() {
             let count = |flag: bool| u64::from(flag);
-            let complete = !object.writing && object.is_readable();
+            let complete = !object.writing() && object.is_readable();
             census.complete += count(complete);
-            census.writing += count(object.writing);
+            census.writing += count(object.writing());
             census.hard_pinned += count(object.hard_pinned);
             census.soft_pinned += count(object.soft_pinned(now));
             census.leased += count(object.lease_active(now));
-            census.held += count(object.holds > 0);
+            census.held += count(object.holds() > 0);
             census.disk_only += count(object.has_disk_replica() && !object.has_complete_replica());
             let memory_replicas = object.replicas.iter().filter(|r| r.is_complete()).count();
             census.memory_bytes += object.size * memory_replicas as u64;

@@ -239,7 +239,7 @@ impl Master {
                 _ => None,
             };
             for r in &object.replicas {
-                owners.insert((r.segment, r.alloc), evictable);
+                owners.insert((r.segment, r.alloc()), evictable);
             }
         }
         // Best window: fewest soft-pinned objects first, then the oldest newest access.

@@ -56,7 +56,7 @@ impl Master {
         let slot = self.read_slot(key, self.objects.find(key))?;
         let list = self.read_replicas(slot, now);
         let object = self.objects.at_mut(slot);
-        object.holds += 1;
+        object.add_hold();
         let hold = Hold {
             client,
             slot,
@@ -116,8 +116,8 @@ impl Master {
         if let Some(object) = self.objects.get_mut(held.slot)
             && object.write_id == held.write
         {
-            debug_assert!(object.holds > 0);
-            object.holds -= 1;
+            debug_assert!(object.holds() > 0);
+            object.drop_hold();
         }
     }
 }

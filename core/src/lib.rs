@@ -74,6 +74,7 @@ pub mod quota;
 mod reads;
 mod remove;
 mod repair;
+mod replicas;
 mod replication;
 pub mod rng;
 pub mod segments;

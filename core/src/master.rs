@@ -307,14 +307,14 @@ impl Master {
         reason: DiscardReason,
     ) {
         if release_at <= self.now {
-            let freed = self.segments.free(replica.segment, replica.alloc);
+            let freed = self.segments.free(replica.segment, replica.alloc());
             debug_assert!(freed, "released a block that was not live");
         } else {
             self.discarded.push(
                 release_at,
                 DiscardedBlock {
                     segment: replica.segment,
-                    alloc: replica.alloc,
+                    alloc: replica.alloc(),
                     reason,
                 },
             );
@@ -359,7 +359,7 @@ impl Master {
     /// should delete it).
     pub(crate) fn remove_object(&mut self, slot: u32) -> Object {
         let object = self.objects.remove(slot);
-        if object.writing {
+        if object.writing() {
             self.write_ended(slot);
         }
         if object.has_disk_replica() {
@@ -376,10 +376,9 @@ impl Master {
     pub(crate) fn discard_write(&mut self, slot: u32, cause: DiscardCause) -> bool {
         let fence = self.config.fence_rule();
         let object = self.objects.at_mut(slot);
-        debug_assert!(object.writing);
-        object.writing = false;
-        object.set_prefetch(false);
-        let release_at = fence.writes_land_by(object.put_start, object.size);
+        debug_assert!(object.writing());
+        let release_at = fence.writes_land_by(object.put_start(), object.size);
+        object.end_write();
         let reason = DiscardReason::Preempted {
             writer: object.writer,
         };

@@ -144,7 +144,7 @@ impl Master {
         let writing: Vec<u32> = self
             .objects
             .iter()
-            .filter(|(_, o)| o.writing && o.writer == client)
+            .filter(|(_, o)| o.writing() && o.writer == client)
             .map(|(slot, _)| slot)
             .collect();
         for slot in writing {
@@ -160,7 +160,7 @@ impl Master {
         let affected: Vec<u32> = self
             .objects
             .iter()
-            .filter(|(_, o)| o.has_replica_on(slot) || o.disk == slot)
+            .filter(|(_, o)| o.has_replica_on(slot) || o.disk() == slot)
             .map(|(object_slot, _)| object_slot)
             .collect();
         self.forget_disk(slot);
@@ -171,7 +171,7 @@ impl Master {
             // The node's disk copies go unreachable with it; a restarted node may register
             // them again (see `offload`).
             let readable_before = self.objects.at(object_slot).is_readable();
-            let disk_copy = (self.objects.at(object_slot).disk == slot).then(|| {
+            let disk_copy = (self.objects.at(object_slot).disk() == slot).then(|| {
                 let object = self.objects.at(object_slot);
                 (object.key.clone(), object.write_id)
             });
@@ -186,7 +186,7 @@ impl Master {
             object.replicas.retain(|r| r.segment != slot);
             replicas_dropped += (before - object.replicas.len()) as u64;
             let complete_after = complete(object);
-            if !object.writing && complete_after > 0 && complete_after < complete_before {
+            if !object.writing() && complete_after > 0 && complete_after < complete_before {
                 // Copies from what is left restore the count (see `repair`).
                 let wanted = u8::try_from(complete_before).unwrap_or(u8::MAX);
                 let repair = crate::repair::Repair::new(object_slot, object.write_id, wanted);
@@ -194,7 +194,7 @@ impl Master {
             }
             // A write in progress survives while any of its replicas does. A complete object
             // survives while a complete replica does; copy targets alone are not a value.
-            let lost = if object.writing {
+            let lost = if object.writing() {
                 object.replicas.is_empty() && !object.has_disk_replica()
             } else {
                 !object.is_readable()
@@ -215,7 +215,7 @@ impl Master {
                 });
             }
             let object = self.objects.at_mut(object_slot);
-            if !lost && object.writing && object.replicas.is_empty() {
+            if !lost && object.writing() && object.replicas.is_empty() {
                 // A prefetch whose target went: the value stays on disk.
                 self.discard_write(object_slot, DiscardCause::ReplicasLost);
                 continue;

@@ -3,10 +3,11 @@
 //! The rules that decide what may happen to an object (may it be read, evicted, overwritten in
 //! place?) live here as small predicates so every operation asks the same question the same way.
 
-use smallvec::SmallVec;
+use std::num::NonZeroU32;
 
 use crate::allocator::Allocation;
 use crate::ids::{ClientId, SegmentId, TaskId, WriteId};
+use crate::replicas::Replicas;
 use crate::soft_pin::{Pins, SoftPin};
 use crate::time::Millis;
 
@@ -92,24 +93,26 @@ pub(crate) enum OffloadMark {
     Failed,
 }
 
-/// The top bit of `Object::task_id` says the write in progress is a prefetch (the object's
-/// 128 bytes have no room for another field; task ids never come near it).
+/// The top bit of the task id an object keeps says the write in progress is a prefetch (task
+/// ids never come near it).
 const PREFETCH_BIT: u64 = 1 << 63;
 
 /// `Object::disk` when the object has no disk replica.
 pub(crate) const NO_DISK: u32 = u32::MAX;
 
 /// A replica as the master tracks it: a block of one segment's allocator. 16 bytes, so one
-/// replica fits inline in the object's hot cache line.
+/// replica fits inline in the object's hot cache line; the allocator handle comes first and is
+/// never all ones, which lets a replica list share those 16 bytes (see `crate::replicas`).
 #[derive(Clone, Copy, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+#[repr(C)]
 pub(crate) struct Replica {
+    /// The allocator handle that frees the block, bit-inverted (handles are below `u32::MAX`).
+    inverted_alloc: NonZeroU32,
+    /// The segment's slot in the segment table.
+    pub segment: u32,
     /// Offset of the block within its segment (below 2^56), with the COMPLETE flag in the top
     /// bit.
     offset_status: u64,
-    /// The segment's slot in the segment table.
-    pub segment: u32,
-    /// The allocator handle that frees the block.
-    pub alloc: u32,
 }
 
 const COMPLETE_BIT: u64 = 1 << 63;
@@ -119,10 +122,16 @@ impl Replica {
     pub(crate) fn processing(segment: u32, allocation: Allocation) -> Replica {
         debug_assert!(allocation.offset < COMPLETE_BIT);
         Replica {
-            offset_status: allocation.offset,
+            inverted_alloc: NonZeroU32::new(!allocation.node)
+                .expect("allocator handles are below u32::MAX"),
             segment,
-            alloc: allocation.node,
+            offset_status: allocation.offset,
         }
+    }
+
+    /// The allocator handle that frees the block.
+    pub(crate) fn alloc(&self) -> u32 {
+        !self.inverted_alloc.get()
     }
 
     /// Offset of the block within its segment.
@@ -160,7 +169,7 @@ impl std::fmt::Debug for Replica {
             f,
             "Replica(seg {} node {} @{} {:?})",
             self.segment,
-            self.alloc,
+            self.alloc(),
             self.offset(),
             self.status()
         )
@@ -176,64 +185,70 @@ pub(crate) enum EvictionClass {
     SoftPinned,
 }
 
-/// An object's metadata. `repr(C)` and cache-line aligned so that everything a read touches
-/// (key, replicas, size, lease, soft-pin TTL, state flags) sits in the first 64 bytes: a
-/// lookup among a million objects then costs one cache miss for the object, not two.
+/// An object's metadata, in 96 bytes. `repr(C)` so that everything a read touches (key,
+/// replicas, size, lease, soft-pin TTL, state flags) and the LRU position sit in the first 64
+/// bytes; the writer and write id follow. What only some objects need at a time (a write's
+/// start, a task, a soft pin's end, held reads, a disk copy) lives in [`ObjectExtra`], boxed
+/// and present only while one of them is set: at a hundred million objects every byte here is
+/// 100 MB.
 #[derive(Clone, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
-#[repr(C, align(64))]
+#[repr(C, align(32))]
 pub(crate) struct Object {
     // ---- hot: read on every lookup ----
     pub key: Box<str>,
-    pub replicas: SmallVec<[Replica; 1]>,
+    pub replicas: Replicas,
     /// Value length in bytes; every replica holds exactly this many.
     pub size: u64,
     /// Readers that got descriptors before this instant may still be reading.
     pub lease_expiry: Millis,
+    /// The last access, write or read: the LRU position eviction and offload order by. A
+    /// block just written must rank as recent as one just read, so it is not the lease.
+    pub last_access: Millis,
     /// Soft pin TTL in milliseconds; zero means not soft-pinned.
     pub soft_pin_ttl_ms: u32,
-    /// A put or upsert is in progress: its replicas are PROCESSING.
-    pub writing: bool,
+    /// A put or upsert is in progress: its replicas are PROCESSING. Set with
+    /// [`Object::start_write`], cleared with [`Object::end_write`].
+    writing: bool,
     pub hard_pinned: bool,
     /// A reader was granted a lease on the current replicas (since they were written).
     pub leased: bool,
     /// Offload progress (see `offload`); read by every eviction pass, hence hot.
     pub offload: OffloadMark,
     // ---- cold ----
-    /// The last access, write or read: the LRU position eviction and offload order by. A
-    /// block just written must rank as recent as one just read, so it is not the lease.
-    /// (Eviction passes already read this line for holds and tasks; lookups never need it.)
-    pub last_access: Millis,
-    /// The soft pin lapses (until the next access) at this instant.
-    pub soft_pin_expiry: Millis,
     /// The client of the current (or last) put/upsert.
     pub writer: ClientId,
     /// The current (or last) put/upsert.
     pub write_id: WriteId,
-    /// When the current (or last) put/upsert started.
-    pub put_start: Millis,
+    /// The fields few objects need at once; none while all are at rest.
+    extra: Option<Box<ObjectExtra>>,
+}
+
+/// An object's fields that are at rest (zero, or none) for most objects most of the time.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+struct ObjectExtra {
+    /// When the put/upsert in progress started; zero when none is.
+    put_start: Millis,
+    /// The soft pin lapses (until the next access) at this instant; zero when not soft-pinned.
+    soft_pin_expiry: Millis,
     /// The running copy or move's id, or 0 (task ids start at 1), and in its top bit whether
     /// the write in progress is a prefetch; see [`Object::task`] and [`Object::prefetch`].
-    pub task_id: u64,
+    task_id: u64,
     /// Held reads (replica refcount): block upsert, removal and eviction.
-    pub holds: u32,
-    /// The segment slot whose node holds a complete copy on disk, or [`NO_DISK`]. The disk
-    /// copy is of the current value: a new value drops it (see `offload`).
-    pub disk: u32,
+    holds: u32,
+    /// The segment slot whose node holds a complete copy on disk, plus one; zero for none.
+    /// The disk copy is of the current value: a new value drops it (see `offload`).
+    disk_plus_one: u32,
 }
 
 impl Object {
-    /// A new object of `size` bytes with no replicas, written by `writer`'s `write_id`
-    /// started at `now`; not writing, pinned or leased.
-    pub(crate) fn new(
-        key: &str,
-        size: u64,
-        writer: ClientId,
-        write_id: WriteId,
-        now: Millis,
-    ) -> Object {
+    /// A new object of `size` bytes with no replicas, written by `writer`'s `write_id`; not
+    /// writing, pinned or leased.
+    pub(crate) fn new(key: &str, size: u64, writer: ClientId, write_id: WriteId) -> Object {
         Object {
             key: key.into(),
-            replicas: SmallVec::new(),
+            replicas: Replicas::default(),
             size,
             lease_expiry: Millis::ZERO,
             last_access: Millis::ZERO,
@@ -241,15 +256,116 @@ impl Object {
             writing: false,
             hard_pinned: false,
             leased: false,
-            soft_pin_expiry: Millis::ZERO,
+            offload: OffloadMark::None,
             writer,
             write_id,
-            put_start: now,
+            extra: None,
+        }
+    }
+
+    /// The rarely set fields, read; all at rest when the object has none.
+    fn extra(&self) -> &ObjectExtra {
+        static AT_REST: ObjectExtra = ObjectExtra {
+            put_start: Millis::ZERO,
+            soft_pin_expiry: Millis::ZERO,
             task_id: 0,
             holds: 0,
-            disk: NO_DISK,
-            offload: OffloadMark::None,
+            disk_plus_one: 0,
+        };
+        self.extra.as_deref().unwrap_or(&AT_REST)
+    }
+
+    /// Changes the rarely set fields, then lets them go if all are at rest again.
+    fn change_extra<T>(&mut self, change: impl FnOnce(&mut ObjectExtra) -> T) -> T {
+        let extra = self.extra.get_or_insert_with(Box::default);
+        let out = change(extra);
+        if **extra == ObjectExtra::default() {
+            self.extra = None;
         }
+        out
+    }
+
+    /// Whether a put or upsert is in progress.
+    pub(crate) fn writing(&self) -> bool {
+        self.writing
+    }
+
+    /// A put or upsert started at `now`.
+    pub(crate) fn start_write(&mut self, now: Millis) {
+        self.writing = true;
+        self.change_extra(|e| e.put_start = now);
+    }
+
+    /// The put or upsert in progress ended (completed, aborted or discarded); it is no longer
+    /// a prefetch.
+    pub(crate) fn end_write(&mut self) {
+        self.writing = false;
+        self.change_extra(|e| {
+            e.put_start = Millis::ZERO;
+            e.task_id &= !PREFETCH_BIT;
+        });
+    }
+
+    /// When the put or upsert in progress started (meaningless when none is).
+    pub(crate) fn put_start(&self) -> Millis {
+        self.extra().put_start
+    }
+
+    /// The soft pin lapses (until the next access) at this instant.
+    pub(crate) fn soft_pin_expiry(&self) -> Millis {
+        self.extra().soft_pin_expiry
+    }
+
+    /// Held reads on the current replicas.
+    pub(crate) fn holds(&self) -> u32 {
+        self.extra().holds
+    }
+
+    /// One more held read.
+    pub(crate) fn add_hold(&mut self) {
+        self.change_extra(|e| e.holds += 1);
+    }
+
+    /// One held read fewer.
+    pub(crate) fn drop_hold(&mut self) {
+        self.change_extra(|e| e.holds -= 1);
+    }
+
+    /// The segment slot whose node holds the value on disk, or [`NO_DISK`].
+    pub(crate) fn disk(&self) -> u32 {
+        self.extra().disk_plus_one.wrapping_sub(1)
+    }
+
+    /// Records the segment slot holding the value on disk ([`NO_DISK`] for none).
+    pub(crate) fn set_disk(&mut self, segment: u32) {
+        self.change_extra(|e| e.disk_plus_one = segment.wrapping_add(1));
+    }
+
+    /// Moves every instant the object keeps through `shift` (a restore onto a new clock).
+    pub(crate) fn shift_times(&mut self, shift: impl Fn(Millis) -> Millis) {
+        self.lease_expiry = shift(self.lease_expiry);
+        self.last_access = shift(self.last_access);
+        // Only the instants that mean something are moved: a field at rest stays at rest.
+        if self.writing {
+            let start = shift(self.put_start());
+            self.change_extra(|e| e.put_start = start);
+        }
+        if self.soft_pin_ttl_ms > 0 {
+            let expiry = shift(self.soft_pin_expiry());
+            self.change_extra(|e| e.soft_pin_expiry = expiry);
+        }
+    }
+
+    /// Heap bytes the object keeps besides its key: a list of several replicas, and the
+    /// rarely set fields while any is.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let list = match &self.replicas {
+            Replicas::Many(Some(list)) => {
+                size_of::<Vec<Replica>>() + list.capacity() * size_of::<Replica>()
+            }
+            _ => 0,
+        };
+        list + self.extra.as_ref().map_or(0, |_| size_of::<ObjectExtra>())
     }
 
     /// Whether some memory replica is complete.
@@ -259,7 +375,7 @@ impl Object {
 
     /// Whether a node holds the value on disk.
     pub(crate) fn has_disk_replica(&self) -> bool {
-        self.disk != NO_DISK
+        self.disk() != NO_DISK
     }
 
     /// Whether a reader can be served: a memory replica is complete, or the value is on disk.
@@ -274,7 +390,7 @@ impl Object {
 
     /// Whether the soft pin currently protects the object.
     pub(crate) fn soft_pinned(&self, now: Millis) -> bool {
-        self.soft_pin_ttl_ms > 0 && now < self.soft_pin_expiry
+        self.soft_pin_ttl_ms > 0 && now < self.soft_pin_expiry()
     }
 
     /// The soft-pin TTL (zero: not soft-pinned).
@@ -288,7 +404,7 @@ impl Object {
             hard: self.hard_pinned,
             soft: SoftPin {
                 ttl: self.soft_pin_ttl(),
-                expiry: self.soft_pin_expiry,
+                expiry: self.soft_pin_expiry(),
             },
         }
     }
@@ -297,11 +413,12 @@ impl Object {
     pub(crate) fn set_pins(&mut self, pins: Pins) {
         self.hard_pinned = pins.hard;
         self.soft_pin_ttl_ms = u32::try_from(pins.soft.ttl.as_millis()).unwrap_or(u32::MAX);
-        self.soft_pin_expiry = if pins.soft.ttl == Millis::ZERO {
+        let expiry = if pins.soft.ttl == Millis::ZERO {
             Millis::ZERO
         } else {
             pins.soft.expiry
         };
+        self.change_extra(|e| e.soft_pin_expiry = expiry);
     }
 
     /// Records a read at `now`: extends the lease and refreshes the soft pin.
@@ -330,7 +447,8 @@ impl Object {
 
     pub(crate) fn refresh_soft_pin(&mut self, now: Millis) {
         if self.soft_pin_ttl_ms > 0 {
-            self.soft_pin_expiry = now + self.soft_pin_ttl();
+            let expiry = now + self.soft_pin_ttl();
+            self.change_extra(|e| e.soft_pin_expiry = expiry);
         }
     }
 
@@ -338,7 +456,7 @@ impl Object {
     /// held read, or a replication task. (Leases are separate: they allow replacing the
     /// buffers but not overwriting them.)
     pub(crate) fn pinned_in_place(&self) -> bool {
-        self.writing || self.holds > 0 || self.task().is_some()
+        self.writing || self.holds() > 0 || self.task().is_some()
     }
 
     /// Which eviction pass may take the object at `now`, if any. Hard-pinned, leased, held,
@@ -360,28 +478,31 @@ impl Object {
 
     /// The running copy or move.
     pub(crate) fn task(&self) -> Option<TaskId> {
-        let id = self.task_id & !PREFETCH_BIT;
+        let id = self.extra().task_id & !PREFETCH_BIT;
         (id != 0).then_some(TaskId(id))
     }
 
     pub(crate) fn set_task(&mut self, task: Option<TaskId>) {
-        self.task_id = (self.task_id & PREFETCH_BIT) | task.map_or(0, |t| t.0 & !PREFETCH_BIT);
+        let id = task.map_or(0, |t| t.0 & !PREFETCH_BIT);
+        self.change_extra(|e| e.task_id = (e.task_id & PREFETCH_BIT) | id);
     }
 
     /// Whether the write in progress is a prefetch: it copies a value whose checksum the
     /// master already has, so it must end with that checksum, even if the disk copy it was
     /// read from went away meanwhile.
     pub(crate) fn prefetch(&self) -> bool {
-        self.task_id & PREFETCH_BIT != 0
+        self.extra().task_id & PREFETCH_BIT != 0
     }
 
     /// Marks (or unmarks) the write in progress as a prefetch.
     pub(crate) fn set_prefetch(&mut self, prefetch: bool) {
-        if prefetch {
-            self.task_id |= PREFETCH_BIT;
-        } else {
-            self.task_id &= !PREFETCH_BIT;
-        }
+        self.change_extra(|e| {
+            if prefetch {
+                e.task_id |= PREFETCH_BIT;
+            } else {
+                e.task_id &= !PREFETCH_BIT;
+            }
+        });
     }
 
     /// Whether the object has a replica on segment slot `segment`.
@@ -400,13 +521,49 @@ mod tests {
         assert!(std::mem::offset_of!(Object, hard_pinned) < 64);
         assert!(std::mem::offset_of!(Object, leased) < 64);
         assert!(std::mem::offset_of!(Object, offload) < 64);
-        assert!(std::mem::offset_of!(Object, last_access) >= 64);
-        assert_eq!(size_of::<Object>(), 128);
+        assert!(std::mem::offset_of!(Object, soft_pin_ttl_ms) < 64);
+        assert!(std::mem::offset_of!(Object, last_access) < 64);
+        assert!(std::mem::offset_of!(Object, writer) >= 64);
+        assert_eq!(size_of::<Object>(), 96);
         assert_eq!(
             size_of::<Option<Object>>(),
-            128,
+            96,
             "the slab pays nothing for Option"
         );
+    }
+
+    #[test]
+    fn the_rarely_set_fields_take_no_room_once_at_rest_again() {
+        let mut object = Object::new("k", 10, ClientId(1), WriteId(1));
+        assert!(object.extra.is_none());
+        object.start_write(Millis(5));
+        object.set_prefetch(true);
+        assert!(object.writing() && object.prefetch() && object.put_start() == Millis(5));
+        object.end_write();
+        assert!(!object.writing() && !object.prefetch() && object.extra.is_none());
+        object.add_hold();
+        object.add_hold();
+        object.set_task(Some(TaskId(7)));
+        object.set_disk(0);
+        object.set_pins(Pins {
+            hard: false,
+            soft: SoftPin {
+                ttl: Millis(10),
+                expiry: Millis(30),
+            },
+        });
+        assert_eq!(
+            (object.holds(), object.task(), object.disk()),
+            (2, Some(TaskId(7)), 0)
+        );
+        assert!(object.soft_pinned(Millis(29)) && !object.soft_pinned(Millis(30)));
+        object.drop_hold();
+        object.drop_hold();
+        object.set_task(None);
+        object.set_disk(NO_DISK);
+        assert!(object.extra.is_some(), "the soft pin is still set");
+        object.set_pins(Pins::default());
+        assert!(object.extra.is_none() && !object.has_disk_replica());
     }
 
     #[test]
@@ -424,6 +581,6 @@ mod tests {
         assert_eq!(r.offset(), (1 << 56) - 64);
         r.set_status(ReplicaStatus::Processing);
         assert!(r.is_processing());
-        assert_eq!((r.segment, r.alloc), (3, 9));
+        assert_eq!((r.segment, r.alloc()), (3, 9));
     }
 }

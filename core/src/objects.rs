@@ -78,7 +78,7 @@ impl ObjectTable {
                         format!("key {:?} is held by slots {other} and {slot}", object.key)
                     })?;
                 table.tenants.add(&object.key, object.size);
-                if object.disk != crate::object::NO_DISK {
+                if object.disk() != crate::object::NO_DISK {
                     table.tenants.count_disk(&object.key, object.size, true);
                 }
             }
@@ -178,7 +178,7 @@ impl ObjectTable {
         let hash = self.hasher.hash_one(&*object.key);
         let indexed = self.index.remove(hash, slot);
         debug_assert!(indexed, "live slot missing from the key index");
-        if object.disk != crate::object::NO_DISK {
+        if object.disk() != crate::object::NO_DISK {
             self.tenants.count_disk(&object.key, object.size, false);
         }
         self.tenants.take(&object.key, object.size);
@@ -203,7 +203,7 @@ impl ObjectTable {
     /// Gives the object in `slot` a value of `size` bytes (an upsert of another size).
     pub(crate) fn set_size(&mut self, slot: u32, size: u64) {
         let object = self.slots[slot as usize].as_mut().expect("live slot");
-        let on_disk = object.disk != crate::object::NO_DISK;
+        let on_disk = object.disk() != crate::object::NO_DISK;
         if on_disk {
             self.tenants.count_disk(&object.key, object.size, false);
         }
@@ -267,11 +267,7 @@ impl ObjectTable {
 
     /// Heap bytes used by the table itself (not counting key bytes).
     pub(crate) fn heap_bytes(&self) -> usize {
-        let spilled: usize = self
-            .iter()
-            .filter(|(_, o)| o.replicas.spilled())
-            .map(|(_, o)| o.replicas.capacity() * size_of::<crate::object::Replica>())
-            .sum();
+        let spilled: usize = self.iter().map(|(_, o)| o.heap_bytes()).sum();
         self.slots.heap_bytes()
             + self.checksums.heap_bytes()
             + self.free_slots.capacity() * size_of::<u32>()
@@ -348,13 +344,12 @@ impl ObjectTable {
 mod tests {
     use super::*;
     use crate::ids::{ClientId, WriteId};
-    use crate::time::Millis;
 
     #[test]
     fn a_table_rebuilt_from_its_parts_finds_every_key_and_refuses_a_key_held_twice() {
         let mut table = ObjectTable::new(7);
         for key in ["a", "b", "c"] {
-            table.insert(Object::new(key, 10, ClientId(1), WriteId(1), Millis(0)));
+            table.insert(Object::new(key, 10, ClientId(1), WriteId(1)));
         }
         let b = table.find("b").expect("b is in");
         table.remove(b);
@@ -389,15 +384,9 @@ mod tests {
             })
             .expect("a shared tag");
         for i in 0..1000 {
-            table.insert(Object::new(
-                &key(u32::MAX - i),
-                10,
-                ClientId(1),
-                WriteId(1),
-                Millis(0),
-            ));
+            table.insert(Object::new(&key(u32::MAX - i), 10, ClientId(1), WriteId(1)));
         }
-        let first_slot = table.insert(Object::new(&first, 10, ClientId(1), WriteId(1), Millis(0)));
+        let first_slot = table.insert(Object::new(&first, 10, ClientId(1), WriteId(1)));
         let hash = table.hasher.hash_one(&*second);
         assert_eq!(
             table.index.first_candidate(hash),
@@ -412,8 +401,7 @@ mod tests {
         assert_eq!(each[1], Some(first_slot));
         assert_eq!(each.iter().filter(|found| found.is_some()).count(), 1001);
 
-        let second_slot =
-            table.insert(Object::new(&second, 10, ClientId(1), WriteId(1), Millis(0)));
+        let second_slot = table.insert(Object::new(&second, 10, ClientId(1), WriteId(1)));
         assert_eq!(
             table.find_many(&[&second, &first]),
             [Some(second_slot), Some(first_slot)]

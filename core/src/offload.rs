@@ -222,7 +222,7 @@ impl Master {
         let first_sync = self.disks.known.insert(name.clone());
         for (key, write, size, checksum) in &report.recovered {
             let copy = (key.as_str(), *write, *size, *checksum);
-            self.disk_copy_recovered(client, seg, &name, copy, first_sync, now);
+            self.disk_copy_recovered(client, seg, &name, copy, first_sync);
         }
         let offload = self.issue_orders(seg, report.want as usize, now);
         let delete = self
@@ -263,14 +263,14 @@ impl Master {
         let slot = self.objects.find(key).expect("exist found it");
         let object = self.objects.at(slot);
         if object.has_complete_replica()
-            || object.writing
+            || object.writing()
             || !object.has_disk_replica()
-            || object.holds > 0
+            || object.holds() > 0
             || object.task().is_some()
         {
             return Ok((true, None));
         }
-        let (size, disk, write) = (object.size, object.disk, object.write_id);
+        let (size, disk, write) = (object.size, object.disk(), object.write_id);
         let placed = match self.place_or_evict(size, 1, preferred, &[], now) {
             Ok(placed) => placed,
             Err(e) => {
@@ -288,10 +288,9 @@ impl Master {
             .iter()
             .map(|&(segment, allocation)| Replica::processing(segment, allocation))
             .collect();
-        object.writing = true;
+        object.start_write(now);
         object.set_prefetch(true);
         object.writer = client;
-        object.put_start = now;
         self.track_write(slot);
         self.counters.prefetches += 1;
         Ok((
@@ -314,7 +313,7 @@ impl Master {
             OffloadMark::Failed => return false,
             OffloadMark::None => {}
         }
-        if object.has_disk_replica() || object.writing {
+        if object.has_disk_replica() || object.writing() {
             return false;
         }
         if !self.tenant_allows_disk_copy(slot) {
@@ -348,12 +347,12 @@ impl Master {
     /// Records that the node of segment `disk` holds the current value of `slot` on disk.
     pub(crate) fn set_disk_copy(&mut self, slot: u32, disk: u32) {
         let object = self.objects.at_mut(slot);
-        let gained = object.disk == NO_DISK;
+        let gained = object.disk() == NO_DISK;
         if gained {
             self.counters.disk_replicas += 1;
         }
         self.counters.disk_copies_recorded += 1;
-        object.disk = disk;
+        object.set_disk(disk);
         object.offload = OffloadMark::None;
         if gained {
             self.objects.count_disk_copy(slot, true);
@@ -364,8 +363,8 @@ impl Master {
     /// re-registers it).
     pub(crate) fn clear_disk_copy(&mut self, slot: u32) {
         let object = self.objects.at_mut(slot);
-        if object.disk != NO_DISK {
-            object.disk = NO_DISK;
+        if object.disk() != NO_DISK {
+            object.set_disk(NO_DISK);
             self.counters.disk_replicas -= 1;
             self.objects.count_disk_copy(slot, false);
         }
@@ -388,7 +387,7 @@ impl Master {
     pub(crate) fn retire_disk_copy(&mut self, slot: u32) {
         let object = self.objects.at_mut(slot);
         object.offload = OffloadMark::None;
-        let disk = object.disk;
+        let disk = object.disk();
         if disk == NO_DISK {
             return;
         }
@@ -459,7 +458,7 @@ impl Master {
             return;
         };
         let object = self.objects.at(slot);
-        if object.disk != seg {
+        if object.disk() != seg {
             return;
         }
         self.clear_disk_copy(slot);
@@ -472,7 +471,7 @@ impl Master {
         let object = self.objects.at(slot);
         // As when a segment goes (see `membership`): copy targets alone are not a value, and
         // the copy feeding them is gone.
-        if !object.writing && !object.is_readable() {
+        if !object.writing() && !object.is_readable() {
             if let Some(task) = object.task() {
                 self.abandon_task(task, crate::replication::Finish::ObjectLost);
             }
@@ -508,13 +507,14 @@ impl Master {
             // Copies ordered before the tenant reached its disk quota may land after: past
             // it, one is deleted, and its value is not offloaded again.
             Some(slot)
-                if self.objects.at(slot).disk == NO_DISK && !self.tenant_allows_disk_copy(slot) =>
+                if self.objects.at(slot).disk() == NO_DISK
+                    && !self.tenant_allows_disk_copy(slot) =>
             {
                 self.objects.at_mut(slot).offload = OffloadMark::Failed;
                 self.tombstone(name, key, write);
             }
-            Some(slot) if self.objects.at(slot).disk == NO_DISK => self.set_disk_copy(slot, seg),
-            Some(slot) if self.objects.at(slot).disk == seg => {}
+            Some(slot) if self.objects.at(slot).disk() == NO_DISK => self.set_disk_copy(slot, seg),
+            Some(slot) if self.objects.at(slot).disk() == seg => {}
             // Stale (the value changed or went away), or already on another disk.
             _ => self.tombstone(name, key, write),
         }
@@ -533,7 +533,6 @@ impl Master {
         name: &str,
         (key, write, size, checksum): (&str, WriteId, u64, Checksum),
         first_sync: bool,
-        now: Millis,
     ) {
         if self.disks.is_tombstoned(name, key, write) {
             return;
@@ -557,9 +556,7 @@ impl Master {
                     return;
                 }
                 self.bury_ghost_unless(key, name, write);
-                let slot = self
-                    .objects
-                    .insert(Object::new(key, size, client, write, now));
+                let slot = self.objects.insert(Object::new(key, size, client, write));
                 self.objects.set_checksum(slot, checksum);
                 // Its old incarnation may have been held when it went away: the same slot and
                 // write must not make those holds count against the new object.
@@ -575,7 +572,7 @@ impl Master {
                 let intact = self.objects.checksum(slot) == checksum;
                 if object.write_id == write
                     && object.size == size
-                    && object.disk == NO_DISK
+                    && object.disk() == NO_DISK
                     && intact
                 {
                     let was_readable = object.is_readable();
@@ -584,7 +581,7 @@ impl Master {
                         // A prefetch had lost its only readable copy: the value is back.
                         self.value_stored(slot);
                     }
-                } else if !(object.write_id == write && object.disk == seg) {
+                } else if !(object.write_id == write && object.disk() == seg) {
                     self.tombstone(name, key, write);
                 }
             }
@@ -623,7 +620,7 @@ impl Master {
             .objects
             .iter()
             .filter(|(_, o)| {
-                !o.writing
+                !o.writing()
                     && o.eviction_class(now).is_some()
                     && o.replicas
                         .iter()
@@ -676,7 +673,7 @@ impl Master {
             else {
                 continue;
             };
-            if object.writing || object.disk != NO_DISK {
+            if object.writing() || object.disk() != NO_DISK {
                 continue;
             }
             // The node has yet to delete an earlier copy of this very write: it may delete

@@ -47,7 +47,7 @@ impl Master {
         self.check_tenant_quota(key, size, existing.map(|s| self.objects.at(s).size))?;
         if let Some(slot) = existing {
             if !self.write_expired(slot, now) {
-                return Err(if self.objects.at(slot).writing {
+                return Err(if self.objects.at(slot).writing() {
                     Error::new(
                         ErrorCode::OBJECT_ALREADY_EXISTS,
                         "another put of this key is in progress",
@@ -97,7 +97,7 @@ impl Master {
         self.touch(client, now);
         let slot = self.owned_write(client, key, write)?;
         let object = self.objects.at(slot);
-        if !object.writing {
+        if !object.writing() {
             return Ok(());
         }
         let known = self.objects.checksum(slot);
@@ -117,8 +117,7 @@ impl Master {
         let new_value = !object.prefetch() || !object.is_readable();
         self.objects.set_checksum(slot, checksum);
         let object = self.objects.at_mut(slot);
-        object.writing = false;
-        object.set_prefetch(false);
+        object.end_write();
         for replica in object.replicas.iter_mut() {
             replica.set_status(ReplicaStatus::Complete);
         }
@@ -163,15 +162,14 @@ impl Master {
         self.touch(client, now);
         let slot = self.owned_write(client, key, write)?;
         let object = self.objects.at_mut(slot);
-        if !object.writing {
+        if !object.writing() {
             return Err(Error::new(
                 ErrorCode::INVALID_WRITE,
                 "the write already ended; remove the object instead",
             ));
         }
-        object.writing = false;
         let was_prefetch = object.prefetch();
-        object.set_prefetch(false);
+        object.end_write();
         let processing: Vec<Replica> = object
             .replicas
             .iter()
@@ -182,7 +180,7 @@ impl Master {
         let empty = object.replicas.is_empty() && !object.has_disk_replica();
         self.write_ended(slot);
         for replica in &processing {
-            let freed = self.segments.free(replica.segment, replica.alloc);
+            let freed = self.segments.free(replica.segment, replica.alloc());
             debug_assert!(freed);
         }
         if empty {
@@ -216,7 +214,7 @@ impl Master {
         let now = self.advance(now);
         self.touch(client, now);
         let slot = self.owned_write(client, key, write)?;
-        if !self.objects.at(slot).writing {
+        if !self.objects.at(slot).writing() {
             return Err(Error::new(
                 ErrorCode::INVALID_WRITE,
                 "the write already ended; remove the object instead",
@@ -303,14 +301,12 @@ impl Master {
         )?;
         let write_id = self.next_write_id();
         let pins = self.pins_after(config, before, now);
-        let object = Object {
-            replicas: placed
-                .iter()
-                .map(|&(segment, allocation)| Replica::processing(segment, allocation))
-                .collect(),
-            writing: true,
-            ..Object::new(key, size, client, write_id, now)
-        };
+        let mut object = Object::new(key, size, client, write_id);
+        object.replicas = placed
+            .iter()
+            .map(|&(segment, allocation)| Replica::processing(segment, allocation))
+            .collect();
+        object.start_write(now);
         self.bury_ghost(key);
         let slot = self.objects.insert(object);
         self.objects.at_mut(slot).set_pins(pins);

@@ -93,7 +93,7 @@ impl Unfinished {
     /// The same table, worked out from the objects being written.
     pub(crate) fn rebuild(master: &Master) -> Unfinished {
         let mut table = Unfinished::default();
-        for (slot, object) in master.objects.iter().filter(|(_, o)| o.writing) {
+        for (slot, object) in master.objects.iter().filter(|(_, o)| o.writing()) {
             table.start(slot, &object.key, object.writer, object.size);
         }
         table

@@ -86,7 +86,7 @@ impl Master {
         let object = self.objects.at(slot);
         object
             .has_disk_replica()
-            .then(|| self.segments.at(object.disk).id)
+            .then(|| self.segments.at(object.disk()).id)
     }
 
     /// Whether an object has `key` (readable or not), and if so whether it carries a hard
@@ -270,7 +270,7 @@ impl Master {
         if object.has_disk_replica() {
             replicas.push(
                 self.segments
-                    .describe_disk(object.disk, object.write_id, object.size),
+                    .describe_disk(object.disk(), object.write_id, object.size),
             );
         }
         ReplicaList {

@@ -59,10 +59,10 @@ impl Master {
         if object.task().is_some() {
             return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK.into());
         }
-        if object.writing {
+        if object.writing() {
             return Err(ErrorCode::REPLICA_IS_NOT_READY.into());
         }
-        if object.holds > 0 {
+        if object.holds() > 0 {
             return Err(ErrorCode::OBJECT_REPLICA_BUSY.into());
         }
         if object.lease_active(now) {

@@ -121,7 +121,7 @@ impl Master {
         if object.write_id != repair.write {
             return Step::Done;
         }
-        if object.writing || object.task().is_some() || repair.not_before > now {
+        if object.writing() || object.task().is_some() || repair.not_before > now {
             return Step::Later;
         }
         let complete: SmallVec<[Replica; 2]> = object

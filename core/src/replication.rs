@@ -243,7 +243,7 @@ impl Master {
         if object.task().is_some() {
             return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK.into());
         }
-        if object.writing || !object.has_complete_replica() {
+        if object.writing() || !object.has_complete_replica() {
             return Err(ErrorCode::REPLICA_IS_NOT_READY.into());
         }
         let source_replica = match source {
@@ -296,7 +296,7 @@ impl Master {
             }
             target_slots.push(seg);
         }
-        if source.is_some() && object.holds > 0 {
+        if source.is_some() && object.holds() > 0 {
             return Err(move_while_held(key));
         }
         let size = object.size;
@@ -312,7 +312,7 @@ impl Master {
                 Some(allocation) => placed.push(Replica::processing(seg, allocation)),
                 None => {
                     for replica in &placed {
-                        self.segments.free(replica.segment, replica.alloc);
+                        self.segments.free(replica.segment, replica.alloc());
                     }
                     let name = &self.segments.at(seg).name;
                     return Err(Error::new(
@@ -394,7 +394,7 @@ impl Master {
         let held = self
             .objects
             .get(task.slot)
-            .is_some_and(|o| o.write_id == task.write && o.task() == Some(id) && o.holds > 0);
+            .is_some_and(|o| o.write_id == task.write && o.task() == Some(id) && o.holds() > 0);
         if finish == Finish::Complete && matches!(task.kind, TaskKind::Move { .. }) && held {
             let _ = self.close_task(id, &task, Finish::Revoked);
             let refused = Err(move_while_held(&task.key));

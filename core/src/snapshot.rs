@@ -30,7 +30,7 @@ use crate::zombies::WriteDeadlines;
 
 const MAGIC: [u8; 8] = *b"MOORSNAP";
 /// The snapshot format this build writes and reads.
-pub const SNAPSHOT_VERSION: u32 = 12;
+pub const SNAPSHOT_VERSION: u32 = 13;
 const HEADER_LEN: usize = 8 + 4 + 8 + 4;
 
 /// Everything a restored master needs.
@@ -256,10 +256,7 @@ impl Master {
             }
         };
         for object in state.objects.slots.iter_mut().flatten() {
-            object.lease_expiry = shift(object.lease_expiry);
-            object.last_access = shift(object.last_access);
-            object.soft_pin_expiry = shift(object.soft_pin_expiry);
-            object.put_start = shift(object.put_start);
+            object.shift_times(shift);
         }
         state.clients.rebase(shift);
         state.writes.rebase(shift);

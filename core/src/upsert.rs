@@ -51,6 +51,7 @@ use crate::key_events::KeyChange;
 use crate::master::Master;
 use crate::object::{Replica, ReplicaStatus};
 use crate::put::PutGrant;
+use crate::replicas::Replicas;
 use crate::soft_pin::Pins;
 use crate::time::Millis;
 
@@ -81,7 +82,7 @@ impl Master {
         }
         // A preempted write's object is replaced, but its pins carry over as for any upsert.
         let before = object.pins();
-        if object.writing && self.discard_write(slot, DiscardCause::Preempted) {
+        if object.writing() && self.discard_write(slot, DiscardCause::Preempted) {
             let grant = self.create_object(client, key, size, config, before, now)?;
             self.counters.upserts.created += 1;
             return Ok(grant);
@@ -89,10 +90,10 @@ impl Master {
         let object = self.objects.at(slot);
         // Readers lose the old value as the new one is written, whichever case follows.
         let value_gone = object.is_readable().then(|| KeyChange::removed(object));
-        if object.holds > 0 {
+        if object.holds() > 0 {
             return Err(Error::new(
                 ErrorCode::OBJECT_REPLICA_BUSY,
-                format!("{} held read(s) on {key:?}", object.holds),
+                format!("{} held read(s) on {key:?}", object.holds()),
             ));
         }
         // A new size, or a value only on disk: fresh memory.
@@ -190,8 +191,7 @@ impl Master {
         }
         object.writer = client;
         object.write_id = write_id;
-        object.put_start = now;
-        object.writing = true;
+        object.start_write(now);
         object.set_prefetch(false);
         object.set_pins(pins);
         // The buffers now hold a value nobody has read yet.
@@ -254,10 +254,10 @@ impl Master {
         count: usize,
         config: &ReplicateConfig,
         now: Millis,
-    ) -> Result<smallvec::SmallVec<[Replica; 1]>> {
-        self.objects.at_mut(slot).holds += 1;
+    ) -> Result<Replicas> {
+        self.objects.at_mut(slot).add_hold();
         let placed = self.place_or_evict(size, count, &config.preferred_segments, &[], now);
-        self.objects.at_mut(slot).holds -= 1;
+        self.objects.at_mut(slot).drop_hold();
         Ok(placed?
             .iter()
             .map(|&(segment, allocation)| Replica::processing(segment, allocation))

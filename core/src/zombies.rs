@@ -70,7 +70,7 @@ impl Master {
     /// Registers a write that just started, so it cannot outlive the discard timeout.
     pub(crate) fn track_write(&mut self, slot: u32) {
         let object = self.objects.at(slot);
-        let deadline = object.put_start + self.config.put_start_discard_timeout;
+        let deadline = object.put_start() + self.config.put_start_discard_timeout;
         let write = object.write_id;
         let (writer, size) = (object.writer, object.size);
         self.writes.push(deadline, slot, write);
@@ -82,7 +82,7 @@ impl Master {
             self.writes.retain(|slot, write| {
                 objects
                     .get(slot)
-                    .is_some_and(|o| o.writing && o.write_id == write)
+                    .is_some_and(|o| o.writing() && o.write_id == write)
             });
         }
     }
@@ -97,7 +97,7 @@ impl Master {
     /// Whether the write in progress on `slot` has outlived the discard timeout.
     pub(crate) fn write_expired(&self, slot: u32, now: Millis) -> bool {
         let object = self.objects.at(slot);
-        object.writing && object.put_start + self.config.put_start_discard_timeout <= now
+        object.writing() && object.put_start() + self.config.put_start_discard_timeout <= now
     }
 
     /// Discards every write whose discard timeout has passed.
@@ -106,7 +106,7 @@ impl Master {
             let current = self
                 .objects
                 .get(slot)
-                .is_some_and(|o| o.writing && o.write_id == write);
+                .is_some_and(|o| o.writing() && o.write_id == write);
             if current {
                 self.discard_write(slot, DiscardCause::Timeout);
             }

@@ -26,12 +26,13 @@ pub fn check_bounds(master: &Master) -> Result<(), Violation> {
             ));
         }
         let pin_ttl = object.soft_pin_ttl();
-        if object.soft_pin_expiry > now + pin_ttl {
+        if object.soft_pin_expiry() > now + pin_ttl {
             return Err(violation(
                 "soft-pin-bound",
                 format!(
                     "{:?}'s soft pin runs to {}, past now ({now}) plus its TTL ({pin_ttl})",
-                    object.key, object.soft_pin_expiry
+                    object.key,
+                    object.soft_pin_expiry()
                 ),
             ));
         }
@@ -46,14 +47,15 @@ pub fn check_timer_done(master: &Master) -> Result<(), Violation> {
     if let Some((_, object)) = master
         .objects
         .iter()
-        .find(|(_, o)| o.writing && o.put_start + discard <= now)
+        .find(|(_, o)| o.writing() && o.put_start() + discard <= now)
     {
         return Err(violation(
             "write-discard-timeout",
             format!(
                 "{:?}'s write (started {}) is still running at {now}, past the discard timeout \
                  ({discard})",
-                object.key, object.put_start
+                object.key,
+                object.put_start()
             ),
         ));
     }

@@ -232,7 +232,7 @@ fn check_conservation(master: &Master, blocks: &[(u32, u32, u64, u64)]) -> Resul
     };
     for (slot, object) in master.objects.iter() {
         for replica in &object.replicas {
-            let (offset, len) = claim(replica.segment, replica.alloc, Owner::Object(slot))?;
+            let (offset, len) = claim(replica.segment, replica.alloc(), Owner::Object(slot))?;
             if offset != replica.offset() || len != block_len(object.size) {
                 return Err(violation(
                     "conservation",
@@ -294,7 +294,7 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
     let queued = master.disks.queued_sorted();
     for (slot, object) in master.objects.iter() {
         let key = &object.key;
-        if object.replicas.is_empty() && (object.writing || !object.has_disk_replica()) {
+        if object.replicas.is_empty() && (object.writing() || !object.has_disk_replica()) {
             return Err(violation("object-shape", format!("{key:?} has no replica")));
         }
         if master.disks.has_ghost(key) {
@@ -309,14 +309,14 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
             disk_replicas += 1;
             let Some(segment) = master
                 .segments
-                .get(object.disk)
-                .filter(|_| master.disks.has_disk(object.disk))
+                .get(object.disk())
+                .filter(|_| master.disks.has_disk(object.disk()))
             else {
                 return Err(violation(
                     "disk-replica",
                     format!(
                         "{key:?} has a disk copy on segment slot {}, which is not mounted or has no disk",
-                        object.disk
+                        object.disk()
                     ),
                 ));
             };
@@ -368,7 +368,7 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
             }
         }
         let processing = object.replicas.iter().filter(|r| r.is_processing()).count();
-        if object.writing {
+        if object.writing() {
             writing += 1;
             if processing != object.replicas.len() {
                 return Err(violation(
@@ -382,7 +382,7 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
                     format!("{key:?} is being written and replicated at once"),
                 ));
             }
-            let due = object.put_start + discard_timeout;
+            let due = object.put_start() + discard_timeout;
             if !master.writes.contains(due, slot, object.write_id) {
                 return Err(violation(
                     "liveness",
@@ -419,7 +419,7 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
     let mut usage = crate::tenant::TenantUsage::default();
     for (_, object) in master.objects.iter() {
         usage.add(&object.key, object.size);
-        if object.disk != crate::object::NO_DISK {
+        if object.disk() != crate::object::NO_DISK {
             usage.count_disk(&object.key, object.size, true);
         }
     }
@@ -466,12 +466,13 @@ fn check_holds_and_tasks(master: &Master) -> Result<(), Violation> {
     }
     for (slot, object) in master.objects.iter() {
         let expected = held.get(&slot).copied().unwrap_or(0);
-        if object.holds != expected {
+        if object.holds() != expected {
             return Err(violation(
                 "holds",
                 format!(
                     "{:?} counts {} holds, the hold table has {expected}",
-                    object.key, object.holds
+                    object.key,
+                    object.holds()
                 ),
             ));
         }

@@ -239,7 +239,11 @@ fn layout_digest(master: &Master) -> u64 {
                     .as_millis()
                     .wrapping_mul(0xC2B2_AE3D_27D4_EB4F),
             )
-            .wrapping_add(u64::from(object.leased) ^ object.task_id.rotate_left(17));
+            .wrapping_add(
+                u64::from(object.leased)
+                    ^ (object.task().map_or(0, |t| t.0) | u64::from(object.prefetch()) << 63)
+                        .rotate_left(17),
+            );
         for replica in &object.replicas {
             let place = (u64::from(replica.segment) << 56)
                 ^ replica.offset()
@@ -265,7 +269,7 @@ fn holdings(master: &Master, held: &mut Vec<Holding>) {
         for replica in &object.replicas {
             let complete = replica.is_complete();
             // A PROCESSING replica of an object not being written is a copy's target.
-            let target = !complete && !object.writing;
+            let target = !complete && !object.writing();
             let Some(segment) = master.segments.get(replica.segment) else {
                 continue;
             };
@@ -278,7 +282,7 @@ fn holdings(master: &Master, held: &mut Vec<Holding>) {
                 writer: object.writer,
                 started: match (target, task_started) {
                     (true, Some(at)) => at,
-                    _ => object.put_start,
+                    _ => object.put_start(),
                 },
                 readers_done: if object.leased {
                     object.lease_expiry + grace
