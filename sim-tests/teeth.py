@@ -303,6 +303,43 @@ EXPS = {
  'batch-read-serves-unreadable': [
   ('core/src/reads.rs', "                let slot = self.read_slot(key.as_ref(), found)?;", "                let slot = found.ok_or(ErrorCode::OBJECT_NOT_FOUND)?;"),
  ],
+ # An object's replica list keeps its only replica whatever the filter says: an evicted,
+ # moved or discarded replica stays listed, its block freed under it.
+ 'replica-list-ignores-the-only-one': [
+  ('core/src/replicas.rs', """            Replicas::One(only) => {
+                if !keep(only) {
+                    *self = Replicas::Many(None);
+                }
+            }
+            Replicas::Many(None) => {}""", """            Replicas::One(_) | Replicas::Many(None) => {}"""),
+ ],
+ # A second replica pushed onto a list of one replaces the first instead of joining it.
+ 'replica-list-push-replaces': [
+  ('core/src/replicas.rs', "            Replicas::One(first) => *self = Replicas::Many(Some(Box::new(vec![*first, replica]))),",
+   "            Replicas::One(_) => *self = Replicas::One(replica),"),
+ ],
+ # An object's rarely set fields are let go once the write and task fields are at rest, with
+ # held reads, a disk copy or a soft pin still in them.
+ 'object-extra-dropped-while-set': [
+  ('core/src/object.rs', "        if **extra == ObjectExtra::default() {", "        if extra.put_start == Millis::ZERO && extra.task_id == 0 {"),
+ ],
+ # A restore moves an object's lease and access time onto the new clock but not the start of
+ # the write in progress: the write is discarded at the wrong time.
+ 'restore-leaves-put-start-unshifted': [
+  ('core/src/object.rs', """        if self.writing {
+            let start = shift(self.put_start());
+            self.change_extra(|e| e.put_start = start);
+        }
+""", ""),
+ ],
+ # The end of a write leaves its prefetch mark: the object's rarely set fields are never let
+ # go, and the next write may be taken for a prefetch.
+ 'end-write-keeps-prefetch': [
+  ('core/src/object.rs', """            e.put_start = Millis::ZERO;
+            e.task_id &= !PREFETCH_BIT;
+""", """            e.put_start = Millis::ZERO;
+"""),
+ ],
 }
 # The write fence's plants: each breaks one term of the fence's inequality. A slip there shows
 # only under rare timing, so they are judged by the fence's own property test (every
@@ -495,6 +532,12 @@ for plant in ['find-many-trusts-the-tag', 'find-many-stops-at-a-shared-tag']:
                              'finding_many_keys_at_once_finds_what_finding_each_does')
 PROPERTY_TESTS['batch-read-serves-unreadable'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'policy'],
                                                   'batch_reads_answer_and_change_the_master_as')
+# A restore's clock shift is judged by the snapshot test that restores onto a clock near zero;
+# a write that ends as a prefetch by the object's own test of its rarely set fields.
+PROPERTY_TESTS['restore-leaves-put-start-unshifted'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'policy'],
+                                                        'snapshot_keeps_remaining_lease_and_timeouts_across_clocks')
+PROPERTY_TESTS['end-write-keeps-prefetch'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--lib', 'object::tests'],
+                                              'the_rarely_set_fields_take_no_room_once_at_rest_again')
 # Plants in code only some transports run are tried on those (default: the usual mix).
 RUN_ARGS = {
  'shm-mapping-outlives-mount': ['--transport', 'shm'],

@@ -6,7 +6,7 @@
 //! deterministic. The hash is seeded from the master's seed.
 //!
 //! Each object's value checksum sits in a column beside the slab rather than in [`Object`],
-//! whose two cache lines are full: four bytes per object instead of a third line.
+//! whose 96 bytes are full: four bytes per object instead of another 32.
 
 use std::hash::BuildHasher;
 
