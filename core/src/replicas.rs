@@ -18,7 +18,9 @@ use crate::object::Replica;
 pub(crate) enum Replicas {
     /// Exactly one replica.
     One(Replica),
-    /// None (no list) or several.
+    /// None (no list) or several. Boxed so the handle is one pointer: a bare vector (24
+    /// bytes) would not fit beside the inline replica's niche.
+    #[allow(clippy::box_collection)]
     Many(Option<Box<Vec<Replica>>>),
 }
 
