@@ -321,7 +321,7 @@ EXPS = {
  # An object's rarely set fields are let go once the write and task fields are at rest, with
  # held reads, a disk copy or a soft pin still in them.
  'object-extra-dropped-while-set': [
-  ('core/src/object.rs', "        if **extra == ObjectExtra::default() {", "        if extra.put_start == Millis::ZERO && extra.task_id == 0 {"),
+  ('core/src/object.rs', "        if **boxed == ObjectExtra::default() {", "        if boxed.put_start == Millis::ZERO && boxed.task_id == 0 {"),
  ],
  # A restore moves an object's lease and access time onto the new clock but not the start of
  # the write in progress: the write is discarded at the wrong time.

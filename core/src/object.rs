@@ -276,10 +276,18 @@ impl Object {
     }
 
     /// Changes the rarely set fields, then lets them go if all are at rest again.
+    /// A change that leaves them at rest allocates nothing.
     fn change_extra<T>(&mut self, change: impl FnOnce(&mut ObjectExtra) -> T) -> T {
-        let extra = self.extra.get_or_insert_with(Box::default);
-        let out = change(extra);
-        if **extra == ObjectExtra::default() {
+        let Some(boxed) = &mut self.extra else {
+            let mut extra = ObjectExtra::default();
+            let out = change(&mut extra);
+            if extra != ObjectExtra::default() {
+                self.extra = Some(Box::new(extra));
+            }
+            return out;
+        };
+        let out = change(boxed);
+        if **boxed == ObjectExtra::default() {
             self.extra = None;
         }
         out
