@@ -56,6 +56,10 @@ t=$SECONDS; step "tracked files (no build outputs in git)"
 scripts/check-tracked-files.sh
 elapsed $t
 
+t=$SECONDS; step "planted bugs still apply (sim-tests/teeth.py check)"
+python3 sim-tests/teeth.py check
+elapsed $t
+
 t=$SECONDS; step "format"
 cargo fmt --all -- --check
 cargo fmt --manifest-path fuzz/Cargo.toml -- --check

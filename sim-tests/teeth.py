@@ -6,6 +6,7 @@ restores the files with `git checkout`. The planted bugs are never committed.
     sim-tests/teeth.py NAME [SEEDS]      e.g. sim-tests/teeth.py serve-processing 200
     sim-tests/teeth.py all [SEEDS]       every plant, then a table (also: scripts/sim.sh teeth)
     sim-tests/teeth.py list
+    sim-tests/teeth.py check             every plant still applies to the tree (no build; CI)
 
 Refuses to run if a file it would patch has uncommitted changes. Builds under
 ~/.cache/mooring-teeth, or MOORING_TEETH_TARGET. Results of the last run are
@@ -60,7 +61,7 @@ EXPS = {
    ('core/src/eviction.rs', "            let more = oldest_covering(&mut soft_pinned, target - freed);\n            freed += more.iter().map(|v| v.2).sum::<u64>();\n            victims.extend(more);\n        }\n        for", "            let more = oldest_covering(&mut unpinned, target - freed);\n            freed += more.iter().map(|v| v.2).sum::<u64>();\n            victims.extend(more);\n        }\n        for"),
  ],
  'preempted-blocks-freed-at-once': [
-   ('core/src/master.rs', "        let release_at = fence.writes_land_by(object.put_start, object.size);", "        let release_at = object.put_start;"),
+   ('core/src/master.rs', "        let release_at = fence.writes_land_by(object.put_start(), object.size);", "        let release_at = object.put_start();"),
  ],
  'damaged-past-lease': [
    ('core/src/client/read_plan.rs', "            Err(e) if inside_lease || e.code != ErrorCode::INVALID_REPLICA => ReadVerdict::Fail(e),", "            Err(e) if true => ReadVerdict::Fail(e),"),
@@ -81,7 +82,7 @@ EXPS = {
    ('core/src/put.rs', "        if (object.prefetch() || object.has_disk_replica()) && checksum != known {", "        if false && (object.prefetch() || object.has_disk_replica()) && checksum != known {"),
  ],
  'remove-while-held': [
-   ('core/src/remove.rs', "        if object.holds > 0 {\n            return Err(ErrorCode::OBJECT_REPLICA_BUSY.into());", "        if false {\n            return Err(ErrorCode::OBJECT_REPLICA_BUSY.into());"),
+   ('core/src/remove.rs', "        if object.holds() > 0 {\n            return Err(ErrorCode::OBJECT_REPLICA_BUSY.into());", "        if false {\n            return Err(ErrorCode::OBJECT_REPLICA_BUSY.into());"),
  ],
  'evict-by-lease-expiry': [
    ('core/src/eviction.rs', "            let candidate = (object.last_access, slot, bytes);", "            let candidate = (object.lease_expiry, slot, bytes);"),
@@ -105,7 +106,7 @@ EXPS = {
  ],
  'preempted-end-succeeds': [
    ('core/src/put.rs', "        if object.write_id != write {\n            return Err(Error::new(\n                ErrorCode::OBJECT_NOT_FOUND,", "        if object.write_id != write && false {\n            return Err(Error::new(\n                ErrorCode::OBJECT_NOT_FOUND,"),
-   ('core/src/put.rs', "        if object.writer != client {\n            return Err(Error::new(\n                ErrorCode::ILLEGAL_CLIENT,", "        if object.writer != client && false {\n            return Err(Error::new(\n                ErrorCode::ILLEGAL_CLIENT,"),
+   ('core/src/put.rs', "        if !self.objects.written_by(slot, client) {\n            return Err(Error::new(\n                ErrorCode::ILLEGAL_CLIENT,", "        if !self.objects.written_by(slot, client) && false {\n            return Err(Error::new(\n                ErrorCode::ILLEGAL_CLIENT,"),
  ],
  'adopt-any-recovered': [
    ('core/src/offload.rs', "                if !adopt {", "                if !adopt && false {"),
@@ -162,7 +163,7 @@ EXPS = {
    ('core/src/client/fence.rs', "        let window = self.own_window(size) + self.late_landing() + Millis(1);", "        let window = self.own_window(size) + Millis(1);"),
  ],
  'discard-release-from-window-only': [
-   ('core/src/master.rs', "        let release_at = fence.writes_land_by(object.put_start, object.size);", "        let release_at = object.put_start + fence.write_window();"),
+   ('core/src/master.rs', "        let release_at = fence.writes_land_by(object.put_start(), object.size);", "        let release_at = object.put_start() + fence.write_window();"),
  ],
  'fence-window-follows-heartbeats': [
    ('core/src/client/fence.rs', "        let until = release.min(self.closes_at().as_millis()).min(own_window);", "        let until = release.min(self.closes_at().as_millis()).min(own_window.max(u64::MAX));"),
@@ -187,13 +188,13 @@ EXPS = {
    ('core/src/offload.rs', "        if !self.tenant_allows_disk_copy(slot) {\n            return false;\n        }\n", ""),
  ],
  'tenant-disk-quota-landing-unchecked': [
-   ('core/src/offload.rs', "                if self.objects.at(slot).disk == NO_DISK && !self.tenant_allows_disk_copy(slot) =>", "                if false =>"),
+   ('core/src/offload.rs', "                if self.objects.at(slot).disk() == NO_DISK\n                    && !self.tenant_allows_disk_copy(slot) =>", "                if false =>"),
  ],
  'tenant-disk-bytes-kept': [
    ('core/src/tenant.rs', "                false => usage.disk_bytes -= bytes,", "                false => {}"),
  ],
  'tenant-usage-kept-after-remove': [
-   ('core/src/objects.rs', "        }\n        self.tenants.take(&object.key, object.size);\n        self.free_slots.push(slot);\n", "        }\n        self.free_slots.push(slot);\n"),
+   ('core/src/objects.rs', "        }\n        self.tenants.take(&object.key, object.size);\n        self.writers.release(object.writer());\n", "        }\n        self.writers.release(object.writer());\n"),
  ],
  # Expiry is never checked (judged by the real-process role tests).
  'credential-expiry-ignored': [
@@ -230,7 +231,7 @@ EXPS = {
    ('store/src/master/journal/recover.rs', "        if let Some(damage) = decoded.damaged {", "        if let Some(damage) = decoded.damaged.filter(|_| false) {"),
  ],
  'journal-marks-unread': [
-   ('proto/src/journal.rs', "                if !foreign {\n                    decoded.damaged = synced_past(generation, bytes, at);\n                }\n", ""),
+   ('proto/src/journal.rs', "                if !foreign {\n                    decoded.damaged = synced_past(generation, bytes, base, at);\n                }\n", ""),
  ],
  # A full state directory: the records that met it are dropped instead of held, so the
  # changes waiting on them are acknowledged by the next successful sync without being on disk.
@@ -391,7 +392,7 @@ EXPS.update({
    ('core/src/eviction.rs', "        let grace = self.config.lease_grace;\n        let kept_on_disk", "        let grace = crate::time::Millis::ZERO;\n        let kept_on_disk"),
  ],
  'write-deadline-from-release-timeout': [
-   ('core/src/zombies.rs', "        let deadline = object.put_start + self.config.put_start_discard_timeout;", "        let deadline = object.put_start + self.config.put_start_release_timeout;"),
+   ('core/src/zombies.rs', "        let deadline = object.put_start() + self.config.put_start_discard_timeout;", "        let deadline = object.put_start() + self.config.put_start_release_timeout;"),
  ],
  'client-expiry-waits-for-the-latest': [
    ('core/src/clients.rs', "            .min()\n            .map(|at| at + ttl)", "            .max()\n            .map(|at| at + ttl)"),
@@ -676,6 +677,15 @@ PROPERTY_TESTS['peer-evicts-value-awaiting-copy'] = (['cargo', 'test', '-q', '--
                                                      'eviction_passes_over_a_value_whose_copy_is_still_being_written')
 PROPERTY_TESTS['peer-goodbye-ignored'] = (['cargo', 'test', '-q', '-p', 'mooring', '--test', 'peer'],
                                           'a_peer_that_leaves_is_off_every_ring_at_once')
+if len(sys.argv) > 1 and sys.argv[1] == 'check':
+    # A plant whose text the code no longer holds cannot be planted: the slip it stands for
+    # would go unguarded without anyone noticing. Each edit must match exactly once.
+    stale=[(plant,f,read(os.path.join(ROOT,f)).count(old)) for plant,edits in EXPS.items() for f,old,_ in edits]
+    stale=[s for s in stale if s[2]!=1]
+    for plant,f,n in stale:
+        print(f"plant {plant}: its text occurs {n} times in {f} (must be once); update the plant to the code")
+    print(f"{len(EXPS)} plants, {len(stale)} stale edits")
+    sys.exit(1 if stale else 0)
 if len(sys.argv) > 1 and sys.argv[1] == 'all':
     # Every plant in turn, then one line each: seeds caught and seeds to detection.
     seeds=sys.argv[2] if len(sys.argv)>2 else '200'

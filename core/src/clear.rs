@@ -53,10 +53,10 @@ impl Master {
             let Some(slot) = self.objects.find(key) else {
                 continue;
             };
-            let object = self.objects.at(slot);
-            if object.writer != client || self.removable(slot, now).is_err() {
+            if !self.objects.written_by(slot, client) || self.removable(slot, now).is_err() {
                 continue;
             }
+            let object = self.objects.at(slot);
             let Some(on) = on else {
                 self.remove_now(slot);
                 cleared.push(key.clone());

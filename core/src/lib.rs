@@ -85,6 +85,7 @@ pub mod task_reports;
 pub mod tenant;
 pub mod time;
 mod upsert;
+mod writers;
 mod zombies;
 
 #[cfg(feature = "testkit")]

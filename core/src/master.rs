@@ -375,13 +375,13 @@ impl Master {
     /// memory or on disk) is left. Returns whether the object was removed.
     pub(crate) fn discard_write(&mut self, slot: u32, cause: DiscardCause) -> bool {
         let fence = self.config.fence_rule();
+        let reason = DiscardReason::Preempted {
+            writer: self.objects.writer(slot),
+        };
         let object = self.objects.at_mut(slot);
         debug_assert!(object.writing());
         let release_at = fence.writes_land_by(object.put_start(), object.size);
         object.end_write();
-        let reason = DiscardReason::Preempted {
-            writer: object.writer,
-        };
         let (processing, kept): (Vec<Replica>, Vec<Replica>) =
             object.replicas.iter().partition(|r| r.is_processing());
         object.replicas = kept.into_iter().collect();

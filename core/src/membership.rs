@@ -144,7 +144,7 @@ impl Master {
         let writing: Vec<u32> = self
             .objects
             .iter()
-            .filter(|(_, o)| o.writing() && o.writer == client)
+            .filter(|&(slot, o)| o.writing() && self.objects.written_by(slot, client))
             .map(|(slot, _)| slot)
             .collect();
         for slot in writing {

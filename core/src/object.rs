@@ -6,10 +6,11 @@
 use std::num::NonZeroU32;
 
 use crate::allocator::Allocation;
-use crate::ids::{ClientId, SegmentId, TaskId, WriteId};
+use crate::ids::{SegmentId, TaskId, WriteId};
 use crate::replicas::Replicas;
 use crate::soft_pin::{Pins, SoftPin};
 use crate::time::Millis;
+use crate::writers::WriterRef;
 
 /// Whether a replica's bytes may be read.
 #[derive(
@@ -185,14 +186,13 @@ pub(crate) enum EvictionClass {
     SoftPinned,
 }
 
-/// An object's metadata, in 96 bytes. `repr(C)` so that everything a read touches (key,
-/// replicas, size, lease, soft-pin TTL, state flags) and the LRU position sit in the first 64
-/// bytes; the writer and write id follow. What only some objects need at a time (a write's
-/// start, a task, a soft pin's end, held reads, a disk copy) lives in [`ObjectExtra`], boxed
-/// and present only while one of them is set: at a hundred million objects every byte here is
-/// 100 MB.
+/// An object's metadata, in 80 bytes. `repr(C)` so that everything a read touches (key,
+/// replicas, size, lease, state flags), the LRU position and the writer sit in the first 64
+/// bytes; the write id follows. What only some objects need at a time (a write's start, a
+/// task, a soft pin, held reads, a disk copy) lives in [`ObjectExtra`], boxed and present only
+/// while one of them is set: at a hundred million objects every byte here is 100 MB.
 #[derive(Clone, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
-#[repr(C, align(32))]
+#[repr(C)]
 pub(crate) struct Object {
     // ---- hot: read on every lookup ----
     pub key: Box<str>,
@@ -204,8 +204,9 @@ pub(crate) struct Object {
     /// The last access, write or read: the LRU position eviction and offload order by. A
     /// block just written must rank as recent as one just read, so it is not the lease.
     pub last_access: Millis,
-    /// Soft pin TTL in milliseconds; zero means not soft-pinned.
-    pub soft_pin_ttl_ms: u32,
+    /// The client of the current (or last) put/upsert, interned in the object table's
+    /// [`crate::writers::Writers`], which alone changes it.
+    writer: WriterRef,
     /// A put or upsert is in progress: its replicas are PROCESSING. Set with
     /// [`Object::start_write`], cleared with [`Object::end_write`].
     writing: bool,
@@ -215,8 +216,6 @@ pub(crate) struct Object {
     /// Offload progress (see `offload`); read by every eviction pass, hence hot.
     pub offload: OffloadMark,
     // ---- cold ----
-    /// The client of the current (or last) put/upsert.
-    pub writer: ClientId,
     /// The current (or last) put/upsert.
     pub write_id: WriteId,
     /// The fields few objects need at once; none while all are at rest.
@@ -240,19 +239,20 @@ struct ObjectExtra {
     /// The segment slot whose node holds a complete copy on disk, plus one; zero for none.
     /// The disk copy is of the current value: a new value drops it (see `offload`).
     disk_plus_one: u32,
+    /// Soft pin TTL in milliseconds; zero means not soft-pinned.
+    soft_pin_ttl_ms: u32,
 }
 
 impl Object {
     /// A new object of `size` bytes with no replicas, written by `writer`'s `write_id`; not
-    /// writing, pinned or leased.
-    pub(crate) fn new(key: &str, size: u64, writer: ClientId, write_id: WriteId) -> Object {
+    /// writing, pinned or leased. Only the object table makes one: it holds the reference.
+    pub(crate) fn new(key: &str, size: u64, writer: WriterRef, write_id: WriteId) -> Object {
         Object {
             key: key.into(),
             replicas: Replicas::default(),
             size,
             lease_expiry: Millis::ZERO,
             last_access: Millis::ZERO,
-            soft_pin_ttl_ms: 0,
             writing: false,
             hard_pinned: false,
             leased: false,
@@ -271,6 +271,7 @@ impl Object {
             task_id: 0,
             holds: 0,
             disk_plus_one: 0,
+            soft_pin_ttl_ms: 0,
         };
         self.extra.as_deref().unwrap_or(&AT_REST)
     }
@@ -291,6 +292,16 @@ impl Object {
             self.extra = None;
         }
         out
+    }
+
+    /// The current (or last) put/upsert's client, as the object table's writers know it.
+    pub(crate) fn writer(&self) -> WriterRef {
+        self.writer
+    }
+
+    /// Names another writer; the object table's to call, as it keeps the references.
+    pub(crate) fn set_writer(&mut self, writer: WriterRef) {
+        self.writer = writer;
     }
 
     /// Whether a put or upsert is in progress.
@@ -358,7 +369,7 @@ impl Object {
             let start = shift(self.put_start());
             self.change_extra(|e| e.put_start = start);
         }
-        if self.soft_pin_ttl_ms > 0 {
+        if self.soft_pin_ttl() > Millis::ZERO {
             let expiry = shift(self.soft_pin_expiry());
             self.change_extra(|e| e.soft_pin_expiry = expiry);
         }
@@ -398,12 +409,12 @@ impl Object {
 
     /// Whether the soft pin currently protects the object.
     pub(crate) fn soft_pinned(&self, now: Millis) -> bool {
-        self.soft_pin_ttl_ms > 0 && now < self.soft_pin_expiry()
+        self.soft_pin_ttl() > Millis::ZERO && now < self.soft_pin_expiry()
     }
 
     /// The soft-pin TTL (zero: not soft-pinned).
     pub(crate) fn soft_pin_ttl(&self) -> Millis {
-        Millis(u64::from(self.soft_pin_ttl_ms))
+        Millis(u64::from(self.extra().soft_pin_ttl_ms))
     }
 
     /// The pins the object carries.
@@ -420,13 +431,16 @@ impl Object {
     /// Sets the object's pins.
     pub(crate) fn set_pins(&mut self, pins: Pins) {
         self.hard_pinned = pins.hard;
-        self.soft_pin_ttl_ms = u32::try_from(pins.soft.ttl.as_millis()).unwrap_or(u32::MAX);
-        let expiry = if pins.soft.ttl == Millis::ZERO {
+        let ttl_ms = u32::try_from(pins.soft.ttl.as_millis()).unwrap_or(u32::MAX);
+        let expiry = if ttl_ms == 0 {
             Millis::ZERO
         } else {
             pins.soft.expiry
         };
-        self.change_extra(|e| e.soft_pin_expiry = expiry);
+        self.change_extra(|e| {
+            e.soft_pin_ttl_ms = ttl_ms;
+            e.soft_pin_expiry = expiry;
+        });
     }
 
     /// Records a read at `now`: extends the lease and refreshes the soft pin.
@@ -454,8 +468,9 @@ impl Object {
     }
 
     pub(crate) fn refresh_soft_pin(&mut self, now: Millis) {
-        if self.soft_pin_ttl_ms > 0 {
-            let expiry = now + self.soft_pin_ttl();
+        let ttl = self.soft_pin_ttl();
+        if ttl > Millis::ZERO {
+            let expiry = now + ttl;
             self.change_extra(|e| e.soft_pin_expiry = expiry);
         }
     }
@@ -529,20 +544,20 @@ mod tests {
         assert!(std::mem::offset_of!(Object, hard_pinned) < 64);
         assert!(std::mem::offset_of!(Object, leased) < 64);
         assert!(std::mem::offset_of!(Object, offload) < 64);
-        assert!(std::mem::offset_of!(Object, soft_pin_ttl_ms) < 64);
         assert!(std::mem::offset_of!(Object, last_access) < 64);
-        assert!(std::mem::offset_of!(Object, writer) >= 64);
-        assert_eq!(size_of::<Object>(), 96);
+        assert!(std::mem::offset_of!(Object, writer) < 64);
+        assert!(std::mem::offset_of!(Object, write_id) >= 64);
+        assert_eq!(size_of::<Object>(), 80);
         assert_eq!(
             size_of::<Option<Object>>(),
-            96,
+            80,
             "the slab pays nothing for Option"
         );
     }
 
     #[test]
     fn the_rarely_set_fields_take_no_room_once_at_rest_again() {
-        let mut object = Object::new("k", 10, ClientId(1), WriteId(1));
+        let mut object = Object::new("k", 10, WriterRef(0), WriteId(1));
         assert!(object.extra.is_none());
         object.start_write(Millis(5));
         object.set_prefetch(true);

@@ -6,7 +6,7 @@
 //! deterministic. The hash is seeded from the master's seed.
 //!
 //! Each object's value checksum sits in a column beside the slab rather than in [`Object`],
-//! whose 96 bytes are full: four bytes per object instead of another 32.
+//! whose 80 bytes are full: four bytes per object instead of another 32.
 
 use std::hash::BuildHasher;
 
@@ -14,16 +14,20 @@ use foldhash::fast::FixedState;
 
 use crate::checksum::Checksum;
 use crate::chunked::ChunkedVec;
+use crate::ids::{ClientId, WriteId};
 use crate::key_index::KeyIndex;
 use crate::object::Object;
 use crate::tenant::TenantUsage;
+use crate::writers::{WriterParts, Writers};
 
-/// The table as a snapshot stores it: the slab with its checksum column, and the free list.
+/// The table as a snapshot stores it: the slab with its checksum column, the free list, and
+/// the writers the objects name.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub(crate) struct TableParts {
     pub(crate) slots: ChunkedVec<Option<Object>>,
     pub(crate) checksums: ChunkedVec<Checksum>,
     pub(crate) free_slots: Vec<u32>,
+    pub(crate) writers: WriterParts,
 }
 
 /// All objects, by slot and by key.
@@ -36,6 +40,8 @@ pub(crate) struct ObjectTable {
     index: KeyIndex,
     hasher: FixedState,
     len: usize,
+    /// Who wrote the objects: each names its writer by a reference into this table.
+    writers: Writers,
     /// Objects and value bytes per tenant (see `crate::tenant`), for quotas and metrics.
     tenants: TenantUsage,
 }
@@ -49,6 +55,7 @@ impl ObjectTable {
             index: KeyIndex::new(),
             hasher: FixedState::with_seed(seed),
             len: 0,
+            writers: Writers::default(),
             tenants: TenantUsage::default(),
         }
     }
@@ -61,7 +68,12 @@ impl ObjectTable {
             slots,
             checksums,
             free_slots,
+            writers,
         } = parts;
+        // The lengths size the index below: a damaged snapshot must not claim more than
+        // it holds.
+        slots.check()?;
+        checksums.check()?;
         let mut table = ObjectTable::new(seed);
         let mut index = KeyIndex::with_capacity(slots.len().saturating_sub(free_slots.len()));
         for (slot, object) in slots.iter().enumerate() {
@@ -83,6 +95,7 @@ impl ObjectTable {
                 }
             }
         }
+        table.writers = Writers::from_parts(writers, slots.iter().flatten().map(Object::writer))?;
         table.len = index.len();
         table.index = index;
         table.slots = slots;
@@ -147,9 +160,11 @@ impl ObjectTable {
             .collect()
     }
 
-    /// Adds an object whose key is not in the table; returns its slot.
-    pub(crate) fn insert(&mut self, object: Object) -> u32 {
-        debug_assert!(self.find(&object.key).is_none());
+    /// Adds an object of `size` bytes under `key`, which is not in the table, written by
+    /// `writer`'s `write` (no replicas yet, not writing, pinned or leased); returns its slot.
+    pub(crate) fn insert(&mut self, key: &str, size: u64, writer: ClientId, write: WriteId) -> u32 {
+        debug_assert!(self.find(key).is_none());
+        let object = Object::new(key, size, self.writers.add(writer), write);
         let hash = self.hasher.hash_one(&*object.key);
         self.tenants.add(&object.key, object.size);
         let slot = match self.free_slots.pop() {
@@ -182,6 +197,7 @@ impl ObjectTable {
             self.tenants.count_disk(&object.key, object.size, false);
         }
         self.tenants.take(&object.key, object.size);
+        self.writers.release(object.writer());
         self.free_slots.push(slot);
         self.len -= 1;
         object
@@ -198,6 +214,26 @@ impl ObjectTable {
     /// The object in a slot known to be live.
     pub(crate) fn at(&self, slot: u32) -> &Object {
         self.slots[slot as usize].as_ref().expect("live slot")
+    }
+
+    /// The client that wrote (or is writing) the object in a live slot.
+    pub(crate) fn writer(&self, slot: u32) -> ClientId {
+        self.writers.client(self.at(slot).writer())
+    }
+
+    /// Whether `client` wrote (or is writing) the object in a live slot.
+    pub(crate) fn written_by(&self, slot: u32, client: ClientId) -> bool {
+        self.writers.find(client) == Some(self.at(slot).writer())
+    }
+
+    /// `client` writes the object in a live slot from now on.
+    pub(crate) fn set_writer(&mut self, slot: u32, client: ClientId) {
+        // Added before the old one is released, so an entry that stays is never freed.
+        let writer = self.writers.add(client);
+        let object = self.slots[slot as usize].as_mut().expect("live slot");
+        let was = object.writer();
+        object.set_writer(writer);
+        self.writers.release(was);
     }
 
     /// Gives the object in `slot` a value of `size` bytes (an upsert of another size).
@@ -257,12 +293,18 @@ impl ObjectTable {
             slots: self.slots.clone(),
             checksums: self.checksums.clone(),
             free_slots: self.free_slots.clone(),
+            writers: self.writers.parts(),
         }
     }
 
     /// The slab, checksums and free list, for comparing states.
     pub(crate) fn debug_parts(&self) -> impl std::fmt::Debug + '_ {
-        (&self.slots, &self.checksums, &self.free_slots)
+        (
+            &self.slots,
+            &self.checksums,
+            &self.free_slots,
+            self.writers.parts(),
+        )
     }
 
     /// Heap bytes used by the table itself (not counting key bytes).
@@ -272,6 +314,7 @@ impl ObjectTable {
             + self.checksums.heap_bytes()
             + self.free_slots.capacity() * size_of::<u32>()
             + self.index.heap_bytes()
+            + self.writers.heap_bytes()
             + spilled
     }
 
@@ -317,7 +360,7 @@ impl ObjectTable {
         if self.free_slots.len() + live != self.slots.len() {
             return Err("object table: free list does not cover the dead slots".into());
         }
-        Ok(())
+        self.writers.check(self.iter().map(|(_, o)| o.writer()))
     }
 
     /// Checks that the index finds every live slot by its key, and nothing else.
@@ -343,13 +386,12 @@ impl ObjectTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::{ClientId, WriteId};
 
     #[test]
     fn a_table_rebuilt_from_its_parts_finds_every_key_and_refuses_a_key_held_twice() {
         let mut table = ObjectTable::new(7);
         for key in ["a", "b", "c"] {
-            table.insert(Object::new(key, 10, ClientId(1), WriteId(1)));
+            table.insert(key, 10, ClientId(1), WriteId(1));
         }
         let b = table.find("b").expect("b is in");
         table.remove(b);
@@ -384,9 +426,9 @@ mod tests {
             })
             .expect("a shared tag");
         for i in 0..1000 {
-            table.insert(Object::new(&key(u32::MAX - i), 10, ClientId(1), WriteId(1)));
+            table.insert(&key(u32::MAX - i), 10, ClientId(1), WriteId(1));
         }
-        let first_slot = table.insert(Object::new(&first, 10, ClientId(1), WriteId(1)));
+        let first_slot = table.insert(&first, 10, ClientId(1), WriteId(1));
         let hash = table.hasher.hash_one(&*second);
         assert_eq!(
             table.index.first_candidate(hash),
@@ -401,7 +443,7 @@ mod tests {
         assert_eq!(each[1], Some(first_slot));
         assert_eq!(each.iter().filter(|found| found.is_some()).count(), 1001);
 
-        let second_slot = table.insert(Object::new(&second, 10, ClientId(1), WriteId(1)));
+        let second_slot = table.insert(&second, 10, ClientId(1), WriteId(1));
         assert_eq!(
             table.find_many(&[&second, &first]),
             [Some(second_slot), Some(first_slot)]

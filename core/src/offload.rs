@@ -45,7 +45,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::events::Event;
 use crate::ids::{ClientId, SegmentId, WriteId};
 use crate::master::Master;
-use crate::object::{NO_DISK, Object, OffloadMark, Replica, ReplicaDescriptor};
+use crate::object::{NO_DISK, OffloadMark, Replica, ReplicaDescriptor};
 use crate::put::PutGrant;
 use crate::segments::block_len;
 use crate::time::Millis;
@@ -290,7 +290,7 @@ impl Master {
             .collect();
         object.start_write(now);
         object.set_prefetch(true);
-        object.writer = client;
+        self.objects.set_writer(slot, client);
         self.track_write(slot);
         self.counters.prefetches += 1;
         Ok((
@@ -556,7 +556,7 @@ impl Master {
                     return;
                 }
                 self.bury_ghost_unless(key, name, write);
-                let slot = self.objects.insert(Object::new(key, size, client, write));
+                let slot = self.objects.insert(key, size, client, write);
                 self.objects.set_checksum(slot, checksum);
                 // Its old incarnation may have been held when it went away: the same slot and
                 // write must not make those holds count against the new object.

@@ -15,7 +15,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::events::{DiscardCause, Event};
 use crate::ids::{ClientId, WriteId};
 use crate::master::Master;
-use crate::object::{Object, Replica, ReplicaDescriptor, ReplicaStatus};
+use crate::object::{Replica, ReplicaDescriptor, ReplicaStatus};
 use crate::soft_pin::{Pins, check_soft_pin};
 use crate::time::Millis;
 
@@ -262,16 +262,16 @@ impl Master {
     fn owned_write(&self, client: ClientId, key: &str, write: WriteId) -> Result<u32> {
         self.check_key(key)?;
         let slot = self.objects.find(key).ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        let object = self.objects.at(slot);
-        if object.writer != client {
+        if !self.objects.written_by(slot, client) {
             return Err(Error::new(
                 ErrorCode::ILLEGAL_CLIENT,
                 format!(
                     "the current write of {key:?} belongs to client {}",
-                    object.writer
+                    self.objects.writer(slot)
                 ),
             ));
         }
+        let object = self.objects.at(slot);
         if object.write_id != write {
             return Err(Error::new(
                 ErrorCode::OBJECT_NOT_FOUND,
@@ -301,15 +301,15 @@ impl Master {
         )?;
         let write_id = self.next_write_id();
         let pins = self.pins_after(config, before, now);
-        let mut object = Object::new(key, size, client, write_id);
+        self.bury_ghost(key);
+        let slot = self.objects.insert(key, size, client, write_id);
+        let object = self.objects.at_mut(slot);
         object.replicas = placed
             .iter()
             .map(|&(segment, allocation)| Replica::processing(segment, allocation))
             .collect();
         object.start_write(now);
-        self.bury_ghost(key);
-        let slot = self.objects.insert(object);
-        self.objects.at_mut(slot).set_pins(pins);
+        object.set_pins(pins);
         self.track_write(slot);
         Ok(self.grant(slot))
     }

@@ -189,13 +189,13 @@ impl Master {
         for replica in object.replicas.iter_mut() {
             replica.set_status(ReplicaStatus::Processing);
         }
-        object.writer = client;
         object.write_id = write_id;
         object.start_write(now);
         object.set_prefetch(false);
         object.set_pins(pins);
         // The buffers now hold a value nobody has read yet.
         object.leased = false;
+        self.objects.set_writer(slot, client);
         self.track_write(slot);
     }
 

@@ -72,7 +72,7 @@ impl Master {
         let object = self.objects.at(slot);
         let deadline = object.put_start() + self.config.put_start_discard_timeout;
         let write = object.write_id;
-        let (writer, size) = (object.writer, object.size);
+        let (writer, size) = (self.objects.writer(slot), object.size);
         self.writes.push(deadline, slot, write);
         self.unfinished.start(slot, &object.key, writer, size);
         self.counters.writing_objects += 1;

@@ -263,7 +263,7 @@ fn layout_digest(master: &Master) -> u64 {
 fn holdings(master: &Master, held: &mut Vec<Holding>) {
     held.clear();
     let grace = master.config.lease_grace;
-    for (_, object) in master.objects.iter() {
+    for (slot, object) in master.objects.iter() {
         let task = object.task();
         let task_started = task.and_then(|t| master.tasks.get(t)).map(|t| t.started);
         for replica in &object.replicas {
@@ -279,7 +279,7 @@ fn holdings(master: &Master, held: &mut Vec<Holding>) {
                 task: if target { task } else { None },
                 len: block_len(object.size),
                 complete,
-                writer: object.writer,
+                writer: master.objects.writer(slot),
                 started: match (target, task_started) {
                     (true, Some(at)) => at,
                     _ => object.put_start(),
