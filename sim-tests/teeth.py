@@ -517,6 +517,10 @@ PROPERTY_TESTS['tenant-quota-unchecked'] = (['cargo', 'test', '-q', '--release',
 for plant in ['tenant-disk-quota-unqueued', 'tenant-disk-quota-landing-unchecked', 'tenant-disk-bytes-kept']:
     PROPERTY_TESTS[plant] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'offload'],
                              'a_tenant_disk_quota_stops_its_offloads')
+# A prefetch is ended by the client that asked for it; the seeds do not see its refusal (the
+# client logs it and reads stay on disk), the core's offload test does.
+PROPERTY_TESTS['prefetch-keeps-writer'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'offload'],
+                                           'prefetch_promotes_a_disk_only_object_into_the_preferred_segment')
 PROPERTY_TESTS['tenant-usage-kept-after-remove'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'model'],
                                                     'random_interaction')
 PROPERTY_TESTS['standby-claim-trusted'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'log_shipping'],

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 
 use super::{Violation, violation};
 use crate::client::fence::SLOWEST_WRITE_RATE;
-use crate::events::Event;
+use crate::events::{DiscardCause, Event};
 use crate::ids::{ClientId, SegmentId, TaskId, WriteId};
 use crate::master::Master;
 use crate::segments::block_len;
@@ -138,8 +138,14 @@ impl ReuseLedger {
                 (None, None) => unreachable!("the loop stops when both lists are walked"),
             }
         }
+        let mut found = Ok(());
         for &i in &released {
             let was = &self.held[i];
+            if let Err(v) = check_departed_writer(master, was, events)
+                && found.is_ok()
+            {
+                found = Err(v);
+            }
             self.claims
                 .insert(was.place, claim_for(master, was, events));
         }
@@ -152,7 +158,6 @@ impl ReuseLedger {
             });
             self.mark_dead_writers(master);
         }
-        let mut found = Ok(());
         for &j in &fresh {
             if let Err(v) = self.check_new_use(master, &held[j])
                 && found.is_ok()
@@ -305,6 +310,32 @@ fn last_landing(master: &Master, started: Millis, len: u64) -> Millis {
     let moving = Millis(len.saturating_mul(1_000).div_ceil(SLOWEST_WRITE_RATE));
     let window_then_late = rule.write_window() + moving + rule.late_landing() + Millis(1);
     started + window_then_late.min(master.config.put_start_release_timeout)
+}
+
+/// A write abandoned because its writer died or left must be that writer's: another client's
+/// departure does not end a live client's write.
+fn check_departed_writer(
+    master: &Master,
+    was: &Holding,
+    events: &[Event],
+) -> Result<(), Violation> {
+    let departed = events.iter().any(|e| {
+        matches!(e, Event::WriteDiscarded {
+            write,
+            cause: DiscardCause::WriterDead | DiscardCause::WriterLeft,
+            ..
+        } if *write == was.write)
+    });
+    if departed && !was.complete && was.task.is_none() && master.clients.is_live(was.writer) {
+        return Err(violation(
+            "departed-writer",
+            format!(
+                "write {:?} was abandoned as its writer's departure, but its writer {} is live",
+                was.write, was.writer
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The claim on a block its object let go of in the call that reported `events`.

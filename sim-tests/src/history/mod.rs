@@ -439,6 +439,29 @@ impl History {
             removes.entry(&r.key).or_default().push(r);
         }
         let mut found = Vec::new();
+        // A write is refused as another client's only when another write of its key took it
+        // over: one that began before the refusal and had not ended before this write began
+        // (a crashed client's write never ends).
+        for (key, writes) in &by_key {
+            for &(v, w) in writes {
+                let (Outcome::Failed(ErrorCode::ILLEGAL_CLIENT), Some(refused)) =
+                    (w.outcome, w.ended)
+                else {
+                    continue;
+                };
+                let overlapped = writes.iter().any(|&(u, other)| {
+                    u != v && other.invoked < refused && other.ended.is_none_or(|e| e > w.invoked)
+                });
+                if !overlapped {
+                    found.push(format!(
+                        "write {v} of {key:?} (from {:?}) was refused as another client's \
+                         ({}) at {refused:?}, but no other write of that key overlapped it",
+                        w.invoked,
+                        ErrorCode::ILLEGAL_CLIENT
+                    ));
+                }
+            }
+        }
         for read in &self.reads {
             let Some(seen) = self.writes.get(&read.version) else {
                 found.push(format!(
