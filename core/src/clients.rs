@@ -64,6 +64,11 @@ impl Clients {
         self.last_seen.contains_key(&client)
     }
 
+    /// Whether `client` was heard from within the TTL and has not said goodbye since.
+    pub(crate) fn is_present(&self, client: ClientId) -> bool {
+        self.last_seen.get(&client).is_some_and(|seen| !seen.left)
+    }
+
     /// Clients heard from within the TTL that have not said goodbye since.
     pub(crate) fn present(&self) -> usize {
         self.last_seen.values().filter(|seen| !seen.left).count()

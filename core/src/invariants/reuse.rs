@@ -313,7 +313,8 @@ fn last_landing(master: &Master, started: Millis, len: u64) -> Millis {
 }
 
 /// A write abandoned because its writer died or left must be that writer's: another client's
-/// departure does not end a live client's write.
+/// departure does not end a present client's write. (A client that said goodbye is still
+/// live until its silence reaches the TTL, but no longer present.)
 fn check_departed_writer(
     master: &Master,
     was: &Holding,
@@ -326,11 +327,11 @@ fn check_departed_writer(
             ..
         } if *write == was.write)
     });
-    if departed && !was.complete && was.task.is_none() && master.clients.is_live(was.writer) {
+    if departed && !was.complete && was.task.is_none() && master.clients.is_present(was.writer) {
         return Err(violation(
             "departed-writer",
             format!(
-                "write {:?} was abandoned as its writer's departure, but its writer {} is live",
+                "write {:?} was abandoned as its writer's departure, but its writer {} is present",
                 was.write, was.writer
             ),
         ));
