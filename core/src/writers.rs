@@ -114,15 +114,7 @@ impl Writers {
         named: impl Iterator<Item = WriterRef>,
     ) -> Result<Writers, String> {
         let WriterParts { clients, free } = parts;
-        let mut objects = vec![0u32; clients.len()];
-        for writer in named {
-            let count = objects.get_mut(writer.0 as usize).ok_or_else(|| {
-                format!("an object names writer {} of {}", writer.0, clients.len())
-            })?;
-            *count = count
-                .checked_add(1)
-                .ok_or("more than 2^32 objects name one writer")?;
-        }
+        let objects = count_named(clients.len(), named)?;
         let writers = Writers {
             by_client: BTreeMap::new(),
             clients,
@@ -151,14 +143,7 @@ impl Writers {
     /// counts exactly the objects that name it, the free list holds exactly the entries none
     /// names, and the client map finds exactly the live entries.
     pub(crate) fn check(&self, named: impl Iterator<Item = WriterRef>) -> Result<(), String> {
-        let entries = self.clients.len();
-        let mut counted = vec![0u32; entries];
-        for writer in named {
-            let count = counted
-                .get_mut(writer.0 as usize)
-                .ok_or_else(|| format!("an object names writer {} of {entries}", writer.0))?;
-            *count += 1;
-        }
+        let counted = count_named(self.clients.len(), named)?;
         if counted != self.objects || self.objects.len() != self.clients.len() {
             return Err("writers: an entry's object count differs from the objects".into());
         }
@@ -201,6 +186,21 @@ impl Writers {
         }
         Ok(())
     }
+}
+
+/// How many of the references `named` name each of `entries` entries; refuses one out of
+/// range.
+fn count_named(entries: usize, named: impl Iterator<Item = WriterRef>) -> Result<Vec<u32>, String> {
+    let mut counts = vec![0u32; entries];
+    for writer in named {
+        let count = counts
+            .get_mut(writer.0 as usize)
+            .ok_or_else(|| format!("an object names writer {} of {entries}", writer.0))?;
+        *count = count
+            .checked_add(1)
+            .ok_or("more than 2^32 objects name one writer")?;
+    }
+    Ok(counts)
 }
 
 #[cfg(test)]
