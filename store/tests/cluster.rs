@@ -487,9 +487,15 @@ async fn connections_that_announce_big_frames_and_stall_cost_little() {
     for mut s in stalled {
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut rest = Vec::new();
-        // The challenge, then the close (no hang: read_to_end returns).
-        s.read_to_end(&mut rest)
-            .expect("the server closed the stalled connection");
+        // The challenge, then the close (no hang: read_to_end returns). A server that closes
+        // with some of our bytes still unread in its socket makes the kernel answer with a
+        // reset rather than an orderly end of stream: that is a close too. Only a timeout is
+        // the hang this test is about.
+        match s.read_to_end(&mut rest) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("the server did not close the stalled connection: {e}"),
+        }
     }
 }
 
