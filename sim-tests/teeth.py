@@ -35,8 +35,8 @@ TARGET=os.environ.get('MOORING_TEETH_TARGET', os.path.expanduser('~/.cache/moori
 EXPS = {
  'lease-evict': [
    ('core/src/object.rs', "            || self.lease_active(now)\n", ""),
-   ('core/src/eviction.rs', "        self.release_read_blocks(&replicas, done);\n        self.counters.evicted_objects",
-                            "        self.release_read_blocks(&replicas, crate::time::Millis::ZERO);\n        self.counters.evicted_objects"),
+   ('core/src/eviction.rs', "        self.release_read_blocks(&replicas, size, done);\n        self.counters.evicted_objects",
+                            "        self.release_read_blocks(&replicas, size, crate::time::Millis::ZERO);\n        self.counters.evicted_objects"),
  ],
  'evict-hard-pinned': [
    ('core/src/object.rs', "        if self.hard_pinned\n            || self.pinned_in_place()", "        if false\n            || self.pinned_in_place()"),

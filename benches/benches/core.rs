@@ -33,18 +33,16 @@ fn allocator(c: &mut Criterion) {
     let mut i = 0;
     while used < 32 * GIB {
         let a = allocator.allocate(sizes[i % sizes.len()]).expect("fill");
-        used += sizes[i % sizes.len()];
-        ring.push_back((a.node, sizes[i % sizes.len()]));
+        used += a.len;
+        ring.push_back(a);
         i += 1;
     }
     group.bench_function("alloc+free pair", |b| {
         b.iter(|| {
-            let (node, _) = ring.pop_front().expect("ring");
-            allocator.free(node);
+            allocator.free(ring.pop_front().expect("ring"));
             let size = sizes[i % sizes.len()];
             i += 1;
-            let a = allocator.allocate(black_box(size)).expect("half full");
-            ring.push_back((a.node, size));
+            ring.push_back(allocator.allocate(black_box(size)).expect("half full"));
         })
     });
     group.finish();

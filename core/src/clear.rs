@@ -83,7 +83,8 @@ impl Master {
                     .collect();
                 object.replicas.retain(|r| r.segment != on);
                 let gone = !object.is_readable();
-                self.release_read_blocks(&dropped, done);
+                let size = object.size;
+                self.release_read_blocks(&dropped, size, done);
                 if gone {
                     self.value_removed(slot);
                 }

@@ -26,7 +26,9 @@ pub(crate) enum DiscardReason {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub(crate) struct DiscardedBlock {
     pub segment: u32,
-    pub alloc: u32,
+    /// The block's offset in its segment and its length.
+    pub offset: u64,
+    pub len: u64,
     pub reason: DiscardReason,
 }
 

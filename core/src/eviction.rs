@@ -40,6 +40,9 @@ type Evictable = (u32, bool, Millis);
 
 /// A window's cost: (holds soft-pinned objects, newest lease expiry). Lower is better.
 type WindowCost = (bool, Millis);
+/// What a block means to a window: `None` if it blocks one, else its owner if it may go
+/// (`None` for free space).
+type WindowBlock = Option<Option<Evictable>>;
 
 impl Master {
     /// Whether usage has reached the high watermark.
@@ -205,7 +208,7 @@ impl Master {
             (object.key, object.size, object.replicas, done)
         };
         let bytes = block_len(size) * replicas.len() as u64;
-        self.release_read_blocks(&replicas, done);
+        self.release_read_blocks(&replicas, size, done);
         self.counters.evicted_objects += 1;
         self.counters.evicted_to_disk += u64::from(kept_on_disk);
         self.counters.evicted_bytes += bytes;
@@ -226,7 +229,8 @@ impl Master {
         // or its grace) would only move to the discarded list, so they do not count.
         let grace = self.config.lease_grace;
         let allow_soft = self.config.allow_evict_soft_pinned;
-        let mut owners: HashMap<(u32, u32), Option<Evictable>> = HashMap::new();
+        // Each segment's blocks owned by objects: (offset, length, whether and how it may go).
+        let mut owned: HashMap<u32, Vec<(u64, u64, WindowBlock)>> = HashMap::new();
         for (slot, object) in self.objects.iter() {
             // An object waiting for its disk copy waits here too (as in `evict`): dropping it
             // now would lose the value its queue entry promised to keep.
@@ -238,8 +242,12 @@ impl Master {
                 }
                 _ => None,
             };
+            let block = block_len(object.size);
             for r in &object.replicas {
-                owners.insert((r.segment, r.alloc()), evictable);
+                owned
+                    .entry(r.segment)
+                    .or_default()
+                    .push((r.offset(), block, evictable.map(Some)));
             }
         }
         // Best window: fewest soft-pinned objects first, then the oldest newest access.
@@ -248,40 +256,43 @@ impl Master {
             if excluded.contains(&segment_slot) || segment.allocator.capacity() < len {
                 continue;
             }
-            let blocks = segment.allocator.blocks();
-            // Each block: None if it blocks a window, else its owner (None for free space).
-            let usable: Vec<Option<Option<Evictable>>> = blocks
-                .iter()
-                .map(|&(node, _, _, used)| {
-                    if used {
-                        owners
-                            .get(&(segment_slot, node))
-                            .copied()
-                            .flatten()
-                            .map(Some)
-                    } else {
-                        Some(None)
-                    }
-                })
-                .collect();
+            // The segment in address order, as (length, what it means to a window). Allocated
+            // space no object owns (a discarded block) blocks a window.
+            let mut known = owned.remove(&segment_slot).unwrap_or_default();
+            known.extend(
+                segment
+                    .allocator
+                    .free_blocks()
+                    .map(|(offset, size)| (offset, size, Some(None))),
+            );
+            known.sort_unstable_by_key(|b| b.0);
+            let mut blocks: Vec<(u64, WindowBlock)> = Vec::new();
+            let mut at = 0;
+            for (offset, size, usable) in known {
+                if offset > at {
+                    blocks.push((offset - at, None));
+                }
+                blocks.push((size, usable));
+                at = offset + size;
+            }
             let mut start = 0;
             let mut bytes = 0u64;
             let mut newest: VecDeque<(usize, WindowCost)> = VecDeque::new();
             for end in 0..blocks.len() {
-                let Some(owner) = usable[end] else {
+                let Some(owner) = blocks[end].1 else {
                     start = end + 1;
                     bytes = 0;
                     newest.clear();
                     continue;
                 };
-                bytes += blocks[end].2;
+                bytes += blocks[end].0;
                 let cost = owner.map_or((false, Millis::ZERO), |(_, soft, lease)| (soft, lease));
                 while newest.back().is_some_and(|&(_, c)| c <= cost) {
                     newest.pop_back();
                 }
                 newest.push_back((end, cost));
-                while bytes - blocks[start].2 >= len {
-                    bytes -= blocks[start].2;
+                while bytes - blocks[start].0 >= len {
+                    bytes -= blocks[start].0;
                     start += 1;
                     while newest.front().is_some_and(|&(i, _)| i < start) {
                         newest.pop_front();
@@ -291,7 +302,9 @@ impl Master {
                     let cost = newest.front().expect("window is not empty").1;
                     if best.as_ref().is_none_or(|(c, _)| cost < *c) {
                         let victims = (start..=end)
-                            .filter_map(|i| usable[i].flatten().map(|(slot, soft, _)| (slot, soft)))
+                            .filter_map(|i| {
+                                blocks[i].1.flatten().map(|(slot, soft, _)| (slot, soft))
+                            })
                             .collect();
                         best = Some((cost, victims));
                     }

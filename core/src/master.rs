@@ -25,7 +25,7 @@ use crate::offload::Disks;
 use crate::quota::Unfinished;
 use crate::replication::Tasks;
 use crate::rng::Rng;
-use crate::segments::{SegmentInfo, Segments};
+use crate::segments::{SegmentInfo, Segments, block_len};
 use crate::time::Millis;
 use crate::zombies::WriteDeadlines;
 
@@ -299,41 +299,52 @@ impl Master {
         WriteId(self.counters.next_write)
     }
 
-    /// Frees a replica's block now, or parks it in the discarded list until `release_at`.
+    /// Frees the block of a replica of a `size`-byte value now, or parks it in the discarded
+    /// list until `release_at`.
     pub(crate) fn release_block(
         &mut self,
         replica: &Replica,
+        size: u64,
         release_at: Millis,
         reason: DiscardReason,
     ) {
         if release_at <= self.now {
-            let freed = self.segments.free(replica.segment, replica.alloc());
+            let freed = self.segments.free(replica, size);
             debug_assert!(freed, "released a block that was not live");
         } else {
             self.discarded.push(
                 release_at,
                 DiscardedBlock {
                     segment: replica.segment,
-                    alloc: replica.alloc(),
+                    offset: replica.offset(),
+                    len: block_len(size),
                     reason,
                 },
             );
         }
     }
 
-    /// Releases the blocks of replicas that readers may have seen, at `readers_done_at` (see
-    /// `Object::readers_done_at`), so a reader inside its lease never sees the bytes change.
-    pub(crate) fn release_read_blocks(&mut self, replicas: &[Replica], readers_done_at: Millis) {
+    /// Releases the blocks of replicas of a `size`-byte value that readers may have seen, at
+    /// `readers_done_at` (see `Object::readers_done_at`), so a reader inside its lease never
+    /// sees the bytes change.
+    pub(crate) fn release_read_blocks(
+        &mut self,
+        replicas: &[Replica],
+        size: u64,
+        readers_done_at: Millis,
+    ) {
         let release_at = readers_done_at;
         for replica in replicas {
-            self.release_block(replica, release_at, DiscardReason::Superseded);
+            self.release_block(replica, size, release_at, DiscardReason::Superseded);
         }
     }
 
     /// Frees the discarded blocks whose delay is over.
     pub(crate) fn release_due_blocks(&mut self, now: Millis) {
         for block in self.discarded.take_due(now) {
-            let freed = self.segments.free(block.segment, block.alloc);
+            let freed = self
+                .segments
+                .free_block(block.segment, block.offset, block.len);
             debug_assert!(freed, "discarded block was not live");
         }
     }
@@ -348,7 +359,9 @@ impl Master {
             DiscardReason::Superseded => false,
         });
         for block in &early {
-            let freed = self.segments.free(block.segment, block.alloc);
+            let freed = self
+                .segments
+                .free_block(block.segment, block.offset, block.len);
             debug_assert!(freed, "discarded block was not live");
         }
         early.len()
@@ -385,12 +398,12 @@ impl Master {
         let (processing, kept): (Vec<Replica>, Vec<Replica>) =
             object.replicas.iter().partition(|r| r.is_processing());
         object.replicas = kept.into_iter().collect();
-        let write = object.write_id;
+        let (write, size) = (object.write_id, object.size);
         let removed = object.replicas.is_empty() && !object.has_disk_replica();
         self.write_ended(slot);
         self.counters.discarded_writes += 1;
         for replica in &processing {
-            self.release_block(replica, release_at, reason);
+            self.release_block(replica, size, release_at, reason);
         }
         let key = if removed {
             self.objects.remove(slot).key

@@ -3,9 +3,8 @@
 //! The rules that decide what may happen to an object (may it be read, evicted, overwritten in
 //! place?) live here as small predicates so every operation asks the same question the same way.
 
-use std::num::NonZeroU32;
+use std::num::NonZeroU64;
 
-use crate::allocator::Allocation;
 use crate::ids::{SegmentId, TaskId, WriteId};
 use crate::replicas::Replicas;
 use crate::soft_pin::{Pins, SoftPin};
@@ -101,47 +100,48 @@ const PREFETCH_BIT: u64 = 1 << 63;
 /// `Object::disk` when the object has no disk replica.
 pub(crate) const NO_DISK: u32 = u32::MAX;
 
-/// A replica as the master tracks it: a block of one segment's allocator. 16 bytes, so one
-/// replica fits inline in the object's hot cache line; the allocator handle comes first and is
-/// never all ones, which lets a replica list share those 16 bytes (see `crate::replicas`).
+/// A replica as the master tracks it: a block of one segment's allocator, whose length follows
+/// from the object's size (`segments::block_len`). 16 bytes, so one replica fits inline in the
+/// object's hot cache line. The offset and status word is stored bit-inverted and so is never
+/// zero (offsets are below 2^56), which lets a replica list share these 16 bytes (see
+/// `crate::replicas`).
 #[derive(Clone, Copy, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 #[repr(C)]
 pub(crate) struct Replica {
-    /// The allocator handle that frees the block, bit-inverted (handles are below `u32::MAX`).
-    inverted_alloc: NonZeroU32,
     /// The segment's slot in the segment table.
     pub segment: u32,
     /// Offset of the block within its segment (below 2^56), with the COMPLETE flag in the top
-    /// bit.
-    offset_status: u64,
+    /// bit, all bits inverted.
+    inverted_offset_status: NonZeroU64,
 }
 
 const COMPLETE_BIT: u64 = 1 << 63;
 
 impl Replica {
-    /// A freshly allocated replica, PROCESSING.
-    pub(crate) fn processing(segment: u32, allocation: Allocation) -> Replica {
-        debug_assert!(allocation.offset < COMPLETE_BIT);
+    /// A freshly allocated replica, PROCESSING, of the block at `offset`.
+    pub(crate) fn processing(segment: u32, offset: u64) -> Replica {
+        debug_assert!(offset < 1 << 56);
         Replica {
-            inverted_alloc: NonZeroU32::new(!allocation.node)
-                .expect("allocator handles are below u32::MAX"),
             segment,
-            offset_status: allocation.offset,
+            inverted_offset_status: NonZeroU64::new(!offset).expect("offsets are below 2^56"),
         }
     }
 
-    /// The allocator handle that frees the block.
-    pub(crate) fn alloc(&self) -> u32 {
-        !self.inverted_alloc.get()
+    fn offset_status(&self) -> u64 {
+        !self.inverted_offset_status.get()
+    }
+
+    fn set_offset_status(&mut self, word: u64) {
+        self.inverted_offset_status = NonZeroU64::new(!word).expect("offsets are below 2^56");
     }
 
     /// Offset of the block within its segment.
     pub(crate) fn offset(&self) -> u64 {
-        self.offset_status & !COMPLETE_BIT
+        self.offset_status() & !COMPLETE_BIT
     }
 
     pub(crate) fn status(&self) -> ReplicaStatus {
-        if self.offset_status & COMPLETE_BIT != 0 {
+        if self.offset_status() & COMPLETE_BIT != 0 {
             ReplicaStatus::Complete
         } else {
             ReplicaStatus::Processing
@@ -149,14 +149,15 @@ impl Replica {
     }
 
     pub(crate) fn set_status(&mut self, status: ReplicaStatus) {
+        let offset = self.offset();
         match status {
-            ReplicaStatus::Complete => self.offset_status |= COMPLETE_BIT,
-            ReplicaStatus::Processing => self.offset_status &= !COMPLETE_BIT,
+            ReplicaStatus::Complete => self.set_offset_status(offset | COMPLETE_BIT),
+            ReplicaStatus::Processing => self.set_offset_status(offset),
         }
     }
 
     pub(crate) fn is_complete(&self) -> bool {
-        self.offset_status & COMPLETE_BIT != 0
+        self.offset_status() & COMPLETE_BIT != 0
     }
 
     pub(crate) fn is_processing(&self) -> bool {
@@ -168,9 +169,8 @@ impl std::fmt::Debug for Replica {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Replica(seg {} node {} @{} {:?})",
+            "Replica(seg {} @{} {:?})",
             self.segment,
-            self.alloc(),
             self.offset(),
             self.status()
         )
@@ -591,19 +591,13 @@ mod tests {
 
     #[test]
     fn replica_status_bit_round_trips() {
-        let mut r = Replica::processing(
-            3,
-            Allocation {
-                offset: (1 << 56) - 64,
-                node: 9,
-            },
-        );
+        let mut r = Replica::processing(3, (1 << 56) - 64);
         assert_eq!(r.status(), ReplicaStatus::Processing);
         r.set_status(ReplicaStatus::Complete);
         assert!(r.is_complete());
         assert_eq!(r.offset(), (1 << 56) - 64);
         r.set_status(ReplicaStatus::Processing);
         assert!(r.is_processing());
-        assert_eq!((r.segment, r.alloc()), (3, 9));
+        assert_eq!((r.segment, r.offset()), (3, (1 << 56) - 64));
     }
 }

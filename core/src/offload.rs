@@ -45,7 +45,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::events::Event;
 use crate::ids::{ClientId, SegmentId, WriteId};
 use crate::master::Master;
-use crate::object::{NO_DISK, OffloadMark, Replica, ReplicaDescriptor};
+use crate::object::{NO_DISK, OffloadMark, ReplicaDescriptor};
 use crate::put::PutGrant;
 use crate::segments::block_len;
 use crate::time::Millis;
@@ -284,10 +284,7 @@ impl Master {
         };
         // The same write id: the value is the one on disk, so the disk copy stays valid.
         let object = self.objects.at_mut(slot);
-        object.replicas = placed
-            .iter()
-            .map(|&(segment, allocation)| Replica::processing(segment, allocation))
-            .collect();
+        object.replicas = placed.into_iter().collect();
         object.start_write(now);
         object.set_prefetch(true);
         self.objects.set_writer(slot, client);

@@ -9,12 +9,12 @@
 
 use smallvec::SmallVec;
 
-use crate::allocator::Allocation;
+use crate::object::Replica;
 use crate::rng::Rng;
 use crate::segments::Segments;
 
-/// One placed replica: the segment slot and the block within it.
-pub(crate) type Placed = (u32, Allocation);
+/// One placed replica: the segment slot and the block within it, PROCESSING.
+pub(crate) type Placed = Replica;
 
 /// Places up to `count` blocks for a `size`-byte value on distinct segments, none of them in
 /// `excluded`.
@@ -28,7 +28,7 @@ pub(crate) fn place(
 ) -> SmallVec<[Placed; 2]> {
     let mut placed: SmallVec<[Placed; 2]> = SmallVec::new();
     let usable = |slot: u32, placed: &[Placed]| {
-        !excluded.contains(&slot) && !placed.iter().any(|p| p.0 == slot)
+        !excluded.contains(&slot) && !placed.iter().any(|p| p.segment == slot)
     };
     for name in preferred {
         if placed.len() == count {
@@ -36,9 +36,9 @@ pub(crate) fn place(
         }
         if let Some(slot) = segments.slot_by_name(name)
             && usable(slot, &placed)
-            && let Some(allocation) = segments.allocate_on(slot, size)
+            && let Some(replica) = segments.allocate_on(slot, size)
         {
-            placed.push((slot, allocation));
+            placed.push(replica);
         }
     }
     while placed.len() < count {
@@ -57,7 +57,7 @@ pub(crate) fn place(
         let mut got = None;
         for slot in [first, second] {
             if got.is_none() && usable(slot, &placed) {
-                got = segments.allocate_on(slot, size).map(|a| (slot, a));
+                got = segments.allocate_on(slot, size);
             }
         }
         if got.is_none() {
@@ -65,9 +65,9 @@ pub(crate) fn place(
             for i in 0..n {
                 let slot = segments.mounted[(start + i) % n];
                 if usable(slot, &placed)
-                    && let Some(allocation) = segments.allocate_on(slot, size)
+                    && let Some(replica) = segments.allocate_on(slot, size)
                 {
-                    got = Some((slot, allocation));
+                    got = Some(replica);
                     break;
                 }
             }

@@ -178,9 +178,10 @@ impl Master {
             .collect();
         object.replicas.retain(|r| r.is_complete());
         let empty = object.replicas.is_empty() && !object.has_disk_replica();
+        let size = object.size;
         self.write_ended(slot);
         for replica in &processing {
-            let freed = self.segments.free(replica.segment, replica.alloc());
+            let freed = self.segments.free(replica, size);
             debug_assert!(freed);
         }
         if empty {
@@ -304,10 +305,7 @@ impl Master {
         self.bury_ghost(key);
         let slot = self.objects.insert(key, size, client, write_id);
         let object = self.objects.at_mut(slot);
-        object.replicas = placed
-            .iter()
-            .map(|&(segment, allocation)| Replica::processing(segment, allocation))
-            .collect();
+        object.replicas = placed.into_iter().collect();
         object.start_write(now);
         object.set_pins(pins);
         self.track_write(slot);

@@ -150,10 +150,7 @@ impl Master {
         if placed.is_empty() {
             return Step::Later;
         }
-        let targets = placed
-            .into_iter()
-            .map(|(segment, allocation)| Replica::processing(segment, allocation))
-            .collect();
+        let targets = placed.into_iter().collect();
         let plan = TaskPlan {
             client,
             slot: repair.slot,

@@ -2,8 +2,8 @@
 //!
 //! Nearly every object has one replica, so that one sits inline; objects with none or with
 //! several keep a boxed list behind a pointer-sized handle. The list shares its 16 bytes with
-//! the inline replica (a replica's allocator handle is never all ones, which leaves the
-//! compiler a value to tell the two apart), where a small vector would need 24: with a
+//! the inline replica (a replica's offset word is never zero, which leaves the compiler a
+//! value to tell the two apart), where a small vector would need 24: with a
 //! hundred million objects resident, those 8 bytes are 800 MB.
 //!
 //! Read it as a slice (`Deref`); change it with `push`, `retain` and `extend`, which keep the
@@ -154,16 +154,9 @@ impl Iterator for IntoIter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allocator::Allocation;
 
     fn replica(segment: u32) -> Replica {
-        Replica::processing(
-            segment,
-            Allocation {
-                offset: u64::from(segment) * 64,
-                node: segment,
-            },
-        )
+        Replica::processing(segment, u64::from(segment) * 64)
     }
 
     #[test]

@@ -309,10 +309,10 @@ impl Master {
         let mut placed: SmallVec<[Replica; 2]> = SmallVec::new();
         for &seg in &target_slots {
             match self.segments.allocate_on(seg, size) {
-                Some(allocation) => placed.push(Replica::processing(seg, allocation)),
+                Some(replica) => placed.push(replica),
                 None => {
                     for replica in &placed {
-                        self.segments.free(replica.segment, replica.alloc());
+                        self.segments.free(replica, size);
                     }
                     let name = &self.segments.at(seg).name;
                     return Err(Error::new(
@@ -424,6 +424,7 @@ impl Master {
         }
         let object = self.objects.at_mut(task.slot);
         object.set_task(None);
+        let size = object.size;
         let readers_done = object.readers_done_at(self.config.lease_grace);
         let (targets, kept): (Vec<Replica>, Vec<Replica>) =
             object.replicas.iter().partition(|r| r.is_processing());
@@ -445,7 +446,7 @@ impl Master {
                     );
                     object.replicas.retain(|r| r.segment != source);
                 }
-                self.release_read_blocks(&dropped, readers_done);
+                self.release_read_blocks(&dropped, size, readers_done);
                 // A repair placed fewer replicas than were missing: the rest wait.
                 self.requeue_repair(task, targets.is_empty());
                 if targets.is_empty() {
@@ -471,7 +472,7 @@ impl Master {
                     writer: task.client,
                 };
                 for replica in &targets {
-                    self.release_block(replica, release_at, reason);
+                    self.release_block(replica, size, release_at, reason);
                 }
             }
         }

@@ -248,24 +248,29 @@ impl Segments {
         self.mounted.iter().map(|&slot| (slot, self.at(slot)))
     }
 
-    /// Allocates a block for a `size`-byte value on the segment in `slot`.
-    pub(crate) fn allocate_on(&mut self, slot: u32, size: u64) -> Option<Allocation> {
+    /// Allocates a block for a `size`-byte value on the segment in `slot`: a new PROCESSING
+    /// replica.
+    pub(crate) fn allocate_on(&mut self, slot: u32, size: u64) -> Option<Replica> {
         let len = block_len(size);
         let segment = self.slots[slot as usize].as_mut()?;
         let allocation = segment.allocator.allocate(len)?;
         self.used += len;
-        Some(allocation)
+        Some(Replica::processing(slot, allocation.offset))
     }
 
-    /// Frees a block. Returns false if it was not live (which the invariant checker reports).
-    pub(crate) fn free(&mut self, slot: u32, alloc: u32) -> bool {
+    /// Frees the block of `replica`, which holds a `size`-byte value. Returns false if it was
+    /// not live (which the invariant checker reports).
+    pub(crate) fn free(&mut self, replica: &Replica, size: u64) -> bool {
+        self.free_block(replica.segment, replica.offset(), block_len(size))
+    }
+
+    /// Frees `len` bytes at `offset` of the segment in `slot`. Returns false if they were not
+    /// all allocated.
+    pub(crate) fn free_block(&mut self, slot: u32, offset: u64, len: u64) -> bool {
         let Some(segment) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
             return false;
         };
-        let Some((_, len)) = segment.allocator.allocation(alloc) else {
-            return false;
-        };
-        let freed = segment.allocator.free(alloc);
+        let freed = segment.allocator.free(Allocation { offset, len });
         if freed {
             self.used -= len;
         }
@@ -306,9 +311,10 @@ impl Segments {
         self.iter().map(|(_, s)| s.allocator.heap_bytes()).sum()
     }
 
-    /// Checks every allocator, the indexes and the byte counters; returns each segment's live
-    /// blocks as `(slot, node, offset, len)`. Never panics, whatever the state.
-    pub(crate) fn check(&self) -> Result<Vec<(u32, u32, u64, u64)>, String> {
+    /// Checks every allocator, the indexes and the byte counters; returns each segment's
+    /// allocated space as maximal runs `(slot, offset, len)`, in slot and address order. Never
+    /// panics, whatever the state.
+    pub(crate) fn check(&self) -> Result<Vec<(u32, u64, u64)>, String> {
         let mut blocks = Vec::new();
         let (mut capacity, mut used) = (0u64, 0u64);
         if !self.mounted.windows(2).all(|w| w[0] < w[1]) {
@@ -328,10 +334,7 @@ impl Segments {
                 .map_err(|e| format!("segment {:?}: {e}", segment.name))?;
             capacity = capacity.saturating_add(segment.allocator.capacity());
             used = used.saturating_add(segment.allocator.used_bytes());
-            blocks.extend(
-                live.into_iter()
-                    .map(|(node, off, len)| (slot, node, off, len)),
-            );
+            blocks.extend(live.into_iter().map(|(off, len)| (slot, off, len)));
             if self.by_name.get(&segment.name) != Some(&slot)
                 || self.by_id.get(&segment.id) != Some(&slot)
             {

@@ -30,7 +30,7 @@ use crate::zombies::WriteDeadlines;
 
 const MAGIC: [u8; 8] = *b"MOORSNAP";
 /// The snapshot format this build writes and reads.
-pub const SNAPSHOT_VERSION: u32 = 14;
+pub const SNAPSHOT_VERSION: u32 = 15;
 const HEADER_LEN: usize = 8 + 4 + 8 + 4;
 
 /// Everything a restored master needs.

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::allocator::OffsetAllocator;
+use crate::allocator::{Allocation, OffsetAllocator};
 use crate::time::Millis;
 
 /// Where a slot lies: its id (for the reader to unstage) and its offset in the buffer.
@@ -21,8 +21,8 @@ pub struct StagingSlot {
 #[derive(Debug)]
 pub struct StagingSlots {
     allocator: OffsetAllocator,
-    /// Slot id → (allocator node, reclaimed at; `None` while it is being loaded).
-    live: BTreeMap<u64, (u32, Option<Millis>)>,
+    /// Slot id → (its block, reclaimed at; `None` while it is being loaded).
+    live: BTreeMap<u64, (Allocation, Option<Millis>)>,
     next: u64,
     ttl: Millis,
     /// Slots reclaimed because their reader outstayed the TTL, since the start.
@@ -64,7 +64,7 @@ impl StagingSlots {
         })?;
         let id = self.next;
         self.next += 1;
-        self.live.insert(id, (allocation.node, None));
+        self.live.insert(id, (allocation, None));
         let start = base + allocation.offset;
         Some(StagingSlot {
             id,
@@ -83,16 +83,16 @@ impl StagingSlots {
     /// A reader is done with its slot. A slot still loading is not a reader's yet (no reader
     /// knows its id), so it stays.
     pub fn unstage(&mut self, id: u64) {
-        if let Some(&(node, Some(_))) = self.live.get(&id) {
+        if let Some(&(block, Some(_))) = self.live.get(&id) {
             self.live.remove(&id);
-            self.allocator.free(node);
+            self.allocator.free(block);
         }
     }
 
     /// The slot's load failed and nothing will write into it any more: it is free again.
     pub fn abandon(&mut self, id: u64) {
-        if let Some((node, _)) = self.live.remove(&id) {
-            self.allocator.free(node);
+        if let Some((block, _)) = self.live.remove(&id) {
+            self.allocator.free(block);
         }
     }
 
@@ -114,8 +114,8 @@ impl StagingSlots {
             .map(|(&id, _)| id)
             .collect();
         for id in expired {
-            let (node, _) = self.live.remove(&id).expect("listed");
-            self.allocator.free(node);
+            let (block, _) = self.live.remove(&id).expect("listed");
+            self.allocator.free(block);
             self.reclaimed += 1;
         }
     }

@@ -49,7 +49,7 @@ use crate::events::DiscardCause;
 use crate::ids::{ClientId, WriteId};
 use crate::key_events::KeyChange;
 use crate::master::Master;
-use crate::object::{Replica, ReplicaStatus};
+use crate::object::ReplicaStatus;
 use crate::put::PutGrant;
 use crate::replicas::Replicas;
 use crate::soft_pin::Pins;
@@ -220,7 +220,7 @@ impl Master {
             )
         })?;
         let old = std::mem::replace(&mut self.objects.at_mut(slot).replicas, fresh);
-        self.release_read_blocks(&old, readers_done);
+        self.release_read_blocks(&old, size, readers_done);
         self.upsert_in_place(slot, client, config, now);
         Ok(self.grant(slot))
     }
@@ -236,11 +236,12 @@ impl Master {
     ) -> Result<PutGrant> {
         let count = config.replica_num as usize;
         let fresh = self.place_protected(slot, size, count, config, now)?;
+        let old_size = self.objects.at(slot).size;
         self.objects.set_size(slot, size);
         let object = self.objects.at_mut(slot);
         let readers_done = object.readers_done_at(self.config.lease_grace);
         let old = std::mem::replace(&mut object.replicas, fresh);
-        self.release_read_blocks(&old, readers_done);
+        self.release_read_blocks(&old, old_size, readers_done);
         self.upsert_in_place(slot, client, config, now);
         Ok(self.grant(slot))
     }
@@ -258,9 +259,6 @@ impl Master {
         self.objects.at_mut(slot).add_hold();
         let placed = self.place_or_evict(size, count, &config.preferred_segments, &[], now);
         self.objects.at_mut(slot).drop_hold();
-        Ok(placed?
-            .iter()
-            .map(|&(segment, allocation)| Replica::processing(segment, allocation))
-            .collect())
+        Ok(placed?.into_iter().collect())
     }
 }

@@ -49,8 +49,8 @@ const SCAN_CHUNK: usize = 4 << 20;
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     offset: u64,
-    /// The allocator's handle of its space.
-    node: u32,
+    /// Bytes of the file the record's space spans (what the allocator gave it).
+    span: u64,
     version: u64,
     value_len: u64,
 }
@@ -152,14 +152,14 @@ impl OffsetFile {
             if let Err(undo) = self.zero_headers(&offsets).await {
                 warn!("could not invalidate the records of a failed put: {undo}");
             }
-            self.free(allocations.iter().map(|a| a.node));
+            self.free(allocations.iter().copied());
             return Err(e);
         }
         let mut replaced = Vec::new();
         for (held, at) in kept.iter().zip(&allocations) {
             let entry = Entry {
                 offset: at.offset,
-                node: at.node,
+                span: at.len,
                 version: held.version,
                 value_len: held.len,
             };
@@ -206,18 +206,22 @@ impl OffsetFile {
                 ),
             };
             for a in &got {
-                allocator.free(a.node);
+                allocator.free(*a);
             }
             return Err(failure);
         }
         Ok(got)
     }
 
-    fn free(&self, nodes: impl IntoIterator<Item = u32>) {
+    fn free(&self, blocks: impl IntoIterator<Item = Allocation>) {
         if let Some(allocator) = lock(&self.space).as_mut() {
-            for node in nodes {
-                if !allocator.free(node) {
-                    warn!(node, "freeing space that was not allocated");
+            for block in blocks {
+                if !allocator.free(block) {
+                    warn!(
+                        offset = block.offset,
+                        len = block.len,
+                        "freeing space that was not allocated"
+                    );
                 }
             }
         }
@@ -244,7 +248,10 @@ impl OffsetFile {
     async fn retire(&self, entries: &[Entry]) -> io::Result<()> {
         let offsets: Vec<u64> = entries.iter().map(|e| e.offset).collect();
         let zeroed = self.zero_headers(&offsets).await;
-        self.free(entries.iter().map(|e| e.node));
+        self.free(entries.iter().map(|e| Allocation {
+            offset: e.offset,
+            len: e.span,
+        }));
         zeroed
     }
 
@@ -319,23 +326,23 @@ impl OffsetFile {
             found.dropped.push((format!("{DATA_FILE}@{offset}"), why));
             invalid.push(offset);
         }
-        let mut kept = self.drop_superseded(records, &mut found, &mut invalid);
+        let kept = self.drop_superseded(records, &mut found, &mut invalid);
         // Zeroed so a later scan does not report them again; none lies inside a kept record.
         self.zero_headers(&invalid).await?;
-        let allocator = rebuild_allocator(capacity, &mut kept)?;
+        let allocator = rebuild_allocator(capacity, &kept)?;
         for f in kept {
             let entry = Entry {
-                offset: f.found.offset,
-                node: f.node,
-                version: f.found.version,
-                value_len: f.found.value_len,
+                offset: f.offset,
+                span: f.span,
+                version: f.version,
+                value_len: f.value_len,
             };
-            self.shard(&f.found.key).insert(f.found.key.clone(), entry);
+            self.shard(&f.key).insert(f.key.clone(), entry);
             found.objects.push(Held {
-                key: f.found.key,
-                version: f.found.version,
-                len: f.found.value_len,
-                checksum: f.found.checksum,
+                key: f.key,
+                version: f.version,
+                len: f.value_len,
+                checksum: f.checksum,
                 unit: self.next_unit.fetch_add(1, Ordering::Relaxed),
             });
         }
@@ -459,7 +466,7 @@ impl OffsetFile {
         records: Vec<Found>,
         found: &mut Recovered,
         invalid: &mut Vec<u64>,
-    ) -> Vec<Kept> {
+    ) -> Vec<Found> {
         let mut best: HashMap<String, Found> = HashMap::new();
         for record in records {
             let loser = match best.get(&record.key) {
@@ -482,19 +489,10 @@ impl OffsetFile {
                 .push((format!("{DATA_FILE}@{}", loser.offset), why));
             invalid.push(loser.offset);
         }
-        let mut kept: Vec<Kept> = best
-            .into_values()
-            .map(|found| Kept { node: 0, found })
-            .collect();
-        kept.sort_by_key(|k| k.found.offset);
+        let mut kept: Vec<Found> = best.into_values().collect();
+        kept.sort_by_key(|k| k.offset);
         kept
     }
-}
-
-/// A record recovery keeps, with its space's handle in the rebuilt allocator.
-struct Kept {
-    node: u32,
-    found: Found,
 }
 
 fn decode_found(bytes: &[u8], offset: u64, span: u64) -> Result<Found, RecordError> {
@@ -509,18 +507,18 @@ fn decode_found(bytes: &[u8], offset: u64, span: u64) -> Result<Found, RecordErr
     })
 }
 
-/// An allocator over `[0, capacity)` whose allocations are exactly `kept` (sorted by offset,
-/// not overlapping); each one's handle is written into it.
+/// An allocator over `[0, capacity)` whose allocations are exactly the spans of `kept`
+/// (sorted by offset, not overlapping).
 ///
 /// A fresh allocator carves each allocation from the start of its one free block, so
 /// allocating the records and the gaps between them in offset order lays them out exactly;
 /// the gaps are freed at the end. Each offset is checked, so a change in the allocator's
 /// strategy fails recovery rather than corrupting the layout.
-fn rebuild_allocator(capacity: u64, kept: &mut [Kept]) -> io::Result<OffsetAllocator> {
+fn rebuild_allocator(capacity: u64, kept: &[Found]) -> io::Result<OffsetAllocator> {
     let mut allocator = OffsetAllocator::new(capacity);
     let mut place = |offset: u64, size: u64| {
         let got = allocator.allocate(size).filter(|a| a.offset == offset);
-        got.map(|a| a.node).ok_or_else(|| {
+        got.ok_or_else(|| {
             io::Error::other(format!(
                 "rebuilding the allocator: could not place {size} bytes at offset {offset}"
             ))
@@ -528,12 +526,12 @@ fn rebuild_allocator(capacity: u64, kept: &mut [Kept]) -> io::Result<OffsetAlloc
     };
     let mut gaps = Vec::new();
     let mut at = 0u64;
-    for k in kept.iter_mut() {
-        if k.found.offset > at {
-            gaps.push(place(at, k.found.offset - at)?);
+    for k in kept {
+        if k.offset > at {
+            gaps.push(place(at, k.offset - at)?);
         }
-        k.node = place(k.found.offset, k.found.span)?;
-        at = k.found.offset + k.found.span;
+        place(k.offset, k.span)?;
+        at = k.offset + k.span;
     }
     for gap in gaps {
         allocator.free(gap);

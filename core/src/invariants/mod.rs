@@ -29,6 +29,7 @@ pub use reuse::{ReuseCounts, ReuseLedger};
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::allocator::{OwnershipFault, check_ownership};
 use crate::events::Event;
 use crate::master::Master;
 use crate::object::{EvictionClass, OffloadMark};
@@ -160,105 +161,80 @@ fn eviction_tier(on_disk: bool, soft_pinned: bool) -> u8 {
     }
 }
 
-/// Every live block belongs to exactly one replica or discarded entry, and vice versa: no
-/// leaks, no double ownership (a double free waiting to happen), sizes match.
+/// Every allocated byte belongs to exactly one replica or discarded entry, and every claim
+/// lies on allocated bytes: no leaks, no double ownership (a double free waiting to happen),
+/// sizes match.
 ///
-/// It runs on every restore, over every block: the blocks are sorted once and claims are
-/// marked by position, and an owner is named only when something is wrong.
-fn check_conservation(master: &Master, blocks: &[(u32, u32, u64, u64)]) -> Result<(), Violation> {
-    // (segment slot, allocator node, offset, len) of every live block.
-    let live = blocks;
-    // Where each block is in `live`, by segment slot and allocator node: a block's position
-    // is one lookup, not a search of ten million blocks. Node numbers index their
-    // allocator's node table, so the map is no larger than the allocators.
-    let mut span: Vec<usize> = Vec::new();
-    for &(slot, node, _, _) in live {
-        let slot = slot as usize;
-        if span.len() <= slot {
-            span.resize(slot + 1, 0);
-        }
-        span[slot] = span[slot].max(node as usize + 1);
-    }
-    let starts: Vec<usize> = span
-        .iter()
-        .scan(0, |total, &n| {
-            let start = *total;
-            *total += n;
-            Some(start)
-        })
-        .collect();
-    let mut position = vec![u32::MAX; span.iter().sum()];
-    let at_of = |slot: u32, node: u32| {
-        let slot = slot as usize;
-        (slot < span.len() && (node as usize) < span[slot]).then(|| starts[slot] + node as usize)
-    };
-    for (i, &(slot, node, _, _)) in live.iter().enumerate() {
-        let at = at_of(slot, node).expect("spans cover every live block");
-        if position[at] != u32::MAX {
-            return Err(violation(
-                "conservation",
-                format!("block ({slot}, {node}) is listed twice by its allocator"),
-            ));
-        }
-        position[at] = i as u32;
-    }
-    // The owner of each claimed block, by its position in `live`.
-    let mut owners: Vec<Option<Owner>> = vec![None; live.len()];
-    let mut claim = |slot: u32, node: u32, owner: Owner| -> Result<(u64, u64), Violation> {
-        let Some(at) = at_of(slot, node)
-            .map(|at| position[at])
-            .filter(|&at| at != u32::MAX)
-            .map(|at| at as usize)
-        else {
-            return Err(violation(
-                "conservation",
-                format!(
-                    "{} points at block ({slot}, {node}) which is not allocated",
-                    owner.name(master)
-                ),
-            ));
-        };
-        if let Some(other) = owners[at].replace(owner) {
-            return Err(violation(
-                "conservation",
-                format!(
-                    "block ({slot}, {node}) owned by both {} and {}",
-                    other.name(master),
-                    owner.name(master)
-                ),
-            ));
-        }
-        Ok((live[at].2, live[at].3))
-    };
+/// The allocators keep books on free space only, so `used` lists allocated space as maximal
+/// runs `(segment slot, offset, len)` in address order. Every owner's claim (a replica's block
+/// of `block_len(size)` bytes, a discarded block) is sorted the same way, and the claims must
+/// tile the runs exactly. It runs on every restore: one sort of the claims, one walk, and an
+/// owner is named only when something is wrong.
+fn check_conservation(master: &Master, used: &[(u32, u64, u64)]) -> Result<(), Violation> {
+    // (segment slot, offset, len, owner): the owner as an object slot, or with the top bit
+    // set the position of a discarded block, to be named only in a violation.
+    const DISCARDED: u32 = 1 << 31;
+    let discarded: Vec<(crate::time::Millis, &crate::discard::DiscardedBlock)> =
+        master.discarded.iter().collect();
+    let mut claims: Vec<(u32, u64, u64, u32)> = Vec::with_capacity(master.objects.len());
     for (slot, object) in master.objects.iter() {
-        for replica in &object.replicas {
-            let (offset, len) = claim(replica.segment, replica.alloc(), Owner::Object(slot))?;
-            if offset != replica.offset() || len != block_len(object.size) {
-                return Err(violation(
-                    "conservation",
-                    format!(
-                        "object {:?} replica at {} (len {}) but its block is at {offset} (len {len})",
-                        object.key,
-                        replica.offset(),
-                        block_len(object.size)
-                    ),
-                ));
-            }
+        let len = block_len(object.size);
+        claims.extend(
+            object
+                .replicas
+                .iter()
+                .map(|r| (r.segment, r.offset(), len, slot)),
+        );
+    }
+    for (i, (_, block)) in discarded.iter().enumerate() {
+        claims.push((block.segment, block.offset, block.len, DISCARDED | i as u32));
+    }
+    claims.sort_unstable_by_key(|c| (c.0, c.1));
+    let name = |owner: u32| {
+        if owner & DISCARDED != 0 {
+            Owner::Discarded(discarded[(owner & !DISCARDED) as usize].0).name(master)
+        } else {
+            Owner::Object(owner).name(master)
         }
-    }
-    for (release_at, block) in master.discarded.iter() {
-        claim(block.segment, block.alloc, Owner::Discarded(release_at))?;
-    }
-    if let Some(at) = owners.iter().position(Option::is_none) {
-        return Err(violation(
+    };
+    check_ownership(used, &claims).map_err(|fault| {
+        violation(
             "conservation",
-            format!(
-                "block {:?} is allocated but owned by nothing (leak)",
-                (live[at].0, live[at].1)
-            ),
-        ));
-    }
-    Ok(())
+            match fault {
+                OwnershipFault::Unowned { region, offset } => {
+                    format!("block ({region}, @{offset}) is allocated but owned by nothing (leak)")
+                }
+                OwnershipFault::NotAllocated {
+                    owner,
+                    region,
+                    offset,
+                    len,
+                } => format!(
+                    "{} points at block ({region}, @{offset}, {len} bytes) which is not allocated \
+                 (or is owned twice)",
+                    name(owner)
+                ),
+                OwnershipFault::Twice {
+                    region,
+                    offset,
+                    first,
+                    second,
+                } => format!(
+                    "block ({region}, @{offset}) owned by both {} and {}",
+                    name(first),
+                    name(second)
+                ),
+                OwnershipFault::Empty {
+                    owner,
+                    region,
+                    offset,
+                } => format!(
+                    "{} claims an empty block at ({region}, @{offset})",
+                    name(owner)
+                ),
+            },
+        )
+    })
 }
 
 /// What owns a block, named only in a violation's message.

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use crate::allocator::{Allocation, OffsetAllocator};
+use crate::allocator::{Allocation, OffsetAllocator, check_ownership};
 use crate::checksum::Checksum;
 use crate::time::Millis;
 
@@ -120,7 +120,7 @@ pub struct PublishedPool {
     /// The hybrid clock stamps come from.
     clock: u64,
     /// Freed blocks and when they may be reused.
-    quarantine: VecDeque<(Millis, u32)>,
+    quarantine: VecDeque<(Millis, Allocation)>,
     read_grace: Millis,
     /// Header writes the driver owes since it last asked, in order.
     headers: Vec<HeaderWrite>,
@@ -248,8 +248,7 @@ impl PublishedPool {
             && let Some(block) = replaced.block
         {
             self.headers.push(HeaderWrite::Clear(block.offset));
-            self.quarantine
-                .push_back((now + self.read_grace, block.node));
+            self.quarantine.push_back((now + self.read_grace, block));
         }
         let order = self.next_order(now);
         self.entries.insert(
@@ -362,8 +361,7 @@ impl PublishedPool {
             }
             _ => {
                 self.headers.push(HeaderWrite::Clear(block.offset));
-                self.quarantine
-                    .push_back((now + self.read_grace, block.node));
+                self.quarantine.push_back((now + self.read_grace, block));
                 if !ok && self.entries.get(key).is_some_and(|e| e.stamp == stamp) {
                     // An unreadable copy was the value's only one.
                     self.entries.remove(key);
@@ -468,8 +466,7 @@ impl PublishedPool {
         self.lru.remove(&entry.order);
         if let Some(block) = entry.block {
             self.headers.push(HeaderWrite::Clear(block.offset));
-            self.quarantine
-                .push_back((now + self.read_grace, block.node));
+            self.quarantine.push_back((now + self.read_grace, block));
         }
         self.settle_disk(key);
         true
@@ -542,12 +539,12 @@ impl PublishedPool {
 
     /// Frees the blocks whose read grace ended by `now`.
     pub fn release_due(&mut self, now: Millis) {
-        while let Some(&(due, node)) = self.quarantine.front() {
+        while let Some(&(due, block)) = self.quarantine.front() {
             if due > now {
                 break;
             }
             self.quarantine.pop_front();
-            let freed = self.allocator.free(node);
+            let freed = self.allocator.free(block);
             debug_assert!(freed, "a quarantined block was not live");
         }
     }
@@ -556,34 +553,24 @@ impl PublishedPool {
     /// block allocated, nothing else; eviction's order holds exactly the resident unpinned
     /// values.
     pub fn check(&self) -> Result<(), String> {
-        let resident: u64 = self
-            .entries
-            .values()
-            .filter_map(|e| e.block.map(|b| self.allocator.allocation(b.node)))
-            .map(|a| a.map_or(u64::MAX, |(_, size)| size))
-            .sum();
-        let waiting: u64 = self
-            .quarantine
-            .iter()
-            .map(|&(_, node)| self.allocator.allocation(node).map_or(0, |(_, size)| size))
-            .sum();
-        let loading: u64 = self
-            .disk
-            .reading()
-            .map(|b| {
-                self.allocator
-                    .allocation(b.node)
-                    .map_or(u64::MAX, |(_, size)| size)
-            })
-            .sum();
-        let counted = resident.saturating_add(waiting).saturating_add(loading);
-        if counted != self.allocator.used_bytes() {
-            return Err(format!(
-                "{resident} bytes resident, {waiting} waiting and {loading} loading, but {} \
-                 allocated",
-                self.allocator.used_bytes()
-            ));
+        let used = self.allocator.check()?;
+        let used: Vec<(u32, u64, u64)> = used.into_iter().map(|(o, l)| (0, o, l)).collect();
+        fn claim(block: Allocation, owner: &str) -> (u32, u64, u64, &str) {
+            (0, block.offset, block.len, owner)
         }
+        let mut claims: Vec<(u32, u64, u64, &str)> = self
+            .entries
+            .iter()
+            .filter_map(|(key, e)| e.block.map(|b| claim(b, key)))
+            .chain(
+                self.quarantine
+                    .iter()
+                    .map(|&(_, b)| claim(b, "a block in its read grace")),
+            )
+            .chain(self.disk.reading().map(|b| claim(b, "a read from disk")))
+            .collect();
+        claims.sort_unstable_by_key(|c| c.1);
+        check_ownership(&used, &claims).map_err(|fault| format!("the pool's blocks: {fault:?}"))?;
         for (key, entry) in &self.entries {
             if entry.block.is_none() && !self.disk.holds(key, entry.stamp) {
                 return Err(format!("{key:?} is neither in memory nor on disk"));
@@ -678,7 +665,7 @@ impl PublishedPool {
             // Its block is freed now: a reader mid-read meets a checksum mismatch at worst.
             // Waiting would let a full pool refuse writes it could serve.
             self.headers.push(HeaderWrite::Clear(block.offset));
-            let freed = self.allocator.free(block.node);
+            let freed = self.allocator.free(block);
             debug_assert!(freed);
             let stamp = entry.stamp;
             let kept_on_disk = self.disk.holds(&key, stamp);
