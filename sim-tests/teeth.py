@@ -215,6 +215,30 @@ EXPS = {
  'prefetch-keeps-writer': [
    ('core/src/offload.rs', "        self.objects.set_writer(slot, client);\n", ""),
  ],
+ # The allocators keep books on free space only (2026-12-02): an allocated block is freed by
+ # its offset and length, which the owner recomputes (a replica: block_len of the object's
+ # size). Slips: an upsert to a new size freeing the old blocks at the new size; a discarded
+ # block or a freed replica that forgets the rounding to ALLOC_ALIGN; a free block that grows
+ # forward but stays filed under its old end; a free that overlaps free space taken anyway;
+ # the window eviction counting a discarded block as free space.
+ 'upsert-frees-new-size': [
+   ('core/src/upsert.rs', "        self.release_read_blocks(&old, old_size, readers_done);", "        self.release_read_blocks(&old, size, readers_done);"),
+ ],
+ 'discarded-block-unrounded': [
+   ('core/src/master.rs', "                    len: block_len(size),\n", "                    len: size,\n"),
+ ],
+ 'free-unrounded': [
+   ('core/src/segments.rs', "        self.free_block(replica.segment, replica.offset(), block_len(size))", "        self.free_block(replica.segment, replica.offset(), size)"),
+ ],
+ 'allocator-merge-keeps-old-end': [
+   ('core/src/allocator.rs', "                self.by_end.remove(&offset);\n                self.by_end.insert(end, before);\n", ""),
+ ],
+ 'free-accepts-overlap': [
+   ('core/src/allocator.rs', "            Some(n) if self.nodes[n as usize].offset < end => return false,\n", ""),
+ ],
+ 'window-through-discarded': [
+   ('core/src/eviction.rs', "                    blocks.push((offset - at, None));", "                    blocks.push((offset - at, Some(None)));"),
+ ],
  'written-by-any-writer': [
    ('core/src/objects.rs', "        self.writers.find(client) == Some(self.at(slot).writer())", "        self.writers.find(client).is_some()"),
  ],
@@ -521,6 +545,8 @@ for plant in ['tenant-disk-quota-unqueued', 'tenant-disk-quota-landing-unchecked
 # client logs it and reads stay on disk), the core's offload test does.
 PROPERTY_TESTS['prefetch-keeps-writer'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'offload'],
                                            'prefetch_promotes_a_disk_only_object_into_the_preferred_segment')
+PROPERTY_TESTS['free-accepts-overlap'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--lib', 'allocator'],
+                                          'frees_that_overlap_free_space')
 PROPERTY_TESTS['tenant-usage-kept-after-remove'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'model'],
                                                     'random_interaction')
 PROPERTY_TESTS['standby-claim-trusted'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'log_shipping'],
