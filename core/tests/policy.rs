@@ -519,6 +519,36 @@ fn large_values_get_a_contiguous_range_when_lru_eviction_leaves_holes() {
 }
 
 #[test]
+fn a_window_never_spans_a_block_a_reader_still_holds() {
+    // 30 objects of 32 KiB fill a 1 MiB segment to 960 KiB.
+    let mut f = Fixture::new(1, MIB);
+    for i in 0..30 {
+        f.put(A, &format!("o{i:02}"), 32 * KIB, &one());
+    }
+    // o00, o02 and o04 are the least recently used, then o03, then the rest.
+    let order = [0, 2, 4, 3].into_iter().chain((5..30).chain([1]));
+    for i in order {
+        f.advance(Millis(1));
+        f.m.exist(&format!("o{i:02}"), f.now).unwrap();
+    }
+    f.advance(Millis::from_secs(6));
+    // A reader holds o01 while a new size replaces it: its old block (at 32 KiB) stays
+    // allocated, owned by no object, until the reader's lease ends.
+    f.get("o01").unwrap();
+    let g = f.upsert(B, "o01", 16 * KIB, &one()).unwrap();
+    f.end(B, "o01", g.write_id).unwrap();
+    assert_eq!(f.m.stats().discarded_blocks, 1);
+    f.m.drain_events();
+    // LRU eviction frees o00, o02 and o04: three 32 KiB holes around the held block. The only
+    // run of 96 KiB with no holder in it is o02's hole, o03 and o04's hole; a window through
+    // the held block would evict nothing and open nothing.
+    let big = f.put(A, "big", 96 * KIB, &one());
+    let base = f.m.segments()[0].base;
+    assert_eq!(big.replicas[0].addr, base + 64 * KIB, "the window opened at o02");
+    assert_eq!(evicted_keys(&mut f), ["o00", "o02", "o04", "o03"]);
+}
+
+#[test]
 fn eviction_when_watermark_is_unreachable_backs_off() {
     let mut f = Fixture::new(1, MIB);
     f.put(A, "hard", 1000 * KIB, &one().hard_pinned());
