@@ -544,7 +544,11 @@ fn a_window_never_spans_a_block_a_reader_still_holds() {
     // the held block would evict nothing and open nothing.
     let big = f.put(A, "big", 96 * KIB, &one());
     let base = f.m.segments()[0].base;
-    assert_eq!(big.replicas[0].addr, base + 64 * KIB, "the window opened at o02");
+    assert_eq!(
+        big.replicas[0].addr,
+        base + 64 * KIB,
+        "the window opened at o02"
+    );
     assert_eq!(evicted_keys(&mut f), ["o00", "o02", "o04", "o03"]);
 }
 
