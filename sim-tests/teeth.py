@@ -547,8 +547,9 @@ PROPERTY_TESTS['prefetch-keeps-writer'] = (['cargo', 'test', '-q', '--release', 
                                            'prefetch_promotes_a_disk_only_object_into_the_preferred_segment')
 PROPERTY_TESTS['free-accepts-overlap'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--lib', 'allocator'],
                                           'frees_that_overlap_free_space')
-# A window through a block a reader still holds opens nothing; the seeds' puts retry and
-# succeed once the lease ends (0 of 40), the core's window test sees the refusal.
+# A window through a block a reader still holds opens nothing: the put is refused for want of
+# room, which the seeds must allow in a full pool (0 of 20, 0 of the 40 regressions); the
+# core's window test sees the refusal.
 PROPERTY_TESTS['window-through-discarded'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'policy'],
                                               'a_window_never_spans_a_block')
 PROPERTY_TESTS['tenant-usage-kept-after-remove'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'model'],
