@@ -5,7 +5,7 @@
 //! resident; a restart of 10 M objects within 10 s.
 //!
 //! Run: `cargo bench -p mooring-benches --bench scale`. `MOORING_BENCH_OBJECTS` lists the
-//! resident sets to measure (default `10000000`, 0 to skip; 100 M objects need about 25 GB
+//! resident sets to measure (default `10000000`, 0 to skip; 100 M objects need about 17 GB
 //! of memory);
 //! `MOORING_BENCH_RESTART_OBJECTS` sets the restarted master's objects (default 10 M, 0 to
 //! skip). The state directory lives under `target/restart-bench` (`MOORING_BENCH_DIR` to
