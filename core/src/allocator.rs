@@ -23,8 +23,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::chunked::ChunkedVec;
-
 /// Marks "no node" in the intrusive lists.
 const NONE: u32 = u32::MAX;
 const MANTISSA_BITS: u32 = 3;
@@ -117,7 +115,9 @@ pub struct OffsetAllocator {
     used_top_bins: u64,
     used_leaf_bins: [u8; TOP_BINS],
     bin_heads: Vec<u32>,
-    nodes: ChunkedVec<Node>,
+    /// Free blocks only, so a plain vector: a snapshot's clone copies them whole, as it copies
+    /// `by_end`, and every write skips the copy-on-write check a shared chunk would need.
+    nodes: Vec<Node>,
     recycled: Vec<u32>,
     /// Every free block by the offset just past its end, in address order: a freed block
     /// finds the free block before it by its own offset, and the one after it (or an overlap,
@@ -139,7 +139,7 @@ impl OffsetAllocator {
             used_top_bins: 0,
             used_leaf_bins: [0; TOP_BINS],
             bin_heads: vec![NONE; BINS],
-            nodes: ChunkedVec::default(),
+            nodes: Vec::new(),
             recycled: Vec::new(),
             by_end: BTreeMap::new(),
         };
@@ -256,7 +256,7 @@ impl OffsetAllocator {
     /// Heap bytes this allocator uses for its bookkeeping (the ordered map's nodes counted at
     /// about 24 bytes an entry).
     pub fn heap_bytes(&self) -> usize {
-        self.nodes.heap_bytes()
+        self.nodes.capacity() * size_of::<Node>()
             + self.recycled.capacity() * size_of::<u32>()
             + self.bin_heads.capacity() * size_of::<u32>()
             + self.by_end.len() * 24
@@ -381,7 +381,6 @@ impl OffsetAllocator {
         if self.bin_heads.len() != BINS {
             return Err(format!("{} bins, expected {BINS}", self.bin_heads.len()));
         }
-        self.nodes.check()?;
         if self.capacity == 0 || self.capacity > MAX_CAPACITY {
             return Err(format!("capacity {} out of range", self.capacity));
         }

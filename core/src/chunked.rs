@@ -1,6 +1,6 @@
 //! A vector that grows in fixed-size chunks instead of doubling.
 //!
-//! The master's big tables (the object slab, each segment's allocator nodes) hold a million
+//! The master's big tables (the object slab and its checksum column) hold a million
 //! entries or more. A doubling `Vec` keeps up to half its capacity as slack and copies the
 //! whole table on growth (a latency spike in the middle of a put); chunks bound the slack to
 //! one chunk and never move an element. Indexing costs one extra load from a chunk table that
