@@ -71,15 +71,15 @@ impl Master {
             let complete = !object.writing() && object.is_readable();
             census.complete += count(complete);
             census.writing += count(object.writing());
-            census.hard_pinned += count(object.hard_pinned);
+            census.hard_pinned += count(object.hard_pinned());
             census.soft_pinned += count(object.soft_pinned(now));
             census.leased += count(object.lease_active(now));
             census.held += count(object.holds() > 0);
             census.disk_only += count(object.has_disk_replica() && !object.has_complete_replica());
             let memory_replicas = object.replicas.iter().filter(|r| r.is_complete()).count();
-            census.memory_bytes += object.size * memory_replicas as u64;
+            census.memory_bytes += object.size() * memory_replicas as u64;
             if object.has_disk_replica() {
-                census.disk_bytes += object.size;
+                census.disk_bytes += object.size();
             }
         }
         census

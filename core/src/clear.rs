@@ -83,7 +83,7 @@ impl Master {
                     .collect();
                 object.replicas.retain(|r| r.segment != on);
                 let gone = !object.is_readable();
-                let size = object.size;
+                let size = object.size();
                 self.release_read_blocks(&dropped, size, done);
                 if gone {
                     self.value_removed(slot);

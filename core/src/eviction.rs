@@ -121,7 +121,7 @@ impl Master {
         let waiting = self
             .objects
             .iter()
-            .filter(|(_, o)| o.offload == OffloadMark::Queued)
+            .filter(|(_, o)| o.offload() == OffloadMark::Queued)
             .count();
         let why = if waiting > 0 {
             format!(
@@ -151,10 +151,10 @@ impl Master {
         let mut unpinned: Vec<Candidate> = Vec::with_capacity(self.objects.len());
         let mut soft_pinned: Vec<Candidate> = Vec::new();
         for (slot, object) in self.objects.iter() {
-            if object.offload == OffloadMark::Queued {
+            if object.offload() == OffloadMark::Queued {
                 continue;
             }
-            let bytes = block_len(object.size) * object.replicas.len() as u64;
+            let bytes = block_len(object.size()) * object.replicas.len() as u64;
             let candidate = (object.last_access, slot, bytes);
             match object.eviction_class(now) {
                 Some(EvictionClass::Unpinned) if object.has_disk_replica() => {
@@ -199,13 +199,14 @@ impl Master {
             let replicas = std::mem::take(&mut object.replicas);
             let done = object.readers_done_at(grace);
             // The lease covered the memory replicas; readers of the disk copy need none.
-            object.leased = false;
-            (object.key.clone(), object.size, replicas, done)
+            object.clear_leased();
+            (object.key.clone(), object.size(), replicas, done)
         } else {
             self.value_removed(slot);
             let object = self.remove_object(slot);
             let done = object.readers_done_at(grace);
-            (object.key, object.size, object.replicas, done)
+            let size = object.size();
+            (object.key, size, object.replicas, done)
         };
         let bytes = block_len(size) * replicas.len() as u64;
         self.release_read_blocks(&replicas, size, done);
@@ -234,7 +235,7 @@ impl Master {
         for (slot, object) in self.objects.iter() {
             // An object waiting for its disk copy waits here too (as in `evict`): dropping it
             // now would lose the value its queue entry promised to keep.
-            let waiting_for_disk = object.offload == OffloadMark::Queued;
+            let waiting_for_disk = object.offload() == OffloadMark::Queued;
             let evictable = match object.eviction_class(now) {
                 Some(class) if object.readers_done_at(grace) <= now && !waiting_for_disk => {
                     let soft = class == EvictionClass::SoftPinned;
@@ -242,7 +243,7 @@ impl Master {
                 }
                 _ => None,
             };
-            let block = block_len(object.size);
+            let block = block_len(object.size());
             for r in &object.replicas {
                 owned
                     .entry(r.segment)

@@ -60,7 +60,7 @@ impl Master {
         let hold = Hold {
             client,
             slot,
-            write: object.write_id,
+            write: object.write_id(),
         };
         self.counters.next_hold += 1;
         let id = HoldId(self.counters.next_hold);
@@ -114,7 +114,7 @@ impl Master {
 
     fn unhold(&mut self, held: Hold) {
         if let Some(object) = self.objects.get_mut(held.slot)
-            && object.write_id == held.write
+            && object.write_id() == held.write
         {
             debug_assert!(object.holds() > 0);
             object.drop_hold();

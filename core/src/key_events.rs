@@ -48,8 +48,8 @@ impl KeyChange {
         KeyChange {
             kind: KeyEventKind::Stored,
             key: object.key.clone(),
-            write: object.write_id,
-            size: object.size,
+            write: object.write_id(),
+            size: object.size(),
         }
     }
 
@@ -58,7 +58,7 @@ impl KeyChange {
         KeyChange {
             kind: KeyEventKind::Removed,
             key: object.key.clone(),
-            write: object.write_id,
+            write: object.write_id(),
             size: 0,
         }
     }

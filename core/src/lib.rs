@@ -99,7 +99,7 @@ pub use events::{DiscardCause, Event};
 pub use ids::{ClientId, HoldId, SegmentId, TaskId, WriteId};
 pub use master::{Master, ReadCounts, Stats, UpsertCounts};
 pub use membership::{HeartbeatAck, HeartbeatStatus};
-pub use object::{Medium, ReplicaDescriptor, ReplicaStatus};
+pub use object::{MAX_VALUE_SIZE, Medium, ReplicaDescriptor, ReplicaStatus};
 pub use offload::{DiskReport, DiskSyncAck, MAX_OFFLOAD_QUEUE, OffloadOrder, PrefetchGrant};
 pub use put::PutGrant;
 pub use reads::{KeyListing, ReplicaList};

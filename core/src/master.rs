@@ -393,12 +393,12 @@ impl Master {
         };
         let object = self.objects.at_mut(slot);
         debug_assert!(object.writing());
-        let release_at = fence.writes_land_by(object.put_start(), object.size);
+        let release_at = fence.writes_land_by(object.put_start(), object.size());
         object.end_write();
         let (processing, kept): (Vec<Replica>, Vec<Replica>) =
             object.replicas.iter().partition(|r| r.is_processing());
         object.replicas = kept.into_iter().collect();
-        let (write, size) = (object.write_id, object.size);
+        let (write, size) = (object.write_id(), object.size());
         let removed = object.replicas.is_empty() && !object.has_disk_replica();
         self.write_ended(slot);
         self.counters.discarded_writes += 1;

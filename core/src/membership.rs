@@ -173,7 +173,7 @@ impl Master {
             let readable_before = self.objects.at(object_slot).is_readable();
             let disk_copy = (self.objects.at(object_slot).disk() == slot).then(|| {
                 let object = self.objects.at(object_slot);
-                (object.key.clone(), object.write_id)
+                (object.key.clone(), object.write_id())
             });
             if disk_copy.is_some() {
                 self.clear_disk_copy(object_slot);
@@ -189,7 +189,7 @@ impl Master {
             if !object.writing() && complete_after > 0 && complete_after < complete_before {
                 // Copies from what is left restore the count (see `repair`).
                 let wanted = u8::try_from(complete_before).unwrap_or(u8::MAX);
-                let repair = crate::repair::Repair::new(object_slot, object.write_id, wanted);
+                let repair = crate::repair::Repair::new(object_slot, object.write_id(), wanted);
                 self.tasks.queue_repair(repair);
             }
             // A write in progress survives while any of its replicas does. A complete object

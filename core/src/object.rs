@@ -186,40 +186,75 @@ pub(crate) enum EvictionClass {
     SoftPinned,
 }
 
-/// An object's metadata, in 80 bytes. `repr(C)` so that everything a read touches (key,
-/// replicas, size, lease, state flags), the LRU position and the writer sit in the first 64
-/// bytes; the write id follows. What only some objects need at a time (a write's start, a
-/// task, a soft pin, held reads, a disk copy) lives in [`ObjectExtra`], boxed and present only
-/// while one of them is set: at a hundred million objects every byte here is 100 MB.
-#[derive(Clone, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+/// The largest value an object holds: 2^40 - 1 bytes (a terabyte), so its size packs into 40
+/// bits beside the writer.
+pub const MAX_VALUE_SIZE: u64 = (1 << 40) - 1;
+
+/// How many distinct clients objects can name as their writer at once: 2^24, so a writer
+/// reference packs into 24 bits beside the size.
+pub(crate) const MAX_WRITERS: usize = 1 << 24;
+
+/// Write ids stay below 2^56 (a million writes a second for two thousand years), so the
+/// top byte of the word that holds one is free for the object's flags.
+const WRITE_ID_BITS: u32 = 56;
+/// The highest write id an object can hold; a node's report of a higher one is damaged.
+pub(crate) const MAX_WRITE_ID: WriteId = WriteId(WRITE_ID_MASK);
+const SIZE_BITS: u32 = 40;
+const SIZE_MASK: u64 = (1 << SIZE_BITS) - 1;
+const WRITE_ID_MASK: u64 = (1 << WRITE_ID_BITS) - 1;
+const WRITING_FLAG: u64 = 1 << 56;
+const HARD_PINNED_FLAG: u64 = 1 << 57;
+const LEASED_FLAG: u64 = 1 << 58;
+/// Two bits: the [`OffloadMark`] (0 none, 1 queued, 2 failed; 3 is never stored).
+const OFFLOAD_SHIFT: u32 = 59;
+const OFFLOAD_MASK: u64 = 0b11 << OFFLOAD_SHIFT;
+
+/// An object's metadata, in 72 bytes. `repr(C)` so that everything a read touches (key,
+/// replicas, size, lease, state flags), the LRU position, the writer and the write id sit in
+/// the first 64 bytes. The scalar fields are packed in pairs: the size with the writer, the
+/// write id with the flags (read them through their accessors). What only some objects need
+/// at a time (a write's start, a task, a soft pin, held reads, a disk copy) lives in
+/// [`ObjectExtra`], boxed and present only while one of them is set: at a hundred million
+/// objects every byte here is 100 MB.
+#[derive(Clone, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 #[repr(C)]
 pub(crate) struct Object {
-    // ---- hot: read on every lookup ----
     pub key: Box<str>,
     pub replicas: Replicas,
-    /// Value length in bytes; every replica holds exactly this many.
-    pub size: u64,
+    /// The value's length in bytes (the low 40 bits; every replica holds exactly this many)
+    /// and the client of the current (or last) put/upsert (the high 24 bits), interned in the
+    /// object table's [`crate::writers::Writers`], which alone changes it.
+    size_writer: u64,
     /// Readers that got descriptors before this instant may still be reading.
     pub lease_expiry: Millis,
     /// The last access, write or read: the LRU position eviction and offload order by. A
     /// block just written must rank as recent as one just read, so it is not the lease.
     pub last_access: Millis,
-    /// The client of the current (or last) put/upsert, interned in the object table's
-    /// [`crate::writers::Writers`], which alone changes it.
-    writer: WriterRef,
-    /// A put or upsert is in progress: its replicas are PROCESSING. Set with
-    /// [`Object::start_write`], cleared with [`Object::end_write`].
-    writing: bool,
-    pub hard_pinned: bool,
-    /// A reader was granted a lease on the current replicas (since they were written).
-    pub leased: bool,
-    /// Offload progress (see `offload`); read by every eviction pass, hence hot.
-    pub offload: OffloadMark,
-    // ---- cold ----
-    /// The current (or last) put/upsert.
-    pub write_id: WriteId,
+    /// The current (or last) put/upsert's write id (the low 56 bits) and the flags (the top
+    /// byte): a write in progress (its replicas are PROCESSING; see [`Object::start_write`]),
+    /// hard-pinned, leased since written, and the offload mark.
+    write_flags: u64,
     /// The fields few objects need at once; none while all are at rest.
     extra: Option<Box<ObjectExtra>>,
+}
+
+impl std::fmt::Debug for Object {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Object")
+            .field("key", &self.key)
+            .field("replicas", &self.replicas)
+            .field("size", &self.size())
+            .field("writer", &self.writer())
+            .field("write_id", &self.write_id())
+            .field("lease_expiry", &self.lease_expiry)
+            .field("last_access", &self.last_access)
+            .field("writing", &self.writing())
+            .field("hard_pinned", &self.hard_pinned())
+            .field("leased", &self.leased())
+            .field("offload", &self.offload())
+            .field("extra", &self.extra)
+            .finish()
+    }
 }
 
 /// An object's fields that are at rest (zero, or none) for most objects most of the time.
@@ -247,20 +282,97 @@ impl Object {
     /// A new object of `size` bytes with no replicas, written by `writer`'s `write_id`; not
     /// writing, pinned or leased. Only the object table makes one: it holds the reference.
     pub(crate) fn new(key: &str, size: u64, writer: WriterRef, write_id: WriteId) -> Object {
-        Object {
+        let mut object = Object {
             key: key.into(),
             replicas: Replicas::default(),
-            size,
+            size_writer: 0,
             lease_expiry: Millis::ZERO,
             last_access: Millis::ZERO,
-            writing: false,
-            hard_pinned: false,
-            leased: false,
-            offload: OffloadMark::None,
-            writer,
-            write_id,
+            write_flags: 0,
             extra: None,
+        };
+        object.set_size(size);
+        object.set_writer(writer);
+        object.set_write_id(write_id);
+        object
+    }
+
+    /// Refuses packed words no object of this build would hold: an offload mark out of range
+    /// (a damaged snapshot).
+    pub(crate) fn check_packed(&self) -> Result<(), String> {
+        if self.write_flags & OFFLOAD_MASK == OFFLOAD_MASK {
+            return Err(format!("object {:?} has no valid offload mark", self.key));
         }
+        Ok(())
+    }
+
+    /// The value's length in bytes; every replica holds exactly this many.
+    pub(crate) fn size(&self) -> u64 {
+        self.size_writer & SIZE_MASK
+    }
+
+    /// Gives the object a value of `size` bytes, at most [`MAX_VALUE_SIZE`] (checked where a
+    /// request names a size); the object table's to call, as it counts tenants' bytes.
+    pub(crate) fn set_size(&mut self, size: u64) {
+        debug_assert!(size <= MAX_VALUE_SIZE, "value size {size} checked too late");
+        self.size_writer = (self.size_writer & !SIZE_MASK) | (size & SIZE_MASK);
+    }
+
+    /// The current (or last) put/upsert.
+    pub(crate) fn write_id(&self) -> WriteId {
+        WriteId(self.write_flags & WRITE_ID_MASK)
+    }
+
+    /// Names the put/upsert now writing the object.
+    pub(crate) fn set_write_id(&mut self, write: WriteId) {
+        debug_assert!(write.0 <= WRITE_ID_MASK, "write ids stay below 2^56");
+        self.write_flags = (self.write_flags & !WRITE_ID_MASK) | (write.0 & WRITE_ID_MASK);
+    }
+
+    fn flag(&self, flag: u64) -> bool {
+        self.write_flags & flag != 0
+    }
+
+    fn set_flag(&mut self, flag: u64, on: bool) {
+        if on {
+            self.write_flags |= flag;
+        } else {
+            self.write_flags &= !flag;
+        }
+    }
+
+    /// Whether the object is hard-pinned: never evicted.
+    pub(crate) fn hard_pinned(&self) -> bool {
+        self.flag(HARD_PINNED_FLAG)
+    }
+
+    /// Whether a reader was granted a lease on the current replicas (since they were written).
+    pub(crate) fn leased(&self) -> bool {
+        self.flag(LEASED_FLAG)
+    }
+
+    /// Forgets the leases granted on earlier replicas (a new value was written).
+    pub(crate) fn clear_leased(&mut self) {
+        self.set_flag(LEASED_FLAG, false);
+    }
+
+    /// Offload progress (see `offload`); read by every eviction pass.
+    pub(crate) fn offload(&self) -> OffloadMark {
+        match (self.write_flags & OFFLOAD_MASK) >> OFFLOAD_SHIFT {
+            0 => OffloadMark::None,
+            1 => OffloadMark::Queued,
+            _ => OffloadMark::Failed,
+        }
+    }
+
+    /// Records offload progress.
+    pub(crate) fn set_offload(&mut self, mark: OffloadMark) {
+        let code = match mark {
+            OffloadMark::None => 0,
+            OffloadMark::Queued => 1,
+            OffloadMark::Failed => 2,
+        };
+        self.write_flags = (self.write_flags & !OFFLOAD_MASK) | (code << OFFLOAD_SHIFT);
     }
 
     /// The rarely set fields, read; all at rest when the object has none.
@@ -296,29 +408,33 @@ impl Object {
 
     /// The current (or last) put/upsert's client, as the object table's writers know it.
     pub(crate) fn writer(&self) -> WriterRef {
-        self.writer
+        WriterRef((self.size_writer >> SIZE_BITS) as u32)
     }
 
     /// Names another writer; the object table's to call, as it keeps the references.
     pub(crate) fn set_writer(&mut self, writer: WriterRef) {
-        self.writer = writer;
+        debug_assert!(
+            (writer.0 as usize) < MAX_WRITERS,
+            "writer {writer:?} out of range"
+        );
+        self.size_writer = (self.size_writer & SIZE_MASK) | (u64::from(writer.0) << SIZE_BITS);
     }
 
     /// Whether a put or upsert is in progress.
     pub(crate) fn writing(&self) -> bool {
-        self.writing
+        self.flag(WRITING_FLAG)
     }
 
     /// A put or upsert started at `now`.
     pub(crate) fn start_write(&mut self, now: Millis) {
-        self.writing = true;
+        self.set_flag(WRITING_FLAG, true);
         self.change_extra(|e| e.put_start = now);
     }
 
     /// The put or upsert in progress ended (completed, aborted or discarded); it is no longer
     /// a prefetch.
     pub(crate) fn end_write(&mut self) {
-        self.writing = false;
+        self.set_flag(WRITING_FLAG, false);
         self.change_extra(|e| {
             e.put_start = Millis::ZERO;
             e.task_id &= !PREFETCH_BIT;
@@ -365,7 +481,7 @@ impl Object {
         self.lease_expiry = shift(self.lease_expiry);
         self.last_access = shift(self.last_access);
         // Only the instants that mean something are moved: a field at rest stays at rest.
-        if self.writing {
+        if self.writing() {
             let start = shift(self.put_start());
             self.change_extra(|e| e.put_start = start);
         }
@@ -420,7 +536,7 @@ impl Object {
     /// The pins the object carries.
     pub(crate) fn pins(&self) -> Pins {
         Pins {
-            hard: self.hard_pinned,
+            hard: self.hard_pinned(),
             soft: SoftPin {
                 ttl: self.soft_pin_ttl(),
                 expiry: self.soft_pin_expiry(),
@@ -430,7 +546,7 @@ impl Object {
 
     /// Sets the object's pins.
     pub(crate) fn set_pins(&mut self, pins: Pins) {
-        self.hard_pinned = pins.hard;
+        self.set_flag(HARD_PINNED_FLAG, pins.hard);
         let ttl_ms = u32::try_from(pins.soft.ttl.as_millis()).unwrap_or(u32::MAX);
         let expiry = if ttl_ms == 0 {
             Millis::ZERO
@@ -445,17 +561,23 @@ impl Object {
 
     /// Records a read at `now`: extends the lease and refreshes the soft pin.
     pub(crate) fn grant_lease(&mut self, now: Millis, lease_ttl: Millis) {
-        self.lease_expiry = self.lease_expiry.max(now + lease_ttl);
+        self.extend_lease(now + lease_ttl);
         self.touch(now);
-        self.leased = true;
         self.refresh_soft_pin(now);
+    }
+
+    /// Extends the lease to at least `until` without counting an access, so the LRU order
+    /// stays (a restore's blanket lease).
+    pub(crate) fn extend_lease(&mut self, until: Millis) {
+        self.lease_expiry = self.lease_expiry.max(until);
+        self.set_flag(LEASED_FLAG, true);
     }
 
     /// From when no reader can still be reading the current replicas: the end of the last
     /// lease plus `grace` (for clock-rate drift), or at once if no lease was ever granted on
     /// them.
     pub(crate) fn readers_done_at(&self, grace: Millis) -> Millis {
-        if self.leased {
+        if self.leased() {
             self.lease_expiry + grace
         } else {
             Millis::ZERO
@@ -479,13 +601,13 @@ impl Object {
     /// held read, or a replication task. (Leases are separate: they allow replacing the
     /// buffers but not overwriting them.)
     pub(crate) fn pinned_in_place(&self) -> bool {
-        self.writing || self.holds() > 0 || self.task().is_some()
+        self.writing() || self.holds() > 0 || self.task().is_some()
     }
 
     /// Which eviction pass may take the object at `now`, if any. Hard-pinned, leased, held,
     /// replicating and in-progress objects are never evicted.
     pub(crate) fn eviction_class(&self, now: Millis) -> Option<EvictionClass> {
-        if self.hard_pinned
+        if self.hard_pinned()
             || self.pinned_in_place()
             || self.lease_active(now)
             || !self.has_complete_replica()
@@ -541,18 +663,53 @@ mod tests {
     #[test]
     fn hot_fields_fit_one_cache_line() {
         assert_eq!(size_of::<Replica>(), 16);
-        assert!(std::mem::offset_of!(Object, hard_pinned) < 64);
-        assert!(std::mem::offset_of!(Object, leased) < 64);
-        assert!(std::mem::offset_of!(Object, offload) < 64);
+        assert!(std::mem::offset_of!(Object, size_writer) < 64);
         assert!(std::mem::offset_of!(Object, last_access) < 64);
-        assert!(std::mem::offset_of!(Object, writer) < 64);
-        assert!(std::mem::offset_of!(Object, write_id) >= 64);
-        assert_eq!(size_of::<Object>(), 80);
+        assert!(std::mem::offset_of!(Object, write_flags) < 64);
+        assert_eq!(size_of::<Object>(), 72);
         assert_eq!(
             size_of::<Option<Object>>(),
-            80,
+            72,
             "the slab pays nothing for Option"
         );
+    }
+
+    #[test]
+    fn packed_fields_keep_to_their_bits() {
+        let top = WriterRef((MAX_WRITERS - 1) as u32);
+        let mut object = Object::new("k", MAX_VALUE_SIZE, top, WriteId(WRITE_ID_MASK));
+        assert_eq!(object.size(), MAX_VALUE_SIZE);
+        assert_eq!(object.writer(), top);
+        assert_eq!(object.write_id(), WriteId(WRITE_ID_MASK));
+        assert!(!object.writing() && !object.hard_pinned() && !object.leased());
+        assert_eq!(object.offload(), OffloadMark::None);
+        object.start_write(Millis(1));
+        object.set_pins(Pins {
+            hard: true,
+            soft: SoftPin::default(),
+        });
+        object.grant_lease(Millis(2), Millis(5));
+        for mark in [OffloadMark::Queued, OffloadMark::Failed, OffloadMark::None] {
+            object.set_offload(mark);
+            assert_eq!(object.offload(), mark);
+        }
+        object.set_offload(OffloadMark::Failed);
+        object.set_size(1);
+        object.set_writer(WriterRef(0));
+        object.set_write_id(WriteId(3));
+        assert_eq!(
+            (object.size(), object.writer(), object.write_id()),
+            (1, WriterRef(0), WriteId(3))
+        );
+        assert!(object.writing() && object.hard_pinned() && object.leased());
+        assert_eq!(object.offload(), OffloadMark::Failed);
+        object.end_write();
+        object.clear_leased();
+        assert!(!object.writing() && object.hard_pinned() && !object.leased());
+        assert_eq!((object.size(), object.write_id()), (1, WriteId(3)));
+        assert!(object.check_packed().is_ok());
+        object.write_flags |= OFFLOAD_MASK;
+        assert!(object.check_packed().is_err(), "a mark no build stores");
     }
 
     #[test]

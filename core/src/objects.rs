@@ -6,7 +6,7 @@
 //! deterministic. The hash is seeded from the master's seed.
 //!
 //! Each object's value checksum sits in a column beside the slab rather than in [`Object`],
-//! whose 80 bytes are full: four bytes per object instead of another 32.
+//! whose 72 bytes are full: four bytes per object instead of another 32.
 
 use std::hash::BuildHasher;
 
@@ -78,6 +78,7 @@ impl ObjectTable {
         let mut index = KeyIndex::with_capacity(slots.len().saturating_sub(free_slots.len()));
         for (slot, object) in slots.iter().enumerate() {
             if let Some(object) = object {
+                object.check_packed()?;
                 let same_key = |other: u32| {
                     slots
                         .get(other as usize)
@@ -89,9 +90,9 @@ impl ObjectTable {
                     .map_err(|other| {
                         format!("key {:?} is held by slots {other} and {slot}", object.key)
                     })?;
-                table.tenants.add(&object.key, object.size);
+                table.tenants.add(&object.key, object.size());
                 if object.disk() != crate::object::NO_DISK {
-                    table.tenants.count_disk(&object.key, object.size, true);
+                    table.tenants.count_disk(&object.key, object.size(), true);
                 }
             }
         }
@@ -166,7 +167,7 @@ impl ObjectTable {
         debug_assert!(self.find(key).is_none());
         let object = Object::new(key, size, self.writers.add(writer), write);
         let hash = self.hasher.hash_one(&*object.key);
-        self.tenants.add(&object.key, object.size);
+        self.tenants.add(&object.key, object.size());
         let slot = match self.free_slots.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = Some(object);
@@ -194,9 +195,9 @@ impl ObjectTable {
         let indexed = self.index.remove(hash, slot);
         debug_assert!(indexed, "live slot missing from the key index");
         if object.disk() != crate::object::NO_DISK {
-            self.tenants.count_disk(&object.key, object.size, false);
+            self.tenants.count_disk(&object.key, object.size(), false);
         }
-        self.tenants.take(&object.key, object.size);
+        self.tenants.take(&object.key, object.size());
         self.writers.release(object.writer());
         self.free_slots.push(slot);
         self.len -= 1;
@@ -226,6 +227,12 @@ impl ObjectTable {
         self.writers.find(client) == Some(self.at(slot).writer())
     }
 
+    /// Whether `client` may become a writer: some object names it already, or the writers'
+    /// table has room for one more.
+    pub(crate) fn has_writer_room(&self, client: ClientId) -> bool {
+        self.writers.find(client).is_some() || self.writers.has_room()
+    }
+
     /// `client` writes the object in a live slot from now on.
     pub(crate) fn set_writer(&mut self, slot: u32, client: ClientId) {
         // Added before the old one is released, so an entry that stays is never freed.
@@ -241,20 +248,20 @@ impl ObjectTable {
         let object = self.slots[slot as usize].as_mut().expect("live slot");
         let on_disk = object.disk() != crate::object::NO_DISK;
         if on_disk {
-            self.tenants.count_disk(&object.key, object.size, false);
+            self.tenants.count_disk(&object.key, object.size(), false);
         }
-        self.tenants.take(&object.key, object.size);
+        self.tenants.take(&object.key, object.size());
         self.tenants.add(&object.key, size);
         if on_disk {
             self.tenants.count_disk(&object.key, size, true);
         }
-        object.size = size;
+        object.set_size(size);
     }
 
     /// The object in `slot` gained (`true`) or lost its disk copy: its tenant's disk bytes.
     pub(crate) fn count_disk_copy(&mut self, slot: u32, gained: bool) {
         let object = self.slots[slot as usize].as_ref().expect("live slot");
-        self.tenants.count_disk(&object.key, object.size, gained);
+        self.tenants.count_disk(&object.key, object.size(), gained);
     }
 
     /// Objects and value bytes per tenant.

@@ -45,7 +45,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::events::Event;
 use crate::ids::{ClientId, SegmentId, WriteId};
 use crate::master::Master;
-use crate::object::{NO_DISK, OffloadMark, ReplicaDescriptor};
+use crate::object::{MAX_VALUE_SIZE, MAX_WRITE_ID, NO_DISK, OffloadMark, ReplicaDescriptor};
 use crate::put::PutGrant;
 use crate::segments::block_len;
 use crate::time::Millis;
@@ -216,7 +216,7 @@ impl Master {
         }
         for (key, write) in &report.failed {
             if let Some(slot) = self.current_write(key, *write) {
-                self.objects.at_mut(slot).offload = OffloadMark::Failed;
+                self.objects.at_mut(slot).set_offload(OffloadMark::Failed);
             }
         }
         let first_sync = self.disks.known.insert(name.clone());
@@ -270,7 +270,15 @@ impl Master {
         {
             return Ok((true, None));
         }
-        let (size, disk, write) = (object.size, object.disk(), object.write_id);
+        if let Err(e) = self.check_writer_room(client) {
+            self.counters.prefetch_failures += 1;
+            self.events.push(Event::PrefetchFailed {
+                key: key.into(),
+                error: e,
+            });
+            return Ok((true, None));
+        }
+        let (size, disk, write) = (object.size(), object.disk(), object.write_id());
         let placed = match self.place_or_evict(size, 1, preferred, &[], now) {
             Ok(placed) => placed,
             Err(e) => {
@@ -305,7 +313,7 @@ impl Master {
     /// queued.
     pub(crate) fn queue_offload(&mut self, slot: u32) -> bool {
         let object = self.objects.at(slot);
-        match object.offload {
+        match object.offload() {
             OffloadMark::Queued => return true,
             OffloadMark::Failed => return false,
             OffloadMark::None => {}
@@ -317,7 +325,7 @@ impl Master {
             return false;
         }
         let object = self.objects.at(slot);
-        let write = object.write_id;
+        let write = object.write_id();
         let Some(segment) = object
             .replicas
             .iter()
@@ -332,7 +340,7 @@ impl Master {
             return false;
         }
         queue.push_back((slot, write));
-        self.objects.at_mut(slot).offload = OffloadMark::Queued;
+        self.objects.at_mut(slot).set_offload(OffloadMark::Queued);
         true
     }
 
@@ -350,7 +358,7 @@ impl Master {
         }
         self.counters.disk_copies_recorded += 1;
         object.set_disk(disk);
-        object.offload = OffloadMark::None;
+        object.set_offload(OffloadMark::None);
         if gained {
             self.objects.count_disk_copy(slot, true);
         }
@@ -376,19 +384,19 @@ impl Master {
             .tenant_quotas
             .iter()
             .find(|q| q.tenant == tenant)
-            .is_none_or(|q| q.allows_on_disk(self.objects.tenants().of(tenant), object.size))
+            .is_none_or(|q| q.allows_on_disk(self.objects.tenants().of(tenant), object.size()))
     }
 
     /// The object in `slot` is about to get a new value or go away: its disk copy, if any, is
     /// dropped and scheduled for deletion, and any pending offload of the old value is void.
     pub(crate) fn retire_disk_copy(&mut self, slot: u32) {
         let object = self.objects.at_mut(slot);
-        object.offload = OffloadMark::None;
+        object.set_offload(OffloadMark::None);
         let disk = object.disk();
         if disk == NO_DISK {
             return;
         }
-        let entry = (object.key.clone(), object.write_id);
+        let entry = (object.key.clone(), object.write_id());
         self.clear_disk_copy(slot);
         let name = self.segments.at(disk).name.clone();
         self.disks.tombstones.entry(name).or_default().insert(entry);
@@ -399,10 +407,10 @@ impl Master {
     pub(crate) fn forget_disk(&mut self, seg: u32) {
         for (slot, write) in self.disks.queues.remove(&seg).unwrap_or_default() {
             if let Some(object) = self.objects.get_mut(slot)
-                && object.write_id == write
-                && object.offload == OffloadMark::Queued
+                && object.write_id() == write
+                && object.offload() == OffloadMark::Queued
             {
-                object.offload = OffloadMark::None;
+                object.set_offload(OffloadMark::None);
             }
         }
     }
@@ -411,7 +419,7 @@ impl Master {
     fn current_write(&self, key: &str, write: WriteId) -> Option<u32> {
         self.objects
             .find(key)
-            .filter(|&slot| self.objects.at(slot).write_id == write)
+            .filter(|&slot| self.objects.at(slot).write_id() == write)
     }
 
     /// The node of segment `name` went away holding the disk copy `(key, write)`. If the
@@ -460,7 +468,7 @@ impl Master {
         }
         self.clear_disk_copy(slot);
         // The disk chose to drop it: offloading it again would evict another copy.
-        self.objects.at_mut(slot).offload = OffloadMark::Failed;
+        self.objects.at_mut(slot).set_offload(OffloadMark::Failed);
         if !self.objects.at(slot).is_readable() {
             // Its disk copy was readable: the value is gone unless a prefetch brings it back.
             self.value_removed(slot);
@@ -507,7 +515,7 @@ impl Master {
                 if self.objects.at(slot).disk() == NO_DISK
                     && !self.tenant_allows_disk_copy(slot) =>
             {
-                self.objects.at_mut(slot).offload = OffloadMark::Failed;
+                self.objects.at_mut(slot).set_offload(OffloadMark::Failed);
                 self.tombstone(name, key, write);
             }
             Some(slot) if self.objects.at(slot).disk() == NO_DISK => self.set_disk_copy(slot, seg),
@@ -534,7 +542,11 @@ impl Master {
         if self.disks.is_tombstoned(name, key, write) {
             return;
         }
-        if self.check_key(key).is_err() || size == 0 {
+        if self.check_key(key).is_err()
+            || size == 0
+            || size > MAX_VALUE_SIZE
+            || write > MAX_WRITE_ID
+        {
             self.tombstone(name, key, write);
             return;
         }
@@ -552,6 +564,11 @@ impl Master {
                     self.tombstone(name, key, write);
                     return;
                 }
+                if !self.objects.has_writer_room(client) {
+                    // Not adopted while objects name as many writers as they can: the copy
+                    // stays on disk for now (a later sync that may not adopt it tombstones it).
+                    return;
+                }
                 self.bury_ghost_unless(key, name, write);
                 let slot = self.objects.insert(key, size, client, write);
                 self.objects.set_checksum(slot, checksum);
@@ -567,8 +584,8 @@ impl Master {
                 let object = self.objects.at(slot);
                 // A copy of the current value that does not match its checksum is damaged.
                 let intact = self.objects.checksum(slot) == checksum;
-                if object.write_id == write
-                    && object.size == size
+                if object.write_id() == write
+                    && object.size() == size
                     && object.disk() == NO_DISK
                     && intact
                 {
@@ -578,7 +595,7 @@ impl Master {
                         // A prefetch had lost its only readable copy: the value is back.
                         self.value_stored(slot);
                     }
-                } else if !(object.write_id == write && object.disk() == seg) {
+                } else if !(object.write_id() == write && object.disk() == seg) {
                     self.tombstone(name, key, write);
                 }
             }
@@ -624,8 +641,8 @@ impl Master {
                         .any(|r| r.segment == seg && r.is_complete())
             })
             .map(|(slot, o)| {
-                let covered = o.has_disk_replica() || o.offload != OffloadMark::None;
-                (o.last_access, slot, block_len(o.size), covered)
+                let covered = o.has_disk_replica() || o.offload() != OffloadMark::None;
+                (o.last_access, slot, block_len(o.size()), covered)
             })
             .collect();
         candidates.sort_unstable();
@@ -658,10 +675,10 @@ impl Master {
             let Some(object) = self.objects.get_mut(slot) else {
                 continue;
             };
-            if object.write_id != write || object.offload != OffloadMark::Queued {
+            if object.write_id() != write || object.offload() != OffloadMark::Queued {
                 continue;
             }
-            object.offload = OffloadMark::None;
+            object.set_offload(OffloadMark::None);
             let Some(replica) = object
                 .replicas
                 .iter()
@@ -685,8 +702,8 @@ impl Master {
             orders.push(OffloadOrder {
                 key: object.key.to_string(),
                 write,
-                addr: self.segments.describe(&replica, object.size).addr,
-                size: object.size,
+                addr: self.segments.describe(&replica, object.size()).addr,
+                size: object.size(),
                 checksum: self.objects.checksum(slot),
             });
         }

@@ -15,7 +15,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::events::{DiscardCause, Event};
 use crate::ids::{ClientId, WriteId};
 use crate::master::Master;
-use crate::object::{Replica, ReplicaDescriptor, ReplicaStatus};
+use crate::object::{MAX_VALUE_SIZE, MAX_WRITERS, Replica, ReplicaDescriptor, ReplicaStatus};
 use crate::soft_pin::{Pins, check_soft_pin};
 use crate::time::Millis;
 
@@ -41,10 +41,10 @@ impl Master {
     ) -> Result<PutGrant> {
         let now = self.advance(now);
         self.touch(client, now);
-        self.check_put(key, size, config)?;
+        self.check_put(client, key, size, config)?;
         self.check_unfinished_share(client, size)?;
         let existing = self.objects.find(key);
-        self.check_tenant_quota(key, size, existing.map(|s| self.objects.at(s).size))?;
+        self.check_tenant_quota(key, size, existing.map(|s| self.objects.at(s).size()))?;
         if let Some(slot) = existing {
             if !self.write_expired(slot, now) {
                 return Err(if self.objects.at(slot).writing() {
@@ -178,7 +178,7 @@ impl Master {
             .collect();
         object.replicas.retain(|r| r.is_complete());
         let empty = object.replicas.is_empty() && !object.has_disk_replica();
-        let size = object.size;
+        let size = object.size();
         self.write_ended(slot);
         for replica in &processing {
             let freed = self.segments.free(replica, size);
@@ -238,12 +238,27 @@ impl Master {
             .collect()
     }
 
-    /// Validates a put or upsert request.
-    pub(crate) fn check_put(&self, key: &str, size: u64, config: &ReplicateConfig) -> Result<()> {
+    /// Validates `client`'s put or upsert request.
+    pub(crate) fn check_put(
+        &self,
+        client: ClientId,
+        key: &str,
+        size: u64,
+        config: &ReplicateConfig,
+    ) -> Result<()> {
         self.check_key(key)?;
         if size == 0 {
             return Err(Error::new(ErrorCode::INVALID_PARAMS, "value size is zero"));
         }
+        if size > MAX_VALUE_SIZE {
+            return Err(Error::new(
+                ErrorCode::INVALID_PARAMS,
+                format!(
+                    "value size {size} is over the limit of {MAX_VALUE_SIZE} bytes; split the value"
+                ),
+            ));
+        }
+        self.check_writer_room(client)?;
         let replicas = config.replica_num as usize;
         if replicas == 0 || replicas > self.config.max_replicas {
             return Err(Error::new(
@@ -255,6 +270,21 @@ impl Master {
             ));
         }
         check_soft_pin(config)
+    }
+
+    /// Refuses a write by a client no object names yet when objects already name as many
+    /// writers as an object can reference.
+    pub(crate) fn check_writer_room(&self, client: ClientId) -> Result<()> {
+        if self.objects.has_writer_room(client) {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS,
+            format!(
+                "objects already name {MAX_WRITERS} distinct writers, the most the master \
+                 tracks; remove the objects of clients that are gone, then retry"
+            ),
+        ))
     }
 
     /// The slot of `key` if `client` owns its current write `write`. Otherwise
@@ -273,10 +303,10 @@ impl Master {
             ));
         }
         let object = self.objects.at(slot);
-        if object.write_id != write {
+        if object.write_id() != write {
             return Err(Error::new(
                 ErrorCode::OBJECT_NOT_FOUND,
-                format!("{write} was superseded by {}", object.write_id),
+                format!("{write} was superseded by {}", object.write_id()),
             ));
         }
         Ok(slot)
@@ -316,11 +346,11 @@ impl Master {
     pub(crate) fn grant(&self, slot: u32) -> PutGrant {
         let object = self.objects.at(slot);
         PutGrant {
-            write_id: object.write_id,
+            write_id: object.write_id(),
             replicas: object
                 .replicas
                 .iter()
-                .map(|r| self.segments.describe(r, object.size))
+                .map(|r| self.segments.describe(r, object.size()))
                 .collect(),
         }
     }

@@ -94,7 +94,12 @@ impl Unfinished {
     pub(crate) fn rebuild(master: &Master) -> Unfinished {
         let mut table = Unfinished::default();
         for (slot, object) in master.objects.iter().filter(|(_, o)| o.writing()) {
-            table.start(slot, &object.key, master.objects.writer(slot), object.size);
+            table.start(
+                slot,
+                &object.key,
+                master.objects.writer(slot),
+                object.size(),
+            );
         }
         table
     }

@@ -73,7 +73,7 @@ impl Master {
             .replicas
             .iter()
             .filter(|replica| replica.is_complete())
-            .map(|replica| self.segments.describe(replica, object.size))
+            .map(|replica| self.segments.describe(replica, object.size()))
             .collect();
         Some((replicas, self.objects.checksum(slot)))
     }
@@ -93,7 +93,7 @@ impl Master {
     /// pin: for audits that follow the pin through every operation (only removal clears it).
     pub fn audit_hard_pin(&self, key: &str) -> Option<bool> {
         let slot = self.objects.find(key)?;
-        Some(self.objects.at(slot).hard_pinned)
+        Some(self.objects.at(slot).hard_pinned())
     }
 
     /// [`Master::get_replica_list`] for many keys.
@@ -152,7 +152,7 @@ impl Master {
     /// The size of `key`'s value. No lease.
     pub fn get_size(&self, key: &str) -> Result<u64> {
         let slot = self.readable_slot(key)?;
-        Ok(self.objects.at(slot).size)
+        Ok(self.objects.at(slot).size())
     }
 
     /// Every readable object of `tenant` whose key (as the tenant named it) matches `pattern`,
@@ -190,7 +190,7 @@ impl Master {
             .filter(|(_, o)| o.is_readable() && matches(&o.key))
             .map(|(_, o)| KeyListing {
                 key: local_key(&o.key).to_string(),
-                size: o.size,
+                size: o.size(),
                 replicas: o.replicas.iter().filter(|r| r.is_complete()).count() as u32,
                 on_disk: o.has_disk_replica(),
             })
@@ -265,13 +265,14 @@ impl Master {
             .replicas
             .iter()
             .filter(|r| r.is_complete())
-            .map(|r| self.segments.describe(r, object.size))
+            .map(|r| self.segments.describe(r, object.size()))
             .collect();
         if object.has_disk_replica() {
-            replicas.push(
-                self.segments
-                    .describe_disk(object.disk(), object.write_id, object.size),
-            );
+            replicas.push(self.segments.describe_disk(
+                object.disk(),
+                object.write_id(),
+                object.size(),
+            ));
         }
         ReplicaList {
             replicas,

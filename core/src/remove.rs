@@ -80,6 +80,6 @@ impl Master {
         self.retire_disk_copy(slot);
         let object = self.remove_object(slot);
         let done = object.readers_done_at(self.config.lease_grace);
-        self.release_read_blocks(&object.replicas, object.size, done);
+        self.release_read_blocks(&object.replicas, object.size(), done);
     }
 }

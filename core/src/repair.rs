@@ -118,7 +118,7 @@ impl Master {
         let Some(object) = self.objects.get(repair.slot) else {
             return Step::Done;
         };
-        if object.write_id != repair.write {
+        if object.write_id() != repair.write {
             return Step::Done;
         }
         if object.writing() || object.task().is_some() || repair.not_before > now {
@@ -138,7 +138,7 @@ impl Master {
             return Step::Done;
         }
         let excluded: SmallVec<[u32; 4]> = object.replicas.iter().map(|r| r.segment).collect();
-        let (size, key) = (object.size, object.key.to_string());
+        let (size, key) = (object.size(), object.key.to_string());
         let placed = place(
             &mut self.segments,
             &mut self.rng,

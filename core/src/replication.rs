@@ -299,7 +299,7 @@ impl Master {
         if source.is_some() && object.holds() > 0 {
             return Err(move_while_held(key));
         }
-        let size = object.size;
+        let size = object.size();
         let kind = match source {
             Some(_) => TaskKind::Move {
                 source: source_replica.segment,
@@ -343,13 +343,13 @@ impl Master {
             kind,
             repair,
         } = plan;
-        let size = self.objects.at(slot).size;
+        let size = self.objects.at(slot).size();
         self.counters.next_task += 1;
         let id = TaskId(self.counters.next_task);
         let object = self.objects.at_mut(slot);
         object.replicas.extend(placed.iter().copied());
         object.set_task(Some(id));
-        let write = object.write_id;
+        let write = object.write_id();
         let key = object.key.clone();
         self.tasks.by_id.insert(
             id,
@@ -394,7 +394,7 @@ impl Master {
         let held = self
             .objects
             .get(task.slot)
-            .is_some_and(|o| o.write_id == task.write && o.task() == Some(id) && o.holds() > 0);
+            .is_some_and(|o| o.write_id() == task.write && o.task() == Some(id) && o.holds() > 0);
         if finish == Finish::Complete && matches!(task.kind, TaskKind::Move { .. }) && held {
             let _ = self.close_task(id, &task, Finish::Revoked);
             let refused = Err(move_while_held(&task.key));
@@ -411,7 +411,7 @@ impl Master {
         let alive = self
             .objects
             .get(task.slot)
-            .is_some_and(|o| o.write_id == task.write && o.task() == Some(id));
+            .is_some_and(|o| o.write_id() == task.write && o.task() == Some(id));
         if !alive {
             // The object went away with a segment; there is nothing left to finish.
             return match finish {
@@ -424,7 +424,7 @@ impl Master {
         }
         let object = self.objects.at_mut(task.slot);
         object.set_task(None);
-        let size = object.size;
+        let size = object.size();
         let readers_done = object.readers_done_at(self.config.lease_grace);
         let (targets, kept): (Vec<Replica>, Vec<Replica>) =
             object.replicas.iter().partition(|r| r.is_processing());
@@ -507,7 +507,7 @@ impl Master {
             return;
         };
         let short = self.objects.get(task.slot).is_some_and(|o| {
-            o.write_id == task.write
+            o.write_id() == task.write
                 && o.replicas.iter().filter(|r| r.is_complete()).count()
                     < usize::from(repair.wanted)
         });

@@ -30,7 +30,7 @@ use crate::zombies::WriteDeadlines;
 
 const MAGIC: [u8; 8] = *b"MOORSNAP";
 /// The snapshot format this build writes and reads.
-pub const SNAPSHOT_VERSION: u32 = 15;
+pub const SNAPSHOT_VERSION: u32 = 16;
 const HEADER_LEN: usize = 8 + 4 + 8 + 4;
 
 /// Everything a restored master needs.
@@ -301,9 +301,7 @@ impl Master {
             .collect();
         for slot in slots {
             // A lease only: the order eviction takes objects in (their last access) stays.
-            let object = self.objects.at_mut(slot);
-            object.lease_expiry = object.lease_expiry.max(now + lease_ttl);
-            object.leased = true;
+            self.objects.at_mut(slot).extend_lease(now + lease_ttl);
         }
     }
 }

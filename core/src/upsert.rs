@@ -67,10 +67,10 @@ impl Master {
     ) -> Result<PutGrant> {
         let now = self.advance(now);
         self.touch(client, now);
-        self.check_put(key, size, config)?;
+        self.check_put(client, key, size, config)?;
         self.check_unfinished_share(client, size)?;
         let existing = self.objects.find(key);
-        self.check_tenant_quota(key, size, existing.map(|s| self.objects.at(s).size))?;
+        self.check_tenant_quota(key, size, existing.map(|s| self.objects.at(s).size()))?;
         let Some(slot) = existing else {
             let grant = self.create_object(client, key, size, config, Pins::default(), now)?;
             self.counters.upserts.created += 1;
@@ -97,7 +97,7 @@ impl Master {
             ));
         }
         // A new size, or a value only on disk: fresh memory.
-        let grant = if object.size != size || object.replicas.is_empty() {
+        let grant = if object.size() != size || object.replicas.is_empty() {
             let grant = self.upsert_reallocate(slot, client, size, config, now)?;
             self.counters.upserts.resized += 1;
             grant
@@ -189,12 +189,12 @@ impl Master {
         for replica in object.replicas.iter_mut() {
             replica.set_status(ReplicaStatus::Processing);
         }
-        object.write_id = write_id;
+        object.set_write_id(write_id);
         object.start_write(now);
         object.set_prefetch(false);
         object.set_pins(pins);
         // The buffers now hold a value nobody has read yet.
-        object.leased = false;
+        object.clear_leased();
         self.objects.set_writer(slot, client);
         self.track_write(slot);
     }
@@ -209,7 +209,8 @@ impl Master {
         now: Millis,
     ) -> Result<PutGrant> {
         let object = self.objects.at(slot);
-        let (size, count, lease_expiry) = (object.size, object.replicas.len(), object.lease_expiry);
+        let (size, count, lease_expiry) =
+            (object.size(), object.replicas.len(), object.lease_expiry);
         let readers_done = object.readers_done_at(self.config.lease_grace);
         let fresh = self.place_protected(slot, size, count, config, now).map_err(|e| {
             Error::new(
@@ -236,7 +237,7 @@ impl Master {
     ) -> Result<PutGrant> {
         let count = config.replica_num as usize;
         let fresh = self.place_protected(slot, size, count, config, now)?;
-        let old_size = self.objects.at(slot).size;
+        let old_size = self.objects.at(slot).size();
         self.objects.set_size(slot, size);
         let object = self.objects.at_mut(slot);
         let readers_done = object.readers_done_at(self.config.lease_grace);

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use crate::ids::ClientId;
+use crate::object::MAX_WRITERS;
 
 /// An object's writer: an index into [`Writers`].
 #[derive(
@@ -61,7 +62,11 @@ impl Writers {
                 entry
             }
             None => {
-                let entry = u32::try_from(self.clients.len()).expect("fewer than 2^32 writers");
+                debug_assert!(
+                    self.clients.len() < MAX_WRITERS,
+                    "writer room checked first"
+                );
+                let entry = self.clients.len() as u32;
                 self.clients.push(client);
                 self.objects.push(1);
                 entry
@@ -69,6 +74,12 @@ impl Writers {
         };
         self.by_client.insert(client, entry);
         WriterRef(entry)
+    }
+
+    /// Whether a client no object names yet can get an entry whose reference an object can
+    /// store (see [`crate::object::MAX_WRITERS`]).
+    pub(crate) fn has_room(&self) -> bool {
+        !self.free.is_empty() || self.clients.len() < MAX_WRITERS
     }
 
     /// One object fewer names `writer`; the entry is freed with its last object.
@@ -114,6 +125,12 @@ impl Writers {
         named: impl Iterator<Item = WriterRef>,
     ) -> Result<Writers, String> {
         let WriterParts { clients, free } = parts;
+        if clients.len() > MAX_WRITERS {
+            return Err(format!(
+                "{} writer entries, more than the {MAX_WRITERS} an object can name",
+                clients.len()
+            ));
+        }
         let objects = count_named(clients.len(), named)?;
         let writers = Writers {
             by_client: BTreeMap::new(),

@@ -71,8 +71,8 @@ impl Master {
     pub(crate) fn track_write(&mut self, slot: u32) {
         let object = self.objects.at(slot);
         let deadline = object.put_start() + self.config.put_start_discard_timeout;
-        let write = object.write_id;
-        let (writer, size) = (self.objects.writer(slot), object.size);
+        let write = object.write_id();
+        let (writer, size) = (self.objects.writer(slot), object.size());
         self.writes.push(deadline, slot, write);
         self.unfinished.start(slot, &object.key, writer, size);
         self.counters.writing_objects += 1;
@@ -82,7 +82,7 @@ impl Master {
             self.writes.retain(|slot, write| {
                 objects
                     .get(slot)
-                    .is_some_and(|o| o.writing() && o.write_id == write)
+                    .is_some_and(|o| o.writing() && o.write_id() == write)
             });
         }
     }
@@ -106,7 +106,7 @@ impl Master {
             let current = self
                 .objects
                 .get(slot)
-                .is_some_and(|o| o.writing() && o.write_id == write);
+                .is_some_and(|o| o.writing() && o.write_id() == write);
             if current {
                 self.discard_write(slot, DiscardCause::Timeout);
             }

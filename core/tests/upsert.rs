@@ -27,6 +27,18 @@ fn upsert_start_validates_params() {
     let e = f.upsert(A, &long, 10, &one()).unwrap_err();
     assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
     assert!(e.to_string().contains("5000 bytes"), "{e}");
+    // A size the object's 40 bits cannot hold is refused, put or upsert, before any space is
+    // sought; the largest one it can hold is only refused for want of room.
+    let huge = mooring_core::MAX_VALUE_SIZE + 1;
+    let e = f.upsert(A, "k", huge, &one()).unwrap_err();
+    assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
+    assert!(e.to_string().contains("over the limit"), "{e}");
+    let e = f.start(A, "k", huge, &one()).unwrap_err();
+    assert_eq!(e.code, ErrorCode::INVALID_PARAMS, "{e}");
+    assert_eq!(
+        code(f.start(A, "k", mooring_core::MAX_VALUE_SIZE, &one())),
+        ErrorCode::NO_AVAILABLE_HANDLE
+    );
     assert_eq!(f.m.stats().objects, 0);
 }
 

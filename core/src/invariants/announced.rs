@@ -29,7 +29,7 @@ impl KeyEventLedger {
                 .objects
                 .iter()
                 .filter(|(_, o)| o.is_readable())
-                .map(|(_, o)| (o.key.clone(), o.write_id))
+                .map(|(_, o)| (o.key.clone(), o.write_id()))
                 .collect();
             return Ok(());
         }
@@ -66,13 +66,13 @@ impl KeyEventLedger {
             readable += 1;
             let key = &object.key;
             match self.announced.get(key) {
-                Some(write) if *write == object.write_id => {}
+                Some(write) if *write == object.write_id() => {}
                 Some(write) => {
                     return Err(violation(
                         "kv-events",
                         format!(
                             "{key:?} serves {} but the last event for it said {write}",
-                            object.write_id
+                            object.write_id()
                         ),
                     ));
                 }
@@ -81,7 +81,7 @@ impl KeyEventLedger {
                         "kv-events",
                         format!(
                             "{key:?} is readable ({}) but no event reported it stored",
-                            object.write_id
+                            object.write_id()
                         ),
                     ));
                 }

@@ -125,7 +125,7 @@ pub fn check_eviction_order(
     };
     let now = master.now;
     for (_, object) in master.objects.iter() {
-        if object.offload == OffloadMark::Queued || protected.contains(&&*object.key) {
+        if object.offload() == OffloadMark::Queued || protected.contains(&&*object.key) {
             continue;
         }
         let Some(class) = object.eviction_class(now) else {
@@ -178,7 +178,7 @@ fn check_conservation(master: &Master, used: &[(u32, u64, u64)]) -> Result<(), V
         master.discarded.iter().collect();
     let mut claims: Vec<(u32, u64, u64, u32)> = Vec::with_capacity(master.objects.len());
     for (slot, object) in master.objects.iter() {
-        let len = block_len(object.size);
+        let len = block_len(object.size());
         claims.extend(
             object
                 .replicas
@@ -298,7 +298,7 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
             };
             if master
                 .disks
-                .is_tombstoned(&segment.name, key, object.write_id)
+                .is_tombstoned(&segment.name, key, object.write_id())
             {
                 return Err(violation(
                     "disk-replica",
@@ -309,15 +309,15 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
                 ));
             }
         }
-        if object.offload == OffloadMark::Queued
-            && queued.binary_search(&(slot, object.write_id)).is_err()
+        if object.offload() == OffloadMark::Queued
+            && queued.binary_search(&(slot, object.write_id())).is_err()
         {
             return Err(violation(
                 "disk-replica",
                 format!("{key:?} is marked queued for offload but is in no queue"),
             ));
         }
-        if object.size == 0 {
+        if object.size() == 0 {
             return Err(violation("object-shape", format!("{key:?} has size 0")));
         }
         for (i, replica) in object.replicas.iter().enumerate() {
@@ -359,7 +359,7 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
                 ));
             }
             let due = object.put_start() + discard_timeout;
-            if !master.writes.contains(due, slot, object.write_id) {
+            if !master.writes.contains(due, slot, object.write_id()) {
                 return Err(violation(
                     "liveness",
                     format!("write of {key:?} is not tracked for its discard timeout"),
@@ -394,9 +394,9 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
     }
     let mut usage = crate::tenant::TenantUsage::default();
     for (_, object) in master.objects.iter() {
-        usage.add(&object.key, object.size);
+        usage.add(&object.key, object.size());
         if object.disk() != crate::object::NO_DISK {
-            usage.count_disk(&object.key, object.size, true);
+            usage.count_disk(&object.key, object.size(), true);
         }
     }
     if &usage != master.objects.tenants() {
@@ -435,7 +435,7 @@ fn check_holds_and_tasks(master: &Master) -> Result<(), Violation> {
         if master
             .objects
             .get(hold.slot)
-            .is_some_and(|o| o.write_id == hold.write)
+            .is_some_and(|o| o.write_id() == hold.write)
         {
             *held.entry(hold.slot).or_default() += 1;
         }
@@ -456,7 +456,7 @@ fn check_holds_and_tasks(master: &Master) -> Result<(), Violation> {
             let matches = master
                 .tasks
                 .iter()
-                .any(|(&id, t)| id == task && t.slot == slot && t.write == object.write_id);
+                .any(|(&id, t)| id == task && t.slot == slot && t.write == object.write_id());
             if !matches {
                 return Err(violation(
                     "tasks",

@@ -235,7 +235,7 @@ fn layout_digest(master: &Master) -> u64 {
     let mut digest = 0u64;
     for (_, object) in master.objects.iter() {
         let object_part = object
-            .write_id
+            .write_id()
             .0
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
             .wrapping_add(
@@ -245,7 +245,7 @@ fn layout_digest(master: &Master) -> u64 {
                     .wrapping_mul(0xC2B2_AE3D_27D4_EB4F),
             )
             .wrapping_add(
-                u64::from(object.leased)
+                u64::from(object.leased())
                     ^ (object.task().map_or(0, |t| t.0) | u64::from(object.prefetch()) << 63)
                         .rotate_left(17),
             );
@@ -280,16 +280,16 @@ fn holdings(master: &Master, held: &mut Vec<Holding>) {
             };
             held.push(Holding {
                 place: (segment.id, replica.offset()),
-                write: object.write_id,
+                write: object.write_id(),
                 task: if target { task } else { None },
-                len: block_len(object.size),
+                len: block_len(object.size()),
                 complete,
                 writer: master.objects.writer(slot),
                 started: match (target, task_started) {
                     (true, Some(at)) => at,
                     _ => object.put_start(),
                 },
-                readers_done: if object.leased {
+                readers_done: if object.leased() {
                     object.lease_expiry + grace
                 } else {
                     Millis::ZERO
