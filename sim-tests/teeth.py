@@ -39,7 +39,7 @@ EXPS = {
                             "        self.release_read_blocks(&replicas, size, crate::time::Millis::ZERO);\n        self.counters.evicted_objects"),
  ],
  'evict-hard-pinned': [
-   ('core/src/object.rs', "        if self.hard_pinned\n            || self.pinned_in_place()", "        if false\n            || self.pinned_in_place()"),
+   ('core/src/object.rs', "        if self.hard_pinned()\n            || self.pinned_in_place()", "        if false\n            || self.pinned_in_place()"),
  ],
  'reuse-live-writers-blocks': [
    ('core/src/master.rs', "            DiscardReason::Preempted { writer } => !clients.is_live(writer),", "            DiscardReason::Preempted { writer } => !clients.is_live(writer) || true,"),
@@ -61,7 +61,7 @@ EXPS = {
    ('core/src/eviction.rs', "            let more = oldest_covering(&mut soft_pinned, target - freed);\n            freed += more.iter().map(|v| v.2).sum::<u64>();\n            victims.extend(more);\n        }\n        for", "            let more = oldest_covering(&mut unpinned, target - freed);\n            freed += more.iter().map(|v| v.2).sum::<u64>();\n            victims.extend(more);\n        }\n        for"),
  ],
  'preempted-blocks-freed-at-once': [
-   ('core/src/master.rs', "        let release_at = fence.writes_land_by(object.put_start(), object.size);", "        let release_at = object.put_start();"),
+   ('core/src/master.rs', "        let release_at = fence.writes_land_by(object.put_start(), object.size());", "        let release_at = object.put_start();"),
  ],
  'damaged-past-lease': [
    ('core/src/client/read_plan.rs', "            Err(e) if inside_lease || e.code != ErrorCode::INVALID_REPLICA => ReadVerdict::Fail(e),", "            Err(e) if true => ReadVerdict::Fail(e),"),
@@ -96,8 +96,8 @@ EXPS = {
  ],
  'serve-processing': [
    ('core/src/reads.rs', "        if !self.objects.at(slot).is_readable() {\n            return Err(ErrorCode::REPLICA_IS_NOT_READY.into());", "        if false {\n            return Err(ErrorCode::REPLICA_IS_NOT_READY.into());"),
-   ('core/src/reads.rs', "            .filter(|r| r.is_complete())\n            .map(|r| self.segments.describe(r, object.size))",
-                         "            .map(|r| self.segments.describe(r, object.size))"),
+   ('core/src/reads.rs', "            .filter(|r| r.is_complete())\n            .map(|r| self.segments.describe(r, object.size()))",
+                         "            .map(|r| self.segments.describe(r, object.size()))"),
  ],
  'accept-bad-checksum': [
    ('proto/src/wire/frame.rs', "        if actual != header.crc {\n            return Err(FrameError::Checksum {", "        if actual != header.crc && false {\n            return Err(FrameError::Checksum {"),
@@ -105,7 +105,7 @@ EXPS = {
    ('transport-sim/src/datagram.rs', "    let actual = crc32c::crc32c(bulk);\n", "    let actual = crc32c::crc32c(bulk);\n    let actual = if actual != expected { expected } else { actual };\n"),
  ],
  'preempted-end-succeeds': [
-   ('core/src/put.rs', "        if object.write_id != write {\n            return Err(Error::new(\n                ErrorCode::OBJECT_NOT_FOUND,", "        if object.write_id != write && false {\n            return Err(Error::new(\n                ErrorCode::OBJECT_NOT_FOUND,"),
+   ('core/src/put.rs', "        if object.write_id() != write {\n            return Err(Error::new(\n                ErrorCode::OBJECT_NOT_FOUND,", "        if object.write_id() != write && false {\n            return Err(Error::new(\n                ErrorCode::OBJECT_NOT_FOUND,"),
    ('core/src/put.rs', "        if !self.objects.written_by(slot, client) {\n            return Err(Error::new(\n                ErrorCode::ILLEGAL_CLIENT,", "        if !self.objects.written_by(slot, client) && false {\n            return Err(Error::new(\n                ErrorCode::ILLEGAL_CLIENT,"),
  ],
  'adopt-any-recovered': [
@@ -145,7 +145,7 @@ EXPS = {
  # of 0.5): a put that forgets the check; a write that ends without giving its bytes back;
  # members counted per process rather than per credential.
  'unfinished-share-unchecked': [
-   ('core/src/put.rs', "        self.check_put(key, size, config)?;\n        self.check_unfinished_share(client, size)?;\n", "        self.check_put(key, size, config)?;\n"),
+   ('core/src/put.rs', "        self.check_put(client, key, size, config)?;\n        self.check_unfinished_share(client, size)?;\n", "        self.check_put(client, key, size, config)?;\n"),
  ],
  'unfinished-bytes-kept': [
    ('core/src/zombies.rs', "        self.counters.writing_objects -= 1;\n        self.unfinished.end(slot);\n", "        self.counters.writing_objects -= 1;\n"),
@@ -163,7 +163,7 @@ EXPS = {
    ('core/src/client/fence.rs', "        let window = self.own_window(size) + self.late_landing() + Millis(1);", "        let window = self.own_window(size) + Millis(1);"),
  ],
  'discard-release-from-window-only': [
-   ('core/src/master.rs', "        let release_at = fence.writes_land_by(object.put_start(), object.size);", "        let release_at = object.put_start() + fence.write_window();"),
+   ('core/src/master.rs', "        let release_at = fence.writes_land_by(object.put_start(), object.size());", "        let release_at = object.put_start() + fence.write_window();"),
  ],
  'fence-window-follows-heartbeats': [
    ('core/src/client/fence.rs', "        let until = release.min(self.closes_at().as_millis()).min(own_window);", "        let until = release.min(self.closes_at().as_millis()).min(own_window.max(u64::MAX));"),
@@ -180,7 +180,7 @@ EXPS = {
    ('proto/src/wire/master.rs', "        let keyed = self.keys().into_iter().map(tenant_of);", "        let keyed = self.keys().into_iter().map(tenant_of).filter(|_| false);"),
  ],
  'tenant-quota-unchecked': [
-   ('core/src/put.rs', "        self.check_tenant_quota(key, size, existing.map(|s| self.objects.at(s).size))?;\n", ""),
+   ('core/src/put.rs', "        self.check_tenant_quota(key, size, existing.map(|s| self.objects.at(s).size()))?;\n", ""),
  ],
  # A tenant's disk quota (2026-11-28): not checked when offloads are queued, not checked
  # when a copy lands, and a copy's bytes never leave the tenant's count.
@@ -194,7 +194,7 @@ EXPS = {
    ('core/src/tenant.rs', "                false => usage.disk_bytes -= bytes,", "                false => {}"),
  ],
  'tenant-usage-kept-after-remove': [
-   ('core/src/objects.rs', "        }\n        self.tenants.take(&object.key, object.size);\n        self.writers.release(object.writer());\n", "        }\n        self.writers.release(object.writer());\n"),
+   ('core/src/objects.rs', "        }\n        self.tenants.take(&object.key, object.size());\n        self.writers.release(object.writer());\n", "        }\n        self.writers.release(object.writer());\n"),
  ],
  # The writers table (core/src/writers.rs) counts the objects that name each client; an
  # object stores the entry's number. Slips: a removed object that does not release its
@@ -232,6 +232,25 @@ EXPS = {
  ],
  'allocator-merge-keeps-old-end': [
    ('core/src/allocator.rs', "                self.by_end.remove(&offset);\n                self.by_end.insert(end, before);\n", ""),
+ ],
+ # The object packs its size with its writer and its write id with its flags (2026-12-03).
+ # Slips: setting the writer over the size bits; a new size ORed into the old one; the leased
+ # flag on the writing flag's bit; the offload mark decoded with two codes swapped; a put of a
+ # size the 40 bits cannot hold let through (checked where the request is validated).
+ 'set-writer-clobbers-size': [
+   ('core/src/object.rs', "        self.size_writer = (self.size_writer & SIZE_MASK) | (u64::from(writer.0) << SIZE_BITS);", "        self.size_writer = u64::from(writer.0) << SIZE_BITS;"),
+ ],
+ 'set-size-ors-old-size': [
+   ('core/src/object.rs', "        self.size_writer = (self.size_writer & !SIZE_MASK) | (size & SIZE_MASK);", "        self.size_writer |= size & SIZE_MASK;"),
+ ],
+ 'leased-on-writing-bit': [
+   ('core/src/object.rs', "const LEASED_FLAG: u64 = 1 << 58;", "const LEASED_FLAG: u64 = 1 << 56;"),
+ ],
+ 'offload-codes-swapped': [
+   ('core/src/object.rs', "            1 => OffloadMark::Queued,\n            _ => OffloadMark::Failed,", "            1 => OffloadMark::Failed,\n            _ => OffloadMark::Queued,"),
+ ],
+ 'value-size-limit-unchecked': [
+   ('core/src/put.rs', "        if size > MAX_VALUE_SIZE {", "        if size > MAX_VALUE_SIZE && false {"),
  ],
  'free-accepts-overlap': [
    ('core/src/allocator.rs', "            Some(n) if self.nodes[n as usize].offset < end => return false,\n", ""),
@@ -373,7 +392,7 @@ EXPS = {
  # A restore moves an object's lease and access time onto the new clock but not the start of
  # the write in progress: the write is discarded at the wrong time.
  'restore-leaves-put-start-unshifted': [
-  ('core/src/object.rs', """        if self.writing {
+  ('core/src/object.rs', """        if self.writing() {
             let start = shift(self.put_start());
             self.change_extra(|e| e.put_start = start);
         }
@@ -596,6 +615,10 @@ PROPERTY_TESTS['restore-leaves-put-start-unshifted'] = (['cargo', 'test', '-q', 
                                                         'snapshot_keeps_remaining_lease_and_timeouts_across_clocks')
 PROPERTY_TESTS['end-write-keeps-prefetch'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--lib', 'object::tests'],
                                               'the_rarely_set_fields_take_no_room_once_at_rest_again')
+# A size too large for the object's bits is judged by the validation test: no seed asks for a
+# terabyte.
+PROPERTY_TESTS['value-size-limit-unchecked'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'upsert'],
+                                                'upsert_start_validates_params')
 # Plants in code only some transports run are tried on those (default: the usual mix).
 RUN_ARGS = {
  'shm-mapping-outlives-mount': ['--transport', 'shm'],
