@@ -1,6 +1,7 @@
 //! Configuration: the master's policy knobs and the per-put replication request.
 
 use crate::error::{Error, ErrorCode, Result};
+use crate::key_arena::MAX_KEY_LEN;
 use crate::soft_pin::SoftPinAction;
 use crate::time::Millis;
 
@@ -40,7 +41,7 @@ pub struct MasterConfig {
     /// A client silent for this long is dead: its segments are unmounted, its writes and held
     /// reads dropped. Default 10 s.
     pub client_ttl: Millis,
-    /// Longest key accepted, in bytes.
+    /// Longest key accepted, in bytes (at most [`MAX_KEY_LEN`]).
     pub max_key_len: usize,
     /// Most replicas one put may ask for.
     pub max_replicas: usize,
@@ -148,6 +149,12 @@ impl MasterConfig {
         if self.max_key_len == 0 || self.max_replicas == 0 {
             return bad("max_key_len and max_replicas must be positive".into());
         }
+        if self.max_key_len > MAX_KEY_LEN {
+            return bad(format!(
+                "max_key_len must be at most {MAX_KEY_LEN} bytes, got {}",
+                self.max_key_len
+            ));
+        }
         Ok(())
     }
 }
@@ -244,5 +251,19 @@ mod tests {
         c.eviction_high_watermark = 0.9;
         c.put_start_release_timeout = Millis(1);
         assert!(c.validate().is_err());
+        let longest = MasterConfig {
+            max_key_len: MAX_KEY_LEN,
+            ..MasterConfig::default()
+        };
+        longest.validate().unwrap();
+        let too_long = MasterConfig {
+            max_key_len: MAX_KEY_LEN + 1,
+            ..MasterConfig::default()
+        };
+        let e = too_long.validate().unwrap_err();
+        assert!(
+            e.to_string().contains("max_key_len must be at most 65535"),
+            "{e}"
+        );
     }
 }

@@ -200,13 +200,13 @@ impl Master {
             let done = object.readers_done_at(grace);
             // The lease covered the memory replicas; readers of the disk copy need none.
             object.clear_leased();
-            (object.key.clone(), object.size(), replicas, done)
+            let (size, key) = (object.size(), self.objects.key(slot).into());
+            (key, size, replicas, done)
         } else {
             self.value_removed(slot);
-            let object = self.remove_object(slot);
+            let (key, object) = self.remove_object(slot);
             let done = object.readers_done_at(grace);
-            let size = object.size();
-            (object.key, size, object.replicas, done)
+            (key, object.size(), object.replicas, done)
         };
         let bytes = block_len(size) * replicas.len() as u64;
         self.release_read_blocks(&replicas, size, done);

@@ -43,21 +43,21 @@ pub struct KeyChange {
 }
 
 impl KeyChange {
-    /// `object`'s value became readable.
-    pub(crate) fn stored(object: &Object) -> KeyChange {
+    /// `object`'s value, under `key`, became readable.
+    pub(crate) fn stored(key: &str, object: &Object) -> KeyChange {
         KeyChange {
             kind: KeyEventKind::Stored,
-            key: object.key.clone(),
+            key: key.into(),
             write: object.write_id(),
             size: object.size(),
         }
     }
 
-    /// `object`'s current value stopped being readable.
-    pub(crate) fn removed(object: &Object) -> KeyChange {
+    /// `object`'s current value, under `key`, stopped being readable.
+    pub(crate) fn removed(key: &str, object: &Object) -> KeyChange {
         KeyChange {
             kind: KeyEventKind::Removed,
-            key: object.key.clone(),
+            key: key.into(),
             write: object.write_id(),
             size: 0,
         }
@@ -81,13 +81,13 @@ const KEY_CHANGE_LIMIT: usize = 1 << 16;
 impl Master {
     /// Reports that `slot`'s value became readable.
     pub(crate) fn value_stored(&mut self, slot: u32) {
-        let change = KeyChange::stored(self.objects.at(slot));
+        let change = KeyChange::stored(self.objects.key(slot), self.objects.at(slot));
         self.report_key_change(change);
     }
 
     /// Reports that `slot`'s current value stopped being readable (before it changes).
     pub(crate) fn value_removed(&mut self, slot: u32) {
-        let change = KeyChange::removed(self.objects.at(slot));
+        let change = KeyChange::removed(self.objects.key(slot), self.objects.at(slot));
         self.report_key_change(change);
     }
 

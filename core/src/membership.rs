@@ -173,7 +173,7 @@ impl Master {
             let readable_before = self.objects.at(object_slot).is_readable();
             let disk_copy = (self.objects.at(object_slot).disk() == slot).then(|| {
                 let object = self.objects.at(object_slot);
-                (object.key.clone(), object.write_id())
+                (self.objects.key_of(object).to_owned(), object.write_id())
             });
             if disk_copy.is_some() {
                 self.clear_disk_copy(object_slot);
@@ -206,11 +206,11 @@ impl Master {
             if readable_before && !object.is_readable() {
                 self.value_removed(object_slot);
             }
-            let object = self.objects.at_mut(object_slot);
+            let object = self.objects.at(object_slot);
             if !lost && readable_before && !object.is_readable() {
                 // Kept for the write in progress, which alone can bring the value back.
                 self.events.push(Event::ReadableCopyLost {
-                    key: object.key.clone(),
+                    key: self.objects.key(object_slot).into(),
                     segment: segment_id,
                 });
             }
@@ -225,12 +225,12 @@ impl Master {
                 if let Some(task) = object.task() {
                     self.abandon_task(task, crate::replication::Finish::ObjectLost);
                 }
-                let object = self.remove_object(object_slot);
+                let (key, object) = self.remove_object(object_slot);
                 debug_assert!(object.replicas.is_empty());
                 self.counters.lost_objects += 1;
                 objects_lost += 1;
                 self.events.push(Event::ObjectLost {
-                    key: object.key,
+                    key,
                     segment: segment_id,
                 });
             }

@@ -6,6 +6,7 @@
 use std::num::NonZeroU64;
 
 use crate::ids::{SegmentId, TaskId, WriteId};
+use crate::key_arena::KeyRef;
 use crate::replicas::Replicas;
 use crate::soft_pin::{Pins, SoftPin};
 use crate::time::Millis;
@@ -209,17 +210,18 @@ const LEASED_FLAG: u64 = 1 << 58;
 const OFFLOAD_SHIFT: u32 = 59;
 const OFFLOAD_MASK: u64 = 0b11 << OFFLOAD_SHIFT;
 
-/// An object's metadata, in 72 bytes. `repr(C)` so that everything a read touches (key,
-/// replicas, size, lease, state flags), the LRU position, the writer and the write id sit in
-/// the first 64 bytes. The scalar fields are packed in pairs: the size with the writer, the
-/// write id with the flags (read them through their accessors). What only some objects need
+/// An object's metadata, in one 64-byte cache line: its key (by reference into the object
+/// table's key arena), replicas, size, lease, state flags, LRU position, writer and write id.
+/// The scalar fields are packed in pairs: the size with the writer, the write id with the
+/// flags (read them through their accessors). What only some objects need
 /// at a time (a write's start, a task, a soft pin, held reads, a disk copy) lives in
 /// [`ObjectExtra`], boxed and present only while one of them is set: at a hundred million
 /// objects every byte here is 100 MB.
 #[derive(Clone, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
-#[repr(C)]
+#[repr(C, align(64))]
 pub(crate) struct Object {
-    pub key: Box<str>,
+    /// The key, in the object table's [`crate::key_arena::KeyArena`].
+    pub key: KeyRef,
     pub replicas: Replicas,
     /// The value's length in bytes (the low 40 bits; every replica holds exactly this many)
     /// and the client of the current (or last) put/upsert (the high 24 bits), interned in the
@@ -240,8 +242,9 @@ pub(crate) struct Object {
 
 impl std::fmt::Debug for Object {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // No key: where the arena keeps it is no part of the object's state (the table
+        // prints the key itself).
         f.debug_struct("Object")
-            .field("key", &self.key)
             .field("replicas", &self.replicas)
             .field("size", &self.size())
             .field("writer", &self.writer())
@@ -281,9 +284,9 @@ struct ObjectExtra {
 impl Object {
     /// A new object of `size` bytes with no replicas, written by `writer`'s `write_id`; not
     /// writing, pinned or leased. Only the object table makes one: it holds the reference.
-    pub(crate) fn new(key: &str, size: u64, writer: WriterRef, write_id: WriteId) -> Object {
+    pub(crate) fn new(key: KeyRef, size: u64, writer: WriterRef, write_id: WriteId) -> Object {
         let mut object = Object {
-            key: key.into(),
+            key,
             replicas: Replicas::default(),
             size_writer: 0,
             lease_expiry: Millis::ZERO,
@@ -301,7 +304,7 @@ impl Object {
     /// (a damaged snapshot).
     pub(crate) fn check_packed(&self) -> Result<(), String> {
         if self.write_flags & OFFLOAD_MASK == OFFLOAD_MASK {
-            return Err(format!("object {:?} has no valid offload mark", self.key));
+            return Err(format!("an object with an invalid offload mark: {self:?}"));
         }
         Ok(())
     }
@@ -659,17 +662,20 @@ impl Object {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key_arena::KeyArena;
+
+    fn key() -> KeyRef {
+        KeyArena::default().insert("k")
+    }
 
     #[test]
-    fn hot_fields_fit_one_cache_line() {
+    fn an_object_is_one_cache_line() {
         assert_eq!(size_of::<Replica>(), 16);
-        assert!(std::mem::offset_of!(Object, size_writer) < 64);
-        assert!(std::mem::offset_of!(Object, last_access) < 64);
-        assert!(std::mem::offset_of!(Object, write_flags) < 64);
-        assert_eq!(size_of::<Object>(), 72);
+        assert_eq!(size_of::<Object>(), 64);
+        assert_eq!(align_of::<Object>(), 64);
         assert_eq!(
             size_of::<Option<Object>>(),
-            72,
+            64,
             "the slab pays nothing for Option"
         );
     }
@@ -677,7 +683,7 @@ mod tests {
     #[test]
     fn packed_fields_keep_to_their_bits() {
         let top = WriterRef((MAX_WRITERS - 1) as u32);
-        let mut object = Object::new("k", MAX_VALUE_SIZE, top, WriteId(WRITE_ID_MASK));
+        let mut object = Object::new(key(), MAX_VALUE_SIZE, top, WriteId(WRITE_ID_MASK));
         assert_eq!(object.size(), MAX_VALUE_SIZE);
         assert_eq!(object.writer(), top);
         assert_eq!(object.write_id(), WriteId(WRITE_ID_MASK));
@@ -714,7 +720,7 @@ mod tests {
 
     #[test]
     fn the_rarely_set_fields_take_no_room_once_at_rest_again() {
-        let mut object = Object::new("k", 10, WriterRef(0), WriteId(1));
+        let mut object = Object::new(key(), 10, WriterRef(0), WriteId(1));
         assert!(object.extra.is_none());
         object.start_write(Millis(5));
         object.set_prefetch(true);

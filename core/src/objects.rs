@@ -1,7 +1,8 @@
 //! The object table: a slab of object metadata indexed by key.
 //!
-//! Objects live in a `Vec` slab addressed by a `u32` slot; the key index (`key_index`) maps key
-//! hashes to slots without storing the key twice. Iteration is in slot order, which depends only on the
+//! Objects live in a `Vec` slab addressed by a `u32` slot; their keys live in a key arena
+//! (`key_arena`) and the key index (`key_index`) maps key hashes to slots without storing the
+//! key twice. Iteration is in slot order, which depends only on the
 //! sequence of operations, so everything that walks the table (eviction, regex queries) is
 //! deterministic. The hash is seeded from the master's seed.
 //!
@@ -15,16 +16,18 @@ use foldhash::fast::FixedState;
 use crate::checksum::Checksum;
 use crate::chunked::ChunkedVec;
 use crate::ids::{ClientId, WriteId};
+use crate::key_arena::KeyArena;
 use crate::key_index::KeyIndex;
 use crate::object::Object;
 use crate::tenant::TenantUsage;
 use crate::writers::{WriterParts, Writers};
 
-/// The table as a snapshot stores it: the slab with its checksum column, the free list, and
-/// the writers the objects name.
+/// The table as a snapshot stores it: the slab with its checksum column, the free list, the
+/// keys, and the writers the objects name.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub(crate) struct TableParts {
     pub(crate) slots: ChunkedVec<Option<Object>>,
+    pub(crate) keys: KeyArena,
     pub(crate) checksums: ChunkedVec<Checksum>,
     pub(crate) free_slots: Vec<u32>,
     pub(crate) writers: WriterParts,
@@ -34,6 +37,8 @@ pub(crate) struct TableParts {
 #[derive(Clone)]
 pub(crate) struct ObjectTable {
     slots: ChunkedVec<Option<Object>>,
+    /// Every live object's key; an object names its own by a [`crate::key_arena::KeyRef`].
+    keys: KeyArena,
     /// The checksum of each slot's current value (meaningless while it is being written).
     checksums: ChunkedVec<Checksum>,
     free_slots: Vec<u32>,
@@ -50,6 +55,7 @@ impl ObjectTable {
     pub(crate) fn new(seed: u64) -> ObjectTable {
         ObjectTable {
             slots: ChunkedVec::default(),
+            keys: KeyArena::default(),
             checksums: ChunkedVec::default(),
             free_slots: Vec::new(),
             index: KeyIndex::new(),
@@ -61,11 +67,13 @@ impl ObjectTable {
     }
 
     /// Rebuilds a table from its parts, as saved by a snapshot; refuses parts that hold a
-    /// key in two slots. The key index is built here from the slots, so it agrees with them
-    /// by construction (see [`ObjectTable::check_slots`]).
+    /// key in two slots. The keys are packed anew in slot order, and the key index is built
+    /// here from the slots, so it agrees with them by construction (see
+    /// [`ObjectTable::check_slots`]).
     pub(crate) fn from_parts(seed: u64, parts: TableParts) -> Result<Self, String> {
         let TableParts {
-            slots,
+            mut slots,
+            keys,
             checksums,
             free_slots,
             writers,
@@ -74,28 +82,29 @@ impl ObjectTable {
         // it holds.
         slots.check()?;
         checksums.check()?;
+        let keys = keys.repack(slots.iter_mut().flatten().map(|o| &mut o.key))?;
         let mut table = ObjectTable::new(seed);
         let mut index = KeyIndex::with_capacity(slots.len().saturating_sub(free_slots.len()));
         for (slot, object) in slots.iter().enumerate() {
             if let Some(object) = object {
                 object.check_packed()?;
+                let key = keys.get(object.key);
                 let same_key = |other: u32| {
                     slots
                         .get(other as usize)
                         .and_then(Option::as_ref)
-                        .is_some_and(|o| o.key == object.key)
+                        .is_some_and(|o| keys.is(o.key, key))
                 };
                 index
-                    .insert_unique(table.hasher.hash_one(&*object.key), slot as u32, same_key)
-                    .map_err(|other| {
-                        format!("key {:?} is held by slots {other} and {slot}", object.key)
-                    })?;
-                table.tenants.add(&object.key, object.size());
+                    .insert_unique(table.hasher.hash_one(key), slot as u32, same_key)
+                    .map_err(|other| format!("key {key:?} is held by slots {other} and {slot}"))?;
+                table.tenants.add(key, object.size());
                 if object.disk() != crate::object::NO_DISK {
-                    table.tenants.count_disk(&object.key, object.size(), true);
+                    table.tenants.count_disk(key, object.size(), true);
                 }
             }
         }
+        table.keys = keys;
         table.writers = Writers::from_parts(writers, slots.iter().flatten().map(Object::writer))?;
         table.len = index.len();
         table.index = index;
@@ -112,11 +121,11 @@ impl ObjectTable {
     /// The slot holding `key`.
     pub(crate) fn find(&self, key: &str) -> Option<u32> {
         let hash = self.hasher.hash_one(key);
-        let slots = &self.slots;
+        let (slots, keys) = (&self.slots, &self.keys);
         self.index.find(hash, |slot| {
             slots[slot as usize]
                 .as_ref()
-                .is_some_and(|o| &*o.key == key)
+                .is_some_and(|o| keys.is(o.key, key))
         })
     }
 
@@ -153,7 +162,7 @@ impl ObjectTable {
                 match candidate {
                     // The probe sequence ended without the key's tag: not indexed.
                     None => None,
-                    Some(slot) if same_len && &*self.at(slot).key == key => Some(slot),
+                    Some(slot) if same_len && self.keys.is(self.at(slot).key, key) => Some(slot),
                     // Another key with the same tag came first: the whole probe decides.
                     Some(_) => self.find(key),
                 }
@@ -165,9 +174,9 @@ impl ObjectTable {
     /// `writer`'s `write` (no replicas yet, not writing, pinned or leased); returns its slot.
     pub(crate) fn insert(&mut self, key: &str, size: u64, writer: ClientId, write: WriteId) -> u32 {
         debug_assert!(self.find(key).is_none());
-        let object = Object::new(key, size, self.writers.add(writer), write);
-        let hash = self.hasher.hash_one(&*object.key);
-        self.tenants.add(&object.key, object.size());
+        let hash = self.hasher.hash_one(key);
+        self.tenants.add(key, size);
+        let object = Object::new(self.keys.insert(key), size, self.writers.add(writer), write);
         let slot = match self.free_slots.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = Some(object);
@@ -186,22 +195,34 @@ impl ObjectTable {
         slot
     }
 
-    /// Removes and returns the object in `slot`.
-    pub(crate) fn remove(&mut self, slot: u32) -> Object {
+    /// Removes the object in `slot`; returns its key and the object.
+    pub(crate) fn remove(&mut self, slot: u32) -> (Box<str>, Object) {
         let object = self.slots[slot as usize]
             .take()
             .expect("removing a live slot");
-        let hash = self.hasher.hash_one(&*object.key);
+        let key: Box<str> = self.keys.get(object.key).into();
+        self.keys.remove(object.key);
+        let hash = self.hasher.hash_one(&*key);
         let indexed = self.index.remove(hash, slot);
         debug_assert!(indexed, "live slot missing from the key index");
         if object.disk() != crate::object::NO_DISK {
-            self.tenants.count_disk(&object.key, object.size(), false);
+            self.tenants.count_disk(&key, object.size(), false);
         }
-        self.tenants.take(&object.key, object.size());
+        self.tenants.take(&key, object.size());
         self.writers.release(object.writer());
         self.free_slots.push(slot);
         self.len -= 1;
-        object
+        (key, object)
+    }
+
+    /// The key of the object in a live slot.
+    pub(crate) fn key(&self, slot: u32) -> &str {
+        self.key_of(self.at(slot))
+    }
+
+    /// The key of `object`, one of this table's.
+    pub(crate) fn key_of(&self, object: &Object) -> &str {
+        self.keys.get(object.key)
     }
 
     pub(crate) fn get(&self, slot: u32) -> Option<&Object> {
@@ -246,14 +267,15 @@ impl ObjectTable {
     /// Gives the object in `slot` a value of `size` bytes (an upsert of another size).
     pub(crate) fn set_size(&mut self, slot: u32, size: u64) {
         let object = self.slots[slot as usize].as_mut().expect("live slot");
+        let key = self.keys.get(object.key);
         let on_disk = object.disk() != crate::object::NO_DISK;
         if on_disk {
-            self.tenants.count_disk(&object.key, object.size(), false);
+            self.tenants.count_disk(key, object.size(), false);
         }
-        self.tenants.take(&object.key, object.size());
-        self.tenants.add(&object.key, size);
+        self.tenants.take(key, object.size());
+        self.tenants.add(key, size);
         if on_disk {
-            self.tenants.count_disk(&object.key, size, true);
+            self.tenants.count_disk(key, size, true);
         }
         object.set_size(size);
     }
@@ -261,7 +283,8 @@ impl ObjectTable {
     /// The object in `slot` gained (`true`) or lost its disk copy: its tenant's disk bytes.
     pub(crate) fn count_disk_copy(&mut self, slot: u32, gained: bool) {
         let object = self.slots[slot as usize].as_ref().expect("live slot");
-        self.tenants.count_disk(&object.key, object.size(), gained);
+        self.tenants
+            .count_disk(self.keys.get(object.key), object.size(), gained);
     }
 
     /// Objects and value bytes per tenant.
@@ -298,6 +321,7 @@ impl ObjectTable {
     pub(crate) fn parts(&self) -> TableParts {
         TableParts {
             slots: self.slots.clone(),
+            keys: self.keys.clone(),
             checksums: self.checksums.clone(),
             free_slots: self.free_slots.clone(),
             writers: self.writers.parts(),
@@ -306,15 +330,19 @@ impl ObjectTable {
 
     /// The slab, checksums and free list, for comparing states.
     pub(crate) fn debug_parts(&self) -> impl std::fmt::Debug + '_ {
+        // Each object with its key: where the arena keeps a key is not part of the state.
+        let slots: Vec<_> = (self.slots.iter())
+            .map(|o| o.as_ref().map(|o| (self.key_of(o), o)))
+            .collect();
         (
-            &self.slots,
+            slots,
             &self.checksums,
             &self.free_slots,
             self.writers.parts(),
         )
     }
 
-    /// Heap bytes used by the table itself (not counting key bytes).
+    /// Heap bytes used by the table itself (not counting the keys' own bytes).
     pub(crate) fn heap_bytes(&self) -> usize {
         let spilled: usize = self.iter().map(|(_, o)| o.heap_bytes()).sum();
         self.slots.heap_bytes()
@@ -322,6 +350,7 @@ impl ObjectTable {
             + self.free_slots.capacity() * size_of::<u32>()
             + self.index.heap_bytes()
             + self.writers.heap_bytes()
+            + self.keys.overhead_bytes()
             + spilled
     }
 
@@ -379,11 +408,9 @@ impl ObjectTable {
             return Err("object table: the key index and the live slots differ".into());
         }
         for (slot, object) in self.iter() {
-            if self.find(&object.key) != Some(slot) {
-                return Err(format!(
-                    "key {:?} does not index its slot {slot}",
-                    object.key
-                ));
+            let key = self.key_of(object);
+            if self.find(key) != Some(slot) {
+                return Err(format!("key {key:?} does not index its slot {slot}"));
             }
         }
         Ok(())

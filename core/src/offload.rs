@@ -379,7 +379,7 @@ impl Master {
     /// quota, if it has one).
     fn tenant_allows_disk_copy(&self, slot: u32) -> bool {
         let object = self.objects.at(slot);
-        let tenant = crate::tenant::tenant_of(&object.key);
+        let tenant = crate::tenant::tenant_of(self.objects.key_of(object));
         self.config
             .tenant_quotas
             .iter()
@@ -392,11 +392,11 @@ impl Master {
     pub(crate) fn retire_disk_copy(&mut self, slot: u32) {
         let object = self.objects.at_mut(slot);
         object.set_offload(OffloadMark::None);
-        let disk = object.disk();
+        let (disk, write) = (object.disk(), object.write_id());
         if disk == NO_DISK {
             return;
         }
-        let entry = (object.key.clone(), object.write_id());
+        let entry = (self.objects.key(slot).into(), write);
         self.clear_disk_copy(slot);
         let name = self.segments.at(disk).name.clone();
         self.disks.tombstones.entry(name).or_default().insert(entry);
@@ -480,10 +480,10 @@ impl Master {
             if let Some(task) = object.task() {
                 self.abandon_task(task, crate::replication::Finish::ObjectLost);
             }
-            let object = self.remove_object(slot);
+            let (key, object) = self.remove_object(slot);
             self.counters.evicted_objects += 1;
             self.events.push(Event::Evicted {
-                key: object.key,
+                key,
                 soft_pinned: false,
                 bytes: 0,
                 contiguous: false,
@@ -494,7 +494,7 @@ impl Master {
             // A prefetch in progress keeps the object, and readers find nothing until it
             // ends: say so now, as when the copy leaves with its node.
             self.events.push(Event::ReadableCopyLost {
-                key: object.key.clone(),
+                key: self.objects.key(slot).into(),
                 segment: self.segments.at(seg).id,
             });
         }
@@ -693,14 +693,17 @@ impl Master {
             // The node has yet to delete an earlier copy of this very write: it may delete
             // the new one with it. The object may be queued again later.
             let name = &self.segments.at(seg).name;
-            if self.disks.is_tombstoned(name, &object.key, write) {
+            if self
+                .disks
+                .is_tombstoned(name, self.objects.key(slot), write)
+            {
                 continue;
             }
             let object = self.objects.at_mut(slot);
             object.grant_lease(now, lease_ttl);
             let object = self.objects.at(slot);
             orders.push(OffloadOrder {
-                key: object.key.to_string(),
+                key: self.objects.key_of(object).to_string(),
                 write,
                 addr: self.segments.describe(&replica, object.size()).addr,
                 size: object.size(),

@@ -96,7 +96,7 @@ impl Unfinished {
         for (slot, object) in master.objects.iter().filter(|(_, o)| o.writing()) {
             table.start(
                 slot,
-                &object.key,
+                master.objects.key_of(object),
                 master.objects.writer(slot),
                 object.size(),
             );

@@ -168,8 +168,8 @@ impl Master {
         let mut matched: Vec<(String, u32)> = self
             .objects
             .iter()
-            .filter(|(_, o)| o.is_readable() && matches(&o.key))
-            .map(|(slot, o)| (local_key(&o.key).to_string(), slot))
+            .filter(|(_, o)| o.is_readable() && matches(self.objects.key_of(o)))
+            .map(|(slot, o)| (local_key(self.objects.key_of(o)).to_string(), slot))
             .collect();
         matched.sort_unstable();
         Ok(matched
@@ -187,9 +187,9 @@ impl Master {
         let mut listed: Vec<KeyListing> = self
             .objects
             .iter()
-            .filter(|(_, o)| o.is_readable() && matches(&o.key))
+            .filter(|(_, o)| o.is_readable() && matches(self.objects.key_of(o)))
             .map(|(_, o)| KeyListing {
-                key: local_key(&o.key).to_string(),
+                key: local_key(self.objects.key_of(o)).to_string(),
                 size: o.size(),
                 replicas: o.replicas.iter().filter(|r| r.is_complete()).count() as u32,
                 on_disk: o.has_disk_replica(),

@@ -40,7 +40,7 @@ impl Master {
         let victims: Vec<u32> = self
             .objects
             .iter()
-            .filter(|(_, o)| matches(&o.key))
+            .filter(|(_, o)| matches(self.objects.key_of(o)))
             .map(|(slot, _)| slot)
             .collect();
         let mut removed = 0;
@@ -78,7 +78,7 @@ impl Master {
             self.value_removed(slot);
         }
         self.retire_disk_copy(slot);
-        let object = self.remove_object(slot);
+        let (_, object) = self.remove_object(slot);
         let done = object.readers_done_at(self.config.lease_grace);
         self.release_read_blocks(&object.replicas, object.size(), done);
     }

@@ -138,7 +138,7 @@ impl Master {
             return Step::Done;
         }
         let excluded: SmallVec<[u32; 4]> = object.replicas.iter().map(|r| r.segment).collect();
-        let (size, key) = (object.size(), object.key.to_string());
+        let (size, key) = (object.size(), self.objects.key_of(object).to_string());
         let placed = place(
             &mut self.segments,
             &mut self.rng,

@@ -350,7 +350,7 @@ impl Master {
         object.replicas.extend(placed.iter().copied());
         object.set_task(Some(id));
         let write = object.write_id();
-        let key = object.key.clone();
+        let key = self.objects.key(slot).into();
         self.tasks.by_id.insert(
             id,
             Task {

@@ -89,7 +89,8 @@ impl Master {
         }
         let object = self.objects.at(slot);
         // Readers lose the old value as the new one is written, whichever case follows.
-        let value_gone = object.is_readable().then(|| KeyChange::removed(object));
+        let value_gone =
+            (object.is_readable()).then(|| KeyChange::removed(self.objects.key(slot), object));
         if object.holds() > 0 {
             return Err(Error::new(
                 ErrorCode::OBJECT_REPLICA_BUSY,

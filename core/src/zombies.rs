@@ -74,7 +74,8 @@ impl Master {
         let write = object.write_id();
         let (writer, size) = (self.objects.writer(slot), object.size());
         self.writes.push(deadline, slot, write);
-        self.unfinished.start(slot, &object.key, writer, size);
+        self.unfinished
+            .start(slot, self.objects.key_of(object), writer, size);
         self.counters.writing_objects += 1;
         let live = self.counters.writing_objects as usize;
         if self.writes.len() > 2 * live + 1024 {

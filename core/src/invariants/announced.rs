@@ -29,7 +29,7 @@ impl KeyEventLedger {
                 .objects
                 .iter()
                 .filter(|(_, o)| o.is_readable())
-                .map(|(_, o)| (o.key.clone(), o.write_id()))
+                .map(|(_, o)| (master.objects.key_of(o).into(), o.write_id()))
                 .collect();
             return Ok(());
         }
@@ -64,7 +64,7 @@ impl KeyEventLedger {
         let mut readable = 0;
         for (_, object) in master.objects.iter().filter(|(_, o)| o.is_readable()) {
             readable += 1;
-            let key = &object.key;
+            let key = master.objects.key_of(object);
             match self.announced.get(key) {
                 Some(write) if *write == object.write_id() => {}
                 Some(write) => {

@@ -125,7 +125,9 @@ pub fn check_eviction_order(
     };
     let now = master.now;
     for (_, object) in master.objects.iter() {
-        if object.offload() == OffloadMark::Queued || protected.contains(&&*object.key) {
+        if object.offload() == OffloadMark::Queued
+            || protected.contains(&master.objects.key_of(object))
+        {
             continue;
         }
         let Some(class) = object.eviction_class(now) else {
@@ -269,7 +271,7 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
     // with a large offload backlog would otherwise check in quadratic time).
     let queued = master.disks.queued_sorted();
     for (slot, object) in master.objects.iter() {
-        let key = &object.key;
+        let key = master.objects.key_of(object);
         if object.replicas.is_empty() && (object.writing() || !object.has_disk_replica()) {
             return Err(violation("object-shape", format!("{key:?} has no replica")));
         }
@@ -394,9 +396,10 @@ fn check_objects(master: &Master) -> Result<(), Violation> {
     }
     let mut usage = crate::tenant::TenantUsage::default();
     for (_, object) in master.objects.iter() {
-        usage.add(&object.key, object.size());
+        let key = master.objects.key_of(object);
+        usage.add(key, object.size());
         if object.disk() != crate::object::NO_DISK {
-            usage.count_disk(&object.key, object.size(), true);
+            usage.count_disk(key, object.size(), true);
         }
     }
     if &usage != master.objects.tenants() {

@@ -1,0 +1,262 @@
+//! Object keys, packed in pages and named by an 8-byte [`KeyRef`].
+//!
+//! A boxed string per key costs its object 16 bytes (pointer and length) and the memory
+//! allocator's rounding on the bytes; at a hundred million objects the pointers alone are
+//! 800 MB. Here keys sit in pages of 256 KiB, each in a slot of its length rounded up to 8
+//! bytes, and an object keeps the slot's offset and the key's length in one word. A removed
+//! key's slot goes on a free list for its size and is taken by the next key of that size:
+//! KV-cache keys mostly share a few lengths, so freed slots do not wait long.
+//!
+//! Pages are shared on clone and copied on first write, like the object slab's chunks
+//! (`crate::chunked`), so a snapshot keeps the keys of its moment for the price of copying
+//! the page table. A restore packs the live keys into fresh pages in slot order
+//! ([`KeyArena::repack`]), which leaves no holes and checks every reference it reads.
+
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+const PAGE_BYTES: usize = 256 * 1024;
+const SLOT_ALIGN: usize = 8;
+const LEN_BITS: u32 = 16;
+
+/// The longest key a [`KeyRef`] can name: its length has 16 bits.
+pub const MAX_KEY_LEN: usize = (1 << LEN_BITS) - 1;
+
+/// Where a key's bytes are: the slot's offset in the arena (the high 48 bits) and the key's
+/// length (the low 16). Keys are never empty, so the word is never zero, which leaves the
+/// compiler a value for `Option<Object>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub(crate) struct KeyRef(NonZeroU64);
+
+impl KeyRef {
+    fn new(offset: u64, len: usize) -> KeyRef {
+        debug_assert!((1..=MAX_KEY_LEN).contains(&len), "a key of {len} bytes");
+        KeyRef(NonZeroU64::new((offset << LEN_BITS) | len as u64).expect("keys are not empty"))
+    }
+
+    fn offset(self) -> usize {
+        (self.0.get() >> LEN_BITS) as usize
+    }
+
+    /// The key's length in bytes.
+    pub(crate) fn len(self) -> usize {
+        (self.0.get() & ((1 << LEN_BITS) - 1)) as usize
+    }
+}
+
+/// The slot a key of `len` bytes takes.
+fn slot_len(len: usize) -> usize {
+    len.next_multiple_of(SLOT_ALIGN)
+}
+
+/// Every object's key, in pages.
+#[derive(Clone, Default, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub(crate) struct KeyArena {
+    /// Full pages, then the page being filled (its length is where the next slot starts).
+    #[rkyv(with = rkyv::with::Map<rkyv::with::Unshare>)]
+    pages: Vec<Arc<Vec<u8>>>,
+    /// Offsets of free slots, by slot size in 8-byte units.
+    free: Vec<Vec<u64>>,
+    /// The live keys' bytes.
+    key_bytes: usize,
+}
+
+impl KeyArena {
+    /// Stores `key` (1 to [`MAX_KEY_LEN`] bytes; checked where a request names it).
+    pub(crate) fn insert(&mut self, key: &str) -> KeyRef {
+        let slot = slot_len(key.len());
+        let offset = match self.free.get_mut(slot / SLOT_ALIGN).and_then(Vec::pop) {
+            Some(offset) => offset as usize,
+            None => self.take_from_tail(slot),
+        };
+        let page = Arc::make_mut(&mut self.pages[offset / PAGE_BYTES]);
+        let at = offset % PAGE_BYTES;
+        page[at..at + key.len()].copy_from_slice(key.as_bytes());
+        self.key_bytes += key.len();
+        KeyRef::new(offset as u64, key.len())
+    }
+
+    /// A new slot of `slot` bytes at the end of the last page, or of a new one; what is left
+    /// of a page too short for it becomes a free slot of its own size.
+    fn take_from_tail(&mut self, slot: usize) -> usize {
+        let room = self.pages.last().map_or(0, |p| PAGE_BYTES - p.len());
+        if room < slot {
+            if room > 0 {
+                let index = self.pages.len() - 1;
+                let page = Arc::make_mut(&mut self.pages[index]);
+                let start = index * PAGE_BYTES + page.len();
+                page.resize(PAGE_BYTES, 0);
+                self.release(start, room);
+            }
+            self.pages.push(Arc::new(Vec::with_capacity(PAGE_BYTES)));
+        }
+        let index = self.pages.len() - 1;
+        let page = Arc::make_mut(&mut self.pages[index]);
+        let at = page.len();
+        page.resize(at + slot, 0);
+        index * PAGE_BYTES + at
+    }
+
+    fn release(&mut self, offset: usize, slot: usize) {
+        let class = slot / SLOT_ALIGN;
+        if self.free.len() <= class {
+            self.free.resize_with(class + 1, Vec::new);
+        }
+        self.free[class].push(offset as u64);
+    }
+
+    /// Lets the key's slot go; `key` must not be read again.
+    pub(crate) fn remove(&mut self, key: KeyRef) {
+        self.key_bytes -= key.len();
+        self.release(key.offset(), slot_len(key.len()));
+    }
+
+    /// The key's bytes, if `key` is within the arena.
+    fn bytes(&self, key: KeyRef) -> Option<&[u8]> {
+        let page = self.pages.get(key.offset() / PAGE_BYTES)?;
+        let at = key.offset() % PAGE_BYTES;
+        page.get(at..at + key.len())
+    }
+
+    /// The key `key` names (one this arena handed out).
+    pub(crate) fn get(&self, key: KeyRef) -> &str {
+        let bytes = self
+            .bytes(key)
+            .expect("a key reference this arena handed out");
+        std::str::from_utf8(bytes).expect("keys are stored from strings")
+    }
+
+    /// Whether `key` names exactly `candidate`: compares bytes, which is all a lookup needs.
+    pub(crate) fn is(&self, key: KeyRef, candidate: &str) -> bool {
+        key.len() == candidate.len() && self.bytes(key) == Some(candidate.as_bytes())
+    }
+
+    /// Moves the keys `refs` name into a fresh arena, in order, and points each reference at
+    /// its new place. Refuses a reference outside the arena or to bytes that are not a string
+    /// (a damaged snapshot).
+    pub(crate) fn repack<'a>(
+        &self,
+        refs: impl Iterator<Item = &'a mut KeyRef>,
+    ) -> Result<KeyArena, String> {
+        let mut packed = KeyArena::default();
+        for key in refs {
+            let bytes = self
+                .bytes(*key)
+                .ok_or_else(|| format!("a key reference past the arena's end: {key:?}"))?;
+            let text =
+                std::str::from_utf8(bytes).map_err(|e| format!("a key that is not UTF-8: {e}"))?;
+            *key = packed.insert(text);
+        }
+        Ok(packed)
+    }
+
+    /// Heap bytes held besides the live keys' own bytes: slot rounding, free slots, the
+    /// unfilled end of the last page, and the free lists.
+    pub(crate) fn overhead_bytes(&self) -> usize {
+        self.heap_bytes() - self.key_bytes
+    }
+
+    /// Heap bytes held: the pages (shared ones counted by each holder) and the free lists.
+    fn heap_bytes(&self) -> usize {
+        self.pages.iter().map(|p| p.capacity()).sum::<usize>()
+            + self.pages.capacity() * size_of::<Arc<Vec<u8>>>()
+            + self.free.iter().map(|f| f.capacity() * 8).sum::<usize>()
+            + self.free.capacity() * size_of::<Vec<u64>>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reference_is_a_word_and_leaves_a_niche() {
+        assert_eq!(size_of::<KeyRef>(), 8);
+        assert_eq!(size_of::<Option<KeyRef>>(), 8);
+    }
+
+    #[test]
+    fn keys_read_back_and_freed_slots_are_taken_by_keys_of_their_size() {
+        let mut arena = KeyArena::default();
+        let a = arena.insert("alpha");
+        let b = arena.insert("a key of twenty bytes");
+        let c = arena.insert("c");
+        assert_eq!(
+            (arena.get(a), arena.get(b), arena.get(c)),
+            ("alpha", "a key of twenty bytes", "c")
+        );
+        assert!(arena.is(b, "a key of twenty bytes") && !arena.is(b, "a key of twenty byteZ"));
+        assert!(!arena.is(a, "alph"));
+        arena.remove(a);
+        // Same slot size (8): the freed slot is reused.
+        let d = arena.insert("delta!!");
+        assert_eq!(d.offset(), a.offset());
+        assert_eq!(
+            (arena.get(d), arena.get(b), arena.get(c)),
+            ("delta!!", "a key of twenty bytes", "c")
+        );
+        // Another size: a new slot at the tail.
+        let e = arena.insert("nine byte");
+        assert!(e.offset() > c.offset());
+    }
+
+    #[test]
+    fn keys_never_straddle_pages_and_the_tail_is_not_lost() {
+        let mut arena = KeyArena::default();
+        let len = 60_000;
+        let mut refs = Vec::new();
+        for i in 0..20 {
+            let key = format!("{i:02}{}", "x".repeat(len - 2));
+            let r = arena.insert(&key);
+            assert_eq!(
+                r.offset() / PAGE_BYTES,
+                (r.offset() + r.len() - 1) / PAGE_BYTES
+            );
+            refs.push((r, key));
+        }
+        for (r, key) in &refs {
+            assert_eq!(arena.get(*r), key);
+        }
+        // Each page holds four; the rest of each full page waits for a key that fits.
+        let tail = PAGE_BYTES - 4 * len;
+        assert_eq!(arena.free[tail / SLOT_ALIGN].len(), 4);
+        let short = arena.insert(&"y".repeat(tail));
+        assert_eq!(arena.get(short).len(), tail);
+        assert_eq!(arena.free[tail / SLOT_ALIGN].len(), 3);
+        let longest = arena.insert(&"z".repeat(MAX_KEY_LEN));
+        assert_eq!(arena.get(longest).len(), MAX_KEY_LEN);
+    }
+
+    #[test]
+    fn a_clone_keeps_its_keys_while_the_original_changes() {
+        let mut arena = KeyArena::default();
+        let a = arena.insert("first");
+        let snapshot = arena.clone();
+        arena.remove(a);
+        let b = arena.insert("other");
+        assert_eq!(b.offset(), a.offset());
+        assert_eq!((snapshot.get(a), arena.get(b)), ("first", "other"));
+    }
+
+    #[test]
+    fn repacking_moves_live_keys_and_refuses_references_it_cannot_read() {
+        let mut arena = KeyArena::default();
+        let mut refs: Vec<KeyRef> = (0..100)
+            .map(|i| arena.insert(&format!("key-{i}")))
+            .collect();
+        for r in refs.drain(..50) {
+            arena.remove(r);
+        }
+        let packed = arena.repack(refs.iter_mut()).expect("all readable");
+        for (i, r) in refs.iter().enumerate() {
+            assert_eq!(packed.get(*r), format!("key-{}", i + 50));
+        }
+        assert!(packed.heap_bytes() <= arena.heap_bytes());
+        let mut beyond = [KeyRef::new((PAGE_BYTES * 4) as u64, 3)];
+        assert!(packed.repack(beyond.iter_mut()).is_err());
+        let mut broken = KeyArena::default();
+        let r = broken.insert("ab");
+        Arc::make_mut(&mut broken.pages[0])[0] = 0xff;
+        assert!(broken.repack([r].iter_mut()).is_err());
+    }
+}
