@@ -82,18 +82,18 @@ impl ObjectTable {
         // it holds.
         slots.check()?;
         checksums.check()?;
-        let keys = keys.repack(slots.iter_mut().flatten().map(|o| &mut o.key))?;
+        let packed = keys.repack(slots.iter_mut().flatten().map(|o| &mut o.key))?;
         let mut table = ObjectTable::new(seed);
         let mut index = KeyIndex::with_capacity(slots.len().saturating_sub(free_slots.len()));
         for (slot, object) in slots.iter().enumerate() {
             if let Some(object) = object {
                 object.check_packed()?;
-                let key = keys.get(object.key);
+                let key = packed.get(object.key);
                 let same_key = |other: u32| {
                     slots
                         .get(other as usize)
                         .and_then(Option::as_ref)
-                        .is_some_and(|o| keys.is(o.key, key))
+                        .is_some_and(|o| packed.is(o.key, key))
                 };
                 index
                     .insert_unique(table.hasher.hash_one(key), slot as u32, same_key)
@@ -104,7 +104,7 @@ impl ObjectTable {
                 }
             }
         }
-        table.keys = keys;
+        table.keys = packed;
         table.writers = Writers::from_parts(writers, slots.iter().flatten().map(Object::writer))?;
         table.len = index.len();
         table.index = index;

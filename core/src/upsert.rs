@@ -89,8 +89,10 @@ impl Master {
         }
         let object = self.objects.at(slot);
         // Readers lose the old value as the new one is written, whichever case follows.
-        let value_gone =
-            (object.is_readable()).then(|| KeyChange::removed(self.objects.key(slot), object));
+        let key = self.objects.key(slot);
+        let value_gone = object
+            .is_readable()
+            .then(|| KeyChange::removed(key, object));
         if object.holds() > 0 {
             return Err(Error::new(
                 ErrorCode::OBJECT_REPLICA_BUSY,
