@@ -2,7 +2,7 @@
 //!
 //! A boxed string per key costs its object 16 bytes (pointer and length) and the memory
 //! allocator's rounding on the bytes; at a hundred million objects the pointers alone are
-//! 800 MB. Here keys sit in pages of 256 KiB, each in a slot of its length rounded up to 8
+//! 800 MB. Here keys sit in pages of 1 MiB, each in a slot of its length rounded up to 8
 //! bytes, and an object keeps the slot's offset and the key's length in one word. A removed
 //! key's slot goes on a free list for its size and is taken by the next key of that size:
 //! KV-cache keys mostly share a few lengths, so freed slots do not wait long.
@@ -15,7 +15,12 @@
 use std::num::NonZeroU64;
 use std::sync::Arc;
 
-const PAGE_BYTES: usize = 256 * 1024;
+/// Pages start 1 MiB apart in the offsets a reference holds; each holds a little less, so
+/// that a page and its reference count take exactly 1 MiB of the memory allocator (a byte
+/// more would cost a larger size class).
+const PAGE_SHIFT: u32 = 20;
+const PAGE_BYTES: usize = (1 << PAGE_SHIFT) - 64;
+const WITHIN_PAGE: usize = (1 << PAGE_SHIFT) - 1;
 const SLOT_ALIGN: usize = 8;
 const LEN_BITS: u32 = 16;
 
@@ -52,9 +57,12 @@ fn slot_len(len: usize) -> usize {
 /// Every object's key, in pages.
 #[derive(Clone, Default, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub(crate) struct KeyArena {
-    /// Full pages, then the page being filled (its length is where the next slot starts).
-    #[rkyv(with = rkyv::with::Map<rkyv::with::Unshare>)]
-    pages: Vec<Arc<Vec<u8>>>,
+    /// Full pages, then the page being filled. This table holds each page's address
+    /// itself, so reading a key costs one load from the (small, cached) table and then the
+    /// key's own bytes.
+    pages: Vec<Arc<[u8]>>,
+    /// Where the next slot starts in the last page.
+    tail: usize,
     /// Offsets of free slots, by slot size in 8-byte units.
     free: Vec<Vec<u64>>,
     /// The live keys' bytes.
@@ -69,8 +77,8 @@ impl KeyArena {
             Some(offset) => offset as usize,
             None => self.take_from_tail(slot),
         };
-        let page = Arc::make_mut(&mut self.pages[offset / PAGE_BYTES]);
-        let at = offset % PAGE_BYTES;
+        let page = Arc::make_mut(&mut self.pages[offset >> PAGE_SHIFT]);
+        let at = offset & WITHIN_PAGE;
         page[at..at + key.len()].copy_from_slice(key.as_bytes());
         self.key_bytes += key.len();
         KeyRef::new(offset as u64, key.len())
@@ -79,22 +87,21 @@ impl KeyArena {
     /// A new slot of `slot` bytes at the end of the last page, or of a new one; what is left
     /// of a page too short for it becomes a free slot of its own size.
     fn take_from_tail(&mut self, slot: usize) -> usize {
-        let room = self.pages.last().map_or(0, |p| PAGE_BYTES - p.len());
+        let room = if self.pages.is_empty() {
+            0
+        } else {
+            PAGE_BYTES - self.tail
+        };
         if room < slot {
             if room > 0 {
-                let index = self.pages.len() - 1;
-                let page = Arc::make_mut(&mut self.pages[index]);
-                let start = index * PAGE_BYTES + page.len();
-                page.resize(PAGE_BYTES, 0);
-                self.release(start, room);
+                self.release(((self.pages.len() - 1) << PAGE_SHIFT) + self.tail, room);
             }
-            self.pages.push(Arc::new(Vec::with_capacity(PAGE_BYTES)));
+            self.pages.push(Arc::from(vec![0u8; PAGE_BYTES]));
+            self.tail = 0;
         }
-        let index = self.pages.len() - 1;
-        let page = Arc::make_mut(&mut self.pages[index]);
-        let at = page.len();
-        page.resize(at + slot, 0);
-        index * PAGE_BYTES + at
+        let at = self.tail;
+        self.tail += slot;
+        ((self.pages.len() - 1) << PAGE_SHIFT) + at
     }
 
     fn release(&mut self, offset: usize, slot: usize) {
@@ -113,8 +120,8 @@ impl KeyArena {
 
     /// The key's bytes, if `key` is within the arena.
     fn bytes(&self, key: KeyRef) -> Option<&[u8]> {
-        let page = self.pages.get(key.offset() / PAGE_BYTES)?;
-        let at = key.offset() % PAGE_BYTES;
+        let page = self.pages.get(key.offset() >> PAGE_SHIFT)?;
+        let at = key.offset() & WITHIN_PAGE;
         page.get(at..at + key.len())
     }
 
@@ -158,8 +165,8 @@ impl KeyArena {
 
     /// Heap bytes held: the pages (shared ones counted by each holder) and the free lists.
     fn heap_bytes(&self) -> usize {
-        self.pages.iter().map(|p| p.capacity()).sum::<usize>()
-            + self.pages.capacity() * size_of::<Arc<Vec<u8>>>()
+        self.pages.len() * PAGE_BYTES
+            + self.pages.capacity() * size_of::<Arc<[u8]>>()
             + self.free.iter().map(|f| f.capacity() * 8).sum::<usize>()
             + self.free.capacity() * size_of::<Vec<u64>>()
     }
@@ -204,25 +211,26 @@ mod tests {
     fn keys_never_straddle_pages_and_the_tail_is_not_lost() {
         let mut arena = KeyArena::default();
         let len = 60_000;
+        let per_page = PAGE_BYTES / len;
         let mut refs = Vec::new();
-        for i in 0..20 {
-            let key = format!("{i:02}{}", "x".repeat(len - 2));
+        for i in 0..2 * per_page + 1 {
+            let key = format!("{i:03}{}", "x".repeat(len - 3));
             let r = arena.insert(&key);
             assert_eq!(
-                r.offset() / PAGE_BYTES,
-                (r.offset() + r.len() - 1) / PAGE_BYTES
+                r.offset() >> PAGE_SHIFT,
+                (r.offset() + r.len() - 1) >> PAGE_SHIFT
             );
             refs.push((r, key));
         }
         for (r, key) in &refs {
             assert_eq!(arena.get(*r), key);
         }
-        // Each page holds four; the rest of each full page waits for a key that fits.
-        let tail = PAGE_BYTES - 4 * len;
-        assert_eq!(arena.free[tail / SLOT_ALIGN].len(), 4);
+        // The rest of each of the two full pages waits for a key that fits.
+        let tail = PAGE_BYTES - per_page * len;
+        assert_eq!(arena.free[tail / SLOT_ALIGN].len(), 2);
         let short = arena.insert(&"y".repeat(tail));
         assert_eq!(arena.get(short).len(), tail);
-        assert_eq!(arena.free[tail / SLOT_ALIGN].len(), 3);
+        assert_eq!(arena.free[tail / SLOT_ALIGN].len(), 1);
         let longest = arena.insert(&"z".repeat(MAX_KEY_LEN));
         assert_eq!(arena.get(longest).len(), MAX_KEY_LEN);
     }
@@ -252,7 +260,7 @@ mod tests {
             assert_eq!(packed.get(*r), format!("key-{}", i + 50));
         }
         assert!(packed.heap_bytes() <= arena.heap_bytes());
-        let mut beyond = [KeyRef::new((PAGE_BYTES * 4) as u64, 3)];
+        let mut beyond = [KeyRef::new(4 << PAGE_SHIFT, 3)];
         assert!(packed.repack(beyond.iter_mut()).is_err());
         let mut broken = KeyArena::default();
         let r = broken.insert("ab");
