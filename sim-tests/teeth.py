@@ -616,8 +616,10 @@ for plant in ['replay-skips-unreadable-record', 'replay-bad-record-taken-for-the
                              'a_replay_holds_a_piece_of_the_journal')
 # The batch lookups are judged by the table's own test (a shared tag needs about 2^32 keys to
 # happen by chance, which no seed reaches) and by the test that batch and one-at-a-time reads
-# answer and change the master alike.
-for plant in ['find-many-trusts-the-tag', 'find-many-stops-at-a-shared-tag']:
+# answer and change the master alike. A key compared by its length alone is the same slip one
+# level down (the arena's bytes are only read once an index entry's tag matched): 0 of 20 seeds
+# and 0 of the 40 regressions catch it; the shared-tag test does.
+for plant in ['find-many-trusts-the-tag', 'find-many-stops-at-a-shared-tag', 'key-compared-by-length']:
     PROPERTY_TESTS[plant] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--lib', 'objects'],
                              'finding_many_keys_at_once_finds_what_finding_each_does')
 PROPERTY_TESTS['batch-read-serves-unreadable'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'policy'],
@@ -676,7 +678,7 @@ EXPS.update({
    ('core/src/membership.rs', "            if readable_before && !object.is_readable() {\n                self.value_removed(object_slot);", "            if readable_before && !object.is_readable() && object.writing {\n                self.value_removed(object_slot);"),
  ],
  'kv-upsert-keeps-old-value': [
-   ('core/src/upsert.rs', "        let value_gone = object.is_readable().then(", "        let value_gone = object.writing().then("),
+   ('core/src/upsert.rs', "        let value_gone = object\n            .is_readable()\n            .then(", "        let value_gone = object\n            .writing()\n            .then("),
  ],
  'kv-prefetch-end-restores': [
    ('core/src/put.rs', "        let new_value = !object.prefetch() || !object.is_readable();", "        let new_value = true;"),

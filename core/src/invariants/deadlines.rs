@@ -21,7 +21,8 @@ pub fn check_bounds(master: &Master) -> Result<(), Violation> {
                 "lease-bound",
                 format!(
                     "{:?}'s lease runs to {}, past now ({now}) plus the lease TTL ({lease_ttl})",
-                    object.key, object.lease_expiry
+                    master.objects.key_of(object),
+                    object.lease_expiry
                 ),
             ));
         }
@@ -31,7 +32,7 @@ pub fn check_bounds(master: &Master) -> Result<(), Violation> {
                 "soft-pin-bound",
                 format!(
                     "{:?}'s soft pin runs to {}, past now ({now}) plus its TTL ({pin_ttl})",
-                    object.key,
+                    master.objects.key_of(object),
                     object.soft_pin_expiry()
                 ),
             ));
@@ -54,7 +55,7 @@ pub fn check_timer_done(master: &Master) -> Result<(), Violation> {
             format!(
                 "{:?}'s write (started {}) is still running at {now}, past the discard timeout \
                  ({discard})",
-                object.key,
+                master.objects.key_of(object),
                 object.put_start()
             ),
         ));

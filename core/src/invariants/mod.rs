@@ -146,7 +146,9 @@ pub fn check_eviction_order(
                 format!(
                     "{key:?} (tier {tier}, last access {last_access}) was evicted while {:?} \
                      (tier {}, last access {}) stayed",
-                    object.key, rank.0, rank.1
+                    master.objects.key_of(object),
+                    rank.0,
+                    rank.1
                 ),
             ));
         }
@@ -252,7 +254,7 @@ impl Owner {
     fn name(self, master: &Master) -> String {
         match self {
             Owner::Object(slot) => match master.objects.get(slot) {
-                Some(object) => format!("object {:?}", object.key),
+                Some(object) => format!("object {:?}", master.objects.key_of(object)),
                 None => format!("object slot {slot}"),
             },
             Owner::Discarded(release_at) => format!("discarded block due {release_at}"),
@@ -450,7 +452,7 @@ fn check_holds_and_tasks(master: &Master) -> Result<(), Violation> {
                 "holds",
                 format!(
                     "{:?} counts {} holds, the hold table has {expected}",
-                    object.key,
+                    master.objects.key_of(object),
                     object.holds()
                 ),
             ));
@@ -463,7 +465,10 @@ fn check_holds_and_tasks(master: &Master) -> Result<(), Violation> {
             if !matches {
                 return Err(violation(
                     "tasks",
-                    format!("{:?} marks {task} which is not running on it", object.key),
+                    format!(
+                        "{:?} marks {task} which is not running on it",
+                        master.objects.key_of(object)
+                    ),
                 ));
             }
         }
