@@ -2,7 +2,8 @@
 //!
 //! A boxed string per key costs its object 16 bytes (pointer and length) and the memory
 //! allocator's rounding on the bytes; at a hundred million objects the pointers alone are
-//! 800 MB. Here keys sit in pages of 1 MiB, each in a slot of its length rounded up to 8
+//! 800 MB. Here keys sit in pages of 1 MiB (the last one grows to that size by doubling, so a
+//! small master's pages stay small), each in a slot of its length rounded up to 8
 //! bytes, and an object keeps the slot's offset and the key's length in one word. A removed
 //! key's slot goes on a free list for its size and is taken by the next key of that size:
 //! KV-cache keys mostly share a few lengths, so freed slots do not wait long.
@@ -94,14 +95,30 @@ impl KeyArena {
         };
         if room < slot {
             if room > 0 {
+                self.grow_last_page(PAGE_BYTES);
                 self.release(((self.pages.len() - 1) << PAGE_SHIFT) + self.tail, room);
             }
-            self.pages.push(Arc::from(vec![0u8; PAGE_BYTES]));
+            self.pages.push(Arc::from(Vec::new()));
             self.tail = 0;
         }
         let at = self.tail;
         self.tail += slot;
+        self.grow_last_page(self.tail);
         ((self.pages.len() - 1) << PAGE_SHIFT) + at
+    }
+
+    /// Makes the last page hold at least `len` bytes. The last page grows by doubling up to
+    /// its full size, so a small master's keys (and its snapshots) take little room.
+    fn grow_last_page(&mut self, len: usize) {
+        let last = self.pages.last_mut().expect("a page to grow");
+        if last.len() >= len {
+            return;
+        }
+        // Sized so a page and its reference count fill an allocator size class.
+        let grown = ((len + 64).next_power_of_two().min(1 << PAGE_SHIFT)) - 64;
+        let mut bytes = vec![0u8; grown];
+        bytes[..last.len()].copy_from_slice(last);
+        *last = Arc::from(bytes);
     }
 
     fn release(&mut self, offset: usize, slot: usize) {
@@ -165,7 +182,7 @@ impl KeyArena {
 
     /// Heap bytes held: the pages (shared ones counted by each holder) and the free lists.
     fn heap_bytes(&self) -> usize {
-        self.pages.len() * PAGE_BYTES
+        self.pages.iter().map(|p| p.len()).sum::<usize>()
             + self.pages.capacity() * size_of::<Arc<[u8]>>()
             + self.free.iter().map(|f| f.capacity() * 8).sum::<usize>()
             + self.free.capacity() * size_of::<Vec<u64>>()
@@ -205,6 +222,8 @@ mod tests {
         // Another size: a new slot at the tail.
         let e = arena.insert("nine byte");
         assert!(e.offset() > c.offset());
+        // A few keys take a small page, not a whole one.
+        assert!(arena.heap_bytes() < 1024, "{}", arena.heap_bytes());
     }
 
     #[test]
