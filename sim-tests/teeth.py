@@ -194,7 +194,7 @@ EXPS = {
    ('core/src/tenant.rs', "                false => usage.disk_bytes -= bytes,", "                false => {}"),
  ],
  'tenant-usage-kept-after-remove': [
-   ('core/src/objects.rs', "        }\n        self.tenants.take(&key, object.size());\n        self.writers.release(object.writer());\n", "        }\n        self.writers.release(object.writer());\n"),
+   ('core/src/objects.rs', "        self.tenants.take(key, object.size());\n        self.keys.remove(object.key);\n", "        self.keys.remove(object.key);\n"),
  ],
  # The writers table (core/src/writers.rs) counts the objects that name each client; an
  # object stores the entry's number. Slips: a removed object that does not release its
@@ -672,7 +672,7 @@ EXPS['lease-without-margin'] = [
 # read without saying so, or says so twice, is caught at the call that did it.
 EXPS.update({
  'kv-eviction-unreported': [
-   ('core/src/eviction.rs', "            self.value_removed(slot);\n            let (key, object) = self.remove_object(slot);\n", "            let (key, object) = self.remove_object(slot);\n"),
+   ('core/src/eviction.rs', "            self.value_removed(slot);\n            let key = self.objects.key(slot).into();\n", "            let key = self.objects.key(slot).into();\n"),
  ],
  'kv-segment-loss-unreported': [
    ('core/src/membership.rs', "            if readable_before && !object.is_readable() {\n                self.value_removed(object_slot);", "            if readable_before && !object.is_readable() && object.writing {\n                self.value_removed(object_slot);"),

@@ -204,7 +204,8 @@ impl Master {
             (key, size, replicas, done)
         } else {
             self.value_removed(slot);
-            let (key, object) = self.remove_object(slot);
+            let key = self.objects.key(slot).into();
+            let object = self.remove_object(slot);
             let done = object.readers_done_at(grace);
             (key, object.size(), object.replicas, done)
         };

@@ -369,16 +369,16 @@ impl Master {
 
     /// Removes an object from the table, keeping the writing and disk counts right. The caller
     /// has already disposed of its replicas' blocks (and retired its disk copy if the node
-    /// should delete it). Returns the key and the object.
-    pub(crate) fn remove_object(&mut self, slot: u32) -> (Box<str>, Object) {
-        let (key, object) = self.objects.remove(slot);
+    /// should delete it). Returns the object (take its key first where it is needed).
+    pub(crate) fn remove_object(&mut self, slot: u32) -> Object {
+        let object = self.objects.remove(slot);
         if object.writing() {
             self.write_ended(slot);
         }
         if object.has_disk_replica() {
             self.counters.disk_replicas -= 1;
         }
-        (key, object)
+        object
     }
 
     /// Abandons the put or upsert in progress on `slot`: its PROCESSING replicas go to the
@@ -405,11 +405,10 @@ impl Master {
         for replica in &processing {
             self.release_block(replica, size, release_at, reason);
         }
-        let key = if removed {
-            self.objects.remove(slot).0
-        } else {
-            self.objects.key(slot).into()
-        };
+        let key = self.objects.key(slot).into();
+        if removed {
+            self.objects.remove(slot);
+        }
         self.events.push(Event::WriteDiscarded {
             key,
             write,

@@ -225,7 +225,8 @@ impl Master {
                 if let Some(task) = object.task() {
                     self.abandon_task(task, crate::replication::Finish::ObjectLost);
                 }
-                let (key, object) = self.remove_object(object_slot);
+                let key = self.objects.key(object_slot).into();
+                let object = self.remove_object(object_slot);
                 debug_assert!(object.replicas.is_empty());
                 self.counters.lost_objects += 1;
                 objects_lost += 1;

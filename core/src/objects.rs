@@ -195,24 +195,25 @@ impl ObjectTable {
         slot
     }
 
-    /// Removes the object in `slot`; returns its key and the object.
-    pub(crate) fn remove(&mut self, slot: u32) -> (Box<str>, Object) {
+    /// Removes the object in `slot` and returns it. Its key leaves the arena: a caller that
+    /// needs the key takes it first (`key`), so removals that drop it allocate nothing.
+    pub(crate) fn remove(&mut self, slot: u32) -> Object {
         let object = self.slots[slot as usize]
             .take()
             .expect("removing a live slot");
-        let key: Box<str> = self.keys.get(object.key).into();
-        self.keys.remove(object.key);
-        let hash = self.hasher.hash_one(&*key);
+        let key = self.keys.get(object.key);
+        let hash = self.hasher.hash_one(key);
         let indexed = self.index.remove(hash, slot);
         debug_assert!(indexed, "live slot missing from the key index");
         if object.disk() != crate::object::NO_DISK {
-            self.tenants.count_disk(&key, object.size(), false);
+            self.tenants.count_disk(key, object.size(), false);
         }
-        self.tenants.take(&key, object.size());
+        self.tenants.take(key, object.size());
+        self.keys.remove(object.key);
         self.writers.release(object.writer());
         self.free_slots.push(slot);
         self.len -= 1;
-        (key, object)
+        object
     }
 
     /// The key of the object in a live slot.

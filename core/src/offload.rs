@@ -480,7 +480,8 @@ impl Master {
             if let Some(task) = object.task() {
                 self.abandon_task(task, crate::replication::Finish::ObjectLost);
             }
-            let (key, object) = self.remove_object(slot);
+            let key = self.objects.key(slot).into();
+            let object = self.remove_object(slot);
             self.counters.evicted_objects += 1;
             self.events.push(Event::Evicted {
                 key,

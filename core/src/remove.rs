@@ -78,7 +78,7 @@ impl Master {
             self.value_removed(slot);
         }
         self.retire_disk_copy(slot);
-        let (_, object) = self.remove_object(slot);
+        let object = self.remove_object(slot);
         let done = object.readers_done_at(self.config.lease_grace);
         self.release_read_blocks(&object.replicas, object.size(), done);
     }
