@@ -69,6 +69,7 @@ fn journal_on_and_off(c: &mut Criterion) {
             object_size: OBJECT_SIZE,
             key: |i| format!("k{i}"),
             in_flight: in_flight(),
+            upsert: false,
         };
         let next = &pairs.next;
         let batch = || put_pairs(&runtime, service, &pairs, BATCH);

@@ -54,9 +54,11 @@ pub struct Pairs {
     pub key: fn(u64) -> String,
     /// Pairs in flight at once.
     pub in_flight: usize,
+    /// Whether each pair replaces a value already there (an upsert) rather than adding one.
+    pub upsert: bool,
 }
 
-/// Puts objects `next..next + count` (PutStart then PutEnd, each answered once durable)
+/// Puts (or upserts) objects `next..next + count` (PutStart then PutEnd, each answered once durable)
 /// with `pairs.in_flight` tasks; returns how long they took.
 pub fn put_pairs(
     runtime: &tokio::runtime::Runtime,
@@ -70,7 +72,7 @@ pub fn put_pairs(
         let tasks: Vec<_> = (0..pairs.in_flight)
             .map(|_| {
                 let (service, next) = (service.clone(), pairs.next.clone());
-                let (key, object_size) = (pairs.key, pairs.object_size);
+                let (key, object_size, upsert) = (pairs.key, pairs.object_size, pairs.upsert);
                 tokio::spawn(async move {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
@@ -83,7 +85,7 @@ pub fn put_pairs(
                             key: key.clone(),
                             size: object_size,
                             config: ReplicateConfig::single(),
-                            upsert: false,
+                            upsert,
                         };
                         let Ok(Reply::PutStart(grant)) = answer(&service, start.into()).await
                         else {

@@ -247,7 +247,8 @@ pub(crate) struct MasterArgs {
     #[arg(long, value_name = "DIR")]
     pub(crate) state_dir: Option<PathBuf>,
     /// Snapshot the state once the journal has grown this much (and by at least twice the last
-    /// snapshot's size); each snapshot lets the older journal go [default: 64MiB].
+    /// snapshot's size); each snapshot lets the older journal go. Larger values write fewer
+    /// snapshots and make restarts replay more journal [default: 64MiB].
     #[arg(long, value_name = "SIZE", requires = "state_dir")]
     pub(crate) snapshot_after: Option<String>,
     /// Refuse the member credentials FILE names: lines `serial HEX` (one credential, as

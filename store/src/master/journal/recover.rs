@@ -133,8 +133,11 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
             )));
         }
         if let Some(why) = &decoded.stopped {
-            // A torn write, or records left from the file's earlier use: the writer had not
-            // synced past here, so nothing after it was acknowledged.
+            // A torn write, or records left from the file's earlier use: no durable sync mark
+            // vouches for what follows, so the writer had not synced past here, or had synced
+            // only the last group of records before the crash (its mark, appended after that
+            // sync, needs the next one). Damage within that last group reads the same as a
+            // torn write and is dropped here: the one place a disk's damage can go unseen.
             crate::coverage::hit(crate::coverage::Path::JOURNAL_TORN_TAIL);
             info!("{path} ends at byte {} ({why})", decoded.intact);
         }
