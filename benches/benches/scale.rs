@@ -24,7 +24,8 @@ use mooring_benches::service::{Pairs, mounted, put_pairs};
 use mooring_benches::{
     bench_dir, bench_runtime, filled_master_with, key64, master_ops, resident_bytes,
 };
-use mooring_core::{Master, MasterConfig, SnapshotBuffer};
+use mooring_core::{Master, MasterConfig};
+use mooring_proto::state_dir::StateDir;
 
 /// Each object's size: small, so a hundred million fit the segments' address space.
 const OBJECT_SIZE: u64 = 4096;
@@ -248,34 +249,27 @@ fn breakdown(files: &[(String, u64)], dir: &std::path::Path, config: &MasterConf
         return;
     };
     let started = Instant::now();
-    let path = dir.join(newest);
-    let mut buffer =
-        SnapshotBuffer::new(std::fs::metadata(&path).expect("the snapshot").len() as usize);
-    std::io::Read::read_exact(
-        &mut std::fs::File::open(&path).expect("the snapshot"),
-        buffer.as_mut_slice(),
-    )
-    .expect("the snapshot");
+    let state_dir = mooring_disk::PosixStateDir::new(dir);
+    let snapshot = state_dir.read_whole(newest).expect("the snapshot");
     let read = started.elapsed();
     let started = Instant::now();
-    let master = Master::restore_unshifted(config.clone(), buffer.as_slice()).expect("it restores");
+    let master = Master::restore_unshifted(config.clone(), snapshot.bytes()).expect("it restores");
     let restored = started.elapsed();
     let started = Instant::now();
     mooring_core::invariants::check(&master).expect("it holds");
     let checked = started.elapsed();
     eprintln!(
-        "restart: reading {newest} {:.2} s; restoring it {:.2} s, of which checking its \
+        "restart: mapping {newest} {:.2} s; restoring it {:.2} s, of which checking its \
          invariants {:.2} s",
         read.as_secs_f64(),
         restored.as_secs_f64(),
         checked.as_secs_f64()
     );
-    drop(master);
+    drop((master, snapshot));
     // Recovery as a restart runs it: the snapshot, then the journal written since.
     let started = Instant::now();
     let recovered =
-        mooring::master::journal::recover(&mooring_disk::PosixStateDir::new(dir), config.clone())
-            .expect("it recovers");
+        mooring::master::journal::recover(&state_dir, config.clone()).expect("it recovers");
     eprintln!(
         "restart: recovering (the snapshot, then {} journal records) {:.2} s",
         recovered.replayed,

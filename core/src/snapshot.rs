@@ -30,8 +30,11 @@ use crate::zombies::WriteDeadlines;
 
 const MAGIC: [u8; 8] = *b"MOORSNAP";
 /// The snapshot format this build writes and reads.
-pub const SNAPSHOT_VERSION: u32 = 16;
-const HEADER_LEN: usize = 8 + 4 + 8 + 4;
+pub const SNAPSHOT_VERSION: u32 = 17;
+/// Magic, version, payload length, checksum, and zeros to a 16-byte boundary: the payload of
+/// a file mapped whole (page-aligned) is then aligned as the archive needs, and is read in
+/// place.
+const HEADER_LEN: usize = 8 + 4 + 8 + 4 + 8;
 
 /// Everything a restored master needs.
 #[derive(rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
@@ -151,7 +154,7 @@ fn header(payload: &[u8]) -> [u8; HEADER_LEN] {
     out[..8].copy_from_slice(&MAGIC);
     out[8..12].copy_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
     out[12..20].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-    out[20..].copy_from_slice(&mooring_crc::append(0, payload).to_le_bytes());
+    out[20..24].copy_from_slice(&mooring_crc::append(0, payload).to_le_bytes());
     out
 }
 

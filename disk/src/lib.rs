@@ -25,6 +25,7 @@ mod aligned;
 pub mod backend;
 mod bucket;
 mod file_per_key;
+mod mapped;
 mod offset_file;
 mod paths;
 #[cfg(not(madsim))]

@@ -17,6 +17,8 @@
 
 use std::io;
 
+use mooring_core::SnapshotBuffer;
+
 /// How [`StateDir::open`] opens a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpenMode {
@@ -72,6 +74,16 @@ pub trait StateDir: Send + Sync {
         self.id_of(name).is_ok()
     }
 
+    /// The whole of `name` held for reading, its first byte 16-byte aligned (a snapshot's
+    /// payload is then read in place): read into memory here ([`read_into_memory`]). A
+    /// directory on a real file system maps the file instead, so restoring a snapshot of
+    /// gigabytes does not first need as much fresh memory again to hold it. Only for files
+    /// that nothing changes while they are read: a snapshot is written whole under a
+    /// temporary name and renamed.
+    fn read_whole(&self, name: &str) -> io::Result<Box<dyn WholeFile>> {
+        read_into_memory(self, name)
+    }
+
     /// The whole of `name`.
     fn read(&self, name: &str) -> io::Result<Vec<u8>> {
         let file = self.open(name, OpenMode::Read)?;
@@ -102,4 +114,27 @@ pub trait StateDir: Send + Sync {
         }
         written
     }
+}
+
+/// A whole file's bytes, held for reading ([`StateDir::read_whole`]).
+pub trait WholeFile: Send + Sync {
+    /// The file's bytes.
+    fn bytes(&self) -> &[u8];
+}
+
+impl WholeFile for SnapshotBuffer {
+    fn bytes(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+/// [`StateDir::read_whole`] by reading the file into an aligned buffer.
+pub fn read_into_memory<D: StateDir + ?Sized>(
+    dir: &D,
+    name: &str,
+) -> io::Result<Box<dyn WholeFile>> {
+    let file = dir.open(name, OpenMode::Read)?;
+    let mut buffer = SnapshotBuffer::new(file.len()? as usize);
+    file.read_at(buffer.as_mut_slice(), 0)?;
+    Ok(Box::new(buffer))
 }

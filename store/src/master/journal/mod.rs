@@ -61,8 +61,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use mooring_core::log_shipping::LogPosition;
 use mooring_core::{
-    EncodedSnapshot, Error, ErrorCode, Master, MasterConfig, Millis, Result, SnapshotBuffer,
-    SnapshotState,
+    EncodedSnapshot, Error, ErrorCode, Master, MasterConfig, Millis, Result, SnapshotState,
 };
 use mooring_proto::journal::{self, Input};
 use mooring_proto::state_dir::{OpenMode, StateDir, StateFile};

@@ -45,7 +45,7 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
     let base = snapshots.last().copied();
     let mut master: Option<Master> = None;
     let mut snapshot = match base {
-        Some(g) => Some(read_snapshot(dir, &snapshot_name(g)).map_err(|e| {
+        Some(g) => Some(dir.read_whole(&snapshot_name(g)).map_err(|e| {
             io_error(format!(
                 "cannot read snapshot {g} in {}: {e}",
                 dir.location()
@@ -68,7 +68,7 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
             gap.0
         )));
     }
-    let snapshot_len = snapshot.as_ref().map_or(0, |b| b.as_slice().len());
+    let snapshot_len = snapshot.as_ref().map_or(0, |b| b.bytes().len());
     let mut replayed = 0;
     let mut generation = first;
     let mut tail = None;
@@ -86,7 +86,7 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
             if let Input::Config(logged) = input {
                 master = Some(match (master.take(), snapshot.take()) {
                     (Some(m), _) => reconfigure(m, logged)?,
-                    (None, Some(bytes)) => restore(logged, bytes.as_slice(), first)?,
+                    (None, Some(bytes)) => restore(logged, bytes.bytes(), first)?,
                     (None, None) => Master::new(logged)?,
                 });
                 info!("replaying {path}");
@@ -153,7 +153,7 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
     }
     let master = match (master, snapshot) {
         (Some(m), _) => reconfigure(m, config)?,
-        (None, Some(bytes)) => restore(config, bytes.as_slice(), first)?,
+        (None, Some(bytes)) => restore(config, bytes.bytes(), first)?,
         (None, None) => Master::new(config)?,
     };
     Ok(Recovered {
@@ -166,12 +166,6 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
 }
 
 /// The whole of snapshot file `name`, read where restoring it needs no copy.
-fn read_snapshot(dir: &dyn StateDir, name: &str) -> std::io::Result<SnapshotBuffer> {
-    let file = dir.open(name, OpenMode::Read)?;
-    let mut buffer = SnapshotBuffer::new(file.len()? as usize);
-    file.read_at(buffer.as_mut_slice(), 0)?;
-    Ok(buffer)
-}
 
 /// The master in snapshot `generation`'s `bytes`; says so first, as a large one takes a
 /// while.
