@@ -165,8 +165,6 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
     })
 }
 
-/// The whole of snapshot file `name`, read where restoring it needs no copy.
-
 /// The master in snapshot `generation`'s `bytes`; says so first, as a large one takes a
 /// while.
 fn restore(config: MasterConfig, bytes: &[u8], generation: u64) -> Result<Master> {
