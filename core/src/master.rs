@@ -241,6 +241,14 @@ impl Master {
         self.events.drain().collect()
     }
 
+    /// Brings what work on `keys` reads into the processor's caches, changing nothing: a
+    /// replay that looks ahead calls it for the keys of its next records, so that their
+    /// lookups' cache misses overlap instead of queuing one behind another. Returns how many
+    /// of the keys are present.
+    pub fn warm<K: AsRef<str>>(&self, keys: &[K]) -> usize {
+        self.objects.warm(keys)
+    }
+
     /// Gauges and counters.
     pub fn stats(&self) -> Stats {
         Stats {

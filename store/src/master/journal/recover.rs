@@ -80,10 +80,15 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
         let file = dir.open(&name, OpenMode::Read).map_err(unreadable)?;
         let len = file.len().map_err(unreadable)?;
         let read = |buf: &mut [u8], offset: u64| file.read_at(buf, offset).map_err(unreadable);
-        // Records are applied as they are read; a journal found damaged after some were
-        // applied fails the whole recovery below, so nothing applied from it is kept.
+        // Records are applied as they are read, a window at a time; a journal found damaged
+        // after some were applied fails the whole recovery below, so nothing applied from it
+        // is kept.
+        let mut ahead = LookAhead::default();
         let decoded = journal::replay(g, len, journal::REPLAY_PIECE, read, |now, input| {
             if let Input::Config(logged) = input {
+                if let Some(m) = master.as_mut() {
+                    replayed += ahead.apply(m);
+                }
                 master = Some(match (master.take(), snapshot.take()) {
                     (Some(m), _) => reconfigure(m, logged)?,
                     (None, Some(bytes)) => restore(logged, bytes.bytes(), first)?,
@@ -97,10 +102,14 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
                     "{path} does not start with its configuration record"
                 )));
             };
-            journal::apply(m, now, input);
-            replayed += 1;
+            if ahead.push(now, input) {
+                replayed += ahead.apply(m);
+            }
             Ok(())
         })?;
+        if let Some(m) = master.as_mut() {
+            replayed += ahead.apply(m);
+        }
         let last = i + 1 == to_replay.len();
         if decoded.foreign {
             let why = decoded.stopped.as_deref().unwrap_or_default();
@@ -163,6 +172,43 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
         snapshot_len,
         tail,
     })
+}
+
+/// Records decoded and not yet applied. Applying a record looks its key up: at millions of
+/// objects, a chain of cache misses (index, object, key). Looking the window's keys up
+/// together first ([`Master::warm`]) puts their misses in flight at once, and the records
+/// then apply from the caches.
+#[derive(Default)]
+struct LookAhead {
+    records: Vec<(Millis, Input)>,
+}
+
+impl LookAhead {
+    /// Records in a window: enough misses to keep the memory system busy, few enough that
+    /// what the first ones brought in is still cached when they apply.
+    const WINDOW: usize = 32;
+
+    /// Holds a record; whether the window is full.
+    fn push(&mut self, now: Millis, input: Input) -> bool {
+        self.records.push((now, input));
+        self.records.len() >= Self::WINDOW
+    }
+
+    /// Applies the held records to `master` in order; how many.
+    fn apply(&mut self, master: &mut Master) -> u64 {
+        let keys: Vec<&str> = (self.records.iter())
+            .flat_map(|(_, input)| match input {
+                Input::Request(request) => request.keys(),
+                _ => Vec::new(),
+            })
+            .collect();
+        master.warm(&keys);
+        let n = self.records.len() as u64;
+        for (now, input) in self.records.drain(..) {
+            journal::apply(master, now, input);
+        }
+        n
+    }
 }
 
 /// The master in snapshot `generation`'s `bytes`; says so first, as a large one takes a
