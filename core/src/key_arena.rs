@@ -10,8 +10,8 @@
 //!
 //! Pages are shared on clone and copied on first write, like the object slab's chunks
 //! (`crate::chunked`), so a snapshot keeps the keys of its moment for the price of copying
-//! the page table. A restore packs the live keys into fresh pages in slot order
-//! ([`KeyArena::repack`]), which leaves no holes and checks every reference it reads.
+//! the page table. A restore keeps the pages it read, once every reference and free slot in
+//! them is checked ([`KeyArena::check_restored`]).
 
 use std::num::NonZeroU64;
 use std::sync::Arc;
@@ -155,23 +155,74 @@ impl KeyArena {
         key.len() == candidate.len() && self.bytes(key) == Some(candidate.as_bytes())
     }
 
-    /// Moves the keys `refs` name into a fresh arena, in order, and points each reference at
-    /// its new place. Refuses a reference outside the arena or to bytes that are not a string
-    /// (a damaged snapshot).
-    pub(crate) fn repack<'a>(
-        &self,
-        refs: impl Iterator<Item = &'a mut KeyRef>,
-    ) -> Result<KeyArena, String> {
-        let mut packed = KeyArena::default();
-        for key in refs {
-            let bytes = self
-                .bytes(*key)
-                .ok_or_else(|| format!("a key reference past the arena's end: {key:?}"))?;
-            let text =
-                std::str::from_utf8(bytes).map_err(|e| format!("a key that is not UTF-8: {e}"))?;
-            *key = packed.insert(text);
+    /// Checks an arena read from a snapshot, in place, against the references `refs` its
+    /// objects hold, and refuses what a damaged or hand-made one could hold that the arena's
+    /// own operations assume never happens: a reference outside the pages or past the last
+    /// page's filled part, bytes that are not a string, two keys (or a key and a free slot)
+    /// sharing bytes (a removal would then free bytes another key still uses), pages of the
+    /// wrong size, or a count of live bytes that disagrees. Checking where the keys lie
+    /// costs a bit per 8 bytes of arena; packing them anew would cost a second arena.
+    pub(crate) fn check_restored(&self, refs: impl Iterator<Item = KeyRef>) -> Result<(), String> {
+        let last = self.pages.len().checked_sub(1);
+        for (i, page) in self.pages.iter().enumerate() {
+            let full = Some(i) != last;
+            if page.len() > PAGE_BYTES || (full && page.len() != PAGE_BYTES) {
+                return Err(format!("key page {i} holds {} bytes", page.len()));
+            }
         }
-        Ok(packed)
+        let filled = |page: usize| match Some(page) == last {
+            true => self.tail,
+            false => PAGE_BYTES,
+        };
+        if last.map_or(self.tail != 0, |last| self.tail > self.pages[last].len()) {
+            return Err(format!(
+                "the key pages end before their tail at {}",
+                self.tail
+            ));
+        }
+        let units_per_page = (1 << PAGE_SHIFT) / SLOT_ALIGN;
+        let mut taken = vec![0u64; (self.pages.len() * units_per_page).div_ceil(64)];
+        let mut claim = |offset: usize, slot: usize, what: &dyn Fn() -> String| {
+            let (page, at) = (offset >> PAGE_SHIFT, offset & WITHIN_PAGE);
+            if page >= self.pages.len() || at % SLOT_ALIGN != 0 || at + slot > filled(page) {
+                return Err(format!("{} lies outside the key pages", what()));
+            }
+            let first = page * units_per_page + at / SLOT_ALIGN;
+            for unit in first..first + slot / SLOT_ALIGN {
+                let (word, bit) = (unit / 64, 1u64 << (unit % 64));
+                if taken[word] & bit != 0 {
+                    return Err(format!("{} shares bytes with another key", what()));
+                }
+                taken[word] |= bit;
+            }
+            Ok(())
+        };
+        let mut live_bytes = 0;
+        for key in refs {
+            claim(key.offset(), slot_len(key.len()), &|| {
+                format!("key reference {key:?}")
+            })?;
+            let bytes = self.bytes(key).expect("claimed inside its page");
+            std::str::from_utf8(bytes).map_err(|e| format!("a key that is not UTF-8: {e}"))?;
+            live_bytes += key.len();
+        }
+        for (class, offsets) in self.free.iter().enumerate() {
+            for &offset in offsets {
+                let slot = class * SLOT_ALIGN;
+                let what = || format!("the free key slot of {slot} bytes at {offset}");
+                if slot == 0 {
+                    return Err(format!("{} is empty", what()));
+                }
+                claim(offset as usize, slot, &what)?;
+            }
+        }
+        if live_bytes != self.key_bytes {
+            return Err(format!(
+                "the keys hold {live_bytes} bytes, the arena counts {}",
+                self.key_bytes
+            ));
+        }
+        Ok(())
     }
 
     /// Heap bytes held besides the live keys' own bytes: slot rounding, free slots, the
@@ -266,7 +317,7 @@ mod tests {
     }
 
     #[test]
-    fn repacking_moves_live_keys_and_refuses_references_it_cannot_read() {
+    fn a_restored_arena_is_kept_as_read_and_refused_where_it_cannot_be_trusted() {
         let mut arena = KeyArena::default();
         let mut refs: Vec<KeyRef> = (0..100)
             .map(|i| arena.insert(&format!("key-{i}")))
@@ -274,16 +325,51 @@ mod tests {
         for r in refs.drain(..50) {
             arena.remove(r);
         }
-        let packed = arena.repack(refs.iter_mut()).expect("all readable");
-        for (i, r) in refs.iter().enumerate() {
-            assert_eq!(packed.get(*r), format!("key-{}", i + 50));
-        }
-        assert!(packed.heap_bytes() <= arena.heap_bytes());
-        let mut beyond = [KeyRef::new(4 << PAGE_SHIFT, 3)];
-        assert!(packed.repack(beyond.iter_mut()).is_err());
-        let mut broken = KeyArena::default();
-        let r = broken.insert("ab");
-        Arc::make_mut(&mut broken.pages[0])[0] = 0xff;
-        assert!(broken.repack([r].iter_mut()).is_err());
+        arena
+            .check_restored(refs.iter().copied())
+            .expect("as the arena left it");
+        let refused = |arena: &KeyArena, refs: &[KeyRef], why: &str| {
+            let e = arena.check_restored(refs.iter().copied()).expect_err(why);
+            assert!(e.contains(why), "{e}");
+        };
+        // A reference past the pages, and one past the last page's filled part.
+        refused(
+            &arena,
+            &[KeyRef::new(4 << PAGE_SHIFT, 3)],
+            "outside the key pages",
+        );
+        refused(
+            &arena,
+            &[KeyRef::new(arena.tail as u64, 3)],
+            "outside the key pages",
+        );
+        // Two keys on the same bytes, or on overlapping ones: removing one would free the
+        // other's.
+        let mut twice = refs.clone();
+        twice.push(refs[0]);
+        refused(&arena, &twice, "shares bytes");
+        let inside = KeyRef::new(refs[1].offset() as u64, 2);
+        refused(&arena, &[refs[1], inside], "shares bytes");
+        // A live key on a slot the free list also holds.
+        let mut reused = arena.clone();
+        reused.free[1].push(refs[3].offset() as u64);
+        refused(&reused, &refs, "shares bytes");
+        // A count of live bytes that disagrees, and a key missing (its bytes uncounted).
+        refused(&arena, &refs[1..], "the keys hold");
+        // Bytes that are not a string.
+        let mut broken = arena.clone();
+        Arc::make_mut(&mut broken.pages[0])[refs[0].offset()] = 0xff;
+        refused(&broken, &refs, "not UTF-8");
+        // A page of the wrong size before the last.
+        let mut short = KeyArena::default();
+        let long: Vec<KeyRef> = (0..PAGE_BYTES / 60_000 + 1)
+            .map(|i| short.insert(&format!("{i:02}{}", "x".repeat(60_000 - 2))))
+            .collect();
+        assert_eq!(short.pages.len(), 2);
+        short
+            .check_restored(long.iter().copied())
+            .expect("a full page and the last");
+        short.pages[0] = Arc::from(vec![b'x'; 64]);
+        refused(&short, &long, "key page 0 holds 64 bytes");
     }
 }

@@ -67,12 +67,12 @@ impl ObjectTable {
     }
 
     /// Rebuilds a table from its parts, as saved by a snapshot; refuses parts that hold a
-    /// key in two slots. The keys are packed anew in slot order, and the key index is built
-    /// here from the slots, so it agrees with them by construction (see
-    /// [`ObjectTable::check_slots`]).
+    /// key in two slots, or keys the arena cannot vouch for ([`KeyArena::check_restored`]).
+    /// The key index is built here from the slots, so it agrees with them by construction
+    /// (see [`ObjectTable::check_slots`]).
     pub(crate) fn from_parts(seed: u64, parts: TableParts) -> Result<Self, String> {
         let TableParts {
-            mut slots,
+            slots,
             keys,
             checksums,
             free_slots,
@@ -82,18 +82,18 @@ impl ObjectTable {
         // it holds.
         slots.check()?;
         checksums.check()?;
-        let packed = keys.repack(slots.iter_mut().flatten().map(|o| &mut o.key))?;
+        keys.check_restored(slots.iter().flatten().map(|o| o.key))?;
         let mut table = ObjectTable::new(seed);
         let mut index = KeyIndex::with_capacity(slots.len().saturating_sub(free_slots.len()));
         for (slot, object) in slots.iter().enumerate() {
             if let Some(object) = object {
                 object.check_packed()?;
-                let key = packed.get(object.key);
+                let key = keys.get(object.key);
                 let same_key = |other: u32| {
                     slots
                         .get(other as usize)
                         .and_then(Option::as_ref)
-                        .is_some_and(|o| packed.is(o.key, key))
+                        .is_some_and(|o| keys.is(o.key, key))
                 };
                 index
                     .insert_unique(table.hasher.hash_one(key), slot as u32, same_key)
@@ -104,7 +104,7 @@ impl ObjectTable {
                 }
             }
         }
-        table.keys = packed;
+        table.keys = keys;
         table.writers = Writers::from_parts(writers, slots.iter().flatten().map(Object::writer))?;
         table.len = index.len();
         table.index = index;
@@ -449,13 +449,26 @@ mod tests {
         for key in ["a", "b", "c"] {
             assert_eq!(rebuilt.find(key), table.find(key), "{key}");
         }
+        // A second copy of "a"'s bytes in the arena, named by the slot that held "c".
         let mut parts = table.parts();
-        parts.slots[2] = parts.slots[0].clone();
+        let c_key = parts.slots[2].as_ref().expect("c is in").key;
+        parts.keys.remove(c_key);
+        let mut copy = parts.slots[0].clone();
+        copy.as_mut().expect("a is in").key = parts.keys.insert("a");
+        parts.slots[2] = copy;
         let refused = ObjectTable::from_parts(7, parts).err().expect("refused");
         assert!(
             refused.contains("\"a\" is held by slots 0 and 2"),
             "{refused}"
         );
+        // Two slots naming one key's bytes (and the arena counting them once): removing
+        // either would free the other's key.
+        let mut parts = table.parts();
+        let c = table.find("c").expect("c is in") as usize;
+        let a_key = parts.slots[0].as_ref().expect("a is in").key;
+        parts.slots[c].as_mut().expect("c is in").key = a_key;
+        let refused = ObjectTable::from_parts(7, parts).err().expect("refused");
+        assert!(refused.contains("shares bytes"), "{refused}");
     }
 
     #[test]
