@@ -151,9 +151,9 @@ pub fn synced_record_len() -> usize {
     RECORD_HEADER + synced_payload(0).len()
 }
 
-/// The input a [`payload`] holds; why not, if it holds none. The archive is copied into
-/// `scratch` to align it (a record's payload starts anywhere in a file): one buffer for a
-/// whole replay, not one allocation per record.
+/// The input a [`payload`] holds; why not, if it holds none. An archive that is not aligned
+/// (a record's payload starts anywhere in a file) is copied into `scratch` to align it: one
+/// buffer for a whole replay, not one allocation per record.
 fn from_payload(payload: &[u8], scratch: &mut AlignedVec<16>) -> Result<Input, String> {
     let Some((&len, rest)) = payload.split_first() else {
         return Err("an empty payload".into());
@@ -162,12 +162,18 @@ fn from_payload(payload: &[u8], scratch: &mut AlignedVec<16>) -> Result<Input, S
     let (Some(name), Some(body)) = (rest.get(..usize::from(len)), payload.get(head..)) else {
         return Err(format!("a payload's {len}-byte tag is cut short"));
     };
-    scratch.clear();
-    scratch.extend_from_slice(body);
-    if name.is_empty() {
-        rkyv::from_bytes::<Input, rancor::Error>(scratch).map_err(|e| e.to_string())
+    // Read in place where the archive happens to be aligned already.
+    let archive: &[u8] = if body.as_ptr().align_offset(16) == 0 {
+        body
     } else {
-        MasterRequest::from_archived_alone(name, scratch).map(Input::Request)
+        scratch.clear();
+        scratch.extend_from_slice(body);
+        scratch
+    };
+    if name.is_empty() {
+        rkyv::from_bytes::<Input, rancor::Error>(archive).map_err(|e| e.to_string())
+    } else {
+        MasterRequest::from_archived_alone(name, archive).map(Input::Request)
     }
 }
 
@@ -604,6 +610,25 @@ mod tests {
             record(generation, Millis(*now), &payload(input), &mut out);
         }
         out
+    }
+
+    #[test]
+    fn a_payload_decodes_in_place_when_aligned_and_from_a_copy_when_not() {
+        let input = Input::Request(
+            GetSize {
+                key: "k1234567".into(),
+            }
+            .into(),
+        );
+        let payload = payload(&input);
+        let mut scratch = AlignedVec::new();
+        for shift in [0, 1, 8] {
+            let mut at = AlignedVec::<16>::new();
+            at.extend_from_slice(&vec![0; shift]);
+            at.extend_from_slice(&payload);
+            let decoded = from_payload(&at[shift..], &mut scratch).expect("it decodes");
+            assert_eq!(decoded, input, "payload shifted by {shift}");
+        }
     }
 
     #[test]
