@@ -84,7 +84,7 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
         // after some were applied fails the whole recovery below, so nothing applied from it
         // is kept.
         let mut ahead = LookAhead::default();
-        let decoded = journal::replay(g, len, journal::REPLAY_PIECE, read, |now, input| {
+        let decoded = replay_overlapped(g, len, read, |now, input| {
             if let Input::Config(logged) = input {
                 if let Some(m) = master.as_mut() {
                     replayed += ahead.apply(m);
@@ -174,6 +174,71 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
     })
 }
 
+/// [`journal::replay`] with the decoding on a thread of its own, so that reading, checking and
+/// decoding the next records overlaps applying these (a restart replays millions of them):
+/// `each` gets the records in order, on the caller's thread, and the result is the same.
+/// Inline in the simulation, which runs everything on one thread.
+fn replay_overlapped(
+    generation: u64,
+    len: u64,
+    read: impl FnMut(&mut [u8], u64) -> Result<()> + Send,
+    mut each: impl FnMut(Millis, Input) -> Result<()>,
+) -> Result<journal::Decoded> {
+    if cfg!(madsim) {
+        return journal::replay(generation, len, journal::REPLAY_PIECE, read, each);
+    }
+    /// Records handed over at a time, and how many such batches the decoder may run ahead.
+    const BATCH: usize = 64;
+    const BATCHES_AHEAD: usize = 32;
+    std::thread::scope(|scope| {
+        let (batches, received) = std::sync::mpsc::sync_channel(BATCHES_AHEAD);
+        let decoder = std::thread::Builder::new()
+            .name("mooring-replay".into())
+            .spawn_scoped(scope, move || {
+                let mut batch = Vec::with_capacity(BATCH);
+                // A send fails only once the caller stopped taking records (its `each`
+                // failed): that error is the one returned, this one is not seen.
+                let stopped = || io_error("recovery stopped".into());
+                let decoded = journal::replay(
+                    generation,
+                    len,
+                    journal::REPLAY_PIECE,
+                    read,
+                    |now, input| {
+                        batch.push((now, input));
+                        if batch.len() == BATCH {
+                            let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+                            batches.send(full).map_err(|_| stopped())?;
+                        }
+                        Ok(())
+                    },
+                )?;
+                if !batch.is_empty() {
+                    batches.send(batch).map_err(|_| stopped())?;
+                }
+                Ok(decoded)
+            })
+            .map_err(|e| io_error(format!("cannot start the journal's decoder: {e}")))?;
+        let mut failed = None;
+        'batches: for batch in received.iter() {
+            for (now, input) in batch {
+                if let Err(e) = each(now, input) {
+                    failed = Some(e);
+                    break 'batches;
+                }
+            }
+        }
+        drop(received);
+        let decoded = decoder
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        match failed {
+            Some(e) => Err(e),
+            None => decoded,
+        }
+    })
+}
+
 /// Records decoded and not yet applied. Applying a record looks its key up: at millions of
 /// objects, a chain of cache misses (index, object, key). Looking the window's keys up
 /// together first ([`Master::warm`]) puts their misses in flight at once, and the records
@@ -234,4 +299,62 @@ fn reconfigure(master: Master, config: MasterConfig) -> Result<Master> {
         return Ok(master);
     }
     Master::restore_unshifted(config, &master.snapshot())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Generation 3's journal of `ticks` timer ticks (timed 1, 2, ...), closed by its end
+    /// record.
+    fn ticks_journal(ticks: u64) -> Vec<u8> {
+        let mut bytes = journal::file_header(3).to_vec();
+        for now in 1..=ticks {
+            journal::record(3, Millis(now), &journal::tick_payload(), &mut bytes);
+        }
+        journal::record(3, Millis(0), &journal::end_payload(), &mut bytes);
+        bytes
+    }
+
+    #[test]
+    fn decoding_on_its_own_thread_hands_on_every_record_in_order_and_stops_when_told() {
+        // Far more records than the decoder may run ahead of the caller.
+        let bytes = ticks_journal(20_000);
+        let read = |buf: &mut [u8], at: u64| {
+            buf.copy_from_slice(&bytes[at as usize..at as usize + buf.len()]);
+            Ok(())
+        };
+        let mut seen = Vec::new();
+        let decoded = replay_overlapped(3, bytes.len() as u64, read, |now, input| {
+            assert_eq!(input, Input::Tick);
+            seen.push(now.as_millis());
+            Ok(())
+        })
+        .expect("it replays");
+        assert_eq!(seen, (1..=20_000).collect::<Vec<u64>>());
+        assert!(decoded.ended && decoded.stopped.is_none());
+        assert_eq!(decoded.intact, bytes.len());
+
+        // The caller's error ends the replay, however far ahead the decoder was.
+        let mut taken = 0;
+        let refused = replay_overlapped(3, bytes.len() as u64, read, |_, _| {
+            taken += 1;
+            match taken {
+                100 => Err(io_error("the hundredth record is refused".into())),
+                _ => Ok(()),
+            }
+        })
+        .expect_err("refused");
+        assert!(refused.to_string().contains("hundredth"), "{refused:?}");
+        assert_eq!(taken, 100, "nothing reaches the caller after its error");
+
+        // A read that fails is the replay's error.
+        let failing = |_: &mut [u8], _: u64| Err(io_error("the disk is gone".into()));
+        let failed = replay_overlapped(3, bytes.len() as u64, failing, |_, _| Ok(()))
+            .expect_err("the read fails");
+        assert!(
+            failed.to_string().contains("the disk is gone"),
+            "{failed:?}"
+        );
+    }
 }
