@@ -52,8 +52,10 @@
 //! at a time, each piece followed by its sync mark, so recovery needs a journal file only up to
 //! its end record, or up to a bad record and a mark's reach past it: a reused file's older
 //! records (as long as a whole generation's journal) are not read. Recovery reads a journal
-//! `journal::REPLAY_PIECE` bytes at a time and applies each record as it is decoded, so a
-//! restart holds one piece of a journal in memory, not gigabytes of it.
+//! `journal::REPLAY_PIECE` bytes at a time and applies its records as they are decoded, so a
+//! restart holds one piece of a journal in memory, not gigabytes of it. Decoding runs on a
+//! thread of its own (inline in the simulation) while the records decoded before it are
+//! applied, a window at a time, their keys looked up together first (`recover`).
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
