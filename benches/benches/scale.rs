@@ -24,7 +24,7 @@ use mooring_benches::service::{Pairs, mounted, put_pairs};
 use mooring_benches::{
     bench_dir, bench_runtime, filled_master_with, key64, master_ops, resident_bytes,
 };
-use mooring_core::{Master, MasterConfig};
+use mooring_core::MasterConfig;
 use mooring_proto::state_dir::StateDir;
 
 /// Each object's size: small, so a hundred million fit the segments' address space.
@@ -265,7 +265,8 @@ fn breakdown(files: &[(String, u64)], dir: &std::path::Path, config: &MasterConf
     let snapshot = state_dir.read_whole(newest).expect("the snapshot");
     let read = started.elapsed();
     let started = Instant::now();
-    let master = Master::restore_unshifted(config.clone(), snapshot.bytes()).expect("it restores");
+    let master = mooring::master::journal::restore_snapshot(config.clone(), snapshot.bytes())
+        .expect("it restores");
     let restored = started.elapsed();
     let started = Instant::now();
     mooring_core::invariants::check(&master).expect("it holds");
@@ -336,7 +337,8 @@ fn fresh(how: &str) {
     .expect("the snapshot");
     let read = started.elapsed();
     let master =
-        Master::restore_unshifted(MasterConfig::default(), snapshot.bytes()).expect("it restores");
+        mooring::master::journal::restore_snapshot(MasterConfig::default(), snapshot.bytes())
+            .expect("it restores");
     eprintln!(
         "restart: in a new process, {} {newest} {:.2} s, then restoring it {:.2} s ({} objects)",
         if how == "read" { "reading" } else { "mapping" },

@@ -33,6 +33,12 @@ pub(crate) struct TableParts {
     pub(crate) writers: WriterParts,
 }
 
+/// What a restored table derives from its objects ([`ObjectTable::derive`]).
+pub(crate) struct Derived {
+    index: KeyIndex,
+    tenants: TenantUsage,
+}
+
 /// All objects, by slot and by key.
 #[derive(Clone)]
 pub(crate) struct ObjectTable {
@@ -66,10 +72,12 @@ impl ObjectTable {
         }
     }
 
-    /// Rebuilds a table from its parts, as saved by a snapshot; refuses parts that hold a
-    /// key in two slots, or keys the arena cannot vouch for ([`KeyArena::check_restored`]).
-    /// The key index is built here from the slots, so it agrees with them by construction
-    /// (see [`ObjectTable::check_slots`]).
+    /// Rebuilds a table from its parts, as saved by a snapshot, without its key index: refuses
+    /// parts whose shape is damaged, objects no build would hold, or keys the arena cannot
+    /// vouch for ([`KeyArena::check_restored`]). What the table derives from its objects (the
+    /// index, usage per tenant) comes next, from [`ObjectTable::derive`], while the rest of
+    /// the restored state is checked beside it; until [`ObjectTable::install`], nothing may
+    /// look a key up.
     pub(crate) fn from_parts(seed: u64, parts: TableParts) -> Result<Self, String> {
         let TableParts {
             slots,
@@ -78,40 +86,60 @@ impl ObjectTable {
             free_slots,
             writers,
         } = parts;
-        // The lengths size the index below: a damaged snapshot must not claim more than
+        // The lengths size the index later: a damaged snapshot must not claim more than
         // it holds.
         slots.check()?;
         checksums.check()?;
-        keys.check_restored(slots.iter().flatten().map(|o| o.key))?;
-        let mut table = ObjectTable::new(seed);
-        let mut index = KeyIndex::with_capacity(slots.len().saturating_sub(free_slots.len()));
-        for (slot, object) in slots.iter().enumerate() {
-            if let Some(object) = object {
-                object.check_packed()?;
-                let key = keys.get(object.key);
-                let same_key = |other: u32| {
-                    slots
-                        .get(other as usize)
-                        .and_then(Option::as_ref)
-                        .is_some_and(|o| keys.is(o.key, key))
-                };
-                index
-                    .insert_unique(table.hasher.hash_one(key), slot as u32, same_key)
-                    .map_err(|other| format!("key {key:?} is held by slots {other} and {slot}"))?;
-                table.tenants.add(key, object.size());
-                if object.disk() != crate::object::NO_DISK {
-                    table.tenants.count_disk(key, object.size(), true);
-                }
+        let mut packed = Ok(());
+        keys.check_restored(slots.iter().flatten().map(|object| {
+            if packed.is_ok() {
+                packed = object.check_packed();
             }
-        }
-        table.keys = keys;
+            object.key
+        }))?;
+        packed?;
+        let mut table = ObjectTable::new(seed);
         table.writers = Writers::from_parts(writers, slots.iter().flatten().map(Object::writer))?;
-        table.len = index.len();
-        table.index = index;
+        table.len = slots.len().saturating_sub(free_slots.len());
+        table.keys = keys;
         table.slots = slots;
         table.checksums = checksums;
         table.free_slots = free_slots;
         Ok(table)
+    }
+
+    /// What a table restored by [`ObjectTable::from_parts`] derives from its objects: the key
+    /// index (refusing a key held by two slots) and the objects and bytes per tenant. Built
+    /// from the slots, they agree with them by construction (see
+    /// [`ObjectTable::check_slots`]).
+    pub(crate) fn derive(&self) -> Result<Derived, String> {
+        let (slots, keys) = (&self.slots, &self.keys);
+        let mut index = KeyIndex::with_capacity(self.len);
+        let mut tenants = TenantUsage::default();
+        for (slot, object) in slots.iter().enumerate() {
+            let Some(object) = object else { continue };
+            let key = keys.get(object.key);
+            let same_key = |other: u32| {
+                slots
+                    .get(other as usize)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|o| keys.is(o.key, key))
+            };
+            index
+                .insert_unique(self.hasher.hash_one(key), slot as u32, same_key)
+                .map_err(|other| format!("key {key:?} is held by slots {other} and {slot}"))?;
+            tenants.add(key, object.size());
+            if object.disk() != crate::object::NO_DISK {
+                tenants.count_disk(key, object.size(), true);
+            }
+        }
+        Ok(Derived { index, tenants })
+    }
+
+    /// Puts what [`ObjectTable::derive`] derived in place: the table is whole again.
+    pub(crate) fn install(&mut self, derived: Derived) {
+        self.index = derived.index;
+        self.tenants = derived.tenants;
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -373,11 +401,11 @@ impl ObjectTable {
         self.check_index()
     }
 
-    /// Checks the slab, its checksum column and its free list, and that the index holds as
-    /// many entries as there are live slots: all [`ObjectTable::check`] checks of a table
-    /// [`ObjectTable::from_parts`] just built, whose index agrees with its slots by
-    /// construction (checking each key against it would cost a lookup per object: seconds
-    /// at ten million).
+    /// Checks the slab, its checksum column, its free list and its writers: all
+    /// [`ObjectTable::check`] checks but the index's, which is what a restore checks, as its
+    /// index is derived from the slots ([`ObjectTable::derive`]) and agrees with them by
+    /// construction (checking each key against it would cost a lookup per object: seconds at
+    /// ten million).
     pub(crate) fn check_slots(&self) -> Result<(), String> {
         self.slots.check()?;
         self.checksums.check()?;
@@ -389,12 +417,8 @@ impl ObjectTable {
             ));
         }
         let live = self.slots.iter().filter(|s| s.is_some()).count();
-        if live != self.len || self.index.len() != self.len {
-            return Err(format!(
-                "object table: {live} live slots, len {}, index {}",
-                self.len,
-                self.index.len()
-            ));
+        if live != self.len {
+            return Err(format!("object table: {live} live slots, len {}", self.len));
         }
         let mut free = vec![false; self.slots.len()];
         for &slot in &self.free_slots {
@@ -414,6 +438,13 @@ impl ObjectTable {
 
     /// Checks that the index finds every live slot by its key, and nothing else.
     fn check_index(&self) -> Result<(), String> {
+        if self.index.len() != self.len {
+            return Err(format!(
+                "object table: {} live objects, index {}",
+                self.len,
+                self.index.len()
+            ));
+        }
         let mut indexed = self.index.check()?;
         indexed.sort_unstable();
         let live_slots: Vec<u32> = self.iter().map(|(slot, _)| slot).collect();
@@ -434,6 +465,14 @@ impl ObjectTable {
 mod tests {
     use super::*;
 
+    /// A table from its parts as a restore builds it: the parts, then what it derives.
+    fn rebuild(parts: TableParts) -> Result<ObjectTable, String> {
+        let mut table = ObjectTable::from_parts(7, parts)?;
+        let derived = table.derive()?;
+        table.install(derived);
+        Ok(table)
+    }
+
     #[test]
     fn a_table_rebuilt_from_its_parts_finds_every_key_and_refuses_a_key_held_twice() {
         let mut table = ObjectTable::new(7);
@@ -442,7 +481,7 @@ mod tests {
         }
         let b = table.find("b").expect("b is in");
         table.remove(b);
-        let rebuilt = ObjectTable::from_parts(7, table.parts()).expect("consistent parts");
+        let rebuilt = rebuild(table.parts()).expect("consistent parts");
         rebuilt
             .check()
             .expect("the full check agrees with the rebuilt index");
@@ -456,7 +495,7 @@ mod tests {
         let mut copy = parts.slots[0].clone();
         copy.as_mut().expect("a is in").key = parts.keys.insert("a");
         parts.slots[2] = copy;
-        let refused = ObjectTable::from_parts(7, parts).err().expect("refused");
+        let refused = rebuild(parts).err().expect("refused");
         assert!(
             refused.contains("\"a\" is held by slots 0 and 2"),
             "{refused}"
@@ -467,7 +506,7 @@ mod tests {
         let c = table.find("c").expect("c is in") as usize;
         let a_key = parts.slots[0].as_ref().expect("a is in").key;
         parts.slots[c].as_mut().expect("c is in").key = a_key;
-        let refused = ObjectTable::from_parts(7, parts).err().expect("refused");
+        let refused = rebuild(parts).err().expect("refused");
         assert!(refused.contains("shares bytes"), "{refused}");
     }
 

@@ -18,6 +18,7 @@ use foldhash::fast::FixedState;
 use crate::error::{Error, ErrorCode, Result};
 use crate::ids::ClientId;
 use crate::master::Master;
+use crate::objects::ObjectTable;
 use crate::tenant::{DEFAULT_TENANT, tenant_of};
 
 /// The member a client id belongs to.
@@ -91,13 +92,13 @@ impl Unfinished {
     }
 
     /// The same table, worked out from the objects being written.
-    pub(crate) fn rebuild(master: &Master) -> Unfinished {
+    pub(crate) fn rebuild(objects: &ObjectTable) -> Unfinished {
         let mut table = Unfinished::default();
-        for (slot, object) in master.objects.iter().filter(|(_, o)| o.writing()) {
+        for (slot, object) in objects.iter().filter(|(_, o)| o.writing()) {
             table.start(
                 slot,
-                master.objects.key_of(object),
-                master.objects.writer(slot),
+                objects.key_of(object),
+                objects.writer(slot),
                 object.size(),
             );
         }

@@ -21,6 +21,7 @@ use crate::invariants;
 use crate::master::{Counters, Master};
 use crate::objects::{ObjectTable, TableParts};
 use crate::offload::Disks;
+use crate::parallel::{Parallel, Sequential};
 use crate::quota::Unfinished;
 use crate::replication::Tasks;
 use crate::rng::Rng;
@@ -203,17 +204,31 @@ impl Master {
     /// Rebuilds a master from [`Master::snapshot`] bytes, with `config` (which may differ from
     /// the one that took the snapshot) and the new clock reading `now`.
     pub fn restore(config: MasterConfig, bytes: &[u8], now: Millis) -> Result<Master> {
-        Master::restore_on(config, bytes, Some(now))
+        Master::restore_on(config, bytes, Some(now), &Sequential)
     }
 
     /// Rebuilds a master from [`Master::snapshot`] bytes on the clock that took them (no
     /// time shifted): a journal's entries, timed on that clock, are then replayed onto it.
-    pub fn restore_unshifted(config: MasterConfig, bytes: &[u8]) -> Result<Master> {
-        Master::restore_on(config, bytes, None)
+    /// `parallel` runs the restore's two halves (see [`Master::restore_on`]): a restarting
+    /// server passes threads.
+    pub fn restore_unshifted(
+        config: MasterConfig,
+        bytes: &[u8],
+        parallel: &dyn Parallel,
+    ) -> Result<Master> {
+        Master::restore_on(config, bytes, None, parallel)
     }
 
-    /// Restores onto the clock reading `now`, or the snapshot's own clock with `None`.
-    fn restore_on(config: MasterConfig, bytes: &[u8], now: Option<Millis>) -> Result<Master> {
+    /// Restores onto the clock reading `now`, or the snapshot's own clock with `None`. After
+    /// the archive is read, the key index and the other state derived from the objects are
+    /// built while everything else is checked, two halves that read the same objects and
+    /// write nothing the other reads, run by `parallel`.
+    fn restore_on(
+        config: MasterConfig,
+        bytes: &[u8],
+        now: Option<Millis>,
+        parallel: &dyn Parallel,
+    ) -> Result<Master> {
         config.validate()?;
         let bad = |what: &str| Error::new(ErrorCode::INVALID_PARAMS, format!("snapshot {what}"));
         if bytes.len() < HEADER_LEN || bytes[..8] != MAGIC {
@@ -284,8 +299,23 @@ impl Master {
             unfinished: Unfinished::default(),
             config,
         };
-        master.unfinished = Unfinished::rebuild(&master);
-        invariants::check_restored(&master).map_err(|v| bad(&format!("is inconsistent: {v}")))?;
+        let (mut derived, mut unfinished, mut checked) = (None, None, None);
+        parallel.join(
+            &mut || {
+                derived = Some(master.objects.derive());
+                unfinished = Some(Unfinished::rebuild(&master.objects));
+            },
+            &mut || checked = Some(invariants::check_restored(&master)),
+        );
+        let inconsistent = |e: &dyn std::fmt::Display| bad(&format!("is inconsistent: {e}"));
+        let derived = derived
+            .expect("both halves ran")
+            .map_err(|e| inconsistent(&e))?;
+        checked
+            .expect("both halves ran")
+            .map_err(|v| inconsistent(&v))?;
+        master.objects.install(derived);
+        master.unfinished = unfinished.expect("both halves ran");
         Ok(master)
     }
 
@@ -305,6 +335,96 @@ impl Master {
         for slot in slots {
             // A lease only: the order eviction takes objects in (their last access) stays.
             self.objects.at_mut(slot).extend_lease(now + lease_ttl);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checksum::Checksum;
+    use crate::config::ReplicateConfig;
+    use crate::ids::ClientId;
+    use crate::segments::SegmentSpec;
+
+    /// [`Parallel`] on two threads, as a server runs a restore.
+    struct TwoThreads;
+
+    impl Parallel for TwoThreads {
+        fn join(&self, a: &mut (dyn FnMut() + Send), b: &mut (dyn FnMut() + Send)) {
+            std::thread::scope(|scope| {
+                let first = scope.spawn(a);
+                b();
+                first.join().expect("the first half ran");
+            });
+        }
+    }
+
+    /// A master with a segment, complete objects and one write in progress.
+    fn busy_master() -> Master {
+        let mut master = Master::new(MasterConfig::default()).expect("a valid config");
+        let node = ClientId(0xA);
+        let spec = SegmentSpec {
+            name: "node:7000".into(),
+            base: 1 << 40,
+            size: 1 << 24,
+            endpoint: "node:7000".into(),
+            key: 7,
+            rdma_key: None,
+        };
+        master
+            .mount_segment(node, &spec, Millis(0))
+            .expect("mounted");
+        let one = ReplicateConfig::single();
+        for i in 0..40 {
+            let key = format!("tenant-{}/key-{i}", i % 3);
+            let grant = master
+                .put_start(node, &key, 4096, &one, Millis(1))
+                .expect("room");
+            if i != 7 {
+                let sum = Checksum::of(key.as_bytes());
+                master
+                    .put_end(node, &key, grant.write_id, sum, Millis(2))
+                    .expect("ended");
+            }
+        }
+        master
+    }
+
+    #[test]
+    fn a_restore_side_by_side_builds_what_one_after_the_other_does_and_refuses_the_same() {
+        let master = busy_master();
+        let bytes = master.snapshot();
+        let config = MasterConfig::default();
+        let one_by_one = Master::restore_unshifted(config.clone(), &bytes, &Sequential).unwrap();
+        let side_by_side = Master::restore_unshifted(config.clone(), &bytes, &TwoThreads).unwrap();
+        for restored in [&one_by_one, &side_by_side] {
+            assert_eq!(restored.state_fingerprint(), master.state_fingerprint());
+            // What the restore derived, checked the long way: the index finds every key, and
+            // the usage per tenant and the unfinished writes' shares add up.
+            invariants::check(restored).expect("whole after the restore");
+            assert_eq!(restored.objects.tenants(), master.objects.tenants());
+            assert_eq!(restored.unfinished, master.unfinished);
+        }
+
+        // Damage only the check finds (a counter that disagrees with the objects), and damage
+        // only the derivation finds (a key held by two slots): refused either way.
+        let mut miscounted = busy_master();
+        miscounted.counters.writing_objects += 1;
+        let mut twice = busy_master();
+        let a = twice.objects.find("tenant-0/key-0").expect("in");
+        let b = twice.objects.find("tenant-1/key-1").expect("in");
+        let same = twice.objects.at(a).key;
+        twice.objects.at_mut(b).key = same;
+        for (damaged, why) in [(miscounted, "being written"), (twice, "shares bytes")] {
+            let bytes = damaged.snapshot();
+            for parallel in [&Sequential as &dyn Parallel, &TwoThreads] {
+                let refused = Master::restore_unshifted(config.clone(), &bytes, parallel)
+                    .err()
+                    .expect("refused");
+                assert!(refused.to_string().contains("is inconsistent"), "{refused}");
+                assert!(refused.to_string().contains(why), "{refused}");
+            }
         }
     }
 }

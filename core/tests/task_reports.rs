@@ -159,7 +159,9 @@ fn reports_survive_a_snapshot() {
     f.put(A, "j", 4096, &one_on("seg0"));
     let running = f.m.copy_start(B, "j", &["seg1".into()], f.now).unwrap();
     let bytes = f.m.snapshot();
-    let restored = Master::restore_unshifted(MasterConfig::default(), &bytes).unwrap();
+    let restored =
+        Master::restore_unshifted(MasterConfig::default(), &bytes, &mooring_core::Sequential)
+            .unwrap();
     for task in [ended.task, running.task] {
         assert_eq!(
             restored.query_task(task, f.now).unwrap(),

@@ -156,7 +156,7 @@ mod writer;
 use files::SPARE;
 pub(crate) use files::delete_before;
 use files::{JournalFile, PREWRITE, close_recovered, full_hint, retire_before, write_snapshot};
-pub use recover::{Recovered, Tail, recover};
+pub use recover::{Recovered, Tail, recover, restore_snapshot};
 use writer::{Pending, Writer};
 
 /// What a journal has written, for metrics.

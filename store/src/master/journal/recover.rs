@@ -2,6 +2,7 @@
 //! sync mark vouches for stops it (see the module docs of [`super`]).
 
 use super::*;
+use mooring_core::Parallel;
 
 /// What [`recover`] found.
 pub struct Recovered {
@@ -283,7 +284,7 @@ fn restore(config: MasterConfig, bytes: &[u8], generation: u64) -> Result<Master
         "restoring snapshot {generation} ({:.1} MB)",
         bytes.len() as f64 / 1e6
     );
-    let master = Master::restore_unshifted(config, bytes)?;
+    let master = restore_snapshot(config, bytes)?;
     info!(
         objects = master.stats().objects,
         "snapshot {generation} restored"
@@ -298,7 +299,41 @@ fn reconfigure(master: Master, config: MasterConfig) -> Result<Master> {
     if *master.config() == config {
         return Ok(master);
     }
-    Master::restore_unshifted(config, &master.snapshot())
+    restore_snapshot(config, &master.snapshot())
+}
+
+/// [`Master::restore_unshifted`] as a restart runs it: its two halves on two threads (one
+/// after the other in the simulation, which runs everything on one thread).
+pub fn restore_snapshot(config: MasterConfig, bytes: &[u8]) -> Result<Master> {
+    if cfg!(madsim) {
+        return Master::restore_unshifted(config, bytes, &mooring_core::Sequential);
+    }
+    Master::restore_unshifted(config, bytes, &Threads)
+}
+
+/// [`Parallel`] on a second thread: the first closure runs on a thread of its own while the
+/// caller's runs the second.
+struct Threads;
+
+impl Parallel for Threads {
+    fn join(&self, a: &mut (dyn FnMut() + Send), b: &mut (dyn FnMut() + Send)) {
+        let side_by_side = std::thread::scope(|scope| {
+            let first = std::thread::Builder::new()
+                .name("mooring-restore".into())
+                .spawn_scoped(scope, &mut *a);
+            let Ok(first) = first else { return false };
+            b();
+            if let Err(panic) = first.join() {
+                std::panic::resume_unwind(panic);
+            }
+            true
+        });
+        // No thread to be had: the same work, one half after the other.
+        if !side_by_side {
+            a();
+            b();
+        }
+    }
 }
 
 #[cfg(test)]
