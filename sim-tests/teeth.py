@@ -282,6 +282,20 @@ EXPS = {
  'restored-unfinished-not-rebuilt': [
    ('core/src/snapshot.rs', "                unfinished = Some(Unfinished::rebuild(&master.objects));", "                unfinished = Some(Unfinished::default());"),
  ],
+ # A journal's replay reports no key changes, and the recovered master reports its own
+ # (judged by the pause's own test and the recovery test).
+ 'paused-upsert-still-reports': [
+   ('core/src/upsert.rs', "(object.is_readable() && self.reports_key_changes())", "(object.is_readable())"),
+ ],
+ 'paused-store-still-reports': [
+   ('core/src/key_events.rs', "    pub(crate) fn value_stored(&mut self, slot: u32) {\n        if self.key_changes_paused {\n            return;\n        }\n", "    pub(crate) fn value_stored(&mut self, slot: u32) {\n"),
+ ],
+ 'replay-reports-key-changes': [
+   ('store/src/master/journal/recover.rs', "                m.pause_key_changes(true);\n", ""),
+ ],
+ 'replay-never-resumes-key-changes': [
+   ('store/src/master/journal/recover.rs', "        m.pause_key_changes(false);\n", ""),
+ ],
  'restored-keys-may-share-bytes': [
    ('core/src/key_arena.rs', "                if taken[word] & bit != 0 {", "                if taken[word] & bit != 0 && unit == usize::MAX {"),
  ],
@@ -672,6 +686,12 @@ for plant in ['restore-ignores-its-check', 'restored-counters-unchecked', 'resto
               'restored-unfinished-not-rebuilt']:
     PROPERTY_TESTS[plant] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--lib', 'snapshot::tests'],
                              'a_restore_side_by_side')
+for plant in ['paused-upsert-still-reports', 'paused-store-still-reports']:
+    PROPERTY_TESTS[plant] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'policy'],
+                             'a_replay_pauses_key_changes')
+for plant in ['replay-reports-key-changes', 'replay-never-resumes-key-changes']:
+    PROPERTY_TESTS[plant] = (['cargo', 'test', '-q', '--release', '-p', 'mooring', '--lib', 'master::journal'],
+                             'a_recovered_master_is_the_master_that_was_running')
 for plant in ['restored-keys-may-share-bytes', 'restored-free-slots-unchecked', 'restored-key-bytes-uncounted']:
     PROPERTY_TESTS[plant] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--lib', 'key_arena'],
                              'a_restored_arena_is_kept_as_read')
@@ -715,7 +735,7 @@ EXPS.update({
    ('core/src/membership.rs', "            if readable_before && !object.is_readable() {\n                self.value_removed(object_slot);", "            if readable_before && !object.is_readable() && object.writing {\n                self.value_removed(object_slot);"),
  ],
  'kv-upsert-keeps-old-value': [
-   ('core/src/upsert.rs', "        let value_gone = object\n            .is_readable()\n            .then(", "        let value_gone = object\n            .writing()\n            .then("),
+   ('core/src/upsert.rs', "        let value_gone = (object.is_readable() && self.reports_key_changes())", "        let value_gone = (object.writing() && self.reports_key_changes())"),
  ],
  'kv-prefetch-end-restores': [
    ('core/src/put.rs', "        let new_value = !object.prefetch() || !object.is_readable();", "        let new_value = true;"),

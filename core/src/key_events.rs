@@ -79,14 +79,33 @@ pub struct KeyChanges {
 const KEY_CHANGE_LIMIT: usize = 1 << 16;
 
 impl Master {
+    /// Stops (`true`) or resumes reporting key changes. A journal's replay pauses them: its
+    /// changes were reported when they first happened, a restarted master's subscribers start
+    /// afresh from the keys they list, and building each would cost a copy of its key
+    /// (millions in a restart).
+    pub fn pause_key_changes(&mut self, paused: bool) {
+        self.key_changes_paused = paused;
+    }
+
+    /// Whether key changes are reported now.
+    pub(crate) fn reports_key_changes(&self) -> bool {
+        !self.key_changes_paused
+    }
+
     /// Reports that `slot`'s value became readable.
     pub(crate) fn value_stored(&mut self, slot: u32) {
+        if self.key_changes_paused {
+            return;
+        }
         let change = KeyChange::stored(self.objects.key(slot), self.objects.at(slot));
         self.report_key_change(change);
     }
 
     /// Reports that `slot`'s current value stopped being readable (before it changes).
     pub(crate) fn value_removed(&mut self, slot: u32) {
+        if self.key_changes_paused {
+            return;
+        }
         let change = KeyChange::removed(self.objects.key(slot), self.objects.at(slot));
         self.report_key_change(change);
     }

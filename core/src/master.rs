@@ -162,6 +162,8 @@ pub struct Master {
     pub(crate) events: EventQueue,
     /// Keys' values coming and going, for KV events (see `key_events`).
     pub(crate) key_changes: KeyChanges,
+    /// Whether key changes go unreported for now (see [`Master::pause_key_changes`]).
+    pub(crate) key_changes_paused: bool,
     /// Unfinished puts per member (derived from `objects`; see `quota`).
     pub(crate) unfinished: Unfinished,
 }
@@ -184,6 +186,7 @@ impl Master {
             counters: Counters::default(),
             events: EventQueue::default(),
             key_changes: KeyChanges::default(),
+            key_changes_paused: false,
             unfinished: Unfinished::default(),
             config,
         })

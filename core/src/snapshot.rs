@@ -296,6 +296,7 @@ impl Master {
             counters: state.counters,
             events: EventQueue::default(),
             key_changes: Default::default(),
+            key_changes_paused: false,
             unfinished: Unfinished::default(),
             config,
         };

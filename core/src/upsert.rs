@@ -90,8 +90,7 @@ impl Master {
         let object = self.objects.at(slot);
         // Readers lose the old value as the new one is written, whichever case follows.
         let key = self.objects.key(slot);
-        let value_gone = object
-            .is_readable()
+        let value_gone = (object.is_readable() && self.reports_key_changes())
             .then(|| KeyChange::removed(key, object));
         if object.holds() > 0 {
             return Err(Error::new(

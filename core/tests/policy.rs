@@ -1102,6 +1102,40 @@ fn corrupt_snapshots_are_refused_with_reasons() {
     assert_eq!(restore(&[]).unwrap_err().code, ErrorCode::INVALID_PARAMS);
 }
 
+#[test]
+fn a_replay_pauses_key_changes_and_the_master_reports_them_again_after() {
+    let mut f = Fixture::new(1, MIB);
+    f.put(A, "k", 100, &one());
+    f.m.drain_key_changes();
+    // A journal's replay: its puts, upserts and removals were reported the first time.
+    f.m.pause_key_changes(true);
+    let g = f.upsert(A, "k", 100, &one()).unwrap();
+    f.end(A, "k", g.write_id).unwrap();
+    f.put(A, "other", 100, &one());
+    f.remove("other").unwrap();
+    let quiet = f.m.drain_key_changes();
+    assert!(quiet.changes.is_empty() && quiet.dropped == 0, "{quiet:?}");
+    f.m.pause_key_changes(false);
+    let g = f.upsert(A, "k", 100, &one()).unwrap();
+    f.end(A, "k", g.write_id).unwrap();
+    let kinds: Vec<_> = (f.m.drain_key_changes().changes.into_iter())
+        .map(|c| (c.kind, c.key.to_string()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (
+                mooring_core::key_events::KeyEventKind::Removed,
+                "k".to_string()
+            ),
+            (
+                mooring_core::key_events::KeyEventKind::Stored,
+                "k".to_string()
+            )
+        ]
+    );
+}
+
 // ---- determinism and the driver contract ------------------------------------------------------
 
 #[test]

@@ -90,11 +90,14 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
                 if let Some(m) = master.as_mut() {
                     replayed += ahead.apply(m);
                 }
-                master = Some(match (master.take(), snapshot.take()) {
+                let mut m = match (master.take(), snapshot.take()) {
                     (Some(m), _) => reconfigure(m, logged)?,
                     (None, Some(bytes)) => restore(logged, bytes.bytes(), first)?,
                     (None, None) => Master::new(logged)?,
-                });
+                };
+                // What replay changes was reported when it first happened.
+                m.pause_key_changes(true);
+                master = Some(m);
                 info!("replaying {path}");
                 return Ok(());
             }
@@ -160,6 +163,7 @@ pub fn recover(dir: &dyn StateDir, config: MasterConfig) -> Result<Recovered> {
     // What replay did was reported when it first happened: its events are not news.
     if let Some(m) = master.as_mut() {
         m.drain_events();
+        m.pause_key_changes(false);
     }
     let master = match (master, snapshot) {
         (Some(m), _) => reconfigure(m, config)?,

@@ -73,6 +73,22 @@ fn a_recovered_master_is_the_master_that_was_running() {
             live,
             "snapshot after {snapshot_after}"
         );
+        // Replay reports no key changes (they were news the first time); the master
+        // recovered reports its own.
+        let mut master = recover(&PosixStateDir::new(&dir), MasterConfig::default())
+            .unwrap()
+            .master;
+        let replayed = master.drain_key_changes();
+        assert!(replayed.changes.is_empty() && replayed.dropped == 0);
+        let (now, one) = (master.now(), ReplicateConfig::single());
+        let grant = master.put_start(CLIENT, "new", 1000, &one, now).unwrap();
+        let sum = Checksum::of(b"new");
+        master
+            .put_end(CLIENT, "new", grant.write_id, sum, now)
+            .unwrap();
+        let reported = master.drain_key_changes().changes;
+        assert_eq!(reported.len(), 1, "{reported:?}");
+        assert_eq!(&*reported[0].key, "new");
         let _ = fs::remove_dir_all(&dir);
     }
 }
