@@ -193,8 +193,11 @@ fn replay_overlapped(
         return journal::replay(generation, len, journal::REPLAY_PIECE, read, each);
     }
     /// Records handed over at a time, and how many such batches the decoder may run ahead.
-    const BATCH: usize = 64;
-    const BATCHES_AHEAD: usize = 32;
+    /// The decoder is the faster of the two, so it waits on a full channel and every batch
+    /// taken wakes it: batches of a thousand make that a few hundred wakes a second, not
+    /// tens of thousands.
+    const BATCH: usize = 1024;
+    const BATCHES_AHEAD: usize = 4;
     std::thread::scope(|scope| {
         let (batches, received) = std::sync::mpsc::sync_channel(BATCHES_AHEAD);
         let decoder = std::thread::Builder::new()
