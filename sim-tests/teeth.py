@@ -273,8 +273,8 @@ EXPS = {
  'restore-ignores-its-check': [
    ('core/src/snapshot.rs', "        checked\n            .expect(\"both halves ran\")\n            .map_err(|v| inconsistent(&v))?;\n", "        let _ = checked;\n"),
  ],
- 'restored-counters-unchecked': [
-   ('core/src/invariants/mod.rs', "    if writing != master.counters.writing_objects {", "    if writing != master.counters.writing_objects && scope == Scope::Everything {"),
+ 'restored-objects-unchecked': [
+   ('core/src/invariants/mod.rs', "    check_objects(master, scope)?;\n", "    if scope == Scope::Everything {\n        check_objects(master, scope)?;\n    }\n"),
  ],
  'restored-tenants-underived': [
    ('core/src/objects.rs', "            tenants.add(key, object.size());\n", ""),
@@ -682,7 +682,7 @@ PROPERTY_TESTS['key-slot-filed-too-big'] = (['cargo', 'test', '-q', '--release',
 # one, so the arena's and the table's own tests judge them.
 PROPERTY_TESTS['restore-trusts-key-refs'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--lib', 'objects::tests'],
                                              'a_table_rebuilt_from_its_parts')
-for plant in ['restore-ignores-its-check', 'restored-counters-unchecked', 'restored-tenants-underived',
+for plant in ['restore-ignores-its-check', 'restored-objects-unchecked', 'restored-tenants-underived',
               'restored-unfinished-not-rebuilt']:
     PROPERTY_TESTS[plant] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--lib', 'snapshot::tests'],
                              'a_restore_side_by_side')

@@ -398,28 +398,40 @@ fn check_objects(master: &Master, scope: Scope) -> Result<(), Violation> {
             ));
         }
     }
-    if disk_replicas != master.counters.disk_replicas {
-        return Err(violation(
-            "disk-replica",
-            format!(
-                "{disk_replicas} objects have a disk copy, counter says {}",
-                master.counters.disk_replicas
-            ),
-        ));
-    }
+    let counters = &master.counters;
+    let have_disk_copy = "objects have a disk copy";
+    check_counter(
+        "disk-replica",
+        have_disk_copy,
+        disk_replicas,
+        counters.disk_replicas,
+    )?;
     if scope == Scope::Everything {
         check_derived(master)?;
     }
-    if writing != master.counters.writing_objects {
-        return Err(violation(
-            "object-shape",
-            format!(
-                "{writing} objects being written, counter says {}",
-                master.counters.writing_objects
-            ),
-        ));
+    let being_written = "objects being written";
+    check_counter(
+        "object-shape",
+        being_written,
+        writing,
+        counters.writing_objects,
+    )
+}
+
+/// A counter the master keeps (`kept`) against the objects it counts (`counted`).
+fn check_counter(
+    invariant: &'static str,
+    what: &str,
+    counted: u64,
+    kept: u64,
+) -> Result<(), Violation> {
+    match counted == kept {
+        true => Ok(()),
+        false => Err(violation(
+            invariant,
+            format!("{counted} {what}, counter says {kept}"),
+        )),
     }
-    Ok(())
 }
 
 /// What the object table and the master keep derived from the objects, against the objects:
