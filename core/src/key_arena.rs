@@ -25,7 +25,7 @@ const WITHIN_PAGE: usize = (1 << PAGE_SHIFT) - 1;
 const SLOT_ALIGN: usize = 8;
 const LEN_BITS: u32 = 16;
 
-/// The longest key a [`KeyRef`] can name: its length has 16 bits.
+/// The longest key the arena can name: a key reference holds its length in 16 bits.
 pub const MAX_KEY_LEN: usize = (1 << LEN_BITS) - 1;
 
 /// Where a key's bytes are: the slot's offset in the arena (the high 48 bits) and the key's

@@ -209,8 +209,8 @@ impl Master {
 
     /// Rebuilds a master from [`Master::snapshot`] bytes on the clock that took them (no
     /// time shifted): a journal's entries, timed on that clock, are then replayed onto it.
-    /// `parallel` runs the restore's two halves (see [`Master::restore_on`]): a restarting
-    /// server passes threads.
+    /// `parallel` runs the restore's two halves, deriving the key index from the objects and
+    /// checking the rest of the state (see [`Parallel`]): a restarting server passes threads.
     pub fn restore_unshifted(
         config: MasterConfig,
         bytes: &[u8],
