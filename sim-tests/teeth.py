@@ -833,6 +833,26 @@ PROPERTY_TESTS['peer-evicts-value-awaiting-copy'] = (['cargo', 'test', '-q', '--
                                                      'eviction_passes_over_a_value_whose_copy_is_still_being_written')
 PROPERTY_TESTS['peer-goodbye-ignored'] = (['cargo', 'test', '-q', '-p', 'mooring', '--test', 'peer'],
                                           'a_peer_that_leaves_is_off_every_ring_at_once')
+# Large same-host copies shared with the helper thread (proto/src/striped.rs): a piece marked
+# finished without ordering its bytes before the caller's look, a piece handed to two threads
+# (a load and a store where one atomic add belongs), and a caller that returns without waiting
+# for the helper's pieces. Judged by loom's model of the pieces and by the copies' own tests.
+LOOM_PIECES = (['bash', 'scripts/loom.sh', 'a_copys_pieces'], 'a_copys_pieces_are_each_taken_once_and_all_seen_once_finished')
+EXPS.update({
+ 'striped-piece-finished-unordered': [
+   ('proto/src/striped.rs', "self.finished.fetch_add(1, Ordering::Release);", "self.finished.fetch_add(1, Ordering::Relaxed);"),
+ ],
+ 'striped-piece-taken-twice': [
+   ('proto/src/striped.rs', "let piece = self.next.fetch_add(1, Ordering::Relaxed);",
+                            "let piece = self.next.load(Ordering::Relaxed);\n        self.next.store(piece + 1, Ordering::Relaxed);"),
+ ],
+ 'striped-caller-skips-wait': [
+   ('proto/src/striped.rs', "    job.copy_pieces();\n    job.pieces.wait();\n", "    job.copy_pieces();\n"),
+ ],
+})
+PROPERTY_TESTS['striped-piece-finished-unordered'] = LOOM_PIECES
+PROPERTY_TESTS['striped-piece-taken-twice'] = LOOM_PIECES
+PROPERTY_TESTS['striped-caller-skips-wait'] = (['cargo', 'test', '-q', '-p', 'mooring-proto', '--lib', 'striped'], 'striped::tests::')
 if len(sys.argv) > 1 and sys.argv[1] == 'check':
     # A plant whose text the code no longer holds cannot be planted: the slip it stands for
     # would go unguarded without anyone noticing. Each edit must match exactly once.

@@ -4,8 +4,9 @@
 //! copy that is summed, as a same-host read makes one: 1 MiB values from a source too large
 //! for the caches (like a segment) into a 32 MiB batch of destinations, copied alone, copied
 //! then summed piece by piece while each piece is in cache, and copied and summed in one pass
-//! (`mooring_crc::copy_append`); the last two sum from the source, as a write into shared memory
-//! does.
+//! (`mooring_crc::copy_append`), and that copy shared with the process's helper thread
+//! (`mooring_proto::striped`, as same-host puts and gets of large values make it); the rows
+//! "from the source" sum from the source, as a write into shared memory does.
 //!
 //! Run: `cargo bench -p mooring-benches --bench crc`. Throughput is reported in bytes/s.
 
@@ -61,7 +62,18 @@ fn copies(c: &mut Criterion) {
     type CopySum = unsafe fn(u32, *const u8, *mut u8, usize, mooring_crc::Own) -> u32;
     let read = mooring_crc::Own::Destination;
     let write = mooring_crc::Own::Source;
-    let ways: [(&str, CopySum, mooring_crc::Own); 4] = [
+    /// [`mooring_proto::striped::copy_summed`] in the shape of the others (it starts from 0).
+    unsafe fn striped(
+        _: u32,
+        src: *const u8,
+        dst: *mut u8,
+        len: usize,
+        own: mooring_crc::Own,
+    ) -> u32 {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { mooring_proto::striped::copy_summed(src, dst, len, own) }
+    }
+    let ways: [(&str, CopySum, mooring_crc::Own); 6] = [
         (
             "copy, then sum each piece",
             mooring_crc::copy_then_sum,
@@ -76,6 +88,16 @@ fn copies(c: &mut Criterion) {
         (
             "copy, then sum each piece from the source (a write)",
             mooring_crc::copy_then_sum,
+            write,
+        ),
+        (
+            "copy and sum in one pass, shared with the helper thread",
+            striped,
+            read,
+        ),
+        (
+            "copy and sum in one pass from the source, shared with the helper thread",
+            striped,
             write,
         ),
     ];

@@ -12,7 +12,9 @@
 //! | [`wire`] | messages and the checksummed frame codec |
 //! | [`dispatch`] | a request to the master, applied to the core; the reply it gives |
 //! | [`transport`] | the control-plane and data-plane traits, segment memory, the export table |
+//! | [`helper`] | the process's helper thread, which takes part in large copies and summing |
 //! | [`summing`] | checksums summed on a helper thread while a transfer moves the next bytes |
+//! | [`striped`] | large copies in memory split between the caller and the helper |
 //! | [`serve`] | a node's answer to each data request, shared by every transport's data server |
 //! | [`journal`] | the master's inputs as checksummed records, and their replay |
 //! | [`refusals`] | refusals logged at WARN, at most ten a second, and counted |
@@ -28,14 +30,16 @@ pub mod disk;
 pub mod dispatch;
 pub mod fuzz;
 pub mod handoff;
+pub mod helper;
 pub mod journal;
 pub mod peer_dispatch;
 pub mod refusals;
 pub mod serve;
 pub mod state_dir;
+pub mod striped;
 pub mod summing;
 /// Lock and atomic types, swapped for loom's under `--cfg mooring_loom` so loom can model
-/// the structures that share state across threads (the export table).
+/// the structures that share state across threads (the export table, a copy's pieces).
 mod sync;
 pub mod trace;
 pub mod transport;

@@ -3,9 +3,10 @@
 //! A reader checks every value against its checksum, and summing at ~20 GB/s is a fifth of the
 //! work of a large get over TCP or more: done inline, it adds that much to every transfer. A
 //! transfer instead hands each piece to a [`Summing`] as soon as the piece has landed (or, for
-//! a write, before it goes out) and carries on; one helper thread per process sums pieces
-//! while the transfer's own thread receives or sends the next ones, and whatever the helper
-//! has not started by the time the transfer ends, the transfer sums itself. So the helper only
+//! a write, before it goes out) and carries on; the process's helper thread
+//! ([`crate::helper`]) sums pieces while the transfer's own thread receives or sends the next
+//! ones, and whatever the helper has not started by the time the transfer ends, the transfer
+//! sums itself. So the helper only
 //! ever speeds things up: with no spare core (or no helper thread at all) the cost is what
 //! summing inline costs.
 //!
@@ -21,10 +22,11 @@
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use mooring_core::Checksum;
 
+use crate::helper::{Work, helper};
 use crate::transport::LandedPiece;
 
 /// Bytes handed to the helper at a time: small enough that a piece is summed while it is
@@ -94,7 +96,7 @@ impl<'b> Summing<'b> {
         });
         drop(state);
         if let Some(helper) = helper {
-            helper.offer(&self.batch);
+            helper.offer(self.batch.clone());
         }
     }
 
@@ -176,6 +178,23 @@ impl Batch {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Sums what no helper has started (from the back, away from the helper) and waits for
+    /// what one has, so that no piece is pending or being read when it returns.
+    fn settle(&self) {
+        let mut state = self.lock();
+        while let Some(piece) = state.pending.pop_back() {
+            drop(state);
+            let sum = piece.sum();
+            state = self.lock();
+            state.sums[piece.index] = Some(sum);
+        }
+        while state.running > 0 {
+            state = self.idle.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Work for Batch {
     /// Sums pending pieces until none is left (the helper's side: from the front).
     fn help(&self) {
         loop {
@@ -198,53 +217,6 @@ impl Batch {
             }
         }
     }
-
-    /// Sums what no helper has started (from the back, away from the helper) and waits for
-    /// what one has, so that no piece is pending or being read when it returns.
-    fn settle(&self) {
-        let mut state = self.lock();
-        while let Some(piece) = state.pending.pop_back() {
-            drop(state);
-            let sum = piece.sum();
-            state = self.lock();
-            state.sums[piece.index] = Some(sum);
-        }
-        while state.running > 0 {
-            state = self.idle.wait(state).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-}
-
-/// The process's summing thread and the batches that have pieces for it.
-struct Helper {
-    queue: Mutex<VecDeque<Arc<Batch>>>,
-    wake: Condvar,
-}
-
-impl Helper {
-    fn offer(&self, batch: &Arc<Batch>) {
-        let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        // One entry per batch is enough: the helper drains a batch it takes.
-        if !queue.iter().any(|b| Arc::ptr_eq(b, batch)) {
-            queue.push_back(batch.clone());
-            self.wake.notify_one();
-        }
-    }
-
-    fn run(&self) {
-        loop {
-            let batch = {
-                let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-                loop {
-                    match queue.pop_front() {
-                        Some(batch) => break batch,
-                        None => queue = self.wake.wait(queue).unwrap_or_else(|e| e.into_inner()),
-                    }
-                }
-            };
-            batch.help();
-        }
-    }
 }
 
 /// Whether handing pieces to the helper saves the transfer time. Not where the CPU sums
@@ -255,39 +227,6 @@ impl Helper {
 /// slower than that.
 pub fn helper_pays() -> bool {
     !mooring_crc::folds_wide()
-}
-
-/// Starts the process's helper now rather than inside the first transfer that needs it
-/// (finding the core count and starting a thread took milliseconds here), where it pays.
-pub fn start_helper() {
-    if helper_pays() {
-        let _ = helper();
-    }
-}
-
-/// The process's helper, started on first use; `None` where a thread cannot be started, where
-/// there is only one core, and in the simulation, which runs every node on one thread (the
-/// caller sums everything itself then).
-fn helper() -> Option<&'static Helper> {
-    static HELPER: OnceLock<Option<&'static Helper>> = OnceLock::new();
-    *HELPER.get_or_init(|| {
-        if cfg!(madsim) {
-            return None;
-        }
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        if cores < 2 {
-            return None;
-        }
-        let helper: &'static Helper = Box::leak(Box::new(Helper {
-            queue: Mutex::new(VecDeque::new()),
-            wake: Condvar::new(),
-        }));
-        std::thread::Builder::new()
-            .name("mooring-sum".into())
-            .spawn(move || helper.run())
-            .ok()
-            .map(|_| helper)
-    })
 }
 
 #[cfg(test)]

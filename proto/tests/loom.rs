@@ -1,5 +1,6 @@
 //! Loom model checks of the structures that share state across threads without one coarse
-//! lock: the data servers' `ExportTable` (an `RwLock`ed map plus an atomic key counter).
+//! lock: the data servers' `ExportTable` (an `RwLock`ed map plus an atomic key counter), and
+//! the pieces a large copy's caller shares with the helper thread (`striped::Pieces`).
 //! Loom runs each model under every interleaving of its threads, so the assertions hold for
 //! all schedules, not just the ones a stress test happens to hit.
 //!
@@ -10,10 +11,12 @@
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicUsize as StdAtomicUsize;
 
+use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use loom::thread;
 use mooring_core::ErrorCode;
+use mooring_proto::striped::Pieces;
 use mooring_proto::transport::{ExportTable, SegmentMemory};
 use mooring_proto::wire::Range;
 
@@ -220,5 +223,37 @@ fn resolve_after_joined_unexport_is_gone() {
         drop(region);
         drop(table);
         assert_eq!(drops.load(SeqCst), 1);
+    });
+}
+
+/// A copy's pieces worked by the caller and the helper at once: each piece is taken by
+/// exactly one of them (a piece written twice reads 2), and once the caller has waited for
+/// every piece to finish it sees every piece's bytes, before and without joining the helper
+/// (loom reports a read that is not ordered after the write it reads).
+#[test]
+fn a_copys_pieces_are_each_taken_once_and_all_seen_once_finished() {
+    const PIECES: usize = 3;
+    loom::model(|| {
+        let pieces = Arc::new(Pieces::new(PIECES));
+        let bytes: Arc<Vec<UnsafeCell<u8>>> =
+            Arc::new((0..PIECES).map(|_| UnsafeCell::new(0)).collect());
+        let work = |pieces: &Pieces, bytes: &[UnsafeCell<u8>]| {
+            while let Some(piece) = pieces.take() {
+                // SAFETY: loom checks it: the piece is this thread's alone.
+                bytes[piece].with_mut(|b| unsafe { *b += 1 });
+                pieces.finish();
+            }
+        };
+        let helper = {
+            let (pieces, bytes) = (pieces.clone(), bytes.clone());
+            thread::spawn(move || work(&pieces, &bytes))
+        };
+        work(&pieces, &bytes);
+        pieces.wait();
+        for byte in bytes.iter() {
+            // SAFETY: loom checks it: every write happened before `wait` returned.
+            byte.with(|b| assert_eq!(unsafe { *b }, 1, "each piece copied exactly once"));
+        }
+        helper.join().expect("helper");
     });
 }

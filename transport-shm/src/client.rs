@@ -118,8 +118,8 @@ impl ShmDataPlane {
         host: [u8; 16],
         handoff: Arc<dyn Handoff>,
     ) -> ShmDataPlane {
-        // Batches sum on the helper thread: start it before the first one.
-        mooring_proto::summing::start_helper();
+        // Large copies share their pieces with the helper thread: start it before the first.
+        mooring_proto::helper::start_helper();
         ShmDataPlane {
             via,
             required,

@@ -95,14 +95,14 @@ impl SegmentMemory {
 
     /// Copies `dest.len()` bytes at remote address `addr` into `dest` (a local read) and
     /// returns the checksum of what `dest` received, summed in the same pass over the bytes
-    /// (`mooring_crc::copy_append`). None if the range lies outside the segment.
+    /// (large values shared with the helper thread, see [`crate::striped`]). None if the
+    /// range lies outside the segment.
     pub fn copy_out_summed(&self, addr: u64, dest: &mut [u8]) -> Option<Checksum> {
         let src = self.range(addr, dest.len() as u64)?;
         // SAFETY: as for `copy_out`; others writing `src` meanwhile is allowed (the checksum
         // is then of what landed, and the reader's check refuses it).
         Some(Checksum(unsafe {
-            mooring_crc::copy_append(
-                0,
+            crate::striped::copy_summed(
                 src.as_ptr(),
                 dest.as_mut_ptr(),
                 dest.len(),
@@ -120,8 +120,7 @@ impl SegmentMemory {
         let dest = self.range(addr, src.len() as u64)?;
         // SAFETY: as for `copy_in`; `src` is the caller's and nobody writes it meanwhile.
         Some(Checksum(unsafe {
-            mooring_crc::copy_append(
-                0,
+            crate::striped::copy_summed(
                 src.as_ptr(),
                 dest.as_ptr(),
                 src.len(),

@@ -109,7 +109,13 @@ pub async fn run_writer(
                 // Values are made before the timed loop and put back to back, each from
                 // where it was made (as `python/bench.py`'s writer does, and as an engine
                 // puts pages of a host pool): both writers leave the servers the same gaps.
-                let values: Vec<Vec<u8>> = (0..objects).map(|i| value(size, i)).collect();
+                // Off the runtime's threads: making a gigabyte of values (first-touched
+                // memory, seconds on a VM) there would hold up the writer's heartbeats.
+                let values: Vec<Vec<u8>> = tokio::task::spawn_blocking(move || {
+                    (0..objects).map(|i| value(size, i)).collect()
+                })
+                .await
+                .map_err(|e| protocol_error(format!("making the values failed: {e}")))?;
                 let mut lat = Vec::with_capacity(objects);
                 for (i, v) in values.iter().enumerate() {
                     let t = Instant::now();
