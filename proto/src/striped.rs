@@ -1,9 +1,9 @@
 //! Large copies in memory, split between the calling thread and the process's helper.
 //!
-//! A same-host put or get of a large value is a copy between memory that is not in cache (a
-//! caller's buffer and a segment), and one thread moves at most what one core can pull
-//! through the memory system: 7–13 GB/s on the 2-core development VM, where two threads moved
-//! 1.85 times as much. So a copy of [`STRIPED_MIN`] bytes or more is cut into [`PIECE`]-byte
+//! A same-host get of a large value is a copy between memory that is not in cache (a segment
+//! and the caller's buffer), and one thread moves at most what one core can pull through the
+//! memory system: 7–13 GB/s on the 2-core development VM, where two threads moved 1.85 times
+//! as much. (Same-host puts copy alone: see `SegmentMemory::copy_in_summed`.) So a copy of [`STRIPED_MIN`] bytes or more is cut into [`PIECE`]-byte
 //! pieces that the caller and the helper ([`crate::helper`]) take from a shared counter
 //! ([`Pieces`]), each copying and summing the pieces it took; the caller then joins the
 //! pieces' checksums in order (crc32c composes, see `Checksum::then`).
