@@ -44,3 +44,11 @@ mod sync;
 pub mod trace;
 pub mod transport;
 pub mod wire;
+
+/// `len` bytes that differ with `seed` and along their length, for tests of copies and sums.
+#[cfg(test)]
+pub(crate) fn test_bytes(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed) as u8)
+        .collect()
+}

@@ -172,12 +172,7 @@ impl Work for StripedCopy {
 #[cfg(all(test, not(mooring_loom)))]
 mod tests {
     use super::*;
-
-    fn bytes(len: usize, seed: u32) -> Vec<u8> {
-        (0..len as u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed) as u8)
-            .collect()
-    }
+    use crate::test_bytes as bytes;
 
     #[test]
     fn a_striped_copy_lands_every_byte_and_sums_the_whole() {

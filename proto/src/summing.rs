@@ -232,12 +232,7 @@ pub fn helper_pays() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn bytes(len: usize, seed: u32) -> Vec<u8> {
-        (0..len as u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed) as u8)
-            .collect()
-    }
+    use crate::test_bytes as bytes;
 
     #[test]
     fn every_piece_gets_its_own_checksum_in_order() {

@@ -109,13 +109,16 @@ pub async fn run_writer(
                 // Values are made before the timed loop and put back to back, each from
                 // where it was made (as `python/bench.py`'s writer does, and as an engine
                 // puts pages of a host pool): both writers leave the servers the same gaps.
-                // Off the runtime's threads: making a gigabyte of values (first-touched
-                // memory, seconds on a VM) there would hold up the writer's heartbeats.
-                let values: Vec<Vec<u8>> = tokio::task::spawn_blocking(move || {
-                    (0..objects).map(|i| value(size, i)).collect()
-                })
-                .await
-                .map_err(|e| protocol_error(format!("making the values failed: {e}")))?;
+                // On a thread of their own: making a gigabyte of values (first-touched
+                // memory, seconds on a VM) on the runtime would hold up the writer's
+                // heartbeats.
+                let (made, values) = tokio::sync::oneshot::channel::<Vec<Vec<u8>>>();
+                std::thread::spawn(move || {
+                    let _ = made.send((0..objects).map(|i| value(size, i)).collect());
+                });
+                let values = values
+                    .await
+                    .map_err(|e| protocol_error(format!("making the values failed: {e}")))?;
                 let mut lat = Vec::with_capacity(objects);
                 for (i, v) in values.iter().enumerate() {
                     let t = Instant::now();
