@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use mooring_core::Millis;
 use mooring_core::checksum::Checksum;
-use mooring_core::peer::directory::Stamp;
+use mooring_core::peer::directory::{Location, Stamp};
 use mooring_core::peer::disk::DiskWork;
 use mooring_core::peer::pool::{BLOCK_HEADER, HeaderWrite, Promotion};
 use mooring_core::peer::ring::{DEFAULT_VNODES, Ring, RingMember};
@@ -314,23 +314,16 @@ impl Cluster {
         let owners = self.peers[&client].owners_of(key);
         let now = self.now;
         // The removal covers the newest write its owners know of, and its own clock.
-        let known: Vec<Stamp> = owners
+        let known: Vec<Location> = owners
             .iter()
             .filter_map(|o| self.peers.get(&**o).and_then(|o| o.lookup(key)))
-            .map(|entry| entry.stamp)
             .collect();
-        let covering = self
+        let out = self
             .peers
             .get_mut(&client)
             .expect("picked")
-            .removal_stamp(now, known);
-        for owner in owners {
-            if let Some(peer) = self.peers.get_mut(&*owner) {
-                let out = peer.remove(key, covering, now);
-                let owner = owner.to_string();
-                self.send(&owner, out);
-            }
-        }
+            .removal(key, now, &known);
+        self.send(&client, out);
         self.deliver();
         self.clear_headers();
         self.latest.remove(key);
@@ -425,7 +418,7 @@ impl Cluster {
         self.disk.retain(|(peer, _), _| *peer != victim);
         self.disk_work.retain(|(peer, _)| *peer != victim);
         for peer in self.peers.values_mut() {
-            peer.peer_lost(&victim);
+            peer.peer_lost(&victim, self.now);
         }
         let ring = ring_of(self.peers.keys());
         self.ring_changed(ring);

@@ -4,9 +4,13 @@
 //! sender travels back in the reply.
 
 use mooring_core::Millis;
-use mooring_core::peer::state::{Outgoing, PeerState};
+use mooring_core::peer::state::{DirectoryMessage, Outgoing, PeerState};
 
 use crate::wire::{PeerReply, PeerRequest, PeerResponse};
+
+/// Most rounds of its own messages a peer handles before answering a directory request
+/// (a bound; the protocol's own exchanges with itself end in one or two).
+const MAX_OWN_ROUNDS: usize = 4;
 
 /// What handling a request gives: the reply for the sender, and messages for other peers.
 #[derive(Debug)]
@@ -35,16 +39,31 @@ pub fn handle(
     }
     Ok(match request {
         PeerRequest::Directory { messages } => {
+            let me: Box<str> = peer.name().into();
             let mut replies = Vec::new();
             let mut onward = Vec::new();
-            for message in messages {
-                for out in peer.receive(from, message, now) {
-                    if *out.to == *from {
-                        replies.push(out.message);
-                    } else {
-                        onward.push(out);
+            let mut received: Vec<(Box<str>, DirectoryMessage)> =
+                messages.into_iter().map(|m| (from.into(), m)).collect();
+            // What the peer tells itself is handled before the reply, a few rounds deep, so
+            // the sender's call returns with this peer's own directory caught up (a Drop's
+            // withdrawal from this peer's shard, above all); the rest goes on.
+            for round in 0..=MAX_OWN_ROUNDS {
+                let mut own = Vec::new();
+                for (sender, message) in received {
+                    for out in peer.receive(&sender, message, now) {
+                        if *out.to == *from {
+                            replies.push(out.message);
+                        } else if out.to == me && round < MAX_OWN_ROUNDS {
+                            own.push((me.clone(), out.message));
+                        } else {
+                            onward.push(out);
+                        }
                     }
                 }
+                if own.is_empty() {
+                    break;
+                }
+                received = own;
             }
             Handled {
                 response: Ok(PeerReply::Directory { replies }),
@@ -71,6 +90,9 @@ pub fn handle(
 mod tests {
     use super::*;
     use mooring_core::peer::ring::{DEFAULT_VNODES, Ring, RingMember};
+    use std::collections::BTreeMap;
+
+    use mooring_core::peer::directory::Location;
     use mooring_core::peer::state::DirectoryMessage;
     use mooring_core::{Checksum, ErrorCode};
 
@@ -172,5 +194,117 @@ mod tests {
             moves_bytes.is_err(),
             "a promote is the driver's: it reads the disk"
         );
+    }
+
+    fn ring_of(names: &[&str]) -> Ring {
+        Ring::new(
+            names.iter().map(|name| RingMember {
+                name: (*name).into(),
+                weight: 1,
+            }),
+            DEFAULT_VNODES,
+        )
+    }
+
+    /// Delivers `out` from `sender` as its driver's calls do: each recipient handles its
+    /// messages and its answers come back to the sender; what a recipient sends on travels
+    /// later, so it is left undelivered here.
+    fn call_all(peers: &mut BTreeMap<&str, PeerState>, sender: &str, out: Vec<Outgoing>) {
+        let mut pending = out;
+        while !pending.is_empty() {
+            let mut answers = Vec::new();
+            for Outgoing { to, message } in pending {
+                let handled = if *to == *sender {
+                    let me = peers.get_mut(sender).unwrap();
+                    answers.extend(me.receive(sender, message, Millis(20)));
+                    continue;
+                } else {
+                    let peer = peers.get_mut(&*to).unwrap();
+                    let request = PeerRequest::Directory {
+                        messages: vec![message],
+                    };
+                    handle(peer, sender, request, Millis(20)).unwrap()
+                };
+                let Ok(PeerReply::Directory { replies }) = handled.response else {
+                    panic!("{to} refused: {:?}", handled.response);
+                };
+                let me = peers.get_mut(sender).unwrap();
+                for reply in replies {
+                    answers.extend(me.receive(&to, reply, Millis(20)));
+                }
+            }
+            pending = answers;
+        }
+    }
+
+    /// A peer that joined a moment ago writes a key it owns; a remover that has not heard of
+    /// it yet removes the key through its own view of the owners. By the time the removal's
+    /// calls return, no owner in either view answers for the write, the writer's own shard
+    /// included: the remover tells the write's peer to free it, and that peer withdraws its
+    /// own entry before it answers.
+    #[test]
+    fn a_removal_returns_with_no_owner_answering_even_one_that_just_joined() {
+        let old = ["a", "b", "c"];
+        let joined = ["a", "b", "c", "new"];
+        let (old_ring, new_ring) = (ring_of(&old), ring_of(&joined));
+        let key = (0..1000)
+            .map(|i| format!("kv/{i}"))
+            .find(|k| {
+                let writers = new_ring.owners(k, 2);
+                writers[0] == "new" && old_ring.owners(k, 2).contains(&writers[1])
+            })
+            .expect("some key the new peer owns first");
+        let mut peers: BTreeMap<&str, PeerState> = old
+            .iter()
+            .map(|n| {
+                (
+                    *n,
+                    PeerState::new(n, 1 << 20, old_ring.clone(), 2, Millis(0)),
+                )
+            })
+            .collect();
+        // The peer the new one greeted has it on its ring; the remover has not.
+        let greeted = new_ring.owners(&key, 2)[1];
+        let remover = *old.iter().find(|n| **n != greeted).unwrap();
+        let caught_up = peers
+            .get_mut(greeted)
+            .unwrap()
+            .ring_changed(new_ring.clone(), Millis(5));
+        assert!(caught_up.is_empty(), "nothing held yet");
+        peers.insert(
+            "new",
+            PeerState::new("new", 1 << 20, new_ring.clone(), 2, Millis(0)),
+        );
+        let (location, out) = peers
+            .get_mut("new")
+            .unwrap()
+            .put(&key, 100, Checksum(5), Millis(10))
+            .unwrap();
+        call_all(&mut peers, "new", out);
+        assert_eq!(peers["new"].lookup(&key), Some(location.clone()));
+        assert_eq!(peers[greeted].lookup(&key), Some(location.clone()));
+
+        let known: Vec<Location> = peers[remover]
+            .owners_of(&key)
+            .iter()
+            .filter_map(|owner| peers[&**owner].lookup(&key))
+            .collect();
+        assert_eq!(
+            known,
+            vec![location],
+            "the remover's owners answer with the write"
+        );
+        let out = peers
+            .get_mut(remover)
+            .unwrap()
+            .removal(&key, Millis(15), &known);
+        call_all(&mut peers, remover, out);
+        for (name, peer) in &peers {
+            assert_eq!(
+                peer.lookup(&key),
+                None,
+                "{name} still answers for the removed write"
+            );
+        }
     }
 }

@@ -9,6 +9,8 @@
 //!   the key keeps a tombstone of that stamp for [`TOMBSTONE_TTL`], even on an owner that had
 //!   no entry yet, so a re-publish of a covered write, racing the removal, does not bring it
 //!   back either.
+//! - A lost peer's entries go, and each leaves a tombstone of its write: the older write of
+//!   that key some other peer may still re-publish was superseded, and stays so.
 //! - Entries the ring no longer gives this peer are dropped on a ring change; their data
 //!   peers re-publish them to the new owners (see [`super::pool::PublishedPool::locations`]),
 //!   and the shard hands its tombstones to the new owners, so a removal is not undone by a
@@ -233,12 +235,24 @@ impl DirectoryShard {
         self.tombstones.retain(|_, (_, until)| now < *until);
     }
 
-    /// Every entry naming `peer` (a peer that left: its data is gone with it), removed.
-    pub fn forget_peer(&mut self, peer: &str) -> usize {
+    /// Every entry naming `peer` (a peer that left: its data is gone with it), removed. Each
+    /// leaves a tombstone of its write until `now + TOMBSTONE_TTL`: an older write of the key,
+    /// still held by a peer whose re-publish has not arrived yet, is the superseded value, not
+    /// the latest, and must not take the lost write's place.
+    pub fn forget_peer(&mut self, peer: &str, now: Millis) -> usize {
         let Some(&index) = self.peer_index.get(peer) else {
             return 0;
         };
-        self.entries.retain(|_, entry| entry.peer != index)
+        let until = now + TOMBSTONE_TTL;
+        let tombstones = &mut self.tombstones;
+        self.entries.retain(|key, entry| {
+            if entry.peer != index {
+                return true;
+            }
+            let tombstone = tombstones.entry(key.into()).or_insert((entry.stamp, until));
+            *tombstone = (tombstone.0.max(entry.stamp), until);
+            false
+        })
     }
 
     /// Heap bytes the shard's entries take, keys included (for footprint measures).
@@ -415,7 +429,34 @@ mod tests {
                 two.owns("a", key, 1) && three.owns("a", key, 1)
             );
         }
-        assert_eq!(shard.forget_peer("a"), held - dropped);
+        assert_eq!(shard.forget_peer("a", Millis(0)), held - dropped);
         assert!(shard.is_empty());
+    }
+
+    /// The latest write's peer is lost while an older write's peer is still to re-publish
+    /// (its entry moved with a ring change): the older write stays superseded, a miss rather
+    /// than a value the latest write replaced, until the tombstone lapses.
+    #[test]
+    fn a_lost_peers_writes_keep_the_ones_they_superseded_out() {
+        let mut shard = DirectoryShard::new();
+        shard.publish("b", "k", at("b", 9, 0), true).unwrap();
+        assert_eq!(shard.forget_peer("b", Millis(1_000)), 1);
+        assert_eq!(shard.lookup("k"), None);
+        assert_eq!(
+            shard.publish("a", "k", at("a", 5, 0), true),
+            Ok(Published::Stale {
+                newer: at("b", 9, 0).stamp
+            })
+        );
+        assert!(matches!(
+            shard.publish("a", "k", at("a", 10, 0), true),
+            Ok(Published::Stored { superseded: None })
+        ));
+        shard.forget_peer("a", Millis(1_000));
+        shard.expire_tombstones(Millis(1_000) + TOMBSTONE_TTL);
+        assert!(matches!(
+            shard.publish("a", "k", at("a", 5, 0), true),
+            Ok(Published::Stored { .. })
+        ));
     }
 }

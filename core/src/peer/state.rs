@@ -268,12 +268,43 @@ impl PeerState {
         self.shard.lookup(key)
     }
 
-    /// The stamp a removal this peer's client makes at `now` covers: newer than every write
-    /// this peer has made or seen, and than every write the key's owners answered with
-    /// (`known`). The client gives it to every owner ([`PeerState::remove`]).
-    pub fn removal_stamp(&mut self, now: Millis, known: impl IntoIterator<Item = Stamp>) -> Stamp {
+    /// A client's removal of `key` through this peer at `now`, once the key's owners answered
+    /// with the writes they know of (`known`). The removal covers those writes and every write
+    /// this peer has made or seen; it goes to every owner in this peer's view of the ring, and
+    /// each known write's peer is told to free it at once. An owner only the writer's view
+    /// names (a peer that joined a moment ago, this one not yet told) hears of the removal
+    /// from the writer as it lets go, so its answer is gone by the time the removal returns,
+    /// not only after the owners' own Drops arrive.
+    pub fn removal(&mut self, key: &str, now: Millis, known: &[Location]) -> Vec<Outgoing> {
         let own = self.pool.next_stamp(now);
-        known.into_iter().fold(own, Stamp::max)
+        let covering = known.iter().map(|l| l.stamp).fold(own, Stamp::max);
+        let mut out: Vec<Outgoing> = self
+            .owners_of(key)
+            .into_iter()
+            .map(|owner| Outgoing {
+                to: owner,
+                message: DirectoryMessage::Removed {
+                    key: key.into(),
+                    covering,
+                },
+            })
+            .collect();
+        for location in known {
+            let drop = DirectoryMessage::Drop {
+                key: key.into(),
+                stamp: location.stamp,
+            };
+            if !out
+                .iter()
+                .any(|o| o.to == location.peer && o.message == drop)
+            {
+                out.push(Outgoing {
+                    to: location.peer.clone(),
+                    message: drop,
+                });
+            }
+        }
+        out
     }
 
     /// A client removes `key`'s writes up to `covering` through this peer, one of its
@@ -447,9 +478,10 @@ impl PeerState {
         self.pool.release_due(now);
     }
 
-    /// Peer `name` died: the entries naming its pool go (its data went with it).
-    pub fn peer_lost(&mut self, name: &str) -> usize {
-        self.shard.forget_peer(name)
+    /// Peer `name` died at `now`: the entries naming its pool go (its data went with it), and
+    /// older writes of their keys stay superseded.
+    pub fn peer_lost(&mut self, name: &str, now: Millis) -> usize {
+        self.shard.forget_peer(name, now)
     }
 
     /// Every value this peer holds, re-published to all its owners (a periodic round that

@@ -534,7 +534,7 @@ impl PeerNode {
         let out = {
             let mut state = self.inner.state.lock().expect("peer state lock");
             for lost in &change.lost {
-                let dropped = state.peer_lost(&lost.name);
+                let dropped = state.peer_lost(&lost.name, now);
                 info!(peer = %self.inner.name, lost = %lost.name, dropped, "peer lost");
             }
             match change.ring {

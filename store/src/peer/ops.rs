@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use futures_util::future::join_all;
-use mooring_core::peer::directory::{Location, Stamp};
+use mooring_core::peer::directory::Location;
 use mooring_core::peer::pool::{BLOCK_HEADER, HeaderWrite, block_header};
 use mooring_core::peer::state::{DirectoryMessage, Outgoing, PeerState, read_order};
 use mooring_core::{Checksum, Error, ErrorCode, Result};
@@ -186,33 +186,33 @@ impl PeerNode {
 
     /// Removes every write of `key` up to now; returns whether an owner held an entry.
     pub async fn remove(&self, key: &str) -> Result<bool> {
-        let known: Vec<Stamp> = self
+        let known: Vec<Location> = self
             .lookup(&[key])
             .await
             .pop()
             .unwrap_or_default()
             .into_iter()
             .flatten()
-            .map(|location| location.stamp)
             .collect();
         let existed = !known.is_empty();
         let now = self.inner.clock.now();
         let out = {
             let mut state = self.inner.state.lock().expect("peer state lock");
-            let covering = state.removal_stamp(now, known);
-            state
-                .owners_of(key)
-                .into_iter()
-                .map(|owner| Outgoing {
-                    to: owner,
-                    message: DirectoryMessage::Removed {
-                        key: key.into(),
-                        covering,
-                    },
-                })
-                .collect()
+            state.removal(key, now, &known)
         };
-        let unreachable = self.deliver(out).await;
+        let owners: Vec<Box<str>> = out
+            .iter()
+            .filter(|o| matches!(o.message, DirectoryMessage::Removed { .. }))
+            .map(|o| o.to.clone())
+            .collect();
+        // A data peer that cannot be told to free its copy is not a failed removal: the
+        // owners' entries are gone, and their tombstones keep its re-publish out.
+        let unreachable: Vec<Box<str>> = self
+            .deliver(out)
+            .await
+            .into_iter()
+            .filter(|peer| owners.contains(peer))
+            .collect();
         if !unreachable.is_empty() {
             // A removal an owner missed could come back through it: say so, so the caller
             // removes again rather than count on it.
