@@ -51,6 +51,24 @@ pub struct Stamp {
     pub writer: u64,
 }
 
+impl Stamp {
+    /// The stamp just before this one: a tombstone of it covers every older write and not this
+    /// one. (The first stamp of all has none before it, and is its own.)
+    pub fn just_before(self) -> Stamp {
+        match (self.clock, self.writer) {
+            (clock, writer) if writer > 0 => Stamp {
+                clock,
+                writer: writer - 1,
+            },
+            (clock, _) if clock > 0 => Stamp {
+                clock: clock - 1,
+                writer: u64::MAX,
+            },
+            _ => self,
+        }
+    }
+}
+
 /// Where a value lives: its peer, its place in that peer's published pool, and what it is.
 #[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 #[rkyv(derive(Debug))]
@@ -236,9 +254,10 @@ impl DirectoryShard {
     }
 
     /// Every entry naming `peer` (a peer that left: its data is gone with it), removed. Each
-    /// leaves a tombstone of its write until `now + TOMBSTONE_TTL`: an older write of the key,
-    /// still held by a peer whose re-publish has not arrived yet, is the superseded value, not
-    /// the latest, and must not take the lost write's place.
+    /// leaves a tombstone just below its write until `now + TOMBSTONE_TTL`: an older write of
+    /// the key, still held by a peer whose re-publish has not arrived yet, is the superseded
+    /// value, not the latest, and must not take the lost write's place. The lost write itself
+    /// is not covered: a peer only cut off for a while re-publishes it when it is back.
     pub fn forget_peer(&mut self, peer: &str, now: Millis) -> usize {
         let Some(&index) = self.peer_index.get(peer) else {
             return 0;
@@ -249,8 +268,9 @@ impl DirectoryShard {
             if entry.peer != index {
                 return true;
             }
-            let tombstone = tombstones.entry(key.into()).or_insert((entry.stamp, until));
-            *tombstone = (tombstone.0.max(entry.stamp), until);
+            let older = entry.stamp.just_before();
+            let tombstone = tombstones.entry(key.into()).or_insert((older, until));
+            *tombstone = (tombstone.0.max(older), until);
             false
         })
     }
@@ -435,7 +455,8 @@ mod tests {
 
     /// The latest write's peer is lost while an older write's peer is still to re-publish
     /// (its entry moved with a ring change): the older write stays superseded, a miss rather
-    /// than a value the latest write replaced, until the tombstone lapses.
+    /// than a value the latest write replaced, until the tombstone lapses; the lost write
+    /// itself comes back if its peer does.
     #[test]
     fn a_lost_peers_writes_keep_the_ones_they_superseded_out() {
         let mut shard = DirectoryShard::new();
@@ -445,12 +466,20 @@ mod tests {
         assert_eq!(
             shard.publish("a", "k", at("a", 5, 0), true),
             Ok(Published::Stale {
-                newer: at("b", 9, 0).stamp
+                newer: at("b", 9, 0).stamp.just_before()
             })
         );
+        // The lost write itself, re-published by its peer once it is back (it was only cut
+        // off), is the key's entry again.
+        assert!(matches!(
+            shard.publish("b", "k", at("b", 9, 0), true),
+            Ok(Published::Stored { superseded: None })
+        ));
         assert!(matches!(
             shard.publish("a", "k", at("a", 10, 0), true),
-            Ok(Published::Stored { superseded: None })
+            Ok(Published::Stored {
+                superseded: Some(_)
+            })
         ));
         shard.forget_peer("a", Millis(1_000));
         shard.expire_tombstones(Millis(1_000) + TOMBSTONE_TTL);
