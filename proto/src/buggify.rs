@@ -45,6 +45,9 @@ impl Site {
     /// A same-host writer between two pieces of its copy into a node's mapped segment (hold):
     /// the writer's thread descheduled mid-copy.
     pub const SHM_WRITER_MID_COPY: Site = Site("shm.writer_mid_copy");
+    /// A same-host writer that found no mapping of the node's segment, before it hands the
+    /// write to the other transport (hold): its process stood still while it asked.
+    pub const SHM_WRITER_FALLBACK: Site = Site("shm.writer_fallback");
     /// Every member's heartbeat period (period).
     pub const HEARTBEAT_INTERVAL: Site = Site("heartbeat.interval");
     /// The master's tick period (period).

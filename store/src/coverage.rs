@@ -85,6 +85,11 @@ impl Path {
     /// A same-host writer was held mid-copy until its blocks could be handed out again (the
     /// simulation's hold; the writer's fence must stop the rest).
     pub const SHM_WRITE_HELD: Path = Path("same-host write held mid-copy past its release");
+    /// A same-host client's write to a node it could not map was held before it went over
+    /// the other transport, until its blocks could be handed out again (the simulation's
+    /// hold; the writer's window must not start again when it does).
+    pub const SHM_FALLBACK_HELD: Path =
+        Path("same-host client's write held before going over TCP past its release");
     /// A node's receipt of a write was held while the node remounted its segment (the
     /// simulation's hold; the node must refuse the rest).
     pub const NODE_WRITE_HELD_REMOUNTED: Path = Path("write held at its node across a remount");

@@ -318,6 +318,15 @@ fn still_exported(memory: &SegmentMemory, node: &NodeAddr) -> Result<()> {
     ))
 }
 
+/// The error for a write whose window passed before all its bytes were written.
+fn window_passed() -> Error {
+    Error::new(
+        ErrorCode::TRANSFER_FAIL,
+        "the write's window passed before it was written; the rest was not written (the \
+         master may have given the ranges to another writer)",
+    )
+}
+
 /// The error for `len` bytes at the node's address `addr` outside its segment.
 fn outside(node: &NodeAddr, addr: u64, len: u64) -> Error {
     Error::new(
@@ -370,10 +379,20 @@ impl DataPlane for ShmDataPlane {
             // No node checks a same-host copy's arrival: the writer keeps the fence's spare
             // quarter itself (nothing can stop a memcpy once it runs; a copy that lands late is
             // refused by the reader's checksum, never returned).
+            let started = Instant::now();
             let usable = FenceRule::self_checked_validity(valid_for.as_micros() as u64);
-            let deadline = Instant::now() + Duration::from_micros(usable);
+            let deadline = started + Duration::from_micros(usable);
             let Some((memory, base)) = self.mapping(node).await? else {
-                return self.via.write(node, ops, valid_for).await;
+                buggify::hold(Site::SHM_WRITER_FALLBACK).await;
+                // Finding out took part of the window (an attach that went unanswered while
+                // this process stood still): the other transport gets what is left of it, not
+                // the whole window again from now, or bytes could land after the master gave
+                // the ranges to another writer.
+                let left = valid_for.saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    return Err(window_passed());
+                }
+                return self.via.write(node, ops, left).await;
             };
             let targets = ops
                 .iter()
@@ -389,11 +408,7 @@ impl DataPlane for ShmDataPlane {
                     // The writer's fence: no byte lands after the window the master granted
                     // (it may give these ranges to another writer then).
                     if Instant::now() >= deadline {
-                        return Err(Error::new(
-                            ErrorCode::TRANSFER_FAIL,
-                            "the write's window passed while copying; the rest was not \
-                             written (the master may have given the ranges to another writer)",
-                        ));
+                        return Err(window_passed());
                     }
                     still_exported(&memory, node)?;
                     let piece_sum = memory

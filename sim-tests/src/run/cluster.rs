@@ -136,7 +136,10 @@ pub(super) fn install_crash_hook(world: &Arc<World>) {
             return (stall && slow_readers && rng.gen_bool(0.5))
                 .then(|| lease.mul_f64(0.5 + 2.0 * rng.r#gen::<f64>()));
         }
-        if site == Site::SHM_WRITER_MID_COPY || site == Site::NODE_MID_WRITE {
+        if site == Site::SHM_WRITER_MID_COPY
+            || site == Site::SHM_WRITER_FALLBACK
+            || site == Site::NODE_MID_WRITE
+        {
             // A write held up partway, now and then until the plan's are used up (runs
             // without them draw nothing here, so their seeds play out as before).
             if !stall || !w.held_writes_remain() {
@@ -152,12 +155,17 @@ pub(super) fn install_crash_hook(world: &Arc<World>) {
                 return None;
             }
             let Some(Some(storage)) = node else {
-                // The writer's process stops mid-copy past the release timeout: the master
-                // frees the blocks and hands them out again meanwhile. A memcpy cannot be
+                // The writer's process stops mid-copy (or, having found no mapping, before
+                // its write goes over TCP) past the release timeout: the master frees the
+                // blocks and hands them out again meanwhile. A memcpy cannot be
                 // cancelled, so the whole process is paused (holding the task alone would let
                 // the write's own timeout drop the copy); its fence must keep the rest out
                 // when it runs again.
-                mooring::coverage::hit(mooring::coverage::Path::SHM_WRITE_HELD);
+                mooring::coverage::hit(if site == Site::SHM_WRITER_FALLBACK {
+                    mooring::coverage::Path::SHM_FALLBACK_HELD
+                } else {
+                    mooring::coverage::Path::SHM_WRITE_HELD
+                });
                 w.pause_here(release + Duration::from_millis(rng.gen_range(200..3000)));
                 return Some(Duration::from_micros(1));
             };
