@@ -7,7 +7,7 @@
 //! the send time of every request the master answers, and `mooring_core::client::Membership`
 //! says how often to heartbeat and when to mount again.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use mooring_core::client::{FenceRule, Membership, WriteWindow};
@@ -108,6 +108,18 @@ impl Presence {
         ));
         let contact = Arc::new(MasterContact::new(clock, rule));
         let membership = membership(&info);
+        // Heartbeats start with the hello: mapping a large segment, or reading a disk, can
+        // take longer than the master waits for a member's first heartbeat (ten seconds for
+        // 1.4 GB of first-touched memory on a busy VM), and a member that expired while
+        // joining would lose the segment it then mounts.
+        let mounted = Arc::new(OnceLock::new());
+        let heartbeat = HeartbeatTask(Some(spawn_heartbeat(
+            id,
+            control.clone(),
+            duration(membership.heartbeat_interval()),
+            mounted.clone(),
+            contact.clone(),
+        )));
         let (node, disk) = match contribution {
             Some(c) => {
                 // Its disk is read before anything is mounted: a disk that cannot be read
@@ -138,17 +150,11 @@ impl Presence {
                     ),
                     None => None,
                 };
+                let _ = mounted.set(node.clone());
                 (Some(node), disk)
             }
             None => (None, None),
         };
-        let heartbeat = spawn_heartbeat(
-            id,
-            control.clone(),
-            duration(membership.heartbeat_interval()),
-            node.clone(),
-            contact.clone(),
-        );
         Ok(Presence {
             id,
             info,
@@ -156,7 +162,7 @@ impl Presence {
             node,
             disk,
             control,
-            heartbeat: Mutex::new(Some(heartbeat)),
+            heartbeat: Mutex::new(heartbeat.keep()),
         })
     }
 
@@ -212,14 +218,34 @@ fn duration(ms: Millis) -> Duration {
     Duration::from_millis(ms.as_millis())
 }
 
+/// A heartbeat task that stops when dropped, unless kept: a join that fails part way stops
+/// heartbeating for the member it gave up on.
+struct HeartbeatTask(Option<JoinHandle<()>>);
+
+impl HeartbeatTask {
+    /// The task, no longer stopped by this guard.
+    fn keep(mut self) -> Option<JoinHandle<()>> {
+        self.0.take()
+    }
+}
+
+impl Drop for HeartbeatTask {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
 /// Heartbeats every `interval` (each heartbeat given at most one interval to answer, so a
-/// slow master does not silently stretch the period) until aborted. Mounts `node` again
-/// whenever it must (see [`Membership::needs_mount`]).
+/// slow master does not silently stretch the period) until aborted. Once the member's node
+/// has mounted (`mounted` set), mounts it again whenever it must (see
+/// [`Membership::needs_mount`]); before that, the node's start mounts it.
 fn spawn_heartbeat(
     client: ClientId,
     control: Arc<dyn ControlPlane>,
     interval: Duration,
-    node: Option<Node>,
+    mounted: Arc<OnceLock<Node>>,
     contact: Arc<MasterContact>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -246,7 +272,7 @@ fn spawn_heartbeat(
                 }
             };
             contact.acknowledged(sent);
-            if let Some(node) = &node
+            if let Some(node) = mounted.get()
                 && Membership::needs_mount(node.segment(), &ack)
             {
                 match node.remount().await {
