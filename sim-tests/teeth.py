@@ -884,6 +884,11 @@ EXPS.update({
  'peer-own-messages-sent-on': [
    ('proto/src/peer_dispatch.rs', "} else if out.to == me && round < MAX_OWN_ROUNDS {", "} else if out.to == me && round > MAX_OWN_ROUNDS {"),
  ],
+ # A write's peer told to free it answers before its withdrawals reach the owners it published
+ # to (judged by the test of a remover that still counts a departed peer alive).
+ 'peer-drop-answers-before-withdrawing': [
+   ('proto/src/peer_dispatch.rs', "                .any(|m| matches!(m, DirectoryMessage::Drop { .. }));", "                .any(|_| false);"),
+ ],
 })
 # A lost peer's entries leave tombstones, so an older write still held elsewhere does not take
 # the lost write's place (judged by the shard's test, and by the cluster test's seeds).
@@ -897,6 +902,8 @@ PROPERTY_TESTS['peer-lost-write-leaves-no-tombstone'] = (['cargo', 'test', '-q',
                                                          'a_lost_peers_writes_keep_the_ones_they_superseded_out')
 for plant in ['peer-removal-skips-drops', 'peer-removal-drops-at-owners', 'peer-own-messages-sent-on']:
     PROPERTY_TESTS[plant] = REMOVAL_REACHES
+PROPERTY_TESTS['peer-drop-answers-before-withdrawing'] = (REMOVAL_REACHES[0],
+                                                          'a_removal_returns_with_no_owner_answering_even_one_only_the_writer_names')
 if len(sys.argv) > 1 and sys.argv[1] == 'check':
     # A plant whose text the code no longer holds cannot be planted: the slip it stands for
     # would go unguarded without anyone noticing. Each edit must match exactly once.

@@ -19,6 +19,12 @@ pub struct Handled {
     pub response: PeerResponse,
     /// Messages the driver sends on (to peers other than the sender).
     pub onward: Vec<Outgoing>,
+    /// Whether the driver delivers `onward` before it answers. So it does for a peer told to
+    /// free a write (a `Drop`): its withdrawals from the owners it published to land before
+    /// the remover's call returns, so a removal that returns leaves no owner answering for the
+    /// write, even one only this peer's view of the ring names. Other messages go on in the
+    /// background: nobody waits on them.
+    pub deliver_first: bool,
 }
 
 /// Handles `request` from peer `from` (the name its credential proves) at `now`. A request
@@ -35,11 +41,15 @@ pub fn handle(
         return Ok(Handled {
             response: Err(refused),
             onward: Vec::new(),
+            deliver_first: false,
         });
     }
     Ok(match request {
         PeerRequest::Directory { messages } => {
             let me: Box<str> = peer.name().into();
+            let deliver_first = messages
+                .iter()
+                .any(|m| matches!(m, DirectoryMessage::Drop { .. }));
             let mut replies = Vec::new();
             let mut onward = Vec::new();
             let mut received: Vec<(Box<str>, DirectoryMessage)> =
@@ -68,6 +78,7 @@ pub fn handle(
             Handled {
                 response: Ok(PeerReply::Directory { replies }),
                 onward,
+                deliver_first,
             }
         }
         PeerRequest::Lookup { keys } => Handled {
@@ -75,6 +86,7 @@ pub fn handle(
                 found: keys.iter().map(|key| peer.lookup(key)).collect(),
             }),
             onward: Vec::new(),
+            deliver_first: false,
         },
         PeerRequest::Promote { .. }
         | PeerRequest::Hello { .. }
@@ -207,8 +219,9 @@ mod tests {
     }
 
     /// Delivers `out` from `sender` as its driver's calls do: each recipient handles its
-    /// messages and its answers come back to the sender; what a recipient sends on travels
-    /// later, so it is left undelivered here.
+    /// messages and its answers come back to the sender. What a recipient sends on is
+    /// delivered before it answers when the handling says so, and otherwise travels later, so
+    /// it is left undelivered here.
     fn call_all(peers: &mut BTreeMap<&str, PeerState>, sender: &str, out: Vec<Outgoing>) {
         let mut pending = out;
         while !pending.is_empty() {
@@ -225,6 +238,9 @@ mod tests {
                     };
                     handle(peer, sender, request, Millis(20)).unwrap()
                 };
+                if handled.deliver_first {
+                    call_all(peers, &to, handled.onward);
+                }
                 let Ok(PeerReply::Directory { replies }) = handled.response else {
                     panic!("{to} refused: {:?}", handled.response);
                 };
@@ -298,6 +314,81 @@ mod tests {
             .get_mut(remover)
             .unwrap()
             .removal(&key, Millis(15), &known);
+        call_all(&mut peers, remover, out);
+        for (name, peer) in &peers {
+            assert_eq!(
+                peer.lookup(&key),
+                None,
+                "{name} still answers for the removed write"
+            );
+        }
+    }
+
+    /// A remover that still counts a departed peer alive removes a key whose owners, in its
+    /// view, include the departed peer in place of one the writer published to. The remover
+    /// reaches only some of the writer's owners; the writer, told to free the write, withdraws
+    /// it from the rest before it answers, so none answers once the removal returns.
+    #[test]
+    fn a_removal_returns_with_no_owner_answering_even_one_only_the_writer_names() {
+        let live = ["a", "b", "c", "writer"];
+        let with_departed = ["a", "b", "c", "writer", "departed"];
+        let (writers_ring, removers_ring) = (ring_of(&live), ring_of(&with_departed));
+        let key = (0..1000)
+            .map(|i| format!("kv/{i}"))
+            .find(|k| {
+                let theirs = writers_ring.owners(k, 2);
+                let removers = removers_ring.owners(k, 2);
+                removers.contains(&"departed")
+                    && !theirs.contains(&"writer")
+                    && theirs.iter().any(|o| removers.contains(o))
+                    && theirs.iter().any(|o| !removers.contains(o))
+            })
+            .expect("some key the departed peer owns beside one of the writer's owners");
+        let mut peers: BTreeMap<&str, PeerState> = live
+            .iter()
+            .map(|n| {
+                (
+                    *n,
+                    PeerState::new(n, 1 << 20, writers_ring.clone(), 2, Millis(0)),
+                )
+            })
+            .collect();
+        let remover = *live
+            .iter()
+            .find(|n| **n != "writer" && !writers_ring.owners(&key, 2).contains(n))
+            .unwrap();
+        let view = peers
+            .get_mut(remover)
+            .unwrap()
+            .ring_changed(removers_ring.clone(), Millis(5));
+        assert!(view.is_empty(), "nothing held yet");
+        let (location, out) = peers
+            .get_mut("writer")
+            .unwrap()
+            .put(&key, 100, Checksum(5), Millis(10))
+            .unwrap();
+        call_all(&mut peers, "writer", out);
+        let missed: Vec<&str> = writers_ring
+            .owners(&key, 2)
+            .into_iter()
+            .filter(|o| !removers_ring.owners(&key, 2).contains(o))
+            .collect();
+        assert_eq!(missed.len(), 1);
+        assert_eq!(peers[missed[0]].lookup(&key), Some(location.clone()));
+
+        let known: Vec<Location> = peers[remover]
+            .owners_of(&key)
+            .iter()
+            .filter_map(|owner| peers.get(&**owner).and_then(|o| o.lookup(&key)))
+            .collect();
+        assert_eq!(known, vec![location]);
+        let out: Vec<Outgoing> = peers
+            .get_mut(remover)
+            .unwrap()
+            .removal(&key, Millis(15), &known)
+            .into_iter()
+            .filter(|o| &*o.to != "departed")
+            .collect();
         call_all(&mut peers, remover, out);
         for (name, peer) in &peers {
             assert_eq!(

@@ -140,7 +140,9 @@ impl PeerNode {
                         ),
                     )
                 })?;
-                if !handled.onward.is_empty() {
+                if handled.deliver_first {
+                    self.deliver(handled.onward).await;
+                } else if !handled.onward.is_empty() {
                     let peer = self.clone();
                     tokio::spawn(async move { peer.deliver(handled.onward).await });
                 }
