@@ -218,6 +218,14 @@ mod tests {
         )
     }
 
+    /// A peer state for each of `names`, all seeing `ring`.
+    fn peers_of(names: &[&'static str], ring: &Ring) -> BTreeMap<&'static str, PeerState> {
+        names
+            .iter()
+            .map(|n| (*n, PeerState::new(n, 1 << 20, ring.clone(), 2, Millis(0))))
+            .collect()
+    }
+
     /// Delivers `out` from `sender` as its driver's calls do: each recipient handles its
     /// messages and its answers come back to the sender. What a recipient sends on is
     /// delivered before it answers when the handling says so, and otherwise travels later, so
@@ -270,15 +278,7 @@ mod tests {
                 writers[0] == "new" && old_ring.owners(k, 2).contains(&writers[1])
             })
             .expect("some key the new peer owns first");
-        let mut peers: BTreeMap<&str, PeerState> = old
-            .iter()
-            .map(|n| {
-                (
-                    *n,
-                    PeerState::new(n, 1 << 20, old_ring.clone(), 2, Millis(0)),
-                )
-            })
-            .collect();
+        let mut peers = peers_of(&old, &old_ring);
         // The peer the new one greeted has it on its ring; the remover has not.
         let greeted = new_ring.owners(&key, 2)[1];
         let remover = *old.iter().find(|n| **n != greeted).unwrap();
@@ -344,15 +344,7 @@ mod tests {
                     && theirs.iter().any(|o| !removers.contains(o))
             })
             .expect("some key the departed peer owns beside one of the writer's owners");
-        let mut peers: BTreeMap<&str, PeerState> = live
-            .iter()
-            .map(|n| {
-                (
-                    *n,
-                    PeerState::new(n, 1 << 20, writers_ring.clone(), 2, Millis(0)),
-                )
-            })
-            .collect();
+        let mut peers = peers_of(&live, &writers_ring);
         let remover = *live
             .iter()
             .find(|n| **n != "writer" && !writers_ring.owners(&key, 2).contains(n))
