@@ -9,8 +9,9 @@
 //!   the key keeps a tombstone of that stamp for [`TOMBSTONE_TTL`], even on an owner that had
 //!   no entry yet, so a re-publish of a covered write, racing the removal, does not bring it
 //!   back either.
-//! - A lost peer's entries go, and each leaves a tombstone of its write: the older write of
-//!   that key some other peer may still re-publish was superseded, and stays so.
+//! - A lost peer's entries go, and each leaves a tombstone just below its write: an older
+//!   write of that key some other peer may still re-publish was superseded, and stays so,
+//!   while the lost write itself comes back if its peer was only cut off.
 //! - Entries the ring no longer gives this peer are dropped on a ring change; their data
 //!   peers re-publish them to the new owners (see [`super::pool::PublishedPool::locations`]),
 //!   and the shard hands its tombstones to the new owners, so a removal is not undone by a
