@@ -881,8 +881,7 @@ EXPS.update({
    ('core/src/peer/state.rs', "                    to: location.peer.clone(),\n                    message: drop,", "                    to: self.owners_of(key)[0].clone(),\n                    message: drop,"),
  ],
  # A write's peer told by one owner that the write is stale frees it without withdrawing it
- # from its other owners, which keep answering for it (judged by its own test in
- # peer_cluster.rs; the cluster test's seeds found it).
+ # from its other owners, which keep answering for it (judged by the cluster test's seeds).
  'peer-stale-drop-not-withdrawn': [
    ('core/src/peer/state.rs', "tombstone (a lost peer's leaves one only where its entry was).\n                    self.withdraw(&key, stamp, &mut out);", "tombstone (a lost peer's leaves one only where its entry was).\n"),
  ],
@@ -905,7 +904,7 @@ PROPERTY_TESTS['peer-lost-write-leaves-no-tombstone'] = (['cargo', 'test', '-q',
 for plant in ['peer-removal-skips-drops', 'peer-removal-drops-at-owners']:
     PROPERTY_TESTS[plant] = REMOVAL_REACHES
 PROPERTY_TESTS['peer-stale-drop-not-withdrawn'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'peer_cluster'],
-                                                   'a_write_freed_as_stale_is_withdrawn_from_every_owner')
+                                                   'a_peer_cluster_serves_the_latest_value_or_a_justified_miss')
 PROPERTY_TESTS['peer-drop-answers-before-withdrawing'] = (REMOVAL_REACHES[0],
                                                           'a_removal_returns_with_no_owner_answering_even_one_only_the_writer_names')
 if len(sys.argv) > 1 and sys.argv[1] == 'check':
