@@ -8,6 +8,10 @@ use mooring_core::peer::state::{DirectoryMessage, Outgoing, PeerState};
 
 use crate::wire::{PeerReply, PeerRequest, PeerResponse};
 
+/// Most rounds of its own messages a peer handles before answering a directory request
+/// (a bound; the protocol's own exchanges with itself end in one or two).
+const MAX_OWN_ROUNDS: usize = 4;
+
 /// What handling a request gives: the reply for the sender, and messages for other peers.
 #[derive(Debug)]
 pub struct Handled {
@@ -16,10 +20,10 @@ pub struct Handled {
     /// Messages the driver sends on (to peers other than the sender).
     pub onward: Vec<Outgoing>,
     /// Whether the driver delivers `onward` before it answers. So it does for a peer told to
-    /// free a write (a `Drop`): its withdrawals from the owners it published to, itself among
-    /// them, land before the remover's call returns, so a removal that returns leaves no owner
-    /// answering for the write, even one only this peer's view of the ring names. Other
-    /// messages go on in the background: nobody waits on them.
+    /// free a write (a `Drop`): its withdrawals from the owners it published to land before
+    /// the remover's call returns, so a removal that returns leaves no owner answering for the
+    /// write, even one only this peer's view of the ring names. Other messages go on in the
+    /// background: nobody waits on them.
     pub deliver_first: bool,
 }
 
@@ -42,19 +46,34 @@ pub fn handle(
     }
     Ok(match request {
         PeerRequest::Directory { messages } => {
+            let me: Box<str> = peer.name().into();
             let deliver_first = messages
                 .iter()
                 .any(|m| matches!(m, DirectoryMessage::Drop { .. }));
             let mut replies = Vec::new();
             let mut onward = Vec::new();
-            for message in messages {
-                for out in peer.receive(from, message, now) {
-                    if *out.to == *from {
-                        replies.push(out.message);
-                    } else {
-                        onward.push(out);
+            let mut received: Vec<(Box<str>, DirectoryMessage)> =
+                messages.into_iter().map(|m| (from.into(), m)).collect();
+            // What the peer tells itself is handled before the reply, a few rounds deep, so
+            // the sender's call returns with this peer's own directory caught up (a Drop's
+            // withdrawal from this peer's shard, above all); the rest goes on.
+            for round in 0..=MAX_OWN_ROUNDS {
+                let mut own = Vec::new();
+                for (sender, message) in received {
+                    for out in peer.receive(&sender, message, now) {
+                        if *out.to == *from {
+                            replies.push(out.message);
+                        } else if out.to == me && round < MAX_OWN_ROUNDS {
+                            own.push((me.clone(), out.message));
+                        } else {
+                            onward.push(out);
+                        }
                     }
                 }
+                if own.is_empty() {
+                    break;
+                }
+                received = own;
             }
             Handled {
                 response: Ok(PeerReply::Directory { replies }),
