@@ -753,7 +753,7 @@ EXPS.update({
  ],
 })
 # Peer mode's state machines (issue 42): judged by the peer cluster test (core/tests/peer_cluster.rs),
-# which runs 200 seeded clusters through puts, gets, removals, disk copies, kills, joins and
+# which runs 60 seeded clusters through puts, gets, removals, disk copies, kills, joins and
 # re-publishes delivered out of order, checking the directory against the pools once traffic
 # settles and every get against the latest completed write.
 EXPS.update({
