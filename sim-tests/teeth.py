@@ -886,9 +886,6 @@ EXPS.update({
  'peer-removal-drops-at-owners': [
    ('core/src/peer/state.rs', "                    to: location.peer.clone(),\n                    message: drop,", "                    to: self.owners_of(key)[0].clone(),\n                    message: drop,"),
  ],
- 'peer-own-messages-sent-on': [
-   ('proto/src/peer_dispatch.rs', "} else if out.to == me && round < MAX_OWN_ROUNDS {", "} else if out.to == me && round > MAX_OWN_ROUNDS {"),
- ],
  # A write's peer told to free it answers before its withdrawals reach the owners it published
  # to (judged by the test of a remover that still counts a departed peer alive).
  'peer-drop-answers-before-withdrawing': [
@@ -905,7 +902,7 @@ EXPS.update({
 })
 PROPERTY_TESTS['peer-lost-write-leaves-no-tombstone'] = (['cargo', 'test', '-q', '-p', 'mooring-core', '--lib', 'peer::directory'],
                                                          'a_lost_peers_writes_keep_the_ones_they_superseded_out')
-for plant in ['peer-removal-skips-drops', 'peer-removal-drops-at-owners', 'peer-own-messages-sent-on']:
+for plant in ['peer-removal-skips-drops', 'peer-removal-drops-at-owners']:
     PROPERTY_TESTS[plant] = REMOVAL_REACHES
 PROPERTY_TESTS['peer-drop-answers-before-withdrawing'] = (REMOVAL_REACHES[0],
                                                           'a_removal_returns_with_no_owner_answering_even_one_only_the_writer_names')
