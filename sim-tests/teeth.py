@@ -872,11 +872,10 @@ PROPERTY_TESTS['striped-piece-finished-unordered'] = LOOM_PIECES
 PROPERTY_TESTS['striped-piece-taken-twice'] = LOOM_PIECES
 PROPERTY_TESTS['striped-caller-skips-wait'] = (['cargo', 'test', '-q', '-p', 'mooring-proto', '--lib', 'striped'], 'striped::tests::')
 # A removal's calls return with no owner answering for the write, even one only the writer's
-# view names (a peer that just joined): the remover tells the write's peer to free it, and a
-# peer handles what it tells itself before it answers. Slips: the remover skips the Drops, the
-# Drops name the owners rather than the write's peer, a peer leaves its own messages for later,
-# or answers after one round of them only when the sender is itself. Judged by the dispatch's
-# test of a removal through a remover that has not met the writer.
+# view names (a peer that just joined): the remover tells the write's peer to free it, and that
+# peer withdraws the write from its owners, itself among them, before it answers. Slips: the
+# remover skips the Drops, or the Drops name an owner rather than the write's peer. Judged by
+# the dispatch's test of a removal through a remover that has not met the writer.
 REMOVAL_REACHES = (['cargo', 'test', '-q', '-p', 'mooring-proto', '--lib', 'peer_dispatch'],
                    'a_removal_returns_with_no_owner_answering_even_one_that_just_joined')
 EXPS.update({
