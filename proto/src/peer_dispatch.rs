@@ -226,6 +226,14 @@ mod tests {
             .collect()
     }
 
+    /// `writer` puts `key` and publishes it to its owners; where the value is.
+    fn put_and_publish(peers: &mut BTreeMap<&str, PeerState>, writer: &str, key: &str) -> Location {
+        let peer = peers.get_mut(writer).unwrap();
+        let (location, out) = peer.put(key, 100, Checksum(5), Millis(10)).unwrap();
+        call_all(peers, writer, out);
+        location
+    }
+
     /// Delivers `out` from `sender` as its driver's calls do: each recipient handles its
     /// messages and its answers come back to the sender. What a recipient sends on is
     /// delivered before it answers when the handling says so, and otherwise travels later, so
@@ -291,12 +299,7 @@ mod tests {
             "new",
             PeerState::new("new", 1 << 20, new_ring.clone(), 2, Millis(0)),
         );
-        let (location, out) = peers
-            .get_mut("new")
-            .unwrap()
-            .put(&key, 100, Checksum(5), Millis(10))
-            .unwrap();
-        call_all(&mut peers, "new", out);
+        let location = put_and_publish(&mut peers, "new", &key);
         assert_eq!(peers["new"].lookup(&key), Some(location.clone()));
         assert_eq!(peers[greeted].lookup(&key), Some(location.clone()));
 
@@ -354,12 +357,7 @@ mod tests {
             .unwrap()
             .ring_changed(removers_ring.clone(), Millis(5));
         assert!(view.is_empty(), "nothing held yet");
-        let (location, out) = peers
-            .get_mut("writer")
-            .unwrap()
-            .put(&key, 100, Checksum(5), Millis(10))
-            .unwrap();
-        call_all(&mut peers, "writer", out);
+        let location = put_and_publish(&mut peers, "writer", &key);
         let missed: Vec<&str> = writers_ring
             .owners(&key, 2)
             .into_iter()
