@@ -13,7 +13,9 @@ use mooring_core::peer::directory::{Location, Stamp};
 use mooring_core::peer::disk::DiskWork;
 use mooring_core::peer::pool::{BLOCK_HEADER, HeaderWrite, Promotion};
 use mooring_core::peer::ring::{DEFAULT_VNODES, Ring, RingMember};
-use mooring_core::peer::state::{DEFAULT_DIRECTORY_REPLICAS, Outgoing, PeerState, read_order};
+use mooring_core::peer::state::{
+    DEFAULT_DIRECTORY_REPLICAS, DirectoryMessage, Outgoing, PeerState, read_order,
+};
 use mooring_core::rng::Rng;
 
 const KIB: u64 = 1024;
@@ -37,6 +39,8 @@ struct Cluster {
     disk_work: Vec<(String, DiskWork)>,
     now: Millis,
     next_peer: usize,
+    /// The run's seed, named in a failure so it can be run again.
+    seed: u64,
     rng: Rng,
     log: Vec<String>,
 }
@@ -63,6 +67,7 @@ impl Cluster {
             disk_work: Vec::new(),
             now: Millis(1_000),
             next_peer: 0,
+            seed,
             rng: Rng::seeded(seed),
             log: Vec::new(),
         };
@@ -74,7 +79,11 @@ impl Cluster {
 
     fn fail(&self, what: String) -> ! {
         let tail: Vec<_> = self.log.iter().rev().take(30).rev().cloned().collect();
-        panic!("{what}\nlast steps:\n{}", tail.join("\n"));
+        panic!(
+            "seed {}: {what}\nlast steps:\n{}",
+            self.seed,
+            tail.join("\n")
+        );
     }
 
     fn send(&mut self, from: &str, out: Vec<Outgoing>) {
@@ -546,7 +555,7 @@ fn run(seed: u64, steps: usize) -> BTreeMap<&'static str, u64> {
 #[test]
 fn a_peer_cluster_serves_the_latest_value_or_a_justified_miss() {
     let mut total: BTreeMap<&'static str, u64> = BTreeMap::new();
-    for seed in 0..60 {
+    for seed in 0..200 {
         for (what, n) in run(seed, 600) {
             *total.entry(what).or_default() += n;
         }
@@ -649,4 +658,80 @@ fn a_removal_through_another_view_of_the_ring_reaches_every_owner() {
         assert_eq!(peers[*owner].lookup(&key), None, "{owner} still answers");
     }
     assert!(peers["writer"].pool().location(&key).is_none());
+}
+
+/// An owner answers a re-publish with "stale" (a lost peer's tombstone stands there, above the
+/// write) while another owner still holds the write's entry: the writer, freeing the write,
+/// withdraws it from every owner, so none answers for a value no peer holds.
+#[test]
+fn a_write_freed_as_stale_is_withdrawn_from_every_owner() {
+    let names: Vec<String> = ["a", "b", "c", "writer"].map(String::from).to_vec();
+    let ring = ring_of(names.iter());
+    let replicas = DEFAULT_DIRECTORY_REPLICAS;
+    let key = (0..1000)
+        .map(|i| format!("key-{i}"))
+        .find(|k| !ring.owners(k, replicas).contains(&"writer"))
+        .expect("some key the writer does not own");
+    let now = Millis(1_000);
+    let mut peers: BTreeMap<String, PeerState> = names
+        .iter()
+        .map(|n| {
+            (
+                n.clone(),
+                PeerState::new(n, 1 << 20, ring.clone(), replicas, Millis(10)),
+            )
+        })
+        .collect();
+    let (location, out) = peers
+        .get_mut("writer")
+        .expect("writer")
+        .put(&key, 4 * KIB, Checksum(7), now)
+        .expect("room");
+    let mut queue: VecDeque<(String, Outgoing)> =
+        out.into_iter().map(|o| ("writer".to_string(), o)).collect();
+    let deliver = |peers: &mut BTreeMap<String, PeerState>,
+                   queue: &mut VecDeque<(String, Outgoing)>| {
+        while let Some((from, out)) = queue.pop_front() {
+            if let Some(peer) = peers.get_mut(&*out.to) {
+                let caused = peer.receive(&from, out.message, now);
+                let to = out.to.to_string();
+                queue.extend(caused.into_iter().map(|o| (to.clone(), o)));
+            }
+        }
+    };
+    deliver(&mut peers, &mut queue);
+    let owners = ring.owners(&key, replicas);
+    for owner in &owners {
+        assert_eq!(
+            peers[*owner].lookup(&key),
+            Some(location.clone()),
+            "{owner}"
+        );
+    }
+    // The first owner had a newer write of the key from a peer since lost: its tombstone
+    // answers the writer's next re-publish.
+    let newer = Stamp {
+        clock: location.stamp.clock + 5,
+        ..location.stamp
+    };
+    queue.push_back((
+        owners[0].to_string(),
+        Outgoing {
+            to: "writer".into(),
+            message: DirectoryMessage::Stale {
+                key: key.as_str().into(),
+                stamp: location.stamp,
+                newer,
+            },
+        },
+    ));
+    deliver(&mut peers, &mut queue);
+    assert!(peers["writer"].pool().location(&key).is_none(), "freed");
+    for owner in &owners {
+        assert_eq!(
+            peers[*owner].lookup(&key),
+            None,
+            "{owner} answers for a freed write"
+        );
+    }
 }

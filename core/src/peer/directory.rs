@@ -242,11 +242,16 @@ impl DirectoryShard {
         self.entries.retain(|key, _| ring.owns(me, key, replicas))
     }
 
-    /// The live tombstones: each removed key and the newest write its removal covers.
-    pub fn tombstones(&self) -> impl Iterator<Item = (&str, Stamp)> {
-        self.tombstones
+    /// The live tombstones: each removed key and the newest write its removal covers, in key
+    /// order (what is sent for them goes out in the same order on every run).
+    pub fn tombstones(&self) -> Vec<(&str, Stamp)> {
+        let mut all: Vec<(&str, Stamp)> = self
+            .tombstones
             .iter()
             .map(|(key, (stamp, _))| (&**key, *stamp))
+            .collect();
+        all.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        all
     }
 
     /// Drops the tombstones that lapsed by `now`.

@@ -388,6 +388,9 @@ impl PeerState {
                     }
                 } else if self.pool.drop_value(&key, stamp, now) {
                     self.pool.observe(newer);
+                    // Other owners may hold the write: one that met no newer write or
+                    // tombstone (a lost peer's leaves one only where its entry was).
+                    self.withdraw(&key, stamp, &mut out);
                 }
             }
             DirectoryMessage::Held { key, location } => match self.pool.location(&key) {
@@ -417,14 +420,7 @@ impl PeerState {
                     // The remover's ring may differ from this peer's (a peer it still counts
                     // alive, one it has not met): every owner this peer published to lets go
                     // too, or one the removal missed would still answer for the write.
-                    self.send_owners(
-                        &key,
-                        DirectoryMessage::Unpublish {
-                            key: key.clone(),
-                            stamp,
-                        },
-                        &mut out,
-                    );
+                    self.withdraw(&key, stamp, &mut out);
                 }
             }
         }
@@ -500,6 +496,18 @@ impl PeerState {
             DirectoryMessage::Publish {
                 key: key.into(),
                 location: location.clone(),
+            },
+            out,
+        );
+    }
+
+    /// Tells every owner of `key` that this peer no longer holds its write `stamp`.
+    fn withdraw(&self, key: &str, stamp: Stamp, out: &mut Vec<Outgoing>) {
+        self.send_owners(
+            key,
+            DirectoryMessage::Unpublish {
+                key: key.into(),
+                stamp,
             },
             out,
         );
