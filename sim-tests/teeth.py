@@ -753,7 +753,7 @@ EXPS.update({
  ],
 })
 # Peer mode's state machines (issue 42): judged by the peer cluster test (core/tests/peer_cluster.rs),
-# which runs 60 seeded clusters through puts, gets, removals, disk copies, kills, joins and
+# which runs 200 seeded clusters through puts, gets, removals, disk copies, kills, joins and
 # re-publishes delivered out of order, checking the directory against the pools once traffic
 # settles and every get against the latest completed write.
 EXPS.update({
@@ -794,7 +794,7 @@ EXPS.update({
  # A removal's Drop frees the writer's value, but owners only the writer's view of the ring
  # names keep answering for it (judged by its own test in peer_cluster.rs).
  'peer-drop-not-withdrawn': [
-   ('core/src/peer/state.rs', "                            key: key.clone(),\n                            stamp,\n                        },\n                        &mut out,", "                            key: key.clone(),\n                            stamp,\n                        },\n                        &mut Vec::new(),"),
+   ('core/src/peer/state.rs', "too, or one the removal missed would still answer for the write.\n                    self.withdraw(&key, stamp, &mut out);", "too, or one the removal missed would still answer for the write.\n"),
  ],
 })
 # Peer mode's driver and membership (issue 42): judged by the peer worlds (`mooring-sim peer`),
@@ -890,6 +890,12 @@ EXPS.update({
  'peer-drop-answers-before-withdrawing': [
    ('proto/src/peer_dispatch.rs', "                .any(|m| matches!(m, DirectoryMessage::Drop { .. }));", "                .any(|_| false);"),
  ],
+ # A write's peer told by one owner that the write is stale frees it without withdrawing it
+ # from its other owners, which keep answering for it (judged by its own test in
+ # peer_cluster.rs; the cluster test's seeds found it).
+ 'peer-stale-drop-not-withdrawn': [
+   ('core/src/peer/state.rs', "tombstone (a lost peer's leaves one only where its entry was).\n                    self.withdraw(&key, stamp, &mut out);", "tombstone (a lost peer's leaves one only where its entry was).\n"),
+ ],
 })
 # A lost peer's entries leave tombstones, so an older write still held elsewhere does not take
 # the lost write's place (judged by the shard's test, and by the cluster test's seeds).
@@ -903,6 +909,8 @@ PROPERTY_TESTS['peer-lost-write-leaves-no-tombstone'] = (['cargo', 'test', '-q',
                                                          'a_lost_peers_writes_keep_the_ones_they_superseded_out')
 for plant in ['peer-removal-skips-drops', 'peer-removal-drops-at-owners']:
     PROPERTY_TESTS[plant] = REMOVAL_REACHES
+PROPERTY_TESTS['peer-stale-drop-not-withdrawn'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'peer_cluster'],
+                                                   'a_write_freed_as_stale_is_withdrawn_from_every_owner')
 PROPERTY_TESTS['peer-drop-answers-before-withdrawing'] = (REMOVAL_REACHES[0],
                                                           'a_removal_returns_with_no_owner_answering_even_one_only_the_writer_names')
 if len(sys.argv) > 1 and sys.argv[1] == 'check':
