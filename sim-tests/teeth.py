@@ -840,9 +840,8 @@ SIM_COMMAND = {p: 'peer' for p in EXPS if p.startswith('peerworld-')}
 for plant in [p for p in EXPS if p.startswith('peer-')]:
     PROPERTY_TESTS[plant] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'peer_cluster'],
                              'a_peer_cluster_serves_the_latest_value_or_a_justified_miss')
-# Since removals go through the cluster test's message queue, none of its 60 seeds meets an
-# older publish at an owner holding a newer write (seed 67 of 200 does): the shard's own test
-# judges it.
+# Since removals go through the cluster test's message queue, only one of its 200 seeds (67)
+# meets an older publish at an owner holding a newer write: the shard's own test judges it.
 PROPERTY_TESTS['peer-stale-publish-accepted'] = (['cargo', 'test', '-q', '-p', 'mooring-core', '--lib', 'peer::directory'],
                                                  'the_newest_write_wins_and_a_late_republish_of_an_older_one_is_stale')
 PROPERTY_TESTS['peer-drop-not-withdrawn'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'peer_cluster'],
