@@ -887,7 +887,19 @@ EXPS.update({
  # A write's peer told to free it answers before its withdrawals reach the owners it published
  # to (judged by the test of a remover that still counts a departed peer alive).
  'peer-drop-answers-before-withdrawing': [
-   ('proto/src/peer_dispatch.rs', "                .any(|m| matches!(m, DirectoryMessage::Drop { .. }));", "                .any(|_| false);"),
+   ('proto/src/peer_dispatch.rs', "                matches!(m, DirectoryMessage::Drop { .. })\n                    || matches!", "                false\n                    || matches!"),
+ ],
+ # A peer told of a removal as an owner keeps its own covered write, whose entries stand at
+ # owners the remover cannot reach; it answers before withdrawing it; or it frees a write
+ # newer than the removal (judged by the dispatch's partition test and its late-removal test).
+ 'peer-removed-keeps-covered-write': [
+   ('core/src/peer/state.rs', "                    self.free_covered(&key, covering, now, &mut out);\n", ""),
+ ],
+ 'peer-removed-answers-before-withdrawing': [
+   ('proto/src/peer_dispatch.rs', "                    || matches!(m, DirectoryMessage::Removed { .. })\n", ""),
+ ],
+ 'peer-removed-frees-newer-write': [
+   ('core/src/peer/state.rs', "        if held.stamp > covering || self.fresh.contains", "        if self.fresh.contains"),
  ],
  # A write's peer told by one owner that the write is stale frees it without withdrawing it
  # from its other owners, which keep answering for it (judged by its own test in
@@ -910,6 +922,9 @@ for plant in ['peer-removal-skips-drops', 'peer-removal-drops-at-owners']:
     PROPERTY_TESTS[plant] = REMOVAL_REACHES
 PROPERTY_TESTS['peer-stale-drop-not-withdrawn'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--test', 'peer_cluster'],
                                                    'a_write_freed_as_stale_is_withdrawn_from_every_owner')
+for plant in ['peer-removed-keeps-covered-write', 'peer-removed-answers-before-withdrawing']:
+    PROPERTY_TESTS[plant] = (REMOVAL_REACHES[0], 'a_removal_returns_with_no_owner_answering_even_one_across_a_partition')
+PROPERTY_TESTS['peer-removed-frees-newer-write'] = (REMOVAL_REACHES[0], 'a_late_removal_leaves_a_newer_write_where_it_is')
 PROPERTY_TESTS['peer-drop-answers-before-withdrawing'] = (REMOVAL_REACHES[0],
                                                           'a_removal_returns_with_no_owner_answering_even_one_only_the_writer_names')
 if len(sys.argv) > 1 and sys.argv[1] == 'check':

@@ -20,10 +20,11 @@ pub struct Handled {
     /// Messages the driver sends on (to peers other than the sender).
     pub onward: Vec<Outgoing>,
     /// Whether the driver delivers `onward` before it answers. So it does for a peer told to
-    /// free a write (a `Drop`): its withdrawals from the owners it published to land before
-    /// the remover's call returns, so a removal that returns leaves no owner answering for the
-    /// write, even one only this peer's view of the ring names. Other messages go on in the
-    /// background: nobody waits on them.
+    /// free a write (a `Drop`) or told of a removal (`Removed`, which frees a covered write it
+    /// holds, and sends the Drops for the entries it held): the withdrawals from the owners
+    /// the write was published to land before the remover's call returns, so a removal that
+    /// returns leaves no owner answering for the write, even one only this peer's view of the
+    /// ring names. Other messages go on in the background: nobody waits on them.
     pub deliver_first: bool,
 }
 
@@ -47,9 +48,10 @@ pub fn handle(
     Ok(match request {
         PeerRequest::Directory { messages } => {
             let me: Box<str> = peer.name().into();
-            let deliver_first = messages
-                .iter()
-                .any(|m| matches!(m, DirectoryMessage::Drop { .. }));
+            let deliver_first = messages.iter().any(|m| {
+                matches!(m, DirectoryMessage::Drop { .. })
+                    || matches!(m, DirectoryMessage::Removed { .. })
+            });
             let mut replies = Vec::new();
             let mut onward = Vec::new();
             let mut received: Vec<(Box<str>, DirectoryMessage)> =
@@ -104,7 +106,7 @@ mod tests {
     use mooring_core::peer::ring::{DEFAULT_VNODES, Ring, RingMember};
     use std::collections::BTreeMap;
 
-    use mooring_core::peer::directory::Location;
+    use mooring_core::peer::directory::{Location, Stamp};
     use mooring_core::peer::state::DirectoryMessage;
     use mooring_core::{Checksum, ErrorCode};
 
@@ -380,6 +382,93 @@ mod tests {
             .filter(|o| &*o.to != "departed")
             .collect();
         call_all(&mut peers, remover, out);
+        for (name, peer) in &peers {
+            assert_eq!(
+                peer.lookup(&key),
+                None,
+                "{name} still answers for the removed write"
+            );
+        }
+    }
+
+    /// A removal that reaches a peer late, after that peer wrote the key again: the newer
+    /// write stays, in its pool and at every owner.
+    #[test]
+    fn a_late_removal_leaves_a_newer_write_where_it_is() {
+        let mut peers = peers_of(&["a", "b"], &ring());
+        let location = put_and_publish(&mut peers, "a", "kv/1");
+        let covering = Stamp {
+            clock: location.stamp.clock - 1,
+            ..location.stamp
+        };
+        let removed = DirectoryMessage::Removed {
+            key: "kv/1".into(),
+            covering,
+        };
+        let handled = handle(
+            peers.get_mut("a").unwrap(),
+            "b",
+            PeerRequest::Directory {
+                messages: vec![removed],
+            },
+            Millis(30),
+        )
+        .unwrap();
+        assert!(handled.onward.is_empty(), "{:?}", handled.onward);
+        assert_eq!(peers["a"].pool().location("kv/1"), Some(location.clone()));
+        for (name, peer) in &peers {
+            assert_eq!(peer.lookup("kv/1"), Some(location.clone()), "{name}");
+        }
+    }
+
+    /// A partition: the remover has lost one of the writer's owners ("far"), the writer is an
+    /// owner only in the remover's view, and the owner both can reach lost its entry in a
+    /// restart. The remover's owners know of no write, so no Drop goes out; the writer, told
+    /// of the removal as an owner, frees its covered write and withdraws it from its own
+    /// owners before it answers, so "far" no longer answers for it once the removal returns.
+    #[test]
+    fn a_removal_returns_with_no_owner_answering_even_one_across_a_partition() {
+        let all = ["a", "remover", "writer", "far"];
+        let reachable = ["a", "remover", "writer"];
+        let (writers_ring, removers_ring) = (ring_of(&all), ring_of(&reachable));
+        let key = (0..1000)
+            .map(|i| format!("kv/{i}"))
+            .find(|k| {
+                let theirs = writers_ring.owners(k, 2);
+                theirs.contains(&"far")
+                    && !theirs.contains(&"writer")
+                    && removers_ring.owners(k, 2).contains(&"writer")
+            })
+            .expect("some key far owns that the remover gives the writer");
+        let mut peers = peers_of(&all, &writers_ring);
+        let location = put_and_publish(&mut peers, "writer", &key);
+        assert_eq!(peers["far"].lookup(&key), Some(location.clone()));
+        // Every peer but the writer and far restarted, their shards empty; the remover's
+        // view no longer holds far.
+        for name in ["a", "remover"] {
+            let ring = if name == "remover" {
+                &removers_ring
+            } else {
+                &writers_ring
+            };
+            peers.insert(
+                name,
+                PeerState::new(name, 1 << 20, ring.clone(), 2, Millis(0)),
+            );
+        }
+        let known: Vec<Location> = peers["remover"]
+            .owners_of(&key)
+            .iter()
+            .filter_map(|owner| peers[&**owner].lookup(&key))
+            .collect();
+        assert!(known.is_empty(), "the remover's owners know of no write");
+        let out = peers
+            .get_mut("remover")
+            .unwrap()
+            .removal(&key, Millis(15), &known);
+        assert!(out.iter().all(|o| &*o.to != "far"), "far is out of reach");
+        call_all(&mut peers, "remover", out);
+        assert_eq!(peers["writer"].pool().location(&key), None, "freed");
         for (name, peer) in &peers {
             assert_eq!(
                 peer.lookup(&key),

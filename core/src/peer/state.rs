@@ -412,6 +412,7 @@ impl PeerState {
             DirectoryMessage::Removed { key, covering } => {
                 if self.ring.has_member(from) {
                     out = self.remove(&key, covering, now);
+                    self.free_covered(&key, covering, now, &mut out);
                 }
             }
             DirectoryMessage::Drop { key, stamp } => {
@@ -499,6 +500,26 @@ impl PeerState {
             },
             out,
         );
+    }
+
+    /// Frees this peer's own write of `key` if a removal up to `covering` covers it, and
+    /// withdraws it from every owner. The removal reached this peer as an owner in the
+    /// remover's view; the write's entries may stand at owners only this peer's view names
+    /// (one the remover cannot reach across a partition, while the owners it can reach lost
+    /// theirs in a restart), which no Drop would reach. A write made a moment ago, its
+    /// publishes still on their way, is left to the owners' tombstones, which judge it as
+    /// they judge any late publish.
+    fn free_covered(&mut self, key: &str, covering: Stamp, now: Millis, out: &mut Vec<Outgoing>) {
+        let Some(held) = self.pool.location(key) else {
+            return;
+        };
+        if held.stamp > covering || self.fresh.contains(&(key.into(), held.stamp)) {
+            return;
+        }
+        if self.pool.drop_value(key, held.stamp, now) {
+            self.pool.observe(covering);
+            self.withdraw(key, held.stamp, out);
+        }
     }
 
     /// Tells every owner of `key` that this peer no longer holds its write `stamp`.
