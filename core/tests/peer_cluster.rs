@@ -609,31 +609,15 @@ fn a_removal_through_another_view_of_the_ring_reaches_every_owner() {
         })
         .expect("some key is owned by the departed peer");
     let now = Millis(1_000);
-    let mut peers: BTreeMap<String, PeerState> = names
-        .iter()
-        .map(|n| {
-            let state = PeerState::new(n, 1 << 20, writers_ring.clone(), replicas, Millis(10));
-            (n.clone(), state)
-        })
-        .collect();
+    let mut peers = states_of(&names, &writers_ring, replicas);
     let mut queue: VecDeque<(String, Outgoing)> = VecDeque::new();
-    let deliver = |peers: &mut BTreeMap<String, PeerState>,
-                   queue: &mut VecDeque<(String, Outgoing)>| {
-        while let Some((from, out)) = queue.pop_front() {
-            if let Some(peer) = peers.get_mut(&*out.to) {
-                let caused = peer.receive(&from, out.message, now);
-                let to = out.to.to_string();
-                queue.extend(caused.into_iter().map(|o| (to.clone(), o)));
-            }
-        }
-    };
     let (location, out) = peers
         .get_mut("writer")
         .expect("writer")
         .put(&key, 4 * KIB, Checksum(7), now)
         .expect("room");
     queue.extend(out.into_iter().map(|o| ("writer".to_string(), o)));
-    deliver(&mut peers, &mut queue);
+    deliver_all(&mut peers, &mut queue, now);
     let published = writers_ring.owners(&key, replicas);
     for owner in &published {
         assert_eq!(
@@ -653,7 +637,7 @@ fn a_removal_through_another_view_of_the_ring_reaches_every_owner() {
             queue.extend(out.into_iter().map(|o| (owner.to_string(), o)));
         }
     }
-    deliver(&mut peers, &mut queue);
+    deliver_all(&mut peers, &mut queue, now);
     for owner in &published {
         assert_eq!(peers[*owner].lookup(&key), None, "{owner} still answers");
     }
@@ -673,15 +657,7 @@ fn a_write_freed_as_stale_is_withdrawn_from_every_owner() {
         .find(|k| !ring.owners(k, replicas).contains(&"writer"))
         .expect("some key the writer does not own");
     let now = Millis(1_000);
-    let mut peers: BTreeMap<String, PeerState> = names
-        .iter()
-        .map(|n| {
-            (
-                n.clone(),
-                PeerState::new(n, 1 << 20, ring.clone(), replicas, Millis(10)),
-            )
-        })
-        .collect();
+    let mut peers = states_of(&names, &ring, replicas);
     let (location, out) = peers
         .get_mut("writer")
         .expect("writer")
@@ -689,17 +665,7 @@ fn a_write_freed_as_stale_is_withdrawn_from_every_owner() {
         .expect("room");
     let mut queue: VecDeque<(String, Outgoing)> =
         out.into_iter().map(|o| ("writer".to_string(), o)).collect();
-    let deliver = |peers: &mut BTreeMap<String, PeerState>,
-                   queue: &mut VecDeque<(String, Outgoing)>| {
-        while let Some((from, out)) = queue.pop_front() {
-            if let Some(peer) = peers.get_mut(&*out.to) {
-                let caused = peer.receive(&from, out.message, now);
-                let to = out.to.to_string();
-                queue.extend(caused.into_iter().map(|o| (to.clone(), o)));
-            }
-        }
-    };
-    deliver(&mut peers, &mut queue);
+    deliver_all(&mut peers, &mut queue, now);
     let owners = ring.owners(&key, replicas);
     for owner in &owners {
         assert_eq!(
@@ -725,7 +691,7 @@ fn a_write_freed_as_stale_is_withdrawn_from_every_owner() {
             },
         },
     ));
-    deliver(&mut peers, &mut queue);
+    deliver_all(&mut peers, &mut queue, now);
     assert!(peers["writer"].pool().location(&key).is_none(), "freed");
     for owner in &owners {
         assert_eq!(
@@ -733,5 +699,31 @@ fn a_write_freed_as_stale_is_withdrawn_from_every_owner() {
             None,
             "{owner} answers for a freed write"
         );
+    }
+}
+
+/// A peer state for each of `names`, all seeing `ring`.
+fn states_of(names: &[String], ring: &Ring, replicas: usize) -> BTreeMap<String, PeerState> {
+    names
+        .iter()
+        .map(|n| {
+            let state = PeerState::new(n, 1 << 20, ring.clone(), replicas, Millis(10));
+            (n.clone(), state)
+        })
+        .collect()
+}
+
+/// Delivers `queue` (each message with its sender) and everything it causes, in order, at `now`.
+fn deliver_all(
+    peers: &mut BTreeMap<String, PeerState>,
+    queue: &mut VecDeque<(String, Outgoing)>,
+    now: Millis,
+) {
+    while let Some((from, out)) = queue.pop_front() {
+        if let Some(peer) = peers.get_mut(&*out.to) {
+            let caused = peer.receive(&from, out.message, now);
+            let to = out.to.to_string();
+            queue.extend(caused.into_iter().map(|o| (to.clone(), o)));
+        }
     }
 }
