@@ -31,11 +31,13 @@ impl Log {
     }
 }
 
-/// The master in-process; refuses mounts while `refuse_mounts` is set, and logs them.
+/// The master in-process; refuses mounts while `refuse_mounts` is set, answers them after
+/// `mount_delay`, and logs them.
 struct Master {
     service: Arc<MasterService>,
     log: Arc<Log>,
     refuse_mounts: Mutex<bool>,
+    mount_delay: Mutex<Duration>,
 }
 
 impl ControlPlane for Master {
@@ -43,6 +45,8 @@ impl ControlPlane for Master {
         Box::pin(async move {
             if let MasterRequest::MountSegment(mount) = &request {
                 self.log.push(format!("mount key {}", mount.spec.key));
+                let delay = *self.mount_delay.lock().unwrap();
+                tokio::time::sleep(delay).await;
                 if *self.refuse_mounts.lock().unwrap() {
                     return Err(Error::new(
                         ErrorCode::RPC_FAIL,
@@ -81,13 +85,14 @@ impl DataServer for Exports {
     }
 }
 
-#[tokio::test]
-async fn the_old_key_stops_working_before_the_memory_is_mounted_again() {
+/// A master, a node mounted on it, and the node's log of exports and mounts (emptied).
+async fn mounted_node() -> (Arc<Master>, Node, Arc<Exports>, Arc<Log>) {
     let log = Arc::new(Log::default());
     let master = Arc::new(Master {
         service: MasterService::new(MasterConfig::default()).unwrap(),
         log: log.clone(),
         refuse_mounts: Mutex::new(false),
+        mount_delay: Mutex::new(Duration::ZERO),
     });
     let control: Arc<dyn ControlPlane> = master.clone();
     control.call(Hello { client: CLIENT }).await.unwrap();
@@ -113,6 +118,12 @@ async fn the_old_key_stops_working_before_the_memory_is_mounted_again() {
     )
     .await
     .unwrap();
+    (master, node, exports, log)
+}
+
+#[tokio::test]
+async fn the_old_key_stops_working_before_the_memory_is_mounted_again() {
+    let (master, node, exports, log) = mounted_node().await;
     let first = log.take();
     assert_eq!(first.len(), 2, "{first:?}");
     let first_key = first[0].strip_prefix("export key ").unwrap().to_string();
@@ -145,4 +156,36 @@ async fn the_old_key_stops_working_before_the_memory_is_mounted_again() {
     assert_eq!(again[1], format!("mount key {third_key}"));
     assert!(node.is_mounted());
     assert_eq!(exports.service.keys(), [third_key.parse::<u64>().unwrap()]);
+}
+
+/// A heartbeat that finds nothing mounted while a remount waits for the master's answer (a
+/// fault's, or an earlier heartbeat's) waits for it to end, then leaves the new mount alone:
+/// one mount, one key exported, and it is the key the master holds.
+#[tokio::test]
+async fn a_heartbeats_remount_waits_for_one_under_way_and_then_leaves_it() {
+    let (master, node, exports, log) = mounted_node().await;
+    log.take();
+    *master.mount_delay.lock().unwrap() = Duration::from_millis(100);
+    let under_way = tokio::spawn({
+        let node = node.clone();
+        async move { node.remount().await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let seen = node.segment();
+    assert_eq!(seen, None, "nothing is mounted while the remount waits");
+    node.remount_from(seen).await.unwrap();
+    under_way.await.unwrap().unwrap();
+    let events = log.take();
+    let mounts: Vec<&String> = events
+        .iter()
+        .filter(|e| e.starts_with("mount key"))
+        .collect();
+    assert_eq!(mounts.len(), 1, "{events:?}");
+    let key: u64 = mounts[0]
+        .strip_prefix("mount key ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(exports.service.keys(), [key], "{events:?}");
+    assert!(node.is_mounted());
 }

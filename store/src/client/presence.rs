@@ -272,10 +272,12 @@ fn spawn_heartbeat(
                 }
             };
             contact.acknowledged(sent);
-            if let Some(node) = mounted.get()
-                && Membership::needs_mount(node.segment(), &ack)
+            let node = mounted.get();
+            let seen = node.and_then(Node::segment);
+            if let Some(node) = node
+                && Membership::needs_mount(seen, &ack)
             {
-                match node.remount().await {
+                match node.remount_from(seen).await {
                     Ok(()) => {}
                     Err(e) => warn!("remount failed, retrying at the next heartbeat: {e}"),
                 }

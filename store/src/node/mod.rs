@@ -18,7 +18,7 @@ use mooring_core::client::MountRetry;
 use mooring_core::{ClientId, Millis, Result, SegmentId, SegmentSpec};
 use mooring_proto::transport::{ControlPlane, DataServer, NodeAddr, SegmentMemory};
 use mooring_proto::wire::{MountSegment, UnmountSegment};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::buggify::{self, Site};
 use crate::clock::Clock;
@@ -57,6 +57,11 @@ struct NodeInner {
     server: Arc<dyn DataServer>,
     control: Arc<dyn ControlPlane>,
     mount: Mutex<Option<(NodeAddr, SegmentId)>>,
+    /// Held while a mount is under way, so mounts follow one another. Two at once would
+    /// each export the memory under a key of its own, and shared memory holds one key: the
+    /// later export replaces the earlier, and the master could be left with a mount whose
+    /// key nothing serves.
+    mounting: tokio::sync::Mutex<()>,
 }
 
 impl Node {
@@ -83,13 +88,17 @@ impl Node {
                 server,
                 control,
                 mount: Mutex::new(None),
+                mounting: tokio::sync::Mutex::new(()),
             }),
         };
         let patience = buggify::timeout(Site::NODE_MOUNT_PATIENCE, patience);
         let clock = Clock::new();
         let mut retry = MountRetry::new(Millis(patience.as_millis() as u64), clock.now());
         loop {
-            match node.mount().await {
+            let one_at_a_time = node.inner.mounting.lock().await;
+            let mounted = node.mount().await;
+            drop(one_at_a_time);
+            match mounted {
                 Ok(()) => return Ok(node),
                 Err(e) => match retry.after(&e, clock.now()) {
                     Some(wait) => {
@@ -171,6 +180,23 @@ impl Node {
     /// Mounts again after the master forgot this client. Everything stored in the old mount
     /// is already gone from the master's view; the old key stops working.
     pub async fn remount(&self) -> Result<()> {
+        let _one_at_a_time = self.inner.mounting.lock().await;
+        self.remount_now().await
+    }
+
+    /// [`Node::remount`] if the mounted segment is still `seen` once any mount under way has
+    /// ended: the heartbeat judged `seen`, and a mount that ended meanwhile (one that left
+    /// nothing mounted while it waited for the master) did what it asked for.
+    pub async fn remount_from(&self, seen: Option<SegmentId>) -> Result<()> {
+        let _one_at_a_time = self.inner.mounting.lock().await;
+        if self.segment() != seen {
+            debug!(name = %self.inner.name, "mounted again meanwhile; no remount");
+            return Ok(());
+        }
+        self.remount_now().await
+    }
+
+    async fn remount_now(&self) -> Result<()> {
         warn!(name = %self.inner.name, "master forgot this node; remounting");
         // The old key stops working before the memory is offered again: once the master
         // takes the new mount, it hands the same ranges to new writers, and a transfer for
