@@ -487,6 +487,16 @@ EXPS.update({
  'fence-node-trusts-slowest-message': [
    ('core/src/client/sender_clock.rs', ".map_or(gap, |o| o.saturating_add(drift).min(gap))", ".map_or(gap, |o| o.saturating_add(drift).max(gap))"),
  ],
+ # The simulated data plane's bound on a writer's clock (seeds 13519 and 3045): a read's round
+ # trip taken as the bound (the node notes no send time on reads), and one bound per node
+ # address that outlives the node's restart.
+ 'sim-read-round-trip-bounds-writes': [
+   ('transport-sim/src/data.rs', "        let stamped = send_stamp(&request);\n", "        let stamped = Some(sim_clock_us());\n"),
+ ],
+ 'sim-round-trip-outlives-restart': [
+   ('transport-sim/src/data.rs', "                .entry((to, node.key))\n", "                .entry((to, 0))\n"),
+   ('transport-sim/src/data.rs', ".ok().map(|to| (to, node.key));", ".ok().map(|to| (to, 0));"),
+ ],
 })
 # A standby's acknowledged position counts only as far as the leader sent it; the simulation
 # has no lying standby yet, so the log-shipping test judges this one.

@@ -147,7 +147,8 @@ impl DataServer for SimDataServer {
 pub struct SimDataPlane {
     mux: Arc<Mux>,
     timeout: Duration,
-    /// The shortest round trip seen to each node's mount (its endpoint and mount key): a
+    /// The shortest round trip seen to each node's mount (its endpoint and mount key), of the
+    /// requests whose send time the node notes ([`send_stamp`]): a
     /// write's announced validity leaves it out (see `FenceRule::announced_validity`). Per
     /// mount, not per endpoint: a node that restarts learns this sender's clock afresh, from
     /// messages that may all be slow, so a round trip seen before the restart bounds nothing
@@ -189,17 +190,19 @@ impl SimDataPlane {
             .parse()
             .map_err(|e| fail(format!("bad endpoint: {e}")))?;
         let id = self.mux.next_id();
-        let asked = tokio::time::Instant::now();
+        let stamped = send_stamp(&request);
         let reply = self
             .mux
             .call(to, id, encode(id, &request, bulk), self.timeout)
             .await
             .map_err(|_| fail(format!("no answer within {:?}", self.timeout)))?;
-        let rtt = asked.elapsed();
-        self.lock_round_trips()
-            .entry((to, node.key))
-            .and_modify(|seen| *seen = (*seen).min(rtt))
-            .or_insert(rtt);
+        if let Some(sent_at_us) = stamped {
+            let rtt = Duration::from_micros(sim_clock_us().saturating_sub(sent_at_us));
+            self.lock_round_trips()
+                .entry((to, node.key))
+                .and_modify(|seen| *seen = (*seen).min(rtt))
+                .or_insert(rtt);
+        }
         let (_, response, data) =
             decode::<DataResponse>(&reply).map_err(|e| fail(format!("bad reply: {e}")))?;
         Ok((response?, data.to_vec()))
@@ -225,6 +228,21 @@ impl SimDataPlane {
         Ok(to
             .and_then(|to| self.lock_round_trips().get(&to).copied())
             .unwrap_or(self.timeout))
+    }
+}
+
+/// The send time `request` carries, if any: the node notes the arrival of only such requests,
+/// so only their round trips bound how late its view of this sender's clock may be. A read's
+/// round trip bounds nothing the node knows (seed 13519: a writer that had only read from a
+/// restarted node took a read's round trip as its bound, its first write reached the node
+/// lagged by more than the release timeout, and the node, measuring the clock from that late
+/// write, applied it to blocks the master had given to another value).
+fn send_stamp(request: &DataRequest) -> Option<u64> {
+    match request {
+        DataRequest::Probe { sent_at_us } | DataRequest::Write { sent_at_us, .. } => {
+            Some(*sent_at_us)
+        }
+        _ => None,
     }
 }
 
