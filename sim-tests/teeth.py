@@ -712,6 +712,30 @@ for plant in ['replay-reports-key-changes', 'replay-never-resumes-key-changes']:
 for plant in ['restored-keys-may-share-bytes', 'restored-free-slots-unchecked', 'restored-key-bytes-uncounted']:
     PROPERTY_TESTS[plant] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--lib', 'key_arena'],
                              'a_restored_arena_is_kept_as_read')
+# A deposed leader (seed 13216) records no standby out of sync, and gives up its office
+# before it waits out its last requests.
+EXPS['deposed-leader-records-in-sync'] = [
+   ('store/src/ha/ship.rs', "        if self.replicated.get().is_err() {\n            return false;\n        }\n", ""),
+]
+PROPERTY_TESTS['deposed-leader-records-in-sync'] = (['cargo', 'test', '-q', '-p', 'mooring', '--test', 'log_shipping'],
+                                                    'a_deposed_leader_leaves_the_in_sync_set_alone')
+EXPS['deposed-leader-keeps-office-while-waiting'] = [
+   ('store/src/ha/etcd.rs', "    drop(key);\n    Err(etcd_error(\"no longer leading\", why))\n",
+    "    if let Some(service) = handler.stand_by(None) {\n        super::retire(service).await;\n    }\n"
+    "    let _ = client.election_client().resign(Some(ResignOptions::new().with_leader(key))).await;\n    Ok(())\n"),
+]
+# A held read whose listed copies are all gone (a disk copy its node dropped; seed 13823)
+# reports the value missing instead of asking again: in the read's plan, and in the client.
+EXPS['held-read-gone-is-final'] = [
+   ('core/src/client/read_plan.rs', "            Err(e) if e.code == ErrorCode::OBJECT_NOT_FOUND => ReadVerdict::AskAgain(e),\n            Err(e) if !hold_kept", "            Err(e) if !hold_kept"),
+]
+PROPERTY_TESTS['held-read-gone-is-final'] = (['cargo', 'test', '-q', '--release', '-p', 'mooring-core', '--lib', 'read_plan'],
+                                             'a_held_read_whose_listed_copies_are_gone_asks_again')
+EXPS['held-read-gives-up-when-copies-gone'] = [
+   ('store/src/client/read.rs', "                        debug!(key, \"the held copies were gone; asking again: {e}\");\n"
+    "                        coverage::hit(Path::LISTED_COPY_GONE);\n                        gone = Some(e);\n",
+    "                        return Err(e);\n"),
+]
 # Plants in code only some transports run are tried on those (default: the usual mix).
 RUN_ARGS = {
  'shm-mapping-outlives-mount': ['--transport', 'shm'],

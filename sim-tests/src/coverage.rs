@@ -23,7 +23,9 @@ use crate::plan::Transport;
 /// that stops being reached. The rarest (a writer dying mid-write before its write times
 /// out, damaged disk copies) are reached in only 2-5% of seeds.
 pub const FLOORS: &[(&str, f64)] = &[
-    (EVICTED, 0.90),
+    // 86-91% of seeds in sweeps of 2,100 seeds on 2026-12-04 (every transport): 90% failed
+    // runs that reached it as often as ever.
+    (EVICTED, 0.80),
     (EVICTED_TO_DISK, 0.50),
     (DISK_COPY_DROPPED, 0.12),
     // Window eviction no longer takes objects waiting for their disk copy, which in seeds
@@ -54,7 +56,8 @@ pub const FLOORS: &[(&str, f64)] = &[
     // data-plane messages grew): a floor of 2% still fails the day it stops happening.
     ("staging buffer ran full", 0.02),
     ("held read outlasted its lease", 0.20),
-    ("damaged prefetch refused", 0.05),
+    // 7% of 1,000 mixed seeds, 4% of 200 RDMA seeds (2026-12-04).
+    ("damaged prefetch refused", 0.03),
     // Measured over 800 seeds: 98% and 57%.
     ("replica lost with a node repaired", 0.90),
     ("repair copy failed and was queued again", 0.30),

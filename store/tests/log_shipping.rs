@@ -10,7 +10,9 @@ use std::time::Duration;
 use mooring::ha::ship::InSyncRecord;
 use mooring::ha::standby::Copier;
 use mooring::master::MasterService;
-use mooring_core::{Checksum, ClientId, MasterConfig, ReplicateConfig, Result, SegmentSpec};
+use mooring_core::{
+    Checksum, ClientId, ErrorCode, MasterConfig, ReplicateConfig, Result, SegmentSpec,
+};
 use mooring_proto::transport::{Answer, BoxFuture, ControlPlane, RpcHandler};
 use mooring_proto::wire::{
     Follow, Hello, MasterRequest, MountSegment, PutEnd, PutStart, Reply, StateFile,
@@ -198,6 +200,58 @@ async fn a_standby_that_stops_is_recorded_out_of_sync_before_anything_is_acknowl
     // No longer waited for: the next put needs no further change to the in-sync set.
     put(control.as_ref(), "next").await;
     assert_eq!(recorded.0.lock().unwrap().len(), records_before + 1);
+    drop(service);
+    let _ = std::fs::remove_dir_all(&leader_dir);
+    let _ = std::fs::remove_dir_all(&copy_dir);
+}
+
+/// A leader that lost its office acknowledges nothing more and leaves the in-sync set to the
+/// next leader: its standby stops hearing from it (the deposed leader refuses it), falls
+/// behind only for that reason, and must not be recorded out of sync, or no standby could take
+/// over (simulation seed 13216).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_leaves_the_in_sync_set_alone() {
+    let (leader_dir, copy_dir) = (scratch("leader-deposed"), scratch("copy-deposed"));
+    let service = MasterService::persistent(&leader_dir, MasterConfig::default(), 8 << 10).unwrap();
+    let recorded = Arc::new(Recorded::default());
+    let shipping = service
+        .start_shipping(
+            "leader#1".into(),
+            recorded.clone(),
+            Duration::from_millis(300),
+        )
+        .unwrap();
+    let control: Arc<dyn ControlPlane> = Arc::new(Direct(service.clone()));
+    mount(control.as_ref()).await;
+    let mut copier = Copier::fresh(
+        Arc::new(mooring_disk::PosixStateDir::new(&copy_dir)),
+        "standby",
+    )
+    .unwrap();
+    let name = copier.name().to_string();
+    while !recorded.last().contains(&name) {
+        copier.step(control.as_ref()).await.unwrap();
+    }
+    let records_before = recorded.0.lock().unwrap().len();
+    shipping.stop("deposed".into());
+    // A change made now is on the deposed leader's disk alone: its outcome is unknown, and it
+    // is never acknowledged.
+    let unknown = control
+        .call(PutStart {
+            client: CLIENT,
+            key: "after-the-leader-was-deposed".into(),
+            size: 1000,
+            config: ReplicateConfig::single(),
+            upsert: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code, ErrorCode::RPC_FAIL, "{unknown}");
+    // The standby holds back that change past the timeout, several checks over.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let records = recorded.0.lock().unwrap().clone();
+    assert_eq!(records.len(), records_before, "{records:?}");
+    assert!(records.last().unwrap().contains(&name), "{records:?}");
     drop(service);
     let _ = std::fs::remove_dir_all(&leader_dir);
     let _ = std::fs::remove_dir_all(&copy_dir);

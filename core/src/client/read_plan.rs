@@ -72,8 +72,11 @@ impl ReadPlan {
 
     /// The verdict on a read under a hold: a hold the master dropped before the read ended
     /// (it took this client for dead) protected nothing, so damage then says nothing either.
+    /// Every listed copy gone asks again, as under a lease: a hold keeps the object, not a
+    /// disk copy its node may drop, and the value may be in memory by now (a prefetch).
     pub fn judge_held(outcome: Result<()>, hold_kept: bool) -> ReadVerdict {
         match outcome {
+            Err(e) if e.code == ErrorCode::OBJECT_NOT_FOUND => ReadVerdict::AskAgain(e),
             Err(e) if !hold_kept && e.code == ErrorCode::INVALID_REPLICA => ReadVerdict::Outlived,
             Err(e) => ReadVerdict::Fail(e),
             Ok(()) => ReadVerdict::Done,
@@ -300,6 +303,16 @@ mod tests {
             ReadVerdict::Fail(_)
         ));
         assert_eq!(ReadPlan::judge_held(Ok(()), false), ReadVerdict::Done);
+    }
+
+    #[test]
+    fn a_held_read_whose_listed_copies_are_gone_asks_again() {
+        for kept in [true, false] {
+            let gone = ReadPlan::judge_held(Err(code(ErrorCode::OBJECT_NOT_FOUND)), kept);
+            assert!(matches!(gone, ReadVerdict::AskAgain(_)), "{gone:?}");
+        }
+        let refused = ReadPlan::judge_held(Err(code(ErrorCode::TRANSFER_FAIL)), true);
+        assert!(matches!(refused, ReadVerdict::Fail(_)));
     }
 
     #[test]

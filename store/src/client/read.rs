@@ -31,6 +31,7 @@ impl Client {
     /// ends, and by the master if this client dies (or is taken for dead) first.
     pub async fn get_held(&self, key: &str) -> Result<Vec<u8>> {
         self.operation("get_held", key, async {
+            let mut gone = None;
             for _ in 0..READ_ATTEMPTS {
                 let (read, kept) = self.read_held(key).await?;
                 let (outcome, value) = match read {
@@ -43,10 +44,15 @@ impl Client {
                         debug!(key, "held read lost its hold; reading again");
                         coverage::hit(Path::HOLD_LAPSED);
                     }
-                    ReadVerdict::AskAgain(e) | ReadVerdict::Fail(e) => return Err(e),
+                    ReadVerdict::AskAgain(e) => {
+                        debug!(key, "the held copies were gone; asking again: {e}");
+                        coverage::hit(Path::LISTED_COPY_GONE);
+                        gone = Some(e);
+                    }
+                    ReadVerdict::Fail(e) => return Err(e),
                 }
             }
-            Err(ReadPlan::exhausted(key, None))
+            Err(ReadPlan::exhausted(key, gone))
         })
         .await
     }

@@ -331,7 +331,8 @@ async fn follow(
 }
 
 /// Leads: records itself as the only in-sync master, recovers the state it holds, serves
-/// while its lease holds, and ships its journal to the standbys. Returns when deposed.
+/// while its lease holds, and ships its journal to the standbys. Returns when deposed, with
+/// the reason as its error, so that the lease (and with it the office) ends.
 async fn lead(
     config: &GroupConfig,
     client: &Client,
@@ -391,14 +392,15 @@ async fn lead(
     };
     warn!("no longer leading: {why}; following the new leader from scratch");
     drop(timer);
-    if let Some(service) = handler.stand_by(None) {
-        super::retire(service).await;
-    }
-    let _ = client
-        .election_client()
-        .resign(Some(ResignOptions::new().with_leader(key)))
-        .await;
-    Ok(())
+    // Acknowledge nothing more and leave the in-sync set alone, then give up the office at
+    // once by ending the lease (`with_lease` revokes it; a resignation could not reach an
+    // etcd this master lost): a standby may take over while `run` waits out the requests
+    // still in flight, none of which can be acknowledged now. Waiting first kept the office,
+    // renewed, for as long as the wait took (seed 13216: a deposed leader held its election
+    // key while it waited, and its shipping recorded the one standby out of sync).
+    shipping.stop(format!("no longer leading: {why}"));
+    drop(key);
+    Err(etcd_error("no longer leading", why))
 }
 
 /// A task that is aborted when this is dropped.

@@ -115,7 +115,9 @@ impl Shipping {
         result
     }
 
-    fn stop(&self, why: String) {
+    /// Acknowledges nothing more, and changes the recorded in-sync set no more: a leader that
+    /// lost its office leaves the set to the next one.
+    pub fn stop(&self, why: String) {
         self.waiters.stop(why.clone());
         self.replicated.set(Err(why));
     }
@@ -163,6 +165,12 @@ impl Shipping {
     /// Records the in-sync set; a failure means this master no longer leads.
     async fn record_members(&self, dropping: &[String]) -> bool {
         let _one_at_a_time = self.recording.lock().await;
+        // Deposed: its own office may still stand in etcd for a moment (the lease is renewed
+        // until it is revoked), but the standbys it would drop only fell behind because it
+        // stopped answering them (seed 13216).
+        if self.replicated.get().is_err() {
+            return false;
+        }
         let members = self.members(dropping);
         match self.record.record(members.clone()).await {
             Ok(()) => {
