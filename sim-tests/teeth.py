@@ -736,6 +736,12 @@ EXPS['held-read-gives-up-when-copies-gone'] = [
     "                        coverage::hit(Path::LISTED_COPY_GONE);\n                        gone = Some(e);\n",
     "                        return Err(e);\n"),
 ]
+# A node's disk report open to clients: a client credential could claim or drop disk copies
+# (found by planting slips blind, 2026-12-04: nothing sent one; the insider now does).
+EXPS['disk-sync-open-to-clients'] = [
+   ('proto/src/wire/master.rs', "            R::MountSegment(_) | R::UnmountSegment(_) | R::DiskSync(_) | R::TakeRepairs(_) => {\n                Roles::NODE\n            }\n",
+    "            R::MountSegment(_) | R::UnmountSegment(_) | R::TakeRepairs(_) => Roles::NODE,\n            R::DiskSync(_) => Roles::NODE.union(Roles::CLIENT),\n"),
+]
 # Plants in code only some transports run are tried on those (default: the usual mix).
 RUN_ARGS = {
  'shm-mapping-outlives-mount': ['--transport', 'shm'],
@@ -748,6 +754,7 @@ RUN_ARGS = {
  'request-names-any-client': ['--transport', 'tcp'],
  'roles-unchecked': ['--transport', 'tcp'],
  'admin-requests-unchecked': ['--transport', 'tcp'],
+ 'disk-sync-open-to-clients': ['--transport', 'tcp'],
  'member-key-ignores-claims': ['--transport', 'tcp'],
  'tenant-keys-unchecked': ['--transport', 'tcp'],
  'rdma-unexport-keeps-registration': ['--transport', 'rdma'],

@@ -4,8 +4,8 @@
 //! it may cost a connection slot for a handshake deadline, and must never get a request
 //! served. As an insider it holds valid credentials of its own (a node's, as a compromised
 //! node would, and a client's) and tries to act as the members it can see (claim their ids,
-//! say their goodbyes, unmount their segments) and beyond its roles (mount as a client, remove
-//! everything, follow the log): every such request the master serves is a violation. Neither
+//! say their goodbyes, unmount their segments) and beyond its roles (mount or report a disk as
+//! a client, remove everything, follow the log): every such request the master serves is a violation. Neither
 //! may harm a value or stop honest clients (the history and the liveness checks judge that).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -13,15 +13,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use madsim::rand::Rng as _;
-use mooring_core::{ClientId, Error, ErrorCode, SegmentSpec};
+use mooring_core::{ClientId, DiskReport, Error, ErrorCode, SegmentId, SegmentSpec};
 use mooring_proto::auth::{
     Claims, Credential, DEFAULT_TENANT, Handshake, NONCE_LEN, Plane, Roles, answer_challenge,
     client_proof,
 };
 use mooring_proto::transport::ControlPlane;
 use mooring_proto::wire::{
-    Follow, Goodbye, Heartbeat, ListKeys, ListSegments, MountSegment, Remove, RemoveAll, StateFile,
-    UnmountSegment,
+    DiskSync, Follow, Goodbye, Heartbeat, ListKeys, ListSegments, MountSegment, Remove, RemoveAll,
+    StateFile, UnmountSegment,
 };
 use mooring_transport_tcp::{Framed, TcpControlPlane};
 use tokio::io::AsyncWriteExt;
@@ -148,6 +148,18 @@ async fn insider(world: &World, kind: u8) -> Result<(), String> {
         got_past(
             "mount as a client",
             as_client.call(MountSegment { client: own, spec }).await,
+        )?;
+        // A node's disk report, which claims and drops disk copies, for a segment no one
+        // mounted: the role check must refuse it before the master looks for the segment.
+        got_past(
+            "disk report as a client",
+            as_client
+                .call(DiskSync {
+                    client: own,
+                    segment: SegmentId(u64::MAX),
+                    report: DiskReport::default(),
+                })
+                .await,
         )?;
         got_past(
             "remove_all as a client",
