@@ -30,6 +30,8 @@ case "$command" in
         "$sim" run --seeds "${MOORING_SIM_SEEDS:-200}"
         echo "--- regression seeds found on TCP runs (sim-tests/regressions-tcp.txt)"
         "$sim" run --transport tcp --list sim-tests/regressions-tcp.txt
+        echo "--- regression seeds found on transport-sim runs (sim-tests/regressions-sim.txt)"
+        "$sim" run --transport sim --list sim-tests/regressions-sim.txt
         echo "--- regression seeds found on RDMA runs (sim-tests/regressions-rdma.txt)"
         "$sim" run --transport rdma --list sim-tests/regressions-rdma.txt
         echo "--- regression seeds found on shared-memory runs (sim-tests/regressions-shm.txt)"

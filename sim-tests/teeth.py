@@ -755,6 +755,7 @@ RUN_ARGS = {
  'roles-unchecked': ['--transport', 'tcp'],
  'admin-requests-unchecked': ['--transport', 'tcp'],
  'disk-sync-open-to-clients': ['--transport', 'tcp'],
+ 'sim-round-trip-outlives-restart': ['--transport', 'sim'],
  'member-key-ignores-claims': ['--transport', 'tcp'],
  'tenant-keys-unchecked': ['--transport', 'tcp'],
  'rdma-unexport-keeps-registration': ['--transport', 'rdma'],
