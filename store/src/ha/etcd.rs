@@ -165,27 +165,44 @@ async fn with_lease(
             }
         }
     };
+    // Follows until elected, then leads for one term: a deposed leader's lease ends with it.
     let member = async {
         let mut copy: Option<(Vec<u8>, Copier)> = None;
-        loop {
-            let won = tokio::select! {
-                // In order, not at random: the simulation replays a seed exactly.
-                biased;
-                won = campaign(config, client, id) => won?,
-                failed = follow(config, client, handler, &mut copy) => return failed,
-            };
-            copy = None;
-            lead(config, client, handler, &lease, won).await?;
-        }
+        let won = tokio::select! {
+            // In order, not at random: the simulation replays a seed exactly.
+            biased;
+            won = campaign(config, client, id) => won?,
+            failed = follow(config, client, handler, &mut copy) => return failed.map(|()| None),
+        };
+        drop(copy);
+        lead(config, client, handler, &lease, won).await.map(Some)
     };
     let outcome = tokio::select! {
         // In order, not at random: the simulation replays a seed exactly.
         biased;
         lost = renewing => Err(lost),
-        failed = member => failed,
+        ended = member => ended,
     };
+    // Ending the lease gives up the office at once (a resignation could not reach an etcd this
+    // master lost): a standby may take over while a deposed leader waits out the requests
+    // still in flight, none of which can be acknowledged any more. Waiting first kept the
+    // office, renewed, for as long as the wait took (seed 13216).
     let _ = client.lease_client().revoke(id).await;
-    outcome
+    match outcome? {
+        Some(Deposed { why, service }) => {
+            if let Some(service) = service {
+                super::retire(service).await;
+            }
+            Err(etcd_error("no longer leading", why))
+        }
+        None => Ok(()),
+    }
+}
+
+/// How a term ended: why, and the service it led with, to retire once the office is given up.
+struct Deposed {
+    why: String,
+    service: Option<Arc<MasterService>>,
 }
 
 /// Waits until this master may lead and is elected: it campaigns only while it is in the
@@ -332,14 +349,14 @@ async fn follow(
 
 /// Leads: records itself as the only in-sync master, recovers the state it holds, serves
 /// while its lease holds, and ships its journal to the standbys. Returns when deposed, with
-/// the reason as its error, so that the lease (and with it the office) ends.
+/// the service to retire once the lease (and with it the office) has ended.
 async fn lead(
     config: &GroupConfig,
     client: &Client,
     handler: &Arc<RoleHandler>,
     lease: &Arc<Mutex<LeaderLease>>,
     key: LeaderKey,
-) -> Result<()> {
+) -> Result<Deposed> {
     let keys = Keys::of(&config.cluster);
     let incarnation = standby::incarnation(&*config.state_dir)?;
     let me = format!("{}#{incarnation}", config.advertise);
@@ -392,15 +409,12 @@ async fn lead(
     };
     warn!("no longer leading: {why}; following the new leader from scratch");
     drop(timer);
-    // Acknowledge nothing more and leave the in-sync set alone, then give up the office at
-    // once by ending the lease (`with_lease` revokes it; a resignation could not reach an
-    // etcd this master lost): a standby may take over while `run` waits out the requests
-    // still in flight, none of which can be acknowledged now. Waiting first kept the office,
-    // renewed, for as long as the wait took (seed 13216: a deposed leader held its election
-    // key while it waited, and its shipping recorded the one standby out of sync).
+    // Acknowledge nothing more and leave the in-sync set alone (the standby only fell behind
+    // because this master stopped answering it: seed 13216), and refuse every request.
     shipping.stop(format!("no longer leading: {why}"));
+    let service = handler.stand_by(None);
     drop(key);
-    Err(etcd_error("no longer leading", why))
+    Ok(Deposed { why, service })
 }
 
 /// A task that is aborted when this is dropped.
