@@ -120,13 +120,20 @@ async fn final_sweep(world: &Arc<World>, master: &Arc<mooring::MasterService>) {
                 .plan
                 .faults
                 .iter()
-                .any(|(_, f)| matches!(f, Fault::RotDisk { .. } | Fault::RotEveryCopy { .. }));
+                .any(|(_, f)| {
+                    matches!(
+                        f,
+                        Fault::RotDisk { .. } | Fault::RotRecord { .. } | Fault::RotEveryCopy { .. }
+                    )
+                });
             for key in &w.keys {
                 let invoked = w.now();
                 let mut got = client.get(key).await;
                 if rotted && got.as_ref().is_err_and(|e| e.code == ErrorCode::FILE_READ_FAIL) {
                     // A copy damaged by bit rot is refused, never served; its node drops it
-                    // and tells the master at its next disk sync.
+                    // and tells the master at its next disk sync. A record damaged for a
+                    // recovery to find is read first here when the node's crash never came
+                    // (shm seed 2006).
                     tokio::time::sleep(w.disk_settle()).await;
                     got = client.get(key).await;
                 }
