@@ -171,22 +171,30 @@ async fn a_standby_copy_recovers_to_the_leaders_state_and_holds_every_acknowledg
     let _ = std::fs::remove_dir_all(&copy_dir);
 }
 
+/// A standby copying into `dir` that follows the leader until the leader records it in sync,
+/// then stops following; its name in the in-sync set.
+async fn follow_until_in_sync(
+    leader: &(dyn ControlPlane + 'static),
+    recorded: &Recorded,
+    dir: &Path,
+) -> String {
+    let mut copier =
+        Copier::fresh(Arc::new(mooring_disk::PosixStateDir::new(dir)), "standby").unwrap();
+    let name = copier.name().to_string();
+    while !recorded.last().contains(&name) {
+        copier.step(leader).await.unwrap();
+    }
+    name
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_that_stops_is_recorded_out_of_sync_before_anything_is_acknowledged_without_it() {
     let (leader_dir, copy_dir) = (scratch("leader-stall"), scratch("copy-stall"));
     let (service, recorded) = leader(&leader_dir);
     let control: Arc<dyn ControlPlane> = Arc::new(Direct(service.clone()));
     mount(control.as_ref()).await;
-    let mut copier = Copier::fresh(
-        Arc::new(mooring_disk::PosixStateDir::new(&copy_dir)),
-        "standby",
-    )
-    .unwrap();
-    let name = copier.name().to_string();
     // Follow until in sync, then stop following.
-    while !recorded.last().contains(&name) {
-        copier.step(control.as_ref()).await.unwrap();
-    }
+    follow_until_in_sync(control.as_ref(), &recorded, &copy_dir).await;
     let records_before = recorded.0.lock().unwrap().len();
     let started = tokio::time::Instant::now();
     put(control.as_ref(), "after-the-standby-stopped").await;
@@ -223,15 +231,7 @@ async fn a_deposed_leader_leaves_the_in_sync_set_alone() {
         .unwrap();
     let control: Arc<dyn ControlPlane> = Arc::new(Direct(service.clone()));
     mount(control.as_ref()).await;
-    let mut copier = Copier::fresh(
-        Arc::new(mooring_disk::PosixStateDir::new(&copy_dir)),
-        "standby",
-    )
-    .unwrap();
-    let name = copier.name().to_string();
-    while !recorded.last().contains(&name) {
-        copier.step(control.as_ref()).await.unwrap();
-    }
+    let name = follow_until_in_sync(control.as_ref(), &recorded, &copy_dir).await;
     let records_before = recorded.0.lock().unwrap().len();
     shipping.stop("deposed".into());
     // A change made now is on the deposed leader's disk alone: its outcome is unknown, and it
