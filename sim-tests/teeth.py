@@ -741,6 +741,11 @@ EXPS['disk-sync-open-to-clients'] = [
    ('proto/src/wire/master.rs', "            R::MountSegment(_) | R::UnmountSegment(_) | R::DiskSync(_) | R::TakeRepairs(_) => {\n                Roles::NODE\n            }\n",
     "            R::MountSegment(_) | R::UnmountSegment(_) | R::TakeRepairs(_) => Roles::NODE,\n            R::DiskSync(_) => Roles::NODE.union(Roles::CLIENT),\n"),
 ]
+# A task query answers before what it reports is on every in-sync standby (seed 51467).
+EXPS['task-query-reports-unsettled-state'] = [
+   ('store/src/master/mod.rs', "        let waits = needs_durability || request.reports_settled_state();\n",
+    "        let waits = needs_durability;\n"),
+]
 # Plants in code only some transports run are tried on those (default: the usual mix).
 RUN_ARGS = {
  'shm-mapping-outlives-mount': ['--transport', 'shm'],
@@ -755,6 +760,7 @@ RUN_ARGS = {
  'admin-requests-unchecked': ['--transport', 'tcp'],
  'disk-sync-open-to-clients': ['--transport', 'tcp'],
  'sim-round-trip-outlives-restart': ['--transport', 'sim'],
+ 'task-query-reports-unsettled-state': ['--transport', 'sim'],
  'member-key-ignores-claims': ['--transport', 'tcp'],
  'tenant-keys-unchecked': ['--transport', 'tcp'],
  'rdma-unexport-keeps-registration': ['--transport', 'rdma'],

@@ -333,6 +333,15 @@ impl MasterRequest {
         )
     }
 
+    /// Whether its answer reports state a client must never see go back, though it changes
+    /// nothing: such a read waits, as a change does, until everything applied before it is
+    /// durable (on every in-sync standby, in a group), so no restart or failover undoes what
+    /// it reported. A task reported ended must stay ended (simulation seed 51467: a copy
+    /// reported succeeded by a leader cut off a moment later was running again at the next).
+    pub fn reports_settled_state(&self) -> bool {
+        matches!(self, MasterRequest::QueryTask(_))
+    }
+
     /// The tenant a listing, regex query or wholesale removal is scoped to.
     pub fn tenant(&self) -> Option<&str> {
         use MasterRequest as R;

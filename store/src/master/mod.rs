@@ -341,7 +341,8 @@ impl RpcHandler for MasterService {
 
 impl MasterService {
     /// Applies `request` (journaling it first, if the master keeps a journal) and answers;
-    /// with the journal record to wait for if the answer acknowledges a change.
+    /// with the journal record to wait for if the answer acknowledges a change or reports
+    /// state that must not go back.
     fn serve(&self, request: MasterRequest) -> (MasterResponse, Option<u64>) {
         // Every request and answer, for replaying a failure (RUST_LOG=mooring::master=trace).
         let logged = tracing::enabled!(tracing::Level::TRACE).then(|| format!("{request:?}"));
@@ -361,6 +362,7 @@ impl MasterService {
         let kind = request.name();
         let started = std::time::Instant::now();
         let needs_durability = request.needs_durability();
+        let waits = needs_durability || request.reports_settled_state();
         if let Some(refused) = self
             .journal
             .as_ref()
@@ -399,7 +401,7 @@ impl MasterService {
         if let Some(request) = logged {
             tracing::trace!(%request, ?response, "handled");
         }
-        (response, seq.filter(|_| needs_durability))
+        (response, seq.filter(|_| waits))
     }
 }
 
